@@ -1,0 +1,140 @@
+#include "absl/strings/string_view.h"
+#include "lib/core/catalog.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace reshard {
+
+int Catalog::Find(absl::string_view name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? -1 : it->second;
+}
+
+void Catalog::Reindex() {
+  index_.clear();
+  for (size_t i = 0; i < tensors.size(); ++i) index_[tensors[i].name] = static_cast<int>(i);
+}
+
+namespace {
+
+// Emits boxes covering flat elements [begin, end) of `shape`, in flat order. `prefix` fixes the
+// indices of dimensions < dim; the range lies inside that prefix's sub-block.
+template <typename Emit>
+void DecomposeFlatRange(const Shape& shape, const std::vector<int64_t>& strides, int64_t begin,
+                        int64_t end, size_t dim, std::vector<int64_t>& prefix, Emit& emit) {
+  const size_t rank = shape.size();
+  int64_t base = 0;
+  for (size_t d = 0; d < dim; ++d) base += prefix[d] * strides[d];
+  const int64_t block = strides[dim];  // elements per index step of `dim`
+  const int64_t first = (begin - base) / block;
+  const int64_t last = (end - 1 - base) / block;
+  const bool head_partial = (begin - base) % block != 0;
+  const bool tail_partial = (end - base) % block != 0;
+  auto emit_block = [&](int64_t from, int64_t to) {  // indices [from, to) of `dim`, full below
+    std::vector<int64_t> origin = prefix;
+    std::vector<int64_t> extent(dim, 1);
+    origin.push_back(from);
+    extent.push_back(to - from);
+    for (size_t d = dim + 1; d < rank; ++d) {
+      origin.push_back(0);
+      extent.push_back(shape[d]);
+    }
+    emit(std::move(origin), std::move(extent), base + from * block);
+  };
+  if (dim + 1 == rank) {  // innermost dimension: one contiguous run
+    emit_block(first, last + 1);
+    return;
+  }
+  auto recurse = [&](int64_t sub_begin, int64_t sub_end, int64_t index) {
+    prefix.push_back(index);
+    DecomposeFlatRange(shape, strides, sub_begin, sub_end, dim + 1, prefix, emit);
+    prefix.pop_back();
+  };
+  if (first == last) {
+    if (head_partial || tail_partial) {
+      recurse(begin, end, first);
+    } else {
+      emit_block(first, first + 1);
+    }
+    return;
+  }
+  int64_t full_begin = first;
+  if (head_partial) {
+    recurse(begin, base + (first + 1) * block, first);
+    full_begin = first + 1;
+  }
+  const int64_t full_end = tail_partial ? last : last + 1;
+  if (full_end > full_begin) emit_block(full_begin, full_end);
+  if (tail_partial) recurse(base + last * block, end, last);
+}
+
+}  // namespace
+
+void AddFlatRangePieces(CatalogTensor& tensor, int file, uint64_t byte_offset, int64_t begin,
+                        int64_t end) {
+  if (begin >= end) return;
+  const std::vector<int64_t> strides = RowMajorStrides(tensor.shape);
+  const uint64_t element_size = DTypeSize(tensor.dtype);
+  auto emit = [&](std::vector<int64_t> origin, std::vector<int64_t> extent, int64_t flat_origin) {
+    SourcePiece piece;
+    piece.file = file;
+    piece.byte_offset = byte_offset + static_cast<uint64_t>(flat_origin - begin) * element_size;
+    piece.box = Box{std::move(origin), std::move(extent)};
+    piece.strides = strides;
+    tensor.pieces.push_back(std::move(piece));
+  };
+  if (tensor.shape.empty()) {  // a scalar: the only range is [0, 1)
+    emit({}, {}, 0);
+    return;
+  }
+  std::vector<int64_t> prefix;
+  DecomposeFlatRange(tensor.shape, strides, begin, end, 0, prefix, emit);
+}
+
+uint64_t TensorBytes(const CatalogTensor& tensor) {
+  return static_cast<uint64_t>(NumElementsUnchecked(tensor.shape)) * DTypeSize(tensor.dtype);
+}
+
+absl::Status ValidateCatalog(const Catalog& catalog) {
+  for (const CatalogTensor& tensor : catalog.tensors) {
+    const Box full = Box::Full(tensor.shape);
+    const uint64_t element_size = DTypeSize(tensor.dtype);
+    for (const SourcePiece& piece : tensor.pieces) {
+      if (piece.file < 0 || piece.file >= static_cast<int>(catalog.files.size())) {
+        return absl::InternalError(absl::StrCat("tensor \"", tensor.name,
+                                                "\": piece refers to unknown file #", piece.file));
+      }
+      const SourceFile& file = catalog.files[piece.file];
+      if (piece.box.rank() != tensor.shape.size() || piece.strides.size() != tensor.shape.size() ||
+          !Contains(full, piece.box)) {
+        return absl::DataLossError(absl::StrCat(
+            file.path, ": tensor \"", tensor.name, "\": piece ", BoxToString(piece.box),
+            " does not lie inside shape ", ShapeToString(tensor.shape)));
+      }
+      if (NumElementsUnchecked(piece.box.extent) == 0) continue;
+      // Last byte touched, computed in unsigned 128-bit to rule out overflow.
+      unsigned __int128 last_element = 0;
+      for (size_t d = 0; d < piece.strides.size(); ++d) {
+        if (piece.strides[d] < 0) {
+          return absl::DataLossError(absl::StrCat(file.path, ": tensor \"", tensor.name,
+                                                  "\": negative stride ", piece.strides[d]));
+        }
+        last_element += static_cast<unsigned __int128>(piece.box.extent[d] - 1) *
+                        static_cast<uint64_t>(piece.strides[d]);
+      }
+      unsigned __int128 end_byte =
+          piece.byte_offset + (last_element + 1) * static_cast<unsigned __int128>(element_size);
+      if (end_byte > file.size) {
+        return absl::DataLossError(absl::StrCat(
+            file.path, ": tensor \"", tensor.name, "\": data at byte offset ", piece.byte_offset,
+            " extends to byte ", static_cast<uint64_t>(end_byte), ", past the end of the file (",
+            file.size, " bytes)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace reshard

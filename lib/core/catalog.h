@@ -1,0 +1,81 @@
+// The Catalog: what a checkpoint holds, independent of its file format.
+//
+// A Reader turns input files into a Catalog by reading metadata only. For every global tensor
+// the Catalog lists its name, dtype, global shape and the source pieces that hold its data. A
+// piece is an N-d box of the global tensor stored at (file, byte offset, element strides), so
+// tensor-parallel shards, DCP chunks and strided torch views are all pieces. Flat element ranges
+// (ZeRO partitions of the flattened tensor) are added with `AddFlatRangePieces`, which expresses
+// them as at most 2*rank-1 boxes; the planner and executor only ever see boxes.
+
+#ifndef RESHARD_LIB_CORE_CATALOG_H_
+#define RESHARD_LIB_CORE_CATALOG_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "lib/core/dtype.h"
+#include "lib/core/shape.h"
+
+namespace reshard {
+
+// One input file. The Executor maps it read-only; `size` bounds every piece located in it.
+struct SourceFile {
+  std::string path;
+  uint64_t size = 0;
+};
+
+// A box of a global tensor stored in one file. Element `box.origin + i` (i within box.extent)
+// is at byte `byte_offset + sum_d(i[d] * strides[d]) * DTypeSize(dtype)` of `files[file]`.
+struct SourcePiece {
+  int file = 0;
+  uint64_t byte_offset = 0;
+  Box box;
+  std::vector<int64_t> strides;  // in elements; row-major dense for safetensors
+};
+
+struct CatalogTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::vector<SourcePiece> pieces;
+};
+
+struct Catalog {
+  std::string format;  // the Reader's id, e.g. "safetensors"
+  std::vector<SourceFile> files;
+  std::vector<CatalogTensor> tensors;  // in the input's order (file order, then offset order)
+  // String metadata carried from the input (safetensors `__metadata__`), for writers that can
+  // hold it and for `inspect`.
+  std::map<std::string, std::string> metadata;
+
+  // Index of a tensor by name, or -1.
+  int Find(absl::string_view name) const;
+  // Rebuilds the name index; call after adding or reordering tensors.
+  void Reindex();
+
+ private:
+  absl::flat_hash_map<std::string, int> index_;
+};
+
+// Appends to `tensor` the pieces holding flat elements [begin, end) of the row-major
+// flattening of the tensor, stored contiguously from `byte_offset` of `file`.
+// Precondition: 0 <= begin <= end <= number of elements of tensor.shape.
+void AddFlatRangePieces(CatalogTensor& tensor, int file, uint64_t byte_offset, int64_t begin,
+                        int64_t end);
+
+// Checks what the planner relies on: files exist in the list, boxes lie inside their tensor,
+// strides are non-negative and every piece's bytes lie inside its file. DataLoss naming the
+// file, tensor and byte offset otherwise.
+absl::Status ValidateCatalog(const Catalog& catalog);
+
+// Bytes of a tensor's data in its dtype: elements x element size.
+uint64_t TensorBytes(const CatalogTensor& tensor);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_CORE_CATALOG_H_

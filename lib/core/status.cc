@@ -1,0 +1,45 @@
+#include "absl/strings/string_view.h"
+#include "lib/core/status.h"
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace reshard {
+
+absl::Status Annotate(const absl::Status& status, absl::string_view context) {
+  if (status.ok() || context.empty()) return status;
+  absl::Status annotated(status.code(), absl::StrCat(context, ": ", status.message()));
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    annotated.SetPayload(url, payload);
+  });
+  return annotated;
+}
+
+absl::Status ErrnoToStatus(int error_number, absl::string_view what) {
+  std::string message = absl::StrCat(what, ": ", std::strerror(error_number));
+  switch (error_number) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return absl::PermissionDeniedError(message);
+    case ENOSPC:
+    case EDQUOT:
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+      return absl::ResourceExhaustedError(message);
+    case EEXIST:
+    case ENOTEMPTY:
+      return absl::FailedPreconditionError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+}  // namespace reshard

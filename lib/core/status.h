@@ -1,0 +1,52 @@
+// Status helpers shared by every layer of reshard.
+//
+// Every error that leaves a layer carries the context that layer knows: the file path, the
+// tensor name, the byte offset. `Annotate` prefixes that context while keeping the code, so a
+// message reads outermost-first: "reading /ckpt/model.safetensors: tensor \"w\": ...".
+
+#ifndef RESHARD_LIB_CORE_STATUS_H_
+#define RESHARD_LIB_CORE_STATUS_H_
+
+#include "absl/strings/string_view.h"
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace reshard {
+
+// Returns `status` with `context` prefixed to its message; OK stays OK. The code is kept.
+absl::Status Annotate(const absl::Status& status, absl::string_view context);
+
+// Converts an errno value from a failed system call into a status naming the operation.
+// ENOENT -> NotFound, EACCES/EPERM -> PermissionDenied, ENOSPC/EDQUOT/ENOMEM -> ResourceExhausted,
+// everything else -> Internal.
+absl::Status ErrnoToStatus(int error_number, absl::string_view what);
+
+}  // namespace reshard
+
+#define RESHARD_STATUS_CONCAT_INNER_(a, b) a##b
+#define RESHARD_STATUS_CONCAT_(a, b) RESHARD_STATUS_CONCAT_INNER_(a, b)
+
+// Returns from the current function if `expr` (an absl::Status) is not OK.
+#define RETURN_IF_ERROR(expr)                                   \
+  do {                                                          \
+    ::absl::Status reshard_status_macro_value_ = (expr);        \
+    if (!reshard_status_macro_value_.ok()) {                    \
+      return reshard_status_macro_value_;                       \
+    }                                                           \
+  } while (false)
+
+// `ASSIGN_OR_RETURN(auto x, FunctionReturningStatusOr());` assigns the value or returns the
+// error status from the current function.
+#define ASSIGN_OR_RETURN(lhs, expr) \
+  RESHARD_ASSIGN_OR_RETURN_IMPL_(RESHARD_STATUS_CONCAT_(reshard_statusor_, __LINE__), lhs, expr)
+
+#define RESHARD_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
+  auto statusor = (expr);                                    \
+  if (!statusor.ok()) {                                      \
+    return std::move(statusor).status();                     \
+  }                                                          \
+  lhs = *std::move(statusor)
+
+#endif  // RESHARD_LIB_CORE_STATUS_H_

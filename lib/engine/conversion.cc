@@ -1,0 +1,179 @@
+#include "absl/strings/string_view.h"
+#include "lib/engine/conversion.h"
+
+#include <xxhash.h>
+
+#include <chrono>
+#include <ctime>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "lib/core/status.h"
+#include "lib/io/atomic_file.h"
+#include "lib/io/staging_dir.h"
+#include "lib/plan/planner.h"
+#include "nlohmann/json.hpp"
+
+namespace reshard {
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+absl::string_view KindName(ConversionSpec::Kind kind) {
+  return kind == ConversionSpec::Kind::kConsolidate ? "consolidate" : "reshard";
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedInput> LoadInput(const std::string& path, const std::string& rules_file,
+                                      bool require_model) {
+  LoadedInput loaded;
+  loaded.path = path;
+  ASSIGN_OR_RETURN(const InputFormat* format, DetectInputFormat(path));
+  ASSIGN_OR_RETURN(loaded.model, format->Read(path));
+  for (const Catalog& part : loaded.model.parts) {
+    RETURN_IF_ERROR(ValidateCatalog(part));
+  }
+  PartitionRules rules;
+  if (!rules_file.empty()) {
+    ASSIGN_OR_RETURN(rules, PartitionRules::FromFile(rules_file));
+  }
+  if (loaded.model.parts.size() > 1 && rules.empty() && !require_model) return loaded;
+  auto merged = MergeParts(loaded.model.parts, rules, loaded.model.part_names);
+  if (!merged.ok()) return Annotate(merged.status(), path);
+  loaded.catalog = *std::move(merged);
+  loaded.catalog.Reindex();
+  loaded.merged = true;
+  return loaded;
+}
+
+absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
+  if (spec.input.empty()) return absl::InvalidArgumentError("no input given");
+  if (spec.threads < 1 || spec.threads > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("threads must be in [1, 256], got ", spec.threads));
+  }
+  if (spec.window_bytes < 4096 || spec.window_bytes > (4ull << 30)) {
+    return absl::InvalidArgumentError("window size must be between 4 KiB and 4 GiB");
+  }
+  PlannedConversion planned;
+  ASSIGN_OR_RETURN(planned.input, LoadInput(spec.input, spec.rules_file, /*require_model=*/true));
+  ASSIGN_OR_RETURN(planned.writer, FindOutputFormat(spec.output_format));
+  const Catalog& catalog = planned.input.catalog;
+  if (spec.kind == ConversionSpec::Kind::kConsolidate) {
+    ASSIGN_OR_RETURN(planned.layout,
+                     BuildConsolidateLayout(catalog, spec.dtype, spec.max_shard_size,
+                                            planned.writer->naming()));
+  } else {
+    if (spec.parts < 1 || spec.parts > 4096) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--parts must be in [1, 4096], got ", spec.parts));
+    }
+    if (spec.rules_file.empty()) {
+      return absl::InvalidArgumentError("reshard needs partition rules: pass --rules FILE");
+    }
+    ASSIGN_OR_RETURN(PartitionRules rules, PartitionRules::FromFile(spec.rules_file));
+    ASSIGN_OR_RETURN(planned.layout, BuildSplitLayout(catalog, rules, spec.parts, spec.dtype,
+                                                      planned.writer->naming()));
+  }
+  std::vector<FileFraming> framings;
+  for (const OutputFileLayout& file : planned.layout.files) {
+    ASSIGN_OR_RETURN(FileFraming framing, planned.writer->Frame(file));
+    framings.push_back(std::move(framing));
+  }
+  auto plan = BuildCopyPlan(catalog, planned.layout, framings);
+  if (!plan.ok()) return Annotate(plan.status(), spec.input);
+  planned.plan = *std::move(plan);
+  ASSIGN_OR_RETURN(planned.companion_files,
+                   planned.writer->CompanionFiles(planned.layout, planned.plan));
+  ExecutorOptions options;
+  options.threads = spec.threads;
+  options.window_bytes = spec.window_bytes;
+  planned.memory_bytes = EstimateExecutionMemory(planned.plan, options);
+  return planned;
+}
+
+std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& planned,
+                          const std::vector<WrittenFile>& files) {
+  OrderedJson manifest;
+  manifest["tool"] = "reshard";
+  manifest["version"] = kReshardVersion;
+  manifest["created_unix"] = static_cast<int64_t>(std::time(nullptr));
+  OrderedJson source;
+  source["path"] = planned.input.path;
+  source["format"] = planned.input.model.format;
+  source["layout"] = planned.input.model.layout;
+  source["parts"] = planned.input.model.parts.size();
+  source["files"] = planned.input.catalog.files.size();
+  manifest["source"] = source;
+  OrderedJson request;
+  request["kind"] = KindName(spec.kind);
+  request["output_format"] = spec.output_format;
+  request["dtype"] = DTypePolicyName(spec.dtype);
+  if (spec.kind == ConversionSpec::Kind::kConsolidate) {
+    request["max_shard_size"] = spec.max_shard_size;
+  } else {
+    request["parts"] = spec.parts;
+  }
+  manifest["request"] = request;
+  OrderedJson file_list = OrderedJson::array();
+  for (const WrittenFile& file : files) {
+    file_list.push_back({{"name", file.name},
+                         {"bytes", file.bytes},
+                         {"xxh3_64", absl::StrFormat("%016x", file.xxh3_64)}});
+  }
+  manifest["files"] = file_list;
+  OrderedJson tensors = OrderedJson::array();
+  for (const OutputFileLayout& file : planned.layout.files) {
+    for (const OutputTensor& tensor : file.tensors) {
+      tensors.push_back({{"name", tensor.name},
+                         {"file", file.name},
+                         {"dtype", std::string(DTypeName(tensor.dtype))},
+                         {"shape", tensor.region.extent}});
+    }
+  }
+  manifest["tensors"] = tensors;
+  return manifest.dump(2) + "\n";
+}
+
+absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
+                                               const RunControl& control) {
+  const auto start = std::chrono::steady_clock::now();
+  if (spec.output.empty()) return absl::InvalidArgumentError("no output folder given");
+  // Refuse a non-empty output before reading anything.
+  RETURN_IF_ERROR(CheckOutputDirUsable(spec.output));
+  ASSIGN_OR_RETURN(PlannedConversion planned, PlanConversion(spec));
+  ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(spec.output));
+
+  ExecutorOptions options;
+  options.threads = spec.threads;
+  options.window_bytes = spec.window_bytes;
+  options.on_progress = control.on_progress;
+  options.cancelled = control.cancelled;
+  ASSIGN_OR_RETURN(ExecutionResult executed, Execute(planned.plan, staging.path(), options));
+
+  ConversionResult result;
+  result.output = staging.output_dir();
+  result.files = executed.files;
+  result.bytes_read = executed.bytes_read;
+  result.bytes_written = executed.bytes_written;
+  for (const FilePlan& file : planned.plan.files) result.tensors += file.tensors.size();
+  for (const auto& [name, contents] : planned.companion_files) {
+    RETURN_IF_ERROR(WriteFileAtomically(staging.path(), name, contents));
+    result.files.push_back({name, contents.size(), XXH3_64bits(contents.data(), contents.size()), 0});
+    result.bytes_written += contents.size();
+  }
+  // The manifest is the commit mark: written last, then the folder is published at once.
+  const std::string manifest = BuildManifest(spec, planned, result.files);
+  RETURN_IF_ERROR(WriteFileAtomically(staging.path(), kManifestName, manifest));
+  result.bytes_written += manifest.size();
+  if (control.cancelled != nullptr && control.cancelled->load()) {
+    return absl::CancelledError("conversion cancelled");
+  }
+  RETURN_IF_ERROR(staging.Publish());
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace reshard

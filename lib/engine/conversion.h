@@ -1,0 +1,98 @@
+// The engine's entry points: inspect, plan, convert and verify checkpoints.
+//
+// These glue the pipeline together (InputFormat -> Catalog -> layout -> Planner -> Executor ->
+// OutputFormat) and are what both `reshardctl` (in-process) and `reshardd` (as jobs) call. A
+// conversion stages its output next to the requested folder and publishes it in one rename
+// after the manifest is written, so the output folder either holds a complete, verified-by-
+// checksum result or does not exist.
+
+#ifndef RESHARD_LIB_ENGINE_CONVERSION_H_
+#define RESHARD_LIB_ENGINE_CONVERSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "lib/core/catalog.h"
+#include "lib/exec/executor.h"
+#include "lib/formats/format.h"
+#include "lib/plan/layout.h"
+#include "lib/plan/layout_builders.h"
+
+namespace reshard {
+
+inline constexpr char kReshardVersion[] = "0.1.0";
+inline constexpr char kManifestName[] = "reshard-manifest.json";
+
+// A checkpoint as read: the InputFormat's view plus, when possible, one global Catalog.
+struct LoadedInput {
+  std::string path;
+  InputModel model;
+  // The whole model: the single part, or the parts merged with the rules. Empty (no tensors,
+  // `merged` false) when the input is several parts and no rules were given.
+  Catalog catalog;
+  bool merged = false;
+};
+
+// Reads `path` with the format that recognizes it. `rules_file` (may be empty) merges
+// model-parallel parts; when `require_model` is set, parts without rules are an error that
+// says rules are needed.
+absl::StatusOr<LoadedInput> LoadInput(const std::string& path, const std::string& rules_file,
+                                      bool require_model);
+
+struct ConversionSpec {
+  enum class Kind { kConsolidate, kReshard };
+  Kind kind = Kind::kConsolidate;
+  std::string input;
+  std::string output;
+  DTypePolicy dtype = DTypePolicy::kKeep;
+  // Consolidate: largest output file, Hugging Face's rule. Default: 5 GB (decimal).
+  uint64_t max_shard_size = 5'000'000'000ull;
+  int parts = 0;           // reshard: number of output parts
+  std::string rules_file;  // partition rules (JSON); needed to merge or split parts
+  std::string output_format = "safetensors";
+  int threads = 2;
+  uint64_t window_bytes = 32ull << 20;
+};
+
+struct PlannedConversion {
+  LoadedInput input;
+  const OutputFormat* writer = nullptr;
+  TargetLayout layout;
+  CopyPlan plan;
+  std::vector<std::pair<std::string, std::string>> companion_files;
+  uint64_t memory_bytes = 0;  // what the Executor will need, see EstimateExecutionMemory
+};
+
+// Everything up to the copy plan; nothing is written. The dry run of a conversion.
+absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec);
+
+struct ConversionResult {
+  std::string output;
+  std::vector<WrittenFile> files;  // data files, then companion files and the manifest
+  int64_t tensors = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  double seconds = 0;
+};
+
+struct RunControl {
+  std::function<void(const Progress&)> on_progress;
+  const std::atomic<bool>* cancelled = nullptr;
+};
+
+// Plans and runs a conversion, publishing the output folder only when complete.
+absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
+                                               const RunControl& control = {});
+
+// The manifest written as the last file of every output: tool, version, source, request,
+// files with sizes and XXH3-64 checksums, tensors with file, dtype and shape.
+std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& planned,
+                          const std::vector<WrittenFile>& files);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_ENGINE_CONVERSION_H_

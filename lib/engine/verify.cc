@@ -1,0 +1,150 @@
+#include "lib/engine/verify.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "lib/core/status.h"
+#include "lib/engine/conversion.h"
+#include "lib/exec/executor.h"
+#include "lib/exec/tensor_filler.h"
+#include "lib/plan/planner.h"
+
+namespace reshard {
+namespace {
+
+constexpr int64_t kChunkBytes = 16 << 20;
+
+int MantissaBits(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return 7;
+    case DType::kF16:
+      return 10;
+    default:
+      return 23;
+  }
+}
+
+// The compared dtype of a pair, or nullopt when the pair is not comparable.
+std::optional<DType> CompareDType(DType a, DType b) {
+  if (a == b) return a;
+  if (IsConvertibleFloat(a) && IsConvertibleFloat(b)) {
+    return MantissaBits(a) <= MantissaBits(b) ? a : b;
+  }
+  return std::nullopt;
+}
+
+uint64_t LoadBits(const std::byte* p, size_t size) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, p, size);  // little-endian host
+  return bits;
+}
+
+bool IsNaN(DType dtype, uint64_t bits) {
+  switch (dtype) {
+    case DType::kF32:
+      return (bits & 0x7fffffffu) > 0x7f800000u;
+    case DType::kF16:
+      return (bits & 0x7fffu) > 0x7c00u;
+    case DType::kBF16:
+      return (bits & 0x7fffu) > 0x7f80u;
+    case DType::kF64:
+      return (bits & 0x7fffffffffffffffull) > 0x7ff0000000000000ull;
+    case DType::kF8E4M3:
+      return (bits & 0x7fu) == 0x7fu;
+    case DType::kF8E5M2:
+      return (bits & 0x7fu) > 0x7cu;
+    case DType::kF8E8M0:
+      return bits == 0xffu;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::string& b,
+                                               const VerifyOptions& options) {
+  ASSIGN_OR_RETURN(LoadedInput input_a, LoadInput(a, options.rules_a, /*require_model=*/true));
+  ASSIGN_OR_RETURN(LoadedInput input_b, LoadInput(b, options.rules_b, /*require_model=*/true));
+  const Catalog& ca = input_a.catalog;
+  const Catalog& cb = input_b.catalog;
+  ASSIGN_OR_RETURN(std::vector<MappedFile> sources_a, MapSources(ca.files));
+  ASSIGN_OR_RETURN(std::vector<MappedFile> sources_b, MapSources(cb.files));
+
+  VerifyResult result;
+  result.tolerance =
+      "same dtype: bit-exact (NaN == NaN); F32/F16/BF16 pairs: the finer side rounded to the "
+      "coarser with round-to-nearest-even must be bit-exact";
+  for (const CatalogTensor& tensor : cb.tensors) {
+    if (ca.Find(tensor.name) < 0) result.only_in_b.push_back(tensor.name);
+  }
+  std::vector<std::byte> buffer_a, buffer_b;
+  for (int ia = 0; ia < static_cast<int>(ca.tensors.size()); ++ia) {
+    const CatalogTensor& ta = ca.tensors[ia];
+    const int ib = cb.Find(ta.name);
+    if (ib < 0) {
+      result.only_in_a.push_back(ta.name);
+      continue;
+    }
+    const CatalogTensor& tb = cb.tensors[ib];
+    ++result.tensors_compared;
+    TensorMismatch mismatch;
+    mismatch.name = ta.name;
+    if (ta.shape != tb.shape) {
+      mismatch.reason = absl::StrCat("shape differs: ", ShapeToString(ta.shape), " vs ",
+                                     ShapeToString(tb.shape));
+      result.mismatched.push_back(std::move(mismatch));
+      continue;
+    }
+    std::optional<DType> dtype = CompareDType(ta.dtype, tb.dtype);
+    if (!dtype.has_value()) {
+      mismatch.reason = absl::StrCat("dtype differs: ", DTypeName(ta.dtype), " vs ",
+                                     DTypeName(tb.dtype));
+      result.mismatched.push_back(std::move(mismatch));
+      continue;
+    }
+    ASSIGN_OR_RETURN(TensorCopy copy_a, PlanWholeTensor(ca, ia, *dtype));
+    ASSIGN_OR_RETURN(TensorCopy copy_b, PlanWholeTensor(cb, ib, *dtype));
+    TensorFiller fill_a(copy_a, sources_a);
+    TensorFiller fill_b(copy_b, sources_b);
+    const size_t size = DTypeSize(*dtype);
+    const int64_t chunk = std::max<int64_t>(1, kChunkBytes / static_cast<int64_t>(size));
+    buffer_a.resize(std::min<int64_t>(chunk, copy_a.num_elements) * size);
+    buffer_b.resize(buffer_a.size());
+    for (int64_t begin = 0; begin < copy_a.num_elements; begin += chunk) {
+      if (options.cancelled != nullptr && options.cancelled->load()) {
+        return absl::CancelledError("verify cancelled");
+      }
+      const int64_t end = std::min(copy_a.num_elements, begin + chunk);
+      fill_a.Fill(begin, end, buffer_a.data());
+      fill_b.Fill(begin, end, buffer_b.data());
+      fill_a.ReleaseConsumed();
+      fill_b.ReleaseConsumed();
+      if (std::memcmp(buffer_a.data(), buffer_b.data(), (end - begin) * size) == 0) continue;
+      for (int64_t i = 0; i < end - begin; ++i) {
+        const uint64_t x = LoadBits(buffer_a.data() + i * size, size);
+        const uint64_t y = LoadBits(buffer_b.data() + i * size, size);
+        if (x == y || (IsNaN(*dtype, x) && IsNaN(*dtype, y))) continue;
+        if (mismatch.mismatches++ == 0) {
+          mismatch.first_index = begin + i;
+          mismatch.a_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), x);
+          mismatch.b_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), y);
+        }
+      }
+    }
+    result.elements_compared += copy_a.num_elements;
+    if (mismatch.mismatches > 0) {
+      mismatch.reason = absl::StrCat("values differ (compared as ", DTypeName(*dtype), ")");
+      result.mismatched.push_back(std::move(mismatch));
+    }
+  }
+  result.equal =
+      result.mismatched.empty() && result.only_in_a.empty() && result.only_in_b.empty();
+  return result;
+}
+
+}  // namespace reshard

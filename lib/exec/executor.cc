@@ -1,0 +1,218 @@
+#include "absl/strings/string_view.h"
+#include "lib/exec/executor.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "lib/core/status.h"
+#include "lib/exec/tensor_filler.h"
+#include "lib/io/atomic_file.h"
+
+namespace reshard {
+namespace {
+
+// Shared progress of all workers.
+class ProgressTracker {
+ public:
+  ProgressTracker(const CopyPlan& plan, std::function<void(const Progress&)> callback)
+      : callback_(std::move(callback)) {
+    progress_.bytes_total = plan.total_bytes;
+    progress_.files_total = static_cast<int>(plan.files.size());
+    for (const FilePlan& file : plan.files) progress_.tensors_total += file.tensors.size();
+  }
+
+  void Add(uint64_t bytes, int64_t tensors, int files) {
+    absl::MutexLock lock(&mu_);
+    progress_.bytes_done += bytes;
+    progress_.tensors_done += tensors;
+    progress_.files_done += files;
+    if (callback_) callback_(progress_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  Progress progress_ ABSL_GUARDED_BY(mu_);
+  const std::function<void(const Progress&)> callback_;
+};
+
+// Writes one output file through a window buffer.
+class FileWriter {
+ public:
+  FileWriter(const FilePlan& plan, const std::vector<MappedFile>& sources,
+             const ExecutorOptions& options, ProgressTracker& progress)
+      : plan_(plan), sources_(sources), options_(options), progress_(progress),
+        window_(std::max<uint64_t>(options.window_bytes, 4096)),
+        hash_(XXH3_createState()) {
+    XXH3_64bits_reset(hash_);
+  }
+  ~FileWriter() { XXH3_freeState(hash_); }
+
+  absl::StatusOr<WrittenFile> Run(const std::string& dir) {
+    ASSIGN_OR_RETURN(file_, AtomicFile::Create(dir, plan_.name));
+    for (const FramingSegment& segment : plan_.segments) {
+      if (segment.kind == FramingSegment::Kind::kBytes) {
+        RETURN_IF_ERROR(AppendBytes(segment.bytes));
+        continue;
+      }
+      const TensorCopy& copy = plan_.tensors[segment.tensor];
+      auto status = WriteTensor(copy);
+      if (!status.ok()) {
+        return Annotate(status, absl::StrCat("writing tensor \"", copy.name, "\""));
+      }
+      ++pending_tensors_;
+    }
+    RETURN_IF_ERROR(Flush());
+    RETURN_IF_ERROR(file_.Commit());
+    WrittenFile written;
+    written.name = plan_.name;
+    written.bytes = file_.bytes_written();
+    written.xxh3_64 = XXH3_64bits_digest(hash_);
+    written.tensors = static_cast<int>(plan_.tensors.size());
+    progress_.Add(0, pending_tensors_, 1);
+    pending_tensors_ = 0;
+    if (written.bytes != plan_.bytes) {
+      return absl::InternalError(absl::StrCat(plan_.name, ": wrote ", written.bytes,
+                                              " bytes but the plan expects ", plan_.bytes));
+    }
+    return written;
+  }
+
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  absl::Status AppendBytes(absl::string_view bytes) {
+    while (!bytes.empty()) {
+      if (used_ == window_.size()) RETURN_IF_ERROR(Flush());
+      size_t n = std::min(bytes.size(), window_.size() - used_);
+      std::memcpy(window_.data() + used_, bytes.data(), n);
+      used_ += n;
+      bytes.remove_prefix(n);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteTensor(const TensorCopy& copy) {
+    TensorFiller filler(copy, sources_);
+    const size_t element_size = DTypeSize(copy.dst_dtype);
+    int64_t done = 0;
+    while (done < copy.num_elements) {
+      if (window_.size() - used_ < element_size) RETURN_IF_ERROR(Flush());
+      const int64_t room = static_cast<int64_t>((window_.size() - used_) / element_size);
+      const int64_t count = std::min(room, copy.num_elements - done);
+      filler.Fill(done, done + count, reinterpret_cast<std::byte*>(window_.data() + used_));
+      filler.ReleaseConsumed();
+      used_ += static_cast<size_t>(count) * element_size;
+      done += count;
+    }
+    bytes_read_ += filler.bytes_read();
+    return absl::OkStatus();
+  }
+
+  absl::Status Flush() {
+    if (options_.cancelled != nullptr && options_.cancelled->load(std::memory_order_relaxed)) {
+      return absl::CancelledError("conversion cancelled");
+    }
+    if (used_ == 0) return absl::OkStatus();
+    XXH3_64bits_update(hash_, window_.data(), used_);
+    RETURN_IF_ERROR(file_.Append(absl::string_view(window_.data(), used_)));
+    progress_.Add(used_, pending_tensors_, 0);
+    pending_tensors_ = 0;
+    used_ = 0;
+    return absl::OkStatus();
+  }
+
+  const FilePlan& plan_;
+  const std::vector<MappedFile>& sources_;
+  const ExecutorOptions& options_;
+  ProgressTracker& progress_;
+  std::vector<char> window_;
+  size_t used_ = 0;
+  XXH3_state_t* hash_;
+  AtomicFile file_;
+  uint64_t bytes_read_ = 0;
+  int64_t pending_tensors_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>& sources) {
+  std::vector<MappedFile> mapped;
+  mapped.reserve(sources.size());
+  for (const SourceFile& source : sources) {
+    ASSIGN_OR_RETURN(MappedFile file,
+                     MappedFile::Open(source.path, static_cast<int64_t>(source.size)));
+    mapped.push_back(std::move(file));
+  }
+  return mapped;
+}
+
+absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string& dir,
+                                        const ExecutorOptions& options) {
+  ASSIGN_OR_RETURN(std::vector<MappedFile> sources, MapSources(plan.sources));
+  ProgressTracker progress(plan, options.on_progress);
+  std::vector<absl::StatusOr<WrittenFile>> results(plan.files.size(),
+                                                   absl::UnknownError("not run"));
+  std::vector<uint64_t> bytes_read(plan.files.size(), 0);
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  auto worker = [&] {
+    for (size_t f = next++; f < plan.files.size(); f = next++) {
+      if (failed.load()) {
+        results[f] = absl::CancelledError("stopped after another file failed");
+        continue;
+      }
+      FileWriter writer(plan.files[f], sources, options, progress);
+      results[f] = writer.Run(dir);
+      bytes_read[f] = writer.bytes_read();
+      if (!results[f].ok()) failed.store(true);
+    }
+  };
+  const int threads =
+      std::max(1, std::min<int>(options.threads, static_cast<int>(plan.files.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& thread : pool) thread.join();
+
+  ExecutionResult result;
+  absl::Status first_error;
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    if (!results[f].ok()) {
+      // Report the root cause, not a sibling stopped because of it.
+      if (first_error.ok() || (absl::IsCancelled(first_error) && !absl::IsCancelled(results[f].status()))) {
+        first_error = Annotate(results[f].status(), plan.files[f].name);
+      }
+      continue;
+    }
+    result.bytes_written += results[f]->bytes;
+    result.bytes_read += bytes_read[f];
+    result.files.push_back(*std::move(results[f]));
+  }
+  if (!first_error.ok()) return first_error;
+  return result;
+}
+
+uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& options) {
+  const uint64_t threads =
+      std::max<uint64_t>(1, std::min<uint64_t>(options.threads, plan.files.size()));
+  const uint64_t window = std::max<uint64_t>(options.window_bytes, 4096);
+  // A window of narrowed output may read up to twice its size of source (F32 -> 16 bit), and
+  // strided sources touch whole pages; 4x the window bounds the resident source pages.
+  uint64_t plan_bytes = 0;
+  for (const FilePlan& file : plan.files) {
+    for (const TensorCopy& copy : file.tensors) {
+      plan_bytes += sizeof(TensorCopy) + copy.name.size();
+      for (const CopyItem& item : copy.items) plan_bytes += sizeof(CopyItem) + item.extent.size() * 24;
+    }
+  }
+  return threads * (window + 4 * window) + plan_bytes;
+}
+
+}  // namespace reshard

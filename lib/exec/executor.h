@@ -1,0 +1,72 @@
+// The Executor runs a CopyPlan: it writes every output file front to back through a bounded
+// window, filling tensor data from memory-mapped sources with the dtype conversion fused into
+// the copy, and commits each file atomically (temporary name, fsync, rename).
+//
+// Memory stays bounded whatever the model size: each worker owns one window buffer, and the
+// source pages a window consumed are released as soon as it is written. Independent output
+// files run in parallel on `threads` workers.
+
+#ifndef RESHARD_LIB_EXEC_EXECUTOR_H_
+#define RESHARD_LIB_EXEC_EXECUTOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "lib/io/mapped_file.h"
+#include "lib/plan/layout.h"
+
+namespace reshard {
+
+struct Progress {
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+  int64_t tensors_done = 0;
+  int64_t tensors_total = 0;
+  int files_done = 0;
+  int files_total = 0;
+};
+
+struct ExecutorOptions {
+  // Worker threads; each writes one output file at a time. Default: 2.
+  int threads = 2;
+  // Bytes buffered per worker before they are written. Default: 32 MiB.
+  uint64_t window_bytes = 32ull << 20;
+  // Called after every window and every finished file, from worker threads, serialized.
+  std::function<void(const Progress&)> on_progress;
+  // When set and true, workers stop before their next window and Execute returns Cancelled.
+  const std::atomic<bool>* cancelled = nullptr;
+};
+
+struct WrittenFile {
+  std::string name;
+  uint64_t bytes = 0;
+  uint64_t xxh3_64 = 0;  // XXH3-64 of the whole file
+  int tensors = 0;
+};
+
+struct ExecutionResult {
+  std::vector<WrittenFile> files;  // in plan order
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+};
+
+// Maps every source of the plan read-only (checking sizes against the Catalog).
+absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>& sources);
+
+// Writes all files of `plan` into folder `dir`. On error or cancellation no file is left under
+// a final name by this call's unfinished work (finished files stay; the caller's staging folder
+// owns them).
+absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string& dir,
+                                        const ExecutorOptions& options);
+
+// Peak memory the execution of `plan` needs beyond the process's baseline: the window buffers,
+// the source pages one window may hold before release, and the plan itself.
+uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& options);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_EXEC_EXECUTOR_H_

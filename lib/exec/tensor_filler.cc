@@ -1,0 +1,83 @@
+#include "lib/exec/tensor_filler.h"
+
+#include <algorithm>
+
+#include "lib/exec/dtype_convert.h"
+
+namespace reshard {
+
+TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources)
+    : copy_(copy),
+      sources_(sources),
+      touched_(sources.size()),
+      src_element_size_(DTypeSize(copy.src_dtype)),
+      dst_element_size_(DTypeSize(copy.dst_dtype)) {
+  cursors_.resize(copy.items.size());
+  for (size_t i = 0; i < copy.items.size(); ++i) {
+    const CopyItem& item = copy.items[i];
+    Cursor& cursor = cursors_[i];
+    cursor.index.assign(item.extent.size() - 1, 0);
+    cursor.row_dst = item.dst_offset;
+    cursor.row_src = item.src_offset;
+    for (int64_t extent : item.extent) {
+      if (extent == 0) cursor.done = true;
+    }
+  }
+}
+
+void TensorFiller::Advance(const CopyItem& item, Cursor& cursor) const {
+  // Odometer over the leading dimensions, keeping the row's start offsets incrementally.
+  for (int d = static_cast<int>(cursor.index.size()) - 1; d >= 0; --d) {
+    if (++cursor.index[d] < item.extent[d]) {
+      cursor.row_dst += item.dst_strides[d];
+      cursor.row_src += static_cast<uint64_t>(item.src_strides[d]) * src_element_size_;
+      return;
+    }
+    cursor.row_dst -= item.dst_strides[d] * (item.extent[d] - 1);
+    cursor.row_src -=
+        static_cast<uint64_t>(item.src_strides[d]) * (item.extent[d] - 1) * src_element_size_;
+    cursor.index[d] = 0;
+  }
+  cursor.done = true;
+}
+
+void TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
+  for (size_t i = 0; i < copy_.items.size(); ++i) {
+    const CopyItem& item = copy_.items[i];
+    Cursor& cursor = cursors_[i];
+    const int64_t row_length = item.extent.back();
+    const int64_t src_stride = item.src_strides.back();
+    const MappedFile& source = sources_[item.src_file];
+    Touched& touched = touched_[item.src_file];
+    while (!cursor.done && cursor.row_dst < end) {
+      const int64_t row_end = cursor.row_dst + row_length;
+      const int64_t from = std::max(cursor.row_dst, begin);
+      const int64_t to = std::min(row_end, end);
+      if (to > from) {
+        const uint64_t src_byte =
+            cursor.row_src +
+            static_cast<uint64_t>((from - cursor.row_dst) * src_stride) * src_element_size_;
+        const uint64_t src_span =
+            static_cast<uint64_t>(((to - from - 1) * src_stride + 1)) * src_element_size_;
+        ConvertElements(source.data() + src_byte, src_stride, copy_.src_dtype,
+                        out + (from - begin) * dst_element_size_, copy_.dst_dtype, to - from);
+        touched.begin = std::min(touched.begin, src_byte);
+        touched.end = std::max(touched.end, src_byte + src_span);
+        bytes_read_ += static_cast<uint64_t>(to - from) * src_element_size_;
+      }
+      if (row_end > end) break;  // the row continues in the next window
+      Advance(item, cursor);
+    }
+  }
+}
+
+void TensorFiller::ReleaseConsumed() {
+  for (size_t f = 0; f < touched_.size(); ++f) {
+    if (touched_[f].end > touched_[f].begin) {
+      sources_[f].Release(touched_[f].begin, touched_[f].end - touched_[f].begin);
+    }
+    touched_[f] = Touched();
+  }
+}
+
+}  // namespace reshard

@@ -1,0 +1,58 @@
+// Produces the dense output data of one tensor, window by window, from mapped source files.
+
+#ifndef RESHARD_LIB_EXEC_TENSOR_FILLER_H_
+#define RESHARD_LIB_EXEC_TENSOR_FILLER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "lib/io/mapped_file.h"
+#include "lib/plan/layout.h"
+
+namespace reshard {
+
+// Fills consecutive element ranges of a TensorCopy's dense output. Each CopyItem keeps a row
+// cursor, so a whole tensor costs O(rows) however it is windowed. Not thread safe; one filler
+// per tensor being written.
+class TensorFiller {
+ public:
+  // `sources` must outlive the filler and be indexed like the plan's sources.
+  TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources);
+
+  // Writes elements [begin, end) of the output tensor, converted to its dtype, to `out`
+  // ((end - begin) * element size bytes). Precondition: ranges are consecutive, front to back.
+  void Fill(int64_t begin, int64_t end, std::byte* out);
+
+  // Hands back to the kernel the source pages read since the last call (they stay cached).
+  void ReleaseConsumed();
+
+  // Source bytes read so far.
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  struct Cursor {
+    std::vector<int64_t> index;  // over all but the last dimension
+    int64_t row_dst = 0;         // output element where the current row starts
+    uint64_t row_src = 0;        // source byte where the current row starts
+    bool done = false;
+  };
+  struct Touched {
+    uint64_t begin = UINT64_MAX;
+    uint64_t end = 0;
+  };
+
+  void Advance(const CopyItem& item, Cursor& cursor) const;
+
+  const TensorCopy& copy_;
+  const std::vector<MappedFile>& sources_;
+  std::vector<Cursor> cursors_;
+  std::vector<Touched> touched_;  // per source file
+  size_t src_element_size_;
+  size_t dst_element_size_;
+  uint64_t bytes_read_ = 0;
+};
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_EXEC_TENSOR_FILLER_H_

@@ -1,0 +1,75 @@
+#include "absl/strings/string_view.h"
+#include "lib/formats/format.h"
+
+#include <sys/stat.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+
+namespace reshard {
+namespace {
+
+struct Registry {
+  absl::Mutex mu;
+  std::vector<std::unique_ptr<InputFormat>> inputs ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<OutputFormat>> outputs ABSL_GUARDED_BY(mu);
+};
+
+Registry& GetRegistry() {
+  static Registry* registry = new Registry;  // never destroyed: used from static initializers
+  return *registry;
+}
+
+}  // namespace
+
+void RegisterInputFormat(std::unique_ptr<InputFormat> format) {
+  Registry& registry = GetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  registry.inputs.push_back(std::move(format));
+}
+
+void RegisterOutputFormat(std::unique_ptr<OutputFormat> format) {
+  Registry& registry = GetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  registry.outputs.push_back(std::move(format));
+}
+
+std::vector<std::string> InputFormatIds() {
+  Registry& registry = GetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  std::vector<std::string> ids;
+  for (const auto& format : registry.inputs) ids.emplace_back(format->id());
+  return ids;
+}
+
+absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("input ", path, " does not exist"));
+  }
+  Registry& registry = GetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  std::vector<std::string> ids;
+  for (const auto& format : registry.inputs) {
+    if (format->Probe(path)) return format.get();
+    ids.emplace_back(format->id());
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "input ", path, " is in no format reshard reads (known: ", absl::StrJoin(ids, ", "), ")"));
+}
+
+absl::StatusOr<const OutputFormat*> FindOutputFormat(absl::string_view id) {
+  Registry& registry = GetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  std::vector<std::string> ids;
+  for (const auto& format : registry.outputs) {
+    if (format->id() == id) return format.get();
+    ids.emplace_back(format->id());
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown output format \"", id,
+                                                 "\" (known: ", absl::StrJoin(ids, ", "), ")"));
+}
+
+}  // namespace reshard

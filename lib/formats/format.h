@@ -1,0 +1,81 @@
+// Input and output formats, and the registry through which they plug into the engine.
+//
+// A format is one InputFormat (metadata only -> Catalog) and/or one OutputFormat (file names
+// and framing). Each registers itself from its own .cc with a file-scope
+// `InputFormatRegistration<T>` / `OutputFormatRegistration<T>` object; its Bazel target sets
+// `alwayslink = True`, and `//lib/formats:all_formats` links every format. The planner and the
+// executor never see a format.
+
+#ifndef RESHARD_LIB_FORMATS_FORMAT_H_
+#define RESHARD_LIB_FORMATS_FORMAT_H_
+
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "lib/core/catalog.h"
+#include "lib/plan/layout.h"
+#include "lib/plan/layout_builders.h"
+
+namespace reshard {
+
+// What an InputFormat found at a path.
+struct InputModel {
+  std::string format;  // the format's id
+  // "single-file", "sharded" (one model in several files) or "model-parallel-parts".
+  std::string layout;
+  // One Catalog for a whole model; N for N model-parallel parts, in rank order.
+  std::vector<Catalog> parts;
+  std::vector<std::string> part_names;  // a file or folder name per part, for messages
+};
+
+class InputFormat {
+ public:
+  virtual ~InputFormat() = default;
+  virtual absl::string_view id() const = 0;
+  // Cheap check (names, magic bytes) whether `path` is in this format.
+  virtual bool Probe(const std::string& path) const = 0;
+  // Reads metadata and builds the Catalog(s). Errors name the file and what is wrong.
+  virtual absl::StatusOr<InputModel> Read(const std::string& path) const = 0;
+};
+
+class OutputFormat {
+ public:
+  virtual ~OutputFormat() = default;
+  virtual absl::string_view id() const = 0;
+  virtual OutputNaming naming() const = 0;
+  // Lays out one output file: the bytes the format owns and where each tensor's data goes.
+  virtual absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const = 0;
+  // Files written after the data files, such as a sharded model's index: (name, contents).
+  virtual absl::StatusOr<std::vector<std::pair<std::string, std::string>>> CompanionFiles(
+      const TargetLayout& layout, const CopyPlan& plan) const = 0;
+};
+
+void RegisterInputFormat(std::unique_ptr<InputFormat> format);
+void RegisterOutputFormat(std::unique_ptr<OutputFormat> format);
+
+// The first registered input format whose Probe accepts `path`; InvalidArgument listing the
+// known formats otherwise, NotFound when the path does not exist.
+absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path);
+
+// The output format with id `id`; InvalidArgument listing the known ones otherwise.
+absl::StatusOr<const OutputFormat*> FindOutputFormat(absl::string_view id);
+
+std::vector<std::string> InputFormatIds();
+
+template <typename T>
+struct InputFormatRegistration {
+  InputFormatRegistration() { RegisterInputFormat(std::make_unique<T>()); }
+};
+
+template <typename T>
+struct OutputFormatRegistration {
+  OutputFormatRegistration() { RegisterOutputFormat(std::make_unique<T>()); }
+};
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_FORMAT_H_

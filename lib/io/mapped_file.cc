@@ -1,0 +1,91 @@
+#include "lib/io/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "lib/core/status.h"
+
+namespace reshard {
+namespace {
+
+uint64_t PageSize() {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+}  // namespace
+
+absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path, int64_t expected_size) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("opening ", path));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int error = errno;
+    ::close(fd);
+    return ErrnoToStatus(error, absl::StrCat("stat ", path));
+  }
+  if (expected_size >= 0 && st.st_size != expected_size) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(path, ": file is ", st.st_size,
+                                            " bytes but was ", expected_size,
+                                            " bytes when it was read; it changed underneath"));
+  }
+  MappedFile file;
+  file.path_ = path;
+  file.size_ = static_cast<uint64_t>(st.st_size);
+  if (file.size_ > 0) {
+    void* address = ::mmap(nullptr, file.size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (address == MAP_FAILED) {
+      int error = errno;
+      ::close(fd);
+      return ErrnoToStatus(error, absl::StrCat("mapping ", path));
+    }
+    file.data_ = static_cast<std::byte*>(address);
+    ::madvise(address, file.size_, MADV_SEQUENTIAL);
+  }
+  ::close(fd);  // the mapping keeps the file open
+  return file;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) ::munmap(data_, size_);
+    path_ = std::move(other.path_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+void MappedFile::Release(uint64_t offset, uint64_t length) const {
+  if (data_ == nullptr || length == 0) return;
+  const uint64_t page = PageSize();
+  uint64_t begin = (offset + page - 1) / page * page;
+  uint64_t end = std::min(offset + length, size_) / page * page;
+  if (end > begin) ::madvise(data_ + begin, end - begin, MADV_DONTNEED);
+}
+
+void MappedFile::WillNeed(uint64_t offset, uint64_t length) const {
+  if (data_ == nullptr || length == 0 || offset >= size_) return;
+  const uint64_t page = PageSize();
+  uint64_t begin = offset / page * page;
+  uint64_t end = std::min(offset + length, size_);
+  ::madvise(data_ + begin, end - begin, MADV_WILLNEED);
+}
+
+}  // namespace reshard

@@ -1,0 +1,51 @@
+// A read-only memory mapping of a whole input file.
+//
+// The Executor copies tensor data straight out of the mapping. Pages it has consumed are handed
+// back with `Release` (MADV_DONTNEED), so the process's resident memory stays bounded by the
+// copy window however large the file is; the data stays in the page cache.
+
+#ifndef RESHARD_LIB_IO_MAPPED_FILE_H_
+#define RESHARD_LIB_IO_MAPPED_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace reshard {
+
+class MappedFile {
+ public:
+  // Maps `path` read-only. `expected_size`, when given, must equal the file's size (it changed
+  // since it was cataloged otherwise: DataLoss).
+  static absl::StatusOr<MappedFile> Open(const std::string& path,
+                                         int64_t expected_size = -1);
+
+  MappedFile() = default;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const std::byte* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+  // Drops the pages fully inside [offset, offset + length) from this process's resident set.
+  // Later reads fault them back in from the page cache. Thread safe.
+  void Release(uint64_t offset, uint64_t length) const;
+
+  // Asks the kernel to read [offset, offset + length) ahead. Thread safe.
+  void WillNeed(uint64_t offset, uint64_t length) const;
+
+ private:
+  std::string path_;
+  std::byte* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_IO_MAPPED_FILE_H_

@@ -1,0 +1,106 @@
+// Target layouts (what the output should look like) and the copy plan (how to produce it).
+//
+// A TargetLayout lists output files, each with the tensors it holds: a region (box) of a global
+// tensor of the Catalog, in an output dtype. A Writer turns each output file into a FileFraming:
+// the bytes it owns (headers) and where each tensor's data goes. The Planner then intersects
+// every output region with the Catalog's source pieces and produces the CopyPlan that the
+// Executor runs. None of these types know any file format.
+
+#ifndef RESHARD_LIB_PLAN_LAYOUT_H_
+#define RESHARD_LIB_PLAN_LAYOUT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lib/core/catalog.h"
+#include "lib/core/dtype.h"
+#include "lib/core/shape.h"
+
+namespace reshard {
+
+// One tensor of an output file: `region` of the Catalog tensor `source`, stored densely
+// (row-major) under `name` in `dtype`. Its shape is region.extent.
+struct OutputTensor {
+  std::string name;
+  int source = 0;  // index into Catalog::tensors
+  Box region;
+  DType dtype = DType::kF32;
+
+  uint64_t bytes() const {
+    return static_cast<uint64_t>(NumElementsUnchecked(region.extent)) * DTypeSize(dtype);
+  }
+};
+
+struct OutputFileLayout {
+  std::string name;  // file name inside the output folder
+  std::vector<OutputTensor> tensors;
+  // String metadata for writers whose format can carry it (safetensors `__metadata__`).
+  std::map<std::string, std::string> metadata;
+};
+
+struct TargetLayout {
+  // kConsolidated: the files together hold one model (shards). kParts: each file is one
+  // model-parallel part holding a slice of every tensor.
+  enum class Kind { kConsolidated, kParts };
+  Kind kind = Kind::kConsolidated;
+  std::vector<OutputFileLayout> files;
+};
+
+// How the Writer lays out one output file: a sequence of segments written front to back.
+// Writers own the bytes of kBytes segments (headers, padding); kTensor segments are filled by
+// the Executor with the dense data of `OutputFileLayout::tensors[tensor]`.
+struct FramingSegment {
+  enum class Kind { kBytes, kTensor };
+  Kind kind = Kind::kBytes;
+  std::string bytes;  // kBytes
+  int tensor = -1;    // kTensor
+};
+
+struct FileFraming {
+  std::vector<FramingSegment> segments;
+};
+
+// A box copy from one source piece into one output tensor. Element `i` of `extent` is read at
+// byte `src_offset + sum(i[d] * src_strides[d]) * source element size` of `sources[src_file]`
+// and written at element `dst_offset + sum(i[d] * dst_strides[d])` of the output tensor.
+// Dimensions are collapsed where both sides are contiguous, so the last dimension is the
+// longest run; dst_strides are decreasing and the items of a tensor never overlap.
+struct CopyItem {
+  int src_file = 0;
+  uint64_t src_offset = 0;
+  std::vector<int64_t> extent;
+  std::vector<int64_t> src_strides;
+  int64_t dst_offset = 0;
+  std::vector<int64_t> dst_strides;
+};
+
+// Everything needed to produce the dense data of one output tensor.
+struct TensorCopy {
+  std::string name;
+  DType src_dtype = DType::kF32;
+  DType dst_dtype = DType::kF32;
+  int64_t num_elements = 0;
+  std::vector<CopyItem> items;
+
+  uint64_t dst_bytes() const { return num_elements * DTypeSize(dst_dtype); }
+};
+
+struct FilePlan {
+  std::string name;
+  std::vector<FramingSegment> segments;  // kTensor segments index `tensors`
+  std::vector<TensorCopy> tensors;
+  uint64_t bytes = 0;  // total file size
+};
+
+struct CopyPlan {
+  std::vector<SourceFile> sources;
+  std::vector<FilePlan> files;
+  uint64_t total_bytes = 0;        // bytes of all output files
+  uint64_t source_bytes_read = 0;  // bytes of source data the plan reads
+};
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_PLAN_LAYOUT_H_

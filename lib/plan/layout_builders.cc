@@ -1,0 +1,257 @@
+#include "absl/strings/string_view.h"
+#include "lib/plan/layout_builders.h"
+
+#include <cctype>
+#include <cmath>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "lib/core/status.h"
+
+namespace reshard {
+
+absl::StatusOr<DTypePolicy> ParseDTypePolicy(absl::string_view text) {
+  std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "keep" || lower == "auto") return DTypePolicy::kKeep;
+  if (lower == "fp32" || lower == "f32" || lower == "float32") return DTypePolicy::kF32;
+  if (lower == "bf16" || lower == "bfloat16") return DTypePolicy::kBF16;
+  if (lower == "fp16" || lower == "f16" || lower == "float16" || lower == "half") {
+    return DTypePolicy::kF16;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype \"", text, "\"; expected keep, fp32, bf16 or fp16"));
+}
+
+absl::string_view DTypePolicyName(DTypePolicy policy) {
+  switch (policy) {
+    case DTypePolicy::kKeep:
+      return "keep";
+    case DTypePolicy::kF32:
+      return "fp32";
+    case DTypePolicy::kBF16:
+      return "bf16";
+    case DTypePolicy::kF16:
+      return "fp16";
+  }
+  return "keep";
+}
+
+DType ApplyDTypePolicy(DTypePolicy policy, DType dtype) {
+  if (!IsConvertibleFloat(dtype)) return dtype;
+  switch (policy) {
+    case DTypePolicy::kKeep:
+      return dtype;
+    case DTypePolicy::kF32:
+      return DType::kF32;
+    case DTypePolicy::kBF16:
+      return DType::kBF16;
+    case DTypePolicy::kF16:
+      return DType::kF16;
+  }
+  return dtype;
+}
+
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
+  absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  size_t split = 0;
+  while (split < trimmed.size() &&
+         (std::isdigit(static_cast<unsigned char>(trimmed[split])) || trimmed[split] == '.')) {
+    ++split;
+  }
+  absl::string_view number = trimmed.substr(0, split);
+  std::string unit = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(trimmed.substr(split)));
+  struct Unit {
+    const char* name;
+    double factor;
+  };
+  static constexpr Unit kUnits[] = {
+      {"", 1},          {"B", 1},         {"KB", 1e3},         {"MB", 1e6},
+      {"GB", 1e9},      {"TB", 1e12},     {"KIB", 1024.0},     {"MIB", 1048576.0},
+      {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}};
+  double value = 0;
+  if (number.empty() || !absl::SimpleAtod(number, &value)) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid size \"", text,
+                                                   "\"; expected e.g. 5GB, 500MB, 2GiB, 1048576"));
+  }
+  for (const Unit& u : kUnits) {
+    if (unit == u.name) {
+      double bytes = std::floor(value * u.factor);
+      if (bytes < 1 || bytes > 1.8e19) {
+        return absl::InvalidArgumentError(absl::StrCat("size \"", text, "\" is out of range"));
+      }
+      return static_cast<uint64_t>(bytes);
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("invalid size unit in \"", text,
+                                                 "\"; use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"));
+}
+
+absl::StatusOr<TargetLayout> BuildConsolidateLayout(const Catalog& catalog, DTypePolicy dtype,
+                                                    uint64_t max_shard_size,
+                                                    const OutputNaming& naming) {
+  if (max_shard_size == 0) return absl::InvalidArgumentError("max shard size must be positive");
+  std::vector<std::vector<OutputTensor>> shards;
+  std::vector<OutputTensor> current;
+  uint64_t current_size = 0;
+  for (size_t i = 0; i < catalog.tensors.size(); ++i) {
+    const CatalogTensor& tensor = catalog.tensors[i];
+    OutputTensor out{tensor.name, static_cast<int>(i), Box::Full(tensor.shape),
+                     ApplyDTypePolicy(dtype, tensor.dtype)};
+    const uint64_t size = out.bytes();
+    if (size > max_shard_size) {
+      shards.push_back({std::move(out)});
+      continue;
+    }
+    if (current_size + size > max_shard_size) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_size = 0;
+    }
+    current_size += size;
+    current.push_back(std::move(out));
+  }
+  if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
+  TargetLayout layout;
+  const int count = static_cast<int>(shards.size());
+  for (int i = 0; i < count; ++i) {
+    layout.files.push_back({naming.shard_file(i, count), std::move(shards[i]), {}});
+  }
+  return layout;
+}
+
+absl::StatusOr<TargetLayout> BuildSplitLayout(const Catalog& catalog, const PartitionRules& rules,
+                                              int parts, DTypePolicy dtype,
+                                              const OutputNaming& naming) {
+  if (parts < 1) return absl::InvalidArgumentError("the number of parts must be at least 1");
+  if (rules.empty()) {
+    return absl::InvalidArgumentError("splitting into parts needs partition rules (--rules FILE)");
+  }
+  TargetLayout layout;
+  layout.kind = TargetLayout::Kind::kParts;
+  layout.files.resize(parts);
+  for (int rank = 0; rank < parts; ++rank) {
+    layout.files[rank].name = naming.part_file(rank, parts);
+    layout.files[rank].metadata = {{"reshard_part", absl::StrCat(rank)},
+                                   {"reshard_parts", absl::StrCat(parts)}};
+  }
+  for (size_t i = 0; i < catalog.tensors.size(); ++i) {
+    const CatalogTensor& tensor = catalog.tensors[i];
+    ASSIGN_OR_RETURN(const PartitionRule* rule, rules.Match(tensor.name));
+    const DType out_dtype = ApplyDTypePolicy(dtype, tensor.dtype);
+    if (rule->replicate) {
+      for (int rank = 0; rank < parts; ++rank) {
+        layout.files[rank].tensors.push_back(
+            {tensor.name, static_cast<int>(i), Box::Full(tensor.shape), out_dtype});
+      }
+      continue;
+    }
+    ASSIGN_OR_RETURN(int dim, ResolveSplitDim(*rule, tensor.shape.size(), tensor.name));
+    if (tensor.shape[dim] % parts != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", tensor.name, "\" of shape ", ShapeToString(tensor.shape),
+          ": dimension ", dim, " (size ", tensor.shape[dim], ") is not divisible into ", parts,
+          " parts (rule \"", rule->pattern, "\")"));
+    }
+    const int64_t slice = tensor.shape[dim] / parts;
+    for (int rank = 0; rank < parts; ++rank) {
+      Box region = Box::Full(tensor.shape);
+      region.origin[dim] = rank * slice;
+      region.extent[dim] = slice;
+      layout.files[rank].tensors.push_back({tensor.name, static_cast<int>(i), region, out_dtype});
+    }
+  }
+  return layout;
+}
+
+absl::StatusOr<Catalog> MergeParts(std::vector<Catalog> parts, const PartitionRules& rules,
+                                   const std::vector<std::string>& part_names) {
+  if (parts.empty()) return absl::InvalidArgumentError("no model-parallel parts to merge");
+  if (parts.size() == 1) return std::move(parts[0]);
+  if (rules.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the input is ", parts.size(), " model-parallel parts (every file holds the same ",
+        parts[0].tensors.size(), " tensor names); merging them needs partition rules: pass "
+        "--rules FILE"));
+  }
+  auto part_name = [&](size_t p) {
+    return p < part_names.size() ? part_names[p] : absl::StrCat("part ", p);
+  };
+  for (Catalog& part : parts) part.Reindex();
+  // Every part holds exactly the names of part 0.
+  for (size_t p = 1; p < parts.size(); ++p) {
+    for (const CatalogTensor& tensor : parts[0].tensors) {
+      if (parts[p].Find(tensor.name) < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(part_name(p), " (part ", p, " of ",
+                                                       parts.size(), ") lacks tensor \"",
+                                                       tensor.name, "\" that part 0 holds"));
+      }
+    }
+    if (parts[p].tensors.size() != parts[0].tensors.size()) {
+      for (const CatalogTensor& tensor : parts[p].tensors) {
+        if (parts[0].Find(tensor.name) < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(part_name(p), " (part ", p,
+                                                         ") holds tensor \"", tensor.name,
+                                                         "\" that part 0 lacks"));
+        }
+      }
+    }
+  }
+  Catalog merged;
+  merged.format = parts[0].format;
+  merged.metadata = parts[0].metadata;
+  merged.metadata.erase("reshard_part");
+  merged.metadata.erase("reshard_parts");
+  std::vector<int> file_base(parts.size());
+  for (size_t p = 0; p < parts.size(); ++p) {
+    file_base[p] = static_cast<int>(merged.files.size());
+    for (const SourceFile& file : parts[p].files) merged.files.push_back(file);
+  }
+  for (const CatalogTensor& first : parts[0].tensors) {
+    ASSIGN_OR_RETURN(const PartitionRule* rule, rules.Match(first.name));
+    CatalogTensor global{first.name, first.dtype, first.shape, {}};
+    int dim = -1;
+    if (!rule->replicate) {
+      ASSIGN_OR_RETURN(dim, ResolveSplitDim(*rule, first.shape.size(), first.name));
+      global.shape[dim] = 0;
+    }
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const CatalogTensor& local = parts[p].tensors[parts[p].Find(first.name)];
+      bool compatible = local.dtype == first.dtype && local.shape.size() == first.shape.size();
+      for (size_t d = 0; compatible && d < first.shape.size(); ++d) {
+        if (static_cast<int>(d) != dim && local.shape[d] != first.shape[d]) compatible = false;
+      }
+      if (!compatible) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", first.name, "\": ", part_name(p), " has ", DTypeName(local.dtype), " ",
+            ShapeToString(local.shape), " but part 0 has ", DTypeName(first.dtype), " ",
+            ShapeToString(first.shape),
+            rule->replicate ? " (replicated tensors must agree)"
+                            : absl::StrCat(" (only dimension ", dim, " may differ)")));
+      }
+      if (rule->replicate) {
+        if (p == 0) {
+          for (SourcePiece piece : local.pieces) {
+            piece.file += file_base[p];
+            global.pieces.push_back(std::move(piece));
+          }
+        }
+        continue;
+      }
+      const int64_t shift = global.shape[dim];
+      for (SourcePiece piece : local.pieces) {
+        piece.file += file_base[p];
+        piece.box.origin[dim] += shift;
+        global.pieces.push_back(std::move(piece));
+      }
+      global.shape[dim] += local.shape[dim];
+    }
+    merged.tensors.push_back(std::move(global));
+  }
+  merged.Reindex();
+  return merged;
+}
+
+}  // namespace reshard

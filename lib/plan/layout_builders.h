@@ -1,0 +1,67 @@
+// Builders of target layouts and the merge of model-parallel parts into one Catalog.
+
+#ifndef RESHARD_LIB_PLAN_LAYOUT_BUILDERS_H_
+#define RESHARD_LIB_PLAN_LAYOUT_BUILDERS_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "lib/core/catalog.h"
+#include "lib/core/dtype.h"
+#include "lib/plan/layout.h"
+#include "lib/plan/partition_rules.h"
+
+namespace reshard {
+
+// Output dtype requested for floating tensors (`--dtype`).
+enum class DTypePolicy { kKeep, kF32, kBF16, kF16 };
+
+// Parses "keep", "fp32", "bf16", "fp16" (also "float32", "bfloat16", "float16", "f32", ...).
+absl::StatusOr<DTypePolicy> ParseDTypePolicy(absl::string_view text);
+absl::string_view DTypePolicyName(DTypePolicy policy);
+
+// The dtype a tensor stored as `dtype` gets under `policy`: F32/F16/BF16 become the requested
+// float type; every other dtype is kept.
+DType ApplyDTypePolicy(DTypePolicy policy, DType dtype);
+
+// Parses a shard size: plain bytes, or a number with KB/MB/GB/TB (decimal, as Hugging Face
+// counts) or KiB/MiB/GiB/TiB (binary). "5GB" = 5,000,000,000.
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
+
+// File names chosen by the output Writer.
+struct OutputNaming {
+  // Name of shard `index` (0-based) of `count` consolidated files.
+  std::function<std::string(int index, int count)> shard_file;
+  // Name of model-parallel part `rank` of `parts`.
+  std::function<std::string(int rank, int parts)> part_file;
+};
+
+// One model, split into files of at most `max_shard_size` bytes with Hugging Face's rule:
+// tensors in Catalog order; a tensor larger than the limit goes alone into a file of its own
+// (appended at once); otherwise a new file starts when the current one would overflow.
+absl::StatusOr<TargetLayout> BuildConsolidateLayout(const Catalog& catalog, DTypePolicy dtype,
+                                                    uint64_t max_shard_size,
+                                                    const OutputNaming& naming);
+
+// `parts` tensor-parallel parts, one file each: tensors with a split rule are cut into `parts`
+// equal slices along the rule's dimension (which must divide evenly); replicated ones are whole
+// in every part.
+absl::StatusOr<TargetLayout> BuildSplitLayout(const Catalog& catalog, const PartitionRules& rules,
+                                              int parts, DTypePolicy dtype,
+                                              const OutputNaming& naming);
+
+// Merges N model-parallel parts (each a Catalog of its local tensors, in rank order) into one
+// Catalog of global tensors. Every part must hold the same tensor names. Split tensors are
+// concatenated along the rule's dimension in part order; replicated ones must agree in shape
+// and dtype, and part 0's copy is used. `part_names` name the parts in error messages.
+absl::StatusOr<Catalog> MergeParts(std::vector<Catalog> parts, const PartitionRules& rules,
+                                   const std::vector<std::string>& part_names);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_PLAN_LAYOUT_BUILDERS_H_

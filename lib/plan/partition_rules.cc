@@ -1,0 +1,128 @@
+#include "absl/strings/string_view.h"
+#include "lib/plan/partition_rules.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "lib/core/status.h"
+#include "nlohmann/json.hpp"
+#include "re2/re2.h"
+
+namespace reshard {
+
+PartitionRules::PartitionRules() = default;
+PartitionRules::PartitionRules(PartitionRules&&) noexcept = default;
+PartitionRules& PartitionRules::operator=(PartitionRules&&) noexcept = default;
+PartitionRules::~PartitionRules() = default;
+
+absl::StatusOr<PartitionRules> PartitionRules::Create(std::vector<PartitionRule> rules) {
+  if (rules.size() > kMaxRules) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("too many partition rules: ", rules.size(), " (at most ", kMaxRules, ")"));
+  }
+  PartitionRules result;
+  for (size_t i = 0; i < rules.size(); ++i) {
+    if (rules[i].pattern.size() > kMaxPatternLength) {
+      return absl::InvalidArgumentError(absl::StrCat("rule #", i, ": pattern longer than ",
+                                                     kMaxPatternLength, " characters"));
+    }
+    RE2::Options options;
+    options.set_log_errors(false);
+    auto compiled = std::make_unique<RE2>(rules[i].pattern, options);
+    if (!compiled->ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("rule #", i, ": bad pattern \"",
+                                                     rules[i].pattern, "\": ", compiled->error()));
+    }
+    result.compiled_.push_back(std::move(compiled));
+  }
+  result.rules_ = std::move(rules);
+  return result;
+}
+
+absl::StatusOr<PartitionRules> PartitionRules::FromJson(absl::string_view json,
+                                                        absl::string_view source) {
+  auto error = [&](absl::string_view message) {
+    return absl::InvalidArgumentError(absl::StrCat("partition rules ", source, ": ", message));
+  };
+  nlohmann::json document;
+  try {
+    document = nlohmann::json::parse(json.begin(), json.end());
+  } catch (const nlohmann::json::exception& e) {
+    return error(absl::StrCat("invalid JSON: ", e.what()));
+  }
+  if (!document.is_object() || !document.contains("rules") || !document["rules"].is_array()) {
+    return error("expected an object {\"rules\": [...]}");
+  }
+  std::vector<PartitionRule> rules;
+  for (size_t i = 0; i < document["rules"].size(); ++i) {
+    const nlohmann::json& entry = document["rules"][i];
+    const std::string where = absl::StrCat("rule #", i, ": ");
+    if (!entry.is_object() || !entry.contains("pattern") || !entry["pattern"].is_string()) {
+      return error(where + "expected an object with a string \"pattern\"");
+    }
+    PartitionRule rule;
+    rule.pattern = entry["pattern"].get<std::string>();
+    const bool has_dim = entry.contains("split_dim");
+    const bool replicate = entry.contains("replicate") && entry["replicate"].is_boolean() &&
+                           entry["replicate"].get<bool>();
+    if (has_dim == replicate) {
+      return error(where + "give exactly one of \"split_dim\": N or \"replicate\": true");
+    }
+    if (has_dim) {
+      if (!entry["split_dim"].is_number_integer() || entry["split_dim"].get<int64_t>() > 64 ||
+          entry["split_dim"].get<int64_t>() < -64) {
+        return error(where + "\"split_dim\" must be an integer in [-64, 64]");
+      }
+      rule.split_dim = entry["split_dim"].get<int>();
+    }
+    rule.replicate = replicate;
+    for (const auto& item : entry.items()) {
+      if (item.key() != "pattern" && item.key() != "split_dim" && item.key() != "replicate") {
+        return error(absl::StrCat(where, "unknown field \"", item.key(), "\""));
+      }
+    }
+    rules.push_back(std::move(rule));
+  }
+  auto created = Create(std::move(rules));
+  if (!created.ok()) return Annotate(created.status(), absl::StrCat("partition rules ", source));
+  return created;
+}
+
+absl::StatusOr<PartitionRules> PartitionRules::FromFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open partition rules file ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().size() > (16u << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("partition rules file ", path,
+                                                   " is larger than 16 MiB"));
+  }
+  return FromJson(text.str(), path);
+}
+
+absl::StatusOr<const PartitionRule*> PartitionRules::Match(absl::string_view tensor_name) const {
+  for (size_t i = 0; i < rules_.size(); ++i) {
+    if (RE2::PartialMatch(re2::StringPiece(tensor_name.data(), tensor_name.size()),
+                          *compiled_[i])) {
+      return &rules_[i];
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("tensor \"", tensor_name,
+                                          "\" matches no partition rule (add a rule for it, or a "
+                                          "catch-all {\"pattern\": \".*\", \"replicate\": true})"));
+}
+
+absl::StatusOr<int> ResolveSplitDim(const PartitionRule& rule, size_t rank,
+                                    absl::string_view tensor_name) {
+  int dim = rule.split_dim < 0 ? rule.split_dim + static_cast<int>(rank) : rule.split_dim;
+  if (dim < 0 || dim >= static_cast<int>(rank)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor \"", tensor_name, "\" has ", rank, " dimension(s); rule \"", rule.pattern,
+        "\" splits dimension ", rule.split_dim));
+  }
+  return dim;
+}
+
+}  // namespace reshard

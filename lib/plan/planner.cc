@@ -1,0 +1,181 @@
+#include "lib/plan/planner.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "lib/core/status.h"
+
+namespace reshard {
+namespace {
+
+// Drops unit dimensions and merges neighbours that are contiguous on both sides, so the
+// Executor's inner loop runs over the longest possible rows. A 0-d item becomes one element.
+void CollapseDimensions(CopyItem& item) {
+  CopyItem out = item;
+  out.extent.clear();
+  out.src_strides.clear();
+  out.dst_strides.clear();
+  for (size_t d = 0; d < item.extent.size(); ++d) {
+    if (item.extent[d] == 1) continue;
+    if (!out.extent.empty()) {
+      const size_t last = out.extent.size() - 1;
+      if (out.src_strides[last] == item.src_strides[d] * item.extent[d] &&
+          out.dst_strides[last] == item.dst_strides[d] * item.extent[d]) {
+        out.extent[last] *= item.extent[d];
+        out.src_strides[last] = item.src_strides[d];
+        out.dst_strides[last] = item.dst_strides[d];
+        continue;
+      }
+    }
+    out.extent.push_back(item.extent[d]);
+    out.src_strides.push_back(item.src_strides[d]);
+    out.dst_strides.push_back(item.dst_strides[d]);
+  }
+  // The Executor copies "rows": runs along the last dimension that are contiguous in the
+  // output. When the innermost kept dimension is not (a one-column slice, a 0-d tensor), rows
+  // are single elements.
+  if (out.extent.empty() || out.dst_strides.back() != 1) {
+    out.extent.push_back(1);
+    out.src_strides.push_back(1);
+    out.dst_strides.push_back(1);
+  }
+  item = std::move(out);
+}
+
+// Proves the boxes tile `region` exactly: no two overlap and their volumes add up.
+absl::Status ProveCoverage(const std::string& tensor_name, const Box& region,
+                           std::vector<Box> boxes) {
+  const int64_t want = NumElementsUnchecked(region.extent);
+  int64_t have = 0;
+  for (const Box& box : boxes) have += NumElementsUnchecked(box.extent);
+  if (region.rank() > 0) {
+    std::sort(boxes.begin(), boxes.end(),
+              [](const Box& a, const Box& b) { return a.origin[0] < b.origin[0]; });
+  }
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    for (size_t j = i + 1; j < boxes.size(); ++j) {
+      if (region.rank() > 0 && boxes[j].origin[0] >= boxes[i].origin[0] + boxes[i].extent[0]) {
+        break;  // sorted by origin[0]: no later box can overlap box i
+      }
+      if (Intersect(boxes[i], boxes[j]).has_value()) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor \"", tensor_name, "\": source pieces ", BoxToString(boxes[i]), " and ",
+            BoxToString(boxes[j]), " overlap; the checkpoint does not tile the tensor exactly"));
+      }
+    }
+  }
+  if (have != want) {
+    return absl::DataLossError(absl::StrCat(
+        "tensor \"", tensor_name, "\": source pieces cover ", have, " of the ", want,
+        " elements of region ", BoxToString(region),
+        "; the checkpoint is missing data for this tensor"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorCopy> PlanRegion(const Catalog& catalog, const OutputTensor& out) {
+  const CatalogTensor& source = catalog.tensors[out.source];
+  if (!CanConvert(source.dtype, out.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor \"", source.name, "\": cannot convert ",
+                                                   DTypeName(source.dtype), " to ",
+                                                   DTypeName(out.dtype)));
+  }
+  if (!Contains(Box::Full(source.shape), out.region)) {
+    return absl::InternalError(absl::StrCat("tensor \"", source.name, "\": output region ",
+                                            BoxToString(out.region), " is outside shape ",
+                                            ShapeToString(source.shape)));
+  }
+  TensorCopy copy;
+  copy.name = out.name;
+  copy.src_dtype = source.dtype;
+  copy.dst_dtype = out.dtype;
+  copy.num_elements = NumElementsUnchecked(out.region.extent);
+  if (copy.num_elements == 0) return copy;
+  const std::vector<int64_t> dst_strides = RowMajorStrides(out.region.extent);
+  const uint64_t element_size = DTypeSize(source.dtype);
+  std::vector<Box> covered;
+  for (const SourcePiece& piece : source.pieces) {
+    std::optional<Box> common = Intersect(out.region, piece.box);
+    if (!common.has_value()) continue;
+    CopyItem item;
+    item.src_file = piece.file;
+    item.extent = common->extent;
+    item.src_strides = piece.strides;
+    item.dst_strides = dst_strides;
+    uint64_t src_element = 0;
+    int64_t dst_element = 0;
+    for (size_t d = 0; d < common->rank(); ++d) {
+      src_element += (common->origin[d] - piece.box.origin[d]) * piece.strides[d];
+      dst_element += (common->origin[d] - out.region.origin[d]) * dst_strides[d];
+    }
+    item.src_offset = piece.byte_offset + src_element * element_size;
+    item.dst_offset = dst_element;
+    CollapseDimensions(item);
+    copy.items.push_back(std::move(item));
+    covered.push_back(*std::move(common));
+  }
+  RETURN_IF_ERROR(ProveCoverage(source.name, out.region, std::move(covered)));
+  // Front-to-back order in the output, so the Executor's cursors advance monotonically.
+  std::sort(copy.items.begin(), copy.items.end(),
+            [](const CopyItem& a, const CopyItem& b) { return a.dst_offset < b.dst_offset; });
+  return copy;
+}
+
+uint64_t ItemSourceBytes(const TensorCopy& copy) {
+  return copy.num_elements * DTypeSize(copy.src_dtype);
+}
+
+}  // namespace
+
+bool CanConvert(DType from, DType to) {
+  return from == to || (IsConvertibleFloat(from) && IsConvertibleFloat(to));
+}
+
+absl::StatusOr<CopyPlan> BuildCopyPlan(const Catalog& catalog, const TargetLayout& layout,
+                                       const std::vector<FileFraming>& framings) {
+  if (framings.size() != layout.files.size()) {
+    return absl::InternalError("one framing per output file expected");
+  }
+  CopyPlan plan;
+  plan.sources = catalog.files;
+  for (size_t f = 0; f < layout.files.size(); ++f) {
+    const OutputFileLayout& file = layout.files[f];
+    FilePlan file_plan;
+    file_plan.name = file.name;
+    for (const OutputTensor& out : file.tensors) {
+      auto copy = PlanRegion(catalog, out);
+      if (!copy.ok()) return Annotate(copy.status(), absl::StrCat("planning ", file.name));
+      plan.source_bytes_read += ItemSourceBytes(*copy);
+      file_plan.tensors.push_back(*std::move(copy));
+    }
+    std::vector<int> seen(file.tensors.size(), 0);
+    for (const FramingSegment& segment : framings[f].segments) {
+      if (segment.kind == FramingSegment::Kind::kBytes) {
+        file_plan.bytes += segment.bytes.size();
+      } else {
+        if (segment.tensor < 0 || segment.tensor >= static_cast<int>(seen.size()) ||
+            seen[segment.tensor]++ > 0) {
+          return absl::InternalError(absl::StrCat("writer framing of ", file.name,
+                                                  " places tensor #", segment.tensor, " wrongly"));
+        }
+        file_plan.bytes += file_plan.tensors[segment.tensor].dst_bytes();
+      }
+      file_plan.segments.push_back(segment);
+    }
+    if (std::count(seen.begin(), seen.end(), 0) > 0) {
+      return absl::InternalError(absl::StrCat("writer framing of ", file.name,
+                                              " leaves out a tensor"));
+    }
+    plan.total_bytes += file_plan.bytes;
+    plan.files.push_back(std::move(file_plan));
+  }
+  return plan;
+}
+
+absl::StatusOr<TensorCopy> PlanWholeTensor(const Catalog& catalog, int index, DType dtype) {
+  const CatalogTensor& tensor = catalog.tensors[index];
+  return PlanRegion(catalog, OutputTensor{tensor.name, index, Box::Full(tensor.shape), dtype});
+}
+
+}  // namespace reshard

@@ -1,0 +1,3 @@
+#!/bin/sh
+echo "bazel coverage is not available offline in this workspace" >&2
+exit 1

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian package reshard needs to build, test, benchmark and run its demo.
+# Idempotent: packages already present are left alone. Safe to call from every entry point.
+set -euo pipefail
+
+packages=(
+  # Build: Bazel 4 from Debian plus the platforms repository it needs offline.
+  bazel-bootstrap bazel-platforms g++ clang libclang-rt-14-dev
+  # Libraries linked through third_party/system.BUILD.
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+  libsqlite3-dev libxxhash-dev libcli11-dev libre2-dev
+  # Independent readers for the tests and the benchmark's peak-RSS figures.
+  python3 python3-numpy python3-torch time
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
