@@ -41,8 +41,10 @@ void ProgressBar::Update(const Progress& p) {
          << std::flush;
     return;
   }
+  last_ = p;
   const int decile = static_cast<int>(fraction * 10);
-  if (decile == last_decile_) return;
+  last_printed_ = decile != last_decile_;
+  if (!last_printed_) return;
   last_decile_ = decile;
   out_ << absl::StrFormat("progress: %3d%% %s of %s, %s/s, files %d/%d, tensors %d/%d\n",
                           decile * 10, HumanBytes(p.bytes_done), HumanBytes(p.bytes_total),
@@ -52,7 +54,14 @@ void ProgressBar::Update(const Progress& p) {
 }
 
 void ProgressBar::Finish() {
-  if (terminal_ && drawn_) out_ << "\n" << std::flush;
+  if (terminal_) {
+    if (drawn_) out_ << "\n" << std::flush;
+    return;
+  }
+  if (!last_printed_) {  // the final state (all files committed) was not shown yet
+    last_decile_ = -1;
+    Update(last_);
+  }
 }
 
 }  // namespace reshard

@@ -24,6 +24,8 @@ class ProgressBar {
   const std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_draw_{};
   int last_decile_ = -1;
+  Progress last_{};
+  bool last_printed_ = true;
   bool drawn_ = false;
 };
 

@@ -202,17 +202,20 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string&
 uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& options) {
   const uint64_t threads =
       std::max<uint64_t>(1, std::min<uint64_t>(options.threads, plan.files.size()));
-  const uint64_t window = std::max<uint64_t>(options.window_bytes, 4096);
-  // A window of narrowed output may read up to twice its size of source (F32 -> 16 bit), and
-  // strided sources touch whole pages; 4x the window bounds the resident source pages.
-  uint64_t plan_bytes = 0;
+  uint64_t largest_file = 0;
+  uint64_t plan_bytes = sizeof(CopyPlan);
   for (const FilePlan& file : plan.files) {
+    largest_file = std::max(largest_file, file.bytes);
     for (const TensorCopy& copy : file.tensors) {
       plan_bytes += sizeof(TensorCopy) + copy.name.size();
-      for (const CopyItem& item : copy.items) plan_bytes += sizeof(CopyItem) + item.extent.size() * 24;
+      for (const CopyItem& item : copy.items) {
+        plan_bytes += sizeof(CopyItem) + item.extent.size() * 3 * sizeof(int64_t);
+      }
     }
   }
-  return threads * (window + 4 * window) + plan_bytes;
+  // Each worker holds its window, and the source pages one window consumed until they are
+  // released: up to twice the window when narrowing F32 to 16 bits, plus partly used pages at
+  // both ends of every row run, bounded here by one more window.
+  const uint64_t window = std::min(std::max<uint64_t>(options.window_bytes, 4096), largest_file);
+  return threads * 4 * window + plan_bytes;
 }
-
-}  // namespace reshard

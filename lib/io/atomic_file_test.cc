@@ -1,0 +1,113 @@
+#include "lib/io/atomic_file.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace reshard {
+namespace {
+
+std::string MakeTempDir() {
+  std::string pattern = testing::TempDir() + "/atomic_XXXXXX";
+  char* made = ::mkdtemp(pattern.data());
+  EXPECT_NE(made, nullptr);
+  return pattern;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(AtomicFileTest, CommitPublishesContent) {
+  const std::string dir = MakeTempDir();
+  auto file = AtomicFile::Create(dir, "out.bin");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::string final_path = dir + "/out.bin";
+  EXPECT_EQ(file->final_path(), final_path);
+  ASSERT_TRUE(file->Append("hello ").ok());
+  ASSERT_TRUE(file->Append(std::string("wor\0ld", 6)).ok());
+  EXPECT_EQ(file->bytes_written(), 12u);
+  EXPECT_FALSE(Exists(final_path)) << "final file visible before Commit";
+  EXPECT_TRUE(Exists(final_path + ".partial"));
+  ASSERT_TRUE(file->Commit().ok());
+  EXPECT_TRUE(Exists(final_path));
+  EXPECT_FALSE(Exists(final_path + ".partial"));
+  EXPECT_EQ(ReadAll(final_path), std::string("hello wor\0ld", 12));
+  // A committed file is closed.
+  EXPECT_EQ(file->Append("x").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(file->Commit().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(AtomicFileTest, UncommittedFileIsRemoved) {
+  const std::string dir = MakeTempDir();
+  {
+    auto file = AtomicFile::Create(dir, "gone.bin");
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_TRUE(file->Append("partial data").ok());
+    EXPECT_TRUE(Exists(dir + "/gone.bin.partial"));
+  }
+  EXPECT_FALSE(Exists(dir + "/gone.bin.partial"));
+  EXPECT_FALSE(Exists(dir + "/gone.bin"));
+}
+
+TEST(AtomicFileTest, MoveTransfersOwnership) {
+  const std::string dir = MakeTempDir();
+  auto created = AtomicFile::Create(dir, "moved.bin");
+  ASSERT_TRUE(created.ok());
+  AtomicFile a = *std::move(created);
+  ASSERT_TRUE(a.Append("abc").ok());
+  AtomicFile b = std::move(a);
+  EXPECT_TRUE(Exists(dir + "/moved.bin.partial"));  // the moved-from object must not delete it
+  ASSERT_TRUE(b.Append("def").ok());
+  ASSERT_TRUE(b.Commit().ok());
+  EXPECT_EQ(ReadAll(dir + "/moved.bin"), "abcdef");
+}
+
+TEST(AtomicFileTest, EmptyCommit) {
+  const std::string dir = MakeTempDir();
+  auto file = AtomicFile::Create(dir, "empty.bin");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE(file->Commit().ok());
+  EXPECT_TRUE(Exists(dir + "/empty.bin"));
+  EXPECT_EQ(ReadAll(dir + "/empty.bin"), "");
+}
+
+TEST(AtomicFileTest, RejectsBadNamesAndExistingPartial) {
+  const std::string dir = MakeTempDir();
+  for (const char* name : {"", "a/b", ".", ".."}) {
+    EXPECT_EQ(AtomicFile::Create(dir, name).status().code(), absl::StatusCode::kInvalidArgument)
+        << name;
+  }
+  auto first = AtomicFile::Create(dir, "same.bin");
+  ASSERT_TRUE(first.ok());
+  // Exclusive creation: a second writer of the same name fails instead of clobbering.
+  EXPECT_FALSE(AtomicFile::Create(dir, "same.bin").ok());
+  EXPECT_EQ(AtomicFile::Create(dir + "/missing", "x.bin").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(AtomicFileTest, WriteFileAtomically) {
+  const std::string dir = MakeTempDir();
+  ASSERT_TRUE(WriteFileAtomically(dir, "index.json", "{}\n").ok());
+  EXPECT_EQ(ReadAll(dir + "/index.json"), "{}\n");
+  EXPECT_FALSE(Exists(dir + "/index.json.partial"));
+  EXPECT_TRUE(SyncDirectory(dir).ok());
+  EXPECT_FALSE(SyncDirectory(dir + "/missing").ok());
+}
+
+}  // namespace
+}  // namespace reshard

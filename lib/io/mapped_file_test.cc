@@ -1,0 +1,97 @@
+#include "lib/io/mapped_file.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace reshard {
+namespace {
+
+std::string WriteTemp(const std::string& name, const std::string& contents) {
+  std::string pattern = testing::TempDir() + "/mapped_XXXXXX";
+  char* made = ::mkdtemp(pattern.data());
+  EXPECT_NE(made, nullptr);
+  const std::string path = pattern + "/" + name;
+  std::ofstream out(path, std::ios::binary);
+  out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+  return path;
+}
+
+std::string Pattern(size_t size) {
+  std::string data(size, '\0');
+  for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>((i * 131 + i / 4096) & 0xff);
+  return data;
+}
+
+TEST(MappedFileTest, MapsContent) {
+  const std::string data = Pattern(10000);
+  const std::string path = WriteTemp("a.bin", data);
+  auto file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->size(), data.size());
+  EXPECT_EQ(file->path(), path);
+  ASSERT_NE(file->data(), nullptr);
+  EXPECT_EQ(std::memcmp(file->data(), data.data(), data.size()), 0);
+  // The matching expected size is accepted.
+  EXPECT_TRUE(MappedFile::Open(path, 10000).ok());
+}
+
+TEST(MappedFileTest, SizeMismatchIsDataLoss) {
+  const std::string path = WriteTemp("b.bin", Pattern(100));
+  auto file = MappedFile::Open(path, 101);
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(file.status().message().find(path), absl::string_view::npos) << file.status();
+}
+
+TEST(MappedFileTest, MissingFileIsNotFound) {
+  auto file = MappedFile::Open(testing::TempDir() + "/does/not/exist.bin");
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(MappedFileTest, EmptyFile) {
+  const std::string path = WriteTemp("empty.bin", "");
+  auto file = MappedFile::Open(path, 0);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->size(), 0u);
+  file->Release(0, 100);  // no-ops on an empty mapping
+  file->WillNeed(0, 100);
+}
+
+TEST(MappedFileTest, ReleaseKeepsDataReadable) {
+  const size_t size = 5 * 65536 + 123;
+  const std::string data = Pattern(size);
+  const std::string path = WriteTemp("c.bin", data);
+  auto file = MappedFile::Open(path, static_cast<int64_t>(size));
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(std::memcmp(file->data(), data.data(), size), 0);
+  file->Release(0, size);
+  file->Release(100, 70000);        // unaligned range
+  file->Release(size - 10, 1000);   // runs past the end
+  file->WillNeed(4096, 8192);
+  EXPECT_EQ(std::memcmp(file->data(), data.data(), size), 0);
+}
+
+TEST(MappedFileTest, MoveKeepsMapping) {
+  const std::string data = Pattern(5000);
+  const std::string path = WriteTemp("d.bin", data);
+  auto opened = MappedFile::Open(path);
+  ASSERT_TRUE(opened.ok());
+  MappedFile a = *std::move(opened);
+  MappedFile b = std::move(a);
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(a.size(), 0u);
+  ASSERT_EQ(b.size(), data.size());
+  EXPECT_EQ(std::memcmp(b.data(), data.data(), data.size()), 0);
+  MappedFile c;
+  c = std::move(b);
+  EXPECT_EQ(std::memcmp(c.data(), data.data(), data.size()), 0);
+}
+
+}  // namespace
+}  // namespace reshard
