@@ -219,3 +219,4 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   const uint64_t window = std::min(std::max<uint64_t>(options.window_bytes, 4096), largest_file);
   return threads * 4 * window + plan_bytes;
 }
+}  // namespace reshard
