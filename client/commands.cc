@@ -102,7 +102,9 @@ uint64_t CatalogBytes(const Catalog& catalog) {
 
 int RunInspect(const std::string& input, const std::string& rules, const OutputFlags& flags,
                std::ostream& out, std::ostream& err) {
-  auto loaded = LoadInput(input, rules, /*require_model=*/false);
+  auto parsed_rules = LoadRules("", rules);
+  if (!parsed_rules.ok()) return Fail(parsed_rules.status(), flags, out, err);
+  auto loaded = LoadInput(input, *parsed_rules, /*require_model=*/false);
   if (!loaded.ok()) return Fail(loaded.status(), flags, out, err);
   const InputModel& model = loaded->model;
   // The catalog shown: the whole model when known, else part 0 (with a note).

@@ -1,7 +1,7 @@
 """End-to-end / interoperability tests for `reshardctl` (local mode).
 
 Run:  /usr/bin/python3 tests/e2e_test.py --reshardctl PATH [unittest args, e.g. ClassName]
-The contract tested is docs/cli-contract.md.  Expected values come from tests/st_reference.py,
+The contract tested is docs/cli.md (formerly docs/cli-contract.md).  Expected values come from tests/st_reference.py,
 an independent numpy implementation of the safetensors format and of the conversions.
 """
 
@@ -33,6 +33,22 @@ MANIFEST = "reshard-manifest.json"
 def staging_path(out):
     out = os.path.abspath(out).rstrip("/")
     return os.path.join(os.path.dirname(out), "." + os.path.basename(out) + STAGING_SUFFIX)
+
+
+_XXH = None
+
+
+def xxh3_64_file(path):
+    """XXH3-64 (seed 0) of a whole file via the system libxxhash (upstream xxHash, not reshard)."""
+    global _XXH
+    import ctypes
+    if _XXH is None:
+        lib = ctypes.CDLL("libxxhash.so.0")
+        lib.XXH3_64bits.restype = ctypes.c_uint64
+        lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        _XXH = lib
+    data = read_bytes(path)
+    return "%016x" % _XXH.XXH3_64bits(data, len(data))
 
 
 def read_bytes(path):
@@ -172,7 +188,8 @@ class Base(unittest.TestCase):
             fp = os.path.join(out, name)
             self.assertTrue(os.path.isfile(fp), "manifest lists missing file %s" % name)
             self.assertEqual(e["bytes"], os.path.getsize(fp), "manifest bytes of %s" % name)
-            self.assertIn("xxh3_64", e)
+            self.assertEqual(str(e["xxh3_64"]).lower(), xxh3_64_file(fp),
+                             "manifest xxh3_64 of %s (checked with libxxhash)" % name)
         actual = {}
         for fn in st_files:
             for name, t in R.read_file(os.path.join(out, fn)).items():
@@ -355,6 +372,88 @@ class ConsolidateTests(Base):
                                 "%s differs between runs with different threads/window" % f)
         expected = collections.OrderedDict((k, R.convert(t, "bf16")) for k, t in sd.items())
         self.assertSameTensors(expected, R.read_folder(self.p("out1")), nan_any=True)
+
+    def test_names_needing_json_escapes_and_many_tensors(self):
+        rng = np.random.default_rng(15)
+        sd = collections.OrderedDict()
+        for name in ['quote"name', "back\\slash", "new\nline", "tab\there", "ctl\x01x",
+                     "\u6a21\u578b.\u6743\u91cd", "emoji.\U0001F600", "slash/ok", "sp ace"]:
+            sd[name] = R.random_tensor(rng, "F32", (3,))
+        for i in range(3000):
+            sd["many.%04d" % i] = R.random_tensor(rng, ["F16", "I8", "BF16"][i % 3], (i % 5,))
+        src = self.write_model(sd)
+        out = self.p("out")
+        self.ok("consolidate", src, out, "--no-progress")
+        self.check_output_folder(out, ["model.safetensors"])
+        self.assertSameTensors(sd, R.read_folder(out))
+        out2 = self.p("out2")
+        self.ok("consolidate", src, out2, "--max-shard-size", "8KB", "--no-progress")
+        self.check_index(out2)
+        self.assertSameTensors(sd, R.read_folder(out2))
+
+    def test_non_canonical_input_header_accepted(self):
+        # Leading/trailing whitespace, indentation, keys in any order, offsets not sorted in
+        # the JSON, unknown extra metadata, no padding (data not 8-aligned).
+        rng = np.random.default_rng(16)
+        sd = collections.OrderedDict([
+            ("z.f32", R.random_tensor(rng, "F32", (5, 3))),
+            ("a.f64", R.random_tensor(rng, "F64", (4,))),
+            ("m.bf16", R.random_tensor(rng, "BF16", (7,))),
+            ("b.i32", R.random_tensor(rng, "I32", (3,))),
+            ("e.empty", R.random_tensor(rng, "F16", (0,))),
+        ])
+        order = ["m.bf16", "z.f32", "e.empty", "b.i32", "a.f64"]  # data order in the file
+        pos, data, entries = 0, b"", []
+        for k in order:
+            raw = sd[k].raw()
+            entries.append((k, {"shape": list(sd[k].shape), "data_offsets": [pos, pos + len(raw)],
+                                "dtype": sd[k].dtype}))
+            data += raw
+            pos += len(raw)
+        entries.reverse()
+        header = collections.OrderedDict(entries)
+        header["__metadata__"] = {"format": "pt", "producer": "hand-made", "x": "y"}
+        text = "  \n" + json.dumps(header, indent=3) + "\n \t"
+        for pad in (False, True):
+            with self.subTest(padded=pad):
+                blob = R.raw_file(text, data, pad=pad)
+                if not pad:
+                    self.assertNotEqual((len(blob) - len(data)) % 8, 0)
+                src = self.p("odd%d.safetensors" % pad)
+                with open(src, "wb") as f:
+                    f.write(blob)
+                out = self.p("out%d" % pad)
+                self.ok("consolidate", src, out, "--no-progress")
+                self.check_output_folder(out, ["model.safetensors"])
+                self.assertSameTensors(sd, R.read_folder(out))
+                out2 = self.p("out-bf16-%d" % pad)
+                self.ok("consolidate", src, out2, "--dtype", "bf16", "--no-progress")
+                exp = collections.OrderedDict((k, R.convert(t, "bf16")) for k, t in sd.items())
+                self.assertSameTensors(exp, R.read_folder(out2), nan_any=True)
+
+    def test_partially_overlapping_files_rejected(self):
+        sd = R.gpt_like(seed=17)
+        names = list(sd)
+        src = self.p("in")
+        os.makedirs(src)
+        R.write_file(os.path.join(src, "a.safetensors"), {k: sd[k] for k in names[:12]})
+        R.write_file(os.path.join(src, "b.safetensors"), {k: sd[k] for k in names[10:]})
+        out = self.p("out")
+        res = self.ctl("consolidate", src, out, "--no-progress")
+        self.assertExit(res, 3)
+        self.assertFalse(os.path.exists(out))
+
+    def test_relative_paths_and_trailing_slash(self):
+        sd = R.gpt_like(seed=18)
+        self.write_model(sd, "rel.safetensors")
+        cmd = [RESHARDCTL, "consolidate", "rel.safetensors", "out/", "--no-progress"]
+        res = subprocess.run(cmd, cwd=self.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             timeout=DEFAULT_TIMEOUT)
+        self.assertEqual(res.returncode, 0, res.stderr.decode("utf-8", "replace"))
+        self.check_output_folder(self.p("out"), ["model.safetensors"])
+        self.assertSameTensors(sd, R.read_folder(self.p("out")))
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["out", "rel.safetensors"],
+                         "stray files/folders next to OUT")
 
     def test_exact_fit_stays_in_one_file(self):
         rng = np.random.default_rng(9)
@@ -552,6 +651,45 @@ class ReshardTests(Base):
         res = self.ctl("consolidate", src, out, "--rules", rules, "--no-progress")
         self.assertExit(res, 3)
         self.assertFalse(os.path.exists(out))
+
+
+    def test_split_dim_out_of_range(self):
+        sd = R.llama_like(seed=38, extras=False)
+        src = self.write_model(sd)
+        for dim in (2, -3):
+            with self.subTest(dim=dim):
+                rules = self.write_rules({"rules": [{"pattern": "q_proj", "split_dim": dim},
+                                                    {"pattern": ".*", "replicate": True}]},
+                                         "rules%d.json" % dim)
+                out = self.p("out%d" % dim)
+                res = self.ctl("reshard", src, out, "--parts", 2, "--rules", rules,
+                               "--no-progress")
+                self.assertExit(res, 3)
+                self.assertFalse(os.path.exists(out))
+
+    def test_parts_disagreeing_on_split_tensor(self):
+        sd = R.llama_like(seed=39, extras=False)
+        rules = self.write_rules(R.LLAMA_RULES)
+        rng = np.random.default_rng(2)
+        name = "model.layers.0.self_attn.o_proj.weight"  # split on dim -1
+        for case in ("shape", "dtype", "replicated_dtype"):
+            with self.subTest(case=case):
+                parts = [collections.OrderedDict(p) for p in R.split_model(sd, R.LLAMA_RULES, 2)]
+                if case == "shape":
+                    t = parts[1][name]
+                    parts[1][name] = R.random_tensor(rng, t.dtype, (t.shape[0] + 1, t.shape[1]))
+                elif case == "dtype":
+                    t = parts[1][name]
+                    parts[1][name] = R.Tensor("I32", t.array.view(np.int32)
+                                              if t.dtype == "F32" else t.array.astype(np.int32))
+                else:
+                    t = parts[1]["model.norm.weight"]
+                    parts[1]["model.norm.weight"] = R.Tensor("I32", t.array.view(np.int32))
+                src = self.write_parts(parts, folder="parts_" + case)
+                out = self.p("out_" + case)
+                res = self.ctl("consolidate", src, out, "--rules", rules, "--no-progress")
+                self.assertExit(res, 3)
+                self.assertFalse(os.path.exists(out))
 
 
 class InspectPlanVerifyTests(Base):
@@ -1057,6 +1195,8 @@ class KillTests(Base):
                             os.path.exists(os.path.join(out, MANIFEST)) and
                             not os.path.exists(staging_path(out)))
                 if not complete:
+                    sys.stderr.write("[%s] signal %d after %.3fs; staging present: %s\n" % (
+                        self._testMethodName, sig, delay, os.path.exists(staging_path(out))))
                     return proc.returncode, stderr.decode("utf-8", "replace"), delay
                 # The signal landed after the final rename: the run had in fact completed.
             else:
@@ -1098,6 +1238,17 @@ class KillTests(Base):
 
     def test_sigkill_then_rerun_sharded_output(self):
         self._sigkill_case(["--max-shard-size", "100MB"])
+
+    def test_sigint_cancels_with_exit_5(self):
+        src = self.p("in")
+        big_model(src, total_mb=200)
+        out = self.p("out")
+        cmd = [RESHARDCTL, "consolidate", src, out, "--window-size", "1MiB", "--threads", "1",
+               "--no-progress"]
+        rc, err, delay = self._interrupt(cmd, out, signal.SIGINT)
+        self.assertEqual(rc, 5, "SIGINT must cancel with exit 5; stderr: %s" % tail(err))
+        if os.path.exists(out):
+            self.assertEqual(os.listdir(out), [])
 
     def test_sigterm_cancels_with_exit_5(self):
         src = self.p("in")

@@ -3,6 +3,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 
@@ -26,7 +27,14 @@ absl::string_view KindName(ConversionSpec::Kind kind) {
 
 }  // namespace
 
-absl::StatusOr<LoadedInput> LoadInput(const std::string& path, const std::string& rules_file,
+absl::StatusOr<PartitionRules> LoadRules(const std::string& rules_json,
+                                         const std::string& rules_file) {
+  if (!rules_json.empty()) return PartitionRules::FromJson(rules_json, "(inline)");
+  if (!rules_file.empty()) return PartitionRules::FromFile(rules_file);
+  return PartitionRules();
+}
+
+absl::StatusOr<LoadedInput> LoadInput(const std::string& path, const PartitionRules& rules,
                                       bool require_model) {
   LoadedInput loaded;
   loaded.path = path;
@@ -35,10 +43,6 @@ absl::StatusOr<LoadedInput> LoadInput(const std::string& path, const std::string
   for (const Catalog& part : loaded.model.parts) {
     RETURN_IF_ERROR(ValidateCatalog(part));
   }
-  PartitionRules rules;
-  if (!rules_file.empty()) {
-    ASSIGN_OR_RETURN(rules, PartitionRules::FromFile(rules_file));
-  }
   if (loaded.model.parts.size() > 1 && rules.empty() && !require_model) return loaded;
   auto merged = MergeParts(loaded.model.parts, rules, loaded.model.part_names);
   if (!merged.ok()) return Annotate(merged.status(), path);
@@ -46,6 +50,11 @@ absl::StatusOr<LoadedInput> LoadInput(const std::string& path, const std::string
   loaded.catalog.Reindex();
   loaded.merged = true;
   return loaded;
+}
+
+uint64_t MemoryUpperBound(const ConversionSpec& spec) {
+  constexpr uint64_t kMetadataSlack = 64ull << 20;
+  return static_cast<uint64_t>(std::max(spec.threads, 1)) * 4 * spec.window_bytes + kMetadataSlack;
 }
 
 absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
@@ -57,7 +66,8 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
     return absl::InvalidArgumentError("window size must be between 4 KiB and 4 GiB");
   }
   PlannedConversion planned;
-  ASSIGN_OR_RETURN(planned.input, LoadInput(spec.input, spec.rules_file, /*require_model=*/true));
+  ASSIGN_OR_RETURN(PartitionRules rules, LoadRules(spec.rules_json, spec.rules_file));
+  ASSIGN_OR_RETURN(planned.input, LoadInput(spec.input, rules, /*require_model=*/true));
   ASSIGN_OR_RETURN(planned.writer, FindOutputFormat(spec.output_format));
   const Catalog& catalog = planned.input.catalog;
   if (spec.kind == ConversionSpec::Kind::kConsolidate) {
@@ -69,10 +79,9 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
       return absl::InvalidArgumentError(
           absl::StrCat("--parts must be in [1, 4096], got ", spec.parts));
     }
-    if (spec.rules_file.empty()) {
+    if (rules.empty()) {
       return absl::InvalidArgumentError("reshard needs partition rules: pass --rules FILE");
     }
-    ASSIGN_OR_RETURN(PartitionRules rules, PartitionRules::FromFile(spec.rules_file));
     ASSIGN_OR_RETURN(planned.layout, BuildSplitLayout(catalog, rules, spec.parts, spec.dtype,
                                                       planned.writer->naming()));
   }
@@ -138,21 +147,43 @@ std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& p
 
 absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
                                                const RunControl& control) {
-  const auto start = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  const auto start = Clock::now();
   if (spec.output.empty()) return absl::InvalidArgumentError("no output folder given");
   // Refuse a non-empty output before reading anything.
-  RETURN_IF_ERROR(CheckOutputDirUsable(spec.output));
+  if (!spec.overwrite) RETURN_IF_ERROR(CheckOutputDirUsable(spec.output));
   ASSIGN_OR_RETURN(PlannedConversion planned, PlanConversion(spec));
-  ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(spec.output));
+  StagingOptions staging_options;
+  staging_options.resume = control.resume;
+  staging_options.overwrite = spec.overwrite;
+  ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(spec.output, staging_options));
+  // Runs before `staging` is destroyed on any early return.
+  struct KeepForResume {
+    StagingDir& staging;
+    const std::atomic<bool>* preserve;
+    ~KeepForResume() {
+      if (preserve != nullptr && preserve->load()) staging.Keep();
+    }
+  } keep_for_resume{staging, control.preserve_staging};
+  const double plan_seconds = seconds_since(start);
 
+  const auto write_start = Clock::now();
   ExecutorOptions options;
   options.threads = spec.threads;
   options.window_bytes = spec.window_bytes;
   options.on_progress = control.on_progress;
   options.cancelled = control.cancelled;
+  options.on_file_committed = control.on_file_committed;
+  if (control.resume) options.completed_files = control.completed_files;
   ASSIGN_OR_RETURN(ExecutionResult executed, Execute(planned.plan, staging.path(), options));
 
+  const auto publish_start = Clock::now();
   ConversionResult result;
+  result.plan_seconds = plan_seconds;
+  result.write_seconds = std::chrono::duration<double>(publish_start - write_start).count();
   result.output = staging.output_dir();
   result.files = executed.files;
   result.bytes_read = executed.bytes_read;
@@ -171,8 +202,8 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
     return absl::CancelledError("conversion cancelled");
   }
   RETURN_IF_ERROR(staging.Publish());
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.publish_seconds = seconds_since(publish_start);
+  result.seconds = seconds_since(start);
   return result;
 }
 

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "lib/formats/format.h"
 #include "lib/plan/layout.h"
 #include "lib/plan/layout_builders.h"
+#include "lib/plan/partition_rules.h"
 
 namespace reshard {
 
@@ -37,11 +39,15 @@ struct LoadedInput {
   bool merged = false;
 };
 
-// Reads `path` with the format that recognizes it. `rules_file` (may be empty) merges
+// Reads `path` with the format that recognizes it. `rules` (may be empty) merge
 // model-parallel parts; when `require_model` is set, parts without rules are an error that
 // says rules are needed.
-absl::StatusOr<LoadedInput> LoadInput(const std::string& path, const std::string& rules_file,
+absl::StatusOr<LoadedInput> LoadInput(const std::string& path, const PartitionRules& rules,
                                       bool require_model);
+
+// Partition rules from inline JSON when given, else from a file when given, else none.
+absl::StatusOr<PartitionRules> LoadRules(const std::string& rules_json,
+                                         const std::string& rules_file);
 
 struct ConversionSpec {
   enum class Kind { kConsolidate, kReshard };
@@ -52,7 +58,11 @@ struct ConversionSpec {
   // Consolidate: largest output file, Hugging Face's rule. Default: 5 GB (decimal).
   uint64_t max_shard_size = 5'000'000'000ull;
   int parts = 0;           // reshard: number of output parts
-  std::string rules_file;  // partition rules (JSON); needed to merge or split parts
+  // Partition rules, needed to merge or split parts: inline JSON (the daemon's way), or a file.
+  std::string rules_json;
+  std::string rules_file;
+  // Replace a non-empty output folder when publishing. Default: refused.
+  bool overwrite = false;
   std::string output_format = "safetensors";
   int threads = 2;
   uint64_t window_bytes = 32ull << 20;
@@ -67,21 +77,42 @@ struct PlannedConversion {
   uint64_t memory_bytes = 0;  // what the Executor will need, see EstimateExecutionMemory
 };
 
+// An upper bound of the memory a conversion of `spec` needs, computed without reading the
+// input (the scheduler admits jobs with it): per thread the window, the source pages it may
+// hold, and slack for metadata and the plan.
+uint64_t MemoryUpperBound(const ConversionSpec& spec);
+
 // Everything up to the copy plan; nothing is written. The dry run of a conversion.
 absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec);
 
 struct ConversionResult {
   std::string output;
-  std::vector<WrittenFile> files;  // data files, then companion files and the manifest
+  // Data files, then companion files (index). The manifest is not listed; bytes_written
+  // counts it.
+  std::vector<WrittenFile> files;
   int64_t tensors = 0;
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
   double seconds = 0;
+  // Phases: reading metadata and planning; writing data files; index, manifest and publishing.
+  double plan_seconds = 0;
+  double write_seconds = 0;
+  double publish_seconds = 0;
 };
 
 struct RunControl {
   std::function<void(const Progress&)> on_progress;
   const std::atomic<bool>* cancelled = nullptr;
+  // Resuming an interrupted attempt: keep its staging folder and reuse the data files listed
+  // here (name -> XXH3-64) when they are intact.
+  bool resume = false;
+  std::map<std::string, uint64_t> completed_files;
+  // Called after each data file is committed in the staging folder, so a caller can record it
+  // for a later resume.
+  std::function<void(const WrittenFile&)> on_file_committed;
+  // When set and true at the moment the conversion fails or is cancelled, its staging folder is
+  // kept for a later resume instead of being removed (the daemon sets it when shutting down).
+  const std::atomic<bool>* preserve_staging = nullptr;
 };
 
 // Plans and runs a conversion, publishing the output folder only when complete.

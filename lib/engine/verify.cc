@@ -68,8 +68,10 @@ bool IsNaN(DType dtype, uint64_t bits) {
 
 absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::string& b,
                                                const VerifyOptions& options) {
-  ASSIGN_OR_RETURN(LoadedInput input_a, LoadInput(a, options.rules_a, /*require_model=*/true));
-  ASSIGN_OR_RETURN(LoadedInput input_b, LoadInput(b, options.rules_b, /*require_model=*/true));
+  ASSIGN_OR_RETURN(PartitionRules rules_a, LoadRules("", options.rules_a));
+  ASSIGN_OR_RETURN(PartitionRules rules_b, LoadRules("", options.rules_b));
+  ASSIGN_OR_RETURN(LoadedInput input_a, LoadInput(a, rules_a, /*require_model=*/true));
+  ASSIGN_OR_RETURN(LoadedInput input_b, LoadInput(b, rules_b, /*require_model=*/true));
   const Catalog& ca = input_a.catalog;
   const Catalog& cb = input_b.catalog;
   ASSIGN_OR_RETURN(std::vector<MappedFile> sources_a, MapSources(ca.files));

@@ -124,7 +124,11 @@ uint32_t F16BitsToF32Bits(uint16_t bits) {
     }
     return sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
   }
-  if (exponent == 31) return sign | 0x7f800000u | (mantissa << 13);
+  if (exponent == 31) {
+    // Inf, or NaN made quiet as the F16C instruction does, so strided (software) and dense
+    // (hardware) conversions give identical bits.
+    return mantissa == 0 ? sign | 0x7f800000u : sign | 0x7fc00000u | (mantissa << 13);
+  }
   return sign | ((exponent + 112u) << 23) | (mantissa << 13);
 }
 

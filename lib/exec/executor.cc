@@ -5,7 +5,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -34,6 +38,12 @@ class ProgressTracker {
     progress_.tensors_done += tensors;
     progress_.files_done += files;
     if (callback_) callback_(progress_);
+  }
+
+  // Serializes the per-file callback with progress reports.
+  void Committed(const std::function<void(const WrittenFile&)>& callback, const WrittenFile& file) {
+    absl::MutexLock lock(&mu_);
+    if (callback) callback(file);
   }
 
  private:
@@ -140,7 +150,41 @@ class FileWriter {
   int64_t pending_tensors_ = 0;
 };
 
+// A file committed by an earlier attempt, when it is intact: planned size, recorded checksum.
+// Anything else under the name is removed so the file is written again.
+std::optional<WrittenFile> ReuseCompletedFile(const FilePlan& file, const std::string& dir,
+                                              const ExecutorOptions& options) {
+  const std::string path = absl::StrCat(dir, "/", file.name);
+  auto recorded = options.completed_files.find(file.name);
+  if (recorded != options.completed_files.end()) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == file.bytes) {
+      auto hash = HashFile(path);
+      if (hash.ok() && *hash == recorded->second) {
+        return WrittenFile{file.name, file.bytes, *hash, static_cast<int>(file.tensors.size())};
+      }
+    }
+  }
+  ::unlink(path.c_str());
+  return std::nullopt;
+}
+
 }  // namespace
+
+absl::StatusOr<uint64_t> HashFile(const std::string& path) {
+  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  constexpr uint64_t kChunk = 16 << 20;
+  for (uint64_t offset = 0; offset < file.size(); offset += kChunk) {
+    const uint64_t length = std::min(kChunk, file.size() - offset);
+    XXH3_64bits_update(state, file.data() + offset, length);
+    file.Release(offset, length);
+  }
+  const uint64_t hash = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return hash;
+}
 
 absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>& sources) {
   std::vector<MappedFile> mapped;
@@ -168,10 +212,21 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string&
         results[f] = absl::CancelledError("stopped after another file failed");
         continue;
       }
-      FileWriter writer(plan.files[f], sources, options, progress);
-      results[f] = writer.Run(dir);
-      bytes_read[f] = writer.bytes_read();
-      if (!results[f].ok()) failed.store(true);
+      const FilePlan& file = plan.files[f];
+      auto reused = ReuseCompletedFile(file, dir, options);
+      if (reused.has_value()) {
+        progress.Add(file.bytes, file.tensors.size(), 1);
+        results[f] = *std::move(reused);
+      } else {
+        FileWriter writer(file, sources, options, progress);
+        results[f] = writer.Run(dir);
+        bytes_read[f] = writer.bytes_read();
+      }
+      if (results[f].ok()) {
+        progress.Committed(options.on_file_committed, *results[f]);
+      } else {
+        failed.store(true);
+      }
     }
   };
   const int threads =

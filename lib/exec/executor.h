@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,13 @@ struct Progress {
   int files_total = 0;
 };
 
+struct WrittenFile {
+  std::string name;
+  uint64_t bytes = 0;
+  uint64_t xxh3_64 = 0;  // XXH3-64 of the whole file
+  int tensors = 0;
+};
+
 struct ExecutorOptions {
   // Worker threads; each writes one output file at a time. Default: 2.
   int threads = 2;
@@ -39,13 +47,11 @@ struct ExecutorOptions {
   std::function<void(const Progress&)> on_progress;
   // When set and true, workers stop before their next window and Execute returns Cancelled.
   const std::atomic<bool>* cancelled = nullptr;
-};
-
-struct WrittenFile {
-  std::string name;
-  uint64_t bytes = 0;
-  uint64_t xxh3_64 = 0;  // XXH3-64 of the whole file
-  int tensors = 0;
+  // Files an earlier attempt already committed in the output folder, with their XXH3-64. A
+  // file is reused when it still has the planned size and checksum, else rewritten.
+  std::map<std::string, uint64_t> completed_files;
+  // Called after each file is committed (or reused), from worker threads, serialized.
+  std::function<void(const WrittenFile&)> on_file_committed;
 };
 
 struct ExecutionResult {
@@ -62,6 +68,9 @@ absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>
 // owns them).
 absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string& dir,
                                         const ExecutorOptions& options);
+
+// XXH3-64 of a whole file, read through a mapping released as it goes.
+absl::StatusOr<uint64_t> HashFile(const std::string& path);
 
 // Peak memory the execution of `plan` needs beyond the process's baseline: the window buffers,
 // the source pages one window may hold before release, and the plan itself.

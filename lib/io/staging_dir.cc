@@ -62,10 +62,11 @@ absl::Status CheckOutputDirUsable(const std::string& output_dir) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir) {
+absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir,
+                                              const StagingOptions& options) {
   if (output_dir.empty()) return absl::InvalidArgumentError("empty output folder name");
   const std::string out = Normalize(output_dir);
-  RETURN_IF_ERROR(CheckOutputDirUsable(out));
+  if (!options.overwrite) RETURN_IF_ERROR(CheckOutputDirUsable(out));
   std::error_code error;
   fs::path parent = fs::path(out).parent_path();
   if (!parent.empty()) {
@@ -77,6 +78,10 @@ absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir) {
   StagingDir staging;
   staging.output_dir_ = out;
   staging.path_ = StagingPathFor(out);
+  staging.overwrite_ = options.overwrite;
+  // Until this run owns the folder (created it, or locked a stale one) an early return must not
+  // let the destructor remove it: it may be another run's, locked and in use.
+  staging.published_ = true;
   if (fs::exists(fs::symlink_status(staging.path_, error))) {
     int fd = LockDirectory(staging.path_);
     if (fd < 0) {
@@ -88,6 +93,14 @@ absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir) {
       return ErrnoToStatus(errno, absl::StrCat("locking stale staging folder ", staging.path_));
     }
     // Left by a run that was killed: nothing in it was ever published.
+    if (options.resume) {
+      for (const auto& entry : fs::directory_iterator(staging.path_, error)) {
+        if (entry.path().extension() == ".partial") fs::remove(entry.path(), error);
+      }
+      staging.lock_fd_ = fd;
+      staging.published_ = false;
+      return staging;
+    }
     fs::remove_all(staging.path_, error);
     ::close(fd);
     if (error) {
@@ -98,6 +111,7 @@ absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir) {
   if (::mkdir(staging.path_.c_str(), 0755) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("creating staging folder ", staging.path_));
   }
+  staging.published_ = false;
   staging.lock_fd_ = LockDirectory(staging.path_);
   if (staging.lock_fd_ < 0) {
     int lock_error = errno;
@@ -111,7 +125,8 @@ StagingDir::StagingDir(StagingDir&& other) noexcept
     : output_dir_(std::move(other.output_dir_)),
       path_(std::move(other.path_)),
       lock_fd_(std::exchange(other.lock_fd_, -1)),
-      published_(std::exchange(other.published_, true)) {}
+      published_(std::exchange(other.published_, true)),
+      overwrite_(other.overwrite_) {}
 
 StagingDir& StagingDir::operator=(StagingDir&& other) noexcept {
   if (this != &other) {
@@ -120,6 +135,7 @@ StagingDir& StagingDir::operator=(StagingDir&& other) noexcept {
     path_ = std::move(other.path_);
     lock_fd_ = std::exchange(other.lock_fd_, -1);
     published_ = std::exchange(other.published_, true);
+    overwrite_ = other.overwrite_;
   }
   return *this;
 }
@@ -138,9 +154,28 @@ void StagingDir::Abandon() {
   published_ = true;
 }
 
+void StagingDir::Keep() {
+  published_ = true;  // nothing to remove
+  if (lock_fd_ >= 0) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+  }
+}
+
 absl::Status StagingDir::Publish() {
   if (published_) return absl::FailedPreconditionError("staging folder already published");
   RETURN_IF_ERROR(SyncDirectory(path_));
+  std::string replaced;  // the previous output, moved aside when overwriting
+  if (overwrite_ && !CheckOutputDirUsable(output_dir_).ok()) {
+    fs::path out(output_dir_);
+    replaced = (out.parent_path() / absl::StrCat(".", out.filename().string(), ".reshard-replaced"))
+                   .string();
+    std::error_code error;
+    fs::remove_all(replaced, error);
+    if (::rename(output_dir_.c_str(), replaced.c_str()) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("moving the output ", output_dir_, " aside to overwrite it"));
+    }
+  }
   if (::rename(path_.c_str(), output_dir_.c_str()) != 0) {
     if (errno == ENOTEMPTY || errno == EEXIST || errno == ENOTDIR) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -152,6 +187,10 @@ absl::Status StagingDir::Publish() {
   if (lock_fd_ >= 0) {
     ::close(lock_fd_);
     lock_fd_ = -1;
+  }
+  if (!replaced.empty()) {
+    std::error_code error;
+    fs::remove_all(replaced, error);
   }
   std::string parent = fs::path(output_dir_).parent_path().string();
   return SyncDirectory(parent.empty() ? "." : parent);

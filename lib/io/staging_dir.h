@@ -19,11 +19,20 @@ namespace reshard {
 // FailedPrecondition unless `output_dir` does not exist or is an empty folder.
 absl::Status CheckOutputDirUsable(const std::string& output_dir);
 
+struct StagingOptions {
+  // Keep the files of a stale staging folder (a killed earlier attempt of the same job) so
+  // that finished output files can be reused; `.partial` files are always removed.
+  bool resume = false;
+  // Allow a non-empty output folder; Publish replaces it. Default: refused.
+  bool overwrite = false;
+};
+
 class StagingDir {
  public:
-  // Checks the output folder, creates its missing parents, clears a stale staging folder and
-  // creates and locks a fresh one.
-  static absl::StatusOr<StagingDir> Create(const std::string& output_dir);
+  // Checks the output folder, creates its missing parents, clears (or, resuming, keeps) a
+  // stale staging folder and creates and locks the staging folder.
+  static absl::StatusOr<StagingDir> Create(const std::string& output_dir,
+                                           const StagingOptions& options = {});
 
   StagingDir() = default;
   StagingDir(StagingDir&& other) noexcept;
@@ -36,7 +45,11 @@ class StagingDir {
   const std::string& path() const { return path_; }
   const std::string& output_dir() const { return output_dir_; }
 
-  // Makes the staged folder the output folder, durably.
+  // Leaves the staging folder in place (unlocked) for a later resume instead of removing it.
+  void Keep();
+
+  // Makes the staged folder the output folder, durably. With `overwrite`, a non-empty output
+  // folder is first moved aside and removed after the rename.
   absl::Status Publish();
 
  private:
@@ -46,6 +59,7 @@ class StagingDir {
   std::string path_;
   int lock_fd_ = -1;
   bool published_ = false;
+  bool overwrite_ = false;
 };
 
 // The staging folder name used for `output_dir`.

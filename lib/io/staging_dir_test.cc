@@ -20,7 +20,8 @@ std::string MakeTempDir() {
   std::string pattern = testing::TempDir() + "/staging_XXXXXX";
   char* made = ::mkdtemp(pattern.data());
   EXPECT_NE(made, nullptr);
-  return pattern;
+  // StagingDir normalizes paths ("a//b" -> "a/b"); compare against the normal form.
+  return fs::path(pattern).lexically_normal().string();
 }
 
 bool Exists(const std::string& path) {

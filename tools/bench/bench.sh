@@ -3,7 +3,8 @@
 # See tools/bench/README.md. Usage:
 #
 #   tools/bench/bench.sh [--size 4GiB] [--sizes 1GiB,4GiB] [--repeat N] [--workdir DIR] [--keep]
-#                        [--verify] [--steps cp,fp32,bf16] [--reshardctl PATH] [-- EXTRA_ARGS...]
+#                        [--verify] [--steps cp,fp32,bf16] [--no-drop-caches] [--reshardctl PATH]
+#                        [-- EXTRA_ARGS...]
 #
 # EXTRA_ARGS (after --) are appended to both consolidate commands, e.g. -- --threads 2.
 set -euo pipefail
@@ -14,7 +15,7 @@ PY=/usr/bin/python3   # not the pyenv shim first on PATH: Debian's python3 has n
 TIME=/usr/bin/time
 
 usage() {
-  sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"
   cat <<'EOF'
 Options:
   --size SIZE        checkpoint size for the main table (default 4GiB; KiB/MiB/GiB or KB/MB/GB)
@@ -25,6 +26,7 @@ Options:
   --verify           after each conversion run `reshardctl verify IN OUT` (must exit 0) and an
                      independent format check of OUT (check_checkpoint.py)
   --steps LIST       which of cp,fp32,bf16 to run in the main table (default all three)
+  --no-drop-caches   do not drop the page cache; warm the input instead
   --reshardctl PATH  use this binary instead of building //client:reshardctl with -c opt
 EOF
 }
@@ -40,6 +42,7 @@ KEEP=0
 VERIFY=0
 STEPS="cp,fp32,bf16"
 BIN_ARG=""
+DROP=1
 EXTRA=()
 while (($#)); do
   case "$1" in
@@ -53,6 +56,7 @@ while (($#)); do
     --workdir=*) WORK="${1#*=}"; shift ;;
     --keep) KEEP=1; shift ;;
     --verify) VERIFY=1; shift ;;
+    --no-drop-caches) DROP=0; shift ;;
     --steps) STEPS="${2:?--steps needs a value}"; shift 2 ;;
     --steps=*) STEPS="${1#*=}"; shift ;;
     --reshardctl) BIN_ARG="${2:?--reshardctl needs a value}"; shift 2 ;;
@@ -167,14 +171,15 @@ echo "repeat:     $REPEAT (best wall time reported; peak RSS is the max over the
 CACHE_MODE=""
 drop_caches() {  # returns 0 if the page cache was dropped
   sync
-  { echo 3 >/proc/sys/vm/drop_caches; } 2>/dev/null
+  ((DROP)) && { echo 3 >/proc/sys/vm/drop_caches; } 2>/dev/null
 }
 if drop_caches; then
   CACHE_MODE="cold"
   echo "page cache: dropped before every measured run (cold reads)"
 else
   CACHE_MODE="warm"
-  echo "page cache: NOT dropped (/proc/sys/vm/drop_caches not writable); input is read once"
+  if ((DROP)); then why="/proc/sys/vm/drop_caches not writable"; else why="--no-drop-caches"; fi
+  echo "page cache: NOT dropped ($why); input is read once"
   echo "            before the baseline so every run sees it cached (warm reads)"
 fi
 prepare_cache() {
@@ -322,6 +327,7 @@ if ((${#SIZES[@]})); then
       continue
     fi
     SIN="$WORK/in-$s"
+    echo
     make_checkpoint "$s" "$SIN"
     SIN_BYTES="$(dir_bytes "$SIN")"
     warm_input "$SIN"

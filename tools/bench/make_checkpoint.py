@@ -14,8 +14,9 @@ a few KiB of it.
 File layout follows the reference writer: 8-byte little-endian header length, compact JSON header
 padded with spaces to a multiple of 8, `__metadata__` = {"format": "pt"} first, tensors ordered
 by dtype descending then name, data contiguous in that order. Shards are split with Hugging
-Face's rule (tensors in model order; a tensor larger than the limit goes alone in its own file;
-otherwise a new file starts when the current one would exceed the limit). The index is written
+Face's rule (huggingface_hub's split_state_dict_into_shards: tensors in model order; a tensor
+larger than the limit goes alone in its own file; otherwise a new file starts when the current
+one would exceed the limit). The limit defaults to a quarter of --size, so about 5 files. The index is written
 like transformers does (indent 2, sorted keys, `metadata.total_size` = data bytes).
 
 Data: one random block (64 MiB by default) of normal(0, 0.02) F32 values, generated once and

@@ -1,0 +1,358 @@
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "lib/engine/conversion.h"
+#include "lib/engine/verify.h"
+#include "lib/formats/safetensors/safetensors_format.h"
+#include "lib/io/staging_dir.h"
+#include "nlohmann/json.hpp"
+
+namespace reshard {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string MakeTempDir(const std::string& tag) {
+  std::string pattern = testing::TempDir() + "/" + tag + "_XXXXXX";
+  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
+  return fs::path(pattern).lexically_normal().string();
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void WriteAll(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+struct TestTensor {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  std::string data;  // dense row-major bytes
+};
+
+// The test model: random finite values, so float comparisons are meaningful.
+std::vector<TestTensor> MakeModel(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<TestTensor> tensors = {
+      {"layers.0.attn.q_proj.weight", DType::kF32, {8, 6}, ""},
+      {"layers.0.attn.o_proj.weight", DType::kF32, {6, 8}, ""},
+      {"layers.0.mlp.up.weight", DType::kBF16, {12, 6}, ""},
+      {"layers.0.norm.weight", DType::kF32, {6}, ""},
+      {"embed.weight", DType::kF16, {10, 6}, ""},
+      {"step", DType::kI64, {}, ""},
+      {"mask", DType::kBool, {5}, ""},
+  };
+  for (TestTensor& t : tensors) {
+    const int64_t n = NumElementsUnchecked(t.shape);
+    for (int64_t i = 0; i < n; ++i) {
+      if (t.dtype == DType::kF32) {
+        float v = std::uniform_real_distribution<float>(-4, 4)(rng);
+        t.data.append(reinterpret_cast<const char*>(&v), 4);
+      } else if (t.dtype == DType::kBF16 || t.dtype == DType::kF16) {
+        // Finite 16-bit floats of moderate size (exponent field kept away from Inf/NaN).
+        uint16_t bits = static_cast<uint16_t>((rng() & 0x83ff) | ((10 + rng() % 12) << 10));
+        if (t.dtype == DType::kBF16) bits = static_cast<uint16_t>((rng() & 0x807f) | ((120 + rng() % 12) << 7));
+        t.data.append(reinterpret_cast<const char*>(&bits), 2);
+      } else if (t.dtype == DType::kI64) {
+        int64_t v = static_cast<int64_t>(rng()) * 1000;
+        t.data.append(reinterpret_cast<const char*>(&v), 8);
+      } else {
+        t.data.push_back(static_cast<char>(rng() & 1));
+      }
+    }
+  }
+  return tensors;
+}
+
+// Writes `tensors` as a safetensors file the way reshard's writer (and the reference writer)
+// would: dtype descending, then name; `format: pt` metadata.
+std::string WriteCanonical(const std::string& path, std::vector<TestTensor> tensors) {
+  std::sort(tensors.begin(), tensors.end(), [](const TestTensor& a, const TestTensor& b) {
+    if (a.dtype != b.dtype) return DTypeSortRank(a.dtype) > DTypeSortRank(b.dtype);
+    return a.name < b.name;
+  });
+  std::vector<SafetensorsTensorEntry> entries;
+  std::string data;
+  for (const TestTensor& t : tensors) {
+    entries.push_back({t.name, t.dtype, t.shape, data.size(), data.size() + t.data.size()});
+    data += t.data;
+  }
+  auto header = EncodeSafetensorsHeader(entries, {{"format", "pt"}});
+  EXPECT_TRUE(header.ok()) << header.status();
+  const std::string file = *header + data;
+  WriteAll(path, file);
+  return file;
+}
+
+// Reads every tensor of the checkpoint at `path` (single model) as dense bytes.
+std::map<std::string, std::pair<Shape, std::string>> ReadTensors(const std::string& path) {
+  std::map<std::string, std::pair<Shape, std::string>> result;
+  SafetensorsInput reader;
+  auto model = reader.Read(path);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return result;
+  EXPECT_EQ(model->parts.size(), 1u);
+  const Catalog& catalog = model->parts[0];
+  for (const CatalogTensor& tensor : catalog.tensors) {
+    EXPECT_EQ(tensor.pieces.size(), 1u);
+    const SourcePiece& piece = tensor.pieces[0];
+    const std::string file = ReadAll(catalog.files[piece.file].path);
+    result[tensor.name] = {tensor.shape, file.substr(piece.byte_offset, TensorBytes(tensor))};
+  }
+  return result;
+}
+
+std::string WriteRules(const std::string& dir) {
+  const std::string path = dir + "/rules.json";
+  WriteAll(path, R"({"rules": [
+    {"pattern": "q_proj\\.weight$", "split_dim": 0},
+    {"pattern": "o_proj\\.weight$", "split_dim": -1},
+    {"pattern": "mlp\\.up\\.weight$", "split_dim": 0},
+    {"pattern": ".*", "replicate": true}]})");
+  return path;
+}
+
+class EngineTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = MakeTempDir("engine");
+    model_ = MakeModel(seed_);
+    input_ = root_ + "/model.safetensors";
+    original_ = WriteCanonical(input_, model_);
+    rules_ = WriteRules(root_);
+  }
+
+  ConversionSpec Consolidate(const std::string& input, const std::string& output) {
+    ConversionSpec spec;
+    spec.kind = ConversionSpec::Kind::kConsolidate;
+    spec.input = input;
+    spec.output = output;
+    spec.window_bytes = 4096;
+    return spec;
+  }
+
+  const uint32_t seed_ = 8675309;
+  std::string root_, input_, original_, rules_;
+  std::vector<TestTensor> model_;
+};
+
+TEST_F(EngineTest, ConsolidateIntoSeveralShards) {
+  ConversionSpec spec = Consolidate(input_, root_ + "/out");
+  spec.max_shard_size = 200;  // forces several files
+  auto result = RunConversion(spec);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->output, root_ + "/out");
+  EXPECT_EQ(result->tensors, static_cast<int64_t>(model_.size()));
+  EXPECT_FALSE(fs::exists(StagingPathFor(root_ + "/out")));
+
+  // Files on disk: shards, the index, the manifest.
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(root_ + "/out")) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  int shards = 0;
+  for (const std::string& name : names) {
+    if (name.rfind("model-", 0) == 0) ++shards;
+  }
+  EXPECT_GE(shards, 3) << "max_shard_size 200 should give several files";
+  EXPECT_NE(std::find(names.begin(), names.end(), kSafetensorsIndexName), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), kManifestName), names.end());
+  EXPECT_EQ(names.size(), static_cast<size_t>(shards) + 2);
+
+  // Every tensor's bytes equal the input's (default dtype policy keeps them).
+  auto tensors = ReadTensors(root_ + "/out");
+  ASSERT_EQ(tensors.size(), model_.size());
+  for (const TestTensor& t : model_) {
+    ASSERT_TRUE(tensors.count(t.name)) << t.name;
+    EXPECT_EQ(tensors[t.name].first, t.shape) << t.name;
+    EXPECT_TRUE(tensors[t.name].second == t.data) << t.name << " bytes differ";
+  }
+
+  // The manifest lists every data file and the index with sizes.
+  auto manifest = nlohmann::json::parse(ReadAll(root_ + "/out/" + kManifestName));
+  EXPECT_EQ(manifest["tool"], "reshard");
+  std::vector<std::string> listed;
+  for (const auto& file : manifest["files"]) {
+    const std::string name = file["name"];
+    listed.push_back(name);
+    EXPECT_EQ(file["bytes"].get<uint64_t>(), fs::file_size(root_ + "/out/" + name)) << name;
+    EXPECT_EQ(file["xxh3_64"].get<std::string>().size(), 16u);
+  }
+  std::sort(listed.begin(), listed.end());
+  std::vector<std::string> expected_listed = names;
+  expected_listed.erase(std::find(expected_listed.begin(), expected_listed.end(), kManifestName));
+  EXPECT_EQ(listed, expected_listed);
+  EXPECT_EQ(manifest["tensors"].size(), model_.size());
+  EXPECT_EQ(manifest["request"]["kind"], "consolidate");
+  EXPECT_EQ(manifest["request"]["max_shard_size"], 200);
+
+  // And it verifies equal to the input.
+  auto verify = VerifyCheckpoints(input_, root_ + "/out");
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  EXPECT_TRUE(verify->equal);
+  EXPECT_EQ(verify->tensors_compared, static_cast<int64_t>(model_.size()));
+}
+
+TEST_F(EngineTest, ConsolidateSingleFileIsCanonical) {
+  auto result = RunConversion(Consolidate(input_, root_ + "/single"));
+  ASSERT_TRUE(result.ok()) << result.status();
+  // The input was written in the writer's canonical form, so the copy is byte-identical.
+  EXPECT_TRUE(ReadAll(root_ + "/single/model.safetensors") == original_);
+  EXPECT_FALSE(fs::exists(root_ + "/single/" + std::string(kSafetensorsIndexName)));
+}
+
+TEST_F(EngineTest, ReshardToPartsAndBack) {
+  ConversionSpec split;
+  split.kind = ConversionSpec::Kind::kReshard;
+  split.input = input_;
+  split.output = root_ + "/parts";
+  split.parts = 2;
+  split.rules_file = rules_;
+  split.window_bytes = 4096;
+  auto parted = RunConversion(split);
+  ASSERT_TRUE(parted.ok()) << parted.status();
+  ASSERT_TRUE(fs::exists(root_ + "/parts/model_part-0.safetensors"));
+  ASSERT_TRUE(fs::exists(root_ + "/parts/model_part-1.safetensors"));
+  auto part1 = ReadTensors(root_ + "/parts/model_part-1.safetensors");
+  // q_proj [8, 6] split on dim 0: part 1 holds rows 4..8, i.e. the second half of the bytes.
+  const TestTensor& q = model_[0];
+  EXPECT_EQ(part1["layers.0.attn.q_proj.weight"].first, (Shape{4, 6}));
+  EXPECT_TRUE(part1["layers.0.attn.q_proj.weight"].second == q.data.substr(q.data.size() / 2));
+  // o_proj [6, 8] split on the last dim: part 1 holds columns 4..8 of every row.
+  const TestTensor& o = model_[1];
+  std::string o_right;
+  for (int r = 0; r < 6; ++r) o_right += o.data.substr((r * 8 + 4) * 4, 16);
+  EXPECT_EQ(part1["layers.0.attn.o_proj.weight"].first, (Shape{6, 4}));
+  EXPECT_TRUE(part1["layers.0.attn.o_proj.weight"].second == o_right);
+  EXPECT_TRUE(part1["step"].second == model_[5].data);  // replicated
+
+  ConversionSpec merge = Consolidate(root_ + "/parts", root_ + "/merged");
+  merge.rules_file = rules_;
+  auto merged = RunConversion(merge);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_TRUE(ReadAll(root_ + "/merged/model.safetensors") == original_)
+      << "1 -> 2 parts -> 1 must reproduce the original file byte for byte";
+
+  // Without rules the parts cannot be merged.
+  auto no_rules = RunConversion(Consolidate(root_ + "/parts", root_ + "/merged2"));
+  ASSERT_FALSE(no_rules.ok());
+  EXPECT_NE(no_rules.status().message().find("--rules"), absl::string_view::npos)
+      << no_rules.status();
+  EXPECT_FALSE(fs::exists(root_ + "/merged2"));
+
+  VerifyOptions options;
+  options.rules_a = rules_;
+  auto verify = VerifyCheckpoints(root_ + "/parts", input_, options);
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  EXPECT_TRUE(verify->equal);
+}
+
+TEST_F(EngineTest, DTypeConversionVerifiesAgainstOriginal) {
+  ConversionSpec spec = Consolidate(input_, root_ + "/bf16");
+  spec.dtype = DTypePolicy::kBF16;
+  auto result = RunConversion(spec);
+  ASSERT_TRUE(result.ok()) << result.status();
+  SafetensorsInput reader;
+  auto model = reader.Read(root_ + "/bf16/model.safetensors");
+  ASSERT_TRUE(model.ok());
+  const Catalog& catalog = model->parts[0];
+  EXPECT_EQ(catalog.tensors[catalog.Find("layers.0.norm.weight")].dtype, DType::kBF16);
+  EXPECT_EQ(catalog.tensors[catalog.Find("embed.weight")].dtype, DType::kBF16);
+  EXPECT_EQ(catalog.tensors[catalog.Find("step")].dtype, DType::kI64);
+  auto verify = VerifyCheckpoints(input_, root_ + "/bf16");
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  EXPECT_TRUE(verify->equal) << (verify->mismatched.empty() ? "" : verify->mismatched[0].name);
+}
+
+TEST_F(EngineTest, VerifyReportsFlippedElement) {
+  auto same = VerifyCheckpoints(input_, input_);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_TRUE(same->equal);
+  EXPECT_FALSE(same->tolerance.empty());
+
+  // Flip one bit of element 13 of the q_proj tensor in a copy.
+  auto tensors = ReadTensors(input_);
+  const std::string copy = root_ + "/flipped.safetensors";
+  std::string bytes = original_;
+  SafetensorsInput reader;
+  auto model = reader.Read(input_);
+  ASSERT_TRUE(model.ok());
+  const Catalog& catalog = model->parts[0];
+  const CatalogTensor& q = catalog.tensors[catalog.Find("layers.0.attn.q_proj.weight")];
+  bytes[q.pieces[0].byte_offset + 13 * 4 + 1] ^= 0x10;
+  WriteAll(copy, bytes);
+  auto verify = VerifyCheckpoints(input_, copy);
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  EXPECT_FALSE(verify->equal);
+  ASSERT_EQ(verify->mismatched.size(), 1u);
+  const TensorMismatch& m = verify->mismatched[0];
+  EXPECT_EQ(m.name, "layers.0.attn.q_proj.weight");
+  EXPECT_EQ(m.first_index, 13);
+  EXPECT_EQ(m.mismatches, 1);
+  EXPECT_NE(m.a_value, m.b_value);
+  EXPECT_TRUE(verify->only_in_a.empty());
+  EXPECT_TRUE(verify->only_in_b.empty());
+}
+
+TEST_F(EngineTest, NonEmptyOutputIsRefusedAndUntouched) {
+  const std::string out = root_ + "/busy";
+  fs::create_directory(out);
+  WriteAll(out + "/keep.txt", "precious");
+  auto result = RunConversion(Consolidate(input_, out));
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(out)) names.push_back(entry.path().filename());
+  EXPECT_EQ(names, (std::vector<std::string>{"keep.txt"}));
+  EXPECT_EQ(ReadAll(out + "/keep.txt"), "precious");
+  EXPECT_FALSE(fs::exists(StagingPathFor(out)));
+}
+
+TEST_F(EngineTest, CancelledLeavesNothing) {
+  const std::string out = root_ + "/cancelled";
+  std::atomic<bool> cancelled{true};
+  RunControl control;
+  control.cancelled = &cancelled;
+  ConversionSpec spec = Consolidate(input_, out);
+  spec.max_shard_size = 200;
+  auto result = RunConversion(spec, control);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(StagingPathFor(out)));
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    EXPECT_EQ(entry.path().filename().string().find("reshard-staging"), std::string::npos)
+        << entry.path();
+  }
+}
+
+TEST_F(EngineTest, CorruptInputFailsBeforeWriting) {
+  const std::string bad = root_ + "/bad.safetensors";
+  WriteAll(bad, original_.substr(0, original_.size() - 3));
+  auto result = RunConversion(Consolidate(bad, root_ + "/never"));
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << result.status();
+  EXPECT_NE(result.status().message().find("bad.safetensors"), absl::string_view::npos);
+  EXPECT_FALSE(fs::exists(root_ + "/never"));
+}
+
+}  // namespace
+}  // namespace reshard

@@ -1,0 +1,271 @@
+#include "lib/exec/executor.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "lib/exec/dtype_convert.h"
+#include "lib/plan/planner.h"
+
+namespace reshard {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string MakeTempDir(const std::string& tag) {
+  std::string pattern = testing::TempDir() + "/" + tag + "_XXXXXX";
+  char* made = ::mkdtemp(pattern.data());
+  EXPECT_NE(made, nullptr);
+  return pattern;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void WriteAll(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+// Value of element (r, c) of the global F32 tensor: distinct, with fractional bits that make
+// narrowing round (and some values that tie), some negative.
+float Value(int64_t r, int64_t c) {
+  const float base = static_cast<float>(r * 1000 + c) * 1.0009765625f + 0.3333f;
+  return (r + c) % 7 == 3 ? -base : base;
+}
+
+uint32_t Bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return bits;
+}
+
+std::string EncodeElement(float value, DType dtype) {
+  std::string out;
+  if (dtype == DType::kF32) {
+    out.resize(4);
+    std::memcpy(out.data(), &value, 4);
+  } else {
+    const uint16_t h = dtype == DType::kBF16 ? F32BitsToBF16Bits(Bits(value))
+                                             : F32BitsToF16Bits(Bits(value));
+    out.resize(2);
+    std::memcpy(out.data(), &h, 2);
+  }
+  return out;
+}
+
+// The expected dense data of `region` of the [rows, cols] tensor in `dtype`.
+std::string Expected(const Box& region, DType dtype) {
+  std::string out;
+  for (int64_t r = region.origin[0]; r < region.origin[0] + region.extent[0]; ++r) {
+    for (int64_t c = region.origin[1]; c < region.origin[1] + region.extent[1]; ++c) {
+      out += EncodeElement(Value(r, c), dtype);
+    }
+  }
+  return out;
+}
+
+// A [rows, cols] F32 tensor split by columns at `split` into two pieces, each stored dense
+// row-major in its own file after a few junk bytes.
+struct Fixture {
+  Catalog catalog;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+Fixture MakeSource(const std::string& dir, int64_t rows, int64_t cols, int64_t split) {
+  Fixture fixture;
+  fixture.rows = rows;
+  fixture.cols = cols;
+  const std::string junk_a = "JUNKJUNKJUNKJUNK";  // 16 bytes
+  const std::string junk_b = "12345678";
+  std::string a = junk_a, b = junk_b;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      (c < split ? a : b) += EncodeElement(Value(r, c), DType::kF32);
+    }
+  }
+  a += "TRAILER";
+  WriteAll(dir + "/a.bin", a);
+  WriteAll(dir + "/b.bin", b);
+  Catalog& catalog = fixture.catalog;
+  catalog.format = "test";
+  catalog.files.push_back({dir + "/a.bin", a.size()});
+  catalog.files.push_back({dir + "/b.bin", b.size()});
+  CatalogTensor tensor{"w", DType::kF32, {rows, cols}, {}};
+  tensor.pieces.push_back({0, junk_a.size(), Box{{0, 0}, {rows, split}}, {split, 1}});
+  tensor.pieces.push_back({1, junk_b.size(), Box{{0, split}, {rows, cols - split}},
+                           {cols - split, 1}});
+  catalog.tensors.push_back(tensor);
+  catalog.Reindex();
+  EXPECT_TRUE(ValidateCatalog(catalog).ok()) << ValidateCatalog(catalog);
+  return fixture;
+}
+
+struct Case {
+  TargetLayout layout;
+  std::vector<FileFraming> framings;
+  std::vector<std::string> expected;  // per file
+};
+
+// File "full.bin": header, whole tensor (F32), "MID", sub-box (BF16), trailer.
+// File "rows.bin": rows 1..rows-1 in F16, then a one-column slice in F32.
+Case MakeCase(const Fixture& fixture) {
+  Case c;
+  const Box full = Box::Full({fixture.rows, fixture.cols});
+  const Box sub{{1, 2}, {fixture.rows - 2, fixture.cols - 5}};
+  const Box tail{{1, 0}, {fixture.rows - 1, fixture.cols}};
+  const Box column{{0, fixture.cols - 2}, {fixture.rows, 1}};
+  c.layout.files.push_back({"full.bin",
+                            {{"w", 0, full, DType::kF32}, {"w_sub", 0, sub, DType::kBF16}},
+                            {}});
+  c.layout.files.push_back({"rows.bin",
+                            {{"w_rows", 0, tail, DType::kF16}, {"w_col", 0, column, DType::kF32}},
+                            {}});
+  FileFraming f0;
+  f0.segments.push_back({FramingSegment::Kind::kBytes, "HEADER--", -1});
+  f0.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
+  f0.segments.push_back({FramingSegment::Kind::kBytes, "MID", -1});
+  f0.segments.push_back({FramingSegment::Kind::kTensor, "", 1});
+  f0.segments.push_back({FramingSegment::Kind::kBytes, "END", -1});
+  FileFraming f1;
+  f1.segments.push_back({FramingSegment::Kind::kTensor, "", 1});  // out of layout order
+  f1.segments.push_back({FramingSegment::Kind::kBytes, std::string(5000, 'h'), -1});
+  f1.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
+  c.framings = {f0, f1};
+  c.expected.push_back("HEADER--" + Expected(full, DType::kF32) + "MID" +
+                       Expected(sub, DType::kBF16) + "END");
+  c.expected.push_back(Expected(column, DType::kF32) + std::string(5000, 'h') +
+                       Expected(tail, DType::kF16));
+  return c;
+}
+
+void RunAndCompare(int64_t rows, int64_t cols, int64_t split) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, rows, cols, split);
+  Case c = MakeCase(fixture);
+  auto plan = BuildCopyPlan(fixture.catalog, c.layout, c.framings);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (uint64_t window : {uint64_t{4096}, uint64_t{1}, uint64_t{32} << 20}) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE("shape [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                   "] window " + std::to_string(window) + " threads " + std::to_string(threads));
+      const std::string out = MakeTempDir("out");
+      ExecutorOptions options;
+      options.threads = threads;
+      options.window_bytes = window;
+      Progress last;
+      int calls = 0;
+      uint64_t previous_done = 0;
+      bool monotonic = true;
+      options.on_progress = [&](const Progress& p) {
+        if (p.bytes_done < previous_done) monotonic = false;
+        previous_done = p.bytes_done;
+        last = p;
+        ++calls;
+      };
+      auto result = Execute(*plan, out, options);
+      ASSERT_TRUE(result.ok()) << result.status();
+      ASSERT_EQ(result->files.size(), 2u);
+      uint64_t written = 0;
+      for (int f = 0; f < 2; ++f) {
+        const std::string path = out + "/" + c.layout.files[f].name;
+        const std::string data = ReadAll(path);
+        EXPECT_EQ(data.size(), c.expected[f].size()) << path;
+        EXPECT_TRUE(data == c.expected[f]) << path << " differs from the direct computation";
+        EXPECT_EQ(result->files[f].name, c.layout.files[f].name);
+        EXPECT_EQ(result->files[f].bytes, c.expected[f].size());
+        EXPECT_EQ(result->files[f].tensors, 2);
+        auto hash = HashFile(path);
+        ASSERT_TRUE(hash.ok());
+        EXPECT_EQ(result->files[f].xxh3_64, *hash);
+        EXPECT_FALSE(fs::exists(path + ".partial"));
+        written += data.size();
+      }
+      EXPECT_EQ(result->bytes_written, written);
+      EXPECT_EQ(plan->total_bytes, written);
+      const uint64_t source_elements =
+          rows * cols + (rows - 2) * (cols - 5) + (rows - 1) * cols + rows;
+      EXPECT_EQ(result->bytes_read, source_elements * 4);
+      EXPECT_GT(calls, 0);
+      EXPECT_TRUE(monotonic);
+      EXPECT_EQ(last.bytes_total, plan->total_bytes);
+      EXPECT_EQ(last.bytes_done, last.bytes_total);
+      EXPECT_EQ(last.files_done, 2);
+      EXPECT_EQ(last.files_total, 2);
+      EXPECT_EQ(last.tensors_done, 4);
+      EXPECT_EQ(last.tensors_total, 4);
+    }
+  }
+}
+
+TEST(ExecutorTest, SmallTensorFromColumnPieces) { RunAndCompare(6, 10, 4); }
+
+TEST(ExecutorTest, LargerTensorSpansManyWindows) {
+  // 40 KB per copy of the tensor: rows are cut across 4 KiB windows.
+  RunAndCompare(57, 181, 97);
+}
+
+TEST(ExecutorTest, CancelledLeavesNoFile) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 6, 10, 4);
+  Case c = MakeCase(fixture);
+  auto plan = BuildCopyPlan(fixture.catalog, c.layout, c.framings);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string out = MakeTempDir("out");
+  std::atomic<bool> cancelled{true};
+  ExecutorOptions options;
+  options.window_bytes = 4096;
+  options.cancelled = &cancelled;
+  auto result = Execute(*plan, out, options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+  EXPECT_TRUE(fs::is_empty(out)) << "files left in the output folder";
+}
+
+TEST(ExecutorTest, ChangedSourceIsDataLoss) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 6, 10, 4);
+  Case c = MakeCase(fixture);
+  auto plan = BuildCopyPlan(fixture.catalog, c.layout, c.framings);
+  ASSERT_TRUE(plan.ok());
+  WriteAll(src + "/b.bin", "shrunk");
+  const std::string out = MakeTempDir("out");
+  auto result = Execute(*plan, out, ExecutorOptions());
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << result.status();
+  EXPECT_NE(result.status().message().find("b.bin"), absl::string_view::npos) << result.status();
+  EXPECT_TRUE(fs::is_empty(out));
+}
+
+TEST(ExecutorTest, EstimateExecutionMemoryIsBounded) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 57, 181, 97);
+  Case c = MakeCase(fixture);
+  auto plan = BuildCopyPlan(fixture.catalog, c.layout, c.framings);
+  ASSERT_TRUE(plan.ok());
+  ExecutorOptions options;
+  options.threads = 2;
+  options.window_bytes = 4096;  // smaller than every output file
+  const uint64_t estimate = EstimateExecutionMemory(*plan, options);
+  EXPECT_GE(estimate, 2u * 4096u);  // at least the two windows
+  EXPECT_LT(estimate, 1u << 20);
+  // A larger window costs more.
+  options.window_bytes = 16384;
+  EXPECT_GT(EstimateExecutionMemory(*plan, options), estimate);
+}
+
+}  // namespace
+}  // namespace reshard

@@ -1,0 +1,47 @@
+#include "server/job_runner.h"
+
+namespace reshard {
+
+ConversionSpec ConversionSpecFromProto(const v1::JobSpec& proto) {
+  ConversionSpec spec;
+  spec.kind = proto.kind() == v1::JOB_KIND_RESHARD ? ConversionSpec::Kind::kReshard
+                                                   : ConversionSpec::Kind::kConsolidate;
+  spec.input = proto.input();
+  spec.output = proto.output();
+  switch (proto.dtype()) {
+    case v1::DTYPE_FP32:
+      spec.dtype = DTypePolicy::kF32;
+      break;
+    case v1::DTYPE_BF16:
+      spec.dtype = DTypePolicy::kBF16;
+      break;
+    case v1::DTYPE_FP16:
+      spec.dtype = DTypePolicy::kF16;
+      break;
+    default:
+      spec.dtype = DTypePolicy::kKeep;
+  }
+  if (proto.max_shard_size() > 0) spec.max_shard_size = proto.max_shard_size();
+  spec.parts = proto.parts();
+  spec.rules_json = proto.rules_json();
+  spec.overwrite = proto.overwrite();
+  if (proto.threads() > 0) spec.threads = proto.threads();
+  return spec;
+}
+
+absl::StatusOr<ConversionResult> RunJobWithEngine(const v1::Job& job, JobContext& context) {
+  RunControl control;
+  control.cancelled = &context.cancelled;
+  control.preserve_staging = &context.preserve_staging;
+  control.resume = context.resume;
+  control.completed_files = context.completed_files;
+  control.on_progress = context.on_progress;
+  control.on_file_committed = context.on_file_committed;
+  return RunConversion(ConversionSpecFromProto(job.spec()), control);
+}
+
+uint64_t EstimateJobMemory(const v1::JobSpec& spec) {
+  return MemoryUpperBound(ConversionSpecFromProto(spec));
+}
+
+}  // namespace reshard

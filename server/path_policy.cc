@@ -1,0 +1,123 @@
+#include "server/path_policy.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "lib/core/status.h"
+
+namespace reshard {
+namespace {
+
+constexpr size_t kMaxPathLength = 4096;
+
+absl::StatusOr<std::string> RealPath(const std::string& path) {
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) == nullptr) {
+    return ErrnoToStatus(errno, absl::StrCat("resolving ", path));
+  }
+  return std::string(resolved);
+}
+
+absl::Status CheckSyntax(const std::string& path, absl::string_view what) {
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " path is empty"));
+  if (path.size() > kMaxPathLength) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " path is longer than ", kMaxPathLength));
+  }
+  if (path[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " path \"", path, "\" is not absolute; the daemon needs absolute paths"));
+  }
+  if (path.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " path contains a NUL byte"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PathPolicy> PathPolicy::Create(const std::vector<std::string>& roots) {
+  if (roots.empty()) {
+    return absl::InvalidArgumentError("at least one --allowed-root is required");
+  }
+  PathPolicy policy;
+  for (const std::string& root : roots) {
+    auto resolved = RealPath(root);
+    if (!resolved.ok()) return Annotate(resolved.status(), "allowed root");
+    struct stat st;
+    if (::stat(resolved->c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat("allowed root ", root, " is not a folder"));
+    }
+    std::string normalized = *resolved;
+    while (normalized.size() > 1 && normalized.back() == '/') normalized.pop_back();
+    policy.roots_.push_back(normalized);
+  }
+  return policy;
+}
+
+bool PathPolicy::Inside(const std::string& resolved, bool allow_root_itself) const {
+  for (const std::string& root : roots_) {
+    if (resolved == root) {
+      if (allow_root_itself) return true;
+      continue;
+    }
+    const std::string prefix = root == "/" ? "/" : root + "/";
+    if (resolved.compare(0, prefix.size(), prefix) == 0) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::string> PathPolicy::CheckInput(const std::string& path) const {
+  RETURN_IF_ERROR(CheckSyntax(path, "input"));
+  auto resolved = RealPath(path);
+  if (!resolved.ok()) {
+    if (absl::IsNotFound(resolved.status())) {
+      return absl::NotFoundError(absl::StrCat("input ", path, " does not exist"));
+    }
+    return resolved.status();
+  }
+  if (!Inside(*resolved, /*allow_root_itself=*/true)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "input ", path, " resolves to ", *resolved, ", outside the allowed roots (",
+        absl::StrJoin(roots_, ", "), ")"));
+  }
+  return *resolved;
+}
+
+absl::StatusOr<std::string> PathPolicy::CheckOutput(const std::string& path) const {
+  RETURN_IF_ERROR(CheckSyntax(path, "output"));
+  // Split into the deepest existing ancestor and the plain names below it.
+  std::vector<std::string> missing;
+  std::string existing = path;
+  while (existing.size() > 1 && existing.back() == '/') existing.pop_back();
+  struct stat st;
+  while (::lstat(existing.c_str(), &st) != 0) {
+    if (errno != ENOENT) return ErrnoToStatus(errno, absl::StrCat("checking output ", path));
+    const size_t slash = existing.rfind('/');
+    std::string name = existing.substr(slash + 1);
+    if (name == "." || name == ".." ) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("output ", path, " uses \"", name, "\" below an existing folder"));
+    }
+    if (!name.empty()) missing.insert(missing.begin(), name);
+    existing = slash == 0 ? "/" : existing.substr(0, slash);
+  }
+  ASSIGN_OR_RETURN(std::string resolved, RealPath(existing));
+  for (const std::string& name : missing) {
+    resolved = resolved == "/" ? "/" + name : resolved + "/" + name;
+  }
+  if (!Inside(resolved, /*allow_root_itself=*/false)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "output ", path, " resolves to ", resolved,
+        ", which is not inside the allowed roots (", absl::StrJoin(roots_, ", "), ")"));
+  }
+  return resolved;
+}
+
+}  // namespace reshard

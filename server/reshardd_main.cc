@@ -1,0 +1,85 @@
+// reshardd: the reshard conversion daemon.
+//
+//   bazel build //server:reshardd
+//   bazel-bin/server/reshardd --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:9464 \
+//       --state-dir /var/lib/reshard --allowed-root /data/checkpoints --memory-budget 16GiB
+//
+// Prints "listening on HOST:PORT" (and "metrics on HOST:PORT") on stdout once serving.
+// SIGTERM/SIGINT drain it (see Server::Shutdown) and it exits 0.
+
+#include <signal.h>
+
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "lib/plan/layout_builders.h"
+#include "server/server.h"
+
+int main(int argc, char** argv) {
+  using namespace reshard;
+  CLI::App app{"reshardd: the reshard checkpoint conversion daemon"};
+  ServerOptions options;
+  std::string memory_budget = "8GiB";
+  std::string retention = "168h";
+  int grace_seconds = 30;
+  app.add_option("--listen", options.listen, "gRPC address (port 0 picks a free one)")
+      ->capture_default_str();
+  app.add_option("--metrics-listen", options.metrics_listen,
+                 "Prometheus /metrics address (empty: off)");
+  app.add_option("--state-dir", options.state_dir, "job store folder")->required();
+  app.add_option("--allowed-root", options.allowed_roots,
+                 "folder jobs may read and write (repeatable)")
+      ->required();
+  app.add_option("--memory-budget", memory_budget, "memory shared by running jobs")
+      ->capture_default_str();
+  app.add_option("--max-concurrent-jobs", options.scheduler.max_concurrent_jobs)
+      ->capture_default_str();
+  app.add_option("--max-queue", options.scheduler.max_queue, "queued jobs at most")
+      ->capture_default_str();
+  app.add_option("--shutdown-grace", grace_seconds, "seconds running jobs get on SIGTERM")
+      ->capture_default_str();
+  app.add_option("--retention", retention, "how long finished jobs are kept (e.g. 168h, 30m)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  auto budget = ParseByteSize(memory_budget);
+  absl::Duration keep;
+  if (!budget.ok() || !absl::ParseDuration(retention, &keep) ||
+      options.scheduler.max_concurrent_jobs < 1 || options.scheduler.max_queue < 1 ||
+      grace_seconds < 0) {
+    std::cerr << "reshardd: invalid --memory-budget, --retention, --max-concurrent-jobs, "
+                 "--max-queue or --shutdown-grace\n";
+    return 2;
+  }
+  options.scheduler.memory_budget = *budget;
+  options.scheduler.retention = keep;
+  options.shutdown_grace = absl::Seconds(grace_seconds);
+
+  // Signals are taken synchronously by one thread; every other thread blocks them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto server = Server::Start(options);
+  if (!server.ok()) {
+    std::cerr << "reshardd: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "listening on " << (*server)->address() << std::endl;
+  if (!(*server)->metrics_address().empty()) {
+    std::cout << "metrics on " << (*server)->metrics_address() << std::endl;
+  }
+  std::thread signal_waiter([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    std::cerr << "reshardd: signal " << signal << ", draining (grace " << grace_seconds << "s)\n";
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  signal_waiter.join();
+  std::cerr << "reshardd: stopped\n";
+  return 0;
+}

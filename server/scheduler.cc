@@ -1,0 +1,434 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "lib/core/status.h"
+
+namespace reshard {
+namespace {
+
+double NowUnix() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
+
+std::string NewJobId() {
+  static absl::Mutex mu(absl::kConstInit);
+  static absl::BitGen* gen = new absl::BitGen;
+  absl::MutexLock lock(&mu);
+  return absl::StrFormat("j-%016x", absl::Uniform<uint64_t>(*gen));
+}
+
+void SetError(v1::Job& job, const absl::Status& status) {
+  v1::JobError* error = job.mutable_error();
+  error->set_code(static_cast<int>(status.code()));
+  std::string name = absl::StatusCodeToString(status.code());
+  for (char& c : name) c = c == ' ' ? '_' : static_cast<char>(std::toupper(c));
+  error->set_code_name(name);
+  error->set_message(std::string(status.message()));
+}
+
+}  // namespace
+
+absl::string_view JobKindLabel(v1::JobKind kind) {
+  return kind == v1::JOB_KIND_RESHARD ? "reshard" : "consolidate";
+}
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+Scheduler::Scheduler(SchedulerOptions options, JobStore* store, Metrics* metrics,
+                     JobRunner runner, MemoryEstimator estimator)
+    : options_(std::move(options)),
+      store_(store),
+      metrics_(metrics),
+      runner_(std::move(runner)),
+      estimator_(std::move(estimator)) {}
+
+Scheduler::~Scheduler() { Shutdown(absl::ZeroDuration()); }
+
+absl::Status Scheduler::Start() {
+  ASSIGN_OR_RETURN(std::vector<v1::Job> stored, store_->LoadAll());
+  absl::MutexLock lock(&mu_);
+  for (v1::Job& job : stored) {
+    auto entry = std::make_unique<Entry>();
+    entry->job = std::move(job);
+    entry->sequence = next_sequence_++;
+    entry->reservation = std::max<uint64_t>(entry->job.reserved_memory_bytes(),
+                                            estimator_(entry->job.spec()));
+    Entry& e = *entry;
+    if (!e.job.idempotency_key().empty()) by_key_[e.job.idempotency_key()] = e.job.id();
+    jobs_[e.job.id()] = std::move(entry);
+    if (e.job.state() == v1::JOB_STATE_RUNNING) {
+      // The daemon died while this job ran.
+      if (e.job.attempts() >= options_.max_attempts) {
+        FinishLocked(e, v1::JOB_STATE_FAILED,
+                     absl::AbortedError(absl::StrCat(
+                         "interrupted ", e.job.attempts(),
+                         " times by daemon restarts; giving up (the output was never published)")));
+        continue;
+      }
+      e.job.set_state(v1::JOB_STATE_QUEUED);
+      e.job.set_note(absl::StrCat("the daemon stopped during attempt ", e.job.attempts(),
+                                  "; queued to resume (finished files are kept only if their "
+                                  "checksums match)"));
+      PersistLocked(e);
+    }
+    if (e.job.state() == v1::JOB_STATE_QUEUED) EnqueueLocked(e);
+  }
+  PruneLocked();
+  UpdateGaugesLocked();
+  for (int i = 0; i < options_.max_concurrent_jobs; ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::EnqueueLocked(Entry& entry) {
+  queue_.insert({-entry.job.spec().priority(), entry.sequence, entry.job.id()});
+}
+
+void Scheduler::PersistLocked(Entry& entry) {
+  entry.last_persist = absl::Now();
+  absl::Status status = store_->Put(entry.job);
+  if (!status.ok()) {
+    // The job goes on; the record catches up at its next change.
+    entry.job.set_note(absl::StrCat("could not persist the job: ", status.message()));
+  }
+}
+
+void Scheduler::ChangedLocked(Entry& entry) { ++entry.version; }
+
+void Scheduler::UpdateGaugesLocked() {
+  if (metrics_ == nullptr) return;
+  metrics_->SetQueueState(static_cast<int>(queue_.size()), running_);
+  metrics_->SetMemory(options_.memory_budget, reserved_);
+}
+
+Scheduler::Entry* Scheduler::FindLocked(const std::string& id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::FinishLocked(Entry& entry, v1::JobState state, const absl::Status& status) {
+  entry.job.set_state(state);
+  entry.job.set_finished_unix(NowUnix());
+  if (!status.ok()) SetError(entry.job, status);
+  PersistLocked(entry);
+  ChangedLocked(entry);
+  if (metrics_ != nullptr) {
+    const double started = entry.job.started_unix() > 0 ? entry.job.started_unix()
+                                                        : entry.job.finished_unix();
+    metrics_->JobFinished(JobKindLabel(entry.job.spec().kind()),
+                          state == v1::JOB_STATE_SUCCEEDED  ? "succeeded"
+                          : state == v1::JOB_STATE_CANCELLED ? "cancelled"
+                                                              : "failed",
+                          entry.job.finished_unix() - started);
+  }
+}
+
+void Scheduler::PruneLocked() {
+  const double horizon = NowUnix() - absl::ToDoubleSeconds(options_.retention);
+  std::vector<std::string> expired;
+  for (const auto& [id, entry] : jobs_) {
+    if (IsTerminal(entry->job.state()) && entry->job.finished_unix() < horizon &&
+        entry->context == nullptr) {
+      expired.push_back(id);
+    }
+  }
+  for (const std::string& id : expired) {
+    Entry& entry = *jobs_[id];
+    if (!entry.job.idempotency_key().empty()) by_key_.erase(entry.job.idempotency_key());
+    store_->Delete(id).IgnoreError();  // retried at the next prune if it failed
+    jobs_.erase(id);
+  }
+}
+
+absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& spec,
+                                          const std::string& idempotency_key) {
+  const uint64_t reservation = std::max<uint64_t>(spec.memory_budget(), estimator_(spec));
+  absl::MutexLock lock(&mu_);
+  if (!accepting_) return absl::UnavailableError("the daemon is shutting down; not accepting jobs");
+  if (!idempotency_key.empty()) {
+    auto it = by_key_.find(idempotency_key);
+    if (it != by_key_.end()) {
+      Entry* existing = FindLocked(it->second);
+      if (existing != nullptr) {
+        if (google::protobuf::util::MessageDifferencer::Equals(existing->job.spec(), spec)) {
+          return existing->job;
+        }
+        return absl::AlreadyExistsError(absl::StrCat(
+            "idempotency key \"", idempotency_key, "\" was used for job ", existing->job.id(),
+            " with a different spec"));
+      }
+    }
+  }
+  if (reservation > options_.memory_budget) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the job needs ", reservation, " bytes of memory but the daemon's whole budget is ",
+        options_.memory_budget, " bytes; lower --threads or the window, or raise --memory-budget"));
+  }
+  if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+    return absl::ResourceExhaustedError(absl::StrCat("the queue is full (", options_.max_queue,
+                                                     " jobs waiting); retry later"));
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->job.set_id(NewJobId());
+  entry->job.set_idempotency_key(idempotency_key);
+  *entry->job.mutable_spec() = spec;
+  entry->job.set_state(v1::JOB_STATE_QUEUED);
+  entry->job.set_created_unix(NowUnix());
+  entry->job.set_reserved_memory_bytes(reservation);
+  entry->sequence = next_sequence_++;
+  entry->reservation = reservation;
+  Entry& e = *entry;
+  jobs_[e.job.id()] = std::move(entry);
+  if (!idempotency_key.empty()) by_key_[idempotency_key] = e.job.id();
+  absl::Status persisted = store_->Put(e.job);
+  if (!persisted.ok()) {
+    by_key_.erase(idempotency_key);
+    const std::string id = e.job.id();
+    jobs_.erase(id);
+    return Annotate(persisted, "recording the job");
+  }
+  EnqueueLocked(e);
+  if (metrics_ != nullptr) metrics_->JobSubmitted(JobKindLabel(spec.kind()));
+  UpdateGaugesLocked();
+  return e.job;
+}
+
+absl::StatusOr<v1::Job> Scheduler::Get(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  Entry* entry = FindLocked(id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job \"", id, "\""));
+  return entry->job;
+}
+
+absl::StatusOr<JobPage> Scheduler::List(const std::vector<v1::JobState>& states, int page_size,
+                                        const std::string& page_token) {
+  if (page_size < 0 || page_size > 1000) {
+    return absl::InvalidArgumentError("page_size must be in [0, 1000]");
+  }
+  if (page_size == 0) page_size = 100;
+  // Newest first: (created, sequence) descending. The token is the last job's position.
+  int64_t after_sequence = INT64_MAX;
+  if (!page_token.empty() && !absl::SimpleAtoi(page_token, &after_sequence)) {
+    return absl::InvalidArgumentError("invalid page_token");
+  }
+  absl::MutexLock lock(&mu_);
+  std::vector<const Entry*> matching;
+  for (const auto& [id, entry] : jobs_) {
+    if (entry->sequence >= after_sequence) continue;
+    if (!states.empty() &&
+        std::find(states.begin(), states.end(), entry->job.state()) == states.end()) {
+      continue;
+    }
+    matching.push_back(entry.get());
+  }
+  std::sort(matching.begin(), matching.end(),
+            [](const Entry* a, const Entry* b) { return a->sequence > b->sequence; });
+  JobPage page;
+  for (size_t i = 0; i < matching.size() && static_cast<int>(i) < page_size; ++i) {
+    page.jobs.push_back(matching[i]->job);
+  }
+  if (static_cast<int>(matching.size()) > page_size) {
+    page.next_page_token = absl::StrCat(matching[page_size - 1]->sequence);
+  }
+  return page;
+}
+
+absl::StatusOr<v1::Job> Scheduler::Cancel(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  Entry* entry = FindLocked(id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job \"", id, "\""));
+  switch (entry->job.state()) {
+    case v1::JOB_STATE_QUEUED:
+      queue_.erase({-entry->job.spec().priority(), entry->sequence, entry->job.id()});
+      FinishLocked(*entry, v1::JOB_STATE_CANCELLED, absl::CancelledError("cancelled while queued"));
+      UpdateGaugesLocked();
+      break;
+    case v1::JOB_STATE_RUNNING:
+      if (entry->context != nullptr) entry->context->cancelled.store(true);
+      entry->job.set_note("cancel requested; stopping at the next window");
+      ChangedLocked(*entry);
+      break;
+    default:
+      break;  // already finished
+  }
+  return entry->job;
+}
+
+absl::StatusOr<v1::Job> Scheduler::WaitForChange(const std::string& id, int64_t* version,
+                                                 absl::Duration timeout) {
+  struct Args {
+    Scheduler* self;
+    const Entry* entry;
+    int64_t version;
+  };
+  absl::MutexLock lock(&mu_);
+  Entry* entry = FindLocked(id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job \"", id, "\""));
+  Args args{this, entry, *version};
+  mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return a->entry->version > a->version || IsTerminal(a->entry->job.state()) ||
+                   a->self->stopping_;
+          },
+          &args),
+      timeout);
+  *version = entry->version;
+  return entry->job;
+}
+
+bool Scheduler::CanStartLocked() const {
+  if (stopping_) return true;
+  // While draining for shutdown, queued jobs stay queued for the next start.
+  if (!accepting_ || queue_.empty() || running_ >= options_.max_concurrent_jobs) return false;
+  const auto& head = std::get<2>(*queue_.begin());
+  auto it = jobs_.find(head);
+  return it != jobs_.end() && reserved_ + it->second->reservation <= options_.memory_budget;
+}
+
+void Scheduler::WorkerLoop() {
+  while (true) {
+    mu_.LockWhen(absl::Condition(this, &Scheduler::CanStartLocked));
+    if (stopping_) {
+      mu_.Unlock();
+      return;
+    }
+    const std::string id = std::get<2>(*queue_.begin());
+    queue_.erase(queue_.begin());
+    Entry& entry = *jobs_[id];
+    auto context = std::make_shared<JobContext>();
+    const bool resume = entry.job.attempts() > 0;
+    context->resume = resume;
+    if (resume) {
+      for (const v1::OutputFile& file : entry.job.committed_files()) {
+        uint64_t hash = 0;
+        if (absl::SimpleHexAtoi(file.xxh3_64(), &hash)) context->completed_files[file.name()] = hash;
+      }
+    } else {
+      entry.job.clear_committed_files();
+    }
+    entry.context = context;
+    entry.job.set_state(v1::JOB_STATE_RUNNING);
+    entry.job.set_attempts(entry.job.attempts() + 1);
+    entry.job.set_started_unix(NowUnix());
+    if (!resume) entry.job.clear_note();
+    reserved_ += entry.reservation;
+    ++running_;
+    PersistLocked(entry);
+    ChangedLocked(entry);
+    UpdateGaugesLocked();
+
+    Entry* entry_ptr = &entry;
+    context->on_progress = [this, entry_ptr](const Progress& p) {
+      absl::MutexLock lock(&mu_);
+      v1::Progress* progress = entry_ptr->job.mutable_progress();
+      progress->set_bytes_done(p.bytes_done);
+      progress->set_bytes_total(p.bytes_total);
+      progress->set_tensors_done(p.tensors_done);
+      progress->set_tensors_total(p.tensors_total);
+      progress->set_files_done(p.files_done);
+      progress->set_files_total(p.files_total);
+      const absl::Time now = absl::Now();
+      if (now - entry_ptr->last_progress_bump >= absl::Milliseconds(200) ||
+          p.bytes_done == p.bytes_total) {
+        entry_ptr->last_progress_bump = now;
+        ChangedLocked(*entry_ptr);
+      }
+      if (now - entry_ptr->last_persist >= options_.persist_interval) PersistLocked(*entry_ptr);
+    };
+    context->on_file_committed = [this, entry_ptr](const WrittenFile& file) {
+      absl::MutexLock lock(&mu_);
+      v1::OutputFile* record = entry_ptr->job.add_committed_files();
+      record->set_name(file.name);
+      record->set_bytes(file.bytes);
+      record->set_xxh3_64(absl::StrFormat("%016x", file.xxh3_64));
+      PersistLocked(*entry_ptr);  // a crash after this point keeps the file
+    };
+    const v1::Job snapshot = entry.job;
+    mu_.Unlock();
+
+    absl::StatusOr<ConversionResult> result = runner_(snapshot, *context);
+
+    absl::MutexLock lock(&mu_);
+    reserved_ -= entry.reservation;
+    --running_;
+    entry.context.reset();
+    if (result.ok()) {
+      entry.job.set_bytes_read(result->bytes_read);
+      entry.job.set_bytes_written(result->bytes_written);
+      v1::PhaseTimings* timings = entry.job.mutable_timings();
+      timings->set_plan_seconds(result->plan_seconds);
+      timings->set_write_seconds(result->write_seconds);
+      timings->set_publish_seconds(result->publish_seconds);
+      entry.job.clear_output_files();
+      for (const WrittenFile& file : result->files) {
+        v1::OutputFile* out = entry.job.add_output_files();
+        out->set_name(file.name);
+        out->set_bytes(file.bytes);
+        out->set_xxh3_64(absl::StrFormat("%016x", file.xxh3_64));
+      }
+      entry.job.clear_committed_files();
+      if (metrics_ != nullptr) metrics_->AddBytes(result->bytes_read, result->bytes_written);
+      FinishLocked(entry, v1::JOB_STATE_SUCCEEDED, absl::OkStatus());
+    } else if (context->preserve_staging.load()) {
+      // Interrupted by shutdown: queued again to resume at the next start.
+      entry.job.set_state(v1::JOB_STATE_QUEUED);
+      entry.job.set_note("interrupted by daemon shutdown; will resume at the next start");
+      PersistLocked(entry);
+      ChangedLocked(entry);
+    } else if (absl::IsCancelled(result.status()) && context->cancelled.load()) {
+      FinishLocked(entry, v1::JOB_STATE_CANCELLED, result.status());
+    } else {
+      FinishLocked(entry, v1::JOB_STATE_FAILED, result.status());
+    }
+    PruneLocked();
+    UpdateGaugesLocked();
+  }
+}
+
+void Scheduler::StopAccepting() {
+  absl::MutexLock lock(&mu_);
+  accepting_ = false;
+}
+
+bool Scheduler::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
+uint64_t Scheduler::reserved_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return reserved_;
+}
+
+void Scheduler::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    accepting_ = false;
+    if (workers_.empty() && stopping_) return;
+    auto idle = [](Scheduler* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->running_ == 0; };
+    mu_.AwaitWithTimeout(absl::Condition(+idle, this), grace);
+    for (auto& [id, entry] : jobs_) {
+      if (entry->context != nullptr) {
+        entry->context->preserve_staging.store(true);
+        entry->context->cancelled.store(true);
+      }
+    }
+    mu_.Await(absl::Condition(+idle, this));
+    stopping_ = true;
+  }
+  for (std::thread& worker : workers_) worker.join();
+  workers_.clear();
+}
+
+}  // namespace reshard

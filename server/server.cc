@@ -1,0 +1,111 @@
+#include "server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <exception>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "lib/core/status.h"
+#include "prometheus/exposer.h"
+#include "server/job_runner.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+#include "server/offload_pool.h"
+#include "server/path_policy.h"
+#include "server/service.h"
+
+namespace reshard {
+
+struct Server::Impl {
+  ServerOptions options;
+  std::unique_ptr<JobStore> store;
+  Metrics metrics;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<PathPolicy> paths;
+  std::unique_ptr<OffloadPool> offload;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<ReshardService> service;
+  std::unique_ptr<grpc::Server> grpc_server;
+  absl::Mutex shutdown_mu;
+  bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  Shutdown();
+  Wait();
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
+  if (options.state_dir.empty()) return absl::InvalidArgumentError("--state-dir is required");
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  ASSIGN_OR_RETURN(PathPolicy paths, PathPolicy::Create(options.allowed_roots));
+  impl->paths = std::make_unique<PathPolicy>(std::move(paths));
+  ASSIGN_OR_RETURN(impl->store, JobStore::Open(options.state_dir));
+
+  std::string metrics_address;
+  if (!options.metrics_listen.empty()) {
+    try {
+      impl->exposer = std::make_unique<prometheus::Exposer>(options.metrics_listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen for metrics on ", options.metrics_listen, ": ", e.what()));
+    }
+    impl->exposer->RegisterCollectable(impl->metrics.registry());
+    const std::string host = options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));
+    metrics_address = absl::StrCat(host, ":", impl->exposer->GetListeningPorts().at(0));
+  }
+
+  JobRunner runner = options.runner ? options.runner : RunJobWithEngine;
+  MemoryEstimator estimator = options.estimator ? options.estimator : EstimateJobMemory;
+  impl->scheduler = std::make_unique<Scheduler>(options.scheduler, impl->store.get(),
+                                                &impl->metrics, runner, estimator);
+  RETURN_IF_ERROR(impl->scheduler->Start());
+  impl->offload = std::make_unique<OffloadPool>(2);
+  impl->service = std::make_unique<ReshardService>(impl->scheduler.get(), impl->paths.get(),
+                                                   impl->offload.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxRequestBytes));
+  builder.RegisterService(impl->service.get());
+  impl->grpc_server = builder.BuildAndStart();
+  if (impl->grpc_server == nullptr || port == 0) {
+    impl->scheduler->Shutdown(absl::ZeroDuration());
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  impl->grpc_server->GetHealthCheckService()->SetServingStatus(true);
+
+  std::unique_ptr<Server> server(new Server(std::move(impl)));
+  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  server->address_ = absl::StrCat(host, ":", port);
+  server->metrics_address_ = metrics_address;
+  server->scheduler_ = server->impl_->scheduler.get();
+  return server;
+}
+
+void Server::Shutdown() {
+  {
+    absl::MutexLock lock(&impl_->shutdown_mu);
+    if (impl_->shut_down) return;
+    impl_->shut_down = true;
+  }
+  impl_->grpc_server->GetHealthCheckService()->SetServingStatus(false);
+  impl_->scheduler->StopAccepting();
+  impl_->scheduler->Shutdown(impl_->options.shutdown_grace);
+  // Streams end once the scheduler stops; unary calls get a short deadline to finish.
+  impl_->grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+void Server::Wait() { impl_->grpc_server->Wait(); }
+
+}  // namespace reshard

@@ -1,0 +1,204 @@
+#include "server/service.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "lib/core/status.h"
+#include "lib/engine/conversion.h"
+#include "lib/io/staging_dir.h"
+#include "lib/plan/partition_rules.h"
+#include "server/job_runner.h"
+
+namespace reshard {
+namespace {
+
+static_assert(static_cast<int>(absl::StatusCode::kDataLoss) ==
+              static_cast<int>(grpc::StatusCode::DATA_LOSS));
+static_assert(static_cast<int>(absl::StatusCode::kUnauthenticated) ==
+              static_cast<int>(grpc::StatusCode::UNAUTHENTICATED));
+
+constexpr size_t kMaxMessageOnWire = 1024;
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  std::string message(status.message());
+  if (message.size() > kMaxMessageOnWire) message = message.substr(0, kMaxMessageOnWire) + "...";
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathPolicy& paths) {
+  v1::JobSpec valid = spec;
+  if (spec.kind() != v1::JOB_KIND_CONSOLIDATE && spec.kind() != v1::JOB_KIND_RESHARD) {
+    return absl::InvalidArgumentError("spec.kind must be JOB_KIND_CONSOLIDATE or JOB_KIND_RESHARD");
+  }
+  if (spec.kind() == v1::JOB_KIND_RESHARD && (spec.parts() < 1 || spec.parts() > 4096)) {
+    return absl::InvalidArgumentError("spec.parts must be in [1, 4096] for a reshard");
+  }
+  if (spec.kind() == v1::JOB_KIND_CONSOLIDATE && spec.parts() != 0) {
+    return absl::InvalidArgumentError("spec.parts is only for JOB_KIND_RESHARD");
+  }
+  if (spec.threads() < 0 || spec.threads() > 64) {
+    return absl::InvalidArgumentError("spec.threads must be in [0, 64]");
+  }
+  if (spec.priority() < -100 || spec.priority() > 100) {
+    return absl::InvalidArgumentError("spec.priority must be in [-100, 100]");
+  }
+  if (!v1::DType_IsValid(spec.dtype())) return absl::InvalidArgumentError("spec.dtype is unknown");
+  if (spec.rules_json().size() > kMaxRulesJsonBytes) {
+    return absl::InvalidArgumentError("spec.rules_json is larger than 1 MiB");
+  }
+  if (!spec.rules_json().empty()) {
+    auto rules = PartitionRules::FromJson(spec.rules_json(), "spec.rules_json");
+    if (!rules.ok()) return rules.status();
+  } else if (spec.kind() == v1::JOB_KIND_RESHARD) {
+    return absl::InvalidArgumentError("spec.rules_json is required for a reshard");
+  }
+  if (spec.output().empty()) return absl::InvalidArgumentError("spec.output is required");
+  if (spec.input().empty()) return absl::InvalidArgumentError("spec.input is required");
+  ASSIGN_OR_RETURN(*valid.mutable_input(), paths.CheckInput(spec.input()));
+  ASSIGN_OR_RETURN(*valid.mutable_output(), paths.CheckOutput(spec.output()));
+  if (valid.output() == valid.input() || valid.input().rfind(valid.output() + "/", 0) == 0) {
+    return absl::InvalidArgumentError("spec.output must not be or contain the input");
+  }
+  if (!spec.overwrite()) RETURN_IF_ERROR(CheckOutputDirUsable(valid.output()));
+  return valid;
+}
+
+grpc::Status ReshardService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+                                       v1::Job* response) {
+  if (request->idempotency_key().size() > kMaxIdempotencyKeyBytes) {
+    return ToGrpcStatus(absl::InvalidArgumentError("idempotency_key is longer than 256 bytes"));
+  }
+  auto spec = ValidateJobSpec(request->spec(), *paths_);
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
+  auto job = scheduler_->Submit(*spec, request->idempotency_key());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status ReshardService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                                    v1::Job* response) {
+  auto job = scheduler_->Get(request->id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status ReshardService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+                                      v1::ListJobsResponse* response) {
+  std::vector<v1::JobState> states;
+  for (int state : request->states()) states.push_back(static_cast<v1::JobState>(state));
+  auto page = scheduler_->List(states, request->page_size(), request->page_token());
+  if (!page.ok()) return ToGrpcStatus(page.status());
+  for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
+  response->set_next_page_token(page->next_page_token);
+  return grpc::Status::OK;
+}
+
+grpc::Status ReshardService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+                                       v1::Job* response) {
+  auto job = scheduler_->Cancel(request->id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status ReshardService::WatchJob(grpc::ServerContext* context,
+                                      const v1::WatchJobRequest* request,
+                                      grpc::ServerWriter<v1::JobEvent>* writer) {
+  int64_t version = -1;
+  while (!context->IsCancelled()) {
+    auto job = scheduler_->WaitForChange(request->id(), &version, absl::Seconds(1));
+    if (!job.ok()) return ToGrpcStatus(job.status());
+    v1::JobEvent event;
+    *event.mutable_job() = *job;
+    if (!writer->Write(event)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    if (IsTerminal(job->state())) return grpc::Status::OK;
+    if (scheduler_->stopping()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is shutting down");
+    }
+  }
+  return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled the watch");
+}
+
+grpc::Status ReshardService::Plan(grpc::ServerContext*, const v1::PlanRequest* request,
+                                  v1::PlanResponse* response) {
+  v1::JobSpec spec = request->spec();
+  spec.set_overwrite(true);  // a dry run does not care whether the output exists yet
+  auto valid = ValidateJobSpec(spec, *paths_);
+  if (!valid.ok()) return ToGrpcStatus(valid.status());
+  absl::StatusOr<PlannedConversion> planned = absl::UnknownError("not run");
+  offload_->Run([&] { planned = PlanConversion(ConversionSpecFromProto(*valid)); });
+  if (!planned.ok()) return ToGrpcStatus(planned.status());
+  for (const FilePlan& file : planned->plan.files) {
+    v1::PlannedFile* out = response->add_files();
+    out->set_name(file.name);
+    out->set_bytes(file.bytes);
+    out->set_tensors(static_cast<int>(file.tensors.size()));
+  }
+  for (const auto& [name, contents] : planned->companion_files) {
+    v1::PlannedFile* out = response->add_files();
+    out->set_name(name);
+    out->set_bytes(contents.size());
+  }
+  response->set_total_bytes(planned->plan.total_bytes);
+  response->set_source_bytes_read(planned->plan.source_bytes_read);
+  response->set_memory_bytes(std::max<uint64_t>(valid->memory_budget(), EstimateJobMemory(*valid)));
+  return grpc::Status::OK;
+}
+
+grpc::Status ReshardService::Inspect(grpc::ServerContext*, const v1::InspectRequest* request,
+                                     v1::InspectResponse* response) {
+  if (request->rules_json().size() > kMaxRulesJsonBytes) {
+    return ToGrpcStatus(absl::InvalidArgumentError("rules_json is larger than 1 MiB"));
+  }
+  auto input = paths_->CheckInput(request->input());
+  if (!input.ok()) return ToGrpcStatus(input.status());
+  absl::Status status;
+  offload_->Run([&] {
+    auto rules = LoadRules(request->rules_json(), "");
+    if (!rules.ok()) {
+      status = rules.status();
+      return;
+    }
+    auto loaded = LoadInput(*input, *rules, /*require_model=*/false);
+    if (!loaded.ok()) {
+      status = loaded.status();
+      return;
+    }
+    const Catalog& shown = loaded->merged ? loaded->catalog : loaded->model.parts[0];
+    response->set_format(loaded->model.format);
+    response->set_layout(loaded->model.layout);
+    response->set_parts(static_cast<int>(loaded->model.parts.size()));
+    response->set_merged(loaded->merged);
+    for (const Catalog& part : loaded->model.parts) {
+      for (const SourceFile& file : part.files) {
+        v1::InputFile* out = response->add_files();
+        out->set_path(file.path);
+        out->set_bytes(file.size);
+      }
+    }
+    uint64_t total = 0;
+    for (const CatalogTensor& tensor : shown.tensors) {
+      v1::TensorInfo* info = response->add_tensors();
+      info->set_name(tensor.name);
+      info->set_dtype(std::string(DTypeName(tensor.dtype)));
+      for (int64_t extent : tensor.shape) info->add_shape(extent);
+      info->set_bytes(TensorBytes(tensor));
+      info->set_pieces(static_cast<int>(tensor.pieces.size()));
+      total += TensorBytes(tensor);
+    }
+    response->set_total_bytes(total);
+    for (const auto& [key, value] : shown.metadata) (*response->mutable_metadata())[key] = value;
+  });
+  return ToGrpcStatus(status);
+}
+
+}  // namespace reshard
