@@ -1,5 +1,7 @@
 // reshardctl's commands, as functions of their parsed flags that write to the given streams
 // and return the process exit code. main() only parses the command line and calls these.
+// Without a daemon address the engine runs in-process; with one (`--server` or
+// RESHARD_SERVER) the work goes to reshardd.
 
 #ifndef RESHARD_CLIENT_COMMANDS_H_
 #define RESHARD_CLIENT_COMMANDS_H_
@@ -7,14 +9,11 @@
 #include <atomic>
 #include <ostream>
 #include <string>
+#include <vector>
+
+#include "client/reports.h"
 
 namespace reshard {
-
-struct OutputFlags {
-  bool json = false;         // one JSON document on `out`
-  bool progress = true;      // show progress on `err`
-  bool terminal = false;     // `err` is a terminal: redraw a bar instead of plain lines
-};
 
 struct ConversionFlags {
   std::string input;
@@ -27,6 +26,16 @@ struct ConversionFlags {
   std::string window_size = "32MiB";
 };
 
+// Options of commands that go through reshardd.
+struct DaemonFlags {
+  std::string server;            // "host:port"
+  bool detach = false;           // submit and return the job id without waiting
+  std::string idempotency_key;   // empty: derived from the Slurm / Kubernetes environment
+  int priority = 0;
+  std::string memory_budget;     // empty: what the plan needs
+  bool overwrite = false;
+};
+
 int RunInspect(const std::string& input, const std::string& rules, const OutputFlags& flags,
                std::ostream& out, std::ostream& err);
 
@@ -34,13 +43,38 @@ int RunInspect(const std::string& input, const std::string& rules, const OutputF
 int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::ostream& out,
             std::ostream& err);
 
-// `consolidate` (parts == 0) and `reshard` (parts > 0).
+// `consolidate` (reshard == false) and `reshard`.
 int RunConvert(const ConversionFlags& conversion, bool reshard, const OutputFlags& flags,
                const std::atomic<bool>* cancelled, std::ostream& out, std::ostream& err);
 
 int RunVerify(const std::string& a, const std::string& b, const std::string& rules,
               const OutputFlags& flags, const std::atomic<bool>* cancelled, std::ostream& out,
               std::ostream& err);
+
+// The same through reshardd. A signal while waiting stops waiting (exit 5) but leaves the job
+// running, so that a requeued Slurm task re-attaches to it through its idempotency key.
+int RunRemoteInspect(const std::string& input, const std::string& rules, const DaemonFlags& daemon,
+                     const OutputFlags& flags, std::ostream& out, std::ostream& err);
+int RunRemotePlan(const ConversionFlags& conversion, const DaemonFlags& daemon,
+                  const OutputFlags& flags, std::ostream& out, std::ostream& err);
+int RunRemoteConvert(const ConversionFlags& conversion, bool reshard, const DaemonFlags& daemon,
+                     const OutputFlags& flags, const std::atomic<bool>* stop, std::ostream& out,
+                     std::ostream& err);
+
+// Job commands (daemon only).
+int RunStatus(const std::string& job_id, const DaemonFlags& daemon, const OutputFlags& flags,
+              std::ostream& out, std::ostream& err);
+int RunList(const std::vector<std::string>& states, int limit, const DaemonFlags& daemon,
+            const OutputFlags& flags, std::ostream& out, std::ostream& err);
+int RunWatch(const std::string& job_id, const DaemonFlags& daemon, const OutputFlags& flags,
+             const std::atomic<bool>* stop, std::ostream& out, std::ostream& err);
+int RunCancel(const std::string& job_id, const DaemonFlags& daemon, const OutputFlags& flags,
+              std::ostream& out, std::ostream& err);
+
+// The idempotency key used when none is given: "slurm-<array job>-<task>:<spec hash>" or
+// "k8s-<completion index>-<hostname>:<spec hash>" from the environment, else empty. The spec
+// hash keeps two different conversions of one task from colliding.
+std::string DefaultIdempotencyKey(const std::string& spec_fingerprint);
 
 }  // namespace reshard
 

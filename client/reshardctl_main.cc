@@ -1,7 +1,9 @@
-// reshardctl: inspect, plan, consolidate, reshard and verify model checkpoints.
+// reshardctl: inspect, plan, consolidate, reshard and verify model checkpoints, in-process
+// or through reshardd (`--server ADDR` or RESHARD_SERVER), and follow reshardd's jobs.
 //
 //   bazel build //client:reshardctl
 //   bazel-bin/client/reshardctl consolidate ckpt/ out/ --dtype bf16 --max-shard-size 5GB
+//   bazel-bin/client/reshardctl --server 127.0.0.1:7070 consolidate /data/ckpt /data/out
 //
 // This file only parses the command line; the commands live in client/commands.cc.
 
@@ -9,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
@@ -40,10 +43,29 @@ int main(int argc, char** argv) {
   OutputFlags output;
   bool no_progress = false;
   ConversionFlags conversion;
-  std::string rules, a, b;
+  DaemonFlags daemon;
+  std::string rules, a, b, job_id;
+  std::vector<std::string> states;
+  int limit = 100;
+  if (const char* server = std::getenv("RESHARD_SERVER")) daemon.server = server;
 
   auto add_output = [&](CLI::App* command) {
     command->add_flag("--json", output.json, "print one JSON document on stdout");
+    command->add_option("--result-file", output.result_file,
+                        "also write the JSON document here (always, also on failure)");
+  };
+  auto add_server = [&](CLI::App* command) {
+    command->add_option("--server", daemon.server, "reshardd address (default: $RESHARD_SERVER)");
+  };
+  auto add_job_options = [&](CLI::App* command) {
+    add_server(command);
+    command->add_flag("--detach", daemon.detach, "submit and print the job id without waiting");
+    command->add_option("--idempotency-key", daemon.idempotency_key,
+                        "resubmitting with the same key re-attaches to the job (default: from "
+                        "SLURM_ARRAY_JOB_ID/SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX)");
+    command->add_option("--priority", daemon.priority, "higher runs first (-100..100)");
+    command->add_option("--memory-budget", daemon.memory_budget, "memory the job may use");
+    command->add_flag("--overwrite", daemon.overwrite, "replace a non-empty output folder");
   };
   auto add_conversion = [&](CLI::App* command, bool with_output_dir) {
     command->add_option("IN", conversion.input, "input .safetensors file or folder")->required();
@@ -65,29 +87,48 @@ int main(int argc, char** argv) {
   inspect->add_option("IN", conversion.input, "input file or folder")->required();
   inspect->add_option("--rules", rules, "partition rules to merge model-parallel parts");
   add_output(inspect);
+  add_server(inspect);
 
   CLI::App* plan = app.add_subcommand("plan", "dry run: output files, bytes, memory needed");
   add_conversion(plan, /*with_output_dir=*/false);
   plan->add_option("--max-shard-size", conversion.max_shard_size, "largest output file")
       ->capture_default_str();
   plan->add_option("--parts", conversion.parts, "plan a reshard into M parts");
+  add_server(plan);
 
   CLI::App* consolidate = app.add_subcommand("consolidate", "write one model (HF sharded safetensors)");
   add_conversion(consolidate, /*with_output_dir=*/true);
   consolidate->add_option("--max-shard-size", conversion.max_shard_size, "largest output file")
       ->capture_default_str();
   consolidate->add_flag("--no-progress", no_progress, "do not show progress");
+  add_job_options(consolidate);
 
   CLI::App* reshard = app.add_subcommand("reshard", "split or merge tensor-parallel parts");
   add_conversion(reshard, /*with_output_dir=*/true);
   reshard->add_option("--parts", conversion.parts, "number of output parts")->required();
   reshard->add_flag("--no-progress", no_progress, "do not show progress");
+  add_job_options(reshard);
 
   CLI::App* verify = app.add_subcommand("verify", "compare two checkpoints element by element");
   verify->add_option("A", a, "first checkpoint")->required();
   verify->add_option("B", b, "second checkpoint")->required();
   verify->add_option("--rules", rules, "partition rules to merge model-parallel parts");
   add_output(verify);
+
+  CLI::App* status = app.add_subcommand("status", "show a reshardd job");
+  status->add_option("JOB", job_id, "job id")->required();
+  CLI::App* list = app.add_subcommand("list", "list reshardd jobs, newest first");
+  list->add_option("--state", states, "only jobs in this state (repeatable)");
+  list->add_option("--limit", limit, "at most this many jobs")->capture_default_str();
+  CLI::App* watch = app.add_subcommand("watch", "follow a reshardd job until it ends");
+  watch->add_option("JOB", job_id, "job id")->required();
+  watch->add_flag("--no-progress", no_progress, "do not show progress");
+  CLI::App* cancel = app.add_subcommand("cancel", "cancel a reshardd job");
+  cancel->add_option("JOB", job_id, "job id")->required();
+  for (CLI::App* command : {status, list, watch, cancel}) {
+    add_output(command);
+    add_server(command);
+  }
 
   try {
     app.parse(argc, argv);
@@ -105,14 +146,30 @@ int main(int argc, char** argv) {
   InstallSignalHandlers();
   output.progress = !no_progress;
   output.terminal = isatty(STDERR_FILENO) != 0;
-  if (*inspect) return RunInspect(conversion.input, rules, output, std::cout, std::cerr);
-  if (*plan) return RunPlan(conversion, output, std::cout, std::cerr);
-  if (*consolidate) {
-    return RunConvert(conversion, /*reshard=*/false, output, &cancel_requested, std::cout, std::cerr);
+  std::ostream& out = std::cout;
+  std::ostream& err = std::cerr;
+  const bool remote = !daemon.server.empty();
+  if (*inspect) {
+    return remote ? RunRemoteInspect(conversion.input, rules, daemon, output, out, err)
+                  : RunInspect(conversion.input, rules, output, out, err);
   }
-  if (*reshard) {
-    return RunConvert(conversion, /*reshard=*/true, output, &cancel_requested, std::cout, std::cerr);
+  if (*plan) {
+    return remote ? RunRemotePlan(conversion, daemon, output, out, err)
+                  : RunPlan(conversion, output, out, err);
   }
-  if (*verify) return RunVerify(a, b, rules, output, &cancel_requested, std::cout, std::cerr);
+  if (*consolidate || *reshard) {
+    const bool is_reshard = static_cast<bool>(*reshard);
+    return remote ? RunRemoteConvert(conversion, is_reshard, daemon, output, &cancel_requested, out, err)
+                  : RunConvert(conversion, is_reshard, output, &cancel_requested, out, err);
+  }
+  if (*verify) return RunVerify(a, b, rules, output, &cancel_requested, out, err);
+  if (!remote) {
+    std::cerr << "reshardctl: this command needs a daemon: pass --server ADDR or set RESHARD_SERVER\n";
+    return kExitUsage;
+  }
+  if (*status) return RunStatus(job_id, daemon, output, out, err);
+  if (*list) return RunList(states, limit, daemon, output, out, err);
+  if (*watch) return RunWatch(job_id, daemon, output, &cancel_requested, out, err);
+  if (*cancel) return RunCancel(job_id, daemon, output, out, err);
   return kExitUsage;
 }

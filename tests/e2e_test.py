@@ -260,6 +260,31 @@ class ConsolidateTests(Base):
         self.assertEqual([e["xxh3_64"] for e in man["files"] if e["name"] == "model.safetensors"],
                          [f0["xxh3_64"]], "manifest and --json disagree on xxh3_64")
 
+    def test_index_with_extra_metadata_keys_and_sorted_layout(self):
+        # transformers writes json.dumps(index, indent=2, sort_keys=True); huggingface_hub may
+        # add extra keys to "metadata".  Readers must ignore unknown keys.
+        sd = R.llama_like(seed=19)
+        names = list(sd)
+        src = self.p("in")
+        R.write_sharded(src, sd, [names[1::2], names[0::2]])
+        index = R.read_index(src)
+        index["metadata"]["total_parameters"] = 12345
+        index["metadata"]["lm_head.weight"] = "model.embed_tokens.weight"
+        with open(os.path.join(src, R.INDEX_NAME), "w") as f:
+            f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        out = self.p("out")
+        self.ok("consolidate", src, out, "--no-progress")
+        self.assertSameTensors(sd, R.read_folder(out))
+
+    def test_json_stdout_clean_with_progress_enabled(self):
+        sd = R.llama_like(seed=20)
+        src = self.write_model(sd)
+        out = self.p("out")
+        res = self.ok("consolidate", src, out, "--json", "--max-shard-size", "4KB")
+        doc = self.json_of(res)
+        self.assertIs(doc.get("ok"), True)
+        self.check_output_folder(out)
+
     def test_folder_of_disjoint_files_without_index(self):
         sd = R.gpt_like(seed=3)
         names = list(sd)
@@ -582,6 +607,20 @@ class ReshardTests(Base):
         merged = self.p("merged")
         self.ok("consolidate", parts, merged, "--rules", rules, "--no-progress")
         self.assertSameTensors(sd, R.read_folder(merged))
+        # 4 -> 8: every output part is a sub-slice of one input part.
+        parts8 = self.p("parts8")
+        self.ok("reshard", parts, parts8, "--parts", 8, "--rules", rules, "--no-progress")
+        names = ["model_part-%d.safetensors" % i for i in range(8)]
+        self.check_output_folder(parts8, names, parts=8)
+        expected = R.split_model(sd, R.GPT_RULES, 8)
+        for i, fn in enumerate(names):
+            self.assertSameTensors(expected[i], R.read_file(os.path.join(parts8, fn)),
+                                   what="4->8 part %d" % i)
+        # verify works across layouts: parts vs single file vs sharded folder.
+        sharded = self.p("sharded")
+        self.ok("consolidate", merged, sharded, "--max-shard-size", "4KB", "--no-progress")
+        self.assertExit(self.ctl("verify", parts8, sharded, "--rules", rules), 0)
+        self.assertExit(self.ctl("verify", sharded, merged), 0)
 
     def test_natural_sort_of_parts(self):
         rng = np.random.default_rng(33)
@@ -961,6 +1000,36 @@ class OutputFolderTests(Base):
         self.assertSameTensors(sd, R.read_folder(out))
         self.assertEqual(sorted(os.listdir(self.tmp)), ["model.safetensors", "out"])
 
+    def test_non_utf8_paths_do_not_crash(self):
+        # Linux paths are bytes; one that is not UTF-8 must not abort the JSON/manifest writers.
+        # Accepted outcomes: success with a correct output, or a clean exit 3.
+        sd = R.gpt_like(seed=52)
+        d = os.path.join(self.tmp, os.fsdecode(b"dir\xff"))
+        os.makedirs(d)
+        src = os.path.join(d, "m.safetensors")
+        R.write_file(src, sd)
+        for j, extra in enumerate([[], ["--json"]]):
+            with self.subTest(json=bool(extra)):
+                out = self.p("out%d" % j)
+                res = self.ctl("consolidate", src, out, "--no-progress", *extra)
+                self.assertGreaterEqual(res.returncode, 0, "crash" + self.describe(res))
+                self.assertIn(res.returncode, (0, 3), self.describe(res))
+                if extra:
+                    self.json_of(res)
+                if res.returncode == 0:
+                    self.check_output_folder(out, ["model.safetensors"])
+                    self.assertSameTensors(sd, R.read_folder(out))
+                else:
+                    self.assertFalse(os.path.exists(out))
+        res = self.ctl("inspect", src, "--json")
+        self.assertGreaterEqual(res.returncode, 0, "crash" + self.describe(res))
+        self.assertIn(res.returncode, (0, 3), self.describe(res))
+        self.json_of(res)
+        out = os.path.join(d, "out")  # OUT itself under a non-UTF-8 folder
+        res = self.ctl("consolidate", self.write_model(sd), out, "--no-progress")
+        self.assertGreaterEqual(res.returncode, 0, "crash" + self.describe(res))
+        self.assertIn(res.returncode, (0, 3), self.describe(res))
+
     def test_usage_errors_exit_2(self):
         sd, src = self._model()
         for args in (["frobnicate"], ["consolidate"], ["consolidate", src],
@@ -1042,6 +1111,23 @@ def corrupt_cases():
     cases["negative_shape"] = (R.raw_file({
         "a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4),
         r"shape|negative|dimension")
+    cases["shape_overflow"] = (R.raw_file({
+        "a": {"dtype": "F32", "shape": [1 << 62, 1 << 62, 4], "data_offsets": [0, 8]}},
+        b"\0" * 8), r"overflow|too large|shape|size|bytes")
+    cases["shape_not_integer"] = (R.raw_file(
+        '{"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}}', b"\0" * 4),
+        r"shape|integer")
+    cases["offsets_reversed"] = (R.raw_file({
+        "a": {"dtype": "F32", "shape": [0], "data_offsets": [4, 0]},
+        "b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4),
+        r"offset")
+    cases["offset_beyond_u64"] = (R.raw_file(
+        '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,100000000000000000000000000000]}}',
+        b"\0" * 4), r"offset|range|integer|large|overflow|number")
+    cases["empty_header"] = (struct.pack("<Q", 0), r"json|empty|header")
+    cases["tensor_not_object"] = (R.raw_file('{"a":null}', b""), r"object|tensor|\"a\"|null")
+    cases["missing_dtype_field"] = (R.raw_file(
+        '{"a":{"shape":[1],"data_offsets":[0,4]}}', b"\0" * 4), r"dtype")
     return cases
 
 
@@ -1156,6 +1242,11 @@ class CorruptInputTests(Base):
         self.assertExit(res, 3)
         self.assertIn("nope.safetensors", res.stderr_text)
         self.assertFalse(os.path.exists(out))
+        good = self.write_model(R.gpt_like(seed=66))
+        res = self.ctl("verify", good, self.p("nope2.safetensors"), "--json")
+        self.assertExit(res, 3)
+        self.assertIs(self.json_of(res).get("ok"), False)
+        self.assertIn("nope2.safetensors", res.stderr_text)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1263,8 +1354,6 @@ class KillTests(Base):
 
 
 # ----------------------------------------------------------------------------------------------
-
-TORCH_DTYPES = None
 
 
 def torch_dtype(name):

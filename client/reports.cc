@@ -1,0 +1,296 @@
+#include "client/reports.h"
+
+#include <fstream>
+#include <map>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/exit_codes.h"
+#include "client/progress_bar.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace reshard {
+namespace {
+
+Json TensorEntry(const std::string& name, const std::string& dtype, const Json& shape,
+                 uint64_t bytes, int64_t pieces) {
+  return Json{{"name", name}, {"dtype", dtype}, {"shape", shape}, {"bytes", bytes},
+              {"pieces", pieces}};
+}
+
+std::string JobStateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  return absl::AsciiStrToLower(name.substr(std::string("JOB_STATE_").size()));
+}
+
+}  // namespace
+
+std::string StatusCodeName(absl::StatusCode code) {
+  std::string name = absl::StatusCodeToString(code);
+  for (char& c : name) c = c == ' ' ? '_' : absl::ascii_toupper(c);
+  return name.empty() ? "UNKNOWN" : name;
+}
+
+Json InspectDocument(const std::string& input, const LoadedInput& loaded) {
+  const InputModel& model = loaded.model;
+  const Catalog& shown = loaded.merged ? loaded.catalog : model.parts[0];
+  Json doc;
+  doc["path"] = input;
+  doc["format"] = model.format;
+  doc["layout"] = model.layout;
+  doc["parts"] = model.parts.size();
+  doc["merged"] = loaded.merged;
+  doc["files"] = Json::array();
+  for (const Catalog& part : model.parts) {
+    for (const SourceFile& file : part.files) {
+      doc["files"].push_back({{"path", file.path}, {"bytes", file.size}});
+    }
+  }
+  doc["tensors"] = Json::array();
+  uint64_t total = 0;
+  for (const CatalogTensor& tensor : shown.tensors) {
+    doc["tensors"].push_back(TensorEntry(tensor.name, std::string(DTypeName(tensor.dtype)),
+                                         tensor.shape, TensorBytes(tensor), tensor.pieces.size()));
+    total += TensorBytes(tensor);
+  }
+  doc["tensor_count"] = shown.tensors.size();
+  doc["total_bytes"] = total;
+  doc["metadata"] = shown.metadata;
+  return doc;
+}
+
+Json InspectDocument(const std::string& input, const v1::InspectResponse& response) {
+  Json doc;
+  doc["path"] = input;
+  doc["format"] = response.format();
+  doc["layout"] = response.layout();
+  doc["parts"] = response.parts();
+  doc["merged"] = response.merged();
+  doc["files"] = Json::array();
+  for (const v1::InputFile& file : response.files()) {
+    doc["files"].push_back({{"path", file.path()}, {"bytes", file.bytes()}});
+  }
+  doc["tensors"] = Json::array();
+  for (const v1::TensorInfo& tensor : response.tensors()) {
+    doc["tensors"].push_back(TensorEntry(tensor.name(), tensor.dtype(),
+                                         std::vector<int64_t>(tensor.shape().begin(), tensor.shape().end()),
+                                         tensor.bytes(), tensor.pieces()));
+  }
+  doc["tensor_count"] = response.tensors_size();
+  doc["total_bytes"] = response.total_bytes();
+  doc["metadata"] = std::map<std::string, std::string>(response.metadata().begin(),
+                                                       response.metadata().end());
+  return doc;
+}
+
+Json PlanDocument(const std::string& input, bool reshard, const PlannedConversion& planned) {
+  Json doc;
+  doc["kind"] = reshard ? "reshard" : "consolidate";
+  doc["input"] = input;
+  doc["files"] = Json::array();
+  for (const FilePlan& file : planned.plan.files) {
+    doc["files"].push_back({{"name", file.name}, {"bytes", file.bytes}, {"tensors", file.tensors.size()}});
+  }
+  for (const auto& [name, contents] : planned.companion_files) {
+    doc["files"].push_back({{"name", name}, {"bytes", contents.size()}, {"tensors", 0}});
+  }
+  doc["total_bytes"] = planned.plan.total_bytes;
+  doc["source_bytes_read"] = planned.plan.source_bytes_read;
+  doc["memory_bytes"] = planned.memory_bytes;
+  return doc;
+}
+
+Json PlanDocument(const std::string& input, bool reshard, const v1::PlanResponse& response) {
+  Json doc;
+  doc["kind"] = reshard ? "reshard" : "consolidate";
+  doc["input"] = input;
+  doc["files"] = Json::array();
+  for (const v1::PlannedFile& file : response.files()) {
+    doc["files"].push_back({{"name", file.name()}, {"bytes", file.bytes()}, {"tensors", file.tensors()}});
+  }
+  doc["total_bytes"] = response.total_bytes();
+  doc["source_bytes_read"] = response.source_bytes_read();
+  doc["memory_bytes"] = response.memory_bytes();
+  return doc;
+}
+
+Json ConversionDocument(const std::string& input, bool reshard, const ConversionResult& result) {
+  Json doc;
+  doc["kind"] = reshard ? "reshard" : "consolidate";
+  doc["input"] = input;
+  doc["output"] = result.output;
+  doc["files"] = Json::array();
+  for (const WrittenFile& file : result.files) {
+    doc["files"].push_back({{"name", file.name},
+                            {"bytes", file.bytes},
+                            {"tensors", file.tensors},
+                            {"xxh3_64", absl::StrFormat("%016x", file.xxh3_64)}});
+  }
+  doc["tensors"] = result.tensors;
+  doc["bytes_read"] = result.bytes_read;
+  doc["bytes_written"] = result.bytes_written;
+  doc["seconds"] = result.seconds;
+  return doc;
+}
+
+Json JobDocument(const v1::Job& job) {
+  Json doc;
+  doc["job_id"] = job.id();
+  doc["state"] = JobStateName(job.state());
+  if (job.state() == v1::JOB_STATE_SUCCEEDED) {
+    doc["kind"] = job.spec().kind() == v1::JOB_KIND_RESHARD ? "reshard" : "consolidate";
+    doc["input"] = job.spec().input();
+    doc["output"] = job.spec().output();
+    doc["files"] = Json::array();
+    for (const v1::OutputFile& file : job.output_files()) {
+      doc["files"].push_back({{"name", file.name()}, {"bytes", file.bytes()}, {"xxh3_64", file.xxh3_64()}});
+    }
+    doc["tensors"] = job.progress().tensors_total();
+    doc["bytes_read"] = job.bytes_read();
+    doc["bytes_written"] = job.bytes_written();
+    doc["seconds"] = job.finished_unix() - job.started_unix();
+  }
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  if (google::protobuf::util::MessageToJsonString(job, &json, options).ok()) {
+    doc["job"] = Json::parse(json);
+  }
+  return doc;
+}
+
+void PrintInspect(const Json& doc, std::ostream& out) {
+  std::map<std::string, int> dtypes;
+  for (const Json& tensor : doc["tensors"]) ++dtypes[tensor["dtype"].get<std::string>()];
+  std::vector<std::string> counts;
+  for (const auto& [name, count] : dtypes) counts.push_back(absl::StrCat(name, ": ", count));
+  const size_t files = doc["files"].size();
+  out << "input:    " << doc["path"].get<std::string>() << "\n";
+  out << "format:   " << doc["format"].get<std::string>() << " (" << doc["layout"].get<std::string>()
+      << ", " << files << (files == 1 ? " file" : " files") << ")\n";
+  if (doc["parts"].get<int>() > 1) {
+    out << "parts:    " << doc["parts"].get<int>() << " model-parallel parts"
+        << (doc["merged"].get<bool>() ? ", merged with the rules"
+                                      : "; tensors below are part 0's (pass --rules FILE to merge)")
+        << "\n";
+  }
+  out << "tensors:  " << doc["tensors"].size() << ", "
+      << HumanBytes(doc["total_bytes"].get<double>()) << " (" << absl::StrJoin(counts, ", ")
+      << ")\n";
+  if (!doc["metadata"].empty()) {
+    std::vector<std::string> pairs;
+    for (const auto& item : doc["metadata"].items()) {
+      pairs.push_back(absl::StrCat(item.key(), "=", item.value().get<std::string>()));
+    }
+    out << "metadata: " << absl::StrJoin(pairs, ", ") << "\n";
+  }
+  for (const Json& tensor : doc["tensors"]) {
+    out << absl::StrFormat("  %-60s %-8s %-24s %s\n", tensor["name"].get<std::string>(),
+                           tensor["dtype"].get<std::string>(),
+                           ShapeToString(tensor["shape"].get<std::vector<int64_t>>()),
+                           HumanBytes(tensor["bytes"].get<double>()));
+  }
+}
+
+void PrintPlan(const Json& doc, std::ostream& out) {
+  out << doc["kind"].get<std::string>() << " " << doc["input"].get<std::string>() << ": "
+      << doc["files"].size() << " output files, " << HumanBytes(doc["total_bytes"].get<double>())
+      << "\n";
+  for (const Json& file : doc["files"]) {
+    out << absl::StrFormat("  %-48s %12s  %d tensors\n", file["name"].get<std::string>(),
+                           HumanBytes(file["bytes"].get<double>()), file["tensors"].get<int>());
+  }
+  out << "reads " << HumanBytes(doc["source_bytes_read"].get<double>())
+      << " of source data; needs about " << HumanBytes(doc["memory_bytes"].get<double>())
+      << " of memory\n";
+}
+
+void PrintConversion(const Json& doc, std::ostream& out) {
+  const double seconds = doc["seconds"].get<double>();
+  const double written = doc["bytes_written"].get<double>();
+  out << "wrote " << doc["output"].get<std::string>() << ": " << doc["files"].size() << " files, "
+      << doc["tensors"].get<int64_t>() << " tensors, " << HumanBytes(written) << " in "
+      << absl::StrFormat("%.2f", seconds) << " s ("
+      << HumanBytes(seconds > 0 ? written / seconds : 0) << "/s)\n";
+  for (const Json& file : doc["files"]) {
+    out << absl::StrFormat("  %-48s %12s  xxh3 %s\n", file["name"].get<std::string>(),
+                           HumanBytes(file["bytes"].get<double>()),
+                           file["xxh3_64"].get<std::string>());
+  }
+}
+
+void PrintJob(const Json& doc, std::ostream& out) {
+  const Json& job = doc["job"];
+  out << "job " << doc["job_id"].get<std::string>() << ": " << doc["state"].get<std::string>();
+  const Json& progress = job["progress"];
+  if (progress["bytes_total"].get<std::string>() != "0") {
+    out << ", " << progress["bytes_done"].get<std::string>() << " of "
+        << progress["bytes_total"].get<std::string>() << " bytes";
+  }
+  out << "\n  " << job["spec"]["kind"].get<std::string>() << " " << job["spec"]["input"].get<std::string>()
+      << " -> " << job["spec"]["output"].get<std::string>() << "\n";
+  if (!job["note"].get<std::string>().empty()) out << "  note: " << job["note"].get<std::string>() << "\n";
+  if (job.contains("error") && job["error"].is_object() && !job["error"]["message"].get<std::string>().empty()) {
+    out << "  error: " << job["error"]["code_name"].get<std::string>() << ": "
+        << job["error"]["message"].get<std::string>() << "\n";
+  }
+  if (doc.contains("output")) PrintConversion(doc, out);
+}
+
+Json ErrorDocument(const absl::Status& status, int exit_code) {
+  Json doc;
+  doc["ok"] = false;
+  doc["exit_code"] = exit_code;
+  doc["error"] = {{"code", StatusCodeName(status.code())}, {"message", std::string(status.message())}};
+  return doc;
+}
+
+namespace {
+
+void WriteResultFile(const std::string& path, const Json& doc, std::ostream& err) {
+  if (path.empty()) return;
+  const std::string temp = path + ".tmp";
+  {
+    std::ofstream file(temp, std::ios::trunc);
+    file << doc.dump(2) << "\n";
+    if (!file) {
+      err << "reshardctl: cannot write result file " << path << "\n";
+      return;
+    }
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    err << "reshardctl: cannot write result file " << path << "\n";
+  }
+}
+
+}  // namespace
+
+int Emit(Json doc, int exit_code, const OutputFlags& flags, const std::string& result_file,
+         void (*print)(const Json&, std::ostream&), std::ostream& out, std::ostream& err) {
+  Json full;
+  full["ok"] = exit_code == kExitOk || (doc.contains("equal") && exit_code == kExitVerifyFailed);
+  full["exit_code"] = exit_code;
+  for (const auto& item : doc.items()) full[item.key()] = item.value();
+  if (flags.json) {
+    out << full.dump(2) << "\n";
+  } else if (print != nullptr) {
+    print(full, out);
+  }
+  WriteResultFile(result_file, full, err);
+  return exit_code;
+}
+
+int Fail(const absl::Status& status, const OutputFlags& flags, const std::string& result_file,
+         std::ostream& out, std::ostream& err, bool usage) {
+  const int code = usage ? kExitUsage : ExitCodeForStatus(status);
+  err << "reshardctl: error: " << status.message() << "\n";
+  const Json doc = ErrorDocument(status, code);
+  if (flags.json) out << doc.dump(2) << "\n";
+  WriteResultFile(result_file, doc, err);
+  return code;
+}
+
+}  // namespace reshard
