@@ -14,6 +14,11 @@
 namespace reshard {
 namespace {
 
+// Paths and messages may hold bytes that are not UTF-8; they print as U+FFFD, never abort.
+std::string DumpDocument(const Json& doc) {
+  return doc.dump(2, ' ', false, Json::error_handler_t::replace);
+}
+
 Json TensorEntry(const std::string& name, const std::string& dtype, const Json& shape,
                  uint64_t bytes, int64_t pieces) {
   return Json{{"name", name}, {"dtype", dtype}, {"shape", shape}, {"bytes", bytes},
@@ -255,7 +260,7 @@ void WriteResultFile(const std::string& path, const Json& doc, std::ostream& err
   const std::string temp = path + ".tmp";
   {
     std::ofstream file(temp, std::ios::trunc);
-    file << doc.dump(2) << "\n";
+    file << DumpDocument(doc) << "\n";
     if (!file) {
       err << "reshardctl: cannot write result file " << path << "\n";
       return;
@@ -275,7 +280,7 @@ int Emit(Json doc, int exit_code, const OutputFlags& flags, const std::string& r
   full["exit_code"] = exit_code;
   for (const auto& item : doc.items()) full[item.key()] = item.value();
   if (flags.json) {
-    out << full.dump(2) << "\n";
+    out << DumpDocument(full) << "\n";
   } else if (print != nullptr) {
     print(full, out);
   }
@@ -288,7 +293,7 @@ int Fail(const absl::Status& status, const OutputFlags& flags, const std::string
   const int code = usage ? kExitUsage : ExitCodeForStatus(status);
   err << "reshardctl: error: " << status.message() << "\n";
   const Json doc = ErrorDocument(status, code);
-  if (flags.json) out << doc.dump(2) << "\n";
+  if (flags.json) out << DumpDocument(doc) << "\n";
   WriteResultFile(result_file, doc, err);
   return code;
 }

@@ -142,7 +142,7 @@ std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& p
     }
   }
   manifest["tensors"] = tensors;
-  return manifest.dump(2) + "\n";
+  return manifest.dump(2, ' ', false, OrderedJson::error_handler_t::replace) + "\n";
 }
 
 absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,

@@ -35,7 +35,7 @@ absl::StatusOr<uint64_t> NonNegativeInteger(const Json& value, absl::string_view
     return static_cast<uint64_t>(value.get<int64_t>());
   }
   return absl::DataLossError(absl::StrCat("tensor \"", tensor, "\": ", what,
-                                          " must be a non-negative integer, got ", value.dump()));
+                                          " must be a non-negative integer, got ", value.dump(-1, ' ', false, Json::error_handler_t::replace)));
 }
 
 absl::StatusOr<SafetensorsTensorEntry> ParseEntry(const std::string& name, const Json& value) {
@@ -150,7 +150,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeaderJson(absl::string_view j
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
         if (!m.value().is_string()) {
           return absl::DataLossError(absl::StrCat("__metadata__ value of \"", m.key(),
-                                                  "\" is not a string: ", m.value().dump()));
+                                                  "\" is not a string: ",
+                                                  m.value().dump(-1, ' ', false, Json::error_handler_t::replace)));
         }
         header.metadata[m.key()] = m.value().get<std::string>();
       }

@@ -291,7 +291,14 @@ absl::StatusOr<std::string> EncodeSafetensorsHeader(
     tensor["data_offsets"] = {entry.begin, entry.end};
     header[entry.name] = std::move(tensor);
   }
-  std::string json = header.dump(-1, ' ', false, OrderedJson::error_handler_t::strict);
+  std::string json;
+  try {
+    json = header.dump(-1, ' ', false, OrderedJson::error_handler_t::strict);
+  } catch (const OrderedJson::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot encode a safetensors header (tensor or metadata names must be "
+                     "UTF-8): ", e.what()));
+  }
   json.append((8 - json.size() % 8) % 8, ' ');
   if (json.size() > kSafetensorsMaxHeaderBytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -360,7 +367,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SafetensorsOutp
     }
   }
   Json index = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
-  files.emplace_back(kSafetensorsIndexName, index.dump(2) + "\n");
+  files.emplace_back(kSafetensorsIndexName,
+                     index.dump(2, ' ', false, Json::error_handler_t::replace) + "\n");
   return files;
 }
 
