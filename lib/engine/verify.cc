@@ -122,8 +122,8 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
         return absl::CancelledError("verify cancelled");
       }
       const int64_t end = std::min(copy_a.num_elements, begin + chunk);
-      fill_a.Fill(begin, end, buffer_a.data());
-      fill_b.Fill(begin, end, buffer_b.data());
+      RETURN_IF_ERROR(fill_a.Fill(begin, end, buffer_a.data()));
+      RETURN_IF_ERROR(fill_b.Fill(begin, end, buffer_b.data()));
       fill_a.ReleaseConsumed();
       fill_b.ReleaseConsumed();
       if (std::memcmp(buffer_a.data(), buffer_b.data(), (end - begin) * size) == 0) continue;

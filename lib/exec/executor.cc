@@ -52,38 +52,123 @@ class ProgressTracker {
   const std::function<void(const Progress&)> callback_;
 };
 
-// Writes one output file through a window buffer.
+// Hashes and writes filled windows on its own thread, so that filling the next window (page
+// faults on the sources, copies, dtype conversion) overlaps with writing the previous one.
+// Two buffers of half the window each: one being filled, one being written.
+class WindowPipeline {
+ public:
+  WindowPipeline(AtomicFile& file, size_t window_bytes)
+      : file_(file), hash_(XXH3_createState()) {
+    const size_t half = std::max<size_t>(window_bytes / 2, 4096);
+    buffers_[0].resize(half);
+    buffers_[1].resize(half);
+    XXH3_64bits_reset(hash_);
+    writer_ = std::thread([this] { WriterLoop(); });
+  }
+  ~WindowPipeline() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    writer_.join();
+    XXH3_freeState(hash_);
+  }
+
+  size_t capacity() const { return buffers_[filling_].size(); }
+  char* buffer() { return buffers_[filling_].data(); }
+
+  // Hands the first `used` bytes of buffer() to the writer and switches to the other buffer,
+  // after the writer has finished the previous one. Returns the writer's error, if any.
+  absl::Status Submit(size_t used) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &WindowPipeline::WriterIdle));
+    if (!status_.ok()) return status_;
+    pending_ = filling_;
+    pending_bytes_ = used;
+    filling_ = 1 - filling_;
+    return absl::OkStatus();
+  }
+
+  // Waits for the last write; the file's XXH3-64 after it.
+  absl::StatusOr<uint64_t> Finish() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &WindowPipeline::WriterIdle));
+    if (!status_.ok()) return status_;
+    return XXH3_64bits_digest(hash_);
+  }
+
+ private:
+  bool WriterIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ < 0; }
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ >= 0 || stopping_; }
+
+  void WriterLoop() {
+    while (true) {
+      int index;
+      size_t bytes;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &WindowPipeline::HasWork));
+        if (pending_ < 0) return;  // stopping with nothing left
+        index = pending_;
+        bytes = pending_bytes_;
+      }
+      // Only this thread touches the hash and the file while a buffer is pending.
+      XXH3_64bits_update(hash_, buffers_[index].data(), bytes);
+      absl::Status status = file_.Append(absl::string_view(buffers_[index].data(), bytes));
+      absl::MutexLock lock(&mu_);
+      if (!status.ok() && status_.ok()) status_ = status;
+      pending_ = -1;
+    }
+  }
+
+  AtomicFile& file_;
+  XXH3_state_t* const hash_;
+  std::vector<char> buffers_[2];
+  int filling_ = 0;  // only the filling thread uses it
+  absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_) = -1;  // buffer being written, -1 when idle
+  size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::thread writer_;
+};
+
+// Writes one output file front to back: segments are copied or filled into the pipeline's
+// current buffer, which is handed to the writer thread whenever it is full. Source pages are
+// released as soon as their data is in the buffer.
 class FileWriter {
  public:
   FileWriter(const FilePlan& plan, const std::vector<MappedFile>& sources,
              const ExecutorOptions& options, ProgressTracker& progress)
-      : plan_(plan), sources_(sources), options_(options), progress_(progress),
-        window_(std::max<uint64_t>(options.window_bytes, 4096)),
-        hash_(XXH3_createState()) {
-    XXH3_64bits_reset(hash_);
-  }
-  ~FileWriter() { XXH3_freeState(hash_); }
+      : plan_(plan), sources_(sources), options_(options), progress_(progress) {}
 
   absl::StatusOr<WrittenFile> Run(const std::string& dir) {
-    ASSIGN_OR_RETURN(file_, AtomicFile::Create(dir, plan_.name));
-    for (const FramingSegment& segment : plan_.segments) {
-      if (segment.kind == FramingSegment::Kind::kBytes) {
-        RETURN_IF_ERROR(AppendBytes(segment.bytes));
-        continue;
+    ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir, plan_.name));
+    uint64_t hash = 0;
+    {
+      WindowPipeline pipeline(file, std::max<uint64_t>(options_.window_bytes, 8192));
+      pipeline_ = &pipeline;
+      for (const FramingSegment& segment : plan_.segments) {
+        if (segment.kind == FramingSegment::Kind::kBytes) {
+          RETURN_IF_ERROR(AppendBytes(segment.bytes));
+          continue;
+        }
+        const TensorCopy& copy = plan_.tensors[segment.tensor];
+        absl::Status status = WriteTensor(copy);
+        if (!status.ok()) {
+          return Annotate(status, absl::StrCat("writing tensor \"", copy.name, "\""));
+        }
+        ++pending_tensors_;
       }
-      const TensorCopy& copy = plan_.tensors[segment.tensor];
-      auto status = WriteTensor(copy);
-      if (!status.ok()) {
-        return Annotate(status, absl::StrCat("writing tensor \"", copy.name, "\""));
-      }
-      ++pending_tensors_;
+      RETURN_IF_ERROR(Flush());
+      ASSIGN_OR_RETURN(hash, pipeline.Finish());
+      pipeline_ = nullptr;
     }
-    RETURN_IF_ERROR(Flush());
-    RETURN_IF_ERROR(file_.Commit());
+    RETURN_IF_ERROR(file.Commit());
     WrittenFile written;
     written.name = plan_.name;
-    written.bytes = file_.bytes_written();
-    written.xxh3_64 = XXH3_64bits_digest(hash_);
+    written.bytes = file.bytes_written();
+    written.xxh3_64 = hash;
     written.tensors = static_cast<int>(plan_.tensors.size());
     progress_.Add(0, pending_tensors_, 1);
     pending_tensors_ = 0;
@@ -97,11 +182,13 @@ class FileWriter {
   uint64_t bytes_read() const { return bytes_read_; }
 
  private:
+  size_t room() const { return pipeline_->capacity() - used_; }
+
   absl::Status AppendBytes(absl::string_view bytes) {
     while (!bytes.empty()) {
-      if (used_ == window_.size()) RETURN_IF_ERROR(Flush());
-      size_t n = std::min(bytes.size(), window_.size() - used_);
-      std::memcpy(window_.data() + used_, bytes.data(), n);
+      if (room() == 0) RETURN_IF_ERROR(Flush());
+      const size_t n = std::min(bytes.size(), room());
+      std::memcpy(pipeline_->buffer() + used_, bytes.data(), n);
       used_ += n;
       bytes.remove_prefix(n);
     }
@@ -113,11 +200,12 @@ class FileWriter {
     const size_t element_size = DTypeSize(copy.dst_dtype);
     int64_t done = 0;
     while (done < copy.num_elements) {
-      if (window_.size() - used_ < element_size) RETURN_IF_ERROR(Flush());
-      const int64_t room = static_cast<int64_t>((window_.size() - used_) / element_size);
-      const int64_t count = std::min(room, copy.num_elements - done);
-      filler.Fill(done, done + count, reinterpret_cast<std::byte*>(window_.data() + used_));
-      filler.ReleaseConsumed();
+      if (room() < element_size) RETURN_IF_ERROR(Flush());
+      const int64_t count = std::min(static_cast<int64_t>(room() / element_size),
+                                     copy.num_elements - done);
+      RETURN_IF_ERROR(
+          filler.Fill(done, done + count, reinterpret_cast<std::byte*>(pipeline_->buffer() + used_)));
+      filler.ReleaseConsumed();  // the data is in the buffer now
       used_ += static_cast<size_t>(count) * element_size;
       done += count;
     }
@@ -130,8 +218,7 @@ class FileWriter {
       return absl::CancelledError("conversion cancelled");
     }
     if (used_ == 0) return absl::OkStatus();
-    XXH3_64bits_update(hash_, window_.data(), used_);
-    RETURN_IF_ERROR(file_.Append(absl::string_view(window_.data(), used_)));
+    RETURN_IF_ERROR(pipeline_->Submit(used_));
     progress_.Add(used_, pending_tensors_, 0);
     pending_tensors_ = 0;
     used_ = 0;
@@ -142,10 +229,8 @@ class FileWriter {
   const std::vector<MappedFile>& sources_;
   const ExecutorOptions& options_;
   ProgressTracker& progress_;
-  std::vector<char> window_;
-  size_t used_ = 0;
-  XXH3_state_t* hash_;
-  AtomicFile file_;
+  WindowPipeline* pipeline_ = nullptr;
+  size_t used_ = 0;  // bytes filled in the pipeline's current buffer
   uint64_t bytes_read_ = 0;
   int64_t pending_tensors_ = 0;
 };

@@ -41,7 +41,8 @@ void TensorFiller::Advance(const CopyItem& item, Cursor& cursor) const {
   cursor.done = true;
 }
 
-void TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
+absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
+  const bool same_dtype = copy_.src_dtype == copy_.dst_dtype;
   for (size_t i = 0; i < copy_.items.size(); ++i) {
     const CopyItem& item = copy_.items[i];
     Cursor& cursor = cursors_[i];
@@ -59,16 +60,26 @@ void TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
             static_cast<uint64_t>((from - cursor.row_dst) * src_stride) * src_element_size_;
         const uint64_t src_span =
             static_cast<uint64_t>(((to - from - 1) * src_stride + 1)) * src_element_size_;
-        ConvertElements(source.data() + src_byte, src_stride, copy_.src_dtype,
-                        out + (from - begin) * dst_element_size_, copy_.dst_dtype, to - from);
-        touched.begin = std::min(touched.begin, src_byte);
-        touched.end = std::max(touched.end, src_byte + src_span);
-        bytes_read_ += static_cast<uint64_t>(to - from) * src_element_size_;
+        std::byte* destination = out + (from - begin) * dst_element_size_;
+        if (same_dtype && src_stride == 1) {
+          absl::Status status = source.ReadAt(src_byte, src_span, destination);
+          if (!status.ok()) return status;
+          bytes_read_ += src_span;
+        } else {
+          ConvertElements(source.data() + src_byte, src_stride, copy_.src_dtype, destination,
+                          copy_.dst_dtype, to - from);
+          bytes_read_ += static_cast<uint64_t>(to - from) * src_element_size_;
+        }
+        if (!(same_dtype && src_stride == 1)) {  // only mapped pages need releasing
+          touched.begin = std::min(touched.begin, src_byte);
+          touched.end = std::max(touched.end, src_byte + src_span);
+        }
       }
       if (row_end > end) break;  // the row continues in the next window
       Advance(item, cursor);
     }
   }
+  return absl::OkStatus();
 }
 
 void TensorFiller::ReleaseConsumed() {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "lib/io/mapped_file.h"
 #include "lib/plan/layout.h"
 
@@ -21,8 +22,10 @@ class TensorFiller {
   TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources);
 
   // Writes elements [begin, end) of the output tensor, converted to its dtype, to `out`
-  // ((end - begin) * element size bytes). Precondition: ranges are consecutive, front to back.
-  void Fill(int64_t begin, int64_t end, std::byte* out);
+  // ((end - begin) * element size bytes). Rows stored contiguously in the output dtype are
+  // read with pread, the others through the mapping. Errors name the file and offset.
+  // Precondition: ranges are consecutive, front to back.
+  absl::Status Fill(int64_t begin, int64_t end, std::byte* out);
 
   // Hands back to the kernel the source pages read since the last call (they stay cached).
   void ReleaseConsumed();

@@ -27,6 +27,7 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
   ~AtomicFile();
 
+  // Appends `data` and starts its writeback (sync_file_range) without waiting for it.
   absl::Status Append(absl::string_view data);
   // Makes the file durable and visible under its final name.
   absl::Status Commit();

@@ -1,8 +1,11 @@
-// A read-only memory mapping of a whole input file.
+// A read-only input file: a memory mapping of all of it, plus its descriptor for pread.
 //
-// The Executor copies tensor data straight out of the mapping. Pages it has consumed are handed
-// back with `Release` (MADV_DONTNEED), so the process's resident memory stays bounded by the
-// copy window however large the file is; the data stays in the page cache.
+// The Executor reads strided and converted data out of the mapping, and rows stored as they
+// are written with `ReadAt` (pread into its buffer: the kernel's sequential readahead and no
+// page faults, about three times faster than faulting the mapping in on a cold cache). Mapped
+// pages it has consumed are handed back with `Release` (MADV_DONTNEED), so the process's
+// resident memory stays bounded by the copy window however large the file is; the data stays
+// in the page cache.
 
 #ifndef RESHARD_LIB_IO_MAPPED_FILE_H_
 #define RESHARD_LIB_IO_MAPPED_FILE_H_
@@ -11,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace reshard {
@@ -33,6 +37,10 @@ class MappedFile {
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Reads `length` bytes at `offset` into `out`. DataLoss naming the file and offset when the
+  // file ended early (it shrank underneath), the errno's status on an I/O error. Thread safe.
+  absl::Status ReadAt(uint64_t offset, size_t length, std::byte* out) const;
+
   // Drops the pages fully inside [offset, offset + length) from this process's resident set.
   // Later reads fault them back in from the page cache. Thread safe.
   void Release(uint64_t offset, uint64_t length) const;
@@ -42,6 +50,7 @@ class MappedFile {
 
  private:
   std::string path_;
+  int fd_ = -1;
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
 };
