@@ -83,6 +83,8 @@ int main(int argc, char** argv) {
     add_output(command);
   };
 
+  add_server(&app);  // also accepted before the command: reshardctl --server ADDR consolidate ...
+
   CLI::App* inspect = app.add_subcommand("inspect", "describe a checkpoint");
   inspect->add_option("IN", conversion.input, "input file or folder")->required();
   inspect->add_option("--rules", rules, "partition rules to merge model-parallel parts");

@@ -1,6 +1,9 @@
 #include "server/scheduler.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 
 #include "absl/random/random.h"
 #include "absl/status/status.h"
@@ -15,6 +18,17 @@ namespace reshard {
 namespace {
 
 double NowUnix() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
+
+// Resident memory of this process now, from /proc/self/statm (0 when unreadable).
+uint64_t ResidentBytes() {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::FILE* statm = std::fopen("/proc/self/statm", "r");
+  if (statm == nullptr) return 0;
+  unsigned long long size = 0, resident = 0;
+  const int fields = std::fscanf(statm, "%llu %llu", &size, &resident);
+  std::fclose(statm);
+  return fields == 2 ? resident * page : 0;
+}
 
 std::string NewJobId() {
   static absl::Mutex mu(absl::kConstInit);
@@ -321,6 +335,7 @@ void Scheduler::WorkerLoop() {
     entry.job.set_state(v1::JOB_STATE_RUNNING);
     entry.job.set_attempts(entry.job.attempts() + 1);
     entry.job.set_started_unix(NowUnix());
+    entry.job.set_peak_rss_bytes(ResidentBytes());
     if (!resume) entry.job.clear_note();
     reserved_ += entry.reservation;
     ++running_;
@@ -342,6 +357,9 @@ void Scheduler::WorkerLoop() {
       if (now - entry_ptr->last_progress_bump >= absl::Milliseconds(200) ||
           p.bytes_done == p.bytes_total) {
         entry_ptr->last_progress_bump = now;
+        // The daemon's resident memory, sampled while the job runs (shared by concurrent jobs).
+        entry_ptr->job.set_peak_rss_bytes(
+            std::max<uint64_t>(entry_ptr->job.peak_rss_bytes(), ResidentBytes()));
         ChangedLocked(*entry_ptr);
       }
       if (now - entry_ptr->last_persist >= options_.persist_interval) PersistLocked(*entry_ptr);
@@ -419,7 +437,9 @@ void Scheduler::Shutdown(absl::Duration grace) {
     auto idle = [](Scheduler* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->running_ == 0; };
     mu_.AwaitWithTimeout(absl::Condition(+idle, this), grace);
     for (auto& [id, entry] : jobs_) {
-      if (entry->context != nullptr) {
+      // A job already being cancelled at the user's request stays cancelled (its staging is
+      // removed); only the others are interrupted to resume at the next start.
+      if (entry->context != nullptr && !entry->context->cancelled.load()) {
         entry->context->preserve_staging.store(true);
         entry->context->cancelled.store(true);
       }

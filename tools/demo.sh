@@ -1,27 +1,54 @@
 #!/usr/bin/env bash
-# The main job (README): builds reshardctl, makes a small sharded Llama-like checkpoint,
-# consolidates it to bf16 Hugging Face shards, splits it into tensor-parallel parts and merges
-# them back, verifying each result element by element, and prints what happened.
+# The main job (README): builds reshardd and reshardctl, makes a small sharded Llama-like
+# checkpoint, starts reshardd on a loopback port with a state folder in the work folder, and
+# through `reshardctl --server` consolidates the checkpoint to bf16 Hugging Face shards, splits
+# it into tensor-parallel parts and merges them back, verifying every result element by element
+# (reshard's verify, then numpy and real PyTorch), shows the daemon's metrics, and stops the
+# daemon cleanly with SIGTERM.
 #   tools/demo.sh [WORKDIR]
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 tools/setup.sh
-bazel build //client:reshardctl
+bazel build //client:reshardctl //server:reshardd
 ctl="$root/bazel-bin/client/reshardctl"
+daemon="$root/bazel-bin/server/reshardd"
 
 work="${1:-$(mktemp -d /tmp/reshard-demo.XXXXXX)}"
 mkdir -p "$work"
-rm -rf "$work/checkpoint" "$work/consolidated-bf16" "$work/tp4" "$work/merged"
+rm -rf "$work/checkpoint" "$work/consolidated-bf16" "$work/tp4" "$work/merged" "$work/state"
 step() { printf '\n== %s\n' "$*"; }
+
+daemon_pid=""
+stop_daemon() {
+  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
+    kill -TERM "$daemon_pid"
+    wait "$daemon_pid" || true
+  fi
+}
+trap stop_daemon EXIT
 
 step "making a 96 MiB sharded fp32 checkpoint in $work/checkpoint"
 /usr/bin/python3 tools/bench/make_checkpoint.py "$work/checkpoint" --size 96MiB \
   --max-shard-size 30MB --quiet
 ls -l "$work/checkpoint"
 
-step "reshardctl inspect"
+step "starting reshardd (state in $work/state, allowed root $work)"
+"$daemon" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --state-dir "$work/state" \
+  --allowed-root "$work" --memory-budget 2GiB --max-concurrent-jobs 2 > "$work/reshardd.out" \
+  2> "$work/reshardd.log" &
+daemon_pid=$!
+for _ in $(seq 100); do
+  grep -q '^metrics on ' "$work/reshardd.out" 2>/dev/null && break
+  sleep 0.1
+done
+cat "$work/reshardd.out"
+export RESHARD_SERVER="$(sed -n 's/^listening on //p' "$work/reshardd.out")"
+metrics="$(sed -n 's/^metrics on //p' "$work/reshardd.out")"
+[ -n "$RESHARD_SERVER" ] || { echo "reshardd did not start:"; cat "$work/reshardd.log"; exit 1; }
+
+step "reshardctl inspect (through reshardd at $RESHARD_SERVER)"
 "$ctl" inspect "$work/checkpoint" > "$work/inspect.txt"
 head -n 12 "$work/inspect.txt"
 echo "  ... ($(wc -l < "$work/inspect.txt") lines; --json for the full document)"
@@ -33,7 +60,7 @@ step "reshardctl consolidate --dtype bf16 --max-shard-size 20MB"
 "$ctl" consolidate "$work/checkpoint" "$work/consolidated-bf16" --dtype bf16 \
   --max-shard-size 20MB
 
-step "reshardctl verify (bf16 must equal round-to-nearest-even of the fp32 originals)"
+step "reshardctl verify, in-process (bf16 must equal round-to-nearest-even of the fp32 originals)"
 "$ctl" verify "$work/checkpoint" "$work/consolidated-bf16"
 
 cat > "$work/llama-tp.json" <<'RULES'
@@ -52,6 +79,20 @@ step "reshardctl consolidate the 4 parts back into one model"
 
 step "reshardctl verify merged == original (bit-exact)"
 "$ctl" verify "$work/checkpoint" "$work/merged"
+
+step "reshardctl list: the daemon's jobs"
+"$ctl" list
+
+step "reshardd metrics (http://$metrics/metrics)"
+/usr/bin/python3 - "$metrics" <<'PY'
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=5).read().decode()
+for line in text.splitlines():
+    if line.startswith(("reshard_jobs_finished_total", "reshard_written_bytes_total",
+                        "reshard_job_duration_seconds_count", "reshard_memory_budget_bytes")):
+        if not line.rstrip().endswith(" 0"):
+            print("  " + line)
+PY
 
 step "independent check with numpy and real PyTorch: every tensor of the bf16 output"
 /usr/bin/python3 - "$work/checkpoint" "$work/consolidated-bf16" <<'PY'
@@ -72,6 +113,10 @@ for name, tensor in src.items():
     assert torch.equal(want.view(torch.int16), torch.from_numpy(got.view(np.int16))), name
 print(f"numpy and torch {torch.__version__} agree: {len(src)} tensors rounded to bf16 exactly")
 PY
+
+step "stopping reshardd with SIGTERM"
+stop_daemon
+tail -n 2 "$work/reshardd.log"
 
 echo
 echo "demo done: outputs in $work"
