@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <filesystem>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,31 @@ absl::StatusOr<std::string> PathPolicy::CheckInput(const std::string& path) cons
         absl::StrJoin(roots_, ", "), ")"));
   }
   return *resolved;
+}
+
+absl::StatusOr<std::string> PathPolicy::CheckInputTree(const std::string& path) const {
+  ASSIGN_OR_RETURN(std::string resolved, CheckInput(path));
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::is_directory(resolved, error)) return resolved;
+  int entries = 0;
+  for (auto it = fs::recursive_directory_iterator(resolved, error);
+       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (++entries > kMaxTreeEntries) {
+      return absl::InvalidArgumentError(absl::StrCat("input ", path, " holds more than ",
+                                                     kMaxTreeEntries, " entries"));
+    }
+    if (!it->is_symlink(error)) continue;
+    auto target = RealPath(it->path().string());
+    if (!target.ok() || !Inside(*target, /*allow_root_itself=*/true)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "input ", path, " holds ", it->path().string(), ", a symlink ",
+          target.ok() ? absl::StrCat("to ", *target, ", outside the allowed roots")
+                      : "that cannot be resolved"));
+    }
+  }
+  if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing input ", path));
+  return resolved;
 }
 
 absl::StatusOr<std::string> PathPolicy::CheckOutput(const std::string& path) const {

@@ -22,6 +22,12 @@ class PathPolicy {
 
   // The resolved path of an existing input under a root.
   absl::StatusOr<std::string> CheckInput(const std::string& path) const;
+  // CheckInput, and when the input is a folder, every symlink below it (a checkpoint's shard
+  // files, index, rank folders) must also resolve inside a root. At most kMaxTreeEntries
+  // entries are examined; a larger tree is refused.
+  absl::StatusOr<std::string> CheckInputTree(const std::string& path) const;
+
+  static constexpr int kMaxTreeEntries = 100000;
   // The resolved path of an output folder (existing or not) strictly inside a root.
   absl::StatusOr<std::string> CheckOutput(const std::string& path) const;
 

@@ -152,7 +152,7 @@ void Scheduler::PruneLocked() {
   std::vector<std::string> expired;
   for (const auto& [id, entry] : jobs_) {
     if (IsTerminal(entry->job.state()) && entry->job.finished_unix() < horizon &&
-        entry->context == nullptr) {
+        entry->context == nullptr && entry->waiters == 0) {
       expired.push_back(id);
     }
   }
@@ -215,6 +215,12 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& spec,
   if (metrics_ != nullptr) metrics_->JobSubmitted(JobKindLabel(spec.kind()));
   UpdateGaugesLocked();
   return e.job;
+}
+
+bool Scheduler::HasIdempotencyKey(const std::string& key) const {
+  if (key.empty()) return false;
+  absl::MutexLock lock(&mu_);
+  return by_key_.contains(key);
 }
 
 absl::StatusOr<v1::Job> Scheduler::Get(const std::string& id) {
@@ -289,6 +295,7 @@ absl::StatusOr<v1::Job> Scheduler::WaitForChange(const std::string& id, int64_t*
   Entry* entry = FindLocked(id);
   if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job \"", id, "\""));
   Args args{this, entry, *version};
+  ++entry->waiters;  // keeps PruneLocked from freeing the entry while we wait on it
   mu_.AwaitWithTimeout(
       absl::Condition(
           +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -297,6 +304,7 @@ absl::StatusOr<v1::Job> Scheduler::WaitForChange(const std::string& id, int64_t*
           },
           &args),
       timeout);
+  --entry->waiters;
   *version = entry->version;
   return entry->job;
 }

@@ -81,6 +81,8 @@ class Scheduler {
 
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& idempotency_key);
   absl::StatusOr<v1::Job> Get(const std::string& id);
+  // True when a known job carries this (non-empty) idempotency key.
+  bool HasIdempotencyKey(const std::string& key) const;
   absl::StatusOr<JobPage> List(const std::vector<v1::JobState>& states, int page_size,
                                const std::string& page_token);
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
@@ -107,6 +109,7 @@ class Scheduler {
     int64_t sequence = 0;
     uint64_t reservation = 0;
     std::shared_ptr<JobContext> context;  // while running
+    int waiters = 0;                      // WaitForChange calls holding this entry
     absl::Time last_persist;
     absl::Time last_progress_bump;
   };

@@ -62,7 +62,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     metrics_address = absl::StrCat(host, ":", impl->exposer->GetListeningPorts().at(0));
   }
 
-  JobRunner runner = options.runner ? options.runner : RunJobWithEngine;
+  // Paths were checked at submit; check the input tree again when the job starts, since it
+  // may have changed while the job was queued (or across a restart).
+  JobRunner engine = options.runner ? options.runner : RunJobWithEngine;
+  const PathPolicy* policy = impl->paths.get();
+  JobRunner runner = [engine, policy](const v1::Job& job,
+                                      JobContext& context) -> absl::StatusOr<ConversionResult> {
+    absl::StatusOr<std::string> input = policy->CheckInputTree(job.spec().input());
+    if (!input.ok()) return input.status();
+    return engine(job, context);
+  };
   MemoryEstimator estimator = options.estimator ? options.estimator : EstimateJobMemory;
   impl->scheduler = std::make_unique<Scheduler>(options.scheduler, impl->store.get(),
                                                 &impl->metrics, runner, estimator);
@@ -77,6 +86,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxRequestBytes));
+  // gRPC sets SO_REUSEPORT by default: a second daemon on the same port would start and
+  // silently share clients with the first. Refuse a busy port instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(impl->service.get());
   impl->grpc_server = builder.BuildAndStart();
   if (impl->grpc_server == nullptr || port == 0) {

@@ -61,12 +61,17 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
   }
   if (spec.output().empty()) return absl::InvalidArgumentError("spec.output is required");
   if (spec.input().empty()) return absl::InvalidArgumentError("spec.input is required");
-  ASSIGN_OR_RETURN(*valid.mutable_input(), paths.CheckInput(spec.input()));
+  ASSIGN_OR_RETURN(*valid.mutable_input(), paths.CheckInputTree(spec.input()));
   ASSIGN_OR_RETURN(*valid.mutable_output(), paths.CheckOutput(spec.output()));
-  if (valid.output() == valid.input() || valid.input().rfind(valid.output() + "/", 0) == 0) {
-    return absl::InvalidArgumentError("spec.output must not be or contain the input");
+  // Neither may hold the other: the output would be read back as input, or written into it.
+  if (valid.output() == valid.input() || valid.input().rfind(valid.output() + "/", 0) == 0 ||
+      valid.output().rfind(valid.input() + "/", 0) == 0) {
+    return absl::InvalidArgumentError("spec.output must not be, contain or lie inside the input");
   }
-  if (!spec.overwrite()) RETURN_IF_ERROR(CheckOutputDirUsable(valid.output()));
+  if (spec.window_bytes() != 0 &&
+      (spec.window_bytes() < 4096 || spec.window_bytes() > (4ull << 30))) {
+    return absl::InvalidArgumentError("spec.window_bytes must be 0 or in [4 KiB, 4 GiB]");
+  }
   return valid;
 }
 
@@ -77,6 +82,12 @@ grpc::Status ReshardService::SubmitJob(grpc::ServerContext*, const v1::SubmitJob
   }
   auto spec = ValidateJobSpec(request->spec(), *paths_);
   if (!spec.ok()) return ToGrpcStatus(spec.status());
+  // A new job needs a free output; a resubmission (same key) gets its job back whatever the
+  // output holds now, so a requeued task re-attaches even after the job finished.
+  if (!spec->overwrite() && !scheduler_->HasIdempotencyKey(request->idempotency_key())) {
+    absl::Status free = CheckOutputDirUsable(spec->output());
+    if (!free.ok()) return ToGrpcStatus(free);
+  }
   auto job = scheduler_->Submit(*spec, request->idempotency_key());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = *std::move(job);
@@ -159,7 +170,7 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext*, const v1::InspectRequ
   if (request->rules_json().size() > kMaxRulesJsonBytes) {
     return ToGrpcStatus(absl::InvalidArgumentError("rules_json is larger than 1 MiB"));
   }
-  auto input = paths_->CheckInput(request->input());
+  auto input = paths_->CheckInputTree(request->input());
   if (!input.ok()) return ToGrpcStatus(input.status());
   absl::Status status;
   offload_->Run([&] {

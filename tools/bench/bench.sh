@@ -188,7 +188,7 @@ prepare_cache() {
 warm_input() { [ "$CACHE_MODE" = warm ] && cat "$1"/* >/dev/null; return 0; }
 
 # ---------------------------------------------------------------- checkpoint
-dir_bytes() { find "$1" -type f -printf '%s\n' | awk '{s += $1} END {printf "%d\n", s}'; }
+dir_bytes() { find "$1" -type f -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}'; }
 
 make_checkpoint() {  # SIZE_ARG DIR
   local size="$1" dir="$2"
