@@ -27,8 +27,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (options.address.empty()) return absl::InvalidArgumentError("no daemon address given");
   grpc::ChannelArguments arguments;
   arguments.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
-  auto channel = grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(),
-                                           arguments);
+  auto channel =
+      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), arguments);
   return std::unique_ptr<Client>(new Client(options, v1::Reshard::NewStub(channel)));
 }
 
@@ -70,9 +70,8 @@ absl::StatusOr<v1::Job> Client::Get(const std::string& id) {
   v1::GetJobRequest request;
   request.set_id(id);
   v1::Job job;
-  absl::Status status = Call(true, [&](grpc::ClientContext* context) {
-    return stub_->GetJob(context, request, &job);
-  });
+  absl::Status status = Call(
+      true, [&](grpc::ClientContext* context) { return stub_->GetJob(context, request, &job); });
   if (!status.ok()) return status;
   return job;
 }
@@ -95,9 +94,8 @@ absl::StatusOr<v1::Job> Client::Cancel(const std::string& id) {
   v1::CancelJobRequest request;
   request.set_id(id);
   v1::Job job;
-  absl::Status status = Call(true, [&](grpc::ClientContext* context) {
-    return stub_->CancelJob(context, request, &job);
-  });
+  absl::Status status = Call(
+      true, [&](grpc::ClientContext* context) { return stub_->CancelJob(context, request, &job); });
   if (!status.ok()) return status;
   return job;
 }
@@ -106,9 +104,8 @@ absl::StatusOr<v1::PlanResponse> Client::Plan(const v1::JobSpec& spec) {
   v1::PlanRequest request;
   *request.mutable_spec() = spec;
   v1::PlanResponse response;
-  absl::Status status = Call(true, [&](grpc::ClientContext* context) {
-    return stub_->Plan(context, request, &response);
-  });
+  absl::Status status = Call(
+      true, [&](grpc::ClientContext* context) { return stub_->Plan(context, request, &response); });
   if (!status.ok()) return status;
   return response;
 }
@@ -161,9 +158,9 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id,
     absl::Status status = FromGrpc(reader->Finish());
     finished.store(true);
     stopper.join();
-    if (got_event && (last.state() == v1::JOB_STATE_SUCCEEDED ||
-                      last.state() == v1::JOB_STATE_FAILED ||
-                      last.state() == v1::JOB_STATE_CANCELLED)) {
+    if (got_event &&
+        (last.state() == v1::JOB_STATE_SUCCEEDED || last.state() == v1::JOB_STATE_FAILED ||
+         last.state() == v1::JOB_STATE_CANCELLED)) {
       return last;
     }
     if (stop != nullptr && stop->load()) return absl::CancelledError("stopped watching");

@@ -36,8 +36,8 @@ class Client {
 
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& idempotency_key);
   absl::StatusOr<v1::Job> Get(const std::string& id);
-  absl::StatusOr<v1::ListJobsResponse> List(const std::vector<v1::JobState>& states,
-                                            int page_size, const std::string& page_token);
+  absl::StatusOr<v1::ListJobsResponse> List(const std::vector<v1::JobState>& states, int page_size,
+                                            const std::string& page_token);
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
   absl::StatusOr<v1::PlanResponse> Plan(const v1::JobSpec& spec);
   absl::StatusOr<v1::InspectResponse> Inspect(const std::string& input,

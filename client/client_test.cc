@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "lib/testing/test_files.h"
 #include "proto/reshard/v1/reshard.grpc.pb.h"
 #include "server/job_store.h"
 #include "server/scheduler.h"
@@ -29,12 +30,6 @@ namespace reshard {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string MakeTempDir(const std::string& tag) {
-  std::string pattern = testing::TempDir() + "/" + tag + "_XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return fs::path(pattern).lexically_normal().string();
-}
 
 // A loopback port that was free a moment ago.
 int FreePort() {
@@ -81,8 +76,7 @@ class UnavailableService final : public v1::Reshard::Service {
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::Job*) override {
     return Answer("");
   }
-  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
-                      v1::Job*) override {
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request, v1::Job*) override {
     return Answer(request->id());
   }
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
@@ -147,8 +141,7 @@ TEST_F(ClientRetryTest, IdempotentCallsAreRetriedOnUnavailable) {
             }),
             3);
   EXPECT_EQ(Calls([&] {
-              EXPECT_EQ(client_->List({}, 0, "").status().code(),
-                        absl::StatusCode::kUnavailable);
+              EXPECT_EQ(client_->List({}, 0, "").status().code(), absl::StatusCode::kUnavailable);
             }),
             3);
   EXPECT_EQ(Calls([&] {
@@ -156,8 +149,7 @@ TEST_F(ClientRetryTest, IdempotentCallsAreRetriedOnUnavailable) {
             }),
             3);
   EXPECT_EQ(Calls([&] {
-              EXPECT_EQ(client_->Plan(SomeSpec()).status().code(),
-                        absl::StatusCode::kUnavailable);
+              EXPECT_EQ(client_->Plan(SomeSpec()).status().code(), absl::StatusCode::kUnavailable);
             }),
             3);
   EXPECT_EQ(Calls([&] {
@@ -186,8 +178,7 @@ TEST_F(ClientRetryTest, OtherErrorsAreNotRetried) {
             }),
             1);
   EXPECT_EQ(Calls([&] {
-              EXPECT_EQ(client_->Cancel("missing").status().code(),
-                        absl::StatusCode::kNotFound);
+              EXPECT_EQ(client_->Cancel("missing").status().code(), absl::StatusCode::kNotFound);
             }),
             1);
 }
@@ -290,8 +281,8 @@ TEST(ClientTest, WatchReconnectsAcrossARestart) {
   options.allowed_roots = {root};
   options.shutdown_grace = absl::ZeroDuration();
   options.estimator = [](const v1::JobSpec&) -> uint64_t { return 1; };
-  options.runner = [&](const v1::Job& job, JobContext& context)
-      -> absl::StatusOr<ConversionResult> {
+  options.runner = [&](const v1::Job& job,
+                       JobContext& context) -> absl::StatusOr<ConversionResult> {
     ++runs;
     resumed.store(context.resume);
     const absl::Time deadline = absl::Now() + absl::Seconds(20);

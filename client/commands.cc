@@ -9,10 +9,10 @@
 #include "absl/strings/str_join.h"
 #include "client/exit_codes.h"
 #include "client/progress_bar.h"
+#include "client/reports.h"
 #include "lib/core/status.h"
 #include "lib/engine/conversion.h"
 #include "lib/engine/verify.h"
-#include "client/reports.h"
 
 namespace reshard {
 namespace {
@@ -45,8 +45,8 @@ int RunInspect(const std::string& input, const std::string& rules, const OutputF
   if (!parsed_rules.ok()) return Fail(parsed_rules.status(), flags, flags.result_file, out, err);
   auto loaded = LoadInput(input, *parsed_rules, /*require_model=*/false);
   if (!loaded.ok()) return Fail(loaded.status(), flags, flags.result_file, out, err);
-  return Emit(InspectDocument(input, *loaded), kExitOk, flags, flags.result_file, PrintInspect,
-              out, err);
+  return Emit(InspectDocument(input, *loaded), kExitOk, flags, flags.result_file, PrintInspect, out,
+              err);
 }
 
 int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::ostream& out,
@@ -56,8 +56,8 @@ int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::os
   if (!spec.ok()) return Fail(spec.status(), flags, flags.result_file, out, err, /*usage=*/true);
   auto planned = PlanConversion(*spec);
   if (!planned.ok()) return Fail(planned.status(), flags, flags.result_file, out, err);
-  return Emit(PlanDocument(conversion.input, reshard, *planned), kExitOk, flags,
-              flags.result_file, PrintPlan, out, err);
+  return Emit(PlanDocument(conversion.input, reshard, *planned), kExitOk, flags, flags.result_file,
+              PrintPlan, out, err);
 }
 
 int RunConvert(const ConversionFlags& conversion, bool reshard, const OutputFlags& flags,
@@ -96,8 +96,10 @@ void PrintVerify(const Json& doc, std::ostream& out) {
     }
     out << "\n";
   }
-  for (const Json& name : doc["only_in_a"]) out << "  only in A: " << name.get<std::string>() << "\n";
-  for (const Json& name : doc["only_in_b"]) out << "  only in B: " << name.get<std::string>() << "\n";
+  for (const Json& name : doc["only_in_a"])
+    out << "  only in A: " << name.get<std::string>() << "\n";
+  for (const Json& name : doc["only_in_b"])
+    out << "  only in B: " << name.get<std::string>() << "\n";
 }
 
 }  // namespace
@@ -128,8 +130,8 @@ int RunVerify(const std::string& a, const std::string& b, const std::string& rul
   doc["only_in_a"] = result->only_in_a;
   doc["only_in_b"] = result->only_in_b;
   doc["tolerance"] = result->tolerance;
-  return Emit(std::move(doc), result->equal ? kExitOk : kExitVerifyFailed, flags,
-              flags.result_file, PrintVerify, out, err);
+  return Emit(std::move(doc), result->equal ? kExitOk : kExitVerifyFailed, flags, flags.result_file,
+              PrintVerify, out, err);
 }
 
 }  // namespace reshard

@@ -28,11 +28,11 @@ struct ConversionFlags {
 
 // Options of commands that go through reshardd.
 struct DaemonFlags {
-  std::string server;            // "host:port"
-  bool detach = false;           // submit and return the job id without waiting
-  std::string idempotency_key;   // empty: derived from the Slurm / Kubernetes environment
+  std::string server;           // "host:port"
+  bool detach = false;          // submit and return the job id without waiting
+  std::string idempotency_key;  // empty: derived from the Slurm / Kubernetes environment
   int priority = 0;
-  std::string memory_budget;     // empty: what the plan needs
+  std::string memory_budget;  // empty: what the plan needs
   bool overwrite = false;
 };
 

@@ -13,6 +13,7 @@
 #include "client/exit_codes.h"
 #include "gtest/gtest.h"
 #include "lib/formats/safetensors/safetensors_format.h"
+#include "lib/testing/test_files.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
@@ -20,17 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
-
-std::string MakeTempDir(const std::string& tag) {
-  std::string pattern = testing::TempDir() + "/" + tag + "_XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return fs::path(pattern).lexically_normal().string();
-}
-
-void WriteAll(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-}
 
 // A small model: w F32 [4, 4] (values 0..15), b F32 [4], step I64 [].
 std::string WriteModel(const std::string& path, float w_bias = 0) {
@@ -89,8 +79,8 @@ class CommandsTest : public testing::Test {
 TEST_F(CommandsTest, InspectJson) {
   ASSERT_EQ(RunInspect(model_, "", JsonFlags(), out_, err_), kExitOk) << err_.str();
   Json doc = ParseJson(out_.str());
-  ExpectFields(doc, {"ok", "format", "layout", "parts", "files", "tensors", "total_bytes",
-                     "metadata"});
+  ExpectFields(doc,
+               {"ok", "format", "layout", "parts", "files", "tensors", "total_bytes", "metadata"});
   EXPECT_EQ(doc["ok"], true);
   EXPECT_EQ(doc["format"], "safetensors");
   EXPECT_EQ(doc["layout"], "single-file");
@@ -99,7 +89,8 @@ TEST_F(CommandsTest, InspectJson) {
   ExpectFields(doc["files"][0], {"path", "bytes"});
   EXPECT_EQ(doc["files"][0]["bytes"].get<uint64_t>(), fs::file_size(model_));
   ASSERT_EQ(doc["tensors"].size(), 3u);
-  for (const Json& tensor : doc["tensors"]) ExpectFields(tensor, {"name", "dtype", "shape", "bytes"});
+  for (const Json& tensor : doc["tensors"])
+    ExpectFields(tensor, {"name", "dtype", "shape", "bytes"});
   EXPECT_EQ(doc["total_bytes"], 88);
   EXPECT_EQ(doc["metadata"]["format"], "pt");
   bool found_w = false;
@@ -190,8 +181,7 @@ TEST_F(CommandsTest, ConvertJsonAndRefusesNonEmptyOutput) {
   ConversionFlags conversion;
   conversion.input = model_;
   conversion.output = root_ + "/out";
-  ASSERT_EQ(RunConvert(conversion, false, JsonFlags(), nullptr, out_, err_), kExitOk)
-      << err_.str();
+  ASSERT_EQ(RunConvert(conversion, false, JsonFlags(), nullptr, out_, err_), kExitOk) << err_.str();
   Json doc = ParseJson(out_.str());
   ExpectFields(doc, {"ok", "output", "files", "tensors", "bytes_read", "bytes_written", "seconds"});
   EXPECT_EQ(doc["ok"], true);
@@ -238,8 +228,7 @@ TEST_F(CommandsTest, VerifyEqualAndDifferent) {
   const std::string different = root_ + "/different.safetensors";
   WriteModel(different, /*w_bias=*/0.25f);
   std::ostringstream out2, err2;
-  EXPECT_EQ(RunVerify(model_, different, "", JsonFlags(), nullptr, out2, err2),
-            kExitVerifyFailed);
+  EXPECT_EQ(RunVerify(model_, different, "", JsonFlags(), nullptr, out2, err2), kExitVerifyFailed);
   Json diff = ParseJson(out2.str());
   EXPECT_EQ(diff["equal"], false);
   ASSERT_EQ(diff["mismatched"].size(), 1u);
@@ -268,9 +257,8 @@ TEST(ExitCodesTest, EveryStatusCodeFamily) {
   EXPECT_EQ(ExitCodeForStatus(absl::ResourceExhaustedError("x")), kExitResourceExhausted);
   EXPECT_EQ(ExitCodeForStatus(absl::UnavailableError("x")), kExitUnavailable);
   EXPECT_EQ(ExitCodeForStatus(absl::DeadlineExceededError("x")), kExitUnavailable);
-  for (const absl::Status& status :
-       {absl::InternalError("x"), absl::UnknownError("x"), absl::AbortedError("x"),
-        absl::UnauthenticatedError("x")}) {
+  for (const absl::Status& status : {absl::InternalError("x"), absl::UnknownError("x"),
+                                     absl::AbortedError("x"), absl::UnauthenticatedError("x")}) {
     EXPECT_EQ(ExitCodeForStatus(status), kExitInternal) << status;
   }
   // The documented numbers never change.

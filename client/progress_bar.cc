@@ -13,7 +13,8 @@ std::string HumanBytes(double bytes) {
     bytes /= 1024;
     ++unit;
   }
-  return unit == 0 ? absl::StrFormat("%.0f B", bytes) : absl::StrFormat("%.2f %s", bytes, kUnits[unit]);
+  return unit == 0 ? absl::StrFormat("%.0f B", bytes)
+                   : absl::StrFormat("%.2f %s", bytes, kUnits[unit]);
 }
 
 ProgressBar::ProgressBar(std::ostream& out, bool terminal)
@@ -22,11 +23,13 @@ ProgressBar::ProgressBar(std::ostream& out, bool terminal)
 void ProgressBar::Update(const Progress& p) {
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - start_).count();
-  const double fraction = p.bytes_total == 0 ? 1.0 : static_cast<double>(p.bytes_done) / p.bytes_total;
+  const double fraction =
+      p.bytes_total == 0 ? 1.0 : static_cast<double>(p.bytes_done) / p.bytes_total;
   const double rate = elapsed > 0 ? p.bytes_done / elapsed : 0;
   const double eta = rate > 0 ? (p.bytes_total - p.bytes_done) / rate : 0;
   if (terminal_) {
-    if (drawn_ && now - last_draw_ < std::chrono::milliseconds(100) && p.bytes_done < p.bytes_total) {
+    if (drawn_ && now - last_draw_ < std::chrono::milliseconds(100) &&
+        p.bytes_done < p.bytes_total) {
       return;
     }
     last_draw_ = now;

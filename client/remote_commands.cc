@@ -45,8 +45,8 @@ absl::StatusOr<std::string> ReadRules(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   if (text.str().size() > (1u << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat("partition rules file ", path,
-                                                   " is larger than 1 MiB"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition rules file ", path, " is larger than 1 MiB"));
   }
   return text.str();
 }
@@ -61,10 +61,18 @@ absl::StatusOr<v1::JobSpec> BuildJobSpec(const ConversionFlags& conversion, bool
   spec.set_output(Absolute(conversion.output));
   ASSIGN_OR_RETURN(DTypePolicy dtype, ParseDTypePolicy(conversion.dtype));
   switch (dtype) {
-    case DTypePolicy::kF32: spec.set_dtype(v1::DTYPE_FP32); break;
-    case DTypePolicy::kBF16: spec.set_dtype(v1::DTYPE_BF16); break;
-    case DTypePolicy::kF16: spec.set_dtype(v1::DTYPE_FP16); break;
-    case DTypePolicy::kKeep: spec.set_dtype(v1::DTYPE_KEEP); break;
+    case DTypePolicy::kF32:
+      spec.set_dtype(v1::DTYPE_FP32);
+      break;
+    case DTypePolicy::kBF16:
+      spec.set_dtype(v1::DTYPE_BF16);
+      break;
+    case DTypePolicy::kF16:
+      spec.set_dtype(v1::DTYPE_FP16);
+      break;
+    case DTypePolicy::kKeep:
+      spec.set_dtype(v1::DTYPE_KEEP);
+      break;
   }
   if (!reshard) {
     ASSIGN_OR_RETURN(uint64_t shard, ParseByteSize(conversion.max_shard_size));
@@ -137,8 +145,9 @@ int FollowJob(Client& client, const v1::Job& submitted, const OutputFlags& flags
   }
   const int code = ExitCodeForJob(*final_job);
   if (code != kExitOk) {
-    err << "reshardctl: job " << final_job->id() << " " << JobDocument(*final_job)["state"].get<std::string>()
-        << ": " << final_job->error().message() << "\n";
+    err << "reshardctl: job " << final_job->id() << " "
+        << JobDocument(*final_job)["state"].get<std::string>() << ": "
+        << final_job->error().message() << "\n";
   }
   return Emit(JobDocument(*final_job), code, flags, flags.result_file,
               code == kExitOk ? PrintConversion : PrintJob, out, err);
@@ -213,9 +222,10 @@ int RunRemoteConvert(const ConversionFlags& conversion, bool reshard, const Daem
   err << "reshardctl: job " << job->id() << " submitted to " << daemon.server
       << (key.empty() ? "" : absl::StrCat(" (idempotency key ", key, ")")) << "\n";
   if (daemon.detach) {
-    return Emit(JobDocument(*job), kExitOk, flags, flags.result_file,
-                [](const Json& doc, std::ostream& o) { o << doc["job_id"].get<std::string>() << "\n"; },
-                out, err);
+    return Emit(
+        JobDocument(*job), kExitOk, flags, flags.result_file,
+        [](const Json& doc, std::ostream& o) { o << doc["job_id"].get<std::string>() << "\n"; },
+        out, err);
   }
   return FollowJob(**client, *job, flags, stop, out, err);
 }
@@ -226,7 +236,8 @@ int RunStatus(const std::string& job_id, const DaemonFlags& daemon, const Output
   if (!client.ok()) return Fail(client.status(), flags, flags.result_file, out, err, true);
   auto job = (*client)->Get(job_id);
   if (!job.ok()) return Fail(job.status(), flags, flags.result_file, out, err);
-  return Emit(JobDocument(*job), ExitCodeForJob(*job), flags, flags.result_file, PrintJob, out, err);
+  return Emit(JobDocument(*job), ExitCodeForJob(*job), flags, flags.result_file, PrintJob, out,
+              err);
 }
 
 int RunList(const std::vector<std::string>& states, int limit, const DaemonFlags& daemon,
@@ -235,9 +246,10 @@ int RunList(const std::vector<std::string>& states, int limit, const DaemonFlags
   for (const std::string& name : states) {
     v1::JobState state;
     if (!v1::JobState_Parse(absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(name)), &state)) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-                      "unknown state \"", name, "\"; use queued, running, succeeded, failed, cancelled")),
-                  flags, flags.result_file, out, err, true);
+      return Fail(
+          absl::InvalidArgumentError(absl::StrCat(
+              "unknown state \"", name, "\"; use queued, running, succeeded, failed, cancelled")),
+          flags, flags.result_file, out, err, true);
     }
     filter.push_back(state);
   }
@@ -255,17 +267,18 @@ int RunList(const std::vector<std::string>& states, int limit, const DaemonFlags
     }
     token = page->next_page_token();
   } while (!token.empty() && static_cast<int>(doc["jobs"].size()) < limit);
-  return Emit(std::move(doc), kExitOk, flags, flags.result_file,
-              [](const Json& d, std::ostream& o) {
-                for (const Json& job : d["jobs"]) {
-                  o << absl::StrFormat("%-20s %-10s %-12s %s -> %s\n", job["job_id"].get<std::string>(),
-                                       job["state"].get<std::string>(),
-                                       job["job"]["spec"]["kind"].get<std::string>().substr(9),
-                                       job["job"]["spec"]["input"].get<std::string>(),
-                                       job["job"]["spec"]["output"].get<std::string>());
-                }
-              },
-              out, err);
+  return Emit(
+      std::move(doc), kExitOk, flags, flags.result_file,
+      [](const Json& d, std::ostream& o) {
+        for (const Json& job : d["jobs"]) {
+          o << absl::StrFormat("%-20s %-10s %-12s %s -> %s\n", job["job_id"].get<std::string>(),
+                               job["state"].get<std::string>(),
+                               job["job"]["spec"]["kind"].get<std::string>().substr(9),
+                               job["job"]["spec"]["input"].get<std::string>(),
+                               job["job"]["spec"]["output"].get<std::string>());
+        }
+      },
+      out, err);
 }
 
 int RunWatch(const std::string& job_id, const DaemonFlags& daemon, const OutputFlags& flags,

@@ -21,8 +21,8 @@ std::string DumpDocument(const Json& doc) {
 
 Json TensorEntry(const std::string& name, const std::string& dtype, const Json& shape,
                  uint64_t bytes, int64_t pieces) {
-  return Json{{"name", name}, {"dtype", dtype}, {"shape", shape}, {"bytes", bytes},
-              {"pieces", pieces}};
+  return Json{
+      {"name", name}, {"dtype", dtype}, {"shape", shape}, {"bytes", bytes}, {"pieces", pieces}};
 }
 
 std::string JobStateName(v1::JobState state) {
@@ -79,14 +79,15 @@ Json InspectDocument(const std::string& input, const v1::InspectResponse& respon
   }
   doc["tensors"] = Json::array();
   for (const v1::TensorInfo& tensor : response.tensors()) {
-    doc["tensors"].push_back(TensorEntry(tensor.name(), tensor.dtype(),
-                                         std::vector<int64_t>(tensor.shape().begin(), tensor.shape().end()),
-                                         tensor.bytes(), tensor.pieces()));
+    doc["tensors"].push_back(
+        TensorEntry(tensor.name(), tensor.dtype(),
+                    std::vector<int64_t>(tensor.shape().begin(), tensor.shape().end()),
+                    tensor.bytes(), tensor.pieces()));
   }
   doc["tensor_count"] = response.tensors_size();
   doc["total_bytes"] = response.total_bytes();
-  doc["metadata"] = std::map<std::string, std::string>(response.metadata().begin(),
-                                                       response.metadata().end());
+  doc["metadata"] =
+      std::map<std::string, std::string>(response.metadata().begin(), response.metadata().end());
   return doc;
 }
 
@@ -96,7 +97,8 @@ Json PlanDocument(const std::string& input, bool reshard, const PlannedConversio
   doc["input"] = input;
   doc["files"] = Json::array();
   for (const FilePlan& file : planned.plan.files) {
-    doc["files"].push_back({{"name", file.name}, {"bytes", file.bytes}, {"tensors", file.tensors.size()}});
+    doc["files"].push_back(
+        {{"name", file.name}, {"bytes", file.bytes}, {"tensors", file.tensors.size()}});
   }
   for (const auto& [name, contents] : planned.companion_files) {
     doc["files"].push_back({{"name", name}, {"bytes", contents.size()}, {"tensors", 0}});
@@ -113,7 +115,8 @@ Json PlanDocument(const std::string& input, bool reshard, const v1::PlanResponse
   doc["input"] = input;
   doc["files"] = Json::array();
   for (const v1::PlannedFile& file : response.files()) {
-    doc["files"].push_back({{"name", file.name()}, {"bytes", file.bytes()}, {"tensors", file.tensors()}});
+    doc["files"].push_back(
+        {{"name", file.name()}, {"bytes", file.bytes()}, {"tensors", file.tensors()}});
   }
   doc["total_bytes"] = response.total_bytes();
   doc["source_bytes_read"] = response.source_bytes_read();
@@ -150,7 +153,8 @@ Json JobDocument(const v1::Job& job) {
     doc["output"] = job.spec().output();
     doc["files"] = Json::array();
     for (const v1::OutputFile& file : job.output_files()) {
-      doc["files"].push_back({{"name", file.name()}, {"bytes", file.bytes()}, {"xxh3_64", file.xxh3_64()}});
+      doc["files"].push_back(
+          {{"name", file.name()}, {"bytes", file.bytes()}, {"xxh3_64", file.xxh3_64()}});
     }
     doc["tensors"] = job.progress().tensors_total();
     doc["bytes_read"] = job.bytes_read();
@@ -174,8 +178,9 @@ void PrintInspect(const Json& doc, std::ostream& out) {
   for (const auto& [name, count] : dtypes) counts.push_back(absl::StrCat(name, ": ", count));
   const size_t files = doc["files"].size();
   out << "input:    " << doc["path"].get<std::string>() << "\n";
-  out << "format:   " << doc["format"].get<std::string>() << " (" << doc["layout"].get<std::string>()
-      << ", " << files << (files == 1 ? " file" : " files") << ")\n";
+  out << "format:   " << doc["format"].get<std::string>() << " ("
+      << doc["layout"].get<std::string>() << ", " << files << (files == 1 ? " file" : " files")
+      << ")\n";
   if (doc["parts"].get<int>() > 1) {
     out << "parts:    " << doc["parts"].get<int>() << " model-parallel parts"
         << (doc["merged"].get<bool>() ? ", merged with the rules"
@@ -235,10 +240,13 @@ void PrintJob(const Json& doc, std::ostream& out) {
     out << ", " << progress["bytes_done"].get<std::string>() << " of "
         << progress["bytes_total"].get<std::string>() << " bytes";
   }
-  out << "\n  " << job["spec"]["kind"].get<std::string>() << " " << job["spec"]["input"].get<std::string>()
-      << " -> " << job["spec"]["output"].get<std::string>() << "\n";
-  if (!job["note"].get<std::string>().empty()) out << "  note: " << job["note"].get<std::string>() << "\n";
-  if (job.contains("error") && job["error"].is_object() && !job["error"]["message"].get<std::string>().empty()) {
+  out << "\n  " << job["spec"]["kind"].get<std::string>() << " "
+      << job["spec"]["input"].get<std::string>() << " -> "
+      << job["spec"]["output"].get<std::string>() << "\n";
+  if (!job["note"].get<std::string>().empty())
+    out << "  note: " << job["note"].get<std::string>() << "\n";
+  if (job.contains("error") && job["error"].is_object() &&
+      !job["error"]["message"].get<std::string>().empty()) {
     out << "  error: " << job["error"]["code_name"].get<std::string>() << ": "
         << job["error"]["message"].get<std::string>() << "\n";
   }
@@ -249,7 +257,8 @@ Json ErrorDocument(const absl::Status& status, int exit_code) {
   Json doc;
   doc["ok"] = false;
   doc["exit_code"] = exit_code;
-  doc["error"] = {{"code", StatusCodeName(status.code())}, {"message", std::string(status.message())}};
+  doc["error"] = {{"code", StatusCodeName(status.code())},
+                  {"message", std::string(status.message())}};
   return doc;
 }
 

@@ -24,7 +24,6 @@ struct OutputFlags {
   std::string result_file;  // also write the JSON document here, on success and failure
 };
 
-
 // Documents of local results.
 Json InspectDocument(const std::string& input, const LoadedInput& loaded);
 Json PlanDocument(const std::string& input, bool reshard, const PlannedConversion& planned);

@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
   plan->add_option("--parts", conversion.parts, "plan a reshard into M parts");
   add_server(plan);
 
-  CLI::App* consolidate = app.add_subcommand("consolidate", "write one model (HF sharded safetensors)");
+  CLI::App* consolidate =
+      app.add_subcommand("consolidate", "write one model (HF sharded safetensors)");
   add_conversion(consolidate, /*with_output_dir=*/true);
   consolidate->add_option("--max-shard-size", conversion.max_shard_size, "largest output file")
       ->capture_default_str();
@@ -161,12 +162,14 @@ int main(int argc, char** argv) {
   }
   if (*consolidate || *reshard) {
     const bool is_reshard = static_cast<bool>(*reshard);
-    return remote ? RunRemoteConvert(conversion, is_reshard, daemon, output, &cancel_requested, out, err)
+    return remote ? RunRemoteConvert(conversion, is_reshard, daemon, output, &cancel_requested, out,
+                                     err)
                   : RunConvert(conversion, is_reshard, output, &cancel_requested, out, err);
   }
   if (*verify) return RunVerify(a, b, rules, output, &cancel_requested, out, err);
   if (!remote) {
-    std::cerr << "reshardctl: this command needs a daemon: pass --server ADDR or set RESHARD_SERVER\n";
+    std::cerr
+        << "reshardctl: this command needs a daemon: pass --server ADDR or set RESHARD_SERVER\n";
     return kExitUsage;
   }
   if (*status) return RunStatus(job_id, daemon, output, out, err);

@@ -30,7 +30,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& stat
   }
   const std::string path = absl::StrCat(state_dir, "/jobs.sqlite3");
   sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+  if (sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                       nullptr) != SQLITE_OK) {
     absl::Status status = SqliteError(db, absl::StrCat("opening ", path));
     sqlite3_close(db);
@@ -40,13 +41,13 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& stat
   absl::MutexLock lock(&store->mu_);
   RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
   RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL"));
-  RETURN_IF_ERROR(store->Exec(
-      "CREATE TABLE IF NOT EXISTS jobs ("
-      "  id TEXT PRIMARY KEY,"
-      "  idempotency_key TEXT NOT NULL,"
-      "  state INTEGER NOT NULL,"
-      "  created REAL NOT NULL,"
-      "  job BLOB NOT NULL)"));
+  RETURN_IF_ERROR(
+      store->Exec("CREATE TABLE IF NOT EXISTS jobs ("
+                  "  id TEXT PRIMARY KEY,"
+                  "  idempotency_key TEXT NOT NULL,"
+                  "  state INTEGER NOT NULL,"
+                  "  created REAL NOT NULL,"
+                  "  job BLOB NOT NULL)"));
   return store;
 }
 
@@ -58,7 +59,8 @@ JobStore::~JobStore() {
 absl::Status JobStore::Exec(const char* sql) {
   char* error = nullptr;
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) != SQLITE_OK) {
-    absl::Status status = absl::InternalError(absl::StrCat("job store: ", sql, ": ", error ? error : "?"));
+    absl::Status status =
+        absl::InternalError(absl::StrCat("job store: ", sql, ": ", error ? error : "?"));
     sqlite3_free(error);
     return status;
   }
@@ -118,7 +120,8 @@ absl::Status JobStore::Delete(const std::string& id) {
     return SqliteError(db_, "preparing delete");
   }
   sqlite3_bind_text(s.stmt, 1, id.data(), id.size(), SQLITE_TRANSIENT);
-  if (sqlite3_step(s.stmt) != SQLITE_DONE) return SqliteError(db_, absl::StrCat("deleting job ", id));
+  if (sqlite3_step(s.stmt) != SQLITE_DONE)
+    return SqliteError(db_, absl::StrCat("deleting job ", id));
   return absl::OkStatus();
 }
 

@@ -6,19 +6,14 @@
 #include <string>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "lib/testing/test_files.h"
 
 namespace reshard {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string MakeTempDir(const std::string& tag) {
-  std::string pattern = testing::TempDir() + "/" + tag + "_XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return fs::path(pattern).lexically_normal().string();
-}
 
 v1::Job MakeJob(const std::string& id, double created, v1::JobState state) {
   v1::Job job;

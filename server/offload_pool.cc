@@ -34,9 +34,8 @@ void OffloadPool::Loop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](OffloadPool* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return p->stopping_ || !p->queue_.empty();
-          },
+          +[](OffloadPool* p)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->stopping_ || !p->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // stopping and drained
       work = std::move(queue_.front());

@@ -32,8 +32,8 @@ absl::Status CheckSyntax(const std::string& path, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(what, " path is longer than ", kMaxPathLength));
   }
   if (path[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " path \"", path, "\" is not absolute; the daemon needs absolute paths"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " path \"", path, "\" is not absolute; the daemon needs absolute paths"));
   }
   if (path.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(what, " path contains a NUL byte"));
@@ -84,9 +84,9 @@ absl::StatusOr<std::string> PathPolicy::CheckInput(const std::string& path) cons
     return resolved.status();
   }
   if (!Inside(*resolved, /*allow_root_itself=*/true)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "input ", path, " resolves to ", *resolved, ", outside the allowed roots (",
-        absl::StrJoin(roots_, ", "), ")"));
+    return absl::PermissionDeniedError(absl::StrCat("input ", path, " resolves to ", *resolved,
+                                                    ", outside the allowed roots (",
+                                                    absl::StrJoin(roots_, ", "), ")"));
   }
   return *resolved;
 }
@@ -100,16 +100,16 @@ absl::StatusOr<std::string> PathPolicy::CheckInputTree(const std::string& path) 
   for (auto it = fs::recursive_directory_iterator(resolved, error);
        !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
     if (++entries > kMaxTreeEntries) {
-      return absl::InvalidArgumentError(absl::StrCat("input ", path, " holds more than ",
-                                                     kMaxTreeEntries, " entries"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", path, " holds more than ", kMaxTreeEntries, " entries"));
     }
     if (!it->is_symlink(error)) continue;
     auto target = RealPath(it->path().string());
     if (!target.ok() || !Inside(*target, /*allow_root_itself=*/true)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "input ", path, " holds ", it->path().string(), ", a symlink ",
-          target.ok() ? absl::StrCat("to ", *target, ", outside the allowed roots")
-                      : "that cannot be resolved"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("input ", path, " holds ", it->path().string(), ", a symlink ",
+                       target.ok() ? absl::StrCat("to ", *target, ", outside the allowed roots")
+                                   : "that cannot be resolved"));
     }
   }
   if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing input ", path));
@@ -127,7 +127,7 @@ absl::StatusOr<std::string> PathPolicy::CheckOutput(const std::string& path) con
     if (errno != ENOENT) return ErrnoToStatus(errno, absl::StrCat("checking output ", path));
     const size_t slash = existing.rfind('/');
     std::string name = existing.substr(slash + 1);
-    if (name == "." || name == ".." ) {
+    if (name == "." || name == "..") {
       return absl::PermissionDeniedError(
           absl::StrCat("output ", path, " uses \"", name, "\" below an existing folder"));
     }
@@ -139,9 +139,9 @@ absl::StatusOr<std::string> PathPolicy::CheckOutput(const std::string& path) con
     resolved = resolved == "/" ? "/" + name : resolved + "/" + name;
   }
   if (!Inside(resolved, /*allow_root_itself=*/false)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "output ", path, " resolves to ", resolved,
-        ", which is not inside the allowed roots (", absl::StrJoin(roots_, ", "), ")"));
+    return absl::PermissionDeniedError(absl::StrCat("output ", path, " resolves to ", resolved,
+                                                    ", which is not inside the allowed roots (",
+                                                    absl::StrJoin(roots_, ", "), ")"));
   }
   return resolved;
 }

@@ -11,17 +11,12 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "lib/testing/test_files.h"
 
 namespace reshard {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string MakeTempDir(const std::string& tag) {
-  std::string pattern = testing::TempDir() + "/" + tag + "_XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return fs::path(pattern).lexically_normal().string();
-}
 
 std::string Real(const std::string& path) {
   char resolved[PATH_MAX];
@@ -85,10 +80,8 @@ TEST_F(PathPolicyTest, RootsAreResolved) {
 
 TEST_F(PathPolicyTest, BadRootsAreRefused) {
   EXPECT_EQ(PathPolicy::Create({}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PathPolicy::Create({base_ + "/missing"}).status().code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(PathPolicy::Create({base_ + "/x"}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PathPolicy::Create({base_ + "/missing"}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(PathPolicy::Create({base_ + "/x"}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(PathPolicyTest, InputInsideIsAccepted) {
@@ -175,8 +168,7 @@ TEST_F(PathPolicyTest, OutputWithMissingParentsIsResolved) {
 }
 
 TEST_F(PathPolicyTest, OutputEqualToRootIsDenied) {
-  for (const std::string& path :
-       {root_, root_ + "/", root_ + "/sub/..", root_ + "/inner/.."}) {
+  for (const std::string& path : {root_, root_ + "/", root_ + "/sub/..", root_ + "/inner/.."}) {
     auto output = policy_->CheckOutput(path);
     EXPECT_EQ(output.status().code(), absl::StatusCode::kPermissionDenied)
         << path << " -> " << (output.ok() ? *output : output.status().ToString());

@@ -57,8 +57,8 @@ bool IsTerminal(v1::JobState state) {
          state == v1::JOB_STATE_CANCELLED;
 }
 
-Scheduler::Scheduler(SchedulerOptions options, JobStore* store, Metrics* metrics,
-                     JobRunner runner, MemoryEstimator estimator)
+Scheduler::Scheduler(SchedulerOptions options, JobStore* store, Metrics* metrics, JobRunner runner,
+                     MemoryEstimator estimator)
     : options_(std::move(options)),
       store_(store),
       metrics_(metrics),
@@ -74,8 +74,8 @@ absl::Status Scheduler::Start() {
     auto entry = std::make_unique<Entry>();
     entry->job = std::move(job);
     entry->sequence = next_sequence_++;
-    entry->reservation = std::max<uint64_t>(entry->job.reserved_memory_bytes(),
-                                            estimator_(entry->job.spec()));
+    entry->reservation =
+        std::max<uint64_t>(entry->job.reserved_memory_bytes(), estimator_(entry->job.spec()));
     Entry& e = *entry;
     if (!e.job.idempotency_key().empty()) by_key_[e.job.idempotency_key()] = e.job.id();
     jobs_[e.job.id()] = std::move(entry);
@@ -137,12 +137,12 @@ void Scheduler::FinishLocked(Entry& entry, v1::JobState state, const absl::Statu
   PersistLocked(entry);
   ChangedLocked(entry);
   if (metrics_ != nullptr) {
-    const double started = entry.job.started_unix() > 0 ? entry.job.started_unix()
-                                                        : entry.job.finished_unix();
+    const double started =
+        entry.job.started_unix() > 0 ? entry.job.started_unix() : entry.job.finished_unix();
     metrics_->JobFinished(JobKindLabel(entry.job.spec().kind()),
-                          state == v1::JOB_STATE_SUCCEEDED  ? "succeeded"
+                          state == v1::JOB_STATE_SUCCEEDED   ? "succeeded"
                           : state == v1::JOB_STATE_CANCELLED ? "cancelled"
-                                                              : "failed",
+                                                             : "failed",
                           entry.job.finished_unix() - started);
   }
 }
@@ -177,9 +177,9 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& spec,
         if (google::protobuf::util::MessageDifferencer::Equals(existing->job.spec(), spec)) {
           return existing->job;
         }
-        return absl::AlreadyExistsError(absl::StrCat(
-            "idempotency key \"", idempotency_key, "\" was used for job ", existing->job.id(),
-            " with a different spec"));
+        return absl::AlreadyExistsError(absl::StrCat("idempotency key \"", idempotency_key,
+                                                     "\" was used for job ", existing->job.id(),
+                                                     " with a different spec"));
       }
     }
   }
@@ -189,8 +189,8 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& spec,
         options_.memory_budget, " bytes; lower --threads or the window, or raise --memory-budget"));
   }
   if (static_cast<int>(queue_.size()) >= options_.max_queue) {
-    return absl::ResourceExhaustedError(absl::StrCat("the queue is full (", options_.max_queue,
-                                                     " jobs waiting); retry later"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the queue is full (", options_.max_queue, " jobs waiting); retry later"));
   }
   auto entry = std::make_unique<Entry>();
   entry->job.set_id(NewJobId());
@@ -296,14 +296,13 @@ absl::StatusOr<v1::Job> Scheduler::WaitForChange(const std::string& id, int64_t*
   if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job \"", id, "\""));
   Args args{this, entry, *version};
   ++entry->waiters;  // keeps PruneLocked from freeing the entry while we wait on it
-  mu_.AwaitWithTimeout(
-      absl::Condition(
-          +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return a->entry->version > a->version || IsTerminal(a->entry->job.state()) ||
-                   a->self->stopping_;
-          },
-          &args),
-      timeout);
+  mu_.AwaitWithTimeout(absl::Condition(
+                           +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                             return a->entry->version > a->version ||
+                                    IsTerminal(a->entry->job.state()) || a->self->stopping_;
+                           },
+                           &args),
+                       timeout);
   --entry->waiters;
   *version = entry->version;
   return entry->job;
@@ -334,7 +333,8 @@ void Scheduler::WorkerLoop() {
     if (resume) {
       for (const v1::OutputFile& file : entry.job.committed_files()) {
         uint64_t hash = 0;
-        if (absl::SimpleHexAtoi(file.xxh3_64(), &hash)) context->completed_files[file.name()] = hash;
+        if (absl::SimpleHexAtoi(file.xxh3_64(), &hash))
+          context->completed_files[file.name()] = hash;
       }
     } else {
       entry.job.clear_committed_files();

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "lib/testing/test_files.h"
 #include "prometheus/metric_family.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
@@ -27,12 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr absl::Duration kWait = absl::Seconds(20);  // bound of every wait in these tests
-
-std::string MakeTempDir(const std::string& tag) {
-  std::string pattern = testing::TempDir() + "/" + tag + "_XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return fs::path(pattern).lexically_normal().string();
-}
 
 double NowUnix() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
@@ -167,12 +162,10 @@ class FakeRunner {
         break;
       }
       if (absl::Now() > deadline) break;  // the test fails on its own waits
-      mu_.AwaitWithTimeout(absl::Condition(
-                               +[](FakeRunner* r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                 return r->release_all_;
-                               },
-                               this),
-                           absl::Milliseconds(2));
+      mu_.AwaitWithTimeout(
+          absl::Condition(
+              +[](FakeRunner* r) ABSL_NO_THREAD_SAFETY_ANALYSIS { return r->release_all_; }, this),
+          absl::Milliseconds(2));
     }
     Call& call = calls_[name];
     call.saw_cancelled = cancelled;
@@ -232,8 +225,8 @@ class SchedulerTest : public testing::Test {
   }
 
   void StartScheduler() {
-    scheduler_ = std::make_unique<Scheduler>(options_, store_.get(), &metrics_,
-                                              runner_.AsRunner(), Estimate);
+    scheduler_ = std::make_unique<Scheduler>(options_, store_.get(), &metrics_, runner_.AsRunner(),
+                                             Estimate);
     ASSERT_TRUE(scheduler_->Start().ok());
   }
 
@@ -270,7 +263,8 @@ class SchedulerTest : public testing::Test {
   }
 
   // A counter's or gauge's value, or a histogram's sample count; -1 when absent.
-  double MetricValue(const std::string& name, const std::map<std::string, std::string>& labels = {}) {
+  double MetricValue(const std::string& name,
+                     const std::map<std::string, std::string>& labels = {}) {
     for (const prometheus::MetricFamily& family : metrics_.registry()->Collect()) {
       if (family.name != name) continue;
       for (const prometheus::ClientMetric& metric : family.metric) {
@@ -626,8 +620,8 @@ TEST_F(SchedulerTest, ListFiltersAndPagesNewestFirst) {
   ASSERT_EQ(succeeded_page->jobs.size(), 2u);
   EXPECT_EQ(succeeded_page->jobs[0].id(), ids[4]);
   EXPECT_EQ(succeeded_page->jobs[1].id(), ids[2]);
-  auto succeeded_rest = scheduler_->List({v1::JOB_STATE_SUCCEEDED}, 2,
-                                         succeeded_page->next_page_token);
+  auto succeeded_rest =
+      scheduler_->List({v1::JOB_STATE_SUCCEEDED}, 2, succeeded_page->next_page_token);
   ASSERT_TRUE(succeeded_rest.ok());
   ASSERT_EQ(succeeded_rest->jobs.size(), 1u);
   EXPECT_EQ(succeeded_rest->jobs[0].id(), ids[0]);
@@ -697,9 +691,9 @@ TEST_F(SchedulerTest, RestartResumesInterruptedJobs) {
   EXPECT_TRUE(call.resume);
   EXPECT_EQ(call.attempts, 2);
   EXPECT_EQ(call.completed_files,
-            (std::map<std::string, uint64_t>{{"model-00001-of-00002.safetensors", 0xff},
-                                             {"model-00002-of-00002.safetensors",
-                                              0xfedcba9876543210ull}}));
+            (std::map<std::string, uint64_t>{
+                {"model-00001-of-00002.safetensors", 0xff},
+                {"model-00002-of-00002.safetensors", 0xfedcba9876543210ull}}));
 
   // A job that never started runs fresh; its idempotency key still finds it.
   const v1::Job fresh = WaitTerminal("j-queued");
@@ -895,9 +889,9 @@ TEST_F(SchedulerTest, MetricsFollowTheJobs) {
   EXPECT_EQ(MetricValue("reshard_jobs_finished_total",
                         {{"kind", "consolidate"}, {"result", "succeeded"}}),
             2);
-  EXPECT_EQ(MetricValue("reshard_jobs_finished_total",
-                        {{"kind", "consolidate"}, {"result", "failed"}}),
-            1);
+  EXPECT_EQ(
+      MetricValue("reshard_jobs_finished_total", {{"kind", "consolidate"}, {"result", "failed"}}),
+      1);
   EXPECT_EQ(MetricValue("reshard_job_duration_seconds", {{"kind", "consolidate"}}), 3);
   EXPECT_EQ(MetricValue("reshard_read_bytes_total"), 200);
   EXPECT_EQ(MetricValue("reshard_written_bytes_total"), 216);

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
+#include "lib/testing/test_files.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "server/job_store.h"
 
@@ -39,12 +40,6 @@ namespace fs = std::filesystem;
 using HealthStatus = grpc::health::v1::HealthCheckResponse;
 
 constexpr absl::Duration kWait = absl::Seconds(20);  // bound of every wait in these tests
-
-std::string MakeTempDir(const std::string& tag) {
-  std::string pattern = testing::TempDir() + "/" + tag + "_XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return fs::path(pattern).lexically_normal().string();
-}
 
 std::string Real(const std::string& path) {
   char resolved[PATH_MAX];
@@ -62,7 +57,8 @@ void WriteTinySafetensors(const std::string& path) {
   file += header;
   const float values[2] = {1.0f, 2.0f};
   file.append(reinterpret_cast<const char*>(values), sizeof(values));
-  std::ofstream(path, std::ios::binary).write(file.data(), static_cast<std::streamsize>(file.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(file.data(), static_cast<std::streamsize>(file.size()));
 }
 
 // A plain HTTP/1.0 GET (no chunked encoding); returns the body of a 200 answer.
@@ -506,37 +502,37 @@ TEST_F(ServerTest, MalformedRequestsNameTheField) {
   {
     v1::JobSpec spec = Consolidate("bad");
     spec.set_kind(v1::JOB_KIND_UNSPECIFIED);
-    cases.push_back({"kind unspecified", spec, "", absl::StatusCode::kInvalidArgument,
-                     "spec.kind"});
+    cases.push_back(
+        {"kind unspecified", spec, "", absl::StatusCode::kInvalidArgument, "spec.kind"});
   }
   {
     v1::JobSpec spec = Consolidate("bad");
     spec.set_kind(v1::JOB_KIND_RESHARD);
     spec.set_parts(2);
-    cases.push_back({"reshard without rules", spec, "", absl::StatusCode::kInvalidArgument,
-                     "spec.rules_json"});
+    cases.push_back(
+        {"reshard without rules", spec, "", absl::StatusCode::kInvalidArgument, "spec.rules_json"});
   }
   for (int parts : {0, -1, 4097}) {
     v1::JobSpec spec = Consolidate("bad");
     spec.set_kind(v1::JOB_KIND_RESHARD);
     spec.set_parts(parts);
     spec.set_rules_json(R"({"rules": [{"pattern": ".*", "replicate": true}]})");
-    cases.push_back({absl::StrCat("parts ", parts), spec, "",
-                     absl::StatusCode::kInvalidArgument, "spec.parts"});
+    cases.push_back({absl::StrCat("parts ", parts), spec, "", absl::StatusCode::kInvalidArgument,
+                     "spec.parts"});
   }
   {
     v1::JobSpec spec = Consolidate("bad");
     spec.set_parts(2);
-    cases.push_back({"parts on consolidate", spec, "", absl::StatusCode::kInvalidArgument,
-                     "spec.parts"});
+    cases.push_back(
+        {"parts on consolidate", spec, "", absl::StatusCode::kInvalidArgument, "spec.parts"});
   }
   for (const std::string rules : {"{not json", R"({"rules": 3})", R"({"rules": [{"x": 1}]})"}) {
     v1::JobSpec spec = Consolidate("bad");
     spec.set_kind(v1::JOB_KIND_RESHARD);
     spec.set_parts(2);
     spec.set_rules_json(rules);
-    cases.push_back({"rules " + rules, spec, "", absl::StatusCode::kInvalidArgument,
-                     "spec.rules_json"});
+    cases.push_back(
+        {"rules " + rules, spec, "", absl::StatusCode::kInvalidArgument, "spec.rules_json"});
   }
   cases.push_back({"long key", Consolidate("bad"), std::string(257, 'k'),
                    absl::StatusCode::kInvalidArgument, "idempotency_key"});
@@ -577,17 +573,17 @@ TEST_F(ServerTest, MalformedRequestsNameTheField) {
     spec.set_input(root_ + "/d/model.safetensors");
     spec.set_output(root_ + "/d");
     spec.set_overwrite(true);
-    cases.push_back({"output contains input", spec, "", absl::StatusCode::kInvalidArgument,
-                     "spec.output"});
+    cases.push_back(
+        {"output contains input", spec, "", absl::StatusCode::kInvalidArgument, "spec.output"});
     spec.set_input(root_ + "/d");
-    cases.push_back({"output is the input", spec, "", absl::StatusCode::kInvalidArgument,
-                     "spec.output"});
+    cases.push_back(
+        {"output is the input", spec, "", absl::StatusCode::kInvalidArgument, "spec.output"});
   }
   {
     fs::create_directories(root_ + "/full");
     std::ofstream(root_ + "/full/existing") << "x";
-    cases.push_back({"non-empty output", Consolidate("full"), "",
-                     absl::StatusCode::kFailedPrecondition, ""});
+    cases.push_back(
+        {"non-empty output", Consolidate("full"), "", absl::StatusCode::kFailedPrecondition, ""});
   }
   for (const Case& c : cases) {
     auto job = client_->Submit(c.spec, c.key);
@@ -633,8 +629,8 @@ TEST_F(ServerTest, PathsOutsideRootsAreDenied) {
   cases.push_back({"output is the root", spec});
   for (const auto& [what, bad] : cases) {
     auto job = client_->Submit(bad, "");
-    EXPECT_EQ(job.status().code(), absl::StatusCode::kPermissionDenied) << what << ": "
-                                                                         << job.status();
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kPermissionDenied)
+        << what << ": " << job.status();
     EXPECT_EQ(client_->Plan(bad).status().code(), absl::StatusCode::kPermissionDenied) << what;
   }
   EXPECT_EQ(client_->Inspect(outside_ + "/model.safetensors", "").status().code(),
@@ -655,8 +651,7 @@ TEST_F(ServerTest, HealthServingThenGone) {
   const std::string address = server_->address();
   server_->Shutdown();
   auto after = Health(address);
-  EXPECT_TRUE(!after.ok() || *after == HealthStatus::NOT_SERVING)
-      << "still serving after Shutdown";
+  EXPECT_TRUE(!after.ok() || *after == HealthStatus::NOT_SERVING) << "still serving after Shutdown";
   EXPECT_FALSE(client_->Get("anything").ok());
 }
 

@@ -1,9 +1,9 @@
-#include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace reshard {
 
@@ -127,10 +127,10 @@ absl::Status ValidateCatalog(const Catalog& catalog) {
       unsigned __int128 end_byte =
           piece.byte_offset + (last_element + 1) * static_cast<unsigned __int128>(element_size);
       if (end_byte > file.size) {
-        return absl::DataLossError(absl::StrCat(
-            file.path, ": tensor \"", tensor.name, "\": data at byte offset ", piece.byte_offset,
-            " extends to byte ", static_cast<uint64_t>(end_byte), ", past the end of the file (",
-            file.size, " bytes)"));
+        return absl::DataLossError(
+            absl::StrCat(file.path, ": tensor \"", tensor.name, "\": data at byte offset ",
+                         piece.byte_offset, " extends to byte ", static_cast<uint64_t>(end_byte),
+                         ", past the end of the file (", file.size, " bytes)"));
       }
     }
   }

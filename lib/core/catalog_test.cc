@@ -54,11 +54,11 @@ void CheckFlatRange(const Shape& shape, DType dtype, int64_t begin, int64_t end,
   for (const SourcePiece& piece : tensor.pieces) {
     EXPECT_EQ(piece.file, 3) << context;
     ASSERT_EQ(piece.box.rank(), shape.size()) << context;
-    ASSERT_TRUE(Contains(Box::Full(shape), piece.box)) << context << " piece " << BoxToString(piece.box);
+    ASSERT_TRUE(Contains(Box::Full(shape), piece.box))
+        << context << " piece " << BoxToString(piece.box);
     EXPECT_EQ(piece.strides, strides) << context;
     const int64_t flat_origin = FlatIndex(shape, piece.box.origin);
-    EXPECT_EQ(piece.byte_offset,
-              base + static_cast<uint64_t>(flat_origin - begin) * element_size)
+    EXPECT_EQ(piece.byte_offset, base + static_cast<uint64_t>(flat_origin - begin) * element_size)
         << context << " piece " << BoxToString(piece.box);
     ForEachIndex(piece.box, [&](const std::vector<int64_t>& index) {
       const int64_t flat = FlatIndex(shape, index);
@@ -135,8 +135,8 @@ TEST(AddFlatRangePiecesTest, RandomShapesAndRangesTileExactly) {
     const DType dtype = dtypes[iteration % 4];
     const std::string context = "seed " + std::to_string(seed) + " iteration " +
                                 std::to_string(iteration) + " shape " + ShapeToString(shape) +
-                                " range [" + std::to_string(begin) + ", " +
-                                std::to_string(end) + ")";
+                                " range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                ")";
     CheckFlatRange(shape, dtype, begin, end, context);
     if (HasFatalFailure() || HasNonfatalFailure()) return;
   }

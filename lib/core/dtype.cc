@@ -1,5 +1,6 @@
-#include "absl/strings/string_view.h"
 #include "lib/core/dtype.h"
+
+#include "absl/strings/string_view.h"
 
 namespace reshard {
 namespace {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <optional>
+
 #include "absl/strings/string_view.h"
 
 namespace reshard {
@@ -32,9 +33,9 @@ enum class DType : unsigned char {
 };
 
 inline constexpr DType kAllDTypes[] = {
-    DType::kBool, DType::kU8,  DType::kI8,   DType::kF8E5M2, DType::kF8E4M3, DType::kF8E8M0,
-    DType::kI16,  DType::kU16, DType::kF16,  DType::kBF16,   DType::kI32,    DType::kU32,
-    DType::kF32,  DType::kF64, DType::kI64,  DType::kU64,
+    DType::kBool, DType::kU8,  DType::kI8,  DType::kF8E5M2, DType::kF8E4M3, DType::kF8E8M0,
+    DType::kI16,  DType::kU16, DType::kF16, DType::kBF16,   DType::kI32,    DType::kU32,
+    DType::kF32,  DType::kF64, DType::kI64, DType::kU64,
 };
 
 // Bytes per element.

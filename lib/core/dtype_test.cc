@@ -44,8 +44,8 @@ TEST(DTypeTest, RoundTripEveryDType) {
 }
 
 TEST(DTypeTest, UnknownNames) {
-  for (const char* name : {"F4", "F6_E2M3", "F6_E3M2", "C64", "f32", "", "F8_E4M3FNUZ",
-                           "float32", "F32 ", "Bool"}) {
+  for (const char* name :
+       {"F4", "F6_E2M3", "F6_E3M2", "C64", "f32", "", "F8_E4M3FNUZ", "float32", "F32 ", "Bool"}) {
     EXPECT_FALSE(DTypeFromName(name).has_value()) << "\"" << name << "\"";
   }
   EXPECT_FALSE(DTypeFromName(absl::string_view("F32\0", 4)).has_value());
@@ -61,9 +61,9 @@ TEST(DTypeTest, ConvertibleFloats) {
 TEST(DTypeTest, SortRankMatchesSafetensorsWriterOrder) {
   // The reference writer sorts by dtype descending: this is that order, first to last.
   const DType kWriterOrder[] = {
-      DType::kU64,    DType::kI64,    DType::kF64,    DType::kF32,  DType::kU32, DType::kI32,
-      DType::kBF16,   DType::kF16,    DType::kU16,    DType::kI16,  DType::kF8E8M0,
-      DType::kF8E4M3, DType::kF8E5M2, DType::kI8,     DType::kU8,   DType::kBool,
+      DType::kU64,    DType::kI64, DType::kF64, DType::kF32,  DType::kU32,    DType::kI32,
+      DType::kBF16,   DType::kF16, DType::kU16, DType::kI16,  DType::kF8E8M0, DType::kF8E4M3,
+      DType::kF8E5M2, DType::kI8,  DType::kU8,  DType::kBool,
   };
   ASSERT_EQ(std::size(kWriterOrder), std::size(kAllDTypes));
   for (size_t i = 0; i + 1 < std::size(kWriterOrder); ++i) {

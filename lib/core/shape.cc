@@ -9,9 +9,7 @@
 
 namespace reshard {
 
-Box Box::Full(const Shape& shape) {
-  return Box{std::vector<int64_t>(shape.size(), 0), shape};
-}
+Box Box::Full(const Shape& shape) { return Box{std::vector<int64_t>(shape.size(), 0), shape}; }
 
 absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape) {
   int64_t count = 1;

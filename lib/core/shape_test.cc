@@ -20,8 +20,7 @@ TEST(ShapeTest, NumElementsNegative) {
   auto result = NumElements({2, -1, 3});
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(result.status().message().find("negative"), absl::string_view::npos)
-      << result.status();
+  EXPECT_NE(result.status().message().find("negative"), absl::string_view::npos) << result.status();
   // A negative extent after a zero is still rejected.
   EXPECT_FALSE(NumElements({0, -2}).ok());
 }
@@ -30,8 +29,7 @@ TEST(ShapeTest, NumElementsOverflow) {
   auto result = NumElements({int64_t{1} << 32, int64_t{1} << 32});
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(result.status().message().find("overflow"), absl::string_view::npos)
-      << result.status();
+  EXPECT_NE(result.status().message().find("overflow"), absl::string_view::npos) << result.status();
   EXPECT_FALSE(NumElements({std::numeric_limits<int64_t>::max(), 2}).ok());
   EXPECT_TRUE(NumElements({std::numeric_limits<int64_t>::max(), 1}).ok());
   // Three factors that only overflow together.

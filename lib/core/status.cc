@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 
 #include <cerrno>
@@ -6,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace reshard {
 

@@ -7,11 +7,11 @@
 #ifndef RESHARD_LIB_CORE_STATUS_H_
 #define RESHARD_LIB_CORE_STATUS_H_
 
-#include "absl/strings/string_view.h"
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace reshard {
 
@@ -29,12 +29,12 @@ absl::Status ErrnoToStatus(int error_number, absl::string_view what);
 #define RESHARD_STATUS_CONCAT_(a, b) RESHARD_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the current function if `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                                   \
-  do {                                                          \
-    ::absl::Status reshard_status_macro_value_ = (expr);        \
-    if (!reshard_status_macro_value_.ok()) {                    \
-      return reshard_status_macro_value_;                       \
-    }                                                           \
+#define RETURN_IF_ERROR(expr)                            \
+  do {                                                   \
+    ::absl::Status reshard_status_macro_value_ = (expr); \
+    if (!reshard_status_macro_value_.ok()) {             \
+      return reshard_status_macro_value_;                \
+    }                                                    \
   } while (false)
 
 // `ASSIGN_OR_RETURN(auto x, FunctionReturningStatusOr());` assigns the value or returns the
@@ -43,10 +43,10 @@ absl::Status ErrnoToStatus(int error_number, absl::string_view what);
   RESHARD_ASSIGN_OR_RETURN_IMPL_(RESHARD_STATUS_CONCAT_(reshard_statusor_, __LINE__), lhs, expr)
 
 #define RESHARD_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
-  auto statusor = (expr);                                    \
-  if (!statusor.ok()) {                                      \
-    return std::move(statusor).status();                     \
-  }                                                          \
+  auto statusor = (expr);                                   \
+  if (!statusor.ok()) {                                     \
+    return std::move(statusor).status();                    \
+  }                                                         \
   lhs = *std::move(statusor)
 
 #endif  // RESHARD_LIB_CORE_STATUS_H_

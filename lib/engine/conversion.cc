@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "lib/engine/conversion.h"
 
 #include <xxhash.h>
@@ -10,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/staging_dir.h"
@@ -60,7 +60,8 @@ uint64_t MemoryUpperBound(const ConversionSpec& spec) {
 absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   if (spec.input.empty()) return absl::InvalidArgumentError("no input given");
   if (spec.threads < 1 || spec.threads > 256) {
-    return absl::InvalidArgumentError(absl::StrCat("threads must be in [1, 256], got ", spec.threads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads must be in [1, 256], got ", spec.threads));
   }
   if (spec.window_bytes < 4096 || spec.window_bytes > (4ull << 30)) {
     return absl::InvalidArgumentError("window size must be between 4 KiB and 4 GiB");
@@ -71,9 +72,9 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   ASSIGN_OR_RETURN(planned.writer, FindOutputFormat(spec.output_format));
   const Catalog& catalog = planned.input.catalog;
   if (spec.kind == ConversionSpec::Kind::kConsolidate) {
-    ASSIGN_OR_RETURN(planned.layout,
-                     BuildConsolidateLayout(catalog, spec.dtype, spec.max_shard_size,
-                                            planned.writer->naming()));
+    ASSIGN_OR_RETURN(
+        planned.layout,
+        BuildConsolidateLayout(catalog, spec.dtype, spec.max_shard_size, planned.writer->naming()));
   } else {
     if (spec.parts < 1 || spec.parts > 4096) {
       return absl::InvalidArgumentError(
@@ -191,7 +192,8 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   for (const FilePlan& file : planned.plan.files) result.tensors += file.tensors.size();
   for (const auto& [name, contents] : planned.companion_files) {
     RETURN_IF_ERROR(WriteFileAtomically(staging.path(), name, contents));
-    result.files.push_back({name, contents.size(), XXH3_64bits(contents.data(), contents.size()), 0});
+    result.files.push_back(
+        {name, contents.size(), XXH3_64bits(contents.data(), contents.size()), 0});
     result.bytes_written += contents.size();
   }
   // The manifest is the commit mark: written last, then the folder is published at once.

@@ -57,7 +57,7 @@ struct ConversionSpec {
   DTypePolicy dtype = DTypePolicy::kKeep;
   // Consolidate: largest output file, Hugging Face's rule. Default: 5 GB (decimal).
   uint64_t max_shard_size = 5'000'000'000ull;
-  int parts = 0;           // reshard: number of output parts
+  int parts = 0;  // reshard: number of output parts
   // Partition rules, needed to merge or split parts: inline JSON (the daemon's way), or a file.
   std::string rules_json;
   std::string rules_file;

@@ -15,30 +15,13 @@
 #include "lib/engine/verify.h"
 #include "lib/formats/safetensors/safetensors_format.h"
 #include "lib/io/staging_dir.h"
+#include "lib/testing/test_files.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string MakeTempDir(const std::string& tag) {
-  std::string pattern = testing::TempDir() + "/" + tag + "_XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return fs::path(pattern).lexically_normal().string();
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-void WriteAll(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-}
 
 struct TestTensor {
   std::string name;
@@ -68,7 +51,8 @@ std::vector<TestTensor> MakeModel(uint32_t seed) {
       } else if (t.dtype == DType::kBF16 || t.dtype == DType::kF16) {
         // Finite 16-bit floats of moderate size (exponent field kept away from Inf/NaN).
         uint16_t bits = static_cast<uint16_t>((rng() & 0x83ff) | ((10 + rng() % 12) << 10));
-        if (t.dtype == DType::kBF16) bits = static_cast<uint16_t>((rng() & 0x807f) | ((120 + rng() % 12) << 7));
+        if (t.dtype == DType::kBF16)
+          bits = static_cast<uint16_t>((rng() & 0x807f) | ((120 + rng() % 12) << 7));
         t.data.append(reinterpret_cast<const char*>(&bits), 2);
       } else if (t.dtype == DType::kI64) {
         int64_t v = static_cast<int64_t>(rng()) * 1000;

@@ -97,15 +97,15 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     TensorMismatch mismatch;
     mismatch.name = ta.name;
     if (ta.shape != tb.shape) {
-      mismatch.reason = absl::StrCat("shape differs: ", ShapeToString(ta.shape), " vs ",
-                                     ShapeToString(tb.shape));
+      mismatch.reason =
+          absl::StrCat("shape differs: ", ShapeToString(ta.shape), " vs ", ShapeToString(tb.shape));
       result.mismatched.push_back(std::move(mismatch));
       continue;
     }
     std::optional<DType> dtype = CompareDType(ta.dtype, tb.dtype);
     if (!dtype.has_value()) {
-      mismatch.reason = absl::StrCat("dtype differs: ", DTypeName(ta.dtype), " vs ",
-                                     DTypeName(tb.dtype));
+      mismatch.reason =
+          absl::StrCat("dtype differs: ", DTypeName(ta.dtype), " vs ", DTypeName(tb.dtype));
       result.mismatched.push_back(std::move(mismatch));
       continue;
     }
@@ -144,8 +144,7 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
       result.mismatched.push_back(std::move(mismatch));
     }
   }
-  result.equal =
-      result.mismatched.empty() && result.only_in_a.empty() && result.only_in_b.empty();
+  result.equal = result.mismatched.empty() && result.only_in_a.empty() && result.only_in_b.empty();
   return result;
 }
 

@@ -20,10 +20,10 @@ namespace reshard {
 
 struct TensorMismatch {
   std::string name;
-  std::string reason;       // "values differ", "shape differs", "dtype differs"
-  int64_t mismatches = 0;   // elements that differ (for "values differ")
-  int64_t first_index = -1; // flat index of the first differing element
-  std::string a_value;      // the first differing elements, as hex bits of the compared dtype
+  std::string reason;        // "values differ", "shape differs", "dtype differs"
+  int64_t mismatches = 0;    // elements that differ (for "values differ")
+  int64_t first_index = -1;  // flat index of the first differing element
+  std::string a_value;       // the first differing elements, as hex bits of the compared dtype
   std::string b_value;
 };
 

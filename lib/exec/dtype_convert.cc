@@ -39,7 +39,8 @@ __attribute__((target("avx,f16c"))) void F32ToF16Hardware(const std::byte* src, 
     __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i * 2), h);
   }
-  for (; i < count; ++i) Store<uint16_t>(dst + i * 2, F32BitsToF16Bits(Load<uint32_t>(src + i * 4)));
+  for (; i < count; ++i)
+    Store<uint16_t>(dst + i * 2, F32BitsToF16Bits(Load<uint32_t>(src + i * 4)));
 }
 
 __attribute__((target("avx,f16c"))) void F16ToF32Hardware(const std::byte* src, std::byte* dst,
@@ -49,7 +50,8 @@ __attribute__((target("avx,f16c"))) void F16ToF32Hardware(const std::byte* src, 
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i * 2));
     _mm256_storeu_ps(reinterpret_cast<float*>(dst + i * 4), _mm256_cvtph_ps(h));
   }
-  for (; i < count; ++i) Store<uint32_t>(dst + i * 4, F16BitsToF32Bits(Load<uint16_t>(src + i * 2)));
+  for (; i < count; ++i)
+    Store<uint32_t>(dst + i * 4, F16BitsToF32Bits(Load<uint16_t>(src + i * 2)));
 }
 
 bool HasF16C() {
@@ -94,7 +96,7 @@ uint16_t F32BitsToF16Bits(uint32_t bits) {
     return static_cast<uint16_t>(sign | 0x7c00u);
   }
   if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: Inf
-  if (magnitude < 0x38800000u) {  // below 2^-14: F16 subnormal or zero
+  if (magnitude < 0x38800000u) {                // below 2^-14: F16 subnormal or zero
     if (magnitude <= 0x33000000u) return sign;  // <= 2^-25 rounds to zero (2^-25 is a tie)
     const uint32_t exponent = magnitude >> 23;
     const uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
@@ -154,9 +156,8 @@ void ConvertElements(const std::byte* src, int64_t src_stride, DType src_dtype, 
       if (dst_dtype == DType::kF32) {
         Map<uint16_t, uint32_t>(src, src_stride, dst, count, BF16BitsToF32Bits);
       } else {
-        Map<uint16_t, uint16_t>(src, src_stride, dst, count, [](uint16_t b) {
-          return F32BitsToF16Bits(BF16BitsToF32Bits(b));
-        });
+        Map<uint16_t, uint16_t>(src, src_stride, dst, count,
+                                [](uint16_t b) { return F32BitsToF16Bits(BF16BitsToF32Bits(b)); });
       }
       return;
     case DType::kF16:
@@ -167,9 +168,8 @@ void ConvertElements(const std::byte* src, int64_t src_stride, DType src_dtype, 
           Map<uint16_t, uint32_t>(src, src_stride, dst, count, F16BitsToF32Bits);
         }
       } else {
-        Map<uint16_t, uint16_t>(src, src_stride, dst, count, [](uint16_t b) {
-          return F32BitsToBF16Bits(F16BitsToF32Bits(b));
-        });
+        Map<uint16_t, uint16_t>(src, src_stride, dst, count,
+                                [](uint16_t b) { return F32BitsToBF16Bits(F16BitsToF32Bits(b)); });
       }
       return;
     default:

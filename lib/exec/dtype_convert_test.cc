@@ -47,15 +47,16 @@ double F16Value(uint16_t h) {
 uint16_t ReferenceF32ToF16(float x) {
   const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
   const double a = std::fabs(static_cast<double>(x));
-  auto magnitude_value = [](uint16_t m) {
-    return m == 0x7c00 ? 65536.0 : F16Value(m);
-  };
+  auto magnitude_value = [](uint16_t m) { return m == 0x7c00 ? 65536.0 : F16Value(m); };
   if (a >= 65536.0) return sign | 0x7c00;
   // Largest m with value(m) <= a.
   uint16_t lo = 0, hi = 0x7c00;
   while (hi - lo > 1) {
     const uint16_t mid = static_cast<uint16_t>((lo + hi) / 2);
-    if (magnitude_value(mid) <= a) lo = mid; else hi = mid;
+    if (magnitude_value(mid) <= a)
+      lo = mid;
+    else
+      hi = mid;
   }
   if (magnitude_value(lo) == a) return sign | lo;
   const double down = a - magnitude_value(lo);
@@ -120,8 +121,8 @@ TEST(DTypeConvertTest, F32ToF16MidpointsTieToEven) {
       const float mid = static_cast<float>(sign ? -mid_magnitude : mid_magnitude);
       ASSERT_EQ(static_cast<double>(std::fabs(mid)), mid_magnitude) << "midpoint not exact";
       const uint16_t even = (i & 1) ? hi : lo;
-      ASSERT_EQ(F32BitsToF16Bits(FloatBits(mid)), even) << std::hex << "between 0x" << lo
-                                                        << " and 0x" << hi;
+      ASSERT_EQ(F32BitsToF16Bits(FloatBits(mid)), even)
+          << std::hex << "between 0x" << lo << " and 0x" << hi;
       // One float ulp either side of the midpoint decides without a tie.
       const float above = std::nextafter(mid, sign ? -INFINITY : INFINITY);
       const float below = std::nextafter(mid, 0.0f);
@@ -158,8 +159,8 @@ TEST(DTypeConvertTest, F32ToF16Subnormals) {
 }
 
 TEST(DTypeConvertTest, F32ToF16NaN) {
-  for (uint32_t bits : {0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0x7f802000u,
-                        0xffc00001u}) {
+  for (uint32_t bits :
+       {0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0x7f802000u, 0xffc00001u}) {
     const uint16_t h = F32BitsToF16Bits(bits);
     EXPECT_TRUE(IsF16NaN(h)) << std::hex << bits;
     EXPECT_TRUE(h & 0x0200) << "not quiet: " << std::hex << bits;
@@ -194,8 +195,8 @@ TEST(DTypeConvertTest, F32ToBF16) {
   EXPECT_EQ(F32BitsToBF16Bits(0x7f7f8000u), 0x7f80);  // tie at the top: to even = Inf
   EXPECT_EQ(F32BitsToBF16Bits(0x00000001u), 0x0000);
   EXPECT_EQ(F32BitsToBF16Bits(0x80000000u), 0x8000);
-  for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0x7f80ffffu,
-                       0xffbfffffu}) {
+  for (uint32_t nan :
+       {0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0x7f80ffffu, 0xffbfffffu}) {
     const uint16_t b = F32BitsToBF16Bits(nan);
     EXPECT_TRUE(IsBF16NaN(b)) << std::hex << nan << " -> " << b;
     EXPECT_TRUE(b & 0x0040) << "not quiet: " << std::hex << nan;
@@ -234,11 +235,21 @@ std::vector<uint32_t> RandomF32Bits(uint32_t seed, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const uint32_t r = rng();
     switch (i % 5) {
-      case 0: values[i] = specials[r % std::size(specials)]; break;
-      case 1: values[i] = (r & 0x807fffffu) | ((100u + rng() % 44u) << 23); break;
-      case 2: values[i] = (r & 0x807fffffu) | 0x7f800000u; break;  // Inf or NaN
-      case 3: values[i] = r & 0x807fffffu; break;                 // subnormal or zero
-      default: values[i] = r; break;
+      case 0:
+        values[i] = specials[r % std::size(specials)];
+        break;
+      case 1:
+        values[i] = (r & 0x807fffffu) | ((100u + rng() % 44u) << 23);
+        break;
+      case 2:
+        values[i] = (r & 0x807fffffu) | 0x7f800000u;
+        break;  // Inf or NaN
+      case 3:
+        values[i] = r & 0x807fffffu;
+        break;  // subnormal or zero
+      default:
+        values[i] = r;
+        break;
     }
   }
   std::shuffle(values.begin(), values.end(), rng);
@@ -248,8 +259,8 @@ std::vector<uint32_t> RandomF32Bits(uint32_t seed, size_t count) {
 // Converts `values` (of `src` dtype, given as raw bytes) densely and with stride 2 through an
 // interleaved buffer, and checks both agree with each other and with `scalar`.
 template <typename From, typename To, typename Scalar>
-void CheckDenseMatchesStrided(const std::vector<From>& values, DType src, DType dst,
-                              Scalar scalar, const std::string& context) {
+void CheckDenseMatchesStrided(const std::vector<From>& values, DType src, DType dst, Scalar scalar,
+                              const std::string& context) {
   const size_t n = values.size();
   std::vector<From> interleaved(2 * n);
   for (size_t i = 0; i < n; ++i) {
@@ -284,16 +295,14 @@ void CheckDenseMatchesStrided(const std::vector<From>& values, DType src, DType 
 TEST(ConvertElementsTest, DenseAndStridedAgreeF32ToF16) {
   const uint32_t seed = 31337;
   const auto values = RandomF32Bits(seed, 1'000'003);
-  CheckDenseMatchesStrided<uint32_t, uint16_t>(values, DType::kF32, DType::kF16,
-                                               F32BitsToF16Bits,
+  CheckDenseMatchesStrided<uint32_t, uint16_t>(values, DType::kF32, DType::kF16, F32BitsToF16Bits,
                                                "F32->F16 seed " + std::to_string(seed));
 }
 
 TEST(ConvertElementsTest, DenseAndStridedAgreeF32ToBF16) {
   const uint32_t seed = 31338;
   const auto values = RandomF32Bits(seed, 200'003);
-  CheckDenseMatchesStrided<uint32_t, uint16_t>(values, DType::kF32, DType::kBF16,
-                                               F32BitsToBF16Bits,
+  CheckDenseMatchesStrided<uint32_t, uint16_t>(values, DType::kF32, DType::kBF16, F32BitsToBF16Bits,
                                                "F32->BF16 seed " + std::to_string(seed));
 }
 
@@ -308,16 +317,16 @@ TEST(ConvertElementsTest, DenseAndStridedAgreeF16ToF32) {
   // Every F16 pattern, NaNs with payloads included: the hardware (dense) and software (strided)
   // paths must produce identical bits.
   const uint32_t seed = 5;
-  CheckDenseMatchesStrided<uint16_t, uint32_t>(AllF16BitsShuffled(seed), DType::kF16,
-                                               DType::kF32, F16BitsToF32Bits,
+  CheckDenseMatchesStrided<uint16_t, uint32_t>(AllF16BitsShuffled(seed), DType::kF16, DType::kF32,
+                                               F16BitsToF32Bits,
                                                "F16->F32 seed " + std::to_string(seed));
 }
 
 TEST(ConvertElementsTest, DenseAndStridedAgreeBetween16BitTypes) {
   const uint32_t seed = 6;
   const auto values = AllF16BitsShuffled(seed);
-  CheckDenseMatchesStrided<uint16_t, uint32_t>(values, DType::kBF16, DType::kF32,
-                                               BF16BitsToF32Bits, "BF16->F32");
+  CheckDenseMatchesStrided<uint16_t, uint32_t>(values, DType::kBF16, DType::kF32, BF16BitsToF32Bits,
+                                               "BF16->F32");
   CheckDenseMatchesStrided<uint16_t, uint16_t>(
       values, DType::kBF16, DType::kF16,
       [](uint16_t b) { return F32BitsToF16Bits(BF16BitsToF32Bits(b)); }, "BF16->F16");

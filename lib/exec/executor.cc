@@ -1,19 +1,18 @@
-#include "absl/strings/string_view.h"
 #include "lib/exec/executor.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <memory>
 #include <optional>
 #include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
 #include "lib/exec/tensor_filler.h"
@@ -57,8 +56,7 @@ class ProgressTracker {
 // Two buffers of half the window each: one being filled, one being written.
 class WindowPipeline {
  public:
-  WindowPipeline(AtomicFile& file, size_t window_bytes)
-      : file_(file), hash_(XXH3_createState()) {
+  WindowPipeline(AtomicFile& file, size_t window_bytes) : file_(file), hash_(XXH3_createState()) {
     const size_t half = std::max<size_t>(window_bytes / 2, 4096);
     buffers_[0].resize(half);
     buffers_[1].resize(half);
@@ -201,10 +199,10 @@ class FileWriter {
     int64_t done = 0;
     while (done < copy.num_elements) {
       if (room() < element_size) RETURN_IF_ERROR(Flush());
-      const int64_t count = std::min(static_cast<int64_t>(room() / element_size),
-                                     copy.num_elements - done);
-      RETURN_IF_ERROR(
-          filler.Fill(done, done + count, reinterpret_cast<std::byte*>(pipeline_->buffer() + used_)));
+      const int64_t count =
+          std::min(static_cast<int64_t>(room() / element_size), copy.num_elements - done);
+      RETURN_IF_ERROR(filler.Fill(done, done + count,
+                                  reinterpret_cast<std::byte*>(pipeline_->buffer() + used_)));
       filler.ReleaseConsumed();  // the data is in the buffer now
       used_ += static_cast<size_t>(count) * element_size;
       done += count;
@@ -326,7 +324,8 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string&
   for (size_t f = 0; f < plan.files.size(); ++f) {
     if (!results[f].ok()) {
       // Report the root cause, not a sibling stopped because of it.
-      if (first_error.ok() || (absl::IsCancelled(first_error) && !absl::IsCancelled(results[f].status()))) {
+      if (first_error.ok() ||
+          (absl::IsCancelled(first_error) && !absl::IsCancelled(results[f].status()))) {
         first_error = Annotate(results[f].status(), plan.files[f].name);
       }
       continue;

@@ -14,30 +14,12 @@
 #include "gtest/gtest.h"
 #include "lib/exec/dtype_convert.h"
 #include "lib/plan/planner.h"
+#include "lib/testing/test_files.h"
 
 namespace reshard {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string MakeTempDir(const std::string& tag) {
-  std::string pattern = testing::TempDir() + "/" + tag + "_XXXXXX";
-  char* made = ::mkdtemp(pattern.data());
-  EXPECT_NE(made, nullptr);
-  return pattern;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-void WriteAll(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-}
 
 // Value of element (r, c) of the global F32 tensor: distinct, with fractional bits that make
 // narrowing round (and some values that tie), some negative.
@@ -58,8 +40,8 @@ std::string EncodeElement(float value, DType dtype) {
     out.resize(4);
     std::memcpy(out.data(), &value, 4);
   } else {
-    const uint16_t h = dtype == DType::kBF16 ? F32BitsToBF16Bits(Bits(value))
-                                             : F32BitsToF16Bits(Bits(value));
+    const uint16_t h =
+        dtype == DType::kBF16 ? F32BitsToBF16Bits(Bits(value)) : F32BitsToF16Bits(Bits(value));
     out.resize(2);
     std::memcpy(out.data(), &h, 2);
   }
@@ -106,8 +88,8 @@ Fixture MakeSource(const std::string& dir, int64_t rows, int64_t cols, int64_t s
   catalog.files.push_back({dir + "/b.bin", b.size()});
   CatalogTensor tensor{"w", DType::kF32, {rows, cols}, {}};
   tensor.pieces.push_back({0, junk_a.size(), Box{{0, 0}, {rows, split}}, {split, 1}});
-  tensor.pieces.push_back({1, junk_b.size(), Box{{0, split}, {rows, cols - split}},
-                           {cols - split, 1}});
+  tensor.pieces.push_back(
+      {1, junk_b.size(), Box{{0, split}, {rows, cols - split}}, {cols - split, 1}});
   catalog.tensors.push_back(tensor);
   catalog.Reindex();
   EXPECT_TRUE(ValidateCatalog(catalog).ok()) << ValidateCatalog(catalog);
@@ -128,12 +110,10 @@ Case MakeCase(const Fixture& fixture) {
   const Box sub{{1, 2}, {fixture.rows - 2, fixture.cols - 5}};
   const Box tail{{1, 0}, {fixture.rows - 1, fixture.cols}};
   const Box column{{0, fixture.cols - 2}, {fixture.rows, 1}};
-  c.layout.files.push_back({"full.bin",
-                            {{"w", 0, full, DType::kF32}, {"w_sub", 0, sub, DType::kBF16}},
-                            {}});
-  c.layout.files.push_back({"rows.bin",
-                            {{"w_rows", 0, tail, DType::kF16}, {"w_col", 0, column, DType::kF32}},
-                            {}});
+  c.layout.files.push_back(
+      {"full.bin", {{"w", 0, full, DType::kF32}, {"w_sub", 0, sub, DType::kBF16}}, {}});
+  c.layout.files.push_back(
+      {"rows.bin", {{"w_rows", 0, tail, DType::kF16}, {"w_col", 0, column, DType::kF32}}, {}});
   FileFraming f0;
   f0.segments.push_back({FramingSegment::Kind::kBytes, "HEADER--", -1});
   f0.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
@@ -160,8 +140,8 @@ void RunAndCompare(int64_t rows, int64_t cols, int64_t split) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   for (uint64_t window : {uint64_t{4096}, uint64_t{1}, uint64_t{32} << 20}) {
     for (int threads : {1, 2}) {
-      SCOPED_TRACE("shape [" + std::to_string(rows) + ", " + std::to_string(cols) +
-                   "] window " + std::to_string(window) + " threads " + std::to_string(threads));
+      SCOPED_TRACE("shape [" + std::to_string(rows) + ", " + std::to_string(cols) + "] window " +
+                   std::to_string(window) + " threads " + std::to_string(threads));
       const std::string out = MakeTempDir("out");
       ExecutorOptions options;
       options.threads = threads;

@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "lib/formats/format.h"
 
 #include <sys/stat.h>
@@ -6,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 namespace reshard {
@@ -68,8 +68,8 @@ absl::StatusOr<const OutputFormat*> FindOutputFormat(absl::string_view id) {
     if (format->id() == id) return format.get();
     ids.emplace_back(format->id());
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown output format \"", id,
-                                                 "\" (known: ", absl::StrJoin(ids, ", "), ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown output format \"", id, "\" (known: ", absl::StrJoin(ids, ", "), ")"));
 }
 
 }  // namespace reshard

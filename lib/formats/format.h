@@ -11,11 +11,11 @@
 
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 #include "lib/plan/layout.h"
 #include "lib/plan/layout_builders.h"

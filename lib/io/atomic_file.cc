@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "lib/io/atomic_file.h"
 
 #include <fcntl.h>
@@ -9,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 
 namespace reshard {
@@ -62,8 +62,8 @@ absl::Status AtomicFile::Append(absl::string_view data) {
     ssize_t written = ::write(fd_, data.data(), data.size());
     if (written < 0) {
       if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, absl::StrCat("writing ", temp_path_, " at byte offset ",
-                                               bytes_written_));
+      return ErrnoToStatus(
+          errno, absl::StrCat("writing ", temp_path_, " at byte offset ", bytes_written_));
     }
     data.remove_prefix(static_cast<size_t>(written));
     bytes_written_ += static_cast<uint64_t>(written);

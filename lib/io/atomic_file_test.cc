@@ -9,27 +9,14 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "lib/testing/test_files.h"
 
 namespace reshard {
 namespace {
 
-std::string MakeTempDir() {
-  std::string pattern = testing::TempDir() + "/atomic_XXXXXX";
-  char* made = ::mkdtemp(pattern.data());
-  EXPECT_NE(made, nullptr);
-  return pattern;
-}
-
 bool Exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 TEST(AtomicFileTest, CommitPublishesContent) {

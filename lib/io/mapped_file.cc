@@ -32,8 +32,8 @@ absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path, int64_t exp
   }
   if (expected_size >= 0 && st.st_size != expected_size) {
     ::close(fd);
-    return absl::DataLossError(absl::StrCat(path, ": file is ", st.st_size,
-                                            " bytes but was ", expected_size,
+    return absl::DataLossError(absl::StrCat(path, ": file is ", st.st_size, " bytes but was ",
+                                            expected_size,
                                             " bytes when it was read; it changed underneath"));
   }
   MappedFile file;
@@ -84,7 +84,8 @@ absl::Status MappedFile::ReadAt(uint64_t offset, size_t length, std::byte* out) 
     ssize_t n = ::pread(fd_, out + done, length - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, absl::StrCat("reading ", path_, " at byte offset ", offset + done));
+      return ErrnoToStatus(errno,
+                           absl::StrCat("reading ", path_, " at byte offset ", offset + done));
     }
     if (n == 0) {
       return absl::DataLossError(absl::StrCat(path_, ": file ended at byte offset ", offset + done,

@@ -23,8 +23,7 @@ class MappedFile {
  public:
   // Maps `path` read-only. `expected_size`, when given, must equal the file's size (it changed
   // since it was cataloged otherwise: DataLoss).
-  static absl::StatusOr<MappedFile> Open(const std::string& path,
-                                         int64_t expected_size = -1);
+  static absl::StatusOr<MappedFile> Open(const std::string& path, int64_t expected_size = -1);
 
   MappedFile() = default;
   MappedFile(MappedFile&& other) noexcept;

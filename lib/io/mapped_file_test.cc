@@ -71,8 +71,8 @@ TEST(MappedFileTest, ReleaseKeepsDataReadable) {
   ASSERT_TRUE(file.ok()) << file.status();
   ASSERT_EQ(std::memcmp(file->data(), data.data(), size), 0);
   file->Release(0, size);
-  file->Release(100, 70000);        // unaligned range
-  file->Release(size - 10, 1000);   // runs past the end
+  file->Release(100, 70000);       // unaligned range
+  file->Release(size - 10, 1000);  // runs past the end
   file->WillNeed(4096, 8192);
   EXPECT_EQ(std::memcmp(file->data(), data.data(), size), 0);
 }

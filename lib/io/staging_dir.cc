@@ -86,9 +86,9 @@ absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir,
     int fd = LockDirectory(staging.path_);
     if (fd < 0) {
       if (errno == EWOULDBLOCK) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "another reshard run is writing ", out, " (its staging folder ", staging.path_,
-            " is locked)"));
+        return absl::FailedPreconditionError(absl::StrCat("another reshard run is writing ", out,
+                                                          " (its staging folder ", staging.path_,
+                                                          " is locked)"));
       }
       return ErrnoToStatus(errno, absl::StrCat("locking stale staging folder ", staging.path_));
     }
@@ -173,7 +173,8 @@ absl::Status StagingDir::Publish() {
     std::error_code error;
     fs::remove_all(replaced, error);
     if (::rename(output_dir_.c_str(), replaced.c_str()) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("moving the output ", output_dir_, " aside to overwrite it"));
+      return ErrnoToStatus(
+          errno, absl::StrCat("moving the output ", output_dir_, " aside to overwrite it"));
     }
   }
   if (::rename(path_.c_str(), output_dir_.c_str()) != 0) {

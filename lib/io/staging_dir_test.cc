@@ -10,19 +10,12 @@
 
 #include "gtest/gtest.h"
 #include "lib/io/atomic_file.h"
+#include "lib/testing/test_files.h"
 
 namespace reshard {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string MakeTempDir() {
-  std::string pattern = testing::TempDir() + "/staging_XXXXXX";
-  char* made = ::mkdtemp(pattern.data());
-  EXPECT_NE(made, nullptr);
-  // StagingDir normalizes paths ("a//b" -> "a/b"); compare against the normal form.
-  return fs::path(pattern).lexically_normal().string();
-}
 
 bool Exists(const std::string& path) {
   struct stat st;

@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "lib/plan/layout_builders.h"
 
 #include <cctype>
@@ -9,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 
 namespace reshard {
@@ -67,14 +67,23 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
     const char* name;
     double factor;
   };
-  static constexpr Unit kUnits[] = {
-      {"", 1},          {"B", 1},         {"KB", 1e3},         {"MB", 1e6},
-      {"GB", 1e9},      {"TB", 1e12},     {"KIB", 1024.0},     {"MIB", 1048576.0},
-      {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}};
+  static constexpr Unit kUnits[] = {{"", 1},
+                                    {"B", 1},
+                                    {"KB", 1e3},
+                                    {"MB", 1e6},
+                                    {"GB", 1e9},
+                                    {"TB", 1e12},
+                                    {"KIB", 1024.0},
+                                    {"MIB", 1048576.0},
+                                    {"GIB", 1073741824.0},
+                                    {"TIB", 1099511627776.0},
+                                    {"K", 1e3},
+                                    {"M", 1e6},
+                                    {"G", 1e9}};
   double value = 0;
   if (number.empty() || !absl::SimpleAtod(number, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid size \"", text,
-                                                   "\"; expected e.g. 5GB, 500MB, 2GiB, 1048576"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid size \"", text, "\"; expected e.g. 5GB, 500MB, 2GiB, 1048576"));
   }
   for (const Unit& u : kUnits) {
     if (unit == u.name) {
@@ -150,10 +159,10 @@ absl::StatusOr<TargetLayout> BuildSplitLayout(const Catalog& catalog, const Part
     }
     ASSIGN_OR_RETURN(int dim, ResolveSplitDim(*rule, tensor.shape.size(), tensor.name));
     if (tensor.shape[dim] % parts != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", tensor.name, "\" of shape ", ShapeToString(tensor.shape),
-          ": dimension ", dim, " (size ", tensor.shape[dim], ") is not divisible into ", parts,
-          " parts (rule \"", rule->pattern, "\")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", tensor.name, "\" of shape ", ShapeToString(tensor.shape),
+                       ": dimension ", dim, " (size ", tensor.shape[dim],
+                       ") is not divisible into ", parts, " parts (rule \"", rule->pattern, "\")"));
     }
     const int64_t slice = tensor.shape[dim] / parts;
     for (int rank = 0; rank < parts; ++rank) {
@@ -171,10 +180,11 @@ absl::StatusOr<Catalog> MergeParts(std::vector<Catalog> parts, const PartitionRu
   if (parts.empty()) return absl::InvalidArgumentError("no model-parallel parts to merge");
   if (parts.size() == 1) return std::move(parts[0]);
   if (rules.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the input is ", parts.size(), " model-parallel parts (every file holds the same ",
-        parts[0].tensors.size(), " tensor names); merging them needs partition rules: pass "
-        "--rules FILE"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the input is ", parts.size(),
+                     " model-parallel parts (every file holds the same ", parts[0].tensors.size(),
+                     " tensor names); merging them needs partition rules: pass "
+                     "--rules FILE"));
   }
   auto part_name = [&](size_t p) {
     return p < part_names.size() ? part_names[p] : absl::StrCat("part ", p);

@@ -7,10 +7,10 @@
 #include <functional>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 #include "lib/core/dtype.h"
 #include "lib/plan/layout.h"

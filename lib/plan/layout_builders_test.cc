@@ -50,8 +50,7 @@ TEST(ParseByteSizeTest, Errors) {
     }
   }
   auto bad_unit = ParseByteSize("5XB");
-  EXPECT_NE(bad_unit.status().message().find("unit"), absl::string_view::npos)
-      << bad_unit.status();
+  EXPECT_NE(bad_unit.status().message().find("unit"), absl::string_view::npos) << bad_unit.status();
   EXPECT_FALSE(ParseByteSize("100000000TB").ok());  // 1e20 bytes: past uint64
 }
 
@@ -163,7 +162,7 @@ TEST(BuildConsolidateLayoutTest, DTypePolicyChangesSizes) {
   Catalog catalog;
   AddTensor(catalog, "a", DType::kF32, {10});  // 40 bytes, 20 as BF16
   AddTensor(catalog, "b", DType::kF32, {10});
-  AddTensor(catalog, "c", DType::kI32, {5});   // 20 bytes, kept
+  AddTensor(catalog, "c", DType::kI32, {5});  // 20 bytes, kept
   auto keep = BuildConsolidateLayout(catalog, DTypePolicy::kKeep, 60, TestNaming());
   ASSERT_TRUE(keep.ok());
   EXPECT_EQ(keep->files.size(), 2u);  // [a], [b, c]
@@ -247,7 +246,8 @@ TEST(BuildSplitLayoutTest, NoMatchingRule) {
   ASSERT_FALSE(layout.ok());
   EXPECT_NE(layout.status().message().find("lonely.bias"), absl::string_view::npos)
       << layout.status();
-  EXPECT_FALSE(BuildSplitLayout(catalog, PartitionRules(), 2, DTypePolicy::kKeep, TestNaming()).ok());
+  EXPECT_FALSE(
+      BuildSplitLayout(catalog, PartitionRules(), 2, DTypePolicy::kKeep, TestNaming()).ok());
   EXPECT_FALSE(BuildSplitLayout(catalog, *rules, 0, DTypePolicy::kKeep, TestNaming()).ok());
 }
 
@@ -369,8 +369,7 @@ TEST(MergePartsTest, NoRulesWithSeveralParts) {
   auto merged = MergeParts(parts, PartitionRules(), {"a", "b"});
   ASSERT_FALSE(merged.ok());
   EXPECT_EQ(merged.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(merged.status().message().find("--rules"), absl::string_view::npos)
-      << merged.status();
+  EXPECT_NE(merged.status().message().find("--rules"), absl::string_view::npos) << merged.status();
   // A single part needs no rules.
   auto single = MergeParts({Part("p0", {{"w", {2}}})}, PartitionRules(), {"a"});
   ASSERT_TRUE(single.ok());

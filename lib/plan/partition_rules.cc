@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "lib/plan/partition_rules.h"
 
 #include <fstream>
@@ -6,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 #include "nlohmann/json.hpp"
 #include "re2/re2.h"
@@ -25,8 +25,8 @@ absl::StatusOr<PartitionRules> PartitionRules::Create(std::vector<PartitionRule>
   PartitionRules result;
   for (size_t i = 0; i < rules.size(); ++i) {
     if (rules[i].pattern.size() > kMaxPatternLength) {
-      return absl::InvalidArgumentError(absl::StrCat("rule #", i, ": pattern longer than ",
-                                                     kMaxPatternLength, " characters"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rule #", i, ": pattern longer than ", kMaxPatternLength, " characters"));
     }
     RE2::Options options;
     options.set_log_errors(false);
@@ -96,8 +96,8 @@ absl::StatusOr<PartitionRules> PartitionRules::FromFile(const std::string& path)
   std::ostringstream text;
   text << in.rdbuf();
   if (text.str().size() > (16u << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat("partition rules file ", path,
-                                                   " is larger than 16 MiB"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition rules file ", path, " is larger than 16 MiB"));
   }
   return FromJson(text.str(), path);
 }
@@ -118,9 +118,9 @@ absl::StatusOr<int> ResolveSplitDim(const PartitionRule& rule, size_t rank,
                                     absl::string_view tensor_name) {
   int dim = rule.split_dim < 0 ? rule.split_dim + static_cast<int>(rank) : rule.split_dim;
   if (dim < 0 || dim >= static_cast<int>(rank)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor \"", tensor_name, "\" has ", rank, " dimension(s); rule \"", rule.pattern,
-        "\" splits dimension ", rule.split_dim));
+    return absl::InvalidArgumentError(absl::StrCat("tensor \"", tensor_name, "\" has ", rank,
+                                                   " dimension(s); rule \"", rule.pattern,
+                                                   "\" splits dimension ", rule.split_dim));
   }
   return dim;
 }

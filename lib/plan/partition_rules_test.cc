@@ -63,8 +63,9 @@ void ExpectInvalid(const std::string& json, const std::string& substring) {
 
 TEST(PartitionRulesTest, BadRegex) {
   ExpectInvalid(R"({"rules": [{"pattern": "a(b", "split_dim": 0}]})", "bad pattern");
-  ExpectInvalid(R"({"rules": [{"pattern": ".*", "replicate": true}, {"pattern": "[z-a]", "split_dim": 0}]})",
-                "rule #1");
+  ExpectInvalid(
+      R"({"rules": [{"pattern": ".*", "replicate": true}, {"pattern": "[z-a]", "split_dim": 0}]})",
+      "rule #1");
 }
 
 TEST(PartitionRulesTest, BothOrNeitherOfSplitDimAndReplicate) {

@@ -66,10 +66,10 @@ absl::Status ProveCoverage(const std::string& tensor_name, const Box& region,
     }
   }
   if (have != want) {
-    return absl::DataLossError(absl::StrCat(
-        "tensor \"", tensor_name, "\": source pieces cover ", have, " of the ", want,
-        " elements of region ", BoxToString(region),
-        "; the checkpoint is missing data for this tensor"));
+    return absl::DataLossError(absl::StrCat("tensor \"", tensor_name, "\": source pieces cover ",
+                                            have, " of the ", want, " elements of region ",
+                                            BoxToString(region),
+                                            "; the checkpoint is missing data for this tensor"));
   }
   return absl::OkStatus();
 }
@@ -164,8 +164,8 @@ absl::StatusOr<CopyPlan> BuildCopyPlan(const Catalog& catalog, const TargetLayou
       file_plan.segments.push_back(segment);
     }
     if (std::count(seen.begin(), seen.end(), 0) > 0) {
-      return absl::InternalError(absl::StrCat("writer framing of ", file.name,
-                                              " leaves out a tensor"));
+      return absl::InternalError(
+          absl::StrCat("writer framing of ", file.name, " leaves out a tensor"));
     }
     plan.total_bytes += file_plan.bytes;
     plan.files.push_back(std::move(file_plan));

@@ -146,8 +146,8 @@ TEST(PlannerTest, OverlapHiddenByVolumeIsCaught) {
   tensor.pieces.push_back({0, 0, Box{{1, 0}, {2, 4}}, {4, 1}});  // overlaps row 1, leaves row 3
   catalog.tensors.push_back(tensor);
   catalog.Reindex();
-  auto plan = BuildCopyPlan(catalog, OneFile(catalog, Box::Full({4, 4}), DType::kF32),
-                            {HeaderAndTensor()});
+  auto plan =
+      BuildCopyPlan(catalog, OneFile(catalog, Box::Full({4, 4}), DType::kF32), {HeaderAndTensor()});
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(plan.status().message().find("overlap"), absl::string_view::npos) << plan.status();
@@ -196,8 +196,7 @@ TEST(PlannerTest, FramingErrorsAreInternal) {
 
   FileFraming twice = HeaderAndTensor();
   twice.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
-  EXPECT_EQ(BuildCopyPlan(catalog, layout, {twice}).status().code(),
-            absl::StatusCode::kInternal);
+  EXPECT_EQ(BuildCopyPlan(catalog, layout, {twice}).status().code(), absl::StatusCode::kInternal);
   FileFraming out_of_range = HeaderAndTensor();
   out_of_range.segments[1].tensor = 1;
   EXPECT_EQ(BuildCopyPlan(catalog, layout, {out_of_range}).status().code(),

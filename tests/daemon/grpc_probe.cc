@@ -25,24 +25,42 @@ namespace {
 
 const char* CodeName(grpc::StatusCode code) {
   switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED: return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    default:
+      return "UNKNOWN";
   }
 }
 
@@ -51,11 +69,21 @@ std::string Quote(const std::string& text) {
   std::string out = "\"";
   for (unsigned char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -78,9 +106,10 @@ int Print(const grpc::Status& status, const google::protobuf::Message* response)
     body.clear();
     if (!google::protobuf::util::MessageToJsonString(*response, &body, options).ok()) body = "null";
   }
-  std::cout << "{\"code\": " << static_cast<int>(status.error_code()) << ", \"code_name\": "
-            << Quote(CodeName(status.error_code())) << ", \"message\": "
-            << Quote(status.error_message()) << ", \"response\": " << body << "}" << std::endl;
+  std::cout << "{\"code\": " << static_cast<int>(status.error_code())
+            << ", \"code_name\": " << Quote(CodeName(status.error_code()))
+            << ", \"message\": " << Quote(status.error_message()) << ", \"response\": " << body
+            << "}" << std::endl;
   return 0;
 }
 
@@ -128,20 +157,23 @@ int main(int argc, char** argv) {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
     grpc::Status status = stub->Check(&context, request, &response);
     if (!status.ok()) return Print(status, nullptr);
-    std::cout << "{\"code\": 0, \"code_name\": \"OK\", \"message\": \"\", \"response\": {\"status\": "
-              << Quote(grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()))
-              << "}}" << std::endl;
+    std::cout
+        << "{\"code\": 0, \"code_name\": \"OK\", \"message\": \"\", \"response\": {\"status\": "
+        << Quote(grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()))
+        << "}}" << std::endl;
     return 0;
   }
   auto stub = reshard::v1::Reshard::NewStub(channel);
   using namespace reshard::v1;
-  if (method == "SubmitJob") return Unary<SubmitJobRequest, Job>(*stub, &Reshard::Stub::SubmitJob, json);
+  if (method == "SubmitJob")
+    return Unary<SubmitJobRequest, Job>(*stub, &Reshard::Stub::SubmitJob, json);
   if (method == "Plan") return Unary<PlanRequest, PlanResponse>(*stub, &Reshard::Stub::Plan, json);
   if (method == "Inspect") {
     return Unary<InspectRequest, InspectResponse>(*stub, &Reshard::Stub::Inspect, json);
   }
   if (method == "GetJob") return Unary<GetJobRequest, Job>(*stub, &Reshard::Stub::GetJob, json);
-  if (method == "CancelJob") return Unary<CancelJobRequest, Job>(*stub, &Reshard::Stub::CancelJob, json);
+  if (method == "CancelJob")
+    return Unary<CancelJobRequest, Job>(*stub, &Reshard::Stub::CancelJob, json);
   std::cerr << "grpc_probe: unknown method " << method << "\n";
   return 2;
 }

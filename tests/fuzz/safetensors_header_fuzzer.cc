@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include "absl/strings/string_view.h"
 
+#include "absl/strings/string_view.h"
 #include "lib/formats/safetensors/header.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "lib/formats/safetensors/header.h"
 
 #include <fcntl.h>
@@ -12,6 +11,7 @@
 #include "absl/base/internal/endian.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 #include "nlohmann/json.hpp"
 
@@ -34,8 +34,9 @@ absl::StatusOr<uint64_t> NonNegativeInteger(const Json& value, absl::string_view
   if (value.is_number_integer() && value.get<int64_t>() >= 0) {
     return static_cast<uint64_t>(value.get<int64_t>());
   }
-  return absl::DataLossError(absl::StrCat("tensor \"", tensor, "\": ", what,
-                                          " must be a non-negative integer, got ", value.dump(-1, ' ', false, Json::error_handler_t::replace)));
+  return absl::DataLossError(
+      absl::StrCat("tensor \"", tensor, "\": ", what, " must be a non-negative integer, got ",
+                   value.dump(-1, ' ', false, Json::error_handler_t::replace)));
 }
 
 absl::StatusOr<SafetensorsTensorEntry> ParseEntry(const std::string& name, const Json& value) {
@@ -69,8 +70,8 @@ absl::StatusOr<SafetensorsTensorEntry> ParseEntry(const std::string& name, const
   ASSIGN_OR_RETURN(entry.begin, NonNegativeInteger((*offsets)[0], "data_offsets[0]", name));
   ASSIGN_OR_RETURN(entry.end, NonNegativeInteger((*offsets)[1], "data_offsets[1]", name));
   if (entry.end < entry.begin) {
-    return bad(absl::StrCat("data_offsets [", entry.begin, ", ", entry.end,
-                            "] end before they begin"));
+    return bad(
+        absl::StrCat("data_offsets [", entry.begin, ", ", entry.end, "] end before they begin"));
   }
   auto count = NumElements(entry.shape);
   unsigned __int128 bytes =
@@ -91,9 +92,9 @@ absl::StatusOr<SafetensorsTensorEntry> ParseEntry(const std::string& name, const
 absl::StatusOr<uint64_t> ParseSafetensorsHeaderLength(absl::string_view prefix8,
                                                       uint64_t file_size) {
   if (file_size < 8 || prefix8.size() < 8) {
-    return absl::DataLossError(absl::StrCat(
-        "file is ", file_size, " bytes, too short for the 8-byte header length; not a "
-        "safetensors file or truncated"));
+    return absl::DataLossError(absl::StrCat("file is ", file_size,
+                                            " bytes, too short for the 8-byte header length; not a "
+                                            "safetensors file or truncated"));
   }
   const uint64_t length = absl::little_endian::Load64(prefix8.data());
   if (length > kSafetensorsMaxHeaderBytes) {
@@ -120,7 +121,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeaderJson(absl::string_view j
   // Rejects duplicate keys and deep nesting while parsing, before a DOM grows.
   std::vector<std::set<std::string>> keys(kMaxDepth + 2);
   auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (depth > kMaxDepth) throw HeaderSchemaError{"header JSON nests deeper than the schema allows"};
+    if (depth > kMaxDepth)
+      throw HeaderSchemaError{"header JSON nests deeper than the schema allows"};
     if (event == Json::parse_event_t::object_start) {
       keys[depth + 1].clear();
     } else if (event == Json::parse_event_t::key) {
@@ -138,8 +140,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeaderJson(absl::string_view j
     return absl::DataLossError(e.message);
   } catch (const Json::parse_error& e) {
     return absl::DataLossError(absl::StrCat("header is not valid UTF-8 JSON (error at header byte ",
-                                            e.byte, ", file byte offset ", 8 + e.byte, "): ",
-                                            e.what()));
+                                            e.byte, ", file byte offset ", 8 + e.byte,
+                                            "): ", e.what()));
   } catch (const Json::exception& e) {
     return absl::DataLossError(absl::StrCat("header is not valid JSON: ", e.what()));
   }
@@ -149,9 +151,9 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeaderJson(absl::string_view j
       if (!it.value().is_object()) return absl::DataLossError("__metadata__ is not an object");
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
         if (!m.value().is_string()) {
-          return absl::DataLossError(absl::StrCat("__metadata__ value of \"", m.key(),
-                                                  "\" is not a string: ",
-                                                  m.value().dump(-1, ' ', false, Json::error_handler_t::replace)));
+          return absl::DataLossError(
+              absl::StrCat("__metadata__ value of \"", m.key(), "\" is not a string: ",
+                           m.value().dump(-1, ' ', false, Json::error_handler_t::replace)));
         }
         header.metadata[m.key()] = m.value().get<std::string>();
       }
@@ -169,7 +171,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeaderJson(absl::string_view j
     if (entry.begin != expected_begin) {
       return absl::DataLossError(absl::StrCat(
           "tensor \"", entry.name, "\": data_offsets [", entry.begin, ", ", entry.end, "] ",
-          entry.begin < expected_begin ? "overlap the previous tensor" : "leave a gap after the previous tensor",
+          entry.begin < expected_begin ? "overlap the previous tensor"
+                                       : "leave a gap after the previous tensor",
           ", which ends at ", expected_begin, " (file byte offset ",
           header.data_start + expected_begin, ")"));
     }
@@ -204,7 +207,8 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
   } closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
-  if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+  if (!S_ISREG(st.st_mode))
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
   *file_size = static_cast<uint64_t>(st.st_size);
   auto read_exact = [&](uint64_t offset, uint64_t length, std::string& out) -> absl::Status {
     out.resize(length);
@@ -212,8 +216,12 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
     while (done < length) {
       ssize_t n = ::pread(fd, out.data() + done, length - done, offset + done);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return ErrnoToStatus(errno, absl::StrCat("reading ", path, " at byte offset ", offset + done));
-      if (n == 0) return absl::DataLossError(absl::StrCat(path, ": unexpected end of file at byte offset ", offset + done));
+      if (n < 0)
+        return ErrnoToStatus(errno,
+                             absl::StrCat("reading ", path, " at byte offset ", offset + done));
+      if (n == 0)
+        return absl::DataLossError(
+            absl::StrCat(path, ": unexpected end of file at byte offset ", offset + done));
       done += static_cast<uint64_t>(n);
     }
     return absl::OkStatus();

@@ -94,9 +94,9 @@ TEST(SafetensorsHeaderTest, DuplicateKey) {
                    2),
               absl::StatusCode::kDataLoss, {"duplicate key \"w\""});
   // Inside a tensor entry too.
-  ExpectError(File(R"({"w": {"dtype": "U8", "dtype": "I8", "shape": [1], "data_offsets": [0, 1]}})",
-                   1),
-              absl::StatusCode::kDataLoss, {"duplicate key \"dtype\""});
+  ExpectError(
+      File(R"({"w": {"dtype": "U8", "dtype": "I8", "shape": [1], "data_offsets": [0, 1]}})", 1),
+      absl::StatusCode::kDataLoss, {"duplicate key \"dtype\""});
   // The same key in different objects is fine.
   EXPECT_TRUE(Parse(File(R"({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
                              "b": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})",
@@ -128,12 +128,13 @@ TEST(SafetensorsHeaderTest, ShapeTimesDTypeNotLength) {
   ExpectError(File(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}})", 20),
               absl::StatusCode::kDataLoss, {"\"w\"", "24 bytes", "[2, 3]"});
   // Overflowing products are caught, not wrapped.
-  ExpectError(File(R"({"w": {"dtype": "F64", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})",
-                   0),
-              absl::StatusCode::kDataLoss, {"overflow"});
-  ExpectError(File(R"({"w": {"dtype": "F64", "shape": [2305843009213693952], "data_offsets": [0, 0]}})",
-                   0),
-              absl::StatusCode::kDataLoss, {"\"w\""});
+  ExpectError(
+      File(R"({"w": {"dtype": "F64", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})",
+           0),
+      absl::StatusCode::kDataLoss, {"overflow"});
+  ExpectError(
+      File(R"({"w": {"dtype": "F64", "shape": [2305843009213693952], "data_offsets": [0, 0]}})", 0),
+      absl::StatusCode::kDataLoss, {"\"w\""});
 }
 
 TEST(SafetensorsHeaderTest, Overlap) {
@@ -195,8 +196,7 @@ TEST(SafetensorsHeaderTest, DeepNesting) {
   for (int i = 0; i < 100000; ++i) deep += "]";
   deep += "}";
   ExpectError(File(deep, 0), absl::StatusCode::kDataLoss, {"nest"});
-  ExpectError(File(R"({"__metadata__": {"k": {"x": "y"}}})", 0), absl::StatusCode::kDataLoss,
-              {});
+  ExpectError(File(R"({"__metadata__": {"k": {"x": "y"}}})", 0), absl::StatusCode::kDataLoss, {});
 }
 
 TEST(SafetensorsHeaderTest, ValidEmptyTensorsShareOffsets) {
@@ -240,7 +240,8 @@ TEST(SafetensorsHeaderTest, ValidWhitespacePadded) {
 TEST(SafetensorsHeaderTest, ReadFromFileNamesPath) {
   std::string dir = testing::TempDir() + "/hdr_XXXXXX";
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
-  const std::string good = File(R"({"w": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}})", 2);
+  const std::string good =
+      File(R"({"w": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}})", 2);
   std::ofstream(dir + "/good.safetensors", std::ios::binary) << good;
   uint64_t size = 0;
   auto header = ReadSafetensorsHeader(dir + "/good.safetensors", &size);

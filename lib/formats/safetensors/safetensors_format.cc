@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "lib/formats/safetensors/safetensors_format.h"
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 #include "nlohmann/json.hpp"
 
@@ -103,8 +103,8 @@ absl::StatusOr<InputModel> ReadIndexedFolder(const std::string& dir) {
   absl::flat_hash_map<std::string, std::string> file_of;  // tensor -> file
   for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
     if (!it.value().is_string()) {
-      return absl::DataLossError(absl::StrCat(index_path, ": weight_map entry \"", it.key(),
-                                              "\" is not a file name"));
+      return absl::DataLossError(
+          absl::StrCat(index_path, ": weight_map entry \"", it.key(), "\" is not a file name"));
     }
     const std::string file = it.value().get<std::string>();
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == ".." ||
@@ -127,15 +127,15 @@ absl::StatusOr<InputModel> ReadIndexedFolder(const std::string& dir) {
   size_t listed_found = 0;
   for (const std::string& name : file_names) {
     if (!fs::exists(absl::StrCat(dir, "/", name), error)) {
-      return absl::NotFoundError(absl::StrCat(index_path, " lists ", name,
-                                              ", which does not exist in ", dir));
+      return absl::NotFoundError(
+          absl::StrCat(index_path, " lists ", name, ", which does not exist in ", dir));
     }
     ASSIGN_OR_RETURN(FileHeader file, ReadOne(dir, name));
     for (const SafetensorsTensorEntry& entry : file.header.tensors) {
       auto it = file_of.find(entry.name);
       if (it == file_of.end()) {
-        return absl::DataLossError(absl::StrCat(file.path, ": tensor \"", entry.name,
-                                                "\" is not listed in ", index_path));
+        return absl::DataLossError(
+            absl::StrCat(file.path, ": tensor \"", entry.name, "\" is not listed in ", index_path));
       }
       if (it->second != name) {
         return absl::DataLossError(absl::StrCat(file.path, ": tensor \"", entry.name,
@@ -182,7 +182,8 @@ absl::StatusOr<InputModel> ReadPlainFolder(const std::string& dir) {
   };
   const std::vector<std::string> first_names = names_of(files[0]);
   bool all_same = files.size() > 1 && !first_names.empty();
-  for (size_t i = 1; i < files.size() && all_same; ++i) all_same = names_of(files[i]) == first_names;
+  for (size_t i = 1; i < files.size() && all_same; ++i)
+    all_same = names_of(files[i]) == first_names;
   if (all_same) {
     model.layout = "model-parallel-parts";
     for (const FileHeader& file : files) {
@@ -297,7 +298,8 @@ absl::StatusOr<std::string> EncodeSafetensorsHeader(
   } catch (const OrderedJson::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot encode a safetensors header (tensor or metadata names must be "
-                     "UTF-8): ", e.what()));
+                     "UTF-8): ",
+                     e.what()));
   }
   json.append((8 - json.size() % 8) % 8, ' ');
   if (json.size() > kSafetensorsMaxHeaderBytes) {
@@ -317,7 +319,9 @@ OutputNaming SafetensorsOutput::naming() const {
     if (count == 1) return std::string("model.safetensors");
     return absl::StrFormat("model-%05d-of-%05d.safetensors", index + 1, count);
   };
-  naming.part_file = [](int rank, int) { return absl::StrCat("model_part-", rank, ".safetensors"); };
+  naming.part_file = [](int rank, int) {
+    return absl::StrCat("model_part-", rank, ".safetensors");
+  };
   return naming;
 }
 
@@ -336,11 +340,11 @@ absl::StatusOr<FileFraming> SafetensorsOutput::Frame(const OutputFileLayout& fil
   for (int index : order) {
     const OutputTensor& tensor = file.tensors[index];
     if (!seen.emplace(tensor.name, index).second) {
-      return absl::InvalidArgumentError(absl::StrCat(file.name, ": tensor name \"", tensor.name,
-                                                     "\" appears twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.name, ": tensor name \"", tensor.name, "\" appears twice"));
     }
-    entries.push_back({tensor.name, tensor.dtype, tensor.region.extent, offset,
-                       offset + tensor.bytes()});
+    entries.push_back(
+        {tensor.name, tensor.dtype, tensor.region.extent, offset, offset + tensor.bytes()});
     offset += tensor.bytes();
   }
   std::map<std::string, std::string> metadata = file.metadata;

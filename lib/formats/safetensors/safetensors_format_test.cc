@@ -8,18 +8,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "lib/testing/test_files.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string MakeTempDir(const std::string& tag) {
-  std::string pattern = testing::TempDir() + "/" + tag + "_XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return pattern;
-}
 
 struct TestTensor {
   std::string name;
@@ -105,12 +100,9 @@ TEST(SafetensorsOutputTest, FrameOrdersByDTypeDescThenName) {
   file.name = "model.safetensors";
   file.metadata = {{"reshard_part", "1"}};
   file.tensors = {
-      {"z.bias", 0, Box{{0}, {4}}, DType::kBF16},
-      {"a.weight", 1, Box{{0, 0}, {2, 2}}, DType::kF32},
-      {"m.count", 2, Box{{}, {}}, DType::kI64},
-      {"b.bias", 3, Box{{2}, {3}}, DType::kBF16},
-      {"flag", 4, Box{{0}, {3}}, DType::kBool},
-      {"c.weight", 5, Box{{0, 0}, {1, 2}}, DType::kF32},
+      {"z.bias", 0, Box{{0}, {4}}, DType::kBF16}, {"a.weight", 1, Box{{0, 0}, {2, 2}}, DType::kF32},
+      {"m.count", 2, Box{{}, {}}, DType::kI64},   {"b.bias", 3, Box{{2}, {3}}, DType::kBF16},
+      {"flag", 4, Box{{0}, {3}}, DType::kBool},   {"c.weight", 5, Box{{0, 0}, {1, 2}}, DType::kF32},
   };
   auto framing = writer.Frame(file);
   ASSERT_TRUE(framing.ok()) << framing.status();
@@ -186,9 +178,8 @@ TEST(SafetensorsOutputTest, NamingAndIndex) {
 TEST(SafetensorsInputTest, SingleFile) {
   const std::string dir = MakeTempDir("single");
   const std::string path = dir + "/m.safetensors";
-  const std::string bytes =
-      WriteSafetensors(path, {{"w", DType::kF32, {2, 3}}, {"b", DType::kBF16, {3}}},
-                       {{"format", "pt"}});
+  const std::string bytes = WriteSafetensors(
+      path, {{"w", DType::kF32, {2, 3}}, {"b", DType::kBF16, {3}}}, {{"format", "pt"}});
   SafetensorsInput reader;
   EXPECT_TRUE(reader.Probe(path));
   EXPECT_TRUE(reader.Probe(dir));

@@ -1,0 +1,23 @@
+// Files and folders for tests: fresh temporary folders and whole-file reads and writes.
+// testonly: failures are reported through GoogleTest.
+
+#ifndef RESHARD_LIB_TESTING_TEST_FILES_H_
+#define RESHARD_LIB_TESTING_TEST_FILES_H_
+
+#include <string>
+
+namespace reshard {
+
+// A new, empty folder under the test's temporary directory, named after `tag`; the path is
+// normalized (no "//"). Fails the test (ADD_FAILURE) when it cannot be made.
+std::string MakeTempDir(const std::string& tag = "test");
+
+// The whole contents of `path`; fails the test when it cannot be read.
+std::string ReadAll(const std::string& path);
+
+// Replaces `path` with `data`; fails the test when it cannot be written.
+void WriteAll(const std::string& path, const std::string& data);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_TESTING_TEST_FILES_H_
