@@ -17,6 +17,7 @@
 #include "lib/core/status.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/io/atomic_file.h"
+#include "lib/io/page_buffer.h"
 
 namespace reshard {
 namespace {
@@ -58,8 +59,8 @@ class WindowPipeline {
  public:
   WindowPipeline(AtomicFile& file, size_t window_bytes) : file_(file), hash_(XXH3_createState()) {
     const size_t half = std::max<size_t>(window_bytes / 2, 4096);
-    buffers_[0].resize(half);
-    buffers_[1].resize(half);
+    buffers_[0] = PageBuffer(half);
+    buffers_[1] = PageBuffer(half);
     XXH3_64bits_reset(hash_);
     writer_ = std::thread([this] { WriterLoop(); });
   }
@@ -121,7 +122,7 @@ class WindowPipeline {
 
   AtomicFile& file_;
   XXH3_state_t* const hash_;
-  std::vector<char> buffers_[2];
+  PageBuffer buffers_[2];
   int filling_ = 0;  // only the filling thread uses it
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = -1;  // buffer being written, -1 when idle
