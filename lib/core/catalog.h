@@ -52,6 +52,10 @@ struct Catalog {
   // String metadata carried from the input (safetensors `__metadata__`), for writers that can
   // hold it and for `inspect`.
   std::map<std::string, std::string> metadata;
+  // Entries of the input that are not tensors (a torch checkpoint's step counters, configs,
+  // optimizer hyper-parameters), as "dotted.name: description", for `inspect` and for writers
+  // that can carry them.
+  std::vector<std::string> other_entries;
 
   // Index of a tensor by name, or -1.
   int Find(absl::string_view name) const;

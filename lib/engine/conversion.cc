@@ -189,6 +189,8 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   result.files = executed.files;
   result.bytes_read = executed.bytes_read;
   result.bytes_written = executed.bytes_written;
+  result.data_phases = executed.phases;
+  result.verification_failures = executed.verification_failures;
   for (const FilePlan& file : planned.plan.files) result.tensors += file.tensors.size();
   for (const auto& [name, contents] : planned.companion_files) {
     RETURN_IF_ERROR(WriteFileAtomically(staging.path(), name, contents));

@@ -94,10 +94,16 @@ struct ConversionResult {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
   double seconds = 0;
-  // Phases: reading metadata and planning; writing data files; index, manifest and publishing.
+  // Phases (wall time): reading metadata and planning; writing data files; index, manifest
+  // and publishing.
   double plan_seconds = 0;
   double write_seconds = 0;
   double publish_seconds = 0;
+  // Inside writing data files, summed over worker threads (see PhaseSeconds): reading,
+  // converting, the write calls, fsync, and checksumming reused files on resume.
+  PhaseSeconds data_phases;
+  // Reused files whose checksum no longer matched on resume (they were rewritten).
+  int verification_failures = 0;
 };
 
 struct RunControl {

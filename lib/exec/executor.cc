@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -21,6 +22,12 @@
 
 namespace reshard {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // Shared progress of all workers.
 class ProgressTracker {
@@ -88,6 +95,12 @@ class WindowPipeline {
     return absl::OkStatus();
   }
 
+  // Seconds the writer thread spent in Append. Call after Finish.
+  double write_seconds() {
+    absl::MutexLock lock(&mu_);
+    return write_seconds_;
+  }
+
   // Waits for the last write; the file's XXH3-64 after it.
   absl::StatusOr<uint64_t> Finish() {
     absl::MutexLock lock(&mu_);
@@ -113,8 +126,11 @@ class WindowPipeline {
       }
       // Only this thread touches the hash and the file while a buffer is pending.
       XXH3_64bits_update(hash_, buffers_[index].data(), bytes);
+      const Clock::time_point start = Clock::now();
       absl::Status status = file_.Append(absl::string_view(buffers_[index].data(), bytes));
+      const double seconds = SecondsSince(start);
       absl::MutexLock lock(&mu_);
+      write_seconds_ += seconds;
       if (!status.ok() && status_.ok()) status_ = status;
       pending_ = -1;
     }
@@ -129,6 +145,7 @@ class WindowPipeline {
   size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  double write_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread writer_;
 };
 
@@ -161,9 +178,12 @@ class FileWriter {
       }
       RETURN_IF_ERROR(Flush());
       ASSIGN_OR_RETURN(hash, pipeline.Finish());
+      phases_.write += pipeline.write_seconds();
       pipeline_ = nullptr;
     }
+    const Clock::time_point commit_start = Clock::now();
     RETURN_IF_ERROR(file.Commit());
+    phases_.fsync += SecondsSince(commit_start);
     WrittenFile written;
     written.name = plan_.name;
     written.bytes = file.bytes_written();
@@ -179,6 +199,8 @@ class FileWriter {
   }
 
   uint64_t bytes_read() const { return bytes_read_; }
+  // read, convert, write and fsync time of this file (verify is the caller's).
+  const PhaseSeconds& phases() const { return phases_; }
 
  private:
   size_t room() const { return pipeline_->capacity() - used_; }
@@ -202,9 +224,11 @@ class FileWriter {
       if (room() < element_size) RETURN_IF_ERROR(Flush());
       const int64_t count =
           std::min(static_cast<int64_t>(room() / element_size), copy.num_elements - done);
+      const Clock::time_point fill_start = Clock::now();
       RETURN_IF_ERROR(filler.Fill(done, done + count,
                                   reinterpret_cast<std::byte*>(pipeline_->buffer() + used_)));
       filler.ReleaseConsumed();  // the data is in the buffer now
+      (filler.plain_copy() ? phases_.read : phases_.convert) += SecondsSince(fill_start);
       used_ += static_cast<size_t>(count) * element_size;
       done += count;
     }
@@ -232,22 +256,28 @@ class FileWriter {
   size_t used_ = 0;  // bytes filled in the pipeline's current buffer
   uint64_t bytes_read_ = 0;
   int64_t pending_tensors_ = 0;
+  PhaseSeconds phases_;
 };
 
 // A file committed by an earlier attempt, when it is intact: planned size, recorded checksum.
-// Anything else under the name is removed so the file is written again.
+// Anything else under the name is removed so the file is written again. Adds the time spent
+// checking to `verify_seconds` and sets `mismatch` when a recorded file failed the check.
 std::optional<WrittenFile> ReuseCompletedFile(const FilePlan& file, const std::string& dir,
-                                              const ExecutorOptions& options) {
+                                              const ExecutorOptions& options,
+                                              double& verify_seconds, bool& mismatch) {
   const std::string path = absl::StrCat(dir, "/", file.name);
   auto recorded = options.completed_files.find(file.name);
   if (recorded != options.completed_files.end()) {
+    const Clock::time_point start = Clock::now();
     struct stat st;
     if (::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == file.bytes) {
       auto hash = HashFile(path);
+      verify_seconds += SecondsSince(start);
       if (hash.ok() && *hash == recorded->second) {
         return WrittenFile{file.name, file.bytes, *hash, static_cast<int>(file.tensors.size())};
       }
     }
+    mismatch = true;
   }
   ::unlink(path.c_str());
   return std::nullopt;
@@ -288,6 +318,8 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string&
   std::vector<absl::StatusOr<WrittenFile>> results(plan.files.size(),
                                                    absl::UnknownError("not run"));
   std::vector<uint64_t> bytes_read(plan.files.size(), 0);
+  std::vector<PhaseSeconds> phases(plan.files.size());
+  std::vector<char> mismatched(plan.files.size(), 0);
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   auto worker = [&] {
@@ -297,7 +329,9 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string&
         continue;
       }
       const FilePlan& file = plan.files[f];
-      auto reused = ReuseCompletedFile(file, dir, options);
+      bool mismatch = false;
+      auto reused = ReuseCompletedFile(file, dir, options, phases[f].verify, mismatch);
+      mismatched[f] = mismatch;
       if (reused.has_value()) {
         progress.Add(file.bytes, file.tensors.size(), 1);
         results[f] = *std::move(reused);
@@ -305,6 +339,9 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string&
         FileWriter writer(file, sources, options, progress);
         results[f] = writer.Run(dir);
         bytes_read[f] = writer.bytes_read();
+        const double verify = phases[f].verify;
+        phases[f] = writer.phases();
+        phases[f].verify = verify;
       }
       if (results[f].ok()) {
         progress.Committed(options.on_file_committed, *results[f]);
@@ -323,6 +360,12 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string&
   ExecutionResult result;
   absl::Status first_error;
   for (size_t f = 0; f < plan.files.size(); ++f) {
+    result.phases.read += phases[f].read;
+    result.phases.convert += phases[f].convert;
+    result.phases.write += phases[f].write;
+    result.phases.fsync += phases[f].fsync;
+    result.phases.verify += phases[f].verify;
+    result.verification_failures += mismatched[f];
     if (!results[f].ok()) {
       // Report the root cause, not a sibling stopped because of it.
       if (first_error.ok() ||

@@ -54,10 +54,30 @@ struct ExecutorOptions {
   std::function<void(const WrittenFile&)> on_file_committed;
 };
 
+// Where the workers' time went, in seconds summed over worker threads (so with several
+// threads a phase can exceed the wall time of the whole execution).
+struct PhaseSeconds {
+  // Filling windows of tensors copied unchanged (pread of contiguous rows).
+  double read = 0;
+  // Filling windows of tensors that are converted or gathered (through the mapping, so the
+  // source page faults are included).
+  double convert = 0;
+  // The writer threads' Append calls (write(2) plus starting writeback).
+  double write = 0;
+  // Commit of each data file: fsync, rename, fsync of the folder.
+  double fsync = 0;
+  // Checksumming files an earlier attempt committed, before reusing them (resume only).
+  double verify = 0;
+};
+
 struct ExecutionResult {
   std::vector<WrittenFile> files;  // in plan order
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
+  PhaseSeconds phases;
+  // Files recorded as committed by an earlier attempt whose size or XXH3-64 no longer matched
+  // (they were written again).
+  int verification_failures = 0;
 };
 
 // Maps every source of the plan read-only (checking sizes against the Catalog).

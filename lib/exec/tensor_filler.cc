@@ -13,8 +13,10 @@ TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>
       src_element_size_(DTypeSize(copy.src_dtype)),
       dst_element_size_(DTypeSize(copy.dst_dtype)) {
   cursors_.resize(copy.items.size());
+  plain_copy_ = copy.src_dtype == copy.dst_dtype;
   for (size_t i = 0; i < copy.items.size(); ++i) {
     const CopyItem& item = copy.items[i];
+    if (item.src_strides.back() != 1) plain_copy_ = false;
     Cursor& cursor = cursors_[i];
     cursor.index.assign(item.extent.size() - 1, 0);
     cursor.row_dst = item.dst_offset;

@@ -32,6 +32,10 @@ class TensorFiller {
 
   // Source bytes read so far.
   uint64_t bytes_read() const { return bytes_read_; }
+  // True when every element is copied unchanged from contiguous source rows (pread only, no
+  // dtype conversion or gather): the executor books such fills as reading, the others as
+  // converting.
+  bool plain_copy() const { return plain_copy_; }
 
  private:
   struct Cursor {
@@ -53,6 +57,7 @@ class TensorFiller {
   std::vector<Touched> touched_;  // per source file
   size_t src_element_size_;
   size_t dst_element_size_;
+  bool plain_copy_ = true;
   uint64_t bytes_read_ = 0;
 };
 

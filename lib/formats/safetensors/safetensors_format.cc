@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "lib/core/status.h"
+#include "lib/formats/folder_model.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
@@ -23,202 +24,48 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
 
-constexpr uint64_t kMaxIndexBytes = 256u << 20;
-
-// "a2" < "a10": digits compare as numbers, so part and shard files sort in rank order.
-bool NaturalLess(const std::string& a, const std::string& b) {
-  size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    if (std::isdigit(static_cast<unsigned char>(a[i])) &&
-        std::isdigit(static_cast<unsigned char>(b[j]))) {
-      size_t i_end = i, j_end = j;
-      while (i_end < a.size() && std::isdigit(static_cast<unsigned char>(a[i_end]))) ++i_end;
-      while (j_end < b.size() && std::isdigit(static_cast<unsigned char>(b[j_end]))) ++j_end;
-      absl::string_view x(a.data() + i, i_end - i), y(b.data() + j, j_end - j);
-      while (x.size() > 1 && x[0] == '0') x.remove_prefix(1);
-      while (y.size() > 1 && y[0] == '0') y.remove_prefix(1);
-      if (x.size() != y.size()) return x.size() < y.size();
-      if (x != y) return x < y;
-      i = i_end;
-      j = j_end;
-      continue;
-    }
-    if (a[i] != b[j]) return a[i] < b[j];
-    ++i;
-    ++j;
-  }
-  return a.size() - i < b.size() - j;
-}
-
-std::vector<std::string> ListSafetensorsFiles(const std::string& dir) {
-  std::vector<std::string> names;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file(error) && absl::EndsWith(name, ".safetensors") && name[0] != '.') {
-      names.push_back(name);
-    }
-  }
-  std::sort(names.begin(), names.end(), NaturalLess);
-  return names;
-}
-
-struct FileHeader {
-  std::string name;
-  std::string path;
-  uint64_t size = 0;
-  SafetensorsHeader header;
-};
-
-absl::StatusOr<FileHeader> ReadOne(const std::string& dir, const std::string& name) {
-  FileHeader file;
+// Reads one file's header into a Catalog of its own.
+absl::StatusOr<FileCatalog> ReadOne(const std::string& dir, const std::string& name) {
+  FileCatalog file;
   file.name = name;
-  file.path = dir.empty() ? name : absl::StrCat(dir, "/", name);
-  ASSIGN_OR_RETURN(file.header, ReadSafetensorsHeader(file.path, &file.size));
+  const std::string path = dir.empty() ? name : absl::StrCat(dir, "/", name);
+  uint64_t size = 0;
+  ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(path, &size));
+  file.catalog.format = SafetensorsInput::kId;
+  file.catalog.metadata = header.metadata;
+  AddSafetensorsFileToCatalog(path, size, header, file.catalog);
   return file;
 }
 
 absl::StatusOr<InputModel> ReadIndexedFolder(const std::string& dir) {
   const std::string index_path = absl::StrCat(dir, "/", kSafetensorsIndexName);
-  std::error_code error;
-  const uint64_t index_size = fs::file_size(index_path, error);
-  if (error) return absl::NotFoundError(absl::StrCat("cannot read ", index_path));
-  if (index_size > kMaxIndexBytes) {
-    return absl::DataLossError(absl::StrCat(index_path, ": index is larger than 256 MiB"));
+  ASSIGN_OR_RETURN(auto weight_map, ReadWeightMap(index_path));
+  std::vector<std::string> names;
+  for (const auto& [tensor, file] : weight_map) {
+    if (std::find(names.begin(), names.end(), file) == names.end()) names.push_back(file);
   }
-  std::ifstream in(index_path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  Json index;
-  try {
-    index = Json::parse(text.str());
-  } catch (const Json::exception& e) {
-    return absl::DataLossError(absl::StrCat(index_path, ": invalid JSON: ", e.what()));
-  }
-  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-    return absl::DataLossError(absl::StrCat(index_path, ": no \"weight_map\" object"));
-  }
-  // File names in index order of first appearance, validated to stay inside the folder.
-  std::vector<std::string> file_names;
-  absl::flat_hash_map<std::string, std::string> file_of;  // tensor -> file
-  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-    if (!it.value().is_string()) {
-      return absl::DataLossError(
-          absl::StrCat(index_path, ": weight_map entry \"", it.key(), "\" is not a file name"));
-    }
-    const std::string file = it.value().get<std::string>();
-    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == ".." ||
-        file.find('\0') != std::string::npos) {
-      return absl::DataLossError(absl::StrCat(index_path, ": weight_map entry \"", it.key(),
-                                              "\" names \"", file,
-                                              "\", which is not a file in the index's folder"));
-    }
-    if (std::find(file_names.begin(), file_names.end(), file) == file_names.end()) {
-      file_names.push_back(file);
-    }
-    file_of[it.key()] = file;
-  }
-  std::sort(file_names.begin(), file_names.end(), NaturalLess);
-  InputModel model;
-  model.format = SafetensorsInput::kId;
-  model.layout = "sharded";
-  Catalog catalog;
-  catalog.format = SafetensorsInput::kId;
-  size_t listed_found = 0;
-  for (const std::string& name : file_names) {
+  std::sort(names.begin(), names.end(), NaturalLess);
+  std::vector<FileCatalog> files;
+  for (const std::string& name : names) {
+    std::error_code error;
     if (!fs::exists(absl::StrCat(dir, "/", name), error)) {
-      return absl::NotFoundError(
-          absl::StrCat(index_path, " lists ", name, ", which does not exist in ", dir));
+      return absl::NotFoundError(absl::StrCat(index_path, " lists ", name,
+                                              ", which does not exist in ", dir));
     }
-    ASSIGN_OR_RETURN(FileHeader file, ReadOne(dir, name));
-    for (const SafetensorsTensorEntry& entry : file.header.tensors) {
-      auto it = file_of.find(entry.name);
-      if (it == file_of.end()) {
-        return absl::DataLossError(
-            absl::StrCat(file.path, ": tensor \"", entry.name, "\" is not listed in ", index_path));
-      }
-      if (it->second != name) {
-        return absl::DataLossError(absl::StrCat(file.path, ": tensor \"", entry.name,
-                                                "\" is mapped to ", it->second, " by ",
-                                                index_path));
-      }
-      ++listed_found;
-    }
-    for (const auto& [key, value] : file.header.metadata) catalog.metadata.emplace(key, value);
-    AddSafetensorsFileToCatalog(file.path, file.size, file.header, catalog);
+    ASSIGN_OR_RETURN(FileCatalog file, ReadOne(dir, name));
+    files.push_back(std::move(file));
   }
-  if (listed_found != file_of.size()) {
-    catalog.Reindex();
-    for (const auto& [tensor, file] : file_of) {
-      if (catalog.Find(tensor) < 0) {
-        return absl::DataLossError(absl::StrCat(index_path, " maps tensor \"", tensor, "\" to ",
-                                                file, ", which does not hold it"));
-      }
-    }
-  }
-  catalog.Reindex();
-  model.parts.push_back(std::move(catalog));
-  model.part_names.push_back(dir);
-  return model;
+  return AssembleIndexedFolder(SafetensorsInput::kId, dir, index_path, weight_map,
+                               std::move(files));
 }
 
 absl::StatusOr<InputModel> ReadPlainFolder(const std::string& dir) {
-  std::vector<std::string> names = ListSafetensorsFiles(dir);
-  if (names.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, " holds no .safetensors files"));
-  }
-  std::vector<FileHeader> files;
-  for (const std::string& name : names) {
-    ASSIGN_OR_RETURN(FileHeader file, ReadOne(dir, name));
+  std::vector<FileCatalog> files;
+  for (const std::string& name : ListFolder(dir, {".safetensors"})) {
+    ASSIGN_OR_RETURN(FileCatalog file, ReadOne(dir, name));
     files.push_back(std::move(file));
   }
-  InputModel model;
-  model.format = SafetensorsInput::kId;
-  auto names_of = [](const FileHeader& file) {
-    std::vector<std::string> result;
-    for (const auto& entry : file.header.tensors) result.push_back(entry.name);
-    std::sort(result.begin(), result.end());
-    return result;
-  };
-  const std::vector<std::string> first_names = names_of(files[0]);
-  bool all_same = files.size() > 1 && !first_names.empty();
-  for (size_t i = 1; i < files.size() && all_same; ++i)
-    all_same = names_of(files[i]) == first_names;
-  if (all_same) {
-    model.layout = "model-parallel-parts";
-    for (const FileHeader& file : files) {
-      Catalog part;
-      part.format = SafetensorsInput::kId;
-      part.metadata = file.header.metadata;
-      AddSafetensorsFileToCatalog(file.path, file.size, file.header, part);
-      part.Reindex();
-      model.parts.push_back(std::move(part));
-      model.part_names.push_back(file.path);
-    }
-    return model;
-  }
-  // Otherwise the files must be disjoint shards of one model.
-  model.layout = files.size() == 1 ? "single-file" : "sharded";
-  Catalog catalog;
-  catalog.format = SafetensorsInput::kId;
-  absl::flat_hash_map<std::string, std::string> owner;
-  for (const FileHeader& file : files) {
-    for (const auto& entry : file.header.tensors) {
-      auto [it, inserted] = owner.emplace(entry.name, file.name);
-      if (!inserted) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            dir, ": tensor \"", entry.name, "\" is in both ", it->second, " and ", file.name,
-            ", but the files do not all hold the same tensors: they are neither shards of one "
-            "model nor model-parallel parts"));
-      }
-    }
-    for (const auto& [key, value] : file.header.metadata) catalog.metadata.emplace(key, value);
-    AddSafetensorsFileToCatalog(file.path, file.size, file.header, catalog);
-  }
-  catalog.Reindex();
-  model.parts.push_back(std::move(catalog));
-  model.part_names.push_back(dir);
-  return model;
+  return AssembleFolder(SafetensorsInput::kId, dir, std::move(files));
 }
 
 }  // namespace
@@ -243,7 +90,7 @@ bool SafetensorsInput::Probe(const std::string& path) const {
   std::error_code error;
   if (fs::is_directory(path, error)) {
     return fs::exists(absl::StrCat(path, "/", kSafetensorsIndexName), error) ||
-           !ListSafetensorsFiles(path).empty();
+           !ListFolder(path, {".safetensors"}).empty();
   }
   if (absl::EndsWith(path, ".safetensors")) return true;
   // A file with another name: accept it when its length prefix and first JSON byte fit.
@@ -262,16 +109,12 @@ absl::StatusOr<InputModel> SafetensorsInput::Read(const std::string& path) const
     }
     return ReadPlainFolder(path);
   }
-  ASSIGN_OR_RETURN(FileHeader file, ReadOne("", path));
+  ASSIGN_OR_RETURN(FileCatalog file, ReadOne("", path));
   InputModel model;
   model.format = kId;
   model.layout = "single-file";
-  Catalog catalog;
-  catalog.format = kId;
-  catalog.metadata = file.header.metadata;
-  AddSafetensorsFileToCatalog(file.path, file.size, file.header, catalog);
-  catalog.Reindex();
-  model.parts.push_back(std::move(catalog));
+  file.catalog.Reindex();
+  model.parts.push_back(std::move(file.catalog));
   model.part_names.push_back(path);
   return model;
 }

@@ -1,0 +1,207 @@
+#include "lib/formats/folder_model.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "lib/core/status.h"
+#include "nlohmann/json.hpp"
+
+namespace reshard {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr uint64_t kMaxIndexBytes = 256u << 20;
+
+std::vector<std::string> SortedNames(const Catalog& catalog) {
+  std::vector<std::string> names;
+  for (const CatalogTensor& tensor : catalog.tensors) names.push_back(tensor.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+bool NaturalLess(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (std::isdigit(static_cast<unsigned char>(a[i])) &&
+        std::isdigit(static_cast<unsigned char>(b[j]))) {
+      size_t i_end = i, j_end = j;
+      while (i_end < a.size() && std::isdigit(static_cast<unsigned char>(a[i_end]))) ++i_end;
+      while (j_end < b.size() && std::isdigit(static_cast<unsigned char>(b[j_end]))) ++j_end;
+      absl::string_view x(a.data() + i, i_end - i), y(b.data() + j, j_end - j);
+      while (x.size() > 1 && x[0] == '0') x.remove_prefix(1);
+      while (y.size() > 1 && y[0] == '0') y.remove_prefix(1);
+      if (x.size() != y.size()) return x.size() < y.size();
+      if (x != y) return x < y;
+      i = i_end;
+      j = j_end;
+      continue;
+    }
+    if (a[i] != b[j]) return a[i] < b[j];
+    ++i;
+    ++j;
+  }
+  return a.size() - i < b.size() - j;
+}
+
+std::vector<std::string> ListFolder(const std::string& dir,
+                                    const std::vector<std::string>& suffixes) {
+  std::vector<std::string> names;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name[0] == '.' || !entry.is_regular_file(error)) continue;
+    for (const std::string& suffix : suffixes) {
+      if (absl::EndsWith(name, suffix)) {
+        names.push_back(name);
+        break;
+      }
+    }
+  }
+  std::sort(names.begin(), names.end(), NaturalLess);
+  return names;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadWeightMap(
+    const std::string& index_path) {
+  std::error_code error;
+  const uint64_t size = fs::file_size(index_path, error);
+  if (error) return absl::NotFoundError(absl::StrCat("cannot read ", index_path));
+  if (size > kMaxIndexBytes) {
+    return absl::DataLossError(absl::StrCat(index_path, ": index is larger than 256 MiB"));
+  }
+  std::ifstream in(index_path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::ordered_json index;
+  try {
+    index = nlohmann::ordered_json::parse(text.str());
+  } catch (const nlohmann::ordered_json::exception& e) {
+    return absl::DataLossError(absl::StrCat(index_path, ": invalid JSON: ", e.what()));
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+    return absl::DataLossError(absl::StrCat(index_path, ": no \"weight_map\" object"));
+  }
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) {
+      return absl::DataLossError(absl::StrCat(index_path, ": weight_map entry \"", it.key(),
+                                              "\" is not a file name"));
+    }
+    const std::string file = it.value().get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == ".." ||
+        file.find('\0') != std::string::npos) {
+      return absl::DataLossError(absl::StrCat(index_path, ": weight_map entry \"", it.key(),
+                                              "\" names \"", file,
+                                              "\", which is not a file in the index's folder"));
+    }
+    weight_map.emplace_back(it.key(), file);
+  }
+  return weight_map;
+}
+
+void AppendCatalog(Catalog& target, Catalog source) {
+  const int base = static_cast<int>(target.files.size());
+  for (SourceFile& file : source.files) target.files.push_back(std::move(file));
+  for (CatalogTensor& tensor : source.tensors) {
+    for (SourcePiece& piece : tensor.pieces) piece.file += base;
+    target.tensors.push_back(std::move(tensor));
+  }
+  for (auto& [key, value] : source.metadata) target.metadata.emplace(key, value);
+  for (std::string& entry : source.other_entries) target.other_entries.push_back(std::move(entry));
+}
+
+absl::StatusOr<InputModel> AssembleIndexedFolder(
+    absl::string_view format, const std::string& dir, const std::string& index_path,
+    const std::vector<std::pair<std::string, std::string>>& weight_map,
+    std::vector<FileCatalog> files) {
+  absl::flat_hash_map<std::string, std::string> file_of(weight_map.begin(), weight_map.end());
+  InputModel model;
+  model.format = std::string(format);
+  model.layout = "sharded";
+  Catalog catalog;
+  catalog.format = std::string(format);
+  size_t listed_found = 0;
+  for (FileCatalog& file : files) {
+    for (const CatalogTensor& tensor : file.catalog.tensors) {
+      auto it = file_of.find(tensor.name);
+      const std::string path = absl::StrCat(dir, "/", file.name);
+      if (it == file_of.end()) {
+        return absl::DataLossError(absl::StrCat(path, ": tensor \"", tensor.name,
+                                                "\" is not listed in ", index_path));
+      }
+      if (it->second != file.name) {
+        return absl::DataLossError(absl::StrCat(path, ": tensor \"", tensor.name,
+                                                "\" is mapped to ", it->second, " by ",
+                                                index_path));
+      }
+      ++listed_found;
+    }
+    AppendCatalog(catalog, std::move(file.catalog));
+  }
+  catalog.Reindex();
+  if (listed_found != file_of.size()) {
+    for (const auto& [tensor, file] : weight_map) {
+      if (catalog.Find(tensor) < 0) {
+        return absl::DataLossError(absl::StrCat(index_path, " maps tensor \"", tensor, "\" to ",
+                                                file, ", which does not hold it"));
+      }
+    }
+  }
+  model.parts.push_back(std::move(catalog));
+  model.part_names.push_back(dir);
+  return model;
+}
+
+absl::StatusOr<InputModel> AssembleFolder(absl::string_view format, const std::string& dir,
+                                          std::vector<FileCatalog> files) {
+  if (files.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, " holds no ", format, " files"));
+  }
+  InputModel model;
+  model.format = std::string(format);
+  const std::vector<std::string> first_names = SortedNames(files[0].catalog);
+  bool all_same = files.size() > 1 && !first_names.empty();
+  for (size_t i = 1; i < files.size() && all_same; ++i) {
+    all_same = SortedNames(files[i].catalog) == first_names;
+  }
+  if (all_same) {
+    model.layout = "model-parallel-parts";
+    for (FileCatalog& file : files) {
+      file.catalog.Reindex();
+      model.part_names.push_back(absl::StrCat(dir, "/", file.name));
+      model.parts.push_back(std::move(file.catalog));
+    }
+    return model;
+  }
+  model.layout = files.size() == 1 ? "single-file" : "sharded";
+  Catalog catalog;
+  catalog.format = std::string(format);
+  absl::flat_hash_map<std::string, std::string> owner;
+  for (FileCatalog& file : files) {
+    for (const CatalogTensor& tensor : file.catalog.tensors) {
+      auto [it, inserted] = owner.emplace(tensor.name, file.name);
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            dir, ": tensor \"", tensor.name, "\" is in both ", it->second, " and ", file.name,
+            ", but the files do not all hold the same tensors: they are neither shards of one "
+            "model nor model-parallel parts"));
+      }
+    }
+    AppendCatalog(catalog, std::move(file.catalog));
+  }
+  catalog.Reindex();
+  model.parts.push_back(std::move(catalog));
+  model.part_names.push_back(dir);
+  return model;
+}
+
+}  // namespace reshard
