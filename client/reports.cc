@@ -63,6 +63,7 @@ Json InspectDocument(const std::string& input, const LoadedInput& loaded) {
   doc["tensor_count"] = shown.tensors.size();
   doc["total_bytes"] = total;
   doc["metadata"] = shown.metadata;
+  doc["other_entries"] = shown.other_entries;
   return doc;
 }
 
@@ -196,6 +197,10 @@ void PrintInspect(const Json& doc, std::ostream& out) {
       pairs.push_back(absl::StrCat(item.key(), "=", item.value().get<std::string>()));
     }
     out << "metadata: " << absl::StrJoin(pairs, ", ") << "\n";
+  }
+  if (doc.contains("other_entries") && !doc["other_entries"].empty()) {
+    out << "other entries (not tensors, not converted):\n";
+    for (const Json& entry : doc["other_entries"]) out << "  " << entry.get<std::string>() << "\n";
   }
   for (const Json& tensor : doc["tensors"]) {
     out << absl::StrFormat("  %-60s %-8s %-24s %s\n", tensor["name"].get<std::string>(),

@@ -79,6 +79,10 @@ absl::Status Scheduler::Start() {
     Entry& e = *entry;
     if (!e.job.idempotency_key().empty()) by_key_[e.job.idempotency_key()] = e.job.id();
     jobs_[e.job.id()] = std::move(entry);
+    if (metrics_ != nullptr && e.job.state() == v1::JOB_STATE_SUCCEEDED) {
+      // Survives restarts, so "no success in N hours" alerts do not fire after one.
+      metrics_->SetLastSuccess(JobKindLabel(e.job.spec().kind()), e.job.finished_unix());
+    }
     if (e.job.state() == v1::JOB_STATE_RUNNING) {
       // The daemon died while this job ran.
       if (e.job.attempts() >= options_.max_attempts) {
@@ -137,13 +141,18 @@ void Scheduler::FinishLocked(Entry& entry, v1::JobState state, const absl::Statu
   PersistLocked(entry);
   ChangedLocked(entry);
   if (metrics_ != nullptr) {
+    const absl::string_view kind = JobKindLabel(entry.job.spec().kind());
     const double started =
         entry.job.started_unix() > 0 ? entry.job.started_unix() : entry.job.finished_unix();
-    metrics_->JobFinished(JobKindLabel(entry.job.spec().kind()),
+    metrics_->JobFinished(kind,
                           state == v1::JOB_STATE_SUCCEEDED   ? "succeeded"
                           : state == v1::JOB_STATE_CANCELLED ? "cancelled"
                                                              : "failed",
                           entry.job.finished_unix() - started);
+    if (entry.job.started_unix() > 0) metrics_->ObservePeakRss(entry.job.peak_rss_bytes());
+    if (state == v1::JOB_STATE_SUCCEEDED) {
+      metrics_->SetLastSuccess(kind, entry.job.finished_unix());
+    }
   }
 }
 
@@ -347,6 +356,7 @@ void Scheduler::WorkerLoop() {
     if (!resume) entry.job.clear_note();
     reserved_ += entry.reservation;
     ++running_;
+    entry.bytes_counted = 0;
     PersistLocked(entry);
     ChangedLocked(entry);
     UpdateGaugesLocked();
@@ -361,6 +371,11 @@ void Scheduler::WorkerLoop() {
       progress->set_tensors_total(p.tensors_total);
       progress->set_files_done(p.files_done);
       progress->set_files_total(p.files_total);
+      if (metrics_ != nullptr && p.bytes_done > entry_ptr->bytes_counted) {
+        // Counted as windows are written, so throughput shows while the job runs.
+        metrics_->AddBytes(0, p.bytes_done - entry_ptr->bytes_counted);
+        entry_ptr->bytes_counted = p.bytes_done;
+      }
       const absl::Time now = absl::Now();
       if (now - entry_ptr->last_progress_bump >= absl::Milliseconds(200) ||
           p.bytes_done == p.bytes_total) {
@@ -396,6 +411,11 @@ void Scheduler::WorkerLoop() {
       timings->set_plan_seconds(result->plan_seconds);
       timings->set_write_seconds(result->write_seconds);
       timings->set_publish_seconds(result->publish_seconds);
+      timings->set_read_seconds(result->data_phases.read);
+      timings->set_convert_seconds(result->data_phases.convert);
+      timings->set_write_io_seconds(result->data_phases.write);
+      timings->set_fsync_seconds(result->data_phases.fsync);
+      timings->set_verify_seconds(result->data_phases.verify);
       entry.job.clear_output_files();
       for (const WrittenFile& file : result->files) {
         v1::OutputFile* out = entry.job.add_output_files();
@@ -404,7 +424,24 @@ void Scheduler::WorkerLoop() {
         out->set_xxh3_64(absl::StrFormat("%016x", file.xxh3_64));
       }
       entry.job.clear_committed_files();
-      if (metrics_ != nullptr) metrics_->AddBytes(result->bytes_read, result->bytes_written);
+      if (metrics_ != nullptr) {
+        // The index and manifest (and any data not reported as progress) are added now, so
+        // the counter moves by exactly the job's bytes_written over a successful attempt.
+        const uint64_t rest = result->bytes_written > entry.bytes_counted
+                                  ? result->bytes_written - entry.bytes_counted
+                                  : 0;
+        metrics_->AddBytes(result->bytes_read, rest);
+        metrics_->AddOutput(result->tensors, static_cast<int64_t>(result->files.size()));
+        metrics_->AddVerificationFailures(result->verification_failures);
+        const PhaseSeconds& data = result->data_phases;
+        metrics_->ObservePhase("plan", result->plan_seconds);
+        metrics_->ObservePhase("read", data.read);
+        metrics_->ObservePhase("convert", data.convert);
+        metrics_->ObservePhase("write", data.write);
+        metrics_->ObservePhase("fsync", data.fsync);
+        if (entry.job.attempts() > 1) metrics_->ObservePhase("verify", data.verify);
+        metrics_->ObservePhase("publish", result->publish_seconds);
+      }
       FinishLocked(entry, v1::JOB_STATE_SUCCEEDED, absl::OkStatus());
     } else if (context->preserve_staging.load()) {
       // Interrupted by shutdown: queued again to resume at the next start.

@@ -112,6 +112,8 @@ class Scheduler {
     int waiters = 0;                      // WaitForChange calls holding this entry
     absl::Time last_persist;
     absl::Time last_progress_bump;
+    // Output bytes of the running attempt already added to reshard_written_bytes_total.
+    uint64_t bytes_counted = 0;
   };
   using QueueKey = std::tuple<int, int64_t, std::string>;  // -priority, sequence, id
 

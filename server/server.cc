@@ -11,11 +11,13 @@
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
 #include "prometheus/exposer.h"
+#include "server/grpc_metrics.h"
 #include "server/job_runner.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/offload_pool.h"
 #include "server/path_policy.h"
+#include "server/process_collector.h"
 #include "server/service.h"
 
 namespace reshard {
@@ -24,6 +26,9 @@ struct Server::Impl {
   ServerOptions options;
   std::unique_ptr<JobStore> store;
   Metrics metrics;
+  GrpcServerMetrics grpc_metrics{*metrics.registry(), {"reshard.v1.Reshard"}};
+  // Its idle baseline (reshard_memory_in_use_bytes) is taken once the server is serving.
+  std::shared_ptr<ProcessCollector> process_metrics = std::make_shared<ProcessCollector>();
   std::unique_ptr<prometheus::Exposer> exposer;
   std::unique_ptr<PathPolicy> paths;
   std::unique_ptr<OffloadPool> offload;
@@ -58,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
           absl::StrCat("cannot listen for metrics on ", options.metrics_listen, ": ", e.what()));
     }
     impl->exposer->RegisterCollectable(impl->metrics.registry());
+    impl->exposer->RegisterCollectable(impl->process_metrics);
     const std::string host = options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));
     metrics_address = absl::StrCat(host, ":", impl->exposer->GetListeningPorts().at(0));
   }
@@ -90,12 +96,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   // silently share clients with the first. Refuse a busy port instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(impl->service.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(impl->grpc_metrics.NewInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   impl->grpc_server = builder.BuildAndStart();
   if (impl->grpc_server == nullptr || port == 0) {
     impl->scheduler->Shutdown(absl::ZeroDuration());
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
   impl->grpc_server->GetHealthCheckService()->SetServingStatus(true);
+  impl->process_metrics->ResetBaseline();
 
   std::unique_ptr<Server> server(new Server(std::move(impl)));
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));

@@ -93,8 +93,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadWeightMap(
   std::vector<std::pair<std::string, std::string>> weight_map;
   for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
     if (!it.value().is_string()) {
-      return absl::DataLossError(absl::StrCat(index_path, ": weight_map entry \"", it.key(),
-                                              "\" is not a file name"));
+      return absl::DataLossError(
+          absl::StrCat(index_path, ": weight_map entry \"", it.key(), "\" is not a file name"));
     }
     const std::string file = it.value().get<std::string>();
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == ".." ||
@@ -135,13 +135,12 @@ absl::StatusOr<InputModel> AssembleIndexedFolder(
       auto it = file_of.find(tensor.name);
       const std::string path = absl::StrCat(dir, "/", file.name);
       if (it == file_of.end()) {
-        return absl::DataLossError(absl::StrCat(path, ": tensor \"", tensor.name,
-                                                "\" is not listed in ", index_path));
+        return absl::DataLossError(
+            absl::StrCat(path, ": tensor \"", tensor.name, "\" is not listed in ", index_path));
       }
       if (it->second != file.name) {
-        return absl::DataLossError(absl::StrCat(path, ": tensor \"", tensor.name,
-                                                "\" is mapped to ", it->second, " by ",
-                                                index_path));
+        return absl::DataLossError(absl::StrCat(
+            path, ": tensor \"", tensor.name, "\" is mapped to ", it->second, " by ", index_path));
       }
       ++listed_found;
     }

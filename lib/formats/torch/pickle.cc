@@ -20,23 +20,37 @@ PickleValue* PickleArena::New(PickleValue::Kind kind) {
 std::string DescribePickleValue(const PickleValue* value) {
   if (value == nullptr) return "nothing";
   switch (value->kind) {
-    case PickleValue::Kind::kNone: return "None";
-    case PickleValue::Kind::kBool: return "bool";
-    case PickleValue::Kind::kInt: return "int";
-    case PickleValue::Kind::kBigInt: return "int";
-    case PickleValue::Kind::kFloat: return "float";
-    case PickleValue::Kind::kString: return "str";
-    case PickleValue::Kind::kBytes: return "bytes";
-    case PickleValue::Kind::kTuple: return absl::StrCat("tuple of ", value->items.size());
-    case PickleValue::Kind::kList: return "list";
-    case PickleValue::Kind::kDict: return "dict";
-    case PickleValue::Kind::kSet: return "set";
-    case PickleValue::Kind::kGlobal: return absl::StrCat("global ", value->module, ".", value->name);
+    case PickleValue::Kind::kNone:
+      return "None";
+    case PickleValue::Kind::kBool:
+      return "bool";
+    case PickleValue::Kind::kInt:
+      return "int";
+    case PickleValue::Kind::kBigInt:
+      return "int";
+    case PickleValue::Kind::kFloat:
+      return "float";
+    case PickleValue::Kind::kString:
+      return "str";
+    case PickleValue::Kind::kBytes:
+      return "bytes";
+    case PickleValue::Kind::kTuple:
+      return absl::StrCat("tuple of ", value->items.size());
+    case PickleValue::Kind::kList:
+      return "list";
+    case PickleValue::Kind::kDict:
+      return "dict";
+    case PickleValue::Kind::kSet:
+      return "set";
+    case PickleValue::Kind::kGlobal:
+      return absl::StrCat("global ", value->module, ".", value->name);
     case PickleValue::Kind::kObject:
-      return absl::StrCat("object of ", value->callable != nullptr
-                                            ? absl::StrCat(value->callable->module, ".", value->callable->name)
-                                            : "?");
-    case PickleValue::Kind::kPersistent: return "persistent id";
+      return absl::StrCat("object of ",
+                          value->callable != nullptr
+                              ? absl::StrCat(value->callable->module, ".", value->callable->name)
+                              : "?");
+    case PickleValue::Kind::kPersistent:
+      return "persistent id";
   }
   return "?";
 }
@@ -73,22 +87,23 @@ class Machine {
 
  private:
   absl::Status Error(absl::string_view message) const {
-    return absl::DataLossError(absl::StrFormat("pickle: opcode 0x%02x at byte offset %d: %s", op_,
-                                               op_offset_, message));
+    return absl::DataLossError(
+        absl::StrFormat("pickle: opcode 0x%02x at byte offset %d: %s", op_, op_offset_, message));
   }
 
   // ---- input
   absl::Status Need(uint64_t n) const {
     if (n > data_.size() - pos_) {
-      return Error(absl::StrCat("needs ", n, " more bytes but only ", data_.size() - pos_,
-                                " remain"));
+      return Error(
+          absl::StrCat("needs ", n, " more bytes but only ", data_.size() - pos_, " remain"));
     }
     return absl::OkStatus();
   }
   absl::StatusOr<uint64_t> ReadUnsigned(int bytes) {
     RETURN_IF_ERROR(Need(bytes));
     uint64_t value = 0;
-    for (int i = 0; i < bytes; ++i) value |= uint64_t{static_cast<uint8_t>(data_[pos_ + i])} << (8 * i);
+    for (int i = 0; i < bytes; ++i)
+      value |= uint64_t{static_cast<uint8_t>(data_[pos_ + i])} << (8 * i);
     pos_ += bytes;
     return value;
   }
@@ -167,7 +182,8 @@ class Machine {
     if (bytes.size() <= 8) {
       int64_t integer = 0;
       uint64_t raw = 0;
-      for (size_t i = 0; i < bytes.size(); ++i) raw |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * i);
+      for (size_t i = 0; i < bytes.size(); ++i)
+        raw |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * i);
       if (!bytes.empty() && bytes.size() < 8 && (static_cast<uint8_t>(bytes.back()) & 0x80)) {
         raw |= ~uint64_t{0} << (8 * bytes.size());  // sign-extend
       }
@@ -258,7 +274,8 @@ class Machine {
   }
 
   absl::Status Append(PickleValue* target, const std::vector<PickleValue*>& items) {
-    if (target->kind != Kind::kList && target->kind != Kind::kObject && target->kind != Kind::kSet) {
+    if (target->kind != Kind::kList && target->kind != Kind::kObject &&
+        target->kind != Kind::kSet) {
       return Error(absl::StrCat("APPEND on ", DescribePickleValue(target)));
     }
     for (PickleValue* item : items) {
@@ -278,7 +295,8 @@ class Machine {
       case 0x95:  // FRAME: a length prefix only
         return ReadUnsigned(8).status();
       case '(':  // MARK
-        if (marks_.size() >= static_cast<size_t>(limits_.max_depth) * 4) return Error("too many MARKs");
+        if (marks_.size() >= static_cast<size_t>(limits_.max_depth) * 4)
+          return Error("too many MARKs");
         marks_.push_back(stack_.size());
         return absl::OkStatus();
       case 'N': {
@@ -330,7 +348,7 @@ class Machine {
       case 'C':     // SHORT_BINBYTES
       case 0x8e:    // BINBYTES8
       case 0x96: {  // BYTEARRAY8
-        const int width = (op_ == 0x8c || op_ == 'U' || op_ == 'C') ? 1
+        const int width = (op_ == 0x8c || op_ == 'U' || op_ == 'C')     ? 1
                           : (op_ == 0x8d || op_ == 0x8e || op_ == 0x96) ? 8
                                                                         : 4;
         ASSIGN_OR_RETURN(uint64_t n, ReadUnsigned(width));
@@ -375,8 +393,8 @@ class Machine {
         ASSIGN_OR_RETURN(PickleValue * list, Top());
         return Append(list, {item});
       }
-      case 'e':      // APPENDS
-      case 0x90: {   // ADDITEMS
+      case 'e':     // APPENDS
+      case 0x90: {  // ADDITEMS
         ASSIGN_OR_RETURN(std::vector<PickleValue*> items, PopMark());
         ASSIGN_OR_RETURN(PickleValue * list, Top());
         return Append(list, items);
@@ -432,7 +450,8 @@ class Machine {
         ASSIGN_OR_RETURN(PickleValue * cls, Pop());
         if (cls->kind != Kind::kGlobal) return Error("NEWOBJ_EX of something that is not a class");
         ASSIGN_OR_RETURN(PickleValue * result, Call(cls, args));
-        if (result->kind == Kind::kObject && kwargs->kind == Kind::kDict && !kwargs->entries.empty()) {
+        if (result->kind == Kind::kObject && kwargs->kind == Kind::kDict &&
+            !kwargs->entries.empty()) {
           result->state = kwargs;
           RETURN_IF_ERROR(Adopt(result, kwargs));
         }
@@ -451,7 +470,8 @@ class Machine {
         ASSIGN_OR_RETURN(PickleValue * pid, Pop());
         if (!persistent_load_) return Error("persistent id in a pickle that may not have any");
         absl::StatusOr<PickleValue*> loaded = persistent_load_(pid, arena_);
-        if (!loaded.ok()) return Annotate(loaded.status(), absl::StrCat("pickle byte offset ", op_offset_));
+        if (!loaded.ok())
+          return Annotate(loaded.status(), absl::StrCat("pickle byte offset ", op_offset_));
         return Push(*loaded);
       }
       case 'q': {  // BINPUT
@@ -481,9 +501,10 @@ class Machine {
         return Push(top);
       }
       default:
-        return Error("opcode not supported (reshard reads pickles of protocol 2 to 5 as torch "
-                     "and DCP write them; text-mode protocol 0/1 opcodes and extension codes "
-                     "are not)");
+        return Error(
+            "opcode not supported (reshard reads pickles of protocol 2 to 5 as torch "
+            "and DCP write them; text-mode protocol 0/1 opcodes and extension codes "
+            "are not)");
     }
   }
 

@@ -45,9 +45,9 @@ struct PickleValue {
   bool boolean = false;
   int64_t integer = 0;
   double real = 0;
-  std::string text;    // kString, kBytes, kBigInt
-  std::string module;  // kGlobal
-  std::string name;    // kGlobal
+  std::string text;                                            // kString, kBytes, kBigInt
+  std::string module;                                          // kGlobal
+  std::string name;                                            // kGlobal
   std::vector<PickleValue*> items;                             // tuple, list, set; object APPENDs
   std::vector<std::pair<PickleValue*, PickleValue*>> entries;  // dict; object SETITEMs
   PickleValue* callable = nullptr;                             // kObject

@@ -21,11 +21,11 @@
 namespace reshard {
 
 struct ZipEntry {
-  std::string name;              // full name, e.g. "ckpt/data/0"
-  uint64_t data_offset = 0;      // where the payload starts in the file
-  uint64_t size = 0;             // payload bytes (uncompressed size)
+  std::string name;          // full name, e.g. "ckpt/data/0"
+  uint64_t data_offset = 0;  // where the payload starts in the file
+  uint64_t size = 0;         // payload bytes (uncompressed size)
   uint64_t compressed_size = 0;
-  uint16_t method = 0;           // 0 = stored
+  uint16_t method = 0;  // 0 = stored
   uint32_t crc32 = 0;
 };
 

@@ -1,0 +1,40 @@
+// PyTorch checkpoints written by torch.save (the zip format, torch >= 1.6).
+//
+// Reading (`TorchInput`, id "torch"): the zip container is parsed without trusting its sizes,
+// `data.pkl` runs through the safe pickle reader, and every tensor becomes a Catalog piece
+// located in place: the storage record's payload offset plus the tensor's storage offset, with
+// its real strides (non-contiguous views are valid input). Storages are never loaded. Nested
+// state dicts ({"model": {...}, "optimizer": {...}}) give dotted tensor names; entries that are
+// not tensors are listed in Catalog::other_entries. Tensors that view the same storage the
+// same way (tied weights) appear once per name. A folder of torch files is read like a folder of
+// safetensors files (index `pytorch_model.bin.index.json`, shards, or model-parallel parts).
+// The pre-1.6 (legacy pickle) format is recognized and refused with an explanation.
+
+#ifndef RESHARD_LIB_FORMATS_TORCH_TORCH_FORMAT_H_
+#define RESHARD_LIB_FORMATS_TORCH_TORCH_FORMAT_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "lib/core/catalog.h"
+#include "lib/formats/format.h"
+
+namespace reshard {
+
+inline constexpr char kTorchIndexName[] = "pytorch_model.bin.index.json";
+
+class TorchInput : public InputFormat {
+ public:
+  static constexpr char kId[] = "torch";
+  absl::string_view id() const override { return kId; }
+  bool Probe(const std::string& path) const override;
+  absl::StatusOr<InputModel> Read(const std::string& path) const override;
+};
+
+// The Catalog of one torch.save file whose bytes are `data` (the whole file), found at `path`.
+absl::StatusOr<Catalog> ReadTorchFile(absl::string_view data, const std::string& path);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_TORCH_TORCH_FORMAT_H_
