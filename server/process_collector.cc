@@ -145,8 +145,7 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
                               MetricType::Gauge, static_cast<double>(stats->max_fds)));
   }
   const uint64_t baseline = baseline_resident_bytes_.load();
-  const uint64_t in_use =
-      stats->resident_bytes > baseline ? stats->resident_bytes - baseline : 0;
+  const uint64_t in_use = stats->resident_bytes > baseline ? stats->resident_bytes - baseline : 0;
   families.push_back(Family("reshard_memory_in_use_bytes",
                             "Resident memory of the daemon above its idle baseline at start.",
                             MetricType::Gauge, static_cast<double>(in_use)));

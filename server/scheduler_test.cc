@@ -895,6 +895,13 @@ TEST_F(SchedulerTest, MetricsFollowTheJobs) {
   EXPECT_EQ(MetricValue("reshard_job_duration_seconds", {{"kind", "consolidate"}}), 3);
   EXPECT_EQ(MetricValue("reshard_read_bytes_total"), 200);
   EXPECT_EQ(MetricValue("reshard_written_bytes_total"), 216);
+  EXPECT_EQ(MetricValue("reshard_tensors_written_total"), 2);
+  EXPECT_EQ(MetricValue("reshard_files_written_total"), 2);
+  EXPECT_EQ(MetricValue("reshard_job_phase_duration_seconds", {{"phase", "plan"}}), 2);
+  EXPECT_EQ(MetricValue("reshard_job_phase_duration_seconds", {{"phase", "verify"}}), 0);
+  EXPECT_EQ(MetricValue("reshard_job_peak_rss_bytes"), 3);
+  EXPECT_GT(MetricValue("reshard_last_success_timestamp_seconds", {{"kind", "consolidate"}}), 0);
+  EXPECT_EQ(MetricValue("reshard_last_success_timestamp_seconds", {{"kind", "reshard"}}), 0);
   EXPECT_EQ(MetricValue("reshard_jobs_queued"), 0);
   EXPECT_EQ(MetricValue("reshard_jobs_running"), 0);
   EXPECT_EQ(MetricValue("reshard_memory_reserved_bytes"), 0);

@@ -728,6 +728,39 @@ TEST_F(ServerTest, MetricsEndpoint) {
   EXPECT_EQ(SampleValue(*after, "reshard_jobs_running"), 0) << *after;
   EXPECT_EQ(SampleValue(*after, "reshard_memory_reserved_bytes"), 0) << *after;
   EXPECT_NE(after->find("reshard_job_duration_seconds_bucket"), std::string::npos);
+  // The rest of the set: phases, output counters, last success, build info, gRPC calls and
+  // the process collector.
+  EXPECT_EQ(SampleValue(*after, R"(reshard_job_phase_duration_seconds_count{phase="plan"})"), 1)
+      << *after;
+  EXPECT_EQ(SampleValue(*after, R"(reshard_job_phase_duration_seconds_count{phase="verify"})"), 0)
+      << "verify is observed for resumed attempts only";
+  EXPECT_EQ(SampleValue(*after, "reshard_tensors_written_total"), 1) << *after;
+  EXPECT_EQ(SampleValue(*after, "reshard_files_written_total"), 1) << *after;
+  EXPECT_EQ(SampleValue(*after, "reshard_job_peak_rss_bytes_count"), 1) << *after;
+  EXPECT_EQ(SampleValue(*after, "reshard_verification_failures_total"), 0) << *after;
+  EXPECT_GT(SampleValue(*after, R"(reshard_last_success_timestamp_seconds{kind="consolidate"})"),
+            1e9)
+      << *after;
+  EXPECT_EQ(SampleValue(*after, R"(reshard_last_success_timestamp_seconds{kind="reshard"})"), 0);
+  EXPECT_NE(after->find("reshard_build_info{"), std::string::npos) << *after;
+  // gRPC series, labels in the exposition's (sorted) order.
+  auto grpc = [](const std::string& name, const std::string& code, const std::string& method,
+                 const std::string& type) {
+    return absl::StrCat(name, "{", code.empty() ? "" : "grpc_code=\"" + code + "\",",
+                        "grpc_method=\"", method, "\",grpc_service=\"reshard.v1.Reshard\",",
+                        "grpc_type=\"", type, "\"}");
+  };
+  EXPECT_GE(SampleValue(*after, grpc("grpc_server_handled_total", "OK", "SubmitJob", "unary")), 1)
+      << *after;
+  EXPECT_EQ(SampleValue(*after, grpc("grpc_server_handled_total", "NotFound", "GetJob", "unary")),
+            0)
+      << *after;
+  EXPECT_GE(SampleValue(*after, grpc("grpc_server_started_total", "", "WatchJob", "server_stream")),
+            1)
+      << *after;
+  EXPECT_GT(SampleValue(*after, "process_resident_memory_bytes"), 0) << *after;
+  EXPECT_GT(SampleValue(*after, "process_open_fds"), 0) << *after;
+  EXPECT_GT(SampleValue(*after, "process_threads"), 1) << *after;
 }
 
 TEST(ServerStartTest, BadOptionsAreRefused) {

@@ -93,6 +93,35 @@ void AddFlatRangePieces(CatalogTensor& tensor, int file, uint64_t byte_offset, i
   DecomposeFlatRange(tensor.shape, strides, begin, end, 0, prefix, emit);
 }
 
+std::vector<int> FindAliases(const Catalog& catalog) {
+  std::vector<int> aliases(catalog.tensors.size(), -1);
+  // Keyed by the first piece's location; equal keys are compared in full.
+  absl::flat_hash_map<std::pair<int, uint64_t>, std::vector<int>> by_location;
+  for (size_t i = 0; i < catalog.tensors.size(); ++i) {
+    const CatalogTensor& tensor = catalog.tensors[i];
+    if (tensor.pieces.empty() || NumElementsUnchecked(tensor.shape) == 0) continue;
+    auto& candidates =
+        by_location[{tensor.pieces[0].file, tensor.pieces[0].byte_offset}];
+    for (int j : candidates) {
+      const CatalogTensor& other = catalog.tensors[j];
+      bool same = other.dtype == tensor.dtype && other.shape == tensor.shape &&
+                  other.pieces.size() == tensor.pieces.size();
+      for (size_t p = 0; same && p < tensor.pieces.size(); ++p) {
+        const SourcePiece& a = tensor.pieces[p];
+        const SourcePiece& b = other.pieces[p];
+        same = a.file == b.file && a.byte_offset == b.byte_offset && a.box == b.box &&
+               a.strides == b.strides;
+      }
+      if (same) {
+        aliases[i] = j;
+        break;
+      }
+    }
+    if (aliases[i] < 0) candidates.push_back(static_cast<int>(i));
+  }
+  return aliases;
+}
+
 uint64_t TensorBytes(const CatalogTensor& tensor) {
   return static_cast<uint64_t>(NumElementsUnchecked(tensor.shape)) * DTypeSize(tensor.dtype);
 }

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,22 @@ struct CatalogTensor {
   std::vector<SourcePiece> pieces;
 };
 
+// The nesting of a checkpoint whose tensors sit in containers among other values (a torch
+// checkpoint: {"model": {...}, "optimizer": {...}, "step": 10}), for writers that can
+// reproduce it. Tensors are kTensor leaves that name a Catalog tensor.
+struct StructureNode {
+  enum class Kind { kNone, kBool, kInt, kFloat, kString, kTensor, kDict, kList, kTuple };
+  Kind kind = Kind::kNone;
+  bool boolean = false;
+  int64_t integer = 0;
+  double real = 0;
+  std::string text;      // kString; the tensor's name for kTensor
+  bool ordered = false;  // kDict: an OrderedDict
+  std::vector<StructureNode> keys;    // kDict, paired with `values`
+  std::vector<StructureNode> values;  // kDict
+  std::vector<StructureNode> items;   // kList, kTuple
+};
+
 struct Catalog {
   std::string format;  // the Reader's id, e.g. "safetensors"
   std::vector<SourceFile> files;
@@ -56,6 +73,9 @@ struct Catalog {
   // optimizer hyper-parameters), as "dotted.name: description", for `inspect` and for writers
   // that can carry them.
   std::vector<std::string> other_entries;
+  // How tensors and other values nest in the input, when the format has such a thing (torch);
+  // null for flat formats.
+  std::shared_ptr<const StructureNode> structure;
 
   // Index of a tensor by name, or -1.
   int Find(absl::string_view name) const;
@@ -76,6 +96,10 @@ void AddFlatRangePieces(CatalogTensor& tensor, int file, uint64_t byte_offset, i
 // strides are non-negative and every piece's bytes lie inside its file. DataLoss naming the
 // file, tensor and byte offset otherwise.
 absl::Status ValidateCatalog(const Catalog& catalog);
+
+// For each tensor, the index of the first earlier tensor that is the very same data (same
+// dtype, shape and pieces: tied weights saved as one storage), or -1.
+std::vector<int> FindAliases(const Catalog& catalog);
 
 // Bytes of a tensor's data in its dtype: elements x element size.
 uint64_t TensorBytes(const CatalogTensor& tensor);

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -164,13 +165,25 @@ class FileWriter {
     {
       WindowPipeline pipeline(file, std::max<uint64_t>(options_.window_bytes, 8192));
       pipeline_ = &pipeline;
+      checksums_.assign(plan_.tensors.size(), 0);
       for (const FramingSegment& segment : plan_.segments) {
         if (segment.kind == FramingSegment::Kind::kBytes) {
           RETURN_IF_ERROR(AppendBytes(segment.bytes));
           continue;
         }
+        if (segment.kind == FramingSegment::Kind::kDeferred) {
+          const std::string bytes = plan_.deferred(segment.deferred, checksums_);
+          if (bytes.size() != segment.size) {
+            return absl::InternalError(absl::StrCat(plan_.name, ": deferred segment ",
+                                                    segment.deferred, " is ", bytes.size(),
+                                                    " bytes, the framing promised ",
+                                                    segment.size));
+          }
+          RETURN_IF_ERROR(AppendBytes(bytes));
+          continue;
+        }
         const TensorCopy& copy = plan_.tensors[segment.tensor];
-        absl::Status status = WriteTensor(copy);
+        absl::Status status = WriteTensor(copy, &checksums_[segment.tensor]);
         if (!status.ok()) {
           return Annotate(status, absl::StrCat("writing tensor \"", copy.name, "\""));
         }
@@ -216,7 +229,8 @@ class FileWriter {
     return absl::OkStatus();
   }
 
-  absl::Status WriteTensor(const TensorCopy& copy) {
+  // Writes the tensor's data; `crc32` accumulates its CRC-32 when the framing needs it.
+  absl::Status WriteTensor(const TensorCopy& copy, uint32_t* crc32) {
     TensorFiller filler(copy, sources_);
     const size_t element_size = DTypeSize(copy.dst_dtype);
     int64_t done = 0;
@@ -228,6 +242,11 @@ class FileWriter {
       RETURN_IF_ERROR(filler.Fill(done, done + count,
                                   reinterpret_cast<std::byte*>(pipeline_->buffer() + used_)));
       filler.ReleaseConsumed();  // the data is in the buffer now
+      if (plan_.needs_crc32) {
+        *crc32 = static_cast<uint32_t>(
+            ::crc32_z(*crc32, reinterpret_cast<const Bytef*>(pipeline_->buffer() + used_),
+                      static_cast<size_t>(count) * element_size));
+      }
       (filler.plain_copy() ? phases_.read : phases_.convert) += SecondsSince(fill_start);
       used_ += static_cast<size_t>(count) * element_size;
       done += count;
@@ -256,6 +275,7 @@ class FileWriter {
   size_t used_ = 0;  // bytes filled in the pipeline's current buffer
   uint64_t bytes_read_ = 0;
   int64_t pending_tensors_ = 0;
+  TensorChecksums checksums_;
   PhaseSeconds phases_;
 };
 

@@ -187,6 +187,14 @@ void RunAndCompare(int64_t rows, int64_t cols, int64_t split) {
       EXPECT_EQ(last.files_total, 2);
       EXPECT_EQ(last.tensors_done, 4);
       EXPECT_EQ(last.tensors_total, 4);
+      // Phase times: every file was filled, written and committed; nothing was verified.
+      const PhaseSeconds& phases = result->phases;
+      EXPECT_GE(phases.read, 0);
+      EXPECT_GT(phases.convert, 0);  // the BF16, F16 and gathered tensors
+      EXPECT_GT(phases.write, 0);
+      EXPECT_GT(phases.fsync, 0);
+      EXPECT_EQ(phases.verify, 0);
+      EXPECT_EQ(result->verification_failures, 0);
     }
   }
 }
@@ -228,6 +236,28 @@ TEST(ExecutorTest, ChangedSourceIsDataLoss) {
   EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << result.status();
   EXPECT_NE(result.status().message().find("b.bin"), absl::string_view::npos) << result.status();
   EXPECT_TRUE(fs::is_empty(out));
+}
+
+// On resume, files recorded as committed are checksummed (the verify phase); one whose
+// checksum no longer matches is a verification failure and is written again.
+TEST(ExecutorTest, ResumeVerifiesCommittedFiles) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 57, 181, 97);
+  Case c = MakeCase(fixture);
+  auto plan = BuildCopyPlan(fixture.catalog, c.layout, c.framings);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string out = MakeTempDir("out");
+  auto first = Execute(*plan, out, ExecutorOptions());
+  ASSERT_TRUE(first.ok()) << first.status();
+
+  ExecutorOptions options;
+  options.completed_files[first->files[0].name] = first->files[0].xxh3_64;
+  options.completed_files[first->files[1].name] = first->files[1].xxh3_64 ^ 1;  // stale record
+  auto resumed = Execute(*plan, out, options);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->verification_failures, 1);
+  EXPECT_GT(resumed->phases.verify, 0);
+  EXPECT_EQ(ReadAll(out + "/" + c.layout.files[1].name), c.expected[1]);
 }
 
 TEST(ExecutorTest, EstimateExecutionMemoryIsBounded) {

@@ -10,7 +10,9 @@
 #define RESHARD_LIB_PLAN_LAYOUT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,10 @@ struct OutputTensor {
   int source = 0;  // index into Catalog::tensors
   Box region;
   DType dtype = DType::kF32;
+  // Index of an earlier tensor of the same file holding the very same data (tied weights), or
+  // -1. Writers store the data once: safetensors records the alias in its metadata, torch
+  // shares one storage. The Executor writes no data for aliases.
+  int alias_of = -1;
 
   uint64_t bytes() const {
     return static_cast<uint64_t>(NumElementsUnchecked(region.extent)) * DTypeSize(dtype);
@@ -38,6 +44,9 @@ struct OutputFileLayout {
   std::vector<OutputTensor> tensors;
   // String metadata for writers whose format can carry it (safetensors `__metadata__`).
   std::map<std::string, std::string> metadata;
+  // The input's nesting, for writers that reproduce it (torch), when this one file holds the
+  // whole model under the input's names; null otherwise.
+  std::shared_ptr<const StructureNode> structure;
 };
 
 struct TargetLayout {
@@ -50,16 +59,29 @@ struct TargetLayout {
 
 // How the Writer lays out one output file: a sequence of segments written front to back.
 // Writers own the bytes of kBytes segments (headers, padding); kTensor segments are filled by
-// the Executor with the dense data of `OutputFileLayout::tensors[tensor]`.
+// the Executor with the dense data of `OutputFileLayout::tensors[tensor]`. A kDeferred segment
+// has a known size, but its bytes depend on the data written before it (zip data descriptors
+// and central directories carry CRC-32s): the Executor asks the framing's `deferred` for them
+// when it reaches the segment.
 struct FramingSegment {
-  enum class Kind { kBytes, kTensor };
+  enum class Kind { kBytes, kTensor, kDeferred };
   Kind kind = Kind::kBytes;
   std::string bytes;  // kBytes
   int tensor = -1;    // kTensor
+  uint64_t size = 0;  // kDeferred
+  int deferred = -1;  // kDeferred: the id passed to FileFraming::deferred
 };
+
+// CRC-32 (IEEE, as zlib computes it) of each tensor's bytes as written, indexed like
+// OutputFileLayout::tensors; entries of tensors not written yet are 0.
+using TensorChecksums = std::vector<uint32_t>;
 
 struct FileFraming {
   std::vector<FramingSegment> segments;
+  // Produces a kDeferred segment's bytes (exactly its size). Needed when there are any.
+  std::function<std::string(int deferred, const TensorChecksums& crc32)> deferred;
+  // Whether the Executor must compute TensorChecksums (costs a pass over the data).
+  bool needs_crc32 = false;
 };
 
 // A box copy from one source piece into one output tensor. Element `i` of `extent` is read at
@@ -92,6 +114,8 @@ struct FilePlan {
   std::vector<FramingSegment> segments;  // kTensor segments index `tensors`
   std::vector<TensorCopy> tensors;
   uint64_t bytes = 0;  // total file size
+  std::function<std::string(int deferred, const TensorChecksums& crc32)> deferred;
+  bool needs_crc32 = false;
 };
 
 struct CopyPlan {

@@ -1,5 +1,6 @@
 #include "lib/plan/layout_builders.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 
@@ -100,12 +101,15 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
 
 absl::StatusOr<TargetLayout> BuildConsolidateLayout(const Catalog& catalog, DTypePolicy dtype,
                                                     uint64_t max_shard_size,
-                                                    const OutputNaming& naming) {
+                                                    const OutputNaming& naming, bool dedupe_tied) {
   if (max_shard_size == 0) return absl::InvalidArgumentError("max shard size must be positive");
+  const std::vector<int> aliases =
+      dedupe_tied ? FindAliases(catalog) : std::vector<int>(catalog.tensors.size(), -1);
   std::vector<std::vector<OutputTensor>> shards;
   std::vector<OutputTensor> current;
   uint64_t current_size = 0;
   for (size_t i = 0; i < catalog.tensors.size(); ++i) {
+    if (aliases[i] >= 0) continue;  // placed with the tensor it aliases, below
     const CatalogTensor& tensor = catalog.tensors[i];
     OutputTensor out{tensor.name, static_cast<int>(i), Box::Full(tensor.shape),
                      ApplyDTypePolicy(dtype, tensor.dtype)};
@@ -123,11 +127,29 @@ absl::StatusOr<TargetLayout> BuildConsolidateLayout(const Catalog& catalog, DTyp
     current.push_back(std::move(out));
   }
   if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
+  for (size_t i = 0; i < catalog.tensors.size(); ++i) {
+    if (aliases[i] < 0) continue;
+    for (std::vector<OutputTensor>& shard : shards) {
+      auto it = std::find_if(shard.begin(), shard.end(),
+                             [&](const OutputTensor& t) { return t.source == aliases[i]; });
+      if (it == shard.end()) continue;
+      OutputTensor alias = *it;
+      alias.name = catalog.tensors[i].name;
+      alias.source = static_cast<int>(i);
+      alias.alias_of = static_cast<int>(it - shard.begin());
+      shard.push_back(std::move(alias));
+      break;
+    }
+  }
   TargetLayout layout;
   const int count = static_cast<int>(shards.size());
   for (int i = 0; i < count; ++i) {
-    layout.files.push_back({naming.shard_file(i, count), std::move(shards[i]), {}});
+    OutputFileLayout file;
+    file.name = naming.shard_file(i, count);
+    file.tensors = std::move(shards[i]);
+    layout.files.push_back(std::move(file));
   }
+  if (count == 1) layout.files[0].structure = catalog.structure;  // the input's names, whole
   return layout;
 }
 

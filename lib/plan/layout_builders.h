@@ -44,9 +44,13 @@ struct OutputNaming {
 // One model, split into files of at most `max_shard_size` bytes with Hugging Face's rule:
 // tensors in Catalog order; a tensor larger than the limit goes alone into a file of its own
 // (appended at once); otherwise a new file starts when the current one would overflow.
+// Tied weights (FindAliases) are stored once when `dedupe_tied`: the alias goes into the file
+// of the tensor it aliases, marked `alias_of`, and does not count towards the file's size
+// (Hugging Face places shared tensors the same way). Otherwise every name gets its own copy.
 absl::StatusOr<TargetLayout> BuildConsolidateLayout(const Catalog& catalog, DTypePolicy dtype,
                                                     uint64_t max_shard_size,
-                                                    const OutputNaming& naming);
+                                                    const OutputNaming& naming,
+                                                    bool dedupe_tied = true);
 
 // `parts` tensor-parallel parts, one file each: tensors with a split rule are cut into `parts`
 // equal slices along the rule's dimension (which must divide evenly); replicated ones are whole

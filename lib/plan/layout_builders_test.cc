@@ -23,7 +23,10 @@ OutputNaming TestNaming() {
 void AddTensor(Catalog& catalog, const std::string& name, DType dtype, Shape shape) {
   if (catalog.files.empty()) catalog.files.push_back({"/src/file.bin", 1ull << 40});
   CatalogTensor tensor{name, dtype, shape, {}};
-  tensor.pieces.push_back({0, 0, Box::Full(shape), RowMajorStrides(shape)});
+  // Each tensor gets bytes of its own, so none looks like a tied alias of another.
+  uint64_t offset = 0;
+  for (const CatalogTensor& other : catalog.tensors) offset += TensorBytes(other) + 1;
+  tensor.pieces.push_back({0, offset, Box::Full(shape), RowMajorStrides(shape)});
   catalog.tensors.push_back(tensor);
   catalog.Reindex();
 }
@@ -375,6 +378,39 @@ TEST(MergePartsTest, NoRulesWithSeveralParts) {
   ASSERT_TRUE(single.ok());
   EXPECT_EQ(single->tensors.size(), 1u);
   EXPECT_FALSE(MergeParts({}, PartitionRules(), {}).ok());
+}
+
+}  // namespace
+}  // namespace reshard
+
+namespace reshard {
+namespace {
+
+TEST(BuildConsolidateLayoutTest, TiedTensorsAreStoredOnceNextToTheirOriginal) {
+  Catalog catalog;
+  catalog.files.push_back({"in", 1 << 20});
+  AddTensor(catalog, "wte", DType::kF32, {10});
+  AddTensor(catalog, "big", DType::kF32, {10});
+  CatalogTensor tied = catalog.tensors[0];
+  tied.name = "lm_head";
+  catalog.tensors.push_back(tied);
+  catalog.Reindex();
+  OutputNaming naming;
+  naming.shard_file = [](int i, int n) { return absl::StrCat("s", i, "of", n); };
+  // 40 bytes per tensor, 40-byte files: "wte" and "big" each fill one; "lm_head" rides along.
+  auto deduped = BuildConsolidateLayout(catalog, DTypePolicy::kKeep, 40, naming);
+  ASSERT_TRUE(deduped.ok()) << deduped.status();
+  ASSERT_EQ(deduped->files.size(), 2u);
+  ASSERT_EQ(deduped->files[0].tensors.size(), 2u);
+  EXPECT_EQ(deduped->files[0].tensors[1].name, "lm_head");
+  EXPECT_EQ(deduped->files[0].tensors[1].alias_of, 0);
+  auto copied = BuildConsolidateLayout(catalog, DTypePolicy::kKeep, 40, naming,
+                                       /*dedupe_tied=*/false);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_EQ(copied->files.size(), 3u);
+  for (const auto& file : copied->files) {
+    for (const auto& tensor : file.tensors) EXPECT_EQ(tensor.alias_of, -1);
+  }
 }
 
 }  // namespace

@@ -153,6 +153,12 @@ absl::StatusOr<CopyPlan> BuildCopyPlan(const Catalog& catalog, const TargetLayou
     for (const FramingSegment& segment : framings[f].segments) {
       if (segment.kind == FramingSegment::Kind::kBytes) {
         file_plan.bytes += segment.bytes.size();
+      } else if (segment.kind == FramingSegment::Kind::kDeferred) {
+        if (!framings[f].deferred) {
+          return absl::InternalError(absl::StrCat("writer framing of ", file.name,
+                                                  " has a deferred segment but no producer"));
+        }
+        file_plan.bytes += segment.size;
       } else {
         if (segment.tensor < 0 || segment.tensor >= static_cast<int>(seen.size()) ||
             seen[segment.tensor]++ > 0) {
@@ -163,10 +169,15 @@ absl::StatusOr<CopyPlan> BuildCopyPlan(const Catalog& catalog, const TargetLayou
       }
       file_plan.segments.push_back(segment);
     }
-    if (std::count(seen.begin(), seen.end(), 0) > 0) {
-      return absl::InternalError(
-          absl::StrCat("writer framing of ", file.name, " leaves out a tensor"));
+    for (size_t t = 0; t < seen.size(); ++t) {
+      if (seen[t] == 0 && file.tensors[t].alias_of < 0) {
+        return absl::InternalError(absl::StrCat("writer framing of ", file.name,
+                                                " leaves out tensor \"", file.tensors[t].name,
+                                                "\""));
+      }
     }
+    file_plan.deferred = framings[f].deferred;
+    file_plan.needs_crc32 = framings[f].needs_crc32;
     plan.total_bytes += file_plan.bytes;
     plan.files.push_back(std::move(file_plan));
   }

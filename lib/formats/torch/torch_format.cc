@@ -107,7 +107,8 @@ class TorchFileReader {
     if (!root.ok()) return Annotate(root.status(), absl::StrCat(path_, ": data.pkl"));
     catalog_.format = TorchInput::kId;
     catalog_.files.push_back(SourceFile{path_, data.size()});
-    RETURN_IF_ERROR(Walk(*root, "", 0));
+    ASSIGN_OR_RETURN(StructureNode structure, Walk(*root, "", 0));
+    catalog_.structure = std::make_shared<const StructureNode>(std::move(structure));
     catalog_.Reindex();
     return std::move(catalog_);
   }
@@ -292,51 +293,113 @@ class TorchFileReader {
     return prefix.empty() ? name : absl::StrCat(prefix, ".", name);
   }
 
-  absl::Status Walk(const PickleValue* value, const std::string& name, int depth) {
+  // Adds the tensors under `value` (named by their key path) to the Catalog and returns the
+  // value's structure. Values that cannot be represented (arbitrary Python objects) are listed
+  // in other_entries as not carried, and come back as None.
+  absl::StatusOr<StructureNode> Walk(const PickleValue* value, const std::string& name,
+                                     int depth) {
+    using Node = StructureNode::Kind;
+    StructureNode node;
     if (depth > kMaxNameDepth) return Error(name, "containers nest too deeply");
     if (std::optional<Rebuild> call = TensorCall(value); call.has_value()) {
-      return AddTensor(*call, name.empty() ? "tensor" : name);
+      const std::string tensor_name = name.empty() ? "tensor" : name;
+      RETURN_IF_ERROR(AddTensor(*call, tensor_name));
+      node.kind = Node::kTensor;
+      node.text = tensor_name;
+      return node;
     }
     if (value->kind == Kind::kObject && value->callable != nullptr &&
         absl::StartsWith(value->callable->module, "torch") &&
         absl::StartsWith(value->callable->name, "_rebuild_")) {
       return absl::UnimplementedError(
-          absl::StrCat(path_, ": \"", name, "\": tensors rebuilt by ", value->callable->module, ".",
-                       value->callable->name, " (quantized, sparse, nested) are not supported"));
+          absl::StrCat(path_, ": \"", name, "\": tensors rebuilt by ", value->callable->module,
+                       ".", value->callable->name, " (quantized, sparse, nested) are not supported"));
     }
+    auto note = [&](absl::string_view what) {
+      catalog_.other_entries.push_back(absl::StrCat(name.empty() ? "(root)" : name, ": ", what));
+    };
     switch (value->kind) {
+      case Kind::kNone:
+        note("None");
+        return node;
+      case Kind::kBool:
+        note("bool");
+        node.kind = Node::kBool;
+        node.boolean = value->boolean;
+        return node;
+      case Kind::kInt:
+        note("int");
+        node.kind = Node::kInt;
+        node.integer = value->integer;
+        return node;
+      case Kind::kFloat:
+        note("float");
+        node.kind = Node::kFloat;
+        node.real = value->real;
+        return node;
+      case Kind::kString:
+        note("str");
+        node.kind = Node::kString;
+        node.text = value->text;
+        return node;
       case Kind::kDict:
+        node.kind = Node::kDict;
+        node.ordered = true;
         for (const auto& [key, item] : value->entries) {
-          RETURN_IF_ERROR(Walk(item, Join(name, KeyName(key)), depth + 1));
+          ASSIGN_OR_RETURN(StructureNode child, Walk(item, Join(name, KeyName(key)), depth + 1));
+          ASSIGN_OR_RETURN(StructureNode key_node, KeyNode(key));
+          node.keys.push_back(std::move(key_node));
+          node.values.push_back(std::move(child));
         }
-        return absl::OkStatus();
+        return node;
       case Kind::kList:
-      case Kind::kTuple: {
-        bool has_tensor = false;
-        for (const PickleValue* item : value->items) has_tensor |= ContainsTensor(item, 0);
-        if (!has_tensor) break;  // a leaf list of numbers, say: not a tensor container
+      case Kind::kTuple:
+        node.kind = value->kind == Kind::kList ? Node::kList : Node::kTuple;
+        if (value->items.empty()) note(value->kind == Kind::kList ? "list" : "tuple");
         for (size_t i = 0; i < value->items.size(); ++i) {
-          RETURN_IF_ERROR(Walk(value->items[i], Join(name, absl::StrCat(i)), depth + 1));
+          ASSIGN_OR_RETURN(StructureNode child,
+                           Walk(value->items[i], Join(name, absl::StrCat(i)), depth + 1));
+          node.items.push_back(std::move(child));
         }
-        return absl::OkStatus();
-      }
+        return node;
       case Kind::kObject:
-        // A dict subclass (argparse.Namespace's state, OrderedDict subclasses): walk its items.
-        if (!value->entries.empty() ||
-            (value->state != nullptr && ContainsTensor(value->state, 0))) {
+        if (!value->entries.empty()) {  // a dict subclass: keep its items as a dict
+          node.kind = Node::kDict;
+          node.ordered = true;
           for (const auto& [key, item] : value->entries) {
-            RETURN_IF_ERROR(Walk(item, Join(name, KeyName(key)), depth + 1));
+            ASSIGN_OR_RETURN(StructureNode child, Walk(item, Join(name, KeyName(key)), depth + 1));
+            ASSIGN_OR_RETURN(StructureNode key_node, KeyNode(key));
+            node.keys.push_back(std::move(key_node));
+            node.values.push_back(std::move(child));
           }
-          if (value->state != nullptr) RETURN_IF_ERROR(Walk(value->state, name, depth + 1));
-          return absl::OkStatus();
+          return node;
         }
-        break;
+        if (ContainsTensor(value, 0)) {
+          return Error(name, absl::StrCat("tensors inside ", DescribePickleValue(value),
+                                          " cannot be located"));
+        }
+        note(absl::StrCat(DescribePickleValue(value), " (not carried to any output)"));
+        return node;
       default:
-        break;
+        note(absl::StrCat(DescribePickleValue(value), " (not carried to any output)"));
+        return node;
     }
-    catalog_.other_entries.push_back(
-        absl::StrCat(name.empty() ? "(root)" : name, ": ", DescribePickleValue(value)));
-    return absl::OkStatus();
+  }
+
+  // Dict keys are strings or ints in checkpoints (optimizer state uses parameter indices).
+  absl::StatusOr<StructureNode> KeyNode(const PickleValue* key) const {
+    StructureNode node;
+    if (key->kind == Kind::kString) {
+      node.kind = StructureNode::Kind::kString;
+      node.text = key->text;
+    } else if (key->kind == Kind::kInt) {
+      node.kind = StructureNode::Kind::kInt;
+      node.integer = key->integer;
+    } else {
+      node.kind = StructureNode::Kind::kString;
+      node.text = KeyName(key);
+    }
+    return node;
   }
 
   bool ContainsTensor(const PickleValue* value, int depth) const {
