@@ -28,6 +28,7 @@ absl::StatusOr<ConversionSpec> BuildSpec(const ConversionFlags& flags, bool resh
   spec.parts = flags.parts;
   spec.rules_file = flags.rules;
   spec.threads = flags.threads;
+  spec.duplicate_tied = flags.duplicate_tied;
   if (reshard && spec.parts < 1) {
     return absl::InvalidArgumentError("reshard needs --parts M (M >= 1)");
   }

@@ -24,6 +24,7 @@ struct ConversionFlags {
   std::string rules;
   int threads = 2;
   std::string window_size = "32MiB";
+  bool duplicate_tied = false;
 };
 
 // Options of commands that go through reshardd.

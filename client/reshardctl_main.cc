@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     command->add_option("--window-size", conversion.window_size, "buffer per thread")
         ->capture_default_str();
+    command->add_flag("--duplicate-tied", conversion.duplicate_tied,
+                      "write tied weights under every name instead of once plus aliases");
     add_output(command);
   };
 

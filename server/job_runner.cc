@@ -25,6 +25,7 @@ ConversionSpec ConversionSpecFromProto(const v1::JobSpec& proto) {
   spec.parts = proto.parts();
   spec.rules_json = proto.rules_json();
   spec.overwrite = proto.overwrite();
+  spec.duplicate_tied = proto.duplicate_tied();
   if (proto.threads() > 0) spec.threads = proto.threads();
   if (proto.window_bytes() > 0) spec.window_bytes = proto.window_bytes();
   return spec;

@@ -100,8 +100,7 @@ std::vector<int> FindAliases(const Catalog& catalog) {
   for (size_t i = 0; i < catalog.tensors.size(); ++i) {
     const CatalogTensor& tensor = catalog.tensors[i];
     if (tensor.pieces.empty() || NumElementsUnchecked(tensor.shape) == 0) continue;
-    auto& candidates =
-        by_location[{tensor.pieces[0].file, tensor.pieces[0].byte_offset}];
+    auto& candidates = by_location[{tensor.pieces[0].file, tensor.pieces[0].byte_offset}];
     for (int j : candidates) {
       const CatalogTensor& other = catalog.tensors[j];
       bool same = other.dtype == tensor.dtype && other.shape == tensor.shape &&

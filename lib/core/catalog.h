@@ -55,8 +55,8 @@ struct StructureNode {
   bool boolean = false;
   int64_t integer = 0;
   double real = 0;
-  std::string text;      // kString; the tensor's name for kTensor
-  bool ordered = false;  // kDict: an OrderedDict
+  std::string text;                   // kString; the tensor's name for kTensor
+  bool ordered = false;               // kDict: an OrderedDict
   std::vector<StructureNode> keys;    // kDict, paired with `values`
   std::vector<StructureNode> values;  // kDict
   std::vector<StructureNode> items;   // kList, kTuple

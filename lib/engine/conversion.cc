@@ -74,7 +74,8 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   if (spec.kind == ConversionSpec::Kind::kConsolidate) {
     ASSIGN_OR_RETURN(
         planned.layout,
-        BuildConsolidateLayout(catalog, spec.dtype, spec.max_shard_size, planned.writer->naming()));
+        BuildConsolidateLayout(catalog, spec.dtype, spec.max_shard_size, planned.writer->naming(),
+                               /*dedupe_tied=*/!spec.duplicate_tied));
   } else {
     if (spec.parts < 1 || spec.parts > 4096) {
       return absl::InvalidArgumentError(

@@ -63,6 +63,9 @@ struct ConversionSpec {
   std::string rules_file;
   // Replace a non-empty output folder when publishing. Default: refused.
   bool overwrite = false;
+  // Tied weights (one storage under several names): stored once with the other names recorded
+  // as aliases (default), or written out in full under every name.
+  bool duplicate_tied = false;
   std::string output_format = "safetensors";
   int threads = 2;
   uint64_t window_bytes = 32ull << 20;

@@ -171,9 +171,8 @@ absl::StatusOr<CopyPlan> BuildCopyPlan(const Catalog& catalog, const TargetLayou
     }
     for (size_t t = 0; t < seen.size(); ++t) {
       if (seen[t] == 0 && file.tensors[t].alias_of < 0) {
-        return absl::InternalError(absl::StrCat("writer framing of ", file.name,
-                                                " leaves out tensor \"", file.tensors[t].name,
-                                                "\""));
+        return absl::InternalError(absl::StrCat(
+            "writer framing of ", file.name, " leaves out tensor \"", file.tensors[t].name, "\""));
       }
     }
     file_plan.deferred = framings[f].deferred;

@@ -43,4 +43,14 @@ build safetensors_header_fuzzer "$root/tests/fuzz/safetensors_header_fuzzer.cc" 
   "$root/lib/formats/safetensors/header.cc" "$root/lib/core/status.cc" \
   "$root/lib/core/dtype.cc" "$root/lib/core/shape.cc"
 run safetensors_header_fuzzer "$work/seeds-safetensors"
+
+/usr/bin/python3 "$root/tests/fuzz/make_torch_seeds.py" "$work/seeds-zip" "$work/seeds-pickle"
+build zip_archive_fuzzer "$root/tests/fuzz/zip_archive_fuzzer.cc" \
+  "$root/lib/formats/torch/zip_archive.cc" "$root/lib/core/status.cc" \
+  -labsl_hash -labsl_city -labsl_low_level_hash -labsl_raw_hash_set
+run zip_archive_fuzzer "$work/seeds-zip"
+build pickle_fuzzer "$root/tests/fuzz/pickle_fuzzer.cc" \
+  "$root/lib/formats/torch/pickle.cc" "$root/lib/core/status.cc" \
+  -labsl_hash -labsl_city -labsl_low_level_hash -labsl_raw_hash_set
+run pickle_fuzzer "$work/seeds-pickle"
 echo "fuzz: all targets passed" >&2

@@ -49,8 +49,8 @@ absl::StatusOr<InputModel> ReadIndexedFolder(const std::string& dir) {
   for (const std::string& name : names) {
     std::error_code error;
     if (!fs::exists(absl::StrCat(dir, "/", name), error)) {
-      return absl::NotFoundError(absl::StrCat(index_path, " lists ", name,
-                                              ", which does not exist in ", dir));
+      return absl::NotFoundError(
+          absl::StrCat(index_path, " lists ", name, ", which does not exist in ", dir));
     }
     ASSIGN_OR_RETURN(FileCatalog file, ReadOne(dir, name));
     files.push_back(std::move(file));
@@ -101,7 +101,27 @@ bool SafetensorsInput::Probe(const std::string& path) const {
   return length <= kSafetensorsMaxHeaderBytes && prefix[8] == '{';
 }
 
+// Tensors a writer stored once under another name (`__metadata__` maps the missing name to a
+// stored one, as huggingface_hub and reshard write tied weights) become names of that data.
+void RestoreTiedAliases(Catalog& catalog) {
+  catalog.Reindex();
+  for (const auto& [alias, original] : catalog.metadata) {
+    const int stored = catalog.Find(original);
+    if (stored < 0 || catalog.Find(alias) >= 0 || alias.rfind("reshard_", 0) == 0) continue;
+    CatalogTensor copy = catalog.tensors[stored];
+    copy.name = alias;
+    catalog.tensors.push_back(std::move(copy));
+    catalog.Reindex();
+  }
+}
+
 absl::StatusOr<InputModel> SafetensorsInput::Read(const std::string& path) const {
+  ASSIGN_OR_RETURN(InputModel model, ReadWithoutAliases(path));
+  for (Catalog& part : model.parts) RestoreTiedAliases(part);
+  return model;
+}
+
+absl::StatusOr<InputModel> SafetensorsInput::ReadWithoutAliases(const std::string& path) const {
   std::error_code error;
   if (fs::is_directory(path, error)) {
     if (fs::exists(absl::StrCat(path, "/", kSafetensorsIndexName), error)) {
@@ -169,8 +189,18 @@ OutputNaming SafetensorsOutput::naming() const {
 }
 
 absl::StatusOr<FileFraming> SafetensorsOutput::Frame(const OutputFileLayout& file) const {
-  std::vector<int> order(file.tensors.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  // Tied aliases are not stored: `__metadata__` maps each to the tensor holding its data, as
+  // huggingface_hub records the names it drops.
+  std::map<std::string, std::string> metadata = file.metadata;
+  std::vector<int> order;
+  for (size_t i = 0; i < file.tensors.size(); ++i) {
+    const OutputTensor& tensor = file.tensors[i];
+    if (tensor.alias_of >= 0) {
+      metadata[tensor.name] = file.tensors[tensor.alias_of].name;
+    } else {
+      order.push_back(static_cast<int>(i));
+    }
+  }
   std::sort(order.begin(), order.end(), [&](int a, int b) {
     const OutputTensor& x = file.tensors[a];
     const OutputTensor& y = file.tensors[b];
@@ -190,7 +220,6 @@ absl::StatusOr<FileFraming> SafetensorsOutput::Frame(const OutputFileLayout& fil
         {tensor.name, tensor.dtype, tensor.region.extent, offset, offset + tensor.bytes()});
     offset += tensor.bytes();
   }
-  std::map<std::string, std::string> metadata = file.metadata;
   metadata["format"] = "pt";
   auto header = EncodeSafetensorsHeader(entries, metadata);
   if (!header.ok()) return Annotate(header.status(), file.name);
@@ -205,15 +234,22 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SafetensorsOutp
   std::vector<std::pair<std::string, std::string>> files;
   if (layout.kind != TargetLayout::Kind::kConsolidated || layout.files.size() < 2) return files;
   // transformers' form: sorted keys, indent 2, trailing newline.
+  // Only stored tensors are in the weight map; tied aliases go into the index's metadata.
   Json weight_map = Json::object();
+  Json metadata = Json::object();
   uint64_t total_size = 0;
-  for (const FilePlan& file : plan.files) {
-    for (const TensorCopy& tensor : file.tensors) {
+  for (const OutputFileLayout& file : layout.files) {
+    for (const OutputTensor& tensor : file.tensors) {
+      if (tensor.alias_of >= 0) {
+        metadata[tensor.name] = file.tensors[tensor.alias_of].name;
+        continue;
+      }
       weight_map[tensor.name] = file.name;
-      total_size += tensor.dst_bytes();
+      total_size += tensor.bytes();
     }
   }
-  Json index = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
+  metadata["total_size"] = total_size;
+  Json index = {{"metadata", metadata}, {"weight_map", weight_map}};
   files.emplace_back(kSafetensorsIndexName,
                      index.dump(2, ' ', false, Json::error_handler_t::replace) + "\n");
   return files;

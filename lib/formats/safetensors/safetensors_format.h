@@ -31,7 +31,12 @@ class SafetensorsInput : public InputFormat {
   static constexpr char kId[] = "safetensors";
   absl::string_view id() const override { return kId; }
   bool Probe(const std::string& path) const override;
+  // Also restores tied aliases recorded in `__metadata__` ("lm_head.weight":
+  // "model.embed_tokens.weight") as names of the stored data.
   absl::StatusOr<InputModel> Read(const std::string& path) const override;
+
+ private:
+  absl::StatusOr<InputModel> ReadWithoutAliases(const std::string& path) const;
 };
 
 class SafetensorsOutput : public OutputFormat {

@@ -153,6 +153,14 @@ TEST(SafetensorsOutputTest, NamingAndIndex) {
   TargetLayout layout;
   layout.kind = TargetLayout::Kind::kConsolidated;
   layout.files.resize(2);
+  layout.files[0].name = "model-00001-of-00002.safetensors";
+  layout.files[0].tensors.push_back({"b", 0, Box::Full({10}), DType::kF32});
+  layout.files[1].name = "model-00002-of-00002.safetensors";
+  layout.files[1].tensors.push_back({"a", 1, Box::Full({3}), DType::kBF16});
+  // A tied alias of "a": listed in the index's metadata, not in the weight map or total_size.
+  OutputTensor alias{"a_tied", 2, Box::Full({3}), DType::kBF16};
+  alias.alias_of = 0;
+  layout.files[1].tensors.push_back(alias);
   CopyPlan plan;
   plan.files.resize(2);
   plan.files[0].name = "model-00001-of-00002.safetensors";
@@ -167,6 +175,8 @@ TEST(SafetensorsOutputTest, NamingAndIndex) {
   EXPECT_EQ(index["metadata"]["total_size"], 46);
   EXPECT_EQ(index["weight_map"]["a"], "model-00002-of-00002.safetensors");
   EXPECT_EQ(index["weight_map"]["b"], "model-00001-of-00002.safetensors");
+  EXPECT_FALSE(index["weight_map"].contains("a_tied"));
+  EXPECT_EQ(index["metadata"]["a_tied"], "a");
   // One file, or parts: no index.
   layout.files.resize(1);
   EXPECT_TRUE(writer.CompanionFiles(layout, plan)->empty());

@@ -198,6 +198,18 @@ class Machine {
     value->name = std::string(name);
     return Push(value);
   }
+  // Calls that copy an argument (set(list), bytearray(str), _codecs.encode) may copy at most as
+  // many items and bytes, in total, as the pickle has bytes: otherwise a small pickle could
+  // copy one memoized list or string again and again into gigabytes.
+  absl::Status ChargeCopy(uint64_t n) {
+    copied_ += n;
+    if (copied_ > data_.size()) {
+      return Error(absl::StrCat("calls copy more items and bytes (", copied_,
+                                ") than the pickle has bytes (memo reuse?)"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Memoize(uint64_t index) {
     ASSIGN_OR_RETURN(PickleValue * top, Top());
     if (!memo_.contains(index) && memo_.size() >= limits_.max_memo) {
@@ -226,6 +238,7 @@ class Machine {
         if (args->items[0]->kind != Kind::kList && args->items[0]->kind != Kind::kTuple) {
           return Error("set() of something that is not a list");
         }
+        RETURN_IF_ERROR(ChargeCopy(args->items[0]->items.size()));
         set->items = args->items[0]->items;
         RETURN_IF_ERROR(Adopt(set, args->items[0]));
       }
@@ -234,8 +247,9 @@ class Machine {
     if (callable->IsGlobal("_codecs", "encode") && args->items.size() == 2 &&
         args->items[0]->kind == Kind::kString) {
       // Protocol 2 writes bytes as a latin-1 str: map each code point back to one byte.
-      ASSIGN_OR_RETURN(PickleValue * bytes, New(Kind::kBytes));
       const std::string& utf8 = args->items[0]->text;
+      RETURN_IF_ERROR(ChargeCopy(utf8.size()));
+      ASSIGN_OR_RETURN(PickleValue * bytes, New(Kind::kBytes));
       for (size_t i = 0; i < utf8.size(); ++i) {
         const uint8_t c = static_cast<uint8_t>(utf8[i]);
         if (c < 0x80) {
@@ -248,7 +262,9 @@ class Machine {
       }
       return bytes;
     }
-    if (callable->IsGlobal("builtins", "bytearray") && args->items.size() <= 1) {
+    if ((callable->IsGlobal("builtins", "bytearray") && args->items.size() <= 1) ||
+        (callable->IsGlobal("builtins", "bytes") && args->items.empty())) {  // b"" in protocol 2
+      if (!args->items.empty()) RETURN_IF_ERROR(ChargeCopy(args->items[0]->text.size()));
       ASSIGN_OR_RETURN(PickleValue * bytes, New(Kind::kBytes));
       if (!args->items.empty()) bytes->text = args->items[0]->text;
       return bytes;
@@ -514,6 +530,7 @@ class Machine {
   const PickleLimits limits_;
   uint64_t pos_ = 0;
   uint64_t op_offset_ = 0;
+  uint64_t copied_ = 0;  // items and bytes copied by calls (ChargeCopy)
   uint8_t op_ = 0;
   std::vector<PickleValue*> stack_;
   std::vector<size_t> marks_;
