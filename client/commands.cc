@@ -29,6 +29,7 @@ absl::StatusOr<ConversionSpec> BuildSpec(const ConversionFlags& flags, bool resh
   spec.rules_file = flags.rules;
   spec.threads = flags.threads;
   spec.duplicate_tied = flags.duplicate_tied;
+  spec.output_format = flags.output_format;
   if (reshard && spec.parts < 1) {
     return absl::InvalidArgumentError("reshard needs --parts M (M >= 1)");
   }

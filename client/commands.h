@@ -25,6 +25,7 @@ struct ConversionFlags {
   int threads = 2;
   std::string window_size = "32MiB";
   bool duplicate_tied = false;
+  std::string output_format = "safetensors";  // or "torch"
 };
 
 // Options of commands that go through reshardd.

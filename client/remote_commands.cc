@@ -91,6 +91,7 @@ absl::StatusOr<v1::JobSpec> BuildJobSpec(const ConversionFlags& conversion, bool
   }
   spec.set_threads(conversion.threads);
   spec.set_duplicate_tied(conversion.duplicate_tied);
+  spec.set_output_format(conversion.output_format);
   ASSIGN_OR_RETURN(uint64_t window, ParseByteSize(conversion.window_size));
   spec.set_window_bytes(window);
   spec.set_priority(daemon.priority);

@@ -26,6 +26,7 @@ ConversionSpec ConversionSpecFromProto(const v1::JobSpec& proto) {
   spec.rules_json = proto.rules_json();
   spec.overwrite = proto.overwrite();
   spec.duplicate_tied = proto.duplicate_tied();
+  if (!proto.output_format().empty()) spec.output_format = proto.output_format();
   if (proto.threads() > 0) spec.threads = proto.threads();
   if (proto.window_bytes() > 0) spec.window_bytes = proto.window_bytes();
   return spec;

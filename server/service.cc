@@ -50,6 +50,10 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
     return absl::InvalidArgumentError("spec.priority must be in [-100, 100]");
   }
   if (!v1::DType_IsValid(spec.dtype())) return absl::InvalidArgumentError("spec.dtype is unknown");
+  if (!spec.output_format().empty() && spec.output_format() != "safetensors" &&
+      spec.output_format() != "torch") {
+    return absl::InvalidArgumentError("spec.output_format must be \"safetensors\" or \"torch\"");
+  }
   if (spec.rules_json().size() > kMaxRulesJsonBytes) {
     return absl::InvalidArgumentError("spec.rules_json is larger than 1 MiB");
   }

@@ -108,6 +108,25 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadWeightMap(
   return weight_map;
 }
 
+std::string HuggingFaceIndexJson(const TargetLayout& layout) {
+  nlohmann::json weight_map = nlohmann::json::object();  // std::map keys: sorted, as transformers
+  nlohmann::json metadata = nlohmann::json::object();
+  uint64_t total_size = 0;
+  for (const OutputFileLayout& file : layout.files) {
+    for (const OutputTensor& tensor : file.tensors) {
+      if (tensor.alias_of >= 0) {
+        metadata[tensor.name] = file.tensors[tensor.alias_of].name;
+        continue;
+      }
+      weight_map[tensor.name] = file.name;
+      total_size += tensor.bytes();
+    }
+  }
+  metadata["total_size"] = total_size;
+  const nlohmann::json index = {{"metadata", metadata}, {"weight_map", weight_map}};
+  return index.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
 void AppendCatalog(Catalog& target, Catalog source) {
   const int base = static_cast<int>(target.files.size());
   for (SourceFile& file : source.files) target.files.push_back(std::move(file));

@@ -48,6 +48,11 @@ absl::StatusOr<InputModel> AssembleIndexedFolder(
 absl::StatusOr<InputModel> AssembleFolder(absl::string_view format, const std::string& dir,
                                           std::vector<FileCatalog> files);
 
+// The Hugging Face index of a consolidated layout of several files, as transformers writes it
+// (sorted keys, indent 2, trailing newline): weight_map of the stored tensors, and metadata
+// with total_size (data bytes) and the tied aliases (alias -> stored name).
+std::string HuggingFaceIndexJson(const TargetLayout& layout);
+
 // Appends `source`'s files and tensors to `target` (tensor names must not collide).
 void AppendCatalog(Catalog& target, Catalog source);
 

@@ -233,25 +233,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SafetensorsOutp
     const TargetLayout& layout, const CopyPlan& plan) const {
   std::vector<std::pair<std::string, std::string>> files;
   if (layout.kind != TargetLayout::Kind::kConsolidated || layout.files.size() < 2) return files;
-  // transformers' form: sorted keys, indent 2, trailing newline.
-  // Only stored tensors are in the weight map; tied aliases go into the index's metadata.
-  Json weight_map = Json::object();
-  Json metadata = Json::object();
-  uint64_t total_size = 0;
-  for (const OutputFileLayout& file : layout.files) {
-    for (const OutputTensor& tensor : file.tensors) {
-      if (tensor.alias_of >= 0) {
-        metadata[tensor.name] = file.tensors[tensor.alias_of].name;
-        continue;
-      }
-      weight_map[tensor.name] = file.name;
-      total_size += tensor.bytes();
-    }
-  }
-  metadata["total_size"] = total_size;
-  Json index = {{"metadata", metadata}, {"weight_map", weight_map}};
-  files.emplace_back(kSafetensorsIndexName,
-                     index.dump(2, ' ', false, Json::error_handler_t::replace) + "\n");
+  files.emplace_back(kSafetensorsIndexName, HuggingFaceIndexJson(layout));
   return files;
 }
 

@@ -153,7 +153,13 @@ class Machine {
     return items;
   }
   // Records that `parent` now holds `child`; bounds nesting depth.
-  absl::Status Adopt(PickleValue* parent, const PickleValue* child) {
+  absl::Status Adopt(PickleValue* parent, PickleValue* child) {
+    if (parent->placed) {
+      return Error(absl::StrCat("changes a ", DescribePickleValue(parent),
+                                " that is already inside another value (a self-referencing "
+                                "structure, which checkpoints do not hold)"));
+    }
+    child->placed = true;
     if (child->depth + 1 > parent->depth) {
       if (child->depth + 1 > limits_.max_depth) {
         return Error(absl::StrCat("values nest deeper than ", limits_.max_depth, " levels"));
@@ -479,8 +485,9 @@ class Machine {
         if (target->kind != Kind::kObject && target->kind != Kind::kDict) {
           return Error(absl::StrCat("BUILD on ", DescribePickleValue(target)));
         }
+        RETURN_IF_ERROR(Adopt(target, state));
         target->state = state;
-        return Adopt(target, state);
+        return absl::OkStatus();
       }
       case 'Q': {  // BINPERSID
         ASSIGN_OR_RETURN(PickleValue * pid, Pop());

@@ -54,6 +54,9 @@ struct PickleValue {
   PickleValue* args = nullptr;                                 // kObject
   PickleValue* state = nullptr;                                // kObject, kDict (BUILD)
   int depth = 1;  // nesting depth of this value (1 for scalars)
+  // Placed inside another value. Such a value is complete: mutating it afterwards (which only
+  // self-referencing structures do) is refused, so `depth` stays exact.
+  bool placed = false;
 
   bool IsGlobal(absl::string_view m, absl::string_view n) const {
     return kind == Kind::kGlobal && module == m && name == n;

@@ -296,11 +296,15 @@ class TorchFileReader {
   // Adds the tensors under `value` (named by their key path) to the Catalog and returns the
   // value's structure. Values that cannot be represented (arbitrary Python objects) are listed
   // in other_entries as not carried, and come back as None.
-  absl::StatusOr<StructureNode> Walk(const PickleValue* value, const std::string& name,
-                                     int depth) {
+  absl::StatusOr<StructureNode> Walk(const PickleValue* value, const std::string& name, int depth) {
     using Node = StructureNode::Kind;
     StructureNode node;
     if (depth > kMaxNameDepth) return Error(name, "containers nest too deeply");
+    // A container shared through the pickle's memo is walked once per reference; bound the
+    // total so that a small pickle of shared containers cannot make the walk exponential.
+    if (++visits_ > VisitBudget()) {
+      return Error(name, "containers are shared so often that walking them would not end");
+    }
     if (std::optional<Rebuild> call = TensorCall(value); call.has_value()) {
       const std::string tensor_name = name.empty() ? "tensor" : name;
       RETURN_IF_ERROR(AddTensor(*call, tensor_name));
@@ -312,8 +316,8 @@ class TorchFileReader {
         absl::StartsWith(value->callable->module, "torch") &&
         absl::StartsWith(value->callable->name, "_rebuild_")) {
       return absl::UnimplementedError(
-          absl::StrCat(path_, ": \"", name, "\": tensors rebuilt by ", value->callable->module,
-                       ".", value->callable->name, " (quantized, sparse, nested) are not supported"));
+          absl::StrCat(path_, ": \"", name, "\": tensors rebuilt by ", value->callable->module, ".",
+                       value->callable->name, " (quantized, sparse, nested) are not supported"));
     }
     auto note = [&](absl::string_view what) {
       catalog_.other_entries.push_back(absl::StrCat(name.empty() ? "(root)" : name, ": ", what));
@@ -403,7 +407,7 @@ class TorchFileReader {
   }
 
   bool ContainsTensor(const PickleValue* value, int depth) const {
-    if (depth > kMaxNameDepth) return false;
+    if (depth > kMaxNameDepth || ++visits_ > VisitBudget()) return false;
     if (TensorCall(value).has_value()) return true;
     for (const PickleValue* item : value->items) {
       if (ContainsTensor(item, depth + 1)) return true;
@@ -420,6 +424,9 @@ class TorchFileReader {
   absl::flat_hash_map<std::string, std::pair<PickleValue*, Storage>> storages_;
   absl::flat_hash_set<std::string> names_;
   Catalog catalog_;
+  // Values visited by Walk and ContainsTensor, against VisitBudget().
+  mutable uint64_t visits_ = 0;
+  uint64_t VisitBudget() const { return 4 * arena_.size() + 4096; }
 };
 
 absl::StatusOr<FileCatalog> ReadOneFile(const std::string& dir, const std::string& name) {

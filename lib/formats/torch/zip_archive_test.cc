@@ -1,0 +1,492 @@
+// Tests of the torch.save zip container reader on archives built byte by byte here: the layout
+// torch writes (stored entries, "FB" padding extra, ZIP64 end records), then every kind of
+// corruption the reader must refuse with a DataLoss naming the file and a byte offset.
+
+#include "lib/formats/torch/zip_archive.h"
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "lib/testing/test_files.h"
+
+namespace reshard {
+namespace {
+
+void Put16(std::string& out, uint64_t v) {
+  for (int i = 0; i < 2; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+void Put32(std::string& out, uint64_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+void Put64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+void Set32(std::string& out, uint64_t at, uint64_t v) {
+  for (int i = 0; i < 4; ++i) out[at + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+void Set64(std::string& out, uint64_t at, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out[at + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+void Set16(std::string& out, uint64_t at, uint64_t v) {
+  for (int i = 0; i < 2; ++i) out[at + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+
+struct Entry {
+  std::string name;
+  std::string data;
+  uint16_t method = 0;
+  // For method != 0: the sizes written into the central directory (the "compressed" payload is
+  // `data` as is).
+  uint64_t uncompressed_size = UINT64_MAX;  // UINT64_MAX: data.size()
+  // Write saturated 32-bit fields and a ZIP64 extra (0x0001) in the central directory.
+  bool zip64_extra = false;
+};
+
+struct Options {
+  bool zip64_end = true;  // ZIP64 end record + locator before the classic EOCD (as torch)
+  bool fb_padding = true;
+  uint64_t alignment = 64;
+  std::string comment;
+};
+
+struct Built {
+  std::string bytes;
+  std::vector<uint64_t> local;    // offset of each local header
+  std::vector<uint64_t> payload;  // offset of each payload
+  std::vector<uint64_t> central;  // offset of each central directory entry
+  uint64_t cd_offset = 0;
+  uint64_t cd_size = 0;
+  uint64_t zip64_end = 0;  // offset of the ZIP64 end record (if any)
+  uint64_t locator = 0;
+  uint64_t eocd = 0;
+};
+
+// Writes an archive laid out as PyTorchStreamWriter + miniz write it.
+Built BuildZip(const std::vector<Entry>& entries, const Options& options = {}) {
+  Built b;
+  std::string& out = b.bytes;
+  for (const Entry& e : entries) {
+    b.local.push_back(out.size());
+    Put32(out, 0x04034b50);
+    Put16(out, 0);
+    Put16(out, e.data.empty() ? 0x0800 : 0x0808);
+    Put16(out, e.method);
+    Put16(out, 0);  // time
+    Put16(out, 0);  // date
+    Put32(out, 0);  // crc (in the data descriptor)
+    Put32(out, 0);
+    Put32(out, 0);
+    Put16(out, e.name.size());
+    uint64_t pad = 0;
+    if (options.fb_padding) {
+      const uint64_t start = out.size() + 2 + e.name.size() + 4;
+      pad = (options.alignment - start % options.alignment) % options.alignment;
+      Put16(out, 4 + pad);
+    } else {
+      Put16(out, 0);
+    }
+    out += e.name;
+    if (options.fb_padding) {
+      out += "FB";
+      Put16(out, pad);
+      out += std::string(pad, 'Z');
+    }
+    b.payload.push_back(out.size());
+    out += e.data;
+    if (!e.data.empty()) {
+      Put32(out, 0x08074b50);
+      Put32(out, 0x12345678);
+      Put32(out, e.data.size());
+      Put32(out, e.data.size());
+    }
+  }
+  b.cd_offset = out.size();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    const uint64_t size = e.uncompressed_size == UINT64_MAX ? e.data.size() : e.uncompressed_size;
+    b.central.push_back(out.size());
+    Put32(out, 0x02014b50);
+    Put16(out, 0);  // made by
+    Put16(out, 0);  // needed
+    Put16(out, e.data.empty() ? 0x0800 : 0x0808);
+    Put16(out, e.method);
+    Put16(out, 0);
+    Put16(out, 0);
+    Put32(out, 0x12345678);
+    Put32(out, e.zip64_extra ? 0xFFFFFFFFu : e.data.size());
+    Put32(out, e.zip64_extra ? 0xFFFFFFFFu : size);
+    Put16(out, e.name.size());
+    Put16(out, e.zip64_extra ? 4 + 24 : 0);
+    Put16(out, 0);  // comment
+    Put16(out, 0);  // disk
+    Put16(out, 0);  // internal attributes
+    Put32(out, 0);  // external attributes
+    Put32(out, e.zip64_extra ? 0xFFFFFFFFu : b.local[i]);
+    out += e.name;
+    if (e.zip64_extra) {
+      Put16(out, 0x0001);
+      Put16(out, 24);
+      Put64(out, size);
+      Put64(out, e.data.size());
+      Put64(out, b.local[i]);
+    }
+  }
+  b.cd_size = out.size() - b.cd_offset;
+  if (options.zip64_end) {
+    b.zip64_end = out.size();
+    Put32(out, 0x06064b50);
+    Put64(out, 44);
+    Put16(out, 0x031E);
+    Put16(out, 0x002D);
+    Put32(out, 0);
+    Put32(out, 0);
+    Put64(out, entries.size());
+    Put64(out, entries.size());
+    Put64(out, b.cd_size);
+    Put64(out, b.cd_offset);
+    b.locator = out.size();
+    Put32(out, 0x07064b50);
+    Put32(out, 0);
+    Put64(out, b.zip64_end);
+    Put32(out, 1);
+  }
+  b.eocd = out.size();
+  Put32(out, 0x06054b50);
+  Put16(out, 0);
+  Put16(out, 0);
+  Put16(out, std::min<uint64_t>(entries.size(), 0xFFFF));
+  Put16(out, std::min<uint64_t>(entries.size(), 0xFFFF));
+  Put32(out, std::min<uint64_t>(b.cd_size, 0xFFFFFFFFu));
+  Put32(out, std::min<uint64_t>(b.cd_offset, 0xFFFFFFFFu));
+  Put16(out, options.comment.size());
+  out += options.comment;
+  return b;
+}
+
+std::vector<Entry> TorchLikeEntries() {
+  return {
+      {"ckpt/data.pkl", std::string("\x80\x02}q\x00.", 6)},
+      {"ckpt/byteorder", "little"},
+      {"ckpt/data/0", std::string(24, '\x01')},
+      {"ckpt/data/1", std::string(7, '\x02')},
+      {"ckpt/version", "3\n"},
+      {"ckpt/.data/serialization_id", std::string(40, '7')},
+  };
+}
+
+constexpr char kPath[] = "/models/ckpt.pt";
+
+// A DataLoss naming the file, the byte offset and `what`.
+void ExpectDataLoss(const absl::StatusOr<ZipArchive>& result, const std::string& what) {
+  ASSERT_FALSE(result.ok()) << "accepted an archive that should fail with: " << what;
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << result.status();
+  const std::string message(result.status().message());
+  EXPECT_NE(message.find(kPath), std::string::npos) << message;
+  EXPECT_NE(message.find("byte offset"), std::string::npos) << message;
+  EXPECT_NE(message.find(what), std::string::npos) << "want \"" << what << "\" in: " << message;
+}
+
+TEST(ZipArchiveTest, TorchLayoutStoredEntriesFbPaddingZip64End) {
+  const std::vector<Entry> entries = TorchLikeEntries();
+  const Built b = BuildZip(entries);
+  auto archive = ZipArchive::Parse(b.bytes, kPath);
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  EXPECT_EQ(archive->top(), "ckpt");
+  ASSERT_EQ(archive->entries().size(), entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const ZipEntry& e = archive->entries()[i];
+    EXPECT_EQ(e.name, entries[i].name);
+    EXPECT_EQ(e.data_offset, b.payload[i]) << e.name;
+    EXPECT_EQ(e.data_offset % 64, 0u) << e.name;
+    EXPECT_EQ(e.size, entries[i].data.size());
+    EXPECT_EQ(e.compressed_size, entries[i].data.size());
+    EXPECT_EQ(e.method, 0);
+    EXPECT_EQ(e.crc32, 0x12345678u);
+    EXPECT_EQ(b.bytes.substr(e.data_offset, e.size), entries[i].data);
+  }
+  const ZipEntry* data0 = archive->Find("data/0");
+  ASSERT_NE(data0, nullptr);
+  EXPECT_EQ(data0->name, "ckpt/data/0");
+  EXPECT_EQ(data0->size, 24u);
+  ASSERT_NE(archive->Find(".data/serialization_id"), nullptr);
+  EXPECT_EQ(archive->Find("data/2"), nullptr);
+  EXPECT_EQ(archive->Find("ckpt/data/0"), nullptr);  // names are below the top folder
+}
+
+TEST(ZipArchiveTest, ParsesFromAFileOnDisk) {
+  const std::string dir = MakeTempDir("zip");
+  const std::string path = dir + "/model.pt";
+  WriteAll(path, BuildZip(TorchLikeEntries()).bytes);
+  const std::string bytes = ReadAll(path);
+  auto archive = ZipArchive::Parse(bytes, path);
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  EXPECT_EQ(archive->entries().size(), 6u);
+}
+
+TEST(ZipArchiveTest, ZeroPadAndUnalignedPayloads) {
+  // FB extra with pad 0, alignment 1 (every start is aligned), and no FB field at all.
+  Options aligned1;
+  aligned1.alignment = 1;
+  auto a = ZipArchive::Parse(BuildZip(TorchLikeEntries(), aligned1).bytes, kPath);
+  ASSERT_TRUE(a.ok()) << a.status();
+  Options no_fb;
+  no_fb.fb_padding = false;
+  const Built b = BuildZip(TorchLikeEntries(), no_fb);
+  auto archive = ZipArchive::Parse(b.bytes, kPath);
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  for (size_t i = 0; i < b.payload.size(); ++i) {
+    EXPECT_EQ(archive->entries()[i].data_offset, b.payload[i]);
+  }
+}
+
+TEST(ZipArchiveTest, ClassicEndRecordOnlyAndComment) {
+  Options options;
+  options.zip64_end = false;
+  options.comment = "a comment PK\x05\x06 that looks like a signature";
+  auto archive = ZipArchive::Parse(BuildZip(TorchLikeEntries(), options).bytes, kPath);
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  EXPECT_EQ(archive->entries().size(), 6u);
+  EXPECT_EQ(archive->top(), "ckpt");
+}
+
+TEST(ZipArchiveTest, Zip64EndRecordHoldsTheRealCounts) {
+  Built b = BuildZip(TorchLikeEntries());
+  // Saturate the classic record as a writer with more than 65535 entries would.
+  Set16(b.bytes, b.eocd + 8, 0xFFFF);
+  Set16(b.bytes, b.eocd + 10, 0xFFFF);
+  Set32(b.bytes, b.eocd + 12, 0xFFFFFFFF);
+  Set32(b.bytes, b.eocd + 16, 0xFFFFFFFF);
+  auto archive = ZipArchive::Parse(b.bytes, kPath);
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  EXPECT_EQ(archive->entries().size(), 6u);
+}
+
+TEST(ZipArchiveTest, Zip64ExtraFieldInCentralDirectory) {
+  std::vector<Entry> entries = TorchLikeEntries();
+  entries[2].zip64_extra = true;
+  entries[4].zip64_extra = true;
+  const Built b = BuildZip(entries);
+  auto archive = ZipArchive::Parse(b.bytes, kPath);
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  const ZipEntry* data0 = archive->Find("data/0");
+  ASSERT_NE(data0, nullptr);
+  EXPECT_EQ(data0->size, 24u);
+  EXPECT_EQ(data0->compressed_size, 24u);
+  EXPECT_EQ(data0->data_offset, b.payload[2]);
+  EXPECT_EQ(archive->Find("version")->data_offset, b.payload[4]);
+}
+
+TEST(ZipArchiveTest, Zip64ExtraFieldTooShort) {
+  std::vector<Entry> entries = TorchLikeEntries();
+  entries[2].zip64_extra = true;
+  Built b = BuildZip(entries);
+  // Claim only 8 bytes of ZIP64 data: three saturated fields need 24.
+  const uint64_t extra = b.central[2] + 46 + entries[2].name.size();
+  Set16(b.bytes, extra + 2, 8);
+  ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "ZIP64 extra field is too short");
+}
+
+TEST(ZipArchiveTest, ExtraFieldOverrunsItsEntry) {
+  std::vector<Entry> entries = TorchLikeEntries();
+  entries[2].zip64_extra = true;
+  Built b = BuildZip(entries);
+  const uint64_t extra = b.central[2] + 46 + entries[2].name.size();
+  Set16(b.bytes, extra + 2, 200);
+  ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "extra field overruns");
+}
+
+TEST(ZipArchiveTest, CompressedEntriesAreListedAndFlagged) {
+  std::vector<Entry> entries = TorchLikeEntries();
+  entries[2].method = 8;
+  entries[2].data = "deflated";
+  entries[2].uncompressed_size = 4096;
+  auto archive = ZipArchive::Parse(BuildZip(entries).bytes, kPath);
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  const ZipEntry* data0 = archive->Find("data/0");
+  ASSERT_NE(data0, nullptr);
+  EXPECT_EQ(data0->method, 8);
+  EXPECT_EQ(data0->size, 4096u);
+  EXPECT_EQ(data0->compressed_size, 8u);
+}
+
+TEST(ZipArchiveTest, StoredEntryWithDifferentSizes) {
+  std::vector<Entry> entries = TorchLikeEntries();
+  entries[3].uncompressed_size = 8;  // stored, but compressed 7 != uncompressed 8
+  ExpectDataLoss(ZipArchive::Parse(BuildZip(entries).bytes, kPath),
+                 "different compressed and uncompressed sizes");
+}
+
+TEST(ZipArchiveTest, EveryTruncationIsRefused) {
+  const std::string bytes = BuildZip(TorchLikeEntries()).bytes;
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    auto archive = ZipArchive::Parse(bytes.substr(0, cut), kPath);
+    ASSERT_FALSE(archive.ok()) << "prefix of " << cut << " bytes accepted";
+    EXPECT_EQ(archive.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(archive.status().message().find("byte offset"), absl::string_view::npos)
+        << archive.status();
+  }
+  ExpectDataLoss(ZipArchive::Parse("", kPath), "too short");
+  ExpectDataLoss(ZipArchive::Parse(bytes.substr(0, bytes.size() - 1), kPath),
+                 "no end of central directory");
+}
+
+TEST(ZipArchiveTest, TruncatedCentralDirectory) {
+  Built b = BuildZip(TorchLikeEntries());
+  // The directory claims fewer bytes than its six entries need.
+  Set64(b.bytes, b.zip64_end + 40, b.cd_size - 30);
+  ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "central directory");
+  // More entries than the directory holds.
+  Built c = BuildZip(TorchLikeEntries());
+  Set64(c.bytes, c.zip64_end + 32, 7);
+  ExpectDataLoss(ZipArchive::Parse(c.bytes, kPath), "central directory is truncated");
+  // A directory that runs past the end of the file.
+  Built d = BuildZip(TorchLikeEntries());
+  Set64(d.bytes, d.zip64_end + 40, d.bytes.size());
+  ExpectDataLoss(ZipArchive::Parse(d.bytes, kPath), "runs past the end of the file");
+  // A directory offset far beyond the file (no overflow in offset + size).
+  Built e = BuildZip(TorchLikeEntries());
+  Set64(e.bytes, e.zip64_end + 48, UINT64_MAX - 4);
+  ExpectDataLoss(ZipArchive::Parse(e.bytes, kPath), "central directory");
+}
+
+TEST(ZipArchiveTest, CentralEntryOverrunsTheDirectory) {
+  Built b = BuildZip(TorchLikeEntries());
+  Set16(b.bytes, b.central.back() + 28, 5000);  // last name length runs past the directory
+  ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "overruns the directory");
+}
+
+TEST(ZipArchiveTest, BadSignatures) {
+  {
+    Built b = BuildZip(TorchLikeEntries());
+    b.bytes[b.central[1]] = 'X';
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "bad central directory entry signature");
+  }
+  {
+    Built b = BuildZip(TorchLikeEntries());
+    b.bytes[b.local[2] + 3] = 0x7F;
+    auto result = ZipArchive::Parse(b.bytes, kPath);
+    ExpectDataLoss(result, "bad local header signature");
+    EXPECT_NE(result.status().message().find("ckpt/data/0"), absl::string_view::npos);
+    EXPECT_NE(result.status().message().find("byte offset " + std::to_string(b.local[2])),
+              absl::string_view::npos)
+        << result.status();
+  }
+  {
+    Built b = BuildZip(TorchLikeEntries());
+    b.bytes[b.zip64_end] = 'Q';
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "bad ZIP64 end of central directory");
+  }
+  {
+    Built b = BuildZip(TorchLikeEntries());
+    Set64(b.bytes, b.locator + 8, b.bytes.size() - 10);  // locator points past the end
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "ZIP64 end of central directory");
+  }
+  {
+    Built b = BuildZip(TorchLikeEntries());
+    b.bytes[b.eocd + 1] = 'k';  // classic end record gone
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "no end of central directory");
+  }
+}
+
+TEST(ZipArchiveTest, EntryDataPastEndOfFile) {
+  {
+    // A central directory size larger than the bytes that follow the local header.
+    Built b = BuildZip(TorchLikeEntries());
+    Set32(b.bytes, b.central[2] + 20, 0x7FFFFFF0);
+    Set32(b.bytes, b.central[2] + 24, 0x7FFFFFF0);
+    auto result = ZipArchive::Parse(b.bytes, kPath);
+    ExpectDataLoss(result, "data of \"ckpt/data/0\"");
+    EXPECT_NE(result.status().message().find("runs past the end"), absl::string_view::npos);
+  }
+  {
+    // Same with ZIP64 sizes near 2^64: no wrap-around.
+    std::vector<Entry> entries = TorchLikeEntries();
+    entries[2].zip64_extra = true;
+    Built b = BuildZip(entries);
+    const uint64_t extra = b.central[2] + 46 + entries[2].name.size();
+    Set64(b.bytes, extra + 4, UINT64_MAX - 3);
+    Set64(b.bytes, extra + 12, UINT64_MAX - 3);
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "data of \"ckpt/data/0\"");
+  }
+  {
+    // The local header itself is past the end.
+    Built b = BuildZip(TorchLikeEntries());
+    Set32(b.bytes, b.central[3] + 42, b.bytes.size() - 4);
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "local header of \"ckpt/data/1\"");
+  }
+  {
+    // The local header's extra length pushes the payload past the end.
+    Built b = BuildZip(TorchLikeEntries());
+    Set16(b.bytes, b.local[5] + 28, 0xFFFF);
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "runs past the end of the file");
+  }
+  {
+    // A ZIP64 local offset near 2^64.
+    std::vector<Entry> entries = TorchLikeEntries();
+    entries[1].zip64_extra = true;
+    Built b = BuildZip(entries);
+    const uint64_t extra = b.central[1] + 46 + entries[1].name.size();
+    Set64(b.bytes, extra + 20, UINT64_MAX - 10);
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "local header of \"ckpt/byteorder\"");
+  }
+}
+
+TEST(ZipArchiveTest, EntryCountAndDirectorySizeCaps) {
+  {
+    Built b = BuildZip(TorchLikeEntries());
+    Set64(b.bytes, b.zip64_end + 32, ZipArchive::kMaxEntries + 1);
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "entries");
+  }
+  {
+    Built b = BuildZip(TorchLikeEntries());
+    Set64(b.bytes, b.zip64_end + 32, UINT64_MAX);
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "entries");
+  }
+  {
+    Built b = BuildZip(TorchLikeEntries());
+    Set64(b.bytes, b.zip64_end + 40, ZipArchive::kMaxCentralDirectoryBytes + 1);
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "central directory of");
+  }
+  {
+    // The largest allowed count in a tiny file fails fast on the truncated directory.
+    Built b = BuildZip(TorchLikeEntries());
+    Set64(b.bytes, b.zip64_end + 32, ZipArchive::kMaxEntries);
+    const auto start = std::chrono::steady_clock::now();
+    ExpectDataLoss(ZipArchive::Parse(b.bytes, kPath), "central directory is truncated");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  }
+}
+
+TEST(ZipArchiveTest, NoEntries) {
+  ExpectDataLoss(ZipArchive::Parse(BuildZip({}).bytes, kPath), "no entries");
+}
+
+TEST(ZipArchiveTest, MissingTopFolder) {
+  std::vector<Entry> entries = {{"data.pkl", "x"}, {"ckpt/data/0", "y"}};
+  auto result = ZipArchive::Parse(BuildZip(entries).bytes, kPath);
+  ExpectDataLoss(result, "not in a folder");
+  EXPECT_NE(result.status().message().find("data.pkl"), absl::string_view::npos);
+}
+
+TEST(ZipArchiveTest, TopFolderComesFromTheFirstEntry) {
+  std::vector<Entry> entries = {{"archive/data.pkl", "x"}, {"archive/data/0", "y"}};
+  auto archive = ZipArchive::Parse(BuildZip(entries).bytes, kPath);
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  EXPECT_EQ(archive->top(), "archive");
+  ASSERT_NE(archive->Find("data.pkl"), nullptr);
+  EXPECT_EQ(archive->Find("data.pkl")->size, 1u);
+}
+
+TEST(ZipArchiveTest, EmptyEntryHasNoDataDescriptor) {
+  std::vector<Entry> entries = {{"t/data.pkl", "."}, {"t/data/0", ""}, {"t/version", "3\n"}};
+  auto archive = ZipArchive::Parse(BuildZip(entries).bytes, kPath);
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  EXPECT_EQ(archive->Find("data/0")->size, 0u);
+}
+
+}  // namespace
+}  // namespace reshard
