@@ -71,6 +71,9 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   ASSIGN_OR_RETURN(planned.input, LoadInput(spec.input, rules, /*require_model=*/true));
   ASSIGN_OR_RETURN(planned.writer, FindOutputFormat(spec.output_format));
   const Catalog& catalog = planned.input.catalog;
+  // What the plan reads: the input's Catalog, or its fused-block view for a split.
+  Catalog viewed;
+  const Catalog* plan_catalog = &catalog;
   if (spec.kind == ConversionSpec::Kind::kConsolidate) {
     ASSIGN_OR_RETURN(
         planned.layout,
@@ -84,7 +87,9 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
     if (rules.empty()) {
       return absl::InvalidArgumentError("reshard needs partition rules: pass --rules FILE");
     }
-    ASSIGN_OR_RETURN(planned.layout, BuildSplitLayout(catalog, rules, spec.parts, spec.dtype,
+    ASSIGN_OR_RETURN(viewed, ViewFusedTensors(catalog, rules));
+    plan_catalog = &viewed;
+    ASSIGN_OR_RETURN(planned.layout, BuildSplitLayout(viewed, rules, spec.parts, spec.dtype,
                                                       planned.writer->naming()));
   }
   std::vector<FileFraming> framings;
@@ -92,7 +97,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
     ASSIGN_OR_RETURN(FileFraming framing, planned.writer->Frame(file));
     framings.push_back(std::move(framing));
   }
-  auto plan = BuildCopyPlan(catalog, planned.layout, framings);
+  auto plan = BuildCopyPlan(*plan_catalog, planned.layout, framings);
   if (!plan.ok()) return Annotate(plan.status(), spec.input);
   planned.plan = *std::move(plan);
   ASSIGN_OR_RETURN(planned.companion_files,
@@ -140,7 +145,7 @@ std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& p
       tensors.push_back({{"name", tensor.name},
                          {"file", file.name},
                          {"dtype", std::string(DTypeName(tensor.dtype))},
-                         {"shape", tensor.region.extent}});
+                         {"shape", tensor.shape()}});
     }
   }
   manifest["tensors"] = tensors;

@@ -33,6 +33,12 @@ struct OutputTensor {
   // -1. Writers store the data once: safetensors records the alias in its metadata, torch
   // shares one storage. The Executor writes no data for aliases.
   int alias_of = -1;
+  // The shape the tensor is written with, when it differs from region.extent: a region of a
+  // fused tensor's [blocks, block size, ...] view is written flattened (same elements, same
+  // order). Empty: region.extent.
+  Shape written_shape;
+
+  const Shape& shape() const { return written_shape.empty() ? region.extent : written_shape; }
 
   uint64_t bytes() const {
     return static_cast<uint64_t>(NumElementsUnchecked(region.extent)) * DTypeSize(dtype);

@@ -167,6 +167,7 @@ absl::StatusOr<TargetLayout> BuildSplitLayout(const Catalog& catalog, const Part
     layout.files[rank].name = naming.part_file(rank, parts);
     layout.files[rank].metadata = {{"reshard_part", absl::StrCat(rank)},
                                    {"reshard_parts", absl::StrCat(parts)}};
+    layout.files[rank].structure = catalog.structure;  // every part has the input's names
   }
   for (size_t i = 0; i < catalog.tensors.size(); ++i) {
     const CatalogTensor& tensor = catalog.tensors[i];
@@ -176,6 +177,30 @@ absl::StatusOr<TargetLayout> BuildSplitLayout(const Catalog& catalog, const Part
       for (int rank = 0; rank < parts; ++rank) {
         layout.files[rank].tensors.push_back(
             {tensor.name, static_cast<int>(i), Box::Full(tensor.shape), out_dtype});
+      }
+      continue;
+    }
+    if (rule->fused > 1) {
+      // Viewed as [..., K, G, ...]: every part gets [all K blocks, its G/parts rows].
+      ASSIGN_OR_RETURN(int dim, ResolveSplitDim(*rule, tensor.shape.size() - 1, tensor.name));
+      const int view_dim = dim + 1;
+      if (tensor.shape[dim] != rule->fused || tensor.shape[view_dim] % parts != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", tensor.name, "\": ", rule->fused, " fused blocks of ",
+            tensor.shape[view_dim], " rows along dimension ", dim, " are not divisible into ",
+            parts, " parts (rule \"", rule->pattern, "\")"));
+      }
+      const int64_t slice = tensor.shape[view_dim] / parts;
+      Shape written = tensor.shape;
+      written.erase(written.begin() + dim);
+      written[dim] = rule->fused * slice;
+      for (int rank = 0; rank < parts; ++rank) {
+        Box region = Box::Full(tensor.shape);
+        region.origin[view_dim] = rank * slice;
+        region.extent[view_dim] = slice;
+        OutputTensor out{tensor.name, static_cast<int>(i), region, out_dtype};
+        out.written_shape = written;
+        layout.files[rank].tensors.push_back(std::move(out));
       }
       continue;
     }
@@ -195,6 +220,59 @@ absl::StatusOr<TargetLayout> BuildSplitLayout(const Catalog& catalog, const Part
     }
   }
   return layout;
+}
+
+namespace {
+
+// Calls `emit(block, sub_piece)` for the part of `piece` inside each block of `block_size` rows
+// along `dim`; sub_piece keeps the piece's coordinates and has its byte offset moved.
+template <typename Emit>
+void ForEachBlock(const SourcePiece& piece, int dim, int64_t block_size, DType dtype, Emit emit) {
+  const int64_t begin = piece.box.origin[dim];
+  const int64_t end = begin + piece.box.extent[dim];
+  for (int64_t block = begin / block_size; block * block_size < end; ++block) {
+    const int64_t from = std::max(begin, block * block_size);
+    const int64_t to = std::min(end, (block + 1) * block_size);
+    SourcePiece sub = piece;
+    sub.box.origin[dim] = from;
+    sub.box.extent[dim] = to - from;
+    sub.byte_offset +=
+        static_cast<uint64_t>((from - begin) * piece.strides[dim]) * DTypeSize(dtype);
+    emit(block, std::move(sub));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Catalog> ViewFusedTensors(const Catalog& catalog, const PartitionRules& rules) {
+  Catalog viewed = catalog;
+  for (CatalogTensor& tensor : viewed.tensors) {
+    ASSIGN_OR_RETURN(const PartitionRule* rule, rules.Match(tensor.name));
+    if (rule->replicate || rule->fused <= 1) continue;
+    ASSIGN_OR_RETURN(int dim, ResolveSplitDim(*rule, tensor.shape.size(), tensor.name));
+    if (tensor.shape[dim] % rule->fused != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", tensor.name, "\": dimension ", dim, " (size ",
+                       tensor.shape[dim], ") does not hold ", rule->fused, " equal fused blocks"));
+    }
+    const int64_t block = tensor.shape[dim] / rule->fused;
+    std::vector<SourcePiece> pieces;
+    for (const SourcePiece& piece : tensor.pieces) {
+      ForEachBlock(piece, dim, block, tensor.dtype, [&](int64_t j, SourcePiece sub) {
+        // [.., rows, ..] -> [.., 1 block, rows within the block, ..]
+        sub.box.origin.insert(sub.box.origin.begin() + dim, j);
+        sub.box.origin[dim + 1] -= j * block;
+        sub.box.extent.insert(sub.box.extent.begin() + dim, 1);
+        sub.strides.insert(sub.strides.begin() + dim, sub.strides[dim] * block);
+        pieces.push_back(std::move(sub));
+      });
+    }
+    tensor.pieces = std::move(pieces);
+    tensor.shape.insert(tensor.shape.begin() + dim, rule->fused);
+    tensor.shape[dim + 1] = block;
+  }
+  viewed.Reindex();
+  return viewed;
 }
 
 absl::StatusOr<Catalog> MergeParts(std::vector<Catalog> parts, const PartitionRules& rules,
@@ -234,6 +312,8 @@ absl::StatusOr<Catalog> MergeParts(std::vector<Catalog> parts, const PartitionRu
   Catalog merged;
   merged.format = parts[0].format;
   merged.metadata = parts[0].metadata;
+  merged.structure = parts[0].structure;  // non-tensor entries come from part 0
+  merged.other_entries = parts[0].other_entries;
   merged.metadata.erase("reshard_part");
   merged.metadata.erase("reshard_parts");
   std::vector<int> file_base(parts.size());
@@ -270,6 +350,27 @@ absl::StatusOr<Catalog> MergeParts(std::vector<Catalog> parts, const PartitionRu
             global.pieces.push_back(std::move(piece));
           }
         }
+        continue;
+      }
+      if (rule->fused > 1) {
+        // Every part holds K blocks of `rows`; block j of part p goes to rows
+        // [j * parts * rows + p * rows, ...) of the global tensor.
+        if (local.shape[dim] % rule->fused != 0 || local.shape[dim] != first.shape[dim]) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("tensor \"", first.name, "\": ", part_name(p), " has ", local.shape[dim],
+                           " rows along dimension ", dim, "; fused parts need equal multiples of ",
+                           rule->fused));
+        }
+        const int64_t rows = local.shape[dim] / rule->fused;
+        const int64_t global_block = rows * static_cast<int64_t>(parts.size());
+        for (SourcePiece piece : local.pieces) {
+          piece.file += file_base[p];
+          ForEachBlock(piece, dim, rows, local.dtype, [&](int64_t j, SourcePiece sub) {
+            sub.box.origin[dim] += j * global_block + static_cast<int64_t>(p) * rows - j * rows;
+            global.pieces.push_back(std::move(sub));
+          });
+        }
+        global.shape[dim] += local.shape[dim];
         continue;
       }
       const int64_t shift = global.shape[dim];

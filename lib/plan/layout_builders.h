@@ -54,10 +54,16 @@ absl::StatusOr<TargetLayout> BuildConsolidateLayout(const Catalog& catalog, DTyp
 
 // `parts` tensor-parallel parts, one file each: tensors with a split rule are cut into `parts`
 // equal slices along the rule's dimension (which must divide evenly); replicated ones are whole
-// in every part.
+// in every part; fused ones (rule `fused` K) get their slice of each of the K blocks, which
+// needs `catalog` to come from ViewFusedTensors.
 absl::StatusOr<TargetLayout> BuildSplitLayout(const Catalog& catalog, const PartitionRules& rules,
                                               int parts, DTypePolicy dtype,
                                               const OutputNaming& naming);
+
+// The Catalog with every tensor whose rule is fused (K blocks along its split dimension d)
+// viewed as shape [..., K, size/K, ...]: pieces are cut at block boundaries. BuildSplitLayout
+// needs this view to give each part its slice of every block. Other tensors are unchanged.
+absl::StatusOr<Catalog> ViewFusedTensors(const Catalog& catalog, const PartitionRules& rules);
 
 // Merges N model-parallel parts (each a Catalog of its local tensors, in rank order) into one
 // Catalog of global tensors. Every part must hold the same tensor names. Split tensors are

@@ -78,8 +78,16 @@ absl::StatusOr<PartitionRules> PartitionRules::FromJson(absl::string_view json,
       rule.split_dim = entry["split_dim"].get<int>();
     }
     rule.replicate = replicate;
+    if (entry.contains("fused")) {
+      if (!has_dim || !entry["fused"].is_number_integer() || entry["fused"].get<int64_t>() < 1 ||
+          entry["fused"].get<int64_t>() > 64) {
+        return error(where + "\"fused\" must be an integer in [1, 64], with \"split_dim\"");
+      }
+      rule.fused = entry["fused"].get<int>();
+    }
     for (const auto& item : entry.items()) {
-      if (item.key() != "pattern" && item.key() != "split_dim" && item.key() != "replicate") {
+      if (item.key() != "pattern" && item.key() != "split_dim" && item.key() != "replicate" &&
+          item.key() != "fused") {
         return error(absl::StrCat(where, "unknown field \"", item.key(), "\""));
       }
     }
@@ -90,7 +98,34 @@ absl::StatusOr<PartitionRules> PartitionRules::FromJson(absl::string_view json,
   return created;
 }
 
+std::string PartitionRulePreset(absl::string_view name) {
+  if (name == "metaseq") {
+    // metaseq/scripts/reshard_mp.py's classification, first match wins; unlike that script,
+    // a tensor matching nothing is an error rather than silently dropped.
+    return R"json({"rules": [
+      {"pattern": "qkv", "split_dim": 0, "fused": 3},
+      {"pattern": "embed_tokens|ffn_layernorm|fc1|(k|q|v)_proj", "split_dim": 0},
+      {"pattern": "(fc2|out_proj)\\.weight", "split_dim": 1},
+      {"pattern": "embed_positions|layer_norm|(fc2|out_proj)\\.bias|output_projection|version",
+       "replicate": true}]})json";
+  }
+  if (name == "megatron") {
+    return R"json({"rules": [
+      {"pattern": "word_embeddings\\.weight", "split_dim": 0},
+      {"pattern": "query_key_value\\.(weight|bias)", "split_dim": 0},
+      {"pattern": "dense_h_to_4h\\.(weight|bias)", "split_dim": 0},
+      {"pattern": "(self_attention\\.dense|dense_4h_to_h)\\.weight", "split_dim": 1},
+      {"pattern": "(self_attention\\.dense|dense_4h_to_h)\\.bias|layernorm|position_embeddings",
+       "replicate": true}]})json";
+  }
+  return "";
+}
+
 absl::StatusOr<PartitionRules> PartitionRules::FromFile(const std::string& path) {
+  if (const std::string preset = PartitionRulePreset(path); !preset.empty()) {
+    std::ifstream probe(path);
+    if (!probe) return FromJson(preset, absl::StrCat("preset ", path));  // no such file: preset
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open partition rules file ", path));
   std::ostringstream text;

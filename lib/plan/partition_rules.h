@@ -28,7 +28,15 @@ struct PartitionRule {
   std::string pattern;
   bool replicate = false;
   int split_dim = 0;  // negative counts from the last dimension
+  // The split dimension stacks this many equal blocks, each split across the parts on its own
+  // (metaseq's fused qkv_proj: every part holds [q_i; k_i; v_i]). 1: a plain split.
+  int fused = 1;
 };
+
+// Built-in rule sets: "metaseq" (OPT / metaseq model-parallel parts, as reshard_mp.py splits
+// them) and "megatron" (Megatron-LM GPT tensor parallelism, checkpoint version >= 2, GeLU
+// MLP). Empty for other names.
+std::string PartitionRulePreset(absl::string_view name);
 
 class PartitionRules {
  public:

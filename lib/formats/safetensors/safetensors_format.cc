@@ -217,7 +217,7 @@ absl::StatusOr<FileFraming> SafetensorsOutput::Frame(const OutputFileLayout& fil
           absl::StrCat(file.name, ": tensor name \"", tensor.name, "\" appears twice"));
     }
     entries.push_back(
-        {tensor.name, tensor.dtype, tensor.region.extent, offset, offset + tensor.bytes()});
+        {tensor.name, tensor.dtype, tensor.shape(), offset, offset + tensor.bytes()});
     offset += tensor.bytes();
   }
   metadata["format"] = "pt";

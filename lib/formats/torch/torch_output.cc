@@ -273,8 +273,8 @@ absl::StatusOr<FileFraming> TorchOutput::Frame(const OutputFileLayout& file) con
     const OutputTensor& tensor = file.tensors[index];
     const int owner = tensor.alias_of >= 0 ? tensor.alias_of : index;
     ASSIGN_OR_RETURN(std::string storage_class, StorageClass(tensor.dtype, tensor.name));
-    pickle.Tensor(storage_class, keys[owner], NumElementsUnchecked(tensor.region.extent),
-                  tensor.region.extent, RowMajorStrides(tensor.region.extent));
+    pickle.Tensor(storage_class, keys[owner], NumElementsUnchecked(tensor.shape()), tensor.shape(),
+                  RowMajorStrides(tensor.shape()));
     return absl::OkStatus();
   };
   absl::flat_hash_map<std::string, int> tensor_index;
