@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "lib/core/status.h"
+#include "nlohmann/json.hpp"
 
 namespace reshard {
 
@@ -91,6 +93,108 @@ void AddFlatRangePieces(CatalogTensor& tensor, int file, uint64_t byte_offset, i
   }
   std::vector<int64_t> prefix;
   DecomposeFlatRange(tensor.shape, strides, begin, end, 0, prefix, emit);
+}
+
+namespace {
+
+using Json = nlohmann::json;
+
+Json StructureJson(const StructureNode& node) {
+  using Kind = StructureNode::Kind;
+  switch (node.kind) {
+    case Kind::kNone:
+      return {{"none", 0}};
+    case Kind::kBool:
+      return {{"bool", node.boolean}};
+    case Kind::kInt:
+      return {{"int", node.integer}};
+    case Kind::kFloat:
+      return {{"float", node.real}};
+    case Kind::kString:
+      return {{"str", node.text}};
+    case Kind::kTensor:
+      return {{"tensor", node.text}};
+    case Kind::kDict: {
+      Json entries = Json::array();
+      for (size_t i = 0; i < node.keys.size(); ++i) {
+        entries.push_back(
+            Json::array({StructureJson(node.keys[i]), StructureJson(node.values[i])}));
+      }
+      return {{"dict", std::move(entries)}, {"ordered", node.ordered}};
+    }
+    case Kind::kList:
+    case Kind::kTuple: {
+      Json items = Json::array();
+      for (const StructureNode& item : node.items) items.push_back(StructureJson(item));
+      return {{node.kind == Kind::kList ? "list" : "tuple", std::move(items)}};
+    }
+  }
+  return nullptr;
+}
+
+absl::StatusOr<StructureNode> StructureFromJsonValue(const Json& json, int depth) {
+  using Kind = StructureNode::Kind;
+  if (depth > 64) return absl::InvalidArgumentError("structure nests deeper than 64 levels");
+  if (!json.is_object() || json.empty()) {
+    return absl::InvalidArgumentError("structure node is not a tagged object");
+  }
+  StructureNode node;
+  if (json.contains("none")) return node;
+  if (json.contains("bool") && json["bool"].is_boolean()) {
+    node.kind = Kind::kBool;
+    node.boolean = json["bool"].get<bool>();
+  } else if (json.contains("int") && json["int"].is_number_integer()) {
+    node.kind = Kind::kInt;
+    node.integer = json["int"].get<int64_t>();
+  } else if (json.contains("float") && json["float"].is_number()) {
+    node.kind = Kind::kFloat;
+    node.real = json["float"].get<double>();
+  } else if (json.contains("str") && json["str"].is_string()) {
+    node.kind = Kind::kString;
+    node.text = json["str"].get<std::string>();
+  } else if (json.contains("tensor") && json["tensor"].is_string()) {
+    node.kind = Kind::kTensor;
+    node.text = json["tensor"].get<std::string>();
+  } else if (json.contains("dict") && json["dict"].is_array()) {
+    node.kind = Kind::kDict;
+    node.ordered = json.value("ordered", false);
+    for (const Json& entry : json["dict"]) {
+      if (!entry.is_array() || entry.size() != 2) {
+        return absl::InvalidArgumentError("dict entry is not a [key, value] pair");
+      }
+      ASSIGN_OR_RETURN(StructureNode key, StructureFromJsonValue(entry[0], depth + 1));
+      ASSIGN_OR_RETURN(StructureNode value, StructureFromJsonValue(entry[1], depth + 1));
+      node.keys.push_back(std::move(key));
+      node.values.push_back(std::move(value));
+    }
+  } else if ((json.contains("list") && json["list"].is_array()) ||
+             (json.contains("tuple") && json["tuple"].is_array())) {
+    const bool list = json.contains("list");
+    node.kind = list ? Kind::kList : Kind::kTuple;
+    for (const Json& item : json[list ? "list" : "tuple"]) {
+      ASSIGN_OR_RETURN(StructureNode child, StructureFromJsonValue(item, depth + 1));
+      node.items.push_back(std::move(child));
+    }
+  } else {
+    return absl::InvalidArgumentError("unknown structure node");
+  }
+  return node;
+}
+
+}  // namespace
+
+std::string StructureToJson(const StructureNode& node) {
+  return StructureJson(node).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+absl::StatusOr<StructureNode> StructureFromJson(absl::string_view json) {
+  Json parsed;
+  try {
+    parsed = Json::parse(json.begin(), json.end());
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("structure is not JSON: ", e.what()));
+  }
+  return StructureFromJsonValue(parsed, 0);
 }
 
 std::vector<int> FindAliases(const Catalog& catalog) {

@@ -97,6 +97,16 @@ void AddFlatRangePieces(CatalogTensor& tensor, int file, uint64_t byte_offset, i
 // file, tensor and byte offset otherwise.
 absl::Status ValidateCatalog(const Catalog& catalog);
 
+// StructureNode as JSON (the form safetensors output carries in `__metadata__` under
+// kStructureMetadataKey, so that nesting survives a trip through safetensors), and back.
+// Scalars are tagged: {"int": 3}, {"float": 0.5}, {"str": "x"}, {"bool": true}, {"none": 0},
+// {"tensor": "name"}; containers: {"dict": [[key, value], ...], "ordered": true},
+// {"list": [...]}, {"tuple": [...]}. Parsing is depth- and size-bounded; InvalidArgument on
+// anything else.
+inline constexpr char kStructureMetadataKey[] = "reshard.structure";
+std::string StructureToJson(const StructureNode& node);
+absl::StatusOr<StructureNode> StructureFromJson(absl::string_view json);
+
 // For each tensor, the index of the first earlier tensor that is the very same data (same
 // dtype, shape and pieces: tied weights saved as one storage), or -1.
 std::vector<int> FindAliases(const Catalog& catalog);

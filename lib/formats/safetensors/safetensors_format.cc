@@ -117,7 +117,20 @@ void RestoreTiedAliases(Catalog& catalog) {
 
 absl::StatusOr<InputModel> SafetensorsInput::Read(const std::string& path) const {
   ASSIGN_OR_RETURN(InputModel model, ReadWithoutAliases(path));
-  for (Catalog& part : model.parts) RestoreTiedAliases(part);
+  for (Catalog& part : model.parts) {
+    RestoreTiedAliases(part);
+    // The nesting of a torch checkpoint this file was converted from, when it was carried.
+    auto carried = part.metadata.find(kStructureMetadataKey);
+    if (carried != part.metadata.end()) {
+      auto structure = StructureFromJson(carried->second);
+      if (!structure.ok()) {
+        return Annotate(structure.status(),
+                        absl::StrCat(path, ": __metadata__ \"", kStructureMetadataKey, "\""));
+      }
+      part.structure = std::make_shared<const StructureNode>(*std::move(structure));
+      part.metadata.erase(carried);
+    }
+  }
   return model;
 }
 
@@ -216,11 +229,11 @@ absl::StatusOr<FileFraming> SafetensorsOutput::Frame(const OutputFileLayout& fil
       return absl::InvalidArgumentError(
           absl::StrCat(file.name, ": tensor name \"", tensor.name, "\" appears twice"));
     }
-    entries.push_back(
-        {tensor.name, tensor.dtype, tensor.shape(), offset, offset + tensor.bytes()});
+    entries.push_back({tensor.name, tensor.dtype, tensor.shape(), offset, offset + tensor.bytes()});
     offset += tensor.bytes();
   }
   metadata["format"] = "pt";
+  if (file.structure != nullptr) metadata[kStructureMetadataKey] = StructureToJson(*file.structure);
   auto header = EncodeSafetensorsHeader(entries, metadata);
   if (!header.ok()) return Annotate(header.status(), file.name);
   FileFraming framing;
