@@ -3,7 +3,8 @@
 # See tools/bench/README.md. Usage:
 #
 #   tools/bench/bench.sh [--size 4GiB] [--sizes 1GiB,4GiB] [--repeat N] [--workdir DIR] [--keep]
-#                        [--verify] [--steps cp,fp32,bf16] [--no-drop-caches] [--reshardctl PATH]
+#                        [--verify] [--steps cp,fp32,bf16,torch] [--no-drop-caches]
+#                        [--input-format safetensors|torch] [--reshardctl PATH]
 #                        [-- EXTRA_ARGS...]
 #
 # EXTRA_ARGS (after --) are appended to both consolidate commands, e.g. -- --threads 2.
@@ -25,7 +26,12 @@ Options:
   --keep             keep the checkpoints and outputs (default: delete every big file at the end)
   --verify           after each conversion run `reshardctl verify IN OUT` (must exit 0) and an
                      independent format check of OUT (check_checkpoint.py)
-  --steps LIST       which of cp,fp32,bf16 to run in the main table (default all three)
+  --steps LIST       which of cp,fp32,bf16,torch to run in the main table (default
+                     cp,fp32,bf16; with --input-format torch: cp,fp32,bf16,torch).
+                     torch = consolidate --format torch (writes pytorch_model.bin)
+  --input-format F   safetensors (default: HF sharded folder from make_checkpoint.py) or
+                     torch (one torch.save file from make_torch_checkpoint.py; needs
+                     python3-torch and about the checkpoint size in RAM to generate)
   --no-drop-caches   do not drop the page cache; warm the input instead
   --reshardctl PATH  use this binary instead of building //client:reshardctl with -c opt
 EOF
@@ -40,7 +46,8 @@ REPEAT=1
 WORK=""
 KEEP=0
 VERIFY=0
-STEPS="cp,fp32,bf16"
+STEPS=""
+INPUT_FORMAT=safetensors
 BIN_ARG=""
 DROP=1
 EXTRA=()
@@ -59,6 +66,8 @@ while (($#)); do
     --no-drop-caches) DROP=0; shift ;;
     --steps) STEPS="${2:?--steps needs a value}"; shift 2 ;;
     --steps=*) STEPS="${1#*=}"; shift ;;
+    --input-format) INPUT_FORMAT="${2:?--input-format needs a value}"; shift 2 ;;
+    --input-format=*) INPUT_FORMAT="${1#*=}"; shift ;;
     --reshardctl) BIN_ARG="${2:?--reshardctl needs a value}"; shift 2 ;;
     --reshardctl=*) BIN_ARG="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -67,14 +76,22 @@ while (($#)); do
   esac
 done
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || die "--repeat must be a positive integer"
+case "$INPUT_FORMAT" in
+  safetensors) STEPS="${STEPS:-cp,fp32,bf16}" ;;
+  torch) STEPS="${STEPS:-cp,fp32,bf16,torch}" ;;
+  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors or torch)" ;;
+esac
 for s in ${STEPS//,/ }; do
-  case "$s" in cp|fp32|bf16) ;; *) die "--steps: unknown step '$s' (use cp,fp32,bf16)" ;; esac
+  case "$s" in cp|fp32|bf16|torch) ;; *) die "--steps: unknown step '$s' (use cp,fp32,bf16,torch)" ;; esac
 done
 has_step() { [[ ",$STEPS," == *",$1,"* ]]; }
 
 [ -x "$TIME" ] || die "$TIME not found (GNU time; run tools/setup.sh or apt-get install time)"
 [ -x "$PY" ] || die "$PY not found (run tools/setup.sh)"
 "$PY" -c 'import numpy' 2>/dev/null || die "numpy missing for $PY (apt-get install python3-numpy)"
+if [ "$INPUT_FORMAT" = torch ]; then
+  "$PY" -c 'import torch' 2>/dev/null || die "torch missing for $PY (apt-get install python3-torch)"
+fi
 
 to_bytes() {
   "$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import make_checkpoint as m; print(m.parse_size(sys.argv[2]))' \
@@ -96,7 +113,7 @@ probe="${WORK:-/tmp}"
 while [ ! -d "$probe" ]; do probe="$(dirname "$probe")"; done
 AVAIL="$(df -P -B1 "$probe" | awk 'NR==2 {print $4}')"
 NEED=$((3 * MAX_BYTES))                        # input + output + copy, with room to spare
-((KEEP)) && NEED=$((4 * MAX_BYTES))            # --keep leaves input, copy, fp32 and bf16 outputs
+((KEEP)) && NEED=$((5 * MAX_BYTES))            # --keep leaves input, copy and every output
 if ((AVAIL < NEED)); then
   die "$probe has $((AVAIL >> 20)) MiB free, need about $((NEED >> 20)) MiB for a $((MAX_BYTES >> 20)) MiB checkpoint"
 fi
@@ -185,24 +202,49 @@ fi
 prepare_cache() {
   if [ "$CACHE_MODE" = cold ]; then drop_caches || note "warning: drop_caches failed"; else sync; fi
 }
-warm_input() { [ "$CACHE_MODE" = warm ] && cat "$1"/* >/dev/null; return 0; }
+warm_input() {  # a folder (safetensors) or one file (torch)
+  if [ "$CACHE_MODE" = warm ]; then
+    if [ -d "$1" ]; then cat "$1"/* >/dev/null; else cat "$1" >/dev/null; fi
+  fi
+  return 0
+}
 
 # ---------------------------------------------------------------- checkpoint
 dir_bytes() { find "$1" -type f -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}'; }
 
-make_checkpoint() {  # SIZE_ARG DIR
+# The input path for a size: a folder of safetensors shards, or one torch.save file.
+input_path() {  # SIZE_ARG
+  if [ "$INPUT_FORMAT" = torch ]; then echo "$WORK/in-$1.pt"; else echo "$WORK/in-$1"; fi
+}
+
+make_checkpoint() {  # SIZE_ARG PATH
   local size="$1" dir="$2"
   rm -rf -- "$dir"
   add_big "$dir"
-  note "generating ${size} checkpoint in $dir"
+  note "generating ${size} $INPUT_FORMAT checkpoint at $dir"
   local t0 t1 summary
   t0=$(date +%s.%N)
-  summary="$("$PY" "$HERE/make_checkpoint.py" --quiet --size "$size" "$dir")" ||
-    die "make_checkpoint.py failed"
+  if [ "$INPUT_FORMAT" = torch ]; then
+    summary="$("$PY" "$HERE/make_torch_checkpoint.py" --quiet --size "$size" "$dir")" ||
+      die "make_torch_checkpoint.py failed"
+  else
+    summary="$("$PY" "$HERE/make_checkpoint.py" --quiet --size "$size" "$dir")" ||
+      die "make_checkpoint.py failed"
+  fi
   sync
   t1=$(date +%s.%N)
-  "$PY" "$HERE/check_checkpoint.py" "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
-    { cat "$WORK/logs/check-input-$size.log" >&2; die "generated checkpoint failed the format check"; }
+  if [ "$INPUT_FORMAT" = torch ]; then
+    # Structure only (central directory, data.pkl, stored records); the data was just written.
+    "$PY" -c 'import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1]); names = z.namelist()
+assert any(n.endswith("/data.pkl") for n in names), "no data.pkl"
+assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist()), "compressed record"
+print("%d records" % len(names))' "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
+      { cat "$WORK/logs/check-input-$size.log" >&2; die "generated torch checkpoint is not a valid torch zip"; }
+  else
+    "$PY" "$HERE/check_checkpoint.py" "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
+      { cat "$WORK/logs/check-input-$size.log" >&2; die "generated checkpoint failed the format check"; }
+  fi
   echo "checkpoint: $size -> $(echo "$summary" | "$PY" -c 'import json,sys; print("%(total_size)d data bytes, %(files)d files, %(tensors)d tensors, hidden %(hidden_size)d, intermediate %(intermediate_size)d, layers %(num_hidden_layers)d, vocab %(vocab_size)d" % json.load(sys.stdin))'); generated in $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s"
 }
 
@@ -253,8 +295,20 @@ measure() {
         tail -n 20 "$WORK/logs/$label.$i.verify.log" >&2
         die "reshardctl verify $in $out exited with $rc after $label (log: $WORK/logs/$label.$i.verify.log)"
       fi
-      "$PY" "$HERE/check_checkpoint.py" "$out" >"$WORK/logs/$label.$i.check.log" 2>&1 ||
-        { cat "$WORK/logs/$label.$i.check.log" >&2; die "output of $label failed the independent format check"; }
+      if compgen -G "$out/*.safetensors" >/dev/null; then
+        "$PY" "$HERE/check_checkpoint.py" "$out" >"$WORK/logs/$label.$i.check.log" 2>&1 ||
+          { cat "$WORK/logs/$label.$i.check.log" >&2; die "output of $label failed the independent format check"; }
+      else  # torch output: real torch must load it (weights_only: only tensors in a flat dict)
+        "$PY" -c 'import glob, os, sys, torch, zipfile
+n = 0
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.bin"))):
+    assert zipfile.ZipFile(f).testzip() is None, "bad CRC in " + f
+    sd = torch.load(f, map_location="cpu", weights_only=True)
+    n += len(sd)
+    del sd
+print("%d tensors loaded" % n)' "$out" >"$WORK/logs/$label.$i.check.log" 2>&1 ||
+          { cat "$WORK/logs/$label.$i.check.log" >&2; die "output of $label failed torch.load"; }
+      fi
     fi
     # --keep keeps the last run's output; otherwise free the space before the next run.
     if ((!KEEP || i < REPEAT)); then rm_out "$out"; fi
@@ -287,7 +341,7 @@ print_table() {  # HEADER ROWS...
 }
 
 # ---------------------------------------------------------------- main table
-IN="$WORK/in-$SIZE_ARG"
+IN="$(input_path "$SIZE_ARG")"
 make_checkpoint "$SIZE_ARG" "$IN"
 IN_BYTES="$(dir_bytes "$IN")"
 warm_input "$IN"
@@ -309,10 +363,14 @@ if has_step bf16; then
   measure "consolidate-bf16" "$WORK/out-bf16" "$IN" "$VERIFY" "$CONS_SCRIPT" "$BIN" "$IN" "$WORK/out-bf16" --dtype bf16 "${EXTRA[@]}"
   ROWS+=("$(fmt_row "consolidate bf16 + sync" "$IN_BYTES" "$BASE_WALL")")
 fi
+if has_step torch; then
+  measure "consolidate-torch" "$WORK/out-torch" "$IN" "$VERIFY" "$CONS_SCRIPT" "$BIN" "$IN" "$WORK/out-torch" --format torch "${EXTRA[@]}"
+  ROWS+=("$(fmt_row "consolidate --format torch + sync" "$IN_BYTES" "$BASE_WALL")")
+fi
 
 {
   echo
-  echo "== results: $SIZE_ARG F32 checkpoint, $IN_BYTES input bytes, page cache $CACHE_MODE, best of $REPEAT$( ((VERIFY)) && echo ", verified")"
+  echo "== results: $SIZE_ARG F32 $INPUT_FORMAT checkpoint, $IN_BYTES input bytes, page cache $CACHE_MODE, best of $REPEAT$( ((VERIFY)) && echo ", verified")"
   print_table "step|wall s|MB/s|peak RSS MiB|vs cp+sync|cpu s|out MiB" "${ROWS[@]}"
 } | tee "$WORK/results.txt"
 
@@ -326,7 +384,7 @@ if ((${#SIZES[@]})); then
       SROWS+=("$(echo "$MAIN_FP32_ROW" | awk -F'|' -v b="$IN_BYTES" -v l="$s" 'BEGIN {OFS = "|"} {$1 = l; print $1, int(b / 1048576), $2, $3, $4, $6}')")
       continue
     fi
-    SIN="$WORK/in-$s"
+    SIN="$(input_path "$s")"
     echo
     make_checkpoint "$s" "$SIN"
     SIN_BYTES="$(dir_bytes "$SIN")"

@@ -235,7 +235,9 @@ class Machine {
   absl::StatusOr<PickleValue*> Call(PickleValue* callable, PickleValue* args) {
     if (args->kind != Kind::kTuple) return Error("call arguments are not a tuple");
     if (callable->IsGlobal("collections", "OrderedDict") && args->items.empty()) {
-      return New(Kind::kDict);
+      ASSIGN_OR_RETURN(PickleValue * dict, New(Kind::kDict));
+      dict->ordered = true;
+      return dict;
     }
     if ((callable->IsGlobal("builtins", "set") || callable->IsGlobal("builtins", "frozenset")) &&
         args->items.size() <= 1) {

@@ -57,6 +57,7 @@ struct PickleValue {
   // Placed inside another value. Such a value is complete: mutating it afterwards (which only
   // self-referencing structures do) is refused, so `depth` stays exact.
   bool placed = false;
+  bool ordered = false;  // kDict made by collections.OrderedDict() rather than {}
 
   bool IsGlobal(absl::string_view m, absl::string_view n) const {
     return kind == Kind::kGlobal && module == m && name == n;

@@ -348,7 +348,7 @@ class TorchFileReader {
         return node;
       case Kind::kDict:
         node.kind = Node::kDict;
-        node.ordered = true;
+        node.ordered = value->ordered;
         for (const auto& [key, item] : value->entries) {
           ASSIGN_OR_RETURN(StructureNode child, Walk(item, Join(name, KeyName(key)), depth + 1));
           ASSIGN_OR_RETURN(StructureNode key_node, KeyNode(key));
