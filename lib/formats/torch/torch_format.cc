@@ -346,16 +346,6 @@ class TorchFileReader {
         node.kind = Node::kString;
         node.text = value->text;
         return node;
-      case Kind::kDict:
-        node.kind = Node::kDict;
-        node.ordered = value->ordered;
-        for (const auto& [key, item] : value->entries) {
-          ASSIGN_OR_RETURN(StructureNode child, Walk(item, Join(name, KeyName(key)), depth + 1));
-          ASSIGN_OR_RETURN(StructureNode key_node, KeyNode(key));
-          node.keys.push_back(std::move(key_node));
-          node.values.push_back(std::move(child));
-        }
-        return node;
       case Kind::kList:
       case Kind::kTuple:
         node.kind = value->kind == Kind::kList ? Node::kList : Node::kTuple;
@@ -366,10 +356,12 @@ class TorchFileReader {
           node.items.push_back(std::move(child));
         }
         return node;
+      case Kind::kDict:
       case Kind::kObject:
-        if (!value->entries.empty()) {  // a dict subclass: keep its items as a dict
+        // Dicts, and dict subclasses (objects holding items), which are kept as OrderedDicts.
+        if (value->kind == Kind::kDict || !value->entries.empty()) {
           node.kind = Node::kDict;
-          node.ordered = true;
+          node.ordered = value->kind == Kind::kObject || value->ordered;
           for (const auto& [key, item] : value->entries) {
             ASSIGN_OR_RETURN(StructureNode child, Walk(item, Join(name, KeyName(key)), depth + 1));
             ASSIGN_OR_RETURN(StructureNode key_node, KeyNode(key));
