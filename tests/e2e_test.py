@@ -14,7 +14,6 @@ import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -22,6 +21,7 @@ import numpy as np
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 import st_reference as R  # noqa: E402
 
 RESHARDCTL = None
@@ -60,22 +60,8 @@ def tail(s, n=3000):
     return s if len(s) <= n else "..." + s[-n:]
 
 
-class Base(unittest.TestCase):
-    maxDiff = 4000
-
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="reshard-e2e-%s-" % self._testMethodName)
-
-    def tearDown(self):
-        if os.environ.get("RESHARD_E2E_KEEP_TMP"):
-            sys.stderr.write("kept %s\n" % self.tmp)
-        else:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-    # -- helpers -------------------------------------------------------------------------------
-
-    def p(self, *parts):
-        return os.path.join(self.tmp, *parts)
+class Base(harness.TempDirTestCase):
+    TMP_PREFIX = "reshard-e2e"
 
     def ctl(self, *args, timeout=DEFAULT_TIMEOUT):
         cmd = [RESHARDCTL] + [str(a) for a in args]
@@ -1467,33 +1453,5 @@ class TorchInteropTests(Base):
                 self.assertTrue(torch.equal(whole, expected), k)
 
 
-def main():
-    global RESHARDCTL
-    argv = [sys.argv[0]]
-    args = sys.argv[1:]
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == "--reshardctl" and i + 1 < len(args):
-            RESHARDCTL = args[i + 1]
-            i += 2
-            continue
-        if a.startswith("--reshardctl="):
-            RESHARDCTL = a.split("=", 1)[1]
-            i += 1
-            continue
-        argv.append(a)
-        i += 1
-    if not RESHARDCTL:
-        sys.stderr.write("usage: %s --reshardctl PATH [unittest args]\n" % sys.argv[0])
-        return 2
-    RESHARDCTL = os.path.abspath(RESHARDCTL)
-    if not os.access(RESHARDCTL, os.X_OK):
-        sys.stderr.write("not executable: %s\n" % RESHARDCTL)
-        return 2
-    prog = unittest.main(argv=argv, exit=False, verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(globals(), "reshardctl"))

@@ -11,16 +11,15 @@ import collections
 import io
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import unittest
 import zipfile
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 import st_reference as R  # noqa: E402
 
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
@@ -92,20 +91,8 @@ def write_zip(path, entries, compression=zipfile.ZIP_STORED):
             z.writestr(zipfile.ZipInfo(name), data, compress_type=compression)
 
 
-class Base(unittest.TestCase):
-    maxDiff = 4000
-
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="reshard-torch-%s-" % self._testMethodName)
-
-    def tearDown(self):
-        if os.environ.get("RESHARD_E2E_KEEP_TMP"):
-            sys.stderr.write("kept %s\n" % self.tmp)
-        else:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def p(self, *parts):
-        return os.path.join(self.tmp, *parts)
+class Base(harness.TempDirTestCase):
+    TMP_PREFIX = "reshard-torch"
 
     def ctl(self, *args, timeout=TIMEOUT, cwd=None, max_memory=None):
         cmd = [RESHARDCTL] + [str(a) for a in args]
@@ -568,25 +555,5 @@ class TorchCorruptInputTests(Base):
         self.expect_rejected(path, ["should hold", "elements"])
 
 
-def main():
-    global RESHARDCTL
-    argv = [sys.argv[0]]
-    args = sys.argv[1:]
-    i = 0
-    while i < len(args):
-        if args[i] == "--reshardctl" and i + 1 < len(args):
-            RESHARDCTL = args[i + 1]
-            i += 2
-            continue
-        argv.append(args[i])
-        i += 1
-    if not RESHARDCTL:
-        sys.stderr.write("usage: %s --reshardctl PATH [unittest args]\n" % sys.argv[0])
-        return 2
-    RESHARDCTL = os.path.abspath(RESHARDCTL)
-    prog = unittest.main(argv=argv, exit=False, verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(globals(), "reshardctl"))
