@@ -111,10 +111,14 @@ absl::StatusOr<v1::PlanResponse> Client::Plan(const v1::JobSpec& spec) {
 }
 
 absl::StatusOr<v1::InspectResponse> Client::Inspect(const std::string& input,
-                                                    const std::string& rules_json) {
+                                                    const std::string& rules_json,
+                                                    const std::string& tag,
+                                                    bool include_optimizer) {
   v1::InspectRequest request;
   request.set_input(input);
   request.set_rules_json(rules_json);
+  request.set_tag(tag);
+  request.set_include_optimizer(include_optimizer);
   v1::InspectResponse response;
   absl::Status status = Call(true, [&](grpc::ClientContext* context) {
     return stub_->Inspect(context, request, &response);

@@ -41,7 +41,9 @@ class Client {
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
   absl::StatusOr<v1::PlanResponse> Plan(const v1::JobSpec& spec);
   absl::StatusOr<v1::InspectResponse> Inspect(const std::string& input,
-                                              const std::string& rules_json);
+                                              const std::string& rules_json,
+                                              const std::string& tag = "",
+                                              bool include_optimizer = false);
 
   // Calls `on_event` for every state the daemon reports until the job is finished, and
   // returns the final job. Stops early with Cancelled when `*stop` becomes true.

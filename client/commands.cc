@@ -17,6 +17,13 @@
 namespace reshard {
 namespace {
 
+ReadOptions ReadOptionsFrom(const ConversionFlags& flags) {
+  ReadOptions options;
+  options.tag = flags.tag;
+  options.include_optimizer = flags.include_optimizer;
+  return options;
+}
+
 absl::StatusOr<ConversionSpec> BuildSpec(const ConversionFlags& flags, bool reshard) {
   ConversionSpec spec;
   spec.kind = reshard ? ConversionSpec::Kind::kReshard : ConversionSpec::Kind::kConsolidate;
@@ -30,25 +37,24 @@ absl::StatusOr<ConversionSpec> BuildSpec(const ConversionFlags& flags, bool resh
   spec.threads = flags.threads;
   spec.duplicate_tied = flags.duplicate_tied;
   spec.output_format = flags.output_format;
+  spec.read = ReadOptionsFrom(flags);
   if (reshard && spec.parts < 1) {
     return absl::InvalidArgumentError("reshard needs --parts M (M >= 1)");
-  }
-  if (reshard && spec.rules_file.empty()) {
-    return absl::InvalidArgumentError("reshard needs partition rules: pass --rules FILE");
   }
   return spec;
 }
 
 }  // namespace
 
-int RunInspect(const std::string& input, const std::string& rules, const OutputFlags& flags,
-               std::ostream& out, std::ostream& err) {
-  auto parsed_rules = LoadRules("", rules);
+int RunInspect(const ConversionFlags& conversion, const OutputFlags& flags, std::ostream& out,
+               std::ostream& err) {
+  auto parsed_rules = LoadRules("", conversion.rules);
   if (!parsed_rules.ok()) return Fail(parsed_rules.status(), flags, flags.result_file, out, err);
-  auto loaded = LoadInput(input, *parsed_rules, /*require_model=*/false);
+  auto loaded = LoadInput(conversion.input, *std::move(parsed_rules), /*require_model=*/false,
+                          ReadOptionsFrom(conversion));
   if (!loaded.ok()) return Fail(loaded.status(), flags, flags.result_file, out, err);
-  return Emit(InspectDocument(input, *loaded), kExitOk, flags, flags.result_file, PrintInspect, out,
-              err);
+  return Emit(InspectDocument(conversion.input, *loaded), kExitOk, flags, flags.result_file,
+              PrintInspect, out, err);
 }
 
 int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::ostream& out,
@@ -106,12 +112,13 @@ void PrintVerify(const Json& doc, std::ostream& out) {
 
 }  // namespace
 
-int RunVerify(const std::string& a, const std::string& b, const std::string& rules,
+int RunVerify(const std::string& a, const std::string& b, const ConversionFlags& read,
               const OutputFlags& flags, const std::atomic<bool>* cancelled, std::ostream& out,
               std::ostream& err) {
   VerifyOptions options;
-  options.rules_a = rules;
-  options.rules_b = rules;
+  options.rules_a = read.rules;
+  options.rules_b = read.rules;
+  options.read = ReadOptionsFrom(read);
   options.cancelled = cancelled;
   auto result = VerifyCheckpoints(a, b, options);
   if (!result.ok()) return Fail(result.status(), flags, flags.result_file, out, err);

@@ -26,6 +26,9 @@ struct ConversionFlags {
   std::string window_size = "32MiB";
   bool duplicate_tied = false;
   std::string output_format = "safetensors";  // or "torch"
+  // Training checkpoints: DeepSpeed tag to read, and whether to read Adam moments too.
+  std::string tag;
+  bool include_optimizer = false;
 };
 
 // Options of commands that go through reshardd.
@@ -38,8 +41,9 @@ struct DaemonFlags {
   bool overwrite = false;
 };
 
-int RunInspect(const std::string& input, const std::string& rules, const OutputFlags& flags,
-               std::ostream& out, std::ostream& err);
+// `conversion` supplies the input, rules and read options (tag, optimizer) only.
+int RunInspect(const ConversionFlags& conversion, const OutputFlags& flags, std::ostream& out,
+               std::ostream& err);
 
 // `plan`: the dry run. parts > 0 plans a reshard into that many parts, else a consolidation.
 int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::ostream& out,
@@ -49,13 +53,13 @@ int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::os
 int RunConvert(const ConversionFlags& conversion, bool reshard, const OutputFlags& flags,
                const std::atomic<bool>* cancelled, std::ostream& out, std::ostream& err);
 
-int RunVerify(const std::string& a, const std::string& b, const std::string& rules,
+int RunVerify(const std::string& a, const std::string& b, const ConversionFlags& read,
               const OutputFlags& flags, const std::atomic<bool>* cancelled, std::ostream& out,
               std::ostream& err);
 
 // The same through reshardd. A signal while waiting stops waiting (exit 5) but leaves the job
 // running, so that a requeued Slurm task re-attaches to it through its idempotency key.
-int RunRemoteInspect(const std::string& input, const std::string& rules, const DaemonFlags& daemon,
+int RunRemoteInspect(const ConversionFlags& conversion, const DaemonFlags& daemon,
                      const OutputFlags& flags, std::ostream& out, std::ostream& err);
 int RunRemotePlan(const ConversionFlags& conversion, const DaemonFlags& daemon,
                   const OutputFlags& flags, std::ostream& out, std::ostream& err);

@@ -19,6 +19,12 @@
 namespace reshard {
 namespace {
 
+ConversionFlags Input(const std::string& path) {
+  ConversionFlags flags;
+  flags.input = path;
+  return flags;
+}
+
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
@@ -77,7 +83,7 @@ class CommandsTest : public testing::Test {
 };
 
 TEST_F(CommandsTest, InspectJson) {
-  ASSERT_EQ(RunInspect(model_, "", JsonFlags(), out_, err_), kExitOk) << err_.str();
+  ASSERT_EQ(RunInspect(Input(model_), JsonFlags(), out_, err_), kExitOk) << err_.str();
   Json doc = ParseJson(out_.str());
   ExpectFields(doc,
                {"ok", "format", "layout", "parts", "files", "tensors", "total_bytes", "metadata"});
@@ -107,14 +113,14 @@ TEST_F(CommandsTest, InspectJson) {
 
 TEST_F(CommandsTest, InspectText) {
   OutputFlags flags;
-  ASSERT_EQ(RunInspect(model_, "", flags, out_, err_), kExitOk) << err_.str();
+  ASSERT_EQ(RunInspect(Input(model_), flags, out_, err_), kExitOk) << err_.str();
   EXPECT_NE(out_.str().find("safetensors"), std::string::npos) << out_.str();
   EXPECT_NE(out_.str().find("w"), std::string::npos);
 }
 
 TEST_F(CommandsTest, MissingInputExits3) {
   const std::string missing = root_ + "/nope.safetensors";
-  EXPECT_EQ(RunInspect(missing, "", JsonFlags(), out_, err_), kExitInvalidInput);
+  EXPECT_EQ(RunInspect(Input(missing), JsonFlags(), out_, err_), kExitInvalidInput);
   Json doc = ParseJson(out_.str());
   EXPECT_EQ(doc["ok"], false);
   EXPECT_EQ(doc["exit_code"], 3);
@@ -146,11 +152,17 @@ TEST_F(CommandsTest, BadDTypeIsUsageError) {
   conversion.dtype = "keep";
   conversion.max_shard_size = "5XB";
   EXPECT_EQ(RunPlan(conversion, JsonFlags(), out2, err2), kExitUsage);
-  // reshard without --rules or --parts is a usage error too.
+  // reshard without --parts is a usage error too.
   std::ostringstream out3, err3;
   conversion.max_shard_size = "5GB";
-  conversion.parts = 2;
   EXPECT_EQ(RunConvert(conversion, true, JsonFlags(), nullptr, out3, err3), kExitUsage);
+  // Without --rules, an input whose format has no rules of its own is refused, naming --rules.
+  std::ostringstream out4, err4;
+  conversion.parts = 2;
+  EXPECT_EQ(RunConvert(conversion, true, JsonFlags(), nullptr, out4, err4), kExitInvalidInput);
+  EXPECT_NE(ParseJson(out4.str())["error"]["message"].get<std::string>().find("--rules"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(root_ + "/out"));
 }
 
 TEST_F(CommandsTest, PlanJson) {
@@ -218,7 +230,7 @@ TEST_F(CommandsTest, ConvertCancelledExits5) {
 TEST_F(CommandsTest, VerifyEqualAndDifferent) {
   const std::string same = root_ + "/same.safetensors";
   WriteModel(same);
-  ASSERT_EQ(RunVerify(model_, same, "", JsonFlags(), nullptr, out_, err_), kExitOk) << err_.str();
+  ASSERT_EQ(RunVerify(model_, same, {}, JsonFlags(), nullptr, out_, err_), kExitOk) << err_.str();
   Json doc = ParseJson(out_.str());
   ExpectFields(doc, {"ok", "equal", "tensors_compared", "mismatched", "only_in_a", "only_in_b",
                      "tolerance"});
@@ -228,7 +240,7 @@ TEST_F(CommandsTest, VerifyEqualAndDifferent) {
   const std::string different = root_ + "/different.safetensors";
   WriteModel(different, /*w_bias=*/0.25f);
   std::ostringstream out2, err2;
-  EXPECT_EQ(RunVerify(model_, different, "", JsonFlags(), nullptr, out2, err2), kExitVerifyFailed);
+  EXPECT_EQ(RunVerify(model_, different, {}, JsonFlags(), nullptr, out2, err2), kExitVerifyFailed);
   Json diff = ParseJson(out2.str());
   EXPECT_EQ(diff["equal"], false);
   ASSERT_EQ(diff["mismatched"].size(), 1u);
@@ -240,7 +252,7 @@ TEST_F(CommandsTest, VerifyEqualAndDifferent) {
   // Text mode gives the same exit code.
   std::ostringstream out3, err3;
   OutputFlags text;
-  EXPECT_EQ(RunVerify(model_, different, "", text, nullptr, out3, err3), kExitVerifyFailed);
+  EXPECT_EQ(RunVerify(model_, different, {}, text, nullptr, out3, err3), kExitVerifyFailed);
   EXPECT_NE(out3.str().find("DIFFERENT"), std::string::npos) << out3.str();
 }
 

@@ -19,6 +19,7 @@
 #include "client/reports.h"
 #include "lib/core/status.h"
 #include "lib/plan/layout_builders.h"
+#include "lib/plan/partition_rules.h"
 
 namespace reshard {
 namespace {
@@ -41,6 +42,8 @@ std::string Absolute(const std::string& path) {
 absl::StatusOr<std::string> ReadRules(const std::string& path) {
   if (path.empty()) return std::string();
   std::ifstream in(path, std::ios::binary);
+  // A preset name ("megatron") that is not a file here is sent as the preset's rules.
+  if (!in && !PartitionRulePreset(path).empty()) return PartitionRulePreset(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open partition rules file ", path));
   std::ostringstream text;
   text << in.rdbuf();
@@ -79,9 +82,6 @@ absl::StatusOr<v1::JobSpec> BuildJobSpec(const ConversionFlags& conversion, bool
     spec.set_max_shard_size(shard);
   } else {
     if (conversion.parts < 1) return absl::InvalidArgumentError("reshard needs --parts M (M >= 1)");
-    if (conversion.rules.empty()) {
-      return absl::InvalidArgumentError("reshard needs partition rules: pass --rules FILE");
-    }
     spec.set_parts(conversion.parts);
   }
   ASSIGN_OR_RETURN(*spec.mutable_rules_json(), ReadRules(conversion.rules));
@@ -92,6 +92,8 @@ absl::StatusOr<v1::JobSpec> BuildJobSpec(const ConversionFlags& conversion, bool
   spec.set_threads(conversion.threads);
   spec.set_duplicate_tied(conversion.duplicate_tied);
   spec.set_output_format(conversion.output_format);
+  spec.set_tag(conversion.tag);
+  spec.set_include_optimizer(conversion.include_optimizer);
   ASSIGN_OR_RETURN(uint64_t window, ParseByteSize(conversion.window_size));
   spec.set_window_bytes(window);
   spec.set_priority(daemon.priority);
@@ -179,13 +181,15 @@ std::string DefaultIdempotencyKey(const std::string& spec_fingerprint) {
   return absl::StrCat(prefix, ":", spec_fingerprint);
 }
 
-int RunRemoteInspect(const std::string& input, const std::string& rules, const DaemonFlags& daemon,
+int RunRemoteInspect(const ConversionFlags& conversion, const DaemonFlags& daemon,
                      const OutputFlags& flags, std::ostream& out, std::ostream& err) {
-  auto rules_json = ReadRules(rules);
+  const std::string& input = conversion.input;
+  auto rules_json = ReadRules(conversion.rules);
   if (!rules_json.ok()) return Fail(rules_json.status(), flags, flags.result_file, out, err);
   auto client = ConnectTo(daemon);
   if (!client.ok()) return Fail(client.status(), flags, flags.result_file, out, err, true);
-  auto response = (*client)->Inspect(Absolute(input), *rules_json);
+  auto response = (*client)->Inspect(Absolute(input), *rules_json, conversion.tag,
+                                     conversion.include_optimizer);
   if (!response.ok()) return Fail(response.status(), flags, flags.result_file, out, err);
   return Emit(InspectDocument(Absolute(input), *response), kExitOk, flags, flags.result_file,
               PrintInspect, out, err);

@@ -45,6 +45,7 @@ Json InspectDocument(const std::string& input, const LoadedInput& loaded) {
   doc["path"] = input;
   doc["format"] = model.format;
   doc["layout"] = model.layout;
+  doc["description"] = model.description;
   doc["parts"] = model.parts.size();
   doc["merged"] = loaded.merged;
   doc["files"] = Json::array();
@@ -72,6 +73,7 @@ Json InspectDocument(const std::string& input, const v1::InspectResponse& respon
   doc["path"] = input;
   doc["format"] = response.format();
   doc["layout"] = response.layout();
+  doc["description"] = response.description();
   doc["parts"] = response.parts();
   doc["merged"] = response.merged();
   doc["files"] = Json::array();
@@ -182,6 +184,9 @@ void PrintInspect(const Json& doc, std::ostream& out) {
   out << "format:   " << doc["format"].get<std::string>() << " ("
       << doc["layout"].get<std::string>() << ", " << files << (files == 1 ? " file" : " files")
       << ")\n";
+  if (doc.contains("description") && !doc["description"].get<std::string>().empty()) {
+    out << "layout:   " << doc["description"].get<std::string>() << "\n";
+  }
   if (doc["parts"].get<int>() > 1) {
     out << "parts:    " << doc["parts"].get<int>() << " model-parallel parts"
         << (doc["merged"].get<bool>() ? ", merged with the rules"

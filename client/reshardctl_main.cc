@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   bool no_progress = false;
   ConversionFlags conversion;
   DaemonFlags daemon;
-  std::string rules, a, b, job_id;
+  std::string a, b, job_id;
   std::vector<std::string> states;
   int limit = 100;
   if (const char* server = std::getenv("RESHARD_SERVER")) daemon.server = server;
@@ -67,6 +67,12 @@ int main(int argc, char** argv) {
     command->add_option("--memory-budget", daemon.memory_budget, "memory the job may use");
     command->add_flag("--overwrite", daemon.overwrite, "replace a non-empty output folder");
   };
+  auto add_read_options = [&](CLI::App* command) {
+    command->add_option("--tag", conversion.tag,
+                        "DeepSpeed checkpoint tag to read (default: the folder's `latest` file)");
+    command->add_flag("--include-optimizer", conversion.include_optimizer,
+                      "also read the Adam moments (<param>.exp_avg, <param>.exp_avg_sq)");
+  };
   auto add_conversion = [&](CLI::App* command, bool with_output_dir) {
     command->add_option("IN", conversion.input, "input .safetensors file or folder")->required();
     if (with_output_dir) {
@@ -85,6 +91,7 @@ int main(int argc, char** argv) {
     command->add_option("--format", conversion.output_format, "output format: safetensors | torch")
         ->check(CLI::IsMember({"safetensors", "torch"}))
         ->capture_default_str();
+    add_read_options(command);
     add_output(command);
   };
 
@@ -92,7 +99,8 @@ int main(int argc, char** argv) {
 
   CLI::App* inspect = app.add_subcommand("inspect", "describe a checkpoint");
   inspect->add_option("IN", conversion.input, "input file or folder")->required();
-  inspect->add_option("--rules", rules, "partition rules to merge model-parallel parts");
+  inspect->add_option("--rules", conversion.rules, "partition rules to merge model-parallel parts");
+  add_read_options(inspect);
   add_output(inspect);
   add_server(inspect);
 
@@ -120,7 +128,8 @@ int main(int argc, char** argv) {
   CLI::App* verify = app.add_subcommand("verify", "compare two checkpoints element by element");
   verify->add_option("A", a, "first checkpoint")->required();
   verify->add_option("B", b, "second checkpoint")->required();
-  verify->add_option("--rules", rules, "partition rules to merge model-parallel parts");
+  verify->add_option("--rules", conversion.rules, "partition rules to merge model-parallel parts");
+  add_read_options(verify);
   add_output(verify);
 
   CLI::App* status = app.add_subcommand("status", "show a reshardd job");
@@ -158,8 +167,8 @@ int main(int argc, char** argv) {
   std::ostream& err = std::cerr;
   const bool remote = !daemon.server.empty();
   if (*inspect) {
-    return remote ? RunRemoteInspect(conversion.input, rules, daemon, output, out, err)
-                  : RunInspect(conversion.input, rules, output, out, err);
+    return remote ? RunRemoteInspect(conversion, daemon, output, out, err)
+                  : RunInspect(conversion, output, out, err);
   }
   if (*plan) {
     return remote ? RunRemotePlan(conversion, daemon, output, out, err)
@@ -171,7 +180,7 @@ int main(int argc, char** argv) {
                                      err)
                   : RunConvert(conversion, is_reshard, output, &cancel_requested, out, err);
   }
-  if (*verify) return RunVerify(a, b, rules, output, &cancel_requested, out, err);
+  if (*verify) return RunVerify(a, b, conversion, output, &cancel_requested, out, err);
   if (!remote) {
     std::cerr
         << "reshardctl: this command needs a daemon: pass --server ADDR or set RESHARD_SERVER\n";

@@ -27,6 +27,8 @@ ConversionSpec ConversionSpecFromProto(const v1::JobSpec& proto) {
   spec.overwrite = proto.overwrite();
   spec.duplicate_tied = proto.duplicate_tied();
   if (!proto.output_format().empty()) spec.output_format = proto.output_format();
+  spec.read.tag = proto.tag();
+  spec.read.include_optimizer = proto.include_optimizer();
   if (proto.threads() > 0) spec.threads = proto.threads();
   if (proto.window_bytes() > 0) spec.window_bytes = proto.window_bytes();
   return spec;

@@ -183,11 +183,15 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext*, const v1::InspectRequ
       status = rules.status();
       return;
     }
-    auto loaded = LoadInput(*input, *rules, /*require_model=*/false);
+    ReadOptions read;
+    read.tag = request->tag();
+    read.include_optimizer = request->include_optimizer();
+    auto loaded = LoadInput(*input, *std::move(rules), /*require_model=*/false, read);
     if (!loaded.ok()) {
       status = loaded.status();
       return;
     }
+    response->set_description(loaded->model.description);
     const Catalog& shown = loaded->merged ? loaded->catalog : loaded->model.parts[0];
     response->set_format(loaded->model.format);
     response->set_layout(loaded->model.layout);

@@ -34,17 +34,24 @@ absl::StatusOr<PartitionRules> LoadRules(const std::string& rules_json,
   return PartitionRules();
 }
 
-absl::StatusOr<LoadedInput> LoadInput(const std::string& path, const PartitionRules& rules,
-                                      bool require_model) {
+absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules rules,
+                                      bool require_model, const ReadOptions& options) {
   LoadedInput loaded;
   loaded.path = path;
   ASSIGN_OR_RETURN(const InputFormat* format, DetectInputFormat(path));
-  ASSIGN_OR_RETURN(loaded.model, format->Read(path));
+  ASSIGN_OR_RETURN(loaded.model, format->Read(path, options));
   for (const Catalog& part : loaded.model.parts) {
     RETURN_IF_ERROR(ValidateCatalog(part));
   }
-  if (loaded.model.parts.size() > 1 && rules.empty() && !require_model) return loaded;
-  auto merged = MergeParts(loaded.model.parts, rules, loaded.model.part_names);
+  if (rules.empty() && !loaded.model.default_rules.empty()) {
+    auto defaults = PartitionRules::FromJson(loaded.model.default_rules,
+                                             absl::StrCat(loaded.model.format, " default rules"));
+    if (!defaults.ok()) return Annotate(defaults.status(), path);
+    rules = *std::move(defaults);
+  }
+  loaded.rules = std::move(rules);
+  if (loaded.model.parts.size() > 1 && loaded.rules.empty() && !require_model) return loaded;
+  auto merged = MergeParts(loaded.model.parts, loaded.rules, loaded.model.part_names);
   if (!merged.ok()) return Annotate(merged.status(), path);
   loaded.catalog = *std::move(merged);
   loaded.catalog.Reindex();
@@ -67,8 +74,10 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
     return absl::InvalidArgumentError("window size must be between 4 KiB and 4 GiB");
   }
   PlannedConversion planned;
-  ASSIGN_OR_RETURN(PartitionRules rules, LoadRules(spec.rules_json, spec.rules_file));
-  ASSIGN_OR_RETURN(planned.input, LoadInput(spec.input, rules, /*require_model=*/true));
+  ASSIGN_OR_RETURN(PartitionRules user_rules, LoadRules(spec.rules_json, spec.rules_file));
+  ASSIGN_OR_RETURN(planned.input, LoadInput(spec.input, std::move(user_rules),
+                                            /*require_model=*/true, spec.read));
+  const PartitionRules& rules = planned.input.rules;
   ASSIGN_OR_RETURN(planned.writer, FindOutputFormat(spec.output_format));
   const Catalog& catalog = planned.input.catalog;
   // What the plan reads: the input's Catalog, or its fused-block view for a split.
@@ -85,7 +94,8 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
           absl::StrCat("--parts must be in [1, 4096], got ", spec.parts));
     }
     if (rules.empty()) {
-      return absl::InvalidArgumentError("reshard needs partition rules: pass --rules FILE");
+      return absl::InvalidArgumentError(
+          "reshard needs partition rules: pass --rules FILE (or a preset: metaseq, megatron)");
     }
     ASSIGN_OR_RETURN(viewed, ViewFusedTensors(catalog, rules));
     plan_catalog = &viewed;
@@ -119,6 +129,9 @@ std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& p
   source["path"] = planned.input.path;
   source["format"] = planned.input.model.format;
   source["layout"] = planned.input.model.layout;
+  if (!planned.input.model.description.empty()) {
+    source["description"] = planned.input.model.description;
+  }
   source["parts"] = planned.input.model.parts.size();
   source["files"] = planned.input.catalog.files.size();
   manifest["source"] = source;

@@ -37,13 +37,16 @@ struct LoadedInput {
   // `merged` false) when the input is several parts and no rules were given.
   Catalog catalog;
   bool merged = false;
+  // The partition rules in effect: the caller's, or the format's own (Megatron's) when the
+  // caller gave none. Empty when neither exists.
+  PartitionRules rules;
 };
 
-// Reads `path` with the format that recognizes it. `rules` (may be empty) merge
-// model-parallel parts; when `require_model` is set, parts without rules are an error that
-// says rules are needed.
-absl::StatusOr<LoadedInput> LoadInput(const std::string& path, const PartitionRules& rules,
-                                      bool require_model);
+// Reads `path` with the format that recognizes it. `rules` (may be empty; the format's
+// default rules are used then) merge model-parallel parts; when `require_model` is set, parts
+// without rules are an error that says rules are needed.
+absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules rules,
+                                      bool require_model, const ReadOptions& options = {});
 
 // Partition rules from inline JSON when given, else from a file when given, else none.
 absl::StatusOr<PartitionRules> LoadRules(const std::string& rules_json,
@@ -67,6 +70,8 @@ struct ConversionSpec {
   // as aliases (default), or written out in full under every name.
   bool duplicate_tied = false;
   std::string output_format = "safetensors";
+  // What to read from a training checkpoint (DeepSpeed tag, optimizer moments).
+  ReadOptions read;
   int threads = 2;
   uint64_t window_bytes = 32ull << 20;
 };

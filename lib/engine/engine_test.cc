@@ -89,7 +89,7 @@ std::string WriteCanonical(const std::string& path, std::vector<TestTensor> tens
 std::map<std::string, std::pair<Shape, std::string>> ReadTensors(const std::string& path) {
   std::map<std::string, std::pair<Shape, std::string>> result;
   SafetensorsInput reader;
-  auto model = reader.Read(path);
+  auto model = reader.Read(path, {});
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return result;
   EXPECT_EQ(model->parts.size(), 1u);
@@ -255,7 +255,7 @@ TEST_F(EngineTest, DTypeConversionVerifiesAgainstOriginal) {
   auto result = RunConversion(spec);
   ASSERT_TRUE(result.ok()) << result.status();
   SafetensorsInput reader;
-  auto model = reader.Read(root_ + "/bf16/model.safetensors");
+  auto model = reader.Read(root_ + "/bf16/model.safetensors", {});
   ASSERT_TRUE(model.ok());
   const Catalog& catalog = model->parts[0];
   EXPECT_EQ(catalog.tensors[catalog.Find("layers.0.norm.weight")].dtype, DType::kBF16);
@@ -277,7 +277,7 @@ TEST_F(EngineTest, VerifyReportsFlippedElement) {
   const std::string copy = root_ + "/flipped.safetensors";
   std::string bytes = original_;
   SafetensorsInput reader;
-  auto model = reader.Read(input_);
+  auto model = reader.Read(input_, {});
   ASSERT_TRUE(model.ok());
   const Catalog& catalog = model->parts[0];
   const CatalogTensor& q = catalog.tensors[catalog.Find("layers.0.attn.q_proj.weight")];

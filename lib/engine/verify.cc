@@ -70,8 +70,10 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
                                                const VerifyOptions& options) {
   ASSIGN_OR_RETURN(PartitionRules rules_a, LoadRules("", options.rules_a));
   ASSIGN_OR_RETURN(PartitionRules rules_b, LoadRules("", options.rules_b));
-  ASSIGN_OR_RETURN(LoadedInput input_a, LoadInput(a, rules_a, /*require_model=*/true));
-  ASSIGN_OR_RETURN(LoadedInput input_b, LoadInput(b, rules_b, /*require_model=*/true));
+  ASSIGN_OR_RETURN(LoadedInput input_a,
+                   LoadInput(a, std::move(rules_a), /*require_model=*/true, options.read));
+  ASSIGN_OR_RETURN(LoadedInput input_b,
+                   LoadInput(b, std::move(rules_b), /*require_model=*/true, options.read));
   const Catalog& ca = input_a.catalog;
   const Catalog& cb = input_b.catalog;
   ASSIGN_OR_RETURN(std::vector<MappedFile> sources_a, MapSources(ca.files));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "lib/formats/format.h"
 
 namespace reshard {
 
@@ -40,6 +41,8 @@ struct VerifyResult {
 struct VerifyOptions {
   std::string rules_a;  // partition rules to merge A if it is model-parallel parts
   std::string rules_b;
+  // What to read from training checkpoints (applies to both sides).
+  ReadOptions read;
   const std::atomic<bool>* cancelled = nullptr;
 };
 

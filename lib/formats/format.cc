@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -51,9 +53,15 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
   }
   Registry& registry = GetRegistry();
   absl::MutexLock lock(&registry.mu);
+  std::vector<const InputFormat*> by_priority;
+  for (const auto& format : registry.inputs) by_priority.push_back(format.get());
+  std::stable_sort(by_priority.begin(), by_priority.end(),
+                   [](const InputFormat* a, const InputFormat* b) {
+                     return a->probe_priority() > b->probe_priority();
+                   });
   std::vector<std::string> ids;
-  for (const auto& format : registry.inputs) {
-    if (format->Probe(path)) return format.get();
+  for (const InputFormat* format : by_priority) {
+    if (format->Probe(path)) return format;
     ids.emplace_back(format->id());
   }
   return absl::InvalidArgumentError(absl::StrCat(

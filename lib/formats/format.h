@@ -30,6 +30,23 @@ struct InputModel {
   // One Catalog for a whole model; N for N model-parallel parts, in rank order.
   std::vector<Catalog> parts;
   std::vector<std::string> part_names;  // a file or folder name per part, for messages
+  // What the reader identified, in a sentence for `inspect` and the manifest:
+  // "DeepSpeed ZeRO-3, 4 data-parallel ranks, tag global_step10". Empty: nothing beyond
+  // format and layout.
+  std::string description;
+  // Partition rules (JSON) for merging or splitting the parts when the user gives none: the
+  // rule set the training framework itself uses (Megatron's). Empty: the user must give rules.
+  std::string default_rules;
+};
+
+// Choices a user can make about what is read.
+struct ReadOptions {
+  // The checkpoint to read inside a training output folder with several (DeepSpeed's
+  // `global_step1200`); empty: the one the folder's `latest` file names.
+  std::string tag;
+  // Also read the optimizer's Adam moments (exp_avg, exp_avg_sq) as tensors of their own,
+  // "<param>.exp_avg" and "<param>.exp_avg_sq", where the format keeps them per parameter.
+  bool include_optimizer = false;
 };
 
 class InputFormat {
@@ -38,8 +55,13 @@ class InputFormat {
   virtual absl::string_view id() const = 0;
   // Cheap check (names, magic bytes) whether `path` is in this format.
   virtual bool Probe(const std::string& path) const = 0;
+  // Formats that recognize a folder by a specific arrangement of files (a DeepSpeed or DCP
+  // checkpoint, which also hold .pt files) are asked before generic ones (a folder of .pt
+  // files): higher first, registration order among equals.
+  virtual int probe_priority() const { return 0; }
   // Reads metadata and builds the Catalog(s). Errors name the file and what is wrong.
-  virtual absl::StatusOr<InputModel> Read(const std::string& path) const = 0;
+  virtual absl::StatusOr<InputModel> Read(const std::string& path,
+                                          const ReadOptions& options) const = 0;
 };
 
 class OutputFormat {

@@ -115,7 +115,8 @@ void RestoreTiedAliases(Catalog& catalog) {
   }
 }
 
-absl::StatusOr<InputModel> SafetensorsInput::Read(const std::string& path) const {
+absl::StatusOr<InputModel> SafetensorsInput::Read(const std::string& path,
+                                            const ReadOptions& /*options*/) const {
   ASSIGN_OR_RETURN(InputModel model, ReadWithoutAliases(path));
   for (Catalog& part : model.parts) {
     RestoreTiedAliases(part);

@@ -33,7 +33,8 @@ class SafetensorsInput : public InputFormat {
   bool Probe(const std::string& path) const override;
   // Also restores tied aliases recorded in `__metadata__` ("lm_head.weight":
   // "model.embed_tokens.weight") as names of the stored data.
-  absl::StatusOr<InputModel> Read(const std::string& path) const override;
+  absl::StatusOr<InputModel> Read(const std::string& path,
+                                  const ReadOptions& options) const override;
 
  private:
   absl::StatusOr<InputModel> ReadWithoutAliases(const std::string& path) const;

@@ -193,7 +193,7 @@ TEST(SafetensorsInputTest, SingleFile) {
   SafetensorsInput reader;
   EXPECT_TRUE(reader.Probe(path));
   EXPECT_TRUE(reader.Probe(dir));
-  auto model = reader.Read(path);
+  auto model = reader.Read(path, {});
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(model->format, "safetensors");
   EXPECT_EQ(model->layout, "single-file");
@@ -224,7 +224,7 @@ TEST(SafetensorsInputTest, IndexedFolder) {
                    {"b", "model-00002-of-00002.safetensors"},
                    {"c", "model-00002-of-00002.safetensors"}});
   SafetensorsInput reader;
-  auto model = reader.Read(dir);
+  auto model = reader.Read(dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(model->layout, "sharded");
   ASSERT_EQ(model->parts.size(), 1u);
@@ -235,7 +235,7 @@ TEST(SafetensorsInputTest, IndexedFolder) {
 
 void ExpectIndexError(const std::string& dir, const std::vector<std::string>& substrings) {
   SafetensorsInput reader;
-  auto model = reader.Read(dir);
+  auto model = reader.Read(dir, {});
   ASSERT_FALSE(model.ok());
   EXPECT_NE(model.status().message().find(kSafetensorsIndexName), absl::string_view::npos)
       << model.status();
@@ -286,7 +286,7 @@ TEST(SafetensorsInputTest, IdenticalNamesAreModelParallelPartsInNaturalOrder) {
   WriteSafetensors(dir + "/p10.safetensors", {{"w", DType::kF32, {2, 3}}, {"b", DType::kF32, {3}}});
   WriteSafetensors(dir + "/p2.safetensors", {{"b", DType::kF32, {3}}, {"w", DType::kF32, {2, 5}}});
   SafetensorsInput reader;
-  auto model = reader.Read(dir);
+  auto model = reader.Read(dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(model->layout, "model-parallel-parts");
   ASSERT_EQ(model->parts.size(), 2u);
@@ -304,7 +304,7 @@ TEST(SafetensorsInputTest, DisjointNamesAreShards) {
   WriteSafetensors(dir + "/b.safetensors", {{"y", DType::kF32, {2}}, {"z", DType::kU8, {2}}});
   std::ofstream(dir + "/notes.txt") << "ignored";
   SafetensorsInput reader;
-  auto model = reader.Read(dir);
+  auto model = reader.Read(dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(model->layout, "sharded");
   ASSERT_EQ(model->parts.size(), 1u);
@@ -317,7 +317,7 @@ TEST(SafetensorsInputTest, PartiallyOverlappingNamesAreRejected) {
   WriteSafetensors(dir + "/a.safetensors", {{"x", DType::kF32, {2}}, {"y", DType::kF32, {2}}});
   WriteSafetensors(dir + "/b.safetensors", {{"y", DType::kF32, {2}}, {"z", DType::kF32, {2}}});
   SafetensorsInput reader;
-  auto model = reader.Read(dir);
+  auto model = reader.Read(dir, {});
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(model.status().message().find("\"y\""), absl::string_view::npos) << model.status();
@@ -327,10 +327,10 @@ TEST(SafetensorsInputTest, EmptyFolderAndCorruptFile) {
   SafetensorsInput reader;
   const std::string empty = MakeTempDir("empty");
   EXPECT_FALSE(reader.Probe(empty));
-  EXPECT_FALSE(reader.Read(empty).ok());
+  EXPECT_FALSE(reader.Read(empty, {}).ok());
   const std::string dir = MakeTempDir("corrupt");
   std::ofstream(dir + "/bad.safetensors") << "not a safetensors file at all";
-  auto model = reader.Read(dir + "/bad.safetensors");
+  auto model = reader.Read(dir + "/bad.safetensors", {});
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(model.status().message().find("bad.safetensors"), absl::string_view::npos);

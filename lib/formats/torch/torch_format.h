@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 #include "lib/formats/format.h"
+#include "lib/formats/torch/torch_file.h"
 
 namespace reshard {
 
@@ -29,11 +30,16 @@ class TorchInput : public InputFormat {
   static constexpr char kId[] = "torch";
   absl::string_view id() const override { return kId; }
   bool Probe(const std::string& path) const override;
-  absl::StatusOr<InputModel> Read(const std::string& path) const override;
+  absl::StatusOr<InputModel> Read(const std::string& path,
+                                  const ReadOptions& options) const override;
 };
 
 // The Catalog of one torch.save file whose bytes are `data` (the whole file), found at `path`.
 absl::StatusOr<Catalog> ReadTorchFile(absl::string_view data, const std::string& path);
+
+// The Catalog of an archive already parsed: every tensor under its dotted key path, as source
+// file 0 (the archive's path and size).
+absl::StatusOr<Catalog> CatalogFromArchive(const TorchArchive& archive);
 
 }  // namespace reshard
 
