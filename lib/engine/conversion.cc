@@ -40,6 +40,9 @@ absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules ru
   loaded.path = path;
   ASSIGN_OR_RETURN(const InputFormat* format, DetectInputFormat(path));
   ASSIGN_OR_RETURN(loaded.model, format->Read(path, options));
+  if (loaded.model.description.empty()) {
+    loaded.model.description = DescribeInputModel(loaded.model);
+  }
   for (const Catalog& part : loaded.model.parts) {
     RETURN_IF_ERROR(ValidateCatalog(part));
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -66,6 +67,23 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "input ", path, " is in no format reshard reads (known: ", absl::StrJoin(ids, ", "), ")"));
+}
+
+std::string DescribeInputModel(const InputModel& model) {
+  const std::string format = model.format == "torch" ? "torch.save" : model.format;
+  if (model.layout == "model-parallel-parts") {
+    // metaseq names its parts "<name>-model_part-<rank>.pt".
+    const bool metaseq =
+        !model.part_names.empty() && absl::StrContains(model.part_names[0], "model_part-");
+    return absl::StrCat(format, ", ", model.parts.size(), metaseq ? " metaseq" : "",
+                        " model-parallel parts (every file holds a slice of every tensor)");
+  }
+  size_t files = 0;
+  for (const Catalog& part : model.parts) files += part.files.size();
+  if (model.layout == "sharded") {
+    return absl::StrCat(format, ", one model in ", files, " shards");
+  }
+  return absl::StrCat(format, ", one file");
 }
 
 absl::StatusOr<const OutputFormat*> FindOutputFormat(absl::string_view id) {

@@ -88,6 +88,10 @@ absl::StatusOr<const OutputFormat*> FindOutputFormat(absl::string_view id);
 
 std::vector<std::string> InputFormatIds();
 
+// A description of `model` from its format, layout and part names, for formats that set none:
+// "safetensors, 3 shards of one model", "torch.save, 2 metaseq model-parallel parts".
+std::string DescribeInputModel(const InputModel& model);
+
 template <typename T>
 struct InputFormatRegistration {
   InputFormatRegistration() { RegisterInputFormat(std::make_unique<T>()); }
