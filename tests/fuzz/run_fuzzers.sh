@@ -53,4 +53,10 @@ build pickle_fuzzer "$root/tests/fuzz/pickle_fuzzer.cc" \
   "$root/lib/formats/torch/pickle.cc" "$root/lib/core/status.cc" \
   -labsl_hash -labsl_city -labsl_low_level_hash -labsl_raw_hash_set
 run pickle_fuzzer "$work/seeds-pickle"
+build torch_archive_fuzzer "$root/tests/fuzz/torch_archive_fuzzer.cc" \
+  "$root/lib/formats/torch/torch_file.cc" "$root/lib/formats/torch/zip_archive.cc" \
+  "$root/lib/formats/torch/pickle.cc" "$root/lib/io/mapped_file.cc" \
+  "$root/lib/core/status.cc" "$root/lib/core/dtype.cc" "$root/lib/core/shape.cc" \
+  -labsl_hash -labsl_city -labsl_low_level_hash -labsl_raw_hash_set
+run torch_archive_fuzzer "$work/seeds-zip"
 echo "fuzz: all targets passed" >&2
