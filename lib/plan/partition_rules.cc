@@ -110,13 +110,18 @@ std::string PartitionRulePreset(absl::string_view name) {
        "replicate": true}]})json";
   }
   if (name == "megatron") {
+    // Megatron-LM names (language_model.encoder.layers.N.*, older language_model.transformer.*
+    // and attention.*) and DeepSpeed pipeline names (N.self_attention.*, N.weight for the final
+    // norm); both ParallelAttention spellings are row-parallel in their dense projection.
     return R"json({"rules": [
       {"pattern": "word_embeddings\\.weight", "split_dim": 0},
       {"pattern": "query_key_value\\.(weight|bias)", "split_dim": 0},
       {"pattern": "dense_h_to_4h\\.(weight|bias)", "split_dim": 0},
-      {"pattern": "(self_attention\\.dense|dense_4h_to_h)\\.weight", "split_dim": 1},
-      {"pattern": "(self_attention\\.dense|dense_4h_to_h)\\.bias|layernorm|position_embeddings",
-       "replicate": true}]})json";
+      {"pattern": "(attention\\.dense|dense_4h_to_h)\\.weight", "split_dim": 1},
+      {"pattern": "(attention\\.dense|dense_4h_to_h)\\.bias|layernorm|position_embeddings",
+       "replicate": true},
+      {"pattern": "(^|\\.)(output_layer|lm_head)\\.weight$", "split_dim": 0},
+      {"pattern": "_norm\\.(weight|bias)$|^\\d+\\.(weight|bias)$", "replicate": true}]})json";
   }
   return "";
 }

@@ -35,7 +35,8 @@ struct PartitionRule {
 
 // Built-in rule sets: "metaseq" (OPT / metaseq model-parallel parts, as reshard_mp.py splits
 // them) and "megatron" (Megatron-LM GPT tensor parallelism, checkpoint version >= 2, GeLU
-// MLP). Empty for other names.
+// MLP; Megatron-LM names and Megatron-DeepSpeed pipeline names such as `3.mlp.dense_4h_to_h`
+// and `8.weight`; no catch-all). Empty for other names.
 std::string PartitionRulePreset(absl::string_view name);
 
 class PartitionRules {

@@ -4,6 +4,8 @@
 
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -140,6 +142,61 @@ TEST(PartitionRulesTest, EmptyRuleList) {
   ASSERT_TRUE(rules.ok());
   EXPECT_TRUE(rules->empty());
   EXPECT_FALSE(rules->Match("x").ok());
+}
+
+// The megatron preset on both Megatron-LM and DeepSpeed pipeline names: (name, split dim or
+// -1 for replicated). No catch-all: anything else fails.
+TEST(PartitionRulesTest, MegatronPresetCoversBothNamingSchemes) {
+  auto rules = PartitionRules::FromJson(PartitionRulePreset("megatron"), "megatron");
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  const std::vector<std::pair<std::string, int>> cases = {
+      // Megatron-LM (the names the preset always covered).
+      {"language_model.embedding.word_embeddings.weight", 0},
+      {"language_model.embedding.position_embeddings.weight", -1},
+      {"language_model.encoder.layers.0.input_layernorm.weight", -1},
+      {"language_model.encoder.layers.0.input_layernorm.bias", -1},
+      {"language_model.encoder.layers.0.self_attention.query_key_value.weight", 0},
+      {"language_model.encoder.layers.0.self_attention.query_key_value.bias", 0},
+      {"language_model.encoder.layers.0.self_attention.dense.weight", 1},
+      {"language_model.encoder.layers.0.self_attention.dense.bias", -1},
+      {"language_model.encoder.layers.0.post_attention_layernorm.weight", -1},
+      {"language_model.encoder.layers.0.mlp.dense_h_to_4h.weight", 0},
+      {"language_model.encoder.layers.0.mlp.dense_h_to_4h.bias", 0},
+      {"language_model.encoder.layers.0.mlp.dense_4h_to_h.weight", 1},
+      {"language_model.encoder.layers.0.mlp.dense_4h_to_h.bias", -1},
+      {"language_model.encoder.final_layernorm.weight", -1},
+      // Added: untied output layer, older `attention.` / `transformer.` names, *_norm names.
+      {"language_model.output_layer.weight", 0},
+      {"language_model.transformer.layers.1.attention.dense.weight", 1},
+      {"language_model.transformer.layers.1.attention.dense.bias", -1},
+      {"language_model.encoder.final_norm.weight", -1},
+      {"language_model.encoder.layers.0.input_norm.bias", -1},
+      // DeepSpeed pipeline names (layer-spec index first).
+      {"1.word_embeddings.weight", 0},
+      {"1.position_embeddings.weight", -1},
+      {"3.self_attention.query_key_value.weight", 0},
+      {"3.self_attention.dense.weight", 1},
+      {"3.mlp.dense_4h_to_h.weight", 1},
+      {"3.mlp.dense_4h_to_h.bias", -1},
+      {"8.weight", -1},
+      {"8.bias", -1},
+      {"9.lm_head.weight", 0},
+  };
+  for (const auto& [name, dim] : cases) {
+    auto match = rules->Match(name);
+    ASSERT_TRUE(match.ok()) << name << ": " << match.status();
+    if (dim < 0) {
+      EXPECT_TRUE((*match)->replicate) << name;
+    } else {
+      EXPECT_FALSE((*match)->replicate) << name;
+      EXPECT_EQ((*match)->split_dim, dim) << name;
+      EXPECT_EQ((*match)->fused, 1) << name;
+    }
+  }
+  for (const char* name : {"language_model.encoder.layers.0.adapter.weight", "3.router.weight",
+                           "word_embeddings_for_head.weight", "x.12.weight"}) {
+    EXPECT_FALSE(rules->Match(name).ok()) << name;
+  }
 }
 
 }  // namespace
