@@ -1,0 +1,156 @@
+// DeepSpeed ZeRO-1/2/3 checkpoints (`ZeroInput`, id "deepspeed-zero"): the consolidated model
+// that DeepSpeed's zero_to_fp32.py would produce, located in place in the checkpoint's files.
+//
+// Layout read (docs: shared reference "training-checkpoints.md" §1, §7.3):
+//   <dir>/latest                 the tag ("global_step1200"), when a parent folder is given
+//   <dir>/<tag>/[bf16_]zero_pp_rank_{R}_mp_rank_00_optim_states.pt   one per data-parallel rank
+//   <dir>/<tag>/mp_rank_00_model_states.pt                  ZeRO-1/2
+//   <dir>/<tag>/zero_pp_rank_{R}_mp_rank_00_model_states.pt ZeRO-3, one per rank
+// Only pickles are read (TorchArchive); storages are never loaded. Ranks come from the file
+// names, never from their order. The stage and world size W come from rank 0's
+// `optimizer_state_dict` (`zero_stage`, `partition_count`, a list -> its max); there must be
+// exactly W optimizer files for ranks 0..W-1 (and, for ZeRO-3, W model-states files).
+//
+// Tensors produced, in zero_to_fp32's order:
+//   1. buffers: rank 0's `module` entries named in `buffer_names`, in module order. They keep
+//      their dtype (zero_to_fp32 casts them to fp32; reshard leaves that to `--dtype`, which
+//      converts floating tensors).
+//   2. frozen params (`frozen_param_shapes`, stage >= 2), in their saved 16-bit dtype. ZeRO-2:
+//      `frozen_param_fragments[name]` is the whole tensor. ZeRO-3: rank r's fragment holds
+//      elements [r*P, (r+1)*P) with P = ceil(n/W); the first n of the concatenation. When a
+//      ZeRO-1/2 checkpoint records no frozen params (ZeRO-1 never does), the tensors of
+//      `module` that are neither trainable params, buffers nor tied aliases are taken from
+//      `module` (their 16-bit copies); zero_to_fp32 drops them.
+//   3. trainable params from `param_shapes`, float32, out of the fp32 master partitions:
+//      ZeRO-1/2 `single_partition_of_fp32_groups[g]` (one flat buffer per param group, T_g
+//      elements padded to A_g = ceil(T_g / 2W) * 2W, rank r owns [r*P_g, (r+1)*P_g) with
+//      P_g = A_g / W; saved partitions may be unpadded or padded); ZeRO-3 `fp32_flat_groups[s]`
+//      (each param padded to W*P_p with P_p = ceil(n/W); every rank holds its P_p slice of every
+//      param back to back, across sub-groups). A param becomes one piece per (rank, sub-group)
+//      run, pointing into the optimizer files.
+//   4. tied aliases (`shared_params` alias -> owner): the owner's dtype, shape and pieces, so
+//      writers store them once.
+//   With ReadOptions::include_optimizer, "<param>.exp_avg" and "<param>.exp_avg_sq" follow:
+//   ZeRO-1/2 `base_optimizer_state.state[g]` (same partitioning, padding kept), ZeRO-3 the
+//   nested `optimizer_state_dict.state[s]`.
+//
+// BF16_Optimizer files (bf16 ZeRO-1 as Megatron-DeepSpeed runs it) have no `zero_stage`; like
+// ds_to_universal they are read as stage 1 (padded partitions). Checks, each naming the file:
+// rank files complete and consistent, flat tensors 1-D contiguous float32 and as long as the
+// layout needs (ZeRO-1/2: unpadded or padded partition lengths, and `group_paddings` where
+// recorded), zero_to_fp32's sanity checks (ZeRO-1/2: aligned param total == aligned flat total
+// per group; ZeRO-3: W*sum(P_p) == W*sum(sub-group sizes)). Not supported
+// (Unimplemented): model parallelism (mp_rank_01...), pipeline layer files (left to the
+// Megatron reader, which probes first), MoE expert files, per-group partition counts that
+// differ (MiCS, expert groups), AutoEP partition groups.
+
+#ifndef RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FORMAT_H_
+#define RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FORMAT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "lib/formats/format.h"
+
+namespace reshard {
+
+class ZeroInput : public InputFormat {
+ public:
+  static constexpr char kId[] = "deepspeed-zero";
+  absl::string_view id() const override { return kId; }
+  // A folder holding ZeRO optimizer files (a `global_stepN` folder), or a parent folder with
+  // a subfolder holding them (the `latest` file or --tag picks one at Read). Folders with
+  // pipeline layer files (`layer_01-model_00-model_states.pt`) are not claimed.
+  bool Probe(const std::string& path) const override;
+  int probe_priority() const override { return 10; }
+  absl::StatusOr<InputModel> Read(const std::string& path,
+                                  const ReadOptions& options) const override;
+};
+
+// --- File names -----------------------------------------------------------------------------
+
+struct ZeroFileName {
+  enum class Kind {
+    kOptimizer,     // [bf16_|fp16_]zero_pp_rank_{dp}_mp_rank_{mp}_optim_states.pt
+    kRankModel,     // zero_pp_rank_{dp}_mp_rank_{mp}_model_states.pt (ZeRO-3)
+    kModel,         // mp_rank_{mp}_model_states.pt (ZeRO-0/1/2)
+    kPipelineLayer  // layer_{L}-model_{TP}-model_states.pt
+  };
+  Kind kind = Kind::kOptimizer;
+  std::string prefix;  // "", "bf16_" or "fp16_" (optimizer files)
+  int dp = 0;          // data-parallel rank (0 for kModel, the layer index for kPipelineLayer)
+  int mp = 0;          // model-parallel rank
+};
+
+// What a file name of a DeepSpeed checkpoint folder says, or nullopt for other names. Rank
+// numbers are decimal, at most 9 digits.
+std::optional<ZeroFileName> ParseZeroFileName(absl::string_view name);
+
+// --- The flat-buffer arithmetic ---------------------------------------------------------------
+
+// Largest world size and parameter count accepted (numbers from a file are checked against them).
+inline constexpr int64_t kZeroMaxWorld = 1 << 16;
+inline constexpr int64_t kZeroMaxParams = 10'000'000;
+
+// A contiguous run of a parameter's flattened elements inside one rank's flat group: elements
+// [begin, begin + count) of the parameter are elements [offset, offset + count) of flat group
+// `group` (a ZeRO-1/2 param group or a ZeRO-3 sub-group) of rank `rank`.
+struct ZeroRun {
+  int rank = 0;
+  int group = 0;
+  int64_t offset = 0;
+  int64_t begin = 0;
+  int64_t count = 0;
+
+  friend bool operator==(const ZeroRun& a, const ZeroRun& b) {
+    return a.rank == b.rank && a.group == b.group && a.offset == b.offset && a.begin == b.begin &&
+           a.count == b.count;
+  }
+};
+
+// ZeRO-1/2: one param group's flat buffer across `world` ranks.
+struct Zero12GroupLayout {
+  int world = 1;
+  int64_t total = 0;      // T_g: elements of the group's params
+  int64_t aligned = 0;    // A_g = ceil(T_g / 2W) * 2W
+  int64_t partition = 0;  // P_g = A_g / W
+  // Per param (in param_shapes order), its runs in element order. Empty params have none.
+  std::vector<std::vector<ZeroRun>> params;
+
+  // Elements of real data rank `rank` holds: clamp(T_g - rank * P_g, 0, P_g). A saved partition
+  // has this length (unpadded) or P_g (padded).
+  int64_t UnpaddedLength(int rank) const;
+};
+
+// The layout of param group `group` whose params have `numels` elements, in flat order.
+// InvalidArgument for a world size outside [1, kZeroMaxWorld], negative numels or totals
+// beyond 2^62.
+absl::StatusOr<Zero12GroupLayout> LayoutZero12Group(int world, int group,
+                                                    absl::Span<const int64_t> numels);
+
+// zero_to_fp32's alignment of a flat length: ceil(n / 2W) * 2W.
+int64_t Zero12Align(int64_t n, int world);
+
+// ZeRO-3: all trainable params, partitioned one by one, across sub-groups.
+struct Zero3Layout {
+  int world = 1;
+  std::vector<int64_t> partitions;  // P_p = ceil(n / W) per param
+  int64_t per_rank = 0;             // sum of P_p: what every rank holds across its sub-groups
+  std::vector<std::vector<ZeroRun>> params;
+};
+
+// The layout of params with `numels` elements (the merged param_shapes order) when every rank's
+// flat groups have `sub_group_sizes` elements. A param's slice is split where it crosses a
+// sub-group boundary. FailedPrecondition when sum(P_p) != sum(sub_group_sizes) (zero_to_fp32's
+// check), naming both numbers; InvalidArgument as for LayoutZero12Group.
+absl::StatusOr<Zero3Layout> LayoutZero3(int world, absl::Span<const int64_t> numels,
+                                        absl::Span<const int64_t> sub_group_sizes);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FORMAT_H_
