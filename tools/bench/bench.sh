@@ -4,7 +4,8 @@
 #
 #   tools/bench/bench.sh [--size 4GiB] [--sizes 1GiB,4GiB] [--repeat N] [--workdir DIR] [--keep]
 #                        [--verify] [--steps cp,fp32,bf16,torch] [--no-drop-caches]
-#                        [--input-format safetensors|torch] [--reshardctl PATH]
+#                        [--input-format safetensors|torch|zero3] [--zero-ranks N]
+#                        [--reshardctl PATH]
 #                        [-- EXTRA_ARGS...]
 #
 # EXTRA_ARGS (after --) are appended to both consolidate commands, e.g. -- --threads 2.
@@ -29,9 +30,13 @@ Options:
   --steps LIST       which of cp,fp32,bf16,torch to run in the main table (default
                      cp,fp32,bf16; with --input-format torch: cp,fp32,bf16,torch).
                      torch = consolidate --format torch (writes pytorch_model.bin)
-  --input-format F   safetensors (default: HF sharded folder from make_checkpoint.py) or
+  --input-format F   safetensors (default: HF sharded folder from make_checkpoint.py),
                      torch (one torch.save file from make_torch_checkpoint.py; needs
-                     python3-torch and about the checkpoint size in RAM to generate)
+                     python3-torch and about the checkpoint size in RAM to generate) or
+                     zero3 (a DeepSpeed ZeRO-3 save folder from make_zero_checkpoint.py:
+                     SIZE bytes of fp32 parameters partitioned over --zero-ranks ranks, no
+                     Adam moments, so `cp -r` copies the same bytes reshard reads)
+  --zero-ranks N     data-parallel ranks of the zero3 checkpoint (default 8)
   --no-drop-caches   do not drop the page cache; warm the input instead
   --reshardctl PATH  use this binary instead of building //client:reshardctl with -c opt
 EOF
@@ -48,6 +53,7 @@ KEEP=0
 VERIFY=0
 STEPS=""
 INPUT_FORMAT=safetensors
+ZERO_RANKS=8
 BIN_ARG=""
 DROP=1
 EXTRA=()
@@ -68,6 +74,8 @@ while (($#)); do
     --steps=*) STEPS="${1#*=}"; shift ;;
     --input-format) INPUT_FORMAT="${2:?--input-format needs a value}"; shift 2 ;;
     --input-format=*) INPUT_FORMAT="${1#*=}"; shift ;;
+    --zero-ranks) ZERO_RANKS="${2:?--zero-ranks needs a value}"; shift 2 ;;
+    --zero-ranks=*) ZERO_RANKS="${1#*=}"; shift ;;
     --reshardctl) BIN_ARG="${2:?--reshardctl needs a value}"; shift 2 ;;
     --reshardctl=*) BIN_ARG="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -78,8 +86,8 @@ done
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || die "--repeat must be a positive integer"
 case "$INPUT_FORMAT" in
   safetensors) STEPS="${STEPS:-cp,fp32,bf16}" ;;
-  torch) STEPS="${STEPS:-cp,fp32,bf16,torch}" ;;
-  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors or torch)" ;;
+  torch|zero3) STEPS="${STEPS:-cp,fp32,bf16,torch}" ;;
+  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch or zero3)" ;;
 esac
 for s in ${STEPS//,/ }; do
   case "$s" in cp|fp32|bf16|torch) ;; *) die "--steps: unknown step '$s' (use cp,fp32,bf16,torch)" ;; esac
@@ -89,7 +97,8 @@ has_step() { [[ ",$STEPS," == *",$1,"* ]]; }
 [ -x "$TIME" ] || die "$TIME not found (GNU time; run tools/setup.sh or apt-get install time)"
 [ -x "$PY" ] || die "$PY not found (run tools/setup.sh)"
 "$PY" -c 'import numpy' 2>/dev/null || die "numpy missing for $PY (apt-get install python3-numpy)"
-if [ "$INPUT_FORMAT" = torch ]; then
+[[ "$ZERO_RANKS" =~ ^[1-9][0-9]*$ ]] || die "--zero-ranks must be a positive integer"
+if [ "$INPUT_FORMAT" != safetensors ]; then
   "$PY" -c 'import torch' 2>/dev/null || die "torch missing for $PY (apt-get install python3-torch)"
 fi
 
@@ -204,7 +213,7 @@ prepare_cache() {
 }
 warm_input() {  # a folder (safetensors) or one file (torch)
   if [ "$CACHE_MODE" = warm ]; then
-    if [ -d "$1" ]; then cat "$1"/* >/dev/null; else cat "$1" >/dev/null; fi
+    if [ -d "$1" ]; then find "$1" -type f -exec cat {} + >/dev/null; else cat "$1" >/dev/null; fi
   fi
   return 0
 }
@@ -227,6 +236,9 @@ make_checkpoint() {  # SIZE_ARG PATH
   if [ "$INPUT_FORMAT" = torch ]; then
     summary="$("$PY" "$HERE/make_torch_checkpoint.py" --quiet --size "$size" "$dir")" ||
       die "make_torch_checkpoint.py failed"
+  elif [ "$INPUT_FORMAT" = zero3 ]; then
+    summary="$("$PY" "$HERE/make_zero_checkpoint.py" --quiet --size "$size" --ranks "$ZERO_RANKS" "$dir")" ||
+      die "make_zero_checkpoint.py failed"
   else
     summary="$("$PY" "$HERE/make_checkpoint.py" --quiet --size "$size" "$dir")" ||
       die "make_checkpoint.py failed"
@@ -241,11 +253,22 @@ assert any(n.endswith("/data.pkl") for n in names), "no data.pkl"
 assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist()), "compressed record"
 print("%d records" % len(names))' "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "generated torch checkpoint is not a valid torch zip"; }
+  elif [ "$INPUT_FORMAT" = zero3 ]; then
+    "$BIN" inspect "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
+      { cat "$WORK/logs/check-input-$size.log" >&2; die "reshardctl inspect refused the generated ZeRO checkpoint"; }
   else
     "$PY" "$HERE/check_checkpoint.py" "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "generated checkpoint failed the format check"; }
   fi
-  echo "checkpoint: $size -> $(echo "$summary" | "$PY" -c 'import json,sys; print("%(total_size)d data bytes, %(files)d files, %(tensors)d tensors, hidden %(hidden_size)d, intermediate %(intermediate_size)d, layers %(num_hidden_layers)d, vocab %(vocab_size)d" % json.load(sys.stdin))'); generated in $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s"
+  echo "checkpoint: $size -> $(echo "$summary" | "$PY" -c 'import json, sys
+d = json.load(sys.stdin)
+line = "%(total_size)d data bytes, %(files)d files, %(tensors)d tensors" % d
+if "stage" in d:
+    line += ", DeepSpeed ZeRO-%(stage)d over %(ranks)d ranks, %(bytes_on_disk)d bytes on disk" % d
+else:
+    line += (", hidden %(hidden_size)d, intermediate %(intermediate_size)d, layers "
+             "%(num_hidden_layers)d, vocab %(vocab_size)d" % d)
+print(line)'); generated in $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s"
 }
 
 # ---------------------------------------------------------------- one measurement
