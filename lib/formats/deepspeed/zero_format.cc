@@ -1061,14 +1061,7 @@ class ZeroReader {
       return Corrupt(archive,
                      absl::StrCat(what, " is ", DescribePickleValue(value), ", not a tensor"));
     }
-    CatalogTensor tensor{name, location->dtype, location->shape, {}};
-    SourcePiece piece;
-    piece.file = FileIndex(archive);
-    piece.byte_offset = location->byte_offset;
-    piece.box = Box::Full(location->shape);
-    piece.strides = std::move(location->strides);
-    tensor.pieces.push_back(std::move(piece));
-    return tensor;
+    return CatalogTensorAt(name, *std::move(location), FileIndex(archive));
   }
 
   // Rank 0's buffers, in module order.

@@ -24,6 +24,7 @@
 #include "lib/formats/folder_model.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
+#include "lib/formats/torch/torch_format.h"
 #include "lib/plan/partition_rules.h"
 #include "nlohmann/json.hpp"
 
@@ -39,9 +40,6 @@ constexpr char kLatestName[] = "latest";
 constexpr char kHeadCopyName[] = "word_embeddings_for_head.weight";
 // Ranks and layer indices above this are not real checkpoints; the bound keeps loops small.
 constexpr int kMaxIndex = 1 << 20;
-constexpr int kMaxNameDepth = 64;
-// The first bytes of a pre-1.6 torch.save file (DeepSpeed's checkpoint_serialization: false).
-constexpr char kLegacyTorchMagic[] = "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
 
 // Args that define the model or its split; they must agree across the files of a checkpoint.
 // (Per-process args such as `rank` legitimately differ and are not compared.)
@@ -304,112 +302,14 @@ std::optional<double> PickleNumber(const PickleValue* value) {
   return std::nullopt;
 }
 
-// Whether `value` holds a tensor anywhere below it (budgeted like the walk).
-bool ContainsTensor(const PickleValue* value, int depth, uint64_t& budget) {
-  if (value == nullptr || depth > kMaxNameDepth || budget == 0) return false;
-  --budget;
-  if (TorchArchive::IsTensor(value)) return true;
-  for (const PickleValue* item : value->items) {
-    if (ContainsTensor(item, depth + 1, budget)) return true;
-  }
-  for (const auto& [key, item] : value->entries) {
-    if (ContainsTensor(item, depth + 1, budget)) return true;
-  }
-  return value->state != nullptr && ContainsTensor(value->state, depth + 1, budget);
-}
-
-// Adds every tensor of a state dict (nested dicts, as Megatron's state_dict_for_save_checkpoint
-// makes them) to a Catalog of one source file (file 0), named by its dotted key path below the
-// name given to Walk. Plain values inside are noted in `notes`.
-class StateDictWalker {
- public:
-  StateDictWalker(const TorchArchive& archive, Catalog& catalog, std::vector<std::string>& notes)
-      : archive_(archive),
-        catalog_(catalog),
-        notes_(notes),
-        budget_(4 * archive.pickle_values() + 4096) {}
-
-  absl::Status Walk(const PickleValue* value, const std::string& name, int depth) {
-    if (depth > kMaxNameDepth) return Error(name, "containers nest too deeply");
-    if (budget_ == 0) {
-      return Error(name, "containers are shared so often that walking them would not end");
-    }
-    --budget_;
-    ASSIGN_OR_RETURN(std::optional<TensorLocation> location,
-                     archive_.Tensor(value, name.empty() ? "tensor" : name));
-    if (location.has_value()) return AddTensor(*std::move(location), name);
-    if (const auto* entries = PickleEntries(value); entries != nullptr) {
-      for (const auto& [key, item] : *entries) {
-        std::string key_name;
-        if (key->kind == Kind::kString) {
-          key_name = key->text;
-        } else if (key->kind == Kind::kInt) {
-          key_name = absl::StrCat(key->integer);
-        } else {
-          return Error(name, absl::StrCat("a state dict key is ", DescribePickleValue(key),
-                                          ", not a string"));
-        }
-        RETURN_IF_ERROR(
-            Walk(item, name.empty() ? key_name : absl::StrCat(name, ".", key_name), depth + 1));
-      }
-      return absl::OkStatus();
-    }
-    if (ContainsTensor(value, 0, budget_)) {
-      return Error(
-          name, absl::StrCat("tensors inside ", DescribePickleValue(value), " cannot be located"));
-    }
-    notes_.push_back(absl::StrCat(name.empty() ? "(root)" : name, ": ", DescribePickleValue(value),
-                                  " (not carried to any output)"));
-    return absl::OkStatus();
-  }
-
- private:
-  absl::Status Error(absl::string_view name, absl::string_view message) const {
-    return absl::DataLossError(absl::StrCat(archive_.path(), ": \"", name, "\": ", message));
-  }
-
-  absl::Status AddTensor(TensorLocation location, const std::string& name) {
-    if (name.empty()) return Error(name, "a bare tensor where a state dict was expected");
-    if (!names_.insert(name).second) return Error(name, "two tensors get this name");
-    CatalogTensor tensor{name, location.dtype, location.shape, {}};
-    SourcePiece piece;
-    piece.file = 0;
-    piece.byte_offset = location.byte_offset;
-    piece.box = Box::Full(location.shape);
-    piece.strides = std::move(location.strides);
-    tensor.pieces.push_back(std::move(piece));
-    catalog_.tensors.push_back(std::move(tensor));
-    return absl::OkStatus();
-  }
-
-  const TorchArchive& archive_;
-  Catalog& catalog_;
-  std::vector<std::string>& notes_;
-  uint64_t budget_;
-  absl::flat_hash_set<std::string> names_;
-};
-
-// Opens a torch.save file for its metadata; the legacy (non-zip) format is refused with the
-// reason, as the torch reader does.
-absl::StatusOr<std::unique_ptr<TorchArchive>> OpenArchive(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char head[14] = {};
-  in.read(head, sizeof(head));
-  if (in.gcount() == 14 && std::string(head, 14) == std::string(kLegacyTorchMagic, 14)) {
-    return absl::UnimplementedError(absl::StrCat(
-        path,
-        ": the legacy torch.save format (torch < 1.6, or DeepSpeed's checkpoint_serialization: "
-        "false), whose storages cannot be read in place; load and save it again with a current "
-        "torch"));
-  }
-  return TorchArchive::Open(path);
-}
-
-// A Catalog of one source file, `archive`, with no tensors yet.
-Catalog EmptyCatalog(const TorchArchive& archive) {
-  Catalog catalog;
+// The tensors of a state dict inside `archive` (nested dicts, as Megatron's
+// state_dict_for_save_checkpoint makes them) as a Catalog of one source file, named by their
+// dotted key path below `prefix`; plain values are listed in other_entries.
+absl::StatusOr<Catalog> StateDictCatalog(const TorchArchive& archive, const PickleValue* value,
+                                         const std::string& prefix) {
+  ASSIGN_OR_RETURN(Catalog catalog, CatalogFromValue(archive, value, prefix));
   catalog.format = MegatronInput::kId;
-  catalog.files.push_back(SourceFile{archive.path(), archive.size()});
+  catalog.structure = nullptr;  // parts are merged by name; the nesting is not kept
   return catalog;
 }
 
@@ -577,7 +477,7 @@ struct RankFile {
 absl::StatusOr<RankFile> ReadRankFile(const std::string& dir, const std::string& label) {
   const std::string relative = absl::StrCat(label, "/", kRankFileName);
   const std::string path = JoinPath(dir, relative);
-  ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, OpenArchive(path));
+  ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
   const PickleValue* root = archive->root();
   if (PickleEntries(root) == nullptr) {
     return absl::DataLossError(
@@ -599,10 +499,9 @@ absl::StatusOr<RankFile> ReadRankFile(const std::string& dir, const std::string&
         path, ": no `model` entry (nor model0, model1, ... for virtual pipeline stages)"));
   }
   for (const std::string& key : model_keys) {
-    Catalog catalog = EmptyCatalog(*archive);
-    StateDictWalker walker(*archive, catalog, file.notes);
-    RETURN_IF_ERROR(walker.Walk(PickleField(root, key), "", 0));
-    catalog.Reindex();
+    ASSIGN_OR_RETURN(Catalog catalog, StateDictCatalog(*archive, PickleField(root, key), ""));
+    for (std::string& note : catalog.other_entries) file.notes.push_back(std::move(note));
+    catalog.other_entries.clear();
     file.chunks.push_back(std::move(catalog));
   }
   NoteTopLevel(root, model_keys, file.notes);
@@ -849,7 +748,7 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
   std::vector<std::string> notes;
   for (const auto& [rank, name] : state_files) {
     const std::string path = JoinPath(dir, name);
-    ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, OpenArchive(path));
+    ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
     facts.push_back(ReadFacts(archive->root(), name));
     if (facts.size() == 1) {
       NoteTopLevel(archive->root(), {}, notes);
@@ -919,15 +818,13 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
   for (int t = 0; t < tp; ++t) {
     for (int layer : layer_ids) {
       const std::string path = JoinPath(dir, layer_files[layer][t]);
-      ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, OpenArchive(path));
-      Catalog catalog = EmptyCatalog(*archive);
-      std::vector<std::string> inner_notes;
-      StateDictWalker walker(*archive, catalog, inner_notes);
-      RETURN_IF_ERROR(walker.Walk(archive->root(), absl::StrCat(layer), 0));
-      catalog.Reindex();
+      ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
+      ASSIGN_OR_RETURN(Catalog catalog,
+                       StateDictCatalog(*archive, archive->root(), absl::StrCat(layer)));
       if (t == 0) {
-        for (std::string& note : inner_notes) notes.push_back(std::move(note));
+        for (std::string& note : catalog.other_entries) notes.push_back(std::move(note));
       }
+      catalog.other_entries.clear();
       layers[t].push_back(std::move(catalog));
     }
   }

@@ -90,6 +90,14 @@ std::optional<DType> TorchDType(absl::string_view name) {
 
 absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_view bytes,
                                                                   const std::string& path) {
+  if (bytes.substr(0, kLegacyTorchMagicSize) ==
+      absl::string_view(kLegacyTorchMagic, kLegacyTorchMagicSize)) {
+    return absl::UnimplementedError(absl::StrCat(
+        path,
+        ": the legacy torch.save format (torch < 1.6, _use_new_zipfile_serialization=False, or "
+        "DeepSpeed's checkpoint_serialization: false), whose storages cannot be read in place; "
+        "load and save it again with a current torch"));
+  }
   ASSIGN_OR_RETURN(ZipArchive archive, ZipArchive::Parse(bytes, path));
   const ZipEntry* pickle = archive.Find("data.pkl");
   if (pickle == nullptr) {
@@ -251,6 +259,17 @@ absl::StatusOr<std::optional<TensorLocation>> TorchArchive::Tensor(const PickleV
   location.byte_offset = storage.data_offset + static_cast<uint64_t>(offset) * element;
   location.storage_key = storage.key;
   return location;
+}
+
+CatalogTensor CatalogTensorAt(std::string name, TensorLocation location, int file) {
+  CatalogTensor tensor{std::move(name), location.dtype, location.shape, {}};
+  SourcePiece piece;
+  piece.file = file;
+  piece.byte_offset = location.byte_offset;
+  piece.box = Box::Full(location.shape);
+  piece.strides = std::move(location.strides);
+  tensor.pieces.push_back(std::move(piece));
+  return tensor;
 }
 
 const std::vector<std::pair<PickleValue*, PickleValue*>>* PickleEntries(const PickleValue* value) {

@@ -40,7 +40,8 @@ class TorchArchive {
  public:
   // Parses the torch.save archive in `bytes` (a whole file, or a slice of one such as a DCP
   // chunk; offsets are relative to `bytes`), runs its data.pkl with the safe pickle VM and
-  // indexes its storages. `path` names it in errors. The bytes are not kept.
+  // indexes its storages. `path` names it in errors. The bytes are not kept. The legacy
+  // (pre-1.6, non-zip) format is refused as Unimplemented with the reason.
   static absl::StatusOr<std::unique_ptr<TorchArchive>> Parse(absl::string_view bytes,
                                                              const std::string& path);
   // Maps the file at `path`, parses it, and gives the mapped pages back.
@@ -77,6 +78,14 @@ class TorchArchive {
   const PickleValue* root_ = nullptr;
   absl::flat_hash_map<std::string, Storage> storages_;
 };
+
+// The Catalog tensor `name` held whole by `location` in source file `file` (one piece).
+CatalogTensor CatalogTensorAt(std::string name, TensorLocation location, int file);
+
+// The first bytes of a pre-1.6 torch.save file (PROTO 2, then LONG1 of the magic number).
+inline constexpr char kLegacyTorchMagic[] =
+    "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
+inline constexpr size_t kLegacyTorchMagicSize = 14;
 
 // dtype of a typed storage class name ("FloatStorage") or a torch dtype global ("bfloat16").
 std::optional<DType> TorchDType(absl::string_view name);

@@ -24,17 +24,14 @@ using Kind = PickleValue::Kind;
 constexpr int kMaxNameDepth = 64;
 const std::vector<std::string> kTorchSuffixes = {".pt", ".pth", ".bin", ".ckpt"};
 
-// The first bytes of a pre-1.6 torch.save file: PROTO 2, then LONG1 of the magic number.
-constexpr char kLegacyMagic[] = "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
-
 class TorchFileReader {
  public:
   explicit TorchFileReader(const TorchArchive& archive) : archive_(archive) {}
 
-  absl::StatusOr<Catalog> Read() {
+  absl::StatusOr<Catalog> Read(const PickleValue* value, const std::string& prefix) {
     catalog_.format = TorchInput::kId;
     catalog_.files.push_back(SourceFile{archive_.path(), archive_.size()});
-    ASSIGN_OR_RETURN(StructureNode structure, Walk(archive_.root(), "", 0));
+    ASSIGN_OR_RETURN(StructureNode structure, Walk(value, prefix, 0));
     catalog_.structure = std::make_shared<const StructureNode>(std::move(structure));
     catalog_.Reindex();
     return std::move(catalog_);
@@ -50,14 +47,7 @@ class TorchFileReader {
     if (catalog_.Find(name) >= 0 || !names_.insert(name).second) {
       return Error(name, "two tensors get this name");
     }
-    CatalogTensor tensor{name, location.dtype, location.shape, {}};
-    SourcePiece piece;
-    piece.file = 0;
-    piece.byte_offset = location.byte_offset;
-    piece.box = Box::Full(location.shape);
-    piece.strides = std::move(location.strides);
-    tensor.pieces.push_back(std::move(piece));
-    catalog_.tensors.push_back(std::move(tensor));
+    catalog_.tensors.push_back(CatalogTensorAt(name, std::move(location), /*file=*/0));
     return absl::OkStatus();
   }
 
@@ -216,26 +206,28 @@ bool LooksLikeTorchFile(const std::string& path) {
   char head[14] = {};
   in.read(head, sizeof(head));
   if (in.gcount() >= 4 && std::string(head, 4) == std::string("PK\x03\x04", 4)) return true;
-  return in.gcount() == 14 && std::string(head, 14) == std::string(kLegacyMagic, 14);
+  return in.gcount() == 14 &&
+         std::string(head, 14) == std::string(kLegacyTorchMagic, kLegacyTorchMagicSize);
 }
 
 }  // namespace
 
 absl::StatusOr<Catalog> ReadTorchFile(absl::string_view data, const std::string& path) {
-  if (data.size() >= 14 && data.substr(0, 14) == absl::string_view(kLegacyMagic, 14)) {
-    return absl::UnimplementedError(absl::StrCat(
-        path,
-        ": the legacy torch.save format (torch < 1.6, or _use_new_zipfile_serialization="
-        "False), whose storages cannot be read in place; load and save it again with a current "
-        "torch"));
-  }
   ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Parse(data, path));
   return CatalogFromArchive(*archive);
 }
 
 absl::StatusOr<Catalog> CatalogFromArchive(const TorchArchive& archive) {
+  return CatalogFromValue(archive, archive.root(), "");
+}
+
+absl::StatusOr<Catalog> CatalogFromValue(const TorchArchive& archive, const PickleValue* value,
+                                         const std::string& prefix) {
+  if (value == nullptr) {
+    return absl::DataLossError(absl::StrCat(archive.path(), ": no \"", prefix, "\" entry"));
+  }
   TorchFileReader reader(archive);
-  return reader.Read();
+  return reader.Read(value, prefix);
 }
 
 bool TorchInput::Probe(const std::string& path) const {

@@ -41,6 +41,11 @@ absl::StatusOr<Catalog> ReadTorchFile(absl::string_view data, const std::string&
 // file 0 (the archive's path and size).
 absl::StatusOr<Catalog> CatalogFromArchive(const TorchArchive& archive);
 
+// The same for the part of the archive's pickle tree below `value` (a state dict inside a
+// checkpoint), its tensors named by their dotted key path below `prefix` (may be empty).
+absl::StatusOr<Catalog> CatalogFromValue(const TorchArchive& archive, const PickleValue* value,
+                                         const std::string& prefix);
+
 }  // namespace reshard
 
 #endif  // RESHARD_LIB_FORMATS_TORCH_TORCH_FORMAT_H_
