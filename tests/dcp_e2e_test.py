@@ -16,7 +16,6 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 
 sys.dont_write_bytecode = True
@@ -28,25 +27,10 @@ import st_reference as R  # noqa: E402
 
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import dcp_fixture as F  # noqa: E402
+from st_torch import TAG_OF, tensor_from_st  # noqa: E402
 
 RESHARDCTL = None
-TIMEOUT = 60
-
-TORCH_OF = {
-    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}
-TAG_OF = {v: k for k, v in TORCH_OF.items()}
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def tensor_from_st(t):
-    raw = t.raw()
-    dtype = TORCH_OF[t.dtype]
-    if len(raw) == 0:
-        return torch.empty(tuple(t.shape), dtype=dtype)
-    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(tuple(t.shape))
 
 
 def training_state(seed, world):
@@ -95,38 +79,11 @@ def training_state(seed, world):
     return state, shards
 
 
-class Base(harness.TempDirTestCase):
+class Base(harness.CliTestCase):
     TMP_PREFIX = "reshard-dcp"
 
-    def ctl(self, *args):
-        cmd = [RESHARDCTL] + [str(a) for a in args]
-        try:
-            res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.fail("timed out after %ss (hang): %s" % (TIMEOUT, " ".join(cmd)))
-        res.stdout_text = res.stdout.decode("utf-8", "replace")
-        res.stderr_text = res.stderr.decode("utf-8", "replace")
-        res.cmd = cmd
-        return res
-
-    def describe(self, res):
-        return "\ncommand: %s\nexit: %s\nstdout: %s\nstderr: %s" % (
-            " ".join(res.cmd), res.returncode, res.stdout_text[-3000:], res.stderr_text[-3000:])
-
-    def assertExit(self, res, code):
-        self.assertGreaterEqual(res.returncode, 0, "killed by a signal (crash)" + self.describe(res))
-        self.assertEqual(res.returncode, code, "unexpected exit code" + self.describe(res))
-
-    def ok(self, *args):
-        res = self.ctl(*args)
-        self.assertExit(res, 0)
-        return res
-
     def inspect(self, path):
-        doc = json.loads(self.ok("inspect", path, "--json").stdout_text)
-        self.assertTrue(doc["ok"])
-        return doc
+        return self.inspect_json(path)
 
     def write(self, world, modules="new", seed=1, name="ckpt", **kw):
         state, shards = training_state(seed, world)

@@ -2,11 +2,16 @@
 and a main() that takes the binaries under test as flags (`--reshardctl PATH`) before handing
 the remaining arguments (test names) to unittest."""
 
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
+
+# The binaries under test, name -> absolute path, filled by main().
+BINARIES = {}
 
 
 class TempDirTestCase(unittest.TestCase):
@@ -26,6 +31,51 @@ class TempDirTestCase(unittest.TestCase):
 
     def p(self, *parts):
         return os.path.join(self.tmp, *parts)
+
+
+class CliTestCase(TempDirTestCase):
+    """Runs reshardctl (given to main() as --reshardctl) in a subprocess and checks how it
+    exits. Every result carries cmd, stdout_text, stderr_text and text (both)."""
+
+    TIMEOUT = 60
+
+    def ctl(self, *args, timeout=None, cwd=None, max_memory=None):
+        timeout = timeout or self.TIMEOUT
+        cmd = [BINARIES["reshardctl"]] + [str(a) for a in args]
+
+        def limit():
+            if max_memory:
+                import resource
+                resource.setrlimit(resource.RLIMIT_AS, (max_memory, max_memory))
+        try:
+            res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 timeout=timeout, cwd=cwd, preexec_fn=limit)
+        except subprocess.TimeoutExpired:
+            self.fail("timed out after %ss (hang): %s" % (timeout, " ".join(cmd)))
+        res.stdout_text = res.stdout.decode("utf-8", "replace")
+        res.stderr_text = res.stderr.decode("utf-8", "replace")
+        res.text = res.stdout_text + res.stderr_text
+        res.cmd = cmd
+        return res
+
+    def describe(self, res):
+        return "\ncommand: %s\nexit: %s\nstdout: %s\nstderr: %s" % (
+            " ".join(res.cmd), res.returncode, res.stdout_text[-3000:], res.stderr_text[-3000:])
+
+    def assertExit(self, res, code):
+        self.assertGreaterEqual(res.returncode, 0, "killed by a signal (crash)" + self.describe(res))
+        self.assertEqual(res.returncode, code, "unexpected exit code" + self.describe(res))
+
+    def ok(self, *args, **kw):
+        res = self.ctl(*args, **kw)
+        self.assertExit(res, 0)
+        return res
+
+    def inspect_json(self, path, *args):
+        """`reshardctl inspect PATH --json` (must succeed) as a dict."""
+        doc = json.loads(self.ok("inspect", path, "--json", *args).stdout_text)
+        self.assertTrue(doc["ok"])
+        return doc
 
 
 def main(module_globals, *binaries):
@@ -55,5 +105,6 @@ def main(module_globals, *binaries):
                              % (sys.argv[0], " ".join("--%s PATH" % b for b in binaries), name))
             return 2
         module_globals[name.upper()] = path
+        BINARIES[name] = path
     program = unittest.main(argv=argv, exit=False, verbosity=2)
     return 0 if program.result.wasSuccessful() else 1

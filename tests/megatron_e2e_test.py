@@ -15,61 +15,28 @@ compared element by element (torch.equal):
   * refusals (exit 3, message names what is wrong, OUT not created).
 """
 
-import collections
 import json
 import os
 import shutil
-import subprocess
 import sys
-import unittest
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "fixtures"))
 import harness  # noqa: E402
-import st_reference  # noqa: E402
 
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import megatron_fixture as mf  # noqa: E402
+from st_torch import read_file as st_tensors  # noqa: E402
 
 RESHARDCTL = None
-TIMEOUT = 120
 L = mf.ENCODER + "layers."
 
 
-def st_tensors(path):
-    """A safetensors file as name -> torch tensor (via the independent reference reader)."""
-    out = collections.OrderedDict()
-    for name, t in st_reference.read_file(path).items():
-        if t.dtype == "BF16":
-            out[name] = torch.from_numpy(t.array.view("<i2").copy()).view(torch.bfloat16)
-        else:
-            out[name] = torch.from_numpy(t.array.copy())
-    return out
-
-
-class Base(harness.TempDirTestCase):
+class Base(harness.CliTestCase):
     TMP_PREFIX = "reshard-megatron"
-
-    def ctl(self, *args):
-        cmd = [RESHARDCTL] + [str(a) for a in args]
-        try:
-            res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.fail("timed out after %ss (hang): %s" % (TIMEOUT, " ".join(cmd)))
-        res.text = (res.stdout + res.stderr).decode("utf-8", "replace")
-        res.cmd = cmd
-        return res
-
-    def describe(self, res):
-        return "\ncommand: %s\nexit: %s\noutput: %s" % (" ".join(res.cmd), res.returncode,
-                                                       res.text[-4000:])
-
-    def assertExit(self, res, code):
-        self.assertGreaterEqual(res.returncode, 0, "killed by a signal (crash)" + self.describe(res))
-        self.assertEqual(res.returncode, code, "unexpected exit code" + self.describe(res))
+    TIMEOUT = 120
 
     def ok(self, *args):
         progress = [] if args[0] == "inspect" else ["--no-progress"]

@@ -12,35 +12,18 @@ import io
 import json
 import os
 import struct
-import subprocess
 import sys
-import unittest
 import zipfile
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import st_reference as R  # noqa: E402
+from st_torch import TAG_OF, tensor_from_st  # noqa: E402
 
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 
 RESHARDCTL = None
-TIMEOUT = 60
-
-TORCH_OF = {
-    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}
-TAG_OF = {v: k for k, v in TORCH_OF.items()}
-
-
-def tensor_from_st(t):
-    raw = t.raw()
-    dtype = TORCH_OF[t.dtype]
-    if len(raw) == 0:
-        return torch.empty(tuple(t.shape), dtype=dtype)
-    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(tuple(t.shape))
 
 
 def gpt2_like(seed, layers=2, hidden=16, vocab=40, positions=12):
@@ -91,44 +74,11 @@ def write_zip(path, entries, compression=zipfile.ZIP_STORED):
             z.writestr(zipfile.ZipInfo(name), data, compress_type=compression)
 
 
-class Base(harness.TempDirTestCase):
+class Base(harness.CliTestCase):
     TMP_PREFIX = "reshard-torch"
 
-    def ctl(self, *args, timeout=TIMEOUT, cwd=None, max_memory=None):
-        cmd = [RESHARDCTL] + [str(a) for a in args]
-
-        def limit():
-            if max_memory:
-                import resource
-                resource.setrlimit(resource.RLIMIT_AS, (max_memory, max_memory))
-        try:
-            res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 timeout=timeout, cwd=cwd, preexec_fn=limit)
-        except subprocess.TimeoutExpired:
-            self.fail("timed out after %ss (hang): %s" % (timeout, " ".join(cmd)))
-        res.stdout_text = res.stdout.decode("utf-8", "replace")
-        res.stderr_text = res.stderr.decode("utf-8", "replace")
-        res.cmd = cmd
-        return res
-
-    def describe(self, res):
-        return "\ncommand: %s\nexit: %s\nstdout: %s\nstderr: %s" % (
-            " ".join(res.cmd), res.returncode, res.stdout_text[-3000:], res.stderr_text[-3000:])
-
-    def assertExit(self, res, code):
-        self.assertGreaterEqual(res.returncode, 0, "killed by a signal (crash)" + self.describe(res))
-        self.assertEqual(res.returncode, code, "unexpected exit code" + self.describe(res))
-
-    def ok(self, *args, **kw):
-        res = self.ctl(*args, **kw)
-        self.assertExit(res, 0)
-        return res
-
     def inspect(self, path):
-        res = self.ok("inspect", path, "--json")
-        doc = json.loads(res.stdout_text)
-        self.assertTrue(doc["ok"])
-        return doc
+        return self.inspect_json(path)
 
     def save(self, obj, name, **kw):
         path = self.p(name)

@@ -17,9 +17,7 @@ import collections
 import json
 import os
 import struct
-import subprocess
 import sys
-import unittest
 import zipfile
 
 sys.dont_write_bytecode = True
@@ -29,13 +27,6 @@ import harness  # noqa: E402
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 
 RESHARDCTL = None
-TIMEOUT = 60
-
-ST_DTYPE = {
-    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -116,27 +107,8 @@ def bits(t):
     return t
 
 
-class Base(harness.TempDirTestCase):
+class Base(harness.CliTestCase):
     TMP_PREFIX = "reshard-torchw"
-
-    def ctl(self, *args):
-        cmd = [RESHARDCTL] + [str(a) for a in args]
-        try:
-            res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.fail("timed out after %ss (hang): %s" % (TIMEOUT, " ".join(cmd)))
-        res.text = (res.stdout + res.stderr).decode("utf-8", "replace")
-        res.cmd = cmd
-        return res
-
-    def describe(self, res):
-        return "\ncommand: %s\nexit: %s\noutput: %s" % (" ".join(res.cmd), res.returncode,
-                                                       res.text[-4000:])
-
-    def assertExit(self, res, code):
-        self.assertGreaterEqual(res.returncode, 0, "killed by a signal (crash)" + self.describe(res))
-        self.assertEqual(res.returncode, code, "unexpected exit code" + self.describe(res))
 
     def ok(self, *args):
         res = self.ctl(*args, "--no-progress")

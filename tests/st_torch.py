@@ -1,0 +1,36 @@
+"""safetensors read by the independent reader (st_reference.py), as torch tensors: what the
+PyTorch interop suites compare reshard's outputs with. Needs torch (Debian python3-torch)."""
+
+import collections
+
+import torch
+
+import st_reference
+
+TORCH_OF = {
+    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+TAG_OF = {v: k for k, v in TORCH_OF.items()}
+
+
+def tensor_from_st(t):
+    """One st_reference tensor as a torch tensor of the same dtype, shape and bytes."""
+    raw = t.raw()
+    dtype = TORCH_OF[t.dtype]
+    if len(raw) == 0:
+        return torch.empty(tuple(t.shape), dtype=dtype)
+    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(tuple(t.shape))
+
+
+def read_file(path):
+    """A safetensors file as an OrderedDict name -> torch tensor, in file order."""
+    return collections.OrderedDict(
+        (name, tensor_from_st(t)) for name, t in st_reference.read_file(path).items())
+
+
+def read_folder(folder):
+    """A consolidated folder (one file, or shards with an index) as name -> torch tensor."""
+    return collections.OrderedDict(
+        (name, tensor_from_st(t)) for name, t in st_reference.read_folder(folder).items())
