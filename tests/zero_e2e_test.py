@@ -137,6 +137,18 @@ class Base(harness.TempDirTestCase):
         return zf.write_zero_checkpoint(self.p(name), model, stage, world,
                                         half_dtype=HALF[half], **kw)
 
+    def write0(self, half="fp32", models=None, seed=0, name="ckpt", **kw):
+        """DeepSpeed without ZeRO (stage 0)."""
+        models = models or zf.small_model(seed=seed)
+        return zf.write_stage0_checkpoint(self.p(name), models, half_dtype=HALF[half], **kw)
+
+    def remove_optimizer_files(self, ck):
+        removed = [f for f in ck.files if f.endswith("_optim_states.pt")]
+        self.assertTrue(removed)
+        for f in removed:
+            os.remove(ck.path(f))
+        return removed
+
     def consolidate(self, src, fmt="safetensors", *extra, out_name=None):
         """Runs consolidate and reads the output back: name -> torch tensor (aliases resolved)."""
         out = self.p(out_name or "out-%s-%d" % (fmt, len(os.listdir(self.tmp))))
@@ -232,6 +244,26 @@ class ZeroFixtureTests(Base):
         views = [model["module"][n] for n in zf.small_model().groups[0]]
         self.assertTrue(all(v.storage().data_ptr() == views[0].storage().data_ptr()
                             for v in views), "16-bit params are not views of one flat buffer")
+
+
+    def test_stage0_fixture_layout(self):
+        # DeepSpeed without ZeRO: one model-states file, ZeRO keys None, `module` the state dict.
+        ck = self.write0("fp16", name="s0")
+        self.assertEqual(sorted(os.listdir(ck.dir)), ["mp_rank_00_model_states.pt"])
+        states = torch.load(ck.path(ck.model_file()))
+        for key in ("param_shapes", "frozen_param_shapes", "frozen_param_fragments",
+                    "shared_params"):
+            self.assertIsNone(states[key], key)
+        self.assertEqual(states["ds_config"]["zero_optimization"], {"stage": 0})
+        self.assertEqual(list(states["module"]), list(ck.expected))
+        self.assertTensorsEqual(ck.expected, states["module"])
+        # FP16_Optimizer: the trainable params of a group are views of one flat fp16 buffer.
+        views = [states["module"][n] for n in zf.small_model().groups[0]]
+        self.assertTrue(all(v.storage().data_ptr() == views[0].storage().data_ptr()
+                            for v in views), "fp16 params are not views of one flat buffer")
+        self.assertEqual(len(states["optimizer"]["fp32_groups_flat"]), 3)
+        self.assertEqual(states["module"]["lm_head.weight"].data_ptr(),
+                         states["module"]["embed.weight"].data_ptr())
 
 
 def _matrix_test(stage, world):
@@ -361,7 +393,147 @@ class ZeroOptionsTests(Base):
         self.assertTrue(json.loads(res.stdout.decode())["equal"], res.text)
 
 
+def tp_model_parts(parts, seed=3):
+    """A small model and its `parts` tensor-parallel shards (Megatron-like: embeddings and qkv
+    split on rows, the attention output on columns, norms and buffers replicated), with the
+    rules that merge them. Returns (full tensors in module order, [ZeroModel per rank], rules)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(tuple(shape), generator=g)
+
+    full = collections.OrderedDict([
+        ("embed.weight", randn(38, 10)),
+        ("layers.0.ln.weight", 1 + 0.1 * randn(10)),
+        ("layers.0.qkv.weight", randn(30, 10)),
+        ("layers.0.qkv.bias", randn(30)),
+        ("layers.0.dense.weight", randn(10, 30)),
+        ("layers.0.rotary.inv_freq", 1.0 / (10000 ** (torch.arange(0, 10, 2) / 10))),
+    ])
+    split = {"embed.weight": 0, "layers.0.qkv.weight": 0, "layers.0.qkv.bias": 0,
+             "layers.0.dense.weight": 1}
+    models = []
+    for r in range(parts):
+        params, buffers = collections.OrderedDict(), collections.OrderedDict()
+        for name, t in full.items():
+            piece = t.chunk(parts, split[name])[r].clone() if name in split else t.clone()
+            (buffers if name.endswith("inv_freq") else params)[name] = piece
+        models.append(zf.ZeroModel([params], buffers=buffers, module_order=list(full)))
+    rules = {"rules": [
+        {"pattern": r"(embed|qkv)\.(weight|bias)$", "split_dim": 0},
+        {"pattern": r"dense\.weight$", "split_dim": 1},
+        {"pattern": r".*", "replicate": True},
+    ]}
+    return full, models, rules
+
+
+class ZeroStage0Tests(Base):
+    """DeepSpeed without ZeRO: the weights are `module` of mp_rank_XX_model_states.pt."""
+
+    def test_stage0_consolidates_the_module_exactly(self):
+        for half in ("fp32", "fp16"):
+            ck = self.write0(half, seed=4, name="s0-" + half)
+            self.assertEqual(ck.files, ["mp_rank_00_model_states.pt"])
+            want_dtype = torch.float16 if half == "fp16" else torch.float32
+            self.assertEqual(ck.expected["embed.weight"].dtype, want_dtype)
+            got = self.consolidate(ck.save_dir, "safetensors")
+            self.assertTensorsEqual(ck.expected, got, "safetensors " + half)
+            got = self.consolidate(ck.dir, "torch")
+            self.assertTensorsEqual(ck.expected, got, "torch " + half)
+            self.assertEqual(got["lm_head.weight"].data_ptr(), got["embed.weight"].data_ptr(),
+                             "tied weight not stored once")
+            # Nothing of the file beyond `module`: no module.* names, no optimizer tensors.
+            self.assertFalse([n for n in got if n.startswith(("module.", "optimizer."))], got)
+
+    def test_stage0_inspect(self):
+        ck = self.write0("fp16", zero_config=False)
+        for src in (ck.save_dir, ck.dir):
+            doc = self.inspect(src)
+            self.assertEqual(doc["format"], "deepspeed-zero")
+            self.assertEqual(doc["layout"], "single-file")
+            self.assertEqual(
+                doc["description"],
+                "DeepSpeed (no ZeRO), weights from mp_rank_00_model_states.pt module, tag "
+                "global_step10, %d tensors" % len(ck.expected))
+            self.assertEqual([t["name"] for t in doc["tensors"]], list(ck.expected))
+            for t in doc["tensors"]:
+                self.assertEqual(t["shape"], list(ck.expected[t["name"]].shape), t)
+            self.assertEqual(len(doc["files"]), 1)
+        # --dtype converts like torch.
+        expected = collections.OrderedDict(
+            (k, v.to(torch.bfloat16) if v.is_floating_point() else v)
+            for k, v in ck.expected.items())
+        self.assertTensorsEqual(expected, self.consolidate(ck.dir, "safetensors", "--dtype",
+                                                           "bf16"))
+
+    def test_stage0_tensor_parallel_ranks_are_parts(self):
+        full, models, rules = tp_model_parts(2)
+        ck = self.write0(models=models)
+        self.assertEqual(ck.files, ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"])
+        rules_path = self.p("rules.json")
+        with open(rules_path, "w") as f:
+            json.dump(rules, f)
+        doc = self.inspect(ck.dir)
+        self.assertEqual(doc["layout"], "model-parallel-parts")
+        self.assertEqual(doc["parts"], 2)
+        self.assertIn("2 model-parallel parts", doc["description"])
+        got = self.consolidate(ck.save_dir, "safetensors", "--rules", rules_path)
+        self.assertTensorsEqual(full, got, "merged")
+        # Without rules: consolidate is refused, naming the parts and --rules (inspect shows
+        # the parts unmerged, above).
+        out = self.p("out-norules")
+        res = self.ctl("consolidate", ck.dir, out, "--no-progress")
+        self.assertExit(res, 3)
+        self.assertIn("2 model-parallel parts", res.text)
+        self.assertIn("--rules", res.text)
+        self.assertFalse(os.path.exists(out))
+
+    def test_stage0_include_optimizer_refused(self):
+        ck = self.write0()
+        self.expect_rejected(ck.dir, "--include-optimizer", "keyed by parameter index",
+                             extra=("--include-optimizer",))
+
+
 class ZeroRefusalTests(Base):
+
+    def test_zero_without_optimizer_files(self):
+        # The optimizer files were not copied: the model states say ZeRO (zero_pp_rank names,
+        # ds_config's stage, param_shapes), so the fp32 weights are missing.
+        cases = [(1, 2, "fp32", {}), (2, 3, "fp16", {}), (3, 2, "fp32", {}), (3, 4, "bf16", {}),
+                 (1, 2, "bf16", {"bf16_optimizer": True})]
+        for i, (stage, world, half, kw) in enumerate(cases):
+            ck = self.write(stage, world, half, name="c%d" % i, **kw)
+            self.remove_optimizer_files(ck)
+            message = ("DeepSpeed ZeRO-%d checkpoint global_step10 has no optimizer files "
+                       "(%szero_pp_rank_*_mp_rank_00_optim_states.pt): the fp32 weights live "
+                       "there; copy them too" % (stage, "bf16_" if half == "bf16" else ""))
+            for src in (ck.save_dir, ck.dir):
+                self.expect_rejected(src, message)
+                self.expect_rejected(src, message, extra=("--include-optimizer",))
+            self.expect_rejected(ck.save_dir, message, extra=("--tag", "global_step10"))
+
+    def test_zero_without_optimizer_files_nor_zero_config(self):
+        # An older save without ds_config: param_shapes alone says ZeRO.
+        ck = self.write(2, 2, name="noconfig")
+        self.remove_optimizer_files(ck)
+        self._rewrite(ck.path(ck.model_file()), lambda m: m.pop("ds_config"))
+        self.expect_rejected(ck.dir, "DeepSpeed ZeRO checkpoint global_step10 has no optimizer "
+                             "files (zero_pp_rank_*_mp_rank_00_optim_states.pt)")
+
+    def test_stage0_missing_model_parallel_rank(self):
+        _, models, _ = tp_model_parts(3)
+        ck = self.write0(models=models)
+        os.rename(ck.path(ck.model_file(2)), self.p("rank2.pt"))
+        self.expect_rejected(ck.dir, "mp_world_size is 3, but the folder holds 2")
+        os.rename(self.p("rank2.pt"), ck.path(ck.model_file(2)))
+        os.remove(ck.path(ck.model_file(1)))
+        self.expect_rejected(ck.dir, "mp_rank_01_model_states.pt is missing")
+
+    def test_pipeline_model_states_without_layer_files(self):
+        # The pipeline engine saves `module` None; its weights are the layer files.
+        ck = self.write0()
+        self._rewrite(ck.path(ck.model_file()), lambda m: m.__setitem__("module", None))
+        self.expect_rejected(ck.dir, "`module` is None", "layer_XX-model_YY-model_states.pt")
 
     def test_missing_optimizer_file_of_rank_2_of_4(self):
         ck = self.write(3, 4)

@@ -39,6 +39,8 @@ constexpr int64_t kMaxRuns = int64_t{64} << 20;
 constexpr int kMaxProbeEntries = 100'000;
 constexpr uint64_t kMaxLatestBytes = 4096;
 constexpr int kMaxListedFolders = 20;
+// Model-parallel ranks (mp_rank_XX files) read as parts, as many as reshard writes.
+constexpr int kMaxModelParallelParts = 4096;
 
 constexpr char kPartialSaveHint[] =
     "A partial save is the usual cause: the checkpoint is still being written, some ranks did not "
@@ -248,7 +250,11 @@ namespace {
 
 struct FolderScan {
   bool optimizer = false;  // holds ZeRO optimizer files
+  bool model = false;      // holds DeepSpeed model-states files (mp_rank_XX, zero_pp_rank_N_...)
   bool pipeline = false;   // holds pipeline layer files
+
+  // A DeepSpeed checkpoint folder this reader reads (pipeline ones are the Megatron reader's).
+  bool Checkpoint() const { return (optimizer || model) && !pipeline; }
 };
 
 FolderScan ScanFolder(const std::string& dir) {
@@ -261,6 +267,10 @@ FolderScan ScanFolder(const std::string& dir) {
     if (!parsed.has_value()) continue;
     if (parsed->kind == ZeroFileName::Kind::kPipelineLayer) scan.pipeline = true;
     if (parsed->kind == ZeroFileName::Kind::kOptimizer) scan.optimizer = true;
+    if (parsed->kind == ZeroFileName::Kind::kModel ||
+        parsed->kind == ZeroFileName::Kind::kRankModel) {
+      scan.model = true;
+    }
   }
   return scan;
 }
@@ -295,9 +305,9 @@ std::string BaseName(const std::string& path) {
 std::string ListCheckpointFolders(const std::string& dir) {
   std::vector<std::string> found;
   for (const std::string& name : SubFolders(dir)) {
-    if (ScanFolder(JoinPath(dir, name)).optimizer) found.push_back(name);
+    if (ScanFolder(JoinPath(dir, name)).Checkpoint()) found.push_back(name);
   }
-  if (found.empty()) return "no folder here holds ZeRO optimizer files";
+  if (found.empty()) return "no folder here holds DeepSpeed checkpoint files";
   std::string listed = absl::StrJoin(
       found.begin(), found.begin() + std::min<size_t>(found.size(), kMaxListedFolders), ", ");
   if (found.size() > kMaxListedFolders) {
@@ -315,8 +325,9 @@ absl::Status CheckTag(const std::string& tag, absl::string_view source) {
   return absl::OkStatus();
 }
 
-// The checkpoint folder to read and its tag: `path` itself when it holds the optimizer files,
-// else `path/<tag>` with the tag from `tag_option` or `path/latest`.
+// The checkpoint folder to read and its tag: `path` itself when it holds DeepSpeed checkpoint
+// files (optimizer or model states), else `path/<tag>` with the tag from `tag_option` or
+// `path/latest`.
 absl::StatusOr<std::pair<std::string, std::string>> ResolveCheckpointFolder(
     const std::string& path, const std::string& tag_option) {
   std::error_code error;
@@ -324,7 +335,8 @@ absl::StatusOr<std::pair<std::string, std::string>> ResolveCheckpointFolder(
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": a DeepSpeed checkpoint is a folder, not a file"));
   }
-  const bool here = ScanFolder(path).optimizer;
+  const FolderScan scan = ScanFolder(path);
+  const bool here = scan.optimizer || scan.model;
   if (!tag_option.empty()) {
     RETURN_IF_ERROR(CheckTag(tag_option, "from --tag"));
     const std::string folder = JoinPath(path, tag_option);
@@ -337,7 +349,7 @@ absl::StatusOr<std::pair<std::string, std::string>> ResolveCheckpointFolder(
   const std::string latest = JoinPath(path, "latest");
   if (!fs::exists(latest, error)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, " holds no ZeRO optimizer files and no `latest` file naming a checkpoint; ",
+        path, " holds no DeepSpeed checkpoint files and no `latest` file naming a checkpoint; ",
         ListCheckpointFolders(path), ". Pass --tag to choose one"));
   }
   const uint64_t size = fs::file_size(latest, error);
@@ -430,6 +442,7 @@ class ZeroReader {
 
   absl::StatusOr<InputModel> Read() {
     RETURN_IF_ERROR(ListFiles());
+    if (!any_optimizer_file_) return ReadWithoutOptimizerFiles();
     ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> optim0, OpenOptimizer(0));
     RETURN_IF_ERROR(ReadStage(*optim0));
     RETURN_IF_ERROR(CheckRankFiles());
@@ -527,12 +540,13 @@ class ZeroReader {
             dir_, " holds pipeline-parallel layer files (", name,
             "); that is a Megatron-DeepSpeed pipeline checkpoint, not a plain ZeRO one"));
       }
-      if (parsed->mp != 0) {
-        other_mp.push_back(name);
-        continue;
-      }
       switch (parsed->kind) {
         case ZeroFileName::Kind::kOptimizer: {
+          any_optimizer_file_ = true;
+          if (parsed->mp != 0) {
+            other_mp.push_back(name);
+            break;
+          }
           auto [it2, inserted] = optimizer_files_.try_emplace(parsed->dp, name);
           if (!inserted) {
             return absl::DataLossError(absl::StrCat(dir_, ": ", it2->second, " and ", name,
@@ -543,26 +557,32 @@ class ZeroReader {
           break;
         }
         case ZeroFileName::Kind::kRankModel:
-          rank_model_files_[parsed->dp] = name;
+          rank_model_names_.push_back(name);
+          rank_model_mps_.insert(parsed->mp);
+          if (parsed->mp != 0) {
+            other_mp.push_back(name);
+          } else {
+            rank_model_files_[parsed->dp] = name;
+          }
           break;
         case ZeroFileName::Kind::kModel:
-          has_model_file_ = true;
+          model_files_[parsed->mp] = name;
+          if (parsed->mp != 0) other_mp.push_back(name);
           break;
         case ZeroFileName::Kind::kPipelineLayer:
           break;
       }
     }
     if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing ", dir_));
+    std::sort(rank_model_names_.begin(), rank_model_names_.end(), NaturalLess);
+    // Without optimizer files, Read decides from the model-states files what the folder is.
+    if (!any_optimizer_file_) return absl::OkStatus();
     if (!other_mp.empty()) {
       std::sort(other_mp.begin(), other_mp.end(), NaturalLess);
       return absl::UnimplementedError(absl::StrCat(
           dir_, " holds files of model-parallel rank > 0 (", other_mp[0],
           "): ZeRO combined with tensor or pipeline parallelism is not supported; reshard reads "
           "data-parallel ZeRO checkpoints (mp_rank_00 files only)"));
-    }
-    if (optimizer_files_.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          dir_, " holds no ZeRO optimizer files (zero_pp_rank_N_mp_rank_00_optim_states.pt)"));
     }
     if (prefixes_.size() > 1) {
       return absl::DataLossError(
@@ -575,6 +595,208 @@ class ZeroReader {
     }
     prefix_ = *prefixes_.begin();
     return absl::OkStatus();
+  }
+
+  // --- Folders without optimizer files --------------------------------------------------------
+
+  // What a model-states file says about ZeRO: `what` names the setup ("ZeRO-2") when the run
+  // partitioned its fp32 weights into optimizer files, empty when it did not (ZeRO disabled).
+  struct ZeroSigns {
+    std::string what;
+    bool bf16 = false;  // bf16 run: the optimizer files are `bf16_zero_pp_rank_*`
+  };
+
+  static ZeroSigns ReadZeroSigns(const TorchArchive& model) {
+    ZeroSigns signs;
+    const PickleValue* config = PickleField(model.root(), "ds_config");
+    for (const char* key : {"bf16", "bfloat16"}) {
+      if (PickleInt(PickleField(PickleField(config, key), "enabled")).value_or(0) != 0) {
+        signs.bf16 = true;
+      }
+    }
+    const PickleValue* zero = PickleField(config, "zero_optimization");
+    std::optional<int64_t> stage = ZeroStage(PickleField(zero, "stage"));
+    if (!stage.has_value()) stage = PickleInt(zero);  // the legacy `"zero_optimization": true`
+    if (stage.value_or(0) >= 1) {
+      signs.what = absl::StrCat("ZeRO-", *stage);
+    } else if (!IsNone(PickleField(model.root(), "param_shapes"))) {
+      // param_shapes is saved when the fp32 weights are partitioned into optimizer files: under
+      // ZeRO, or by BF16_Optimizer (bf16 without ZeRO).
+      signs.what = signs.bf16 ? "BF16_Optimizer" : "ZeRO";
+    }
+    return signs;
+  }
+
+  static std::string TwoDigits(int n) { return absl::StrCat(n < 10 ? "0" : "", n); }
+
+  // The refusal for a ZeRO checkpoint copied without its optimizer files.
+  absl::Status MissingOptimizerFiles(const ZeroSigns& signs, const std::set<int>& mps) const {
+    const std::string mp = mps.size() == 1 ? TwoDigits(*mps.begin()) : std::string("*");
+    return absl::DataLossError(absl::StrCat(
+        dir_, ": DeepSpeed ", signs.what, " checkpoint ", tag_, " has no optimizer files (",
+        signs.bf16 ? "bf16_" : "", "zero_pp_rank_*_mp_rank_", mp,
+        "_optim_states.pt): the fp32 weights live there; copy them too"));
+  }
+
+  // A folder with model-states files only: a ZeRO checkpoint whose optimizer files were not
+  // copied (refused), or DeepSpeed without ZeRO (the weights are `module`).
+  absl::StatusOr<InputModel> ReadWithoutOptimizerFiles() {
+    if (!rank_model_names_.empty()) {
+      // zero_pp_rank_N_mp_rank_XX_model_states.pt: only ZeRO-3 names model states so. A file
+      // that cannot be read only costs the message its bf16_ prefix.
+      ZeroSigns signs;
+      auto model = OpenArchive(rank_model_names_.front());
+      if (model.ok()) signs = ReadZeroSigns(**model);
+      signs.what = "ZeRO-3";
+      return MissingOptimizerFiles(signs, rank_model_mps_);
+    }
+    if (model_files_.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir_,
+          " holds no DeepSpeed checkpoint files (zero_pp_rank_N_mp_rank_00_optim_states.pt, "
+          "mp_rank_00_model_states.pt)"));
+    }
+    std::set<int> mps;
+    for (const auto& [mp, name] : model_files_) mps.insert(mp);
+    // The lowest rank's file first: a ZeRO run is refused whatever else is missing.
+    ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> first,
+                     OpenArchive(model_files_.begin()->second));
+    if (const ZeroSigns signs = ReadZeroSigns(*first); !signs.what.empty()) {
+      return MissingOptimizerFiles(signs, mps);
+    }
+    const int parts = model_files_.rbegin()->first + 1;
+    if (parts > kMaxModelParallelParts) {
+      return absl::UnimplementedError(
+          absl::StrCat(dir_, ": ", model_files_.rbegin()->second, " names model-parallel rank ",
+                       parts - 1, "; at most ", kMaxModelParallelParts, " parts are read"));
+    }
+    for (int mp = 0; mp < parts; ++mp) {
+      if (model_files_.count(mp) == 0) {
+        return absl::DataLossError(absl::StrCat(
+            dir_, ": DeepSpeed without ZeRO, model-parallel ranks ",
+            absl::StrJoin(mps, ", ", [](std::string* out, int r) { out->append(TwoDigits(r)); }),
+            ": mp_rank_", TwoDigits(mp), "_model_states.pt is missing. ", kPartialSaveHint));
+      }
+    }
+    const PickleValue* mp_world = PickleField(first->root(), "mp_world_size");
+    if (std::optional<int64_t> world = PickleInt(mp_world); world.has_value() && *world != parts) {
+      return absl::DataLossError(
+          absl::StrCat(first->path(), ": mp_world_size is ", *world, ", but the folder holds ",
+                       parts, " mp_rank_XX_model_states.pt file", parts == 1 ? "" : "s", " (",
+                       *world > parts ? "files are missing" : "files of two runs mixed?", ")"));
+    }
+    if (options_.include_optimizer) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          first->path(),
+          ": --include-optimizer: DeepSpeed without ZeRO keeps the optimizer state in "
+          "`optimizer`, keyed by parameter index rather than name, so reshard cannot name the "
+          "Adam moments; leave out --include-optimizer"));
+    }
+    InputModel model;
+    model.format = ZeroInput::kId;
+    size_t tensors = 0;
+    for (int mp = 0; mp < parts; ++mp) {
+      std::unique_ptr<TorchArchive> archive;
+      if (mp == 0) {
+        archive = std::move(first);
+      } else {
+        ASSIGN_OR_RETURN(archive, OpenArchive(model_files_.at(mp)));
+        const ZeroSigns signs = ReadZeroSigns(*archive);
+        if (!signs.what.empty()) return MissingOptimizerFiles(signs, mps);
+      }
+      ASSIGN_OR_RETURN(Catalog part, ReadModule(*archive));
+      tensors = part.tensors.size();
+      model.parts.push_back(std::move(part));
+      model.part_names.push_back(archive->path());
+    }
+    model.layout = parts == 1 ? "single-file" : "model-parallel-parts";
+    model.description =
+        absl::StrCat("DeepSpeed (no ZeRO), weights from ",
+                     parts == 1 ? std::string("mp_rank_00")
+                                : absl::StrCat("mp_rank_{00..", TwoDigits(parts - 1), "}"),
+                     "_model_states.pt module, ",
+                     parts == 1 ? "" : absl::StrCat(parts, " model-parallel parts, "), "tag ", tag_,
+                     ", ", tensors, parts == 1 ? " tensors" : " tensors each");
+    return model;
+  }
+
+  // Whether `value` holds a tensor somewhere (bounded like the torch reader's walk).
+  bool ContainsTensor(const PickleValue* value, int depth, uint64_t& budget) const {
+    if (value == nullptr || depth > 64 || budget == 0) return false;
+    --budget;
+    if (TorchArchive::IsTensor(value)) return true;
+    for (const PickleValue* item : value->items) {
+      if (ContainsTensor(item, depth + 1, budget)) return true;
+    }
+    for (const auto& [key, item] : value->entries) {
+      if (ContainsTensor(item, depth + 1, budget)) return true;
+    }
+    return value->state != nullptr && ContainsTensor(value->state, depth + 1, budget);
+  }
+
+  // The tensors of a model-states file's `module` (a state dict), in its order, under their
+  // own names and dtypes. Tied weights are two names of one storage: identical pieces.
+  absl::StatusOr<Catalog> ReadModule(const TorchArchive& model) {
+    catalog_ = Catalog();
+    file_index_.clear();
+    index_.clear();
+    const PickleValue* module = PickleField(model.root(), "module");
+    if (module == nullptr) {
+      return Corrupt(model, "no `module` entry: not a DeepSpeed model-states file");
+    }
+    if (IsNone(module)) {
+      return absl::DataLossError(absl::StrCat(
+          model.path(),
+          ": `module` is None: DeepSpeed's pipeline engine saved this checkpoint, and its weights "
+          "are in layer_XX-model_YY-model_states.pt files, which this folder lacks. ",
+          kPartialSaveHint));
+    }
+    const auto* entries = PickleEntries(module);
+    if (entries == nullptr && module->kind != Kind::kDict &&
+        !module->IsObjectOf("collections", "OrderedDict")) {
+      return Corrupt(model, absl::StrCat("`module` is ", DescribePickleValue(module),
+                                         "; expected a state dict"));
+    }
+    FileIndex(model);
+    uint64_t budget = 4 * model.pickle_values() + 4096;
+    static const auto* const kNoEntries = new std::vector<std::pair<PickleValue*, PickleValue*>>();
+    for (const auto& [key, value] : entries == nullptr ? *kNoEntries : *entries) {
+      std::optional<std::string> name = PickleString(key);
+      if (!name.has_value() || name->empty()) {
+        return Corrupt(model, absl::StrCat("`module` has a key that is ", DescribePickleValue(key),
+                                           ", not a name"));
+      }
+      if (!TorchArchive::IsTensor(value)) {
+        if (ContainsTensor(value, 0, budget)) {
+          return absl::UnimplementedError(absl::StrCat(
+              model.path(), ": module[\"", *name, "\"] is ", DescribePickleValue(value),
+              " holding tensors; expected a flat state dict of tensors"));
+        }
+        catalog_.other_entries.push_back(
+            absl::StrCat("module.", *name, ": ", DescribePickleValue(value), " (not carried)"));
+        continue;
+      }
+      ASSIGN_OR_RETURN(CatalogTensor tensor,
+                       WholeTensor(model, value, *name, absl::StrCat("module[\"", *name, "\"]")));
+      RETURN_IF_ERROR(Add(std::move(tensor)));
+    }
+    if (catalog_.tensors.empty()) {
+      return absl::DataLossError(absl::StrCat(model.path(), ": `module` holds no tensors"));
+    }
+    if (const auto* top = PickleEntries(model.root()); top != nullptr) {
+      for (const auto& [key, value] : *top) {
+        std::optional<std::string> name = PickleString(key);
+        if (!name.has_value() || *name == "module" || IsNone(value)) continue;
+        catalog_.other_entries.push_back(absl::StrCat(*name, " (", BaseName(model.path()),
+                                                      "): ", DescribePickleValue(value),
+                                                      " (not carried)"));
+      }
+    }
+    catalog_.format = ZeroInput::kId;
+    catalog_.Reindex();
+    Catalog part = std::move(catalog_);
+    catalog_ = Catalog();
+    return part;
   }
 
   absl::StatusOr<std::unique_ptr<TorchArchive>> OpenArchive(const std::string& name) const {
@@ -632,8 +854,10 @@ class ZeroReader {
       }
       if (*value == 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat(archive.path(), ": zero_stage is 0 (ZeRO disabled): the weights are in ",
-                         "mp_rank_00_model_states.pt; read that file with the torch reader"));
+            absl::StrCat(archive.path(),
+                         ": zero_stage is 0 (ZeRO disabled) in a ZeRO optimizer file. Without "
+                         "ZeRO the weights are the `module` of mp_rank_00_model_states.pt, which "
+                         "reshard reads from a folder that holds no optimizer files"));
       }
       if (*value < 1 || *value > 3) {
         return Corrupt(archive, absl::StrCat("zero_stage is ", *value, "; expected 1, 2 or 3"));
@@ -734,7 +958,7 @@ class ZeroReader {
               absl::StrCat(dir_, ": ", setup, " but ", name, " is beyond the world size"));
         }
       }
-    } else if (!has_model_file_) {
+    } else if (model_files_.count(0) == 0) {
       return absl::DataLossError(absl::StrCat(dir_, ": ", setup, ": the model-states file (",
                                               ModelName(0), ") is missing. ", kPartialSaveHint));
     }
@@ -1297,8 +1521,11 @@ class ZeroReader {
   const ReadOptions options_;
 
   std::map<int, std::string> optimizer_files_;   // rank -> file name
-  std::map<int, std::string> rank_model_files_;  // ZeRO-3: rank -> file name
-  bool has_model_file_ = false;                  // mp_rank_00_model_states.pt
+  std::map<int, std::string> rank_model_files_;  // ZeRO-3: rank -> file name (mp_rank_00)
+  std::vector<std::string> rank_model_names_;    // every zero_pp_rank_*_model_states.pt
+  std::set<int> rank_model_mps_;                 // their model-parallel ranks
+  std::map<int, std::string> model_files_;       // mp rank -> mp_rank_XX_model_states.pt
+  bool any_optimizer_file_ = false;              // of any model-parallel rank
   std::set<std::string> prefixes_;
   std::string prefix_;
 
@@ -1326,11 +1553,10 @@ bool ZeroInput::Probe(const std::string& path) const {
   if (!fs::is_directory(path, error)) return false;
   const FolderScan here = ScanFolder(path);
   if (here.pipeline) return false;
-  if (here.optimizer) return true;
+  if (here.Checkpoint()) return true;
   // A parent folder: `latest` or --tag picks the checkpoint at Read.
   for (const std::string& name : SubFolders(path)) {
-    const FolderScan sub = ScanFolder(JoinPath(path, name));
-    if (sub.optimizer && !sub.pipeline) return true;
+    if (ScanFolder(JoinPath(path, name)).Checkpoint()) return true;
   }
   return false;
 }

@@ -34,15 +34,37 @@
 //   ZeRO-1/2 `base_optimizer_state.state[g]` (same partitioning, padding kept), ZeRO-3 the
 //   nested `optimizer_state_dict.state[s]`.
 //
+// Folders without optimizer files (the optimizer files were not copied, or the run did not use
+// ZeRO) are claimed too, so that they never fall through to the generic torch reader (which
+// would read mp_rank_00_model_states.pt as a plain state dict: `module.*` 16-bit tensors):
+//   - refused (DataLoss, "DeepSpeed ZeRO-3 checkpoint global_step10 has no optimizer files
+//     (zero_pp_rank_*_mp_rank_00_optim_states.pt): the fp32 weights live there; copy them too")
+//     when the model states say ZeRO: zero_pp_rank_N model-states files (only ZeRO-3 names them
+//     so), `ds_config.zero_optimization.stage` >= 1, or `param_shapes` not None (saved whenever
+//     the fp32 weights are partitioned, BF16_Optimizer included). A bf16 run's ds_config gives
+//     the `bf16_` prefix of the files to copy;
+//   - DeepSpeed without ZeRO (stage 0: mp_rank_XX_model_states.pt only, param_shapes None): the
+//     tensors of `module` (a full state dict), in its order, under their own names and dtypes;
+//     tied weights are two names of one storage (identical pieces, stored once). Non-tensor
+//     entries and the other keys of the file are listed in other_entries. One mp_rank_00 file:
+//     layout "single-file". mp_rank_00..N-1 (tensor parallelism without the pipeline engine,
+//     which would have written layer files and `module` None) are N model-parallel parts, in
+//     rank order (layout "model-parallel-parts"): each rank's `module` is the state dict of its
+//     shard of the model, exactly what the engine's --rules merge expects; DeepSpeed records no
+//     partitioning, so the user supplies the rules. Missing ranks (or `mp_world_size`
+//     disagreeing with the files) are refused. `module` None (the pipeline engine's model states
+//     without their layer files) is refused. --include-optimizer is refused: the non-ZeRO
+//     optimizer state (`optimizer`) is keyed by parameter index, not name.
+//
 // BF16_Optimizer files (bf16 ZeRO-1 as Megatron-DeepSpeed runs it) have no `zero_stage`; like
 // ds_to_universal they are read as stage 1 (padded partitions). Checks, each naming the file:
 // rank files complete and consistent, flat tensors 1-D contiguous float32 and as long as the
 // layout needs (ZeRO-1/2: unpadded or padded partition lengths, and `group_paddings` where
 // recorded), zero_to_fp32's sanity checks (ZeRO-1/2: aligned param total == aligned flat total
 // per group; ZeRO-3: W*sum(P_p) == W*sum(sub-group sizes)). Not supported
-// (Unimplemented): model parallelism (mp_rank_01...), pipeline layer files (left to the
-// Megatron reader, which probes first), MoE expert files, per-group partition counts that
-// differ (MiCS, expert groups), AutoEP partition groups.
+// (Unimplemented): ZeRO with model parallelism (mp_rank_01... beside optimizer files), pipeline
+// layer files (left to the Megatron reader, which probes first), MoE expert files, per-group
+// partition counts that differ (MiCS, expert groups), AutoEP partition groups.
 
 #ifndef RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FORMAT_H_
 #define RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FORMAT_H_
@@ -63,9 +85,11 @@ class ZeroInput : public InputFormat {
  public:
   static constexpr char kId[] = "deepspeed-zero";
   absl::string_view id() const override { return kId; }
-  // A folder holding ZeRO optimizer files (a `global_stepN` folder), or a parent folder with
-  // a subfolder holding them (the `latest` file or --tag picks one at Read). Folders with
-  // pipeline layer files (`layer_01-model_00-model_states.pt`) are not claimed.
+  // A folder holding ZeRO optimizer files or DeepSpeed model-states files
+  // (`mp_rank_XX_model_states.pt`, `zero_pp_rank_N_mp_rank_XX_model_states.pt`), i.e. a
+  // `global_stepN` folder, or a parent folder with a subfolder holding them (the `latest` file
+  // or --tag picks one at Read). Folders with pipeline layer files
+  // (`layer_01-model_00-model_states.pt`) are not claimed: they are the Megatron reader's.
   bool Probe(const std::string& path) const override;
   int probe_priority() const override { return 10; }
   absl::StatusOr<InputModel> Read(const std::string& path,

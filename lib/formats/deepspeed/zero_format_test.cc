@@ -3,9 +3,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "lib/formats/torch/pickle_writer.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -300,6 +303,390 @@ TEST(ZeroInputTest, MissingRankZeroNamesTheFile) {
       std::string::npos)
       << message;
   EXPECT_NE(message.find("partial save"), std::string::npos) << message;
+}
+
+// --- Folders without optimizer files -------------------------------------------------------
+
+void PutLE(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+
+// A torch.save zip holding `pickle` and storage records (key -> bytes): stored entries under
+// "archive/", without the alignment padding torch adds (the reader does not need it).
+std::string TorchZip(const std::string& pickle,
+                     const std::vector<std::pair<std::string, std::string>>& storages) {
+  std::vector<std::pair<std::string, std::string>> entries = {{"archive/data.pkl", pickle}};
+  for (const auto& [key, bytes] : storages) entries.emplace_back("archive/data/" + key, bytes);
+  entries.emplace_back("archive/version", "3\n");
+  std::string out;
+  std::vector<uint64_t> offsets;
+  for (const auto& [name, data] : entries) {
+    offsets.push_back(out.size());
+    PutLE(out, 0x04034b50, 4);
+    PutLE(out, 0, 2);  // version
+    PutLE(out, 0, 2);  // flags
+    PutLE(out, 0, 2);  // stored
+    PutLE(out, 0, 4);  // time, date
+    PutLE(out, 0, 4);  // crc
+    PutLE(out, data.size(), 4);
+    PutLE(out, data.size(), 4);
+    PutLE(out, name.size(), 2);
+    PutLE(out, 0, 2);
+    out += name;
+    out += data;
+  }
+  const uint64_t cd_offset = out.size();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& [name, data] = entries[i];
+    PutLE(out, 0x02014b50, 4);
+    PutLE(out, 0, 2);  // made by
+    PutLE(out, 0, 2);  // needed
+    PutLE(out, 0, 2);  // flags
+    PutLE(out, 0, 2);  // stored
+    PutLE(out, 0, 4);  // time, date
+    PutLE(out, 0, 4);  // crc
+    PutLE(out, data.size(), 4);
+    PutLE(out, data.size(), 4);
+    PutLE(out, name.size(), 2);
+    PutLE(out, 0, 2);  // extra
+    PutLE(out, 0, 2);  // comment
+    PutLE(out, 0, 2);  // disk
+    PutLE(out, 0, 2);  // internal attributes
+    PutLE(out, 0, 4);  // external attributes
+    PutLE(out, offsets[i], 4);
+    out += name;
+  }
+  const uint64_t cd_size = out.size() - cd_offset;
+  PutLE(out, 0x06054b50, 4);
+  PutLE(out, 0, 4);
+  PutLE(out, entries.size(), 2);
+  PutLE(out, entries.size(), 2);
+  PutLE(out, cd_size, 4);
+  PutLE(out, cd_offset, 4);
+  PutLE(out, 0, 2);
+  return out;
+}
+
+// What a DeepSpeed model-states file says (engine._save_checkpoint), for the tests below.
+struct ModelStates {
+  bool module_none = false;   // the pipeline engine's `module`
+  int zero_stage = 0;         // ds_config.zero_optimization.stage; -1: no zero_optimization
+  bool bf16 = false;          // ds_config.bf16.enabled
+  bool param_shapes = false;  // a ZeRO param_shapes list rather than None
+  int64_t mp_world_size = 1;  // -1: not written
+  int64_t rows = 4;           // of embed.weight (a TP part has fewer)
+};
+
+// mp_rank_XX_model_states.pt: module {embed.weight f32 [rows, 3], lm_head.weight (tied: the
+// same storage), ln.bias f16 [3], steps i64 [], layer._extra_state None}.
+void WriteModelStates(const std::string& path, const ModelStates& states) {
+  PickleWriter p;
+  p.BeginDict(false);
+  p.String("module");
+  if (states.module_none) {
+    p.None();
+  } else {
+    p.BeginDict(true);
+    p.String("embed.weight");
+    p.Tensor("FloatStorage", "0", states.rows * 3, {states.rows, 3}, {3, 1});
+    p.String("lm_head.weight");
+    p.Tensor("FloatStorage", "0", states.rows * 3, {states.rows, 3}, {3, 1});
+    p.String("ln.bias");
+    p.Tensor("HalfStorage", "1", 3, {3}, {1});
+    p.String("steps");
+    p.Tensor("LongStorage", "2", 1, {}, {});
+    p.String("layer._extra_state");
+    p.None();
+    p.EndDict();
+  }
+  p.String("buffer_names");
+  p.BeginList();
+  p.String("steps");
+  p.EndList();
+  p.String("optimizer");
+  p.None();
+  p.String("param_shapes");
+  if (states.param_shapes) {
+    p.BeginList();
+    p.BeginDict(true);
+    p.EndDict();
+    p.EndList();
+  } else {
+    p.None();
+  }
+  if (states.mp_world_size >= 0) {
+    p.String("mp_world_size");
+    p.Int(states.mp_world_size);
+  }
+  p.String("ds_config");
+  p.BeginDict(false);
+  if (states.zero_stage >= 0) {
+    p.String("zero_optimization");
+    p.BeginDict(false);
+    p.String("stage");
+    p.Int(states.zero_stage);
+    p.EndDict();
+  }
+  if (states.bf16) {
+    p.String("bf16");
+    p.BeginDict(false);
+    p.String("enabled");
+    p.Bool(true);
+    p.EndDict();
+  }
+  p.EndDict();
+  p.EndDict();
+  WriteAll(path, TorchZip(p.Finish(), {{"0", std::string(states.rows * 3 * 4, '\1')},
+                                       {"1", std::string(3 * 2, '\2')},
+                                       {"2", std::string(8, '\3')}}));
+}
+
+std::string ErrorOf(const absl::StatusOr<InputModel>& model) {
+  return model.ok() ? "(ok)" : std::string(model.status().message());
+}
+
+TEST(ZeroInputTest, ProbeClaimsModelStatesOnlyFolders) {
+  const ZeroInput input;
+  const std::string root = MakeTempDir("zero_probe_model");
+  // DeepSpeed without ZeRO, or ZeRO-1/2 without the optimizer files.
+  const std::string plain = root + "/run/global_step5";
+  fs::create_directories(plain);
+  Touch(plain + "/mp_rank_00_model_states.pt");
+  EXPECT_TRUE(input.Probe(plain));
+  EXPECT_TRUE(input.Probe(root + "/run"));
+  // ZeRO-3 without the optimizer files.
+  const std::string z3 = root + "/z3/global_step5";
+  fs::create_directories(z3);
+  Touch(z3 + "/zero_pp_rank_0_mp_rank_00_model_states.pt");
+  Touch(z3 + "/zero_pp_rank_1_mp_rank_00_model_states.pt");
+  EXPECT_TRUE(input.Probe(z3));
+  EXPECT_TRUE(input.Probe(root + "/z3"));
+  // Pipeline folders stay the Megatron reader's.
+  const std::string pipe = root + "/pipe/global_step5";
+  fs::create_directories(pipe);
+  Touch(pipe + "/mp_rank_00_model_states.pt");
+  Touch(pipe + "/layer_01-model_00-model_states.pt");
+  EXPECT_FALSE(input.Probe(pipe));
+  EXPECT_FALSE(input.Probe(root + "/pipe"));
+  // Names that only look alike.
+  const std::string other = root + "/other";
+  fs::create_directories(other);
+  Touch(other + "/mp_rank_00_model_states.pth");
+  Touch(other + "/bf16_zero_pp_rank_0_mp_rank_00_model_states.pt");
+  EXPECT_FALSE(input.Probe(other));
+}
+
+TEST(ZeroInputTest, ZeroThreeModelStatesWithoutOptimizerFilesRefusedByName) {
+  const ZeroInput input;
+  const std::string root = MakeTempDir("zero3_no_optim");
+  const std::string dir = root + "/global_step10";
+  fs::create_directories(dir);
+  // Unreadable (empty) files: the names alone say ZeRO-3.
+  Touch(dir + "/zero_pp_rank_0_mp_rank_00_model_states.pt");
+  Touch(dir + "/zero_pp_rank_1_mp_rank_00_model_states.pt");
+  WriteAll(root + "/latest", "global_step10");
+  auto model = input.Read(root, ReadOptions{});
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(ErrorOf(model).find("DeepSpeed ZeRO-3 checkpoint global_step10 has no optimizer files "
+                                "(zero_pp_rank_*_mp_rank_00_optim_states.pt): the fp32 weights "
+                                "live there; copy them too"),
+            std::string::npos)
+      << ErrorOf(model);
+  // A readable rank-0 file of a bf16 run names the bf16_ files.
+  ModelStates states;
+  states.zero_stage = 3;
+  states.bf16 = true;
+  WriteModelStates(dir + "/zero_pp_rank_0_mp_rank_00_model_states.pt", states);
+  model = input.Read(dir, ReadOptions{});
+  EXPECT_NE(ErrorOf(model).find("(bf16_zero_pp_rank_*_mp_rank_00_optim_states.pt)"),
+            std::string::npos)
+      << ErrorOf(model);
+}
+
+TEST(ZeroInputTest, ZeroOneTwoModelStatesWithoutOptimizerFilesRefused) {
+  const ZeroInput input;
+  const std::string dir = MakeTempDir("zero12_no_optim") + "/global_step7";
+  fs::create_directories(dir);
+  const std::string file = dir + "/mp_rank_00_model_states.pt";
+  struct Case {
+    int stage;
+    bool bf16;
+    bool param_shapes;
+    const char* phrase;
+  };
+  for (const Case& c : std::vector<Case>{
+           {2, false, true,
+            "DeepSpeed ZeRO-2 checkpoint global_step7 has no optimizer files "
+            "(zero_pp_rank_*_mp_rank_00_optim_states.pt)"},
+           {1, true, true,
+            "DeepSpeed ZeRO-1 checkpoint global_step7 has no optimizer files "
+            "(bf16_zero_pp_rank_*_mp_rank_00_optim_states.pt)"},
+           // ds_config says ZeRO, param_shapes lost: the config decides.
+           {2, false, false, "DeepSpeed ZeRO-2 checkpoint"},
+           // No zero_optimization in the config (older saves), but param_shapes.
+           {-1, false, true, "DeepSpeed ZeRO checkpoint global_step7 has no optimizer files"},
+           // bf16 without ZeRO: BF16_Optimizer partitions the fp32 weights too.
+           {0, true, true,
+            "DeepSpeed BF16_Optimizer checkpoint global_step7 has no optimizer "
+            "files (bf16_zero_pp_rank_*"}}) {
+    ModelStates states;
+    states.zero_stage = c.stage;
+    states.bf16 = c.bf16;
+    states.param_shapes = c.param_shapes;
+    WriteModelStates(file, states);
+    for (bool include_optimizer : {false, true}) {
+      ReadOptions options;
+      options.include_optimizer = include_optimizer;
+      auto model = input.Read(dir, options);
+      ASSERT_FALSE(model.ok()) << c.phrase;
+      EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss) << model.status();
+      EXPECT_NE(ErrorOf(model).find(c.phrase), std::string::npos) << ErrorOf(model);
+      EXPECT_NE(ErrorOf(model).find("the fp32 weights live there; copy them too"),
+                std::string::npos)
+          << ErrorOf(model);
+    }
+  }
+}
+
+TEST(ZeroInputTest, NoZeroReadsTheModule) {
+  const ZeroInput input;
+  const std::string root = MakeTempDir("zero0");
+  const std::string dir = root + "/global_step3";
+  fs::create_directories(dir);
+  WriteAll(root + "/latest", "global_step3");
+  for (int stage : {0, -1}) {  // stage 0 in ds_config, or no zero_optimization at all
+    ModelStates states;
+    states.zero_stage = stage;
+    WriteModelStates(dir + "/mp_rank_00_model_states.pt", states);
+    auto model = input.Read(root, ReadOptions{});
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ(model->format, "deepspeed-zero");
+    EXPECT_EQ(model->layout, "single-file");
+    EXPECT_EQ(model->description,
+              "DeepSpeed (no ZeRO), weights from mp_rank_00_model_states.pt module, tag "
+              "global_step3, 4 tensors");
+    ASSERT_EQ(model->parts.size(), 1u);
+    const Catalog& catalog = model->parts[0];
+    ASSERT_EQ(catalog.tensors.size(), 4u);
+    EXPECT_EQ(catalog.files.size(), 1u);
+    const std::vector<std::string> names = {"embed.weight", "lm_head.weight", "ln.bias", "steps"};
+    const std::vector<DType> dtypes = {DType::kF32, DType::kF32, DType::kF16, DType::kI64};
+    for (size_t i = 0; i < names.size(); ++i) {
+      EXPECT_EQ(catalog.tensors[i].name, names[i]);
+      EXPECT_EQ(catalog.tensors[i].dtype, dtypes[i]) << names[i];
+    }
+    EXPECT_EQ(catalog.tensors[0].shape, (Shape{4, 3}));
+    EXPECT_TRUE(catalog.tensors[3].shape.empty());
+    // The tied weight points at the same bytes.
+    ASSERT_EQ(catalog.tensors[1].pieces.size(), 1u);
+    EXPECT_EQ(catalog.tensors[1].pieces[0].byte_offset, catalog.tensors[0].pieces[0].byte_offset);
+    bool noted_extra_state = false;
+    for (const std::string& entry : catalog.other_entries) {
+      if (entry.find("module.layer._extra_state") != std::string::npos) noted_extra_state = true;
+    }
+    EXPECT_TRUE(noted_extra_state);
+  }
+  // The optimizer state of a run without ZeRO is keyed by index: no named moments.
+  ReadOptions options;
+  options.include_optimizer = true;
+  auto model = input.Read(dir, options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(ErrorOf(model).find("--include-optimizer"), std::string::npos) << ErrorOf(model);
+}
+
+TEST(ZeroInputTest, NoZeroModelParallelRanksArePartsOrRefused) {
+  const ZeroInput input;
+  const std::string dir = MakeTempDir("zero0_tp") + "/global_step3";
+  fs::create_directories(dir);
+  ModelStates states;
+  states.mp_world_size = 2;
+  states.rows = 2;
+  WriteModelStates(dir + "/mp_rank_00_model_states.pt", states);
+  WriteModelStates(dir + "/mp_rank_01_model_states.pt", states);
+  auto model = input.Read(dir, ReadOptions{});
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->layout, "model-parallel-parts");
+  ASSERT_EQ(model->parts.size(), 2u);
+  EXPECT_EQ(model->part_names[1], dir + "/mp_rank_01_model_states.pt");
+  EXPECT_EQ(model->parts[1].files[0].path, dir + "/mp_rank_01_model_states.pt");
+  EXPECT_EQ(model->description,
+            "DeepSpeed (no ZeRO), weights from mp_rank_{00..01}_model_states.pt module, 2 "
+            "model-parallel parts, tag global_step3, 4 tensors each");
+  // mp_world_size disagrees with the files.
+  states.mp_world_size = 4;
+  WriteModelStates(dir + "/mp_rank_00_model_states.pt", states);
+  model = input.Read(dir, ReadOptions{});
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(ErrorOf(model).find("mp_world_size is 4, but the folder holds 2"), std::string::npos)
+      << ErrorOf(model);
+  // A rank missing in between.
+  states.mp_world_size = 3;
+  WriteModelStates(dir + "/mp_rank_00_model_states.pt", states);
+  fs::rename(dir + "/mp_rank_01_model_states.pt", dir + "/mp_rank_02_model_states.pt");
+  model = input.Read(dir, ReadOptions{});
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(ErrorOf(model).find("mp_rank_01_model_states.pt is missing"), std::string::npos)
+      << ErrorOf(model);
+  // A ZeRO rank among them is refused for its missing optimizer files.
+  states.zero_stage = 2;
+  states.param_shapes = true;
+  WriteModelStates(dir + "/mp_rank_00_model_states.pt", states);
+  model = input.Read(dir, ReadOptions{});
+  EXPECT_NE(ErrorOf(model).find("DeepSpeed ZeRO-2 checkpoint global_step3 has no optimizer files "
+                                "(zero_pp_rank_*_mp_rank_*_optim_states.pt)"),
+            std::string::npos)
+      << ErrorOf(model);
+}
+
+TEST(ZeroInputTest, NoZeroRefusals) {
+  const ZeroInput input;
+  const std::string dir = MakeTempDir("zero0_bad") + "/global_step3";
+  fs::create_directories(dir);
+  const std::string file = dir + "/mp_rank_00_model_states.pt";
+  // The pipeline engine's model states without the layer files.
+  ModelStates states;
+  states.module_none = true;
+  WriteModelStates(file, states);
+  auto model = input.Read(dir, ReadOptions{});
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(ErrorOf(model).find("layer_XX-model_YY-model_states.pt"), std::string::npos)
+      << ErrorOf(model);
+  // A model-parallel rank beyond what reshard reads as parts.
+  WriteModelStates(file, ModelStates{});
+  Touch(dir + "/mp_rank_5000_model_states.pt");
+  model = input.Read(dir, ReadOptions{});
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented) << model.status();
+  EXPECT_NE(ErrorOf(model).find("mp_rank_5000_model_states.pt"), std::string::npos)
+      << ErrorOf(model);
+  fs::remove(dir + "/mp_rank_5000_model_states.pt");
+  // Not a DeepSpeed file at all.
+  PickleWriter p;
+  p.BeginDict(false);
+  p.String("state_dict");
+  p.None();
+  p.EndDict();
+  WriteAll(file, TorchZip(p.Finish(), {}));
+  model = input.Read(dir, ReadOptions{});
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(ErrorOf(model).find("not a DeepSpeed model-states file"), std::string::npos)
+      << ErrorOf(model);
+  // A folder with neither optimizer nor model-states files, reached through --tag.
+  const std::string empty = MakeTempDir("zero0_empty");
+  fs::create_directories(empty + "/global_step1");
+  ReadOptions options;
+  options.tag = "global_step1";
+  model = input.Read(empty, options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ErrorOf(model).find("holds no DeepSpeed checkpoint files"), std::string::npos)
+      << ErrorOf(model);
 }
 
 }  // namespace
