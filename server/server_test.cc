@@ -506,11 +506,11 @@ TEST_F(ServerTest, MalformedRequestsNameTheField) {
         {"kind unspecified", spec, "", absl::StatusCode::kInvalidArgument, "spec.kind"});
   }
   {
+    // A reshard without rules is accepted (Megatron inputs bring their own); a tag that is a
+    // path, not a folder name inside the input, is not.
     v1::JobSpec spec = Consolidate("bad");
-    spec.set_kind(v1::JOB_KIND_RESHARD);
-    spec.set_parts(2);
-    cases.push_back(
-        {"reshard without rules", spec, "", absl::StatusCode::kInvalidArgument, "spec.rules_json"});
+    spec.set_tag("../other/global_step1");
+    cases.push_back({"tag with a path", spec, "", absl::StatusCode::kInvalidArgument, "spec.tag"});
   }
   for (int parts : {0, -1, 4097}) {
     v1::JobSpec spec = Consolidate("bad");

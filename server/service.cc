@@ -57,11 +57,14 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
   if (spec.rules_json().size() > kMaxRulesJsonBytes) {
     return absl::InvalidArgumentError("spec.rules_json is larger than 1 MiB");
   }
+  // A reshard without rules is the input format's to judge (Megatron checkpoints bring their
+  // own); the job fails naming --rules when it has none.
   if (!spec.rules_json().empty()) {
     auto rules = PartitionRules::FromJson(spec.rules_json(), "spec.rules_json");
     if (!rules.ok()) return rules.status();
-  } else if (spec.kind() == v1::JOB_KIND_RESHARD) {
-    return absl::InvalidArgumentError("spec.rules_json is required for a reshard");
+  }
+  if (spec.tag().find('/') != std::string::npos || spec.tag() == ".." || spec.tag() == ".") {
+    return absl::InvalidArgumentError("spec.tag must be a folder name inside the input");
   }
   if (spec.output().empty()) return absl::InvalidArgumentError("spec.output is required");
   if (spec.input().empty()) return absl::InvalidArgumentError("spec.input is required");

@@ -703,9 +703,9 @@ class CoreTests(DaemonTestCase):
         with open(rf4) as f:
             self.assertEqual(json.load(f)["error"]["code"], "NOT_FOUND")
 
-        # Usage errors locally (reshard without rules): exit 2 and a result file too.
+        # Usage errors locally (reshard into 0 parts): exit 2 and a result file too.
         rf5 = os.path.join(self.tmp, "result-usage.json")
-        r5 = self.ctl("reshard", self.rsrc, self.r("out_norules"), "--parts", "2",
+        r5 = self.ctl("reshard", self.rsrc, self.r("out_norules"), "--parts", "0",
                       "--result-file", rf5)
         self.assertExit(r5, 2)
         with open(rf5) as f:
@@ -1373,9 +1373,9 @@ class SecurityTests(DaemonTestCase):
                                   "64GiB"), 6, "RESOURCE_EXHAUSTED")
 
     def test_malformed_requests(self):
-        # reshard without rules: refused locally, exit 2, the daemon never sees it.
+        # reshard into 0 parts: refused locally, exit 2, the daemon never sees it.
         before = self.daemon.metrics()
-        self.assertExit(self.ctl("reshard", self.src, self.r("o_m1"), "--parts", "2"), 2)
+        self.assertExit(self.ctl("reshard", self.src, self.r("o_m1"), "--parts", "0"), 2)
         self.assertExit(self.ctl("consolidate", self.src, self.r("o_m1"), "--dtype", "fp8"), 2)
         self.assertExit(self.ctl("consolidate", self.src, self.r("o_m1"), "--max-shard-size",
                                  "lots"), 2)
@@ -1411,7 +1411,6 @@ class SecurityTests(DaemonTestCase):
         for spec, field in (({k: v for k, v in base.items() if k != "kind"}, "kind"),
                             (dict(base, input=""), "input"),
                             (dict(base, output=""), "output"),
-                            (dict(base, kind="JOB_KIND_RESHARD", parts=2), "rules"),
                             (dict(base, kind="JOB_KIND_RESHARD", parts=0, rules_json="{}"),
                              "parts"),
                             (dict(base, parts=3), "parts"),
@@ -1430,6 +1429,14 @@ class SecurityTests(DaemonTestCase):
                          metric(before, "reshard_jobs_submitted_total", kind="consolidate"))
         self.assertEqual(metric(after, "reshard_jobs_submitted_total", kind="reshard"),
                          metric(before, "reshard_jobs_submitted_total", kind="reshard"))
+        # reshard without rules of an input whose format has none of its own (Megatron's has):
+        # the job fails naming --rules, nothing is written.
+        r = self.ctl("reshard", self.src, self.r("o_m4"), "--parts", "2")
+        self.assertExit(r, 3)
+        self.assertEqual(r.doc["state"], "failed", repr(r))
+        self.assertEqual(r.doc["job"]["error"]["code_name"], "INVALID_ARGUMENT", repr(r))
+        self.assertIn("--rules", r.doc["job"]["error"]["message"], repr(r))
+        self.assertNoOutput(self.r("o_m4"))
 
     def test_non_empty_output_and_overwrite(self):
         out = self.r("o_full")
@@ -1575,16 +1582,22 @@ class ZeroTests(DaemonTestCase):
             self.assertIsNotNone(r.doc, repr(r))
             self.assertIs(r.doc.get("ok"), False, repr(r))
             self.assertEqual(r.doc["exit_code"], 3, repr(r))
-            # The job is accepted (the path policy checks the input folder), then its reader
-            # refuses the tag before opening anything: failed, nothing read or written.
-            self.assertEqual(r.doc["state"], "failed", repr(r))
-            self.assertEqual(r.doc["job"]["error"]["code_name"], "INVALID_ARGUMENT", repr(r))
-            self.assertIn("not a plain folder name", r.doc["job"]["error"]["message"], repr(r))
-            self.assertEqual(int(r.doc["job"]["bytes_written"]), 0, repr(r))
+            if "job" in r.doc:
+                # Accepted (a plain name to the daemon's spec check), then the reader refuses
+                # the tag before opening anything: failed, nothing read or written.
+                self.assertEqual(r.doc["state"], "failed", repr(r))
+                error = r.doc["job"]["error"]
+                self.assertEqual(error["code_name"], "INVALID_ARGUMENT", repr(r))
+                self.assertEqual(int(r.doc["job"]["bytes_written"]), 0, repr(r))
+            else:
+                # A tag with a path separator is refused when the job is submitted.
+                error = r.doc["error"]
+                self.assertEqual(error["code"], "INVALID_ARGUMENT", repr(r))
+            self.assertIn("folder name", error["message"], repr(r))
             self.assertNoOutput(out)
             self.assertNoStaging(out)
             self.assertError(self.ctl("inspect", self.save_dir, "--tag", tag), 3,
-                             "INVALID_ARGUMENT", "not a plain folder name")
+                             "INVALID_ARGUMENT", "folder name")
         self.assertEqual(sorted(os.listdir(self.root)), before)
         self.assertEqual(sorted(os.listdir(self.outside)), ["secret_run"])
 
