@@ -233,7 +233,9 @@ absl::StatusOr<std::optional<TensorLocation>> TorchArchive::Tensor(const PickleV
   const uint64_t element = DTypeSize(*dtype);
   const uint64_t storage_elements = storage.size / element;
   const int64_t offset = args[1]->integer;
-  ASSIGN_OR_RETURN(int64_t count, NumElements(*shape));
+  absl::StatusOr<int64_t> elements = NumElements(*shape);
+  if (!elements.ok()) return error(elements.status().message());
+  const int64_t count = *elements;
   // The view must stay inside its storage.
   if (offset < 0 || static_cast<uint64_t>(offset) > storage_elements) {
     return error(absl::StrCat("storage offset ", offset, " is outside storage ", storage.key,
