@@ -149,7 +149,17 @@ absl::StatusOr<PickleValue*> TorchArchive::LoadStorage(PickleValue* pid, PickleA
                      ", not ('storage', class, key, location, numel) as torch.save writes"));
   }
   const std::string& key = pid->items[2]->text;
-  if (!storages_.contains(key)) {
+  if (auto known = storages_.find(key); known != storages_.end()) {
+    // torch.save names each storage once; a key seen again must describe the same storage.
+    const PickleValue* cls = pid->items[1];
+    const std::optional<DType> dtype =
+        cls->name == "UntypedStorage" ? std::nullopt : TorchDType(cls->name);
+    if (dtype != known->second.dtype || pid->items[4]->integer != known->second.numel) {
+      return absl::DataLossError(absl::StrCat("storage ", key, " is referenced as ", cls->name,
+                                              " of ", pid->items[4]->integer,
+                                              " elements after being a different storage"));
+    }
+  } else {
     Storage storage;
     storage.key = key;
     storage.numel = pid->items[4]->integer;

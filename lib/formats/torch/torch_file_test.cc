@@ -457,6 +457,23 @@ TEST(TorchArchiveTest, StorageRecordSizeDisagreesWithNumel) {
               {"storage data/0 should hold -1 elements"});
 }
 
+TEST(TorchArchiveTest, StorageKeyReusedForADifferentStorage) {
+  // torch.save names each storage once; a second reference that disagrees on class or size
+  // would give a later tensor the wrong dtype, so it is corrupt input.
+  const std::string pickle = Pickle(Dict({
+      {"a", TensorV2(StorageId("FloatStorage", "0", 8), 0, {8}, {1})},
+      {"b", TensorV2(StorageId("HalfStorage", "0", 16), 0, {16}, {1})},
+  }));
+  ExpectError(ParseStatus(TorchSave(pickle, {{"0", F32s(8)}}).bytes()), absl::StatusCode::kDataLoss,
+              {kPath, "storage 0 is referenced as HalfStorage of 16 elements"});
+  const std::string resized = Pickle(Dict({
+      {"a", TensorV2(StorageId("FloatStorage", "0", 8), 0, {8}, {1})},
+      {"b", TensorV2(StorageId("FloatStorage", "0", 4), 0, {4}, {1})},
+  }));
+  ExpectError(ParseStatus(TorchSave(resized, {{"0", F32s(8)}}).bytes()),
+              absl::StatusCode::kDataLoss, {"storage 0 is referenced as FloatStorage of 4"});
+}
+
 TEST(TorchArchiveTest, MissingStorageRecord) {
   const std::string pickle =
       Pickle(Dict({{"w", TensorV2(StorageId("FloatStorage", "3", 4), 0, {4}, {1})}}));
