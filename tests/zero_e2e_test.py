@@ -11,7 +11,6 @@ import collections
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 sys.dont_write_bytecode = True
@@ -23,24 +22,11 @@ import st_reference as R  # noqa: E402
 
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import zero_fixture as zf  # noqa: E402
+from st_torch import tensor_from_st  # noqa: E402
 
 RESHARDCTL = None
-TIMEOUT = 120
 
-TORCH_OF = {
-    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}
 HALF = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def tensor_from_st(t):
-    raw = t.raw()
-    dtype = TORCH_OF[t.dtype]
-    if len(raw) == 0:
-        return torch.empty(tuple(t.shape), dtype=dtype)
-    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(tuple(t.shape))
 
 
 def zero_to_fp32_reference(ckpt_dir):
@@ -103,33 +89,9 @@ def zero_to_fp32_reference(ckpt_dir):
     return sd
 
 
-class Base(harness.TempDirTestCase):
+class Base(harness.CliTestCase):
     TMP_PREFIX = "reshard-zero"
-
-    def ctl(self, *args):
-        cmd = [RESHARDCTL] + [str(a) for a in args]
-        try:
-            res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.fail("timed out after %ss (hang): %s" % (TIMEOUT, " ".join(cmd)))
-        res.text = (res.stdout + res.stderr).decode("utf-8", "replace")
-        res.cmd = cmd
-        return res
-
-    def describe(self, res):
-        return "\ncommand: %s\nexit: %s\noutput: %s" % (" ".join(res.cmd), res.returncode,
-                                                       res.text[-4000:])
-
-    def assertExit(self, res, code):
-        self.assertGreaterEqual(res.returncode, 0,
-                                "killed by a signal (crash)" + self.describe(res))
-        self.assertEqual(res.returncode, code, "unexpected exit code" + self.describe(res))
-
-    def ok(self, *args):
-        res = self.ctl(*args)
-        self.assertExit(res, 0)
-        return res
+    TIMEOUT = 120
 
     def write(self, stage, world, half="fp32", seed=0, name="ckpt", model=None, **kw):
         model = model or zf.small_model(seed=seed)

@@ -116,7 +116,7 @@ void RestoreTiedAliases(Catalog& catalog) {
 }
 
 absl::StatusOr<InputModel> SafetensorsInput::Read(const std::string& path,
-                                            const ReadOptions& /*options*/) const {
+                                                  const ReadOptions& /*options*/) const {
   ASSIGN_OR_RETURN(InputModel model, ReadWithoutAliases(path));
   for (Catalog& part : model.parts) {
     RestoreTiedAliases(part);
