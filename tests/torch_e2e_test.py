@@ -369,9 +369,12 @@ class TorchCorruptInputTests(Base):
         self.expect_rejected(path, ["compressed"])
 
     def test_legacy_format(self):
-        path = self.p("legacy.pt")
-        torch.save({"w": torch.ones(3)}, path, _use_new_zipfile_serialization=False)
-        self.expect_rejected(path, ["legacy"])
+        # Every pickle protocol torch.save accepts (4 and 5 start with a FRAME).
+        for protocol in (2, 4, 5):
+            path = self.p("legacy-%d.pt" % protocol)
+            torch.save({"w": torch.ones(3)}, path, _use_new_zipfile_serialization=False,
+                       pickle_protocol=protocol)
+            self.expect_rejected(path, ["legacy"])
 
     def test_corrupt_central_directory(self):
         src = self.good()

@@ -88,10 +88,18 @@ std::optional<DType> TorchDType(absl::string_view name) {
   return it->second;
 }
 
+bool IsLegacyTorchSave(absl::string_view head) {
+  // LONG1 of 10 bytes: 0x1950a86a20f9469cfc6c, little-endian.
+  const absl::string_view magic(kLegacyTorchMagic + 2, kLegacyTorchMagicSize - 2);
+  if (head.size() < 2 || head[0] != '\x80') return false;
+  size_t at = 2;                                        // after PROTO n
+  if (head.size() > at && head[at] == '\x95') at += 9;  // FRAME with an 8-byte length
+  return head.substr(at, magic.size()) == magic;
+}
+
 absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_view bytes,
                                                                   const std::string& path) {
-  if (bytes.substr(0, kLegacyTorchMagicSize) ==
-      absl::string_view(kLegacyTorchMagic, kLegacyTorchMagicSize)) {
+  if (IsLegacyTorchSave(bytes.substr(0, 32))) {
     return absl::UnimplementedError(absl::StrCat(
         path,
         ": the legacy torch.save format (torch < 1.6, _use_new_zipfile_serialization=False, or "

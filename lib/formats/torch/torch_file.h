@@ -87,6 +87,10 @@ inline constexpr char kLegacyTorchMagic[] =
     "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
 inline constexpr size_t kLegacyTorchMagicSize = 14;
 
+// Whether `head` (the first 32 bytes of a file, or fewer) starts a pre-1.6 torch.save file:
+// PROTO, an optional FRAME (pickle protocol >= 4), then LONG1 of torch's magic number.
+bool IsLegacyTorchSave(absl::string_view head);
+
 // dtype of a typed storage class name ("FloatStorage") or a torch dtype global ("bfloat16").
 std::optional<DType> TorchDType(absl::string_view name);
 

@@ -521,6 +521,17 @@ TEST(TorchArchiveTest, LegacyFormatIsRefused) {
   // The magic alone (a truncated legacy file) is recognized too.
   ExpectError(ParseStatus(std::string(kLegacyTorchMagic, kLegacyTorchMagicSize)),
               absl::StatusCode::kUnimplemented, {"legacy"});
+  // Pickle protocols 4 and 5 put a FRAME before the magic (bytes as torch 1.13 writes them).
+  const std::string frame = std::string("\x95\x0d\0\0\0\0\0\0\0", 9);
+  const std::string magic(kLegacyTorchMagic + 2, kLegacyTorchMagicSize - 2);
+  for (const char protocol : {'\x04', '\x05'}) {
+    const std::string head =
+        std::string("\x80") + protocol + frame + magic + "." + std::string(64, '\0');
+    EXPECT_TRUE(IsLegacyTorchSave(head));
+    ExpectError(ParseStatus(head), absl::StatusCode::kUnimplemented, {"legacy"});
+  }
+  EXPECT_FALSE(IsLegacyTorchSave(""));
+  EXPECT_FALSE(IsLegacyTorchSave("PK\x03\x04"));
   // Neither a zip nor legacy: the zip reader's DataLoss.
   ExpectError(ParseStatus(std::string(200, 'x')), absl::StatusCode::kDataLoss, {kPath});
 }

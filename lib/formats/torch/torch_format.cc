@@ -203,11 +203,10 @@ absl::StatusOr<FileCatalog> ReadOneFile(const std::string& dir, const std::strin
 
 bool LooksLikeTorchFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  char head[14] = {};
+  char head[32] = {};
   in.read(head, sizeof(head));
-  if (in.gcount() >= 4 && std::string(head, 4) == std::string("PK\x03\x04", 4)) return true;
-  return in.gcount() == 14 &&
-         std::string(head, 14) == std::string(kLegacyTorchMagic, kLegacyTorchMagicSize);
+  const absl::string_view bytes(head, static_cast<size_t>(in.gcount()));
+  return absl::StartsWith(bytes, absl::string_view("PK\x03\x04", 4)) || IsLegacyTorchSave(bytes);
 }
 
 }  // namespace
