@@ -4,7 +4,7 @@
 #
 #   tools/bench/bench.sh [--size 4GiB] [--sizes 1GiB,4GiB] [--repeat N] [--workdir DIR] [--keep]
 #                        [--verify] [--steps cp,fp32,bf16,torch] [--no-drop-caches]
-#                        [--input-format safetensors|torch|zero3] [--zero-ranks N]
+#                        [--input-format safetensors|torch|zero1|zero2|zero3] [--zero-ranks N]
 #                        [--reshardctl PATH]
 #                        [-- EXTRA_ARGS...]
 #
@@ -36,7 +36,8 @@ Options:
                      zero3 (a DeepSpeed ZeRO-3 save folder from make_zero_checkpoint.py:
                      SIZE bytes of fp32 parameters partitioned over --zero-ranks ranks, no
                      Adam moments, so `cp -r` copies the same bytes reshard reads)
-  --zero-ranks N     data-parallel ranks of the zero3 checkpoint (default 8)
+                     zero1, zero2: the same with ZeRO-1/2's flat partitions
+  --zero-ranks N     data-parallel ranks of the zero checkpoint (default 8)
   --no-drop-caches   do not drop the page cache; warm the input instead
   --reshardctl PATH  use this binary instead of building //client:reshardctl with -c opt
 EOF
@@ -86,8 +87,8 @@ done
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || die "--repeat must be a positive integer"
 case "$INPUT_FORMAT" in
   safetensors) STEPS="${STEPS:-cp,fp32,bf16}" ;;
-  torch|zero3) STEPS="${STEPS:-cp,fp32,bf16,torch}" ;;
-  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch or zero3)" ;;
+  torch|zero1|zero2|zero3) STEPS="${STEPS:-cp,fp32,bf16,torch}" ;;
+  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch, zero1, zero2 or zero3)" ;;
 esac
 for s in ${STEPS//,/ }; do
   case "$s" in cp|fp32|bf16|torch) ;; *) die "--steps: unknown step '$s' (use cp,fp32,bf16,torch)" ;; esac
@@ -236,8 +237,9 @@ make_checkpoint() {  # SIZE_ARG PATH
   if [ "$INPUT_FORMAT" = torch ]; then
     summary="$("$PY" "$HERE/make_torch_checkpoint.py" --quiet --size "$size" "$dir")" ||
       die "make_torch_checkpoint.py failed"
-  elif [ "$INPUT_FORMAT" = zero3 ]; then
-    summary="$("$PY" "$HERE/make_zero_checkpoint.py" --quiet --size "$size" --ranks "$ZERO_RANKS" "$dir")" ||
+  elif [[ "$INPUT_FORMAT" == zero? ]]; then
+    summary="$("$PY" "$HERE/make_zero_checkpoint.py" --quiet --size "$size" --ranks "$ZERO_RANKS" \
+      --stage "${INPUT_FORMAT#zero}" "$dir")" ||
       die "make_zero_checkpoint.py failed"
   else
     summary="$("$PY" "$HERE/make_checkpoint.py" --quiet --size "$size" "$dir")" ||
@@ -253,7 +255,7 @@ assert any(n.endswith("/data.pkl") for n in names), "no data.pkl"
 assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist()), "compressed record"
 print("%d records" % len(names))' "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "generated torch checkpoint is not a valid torch zip"; }
-  elif [ "$INPUT_FORMAT" = zero3 ]; then
+  elif [[ "$INPUT_FORMAT" == zero? ]]; then
     "$BIN" inspect "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "reshardctl inspect refused the generated ZeRO checkpoint"; }
   else
