@@ -347,6 +347,20 @@ class RefusalTests(Base):
                      "not divisible into 8 parts")
         self.ok("reshard", folder, self.p("four"), "--parts", 4)
 
+    def test_split_that_would_cut_an_attention_head(self):
+        # 2 heads of 12 dims: query_key_value has 72 rows, which 4 parts divide (18 rows each)
+        # but not head by head; every other tensor splits evenly, so only the heads refuse.
+        model = mf.GPT(hidden=24, heads=2, vocab=50, divisible_by=8, train_tp=1)
+        folder = mf.write_megatron_lm(self.p("save"), model, tp=1, pp=1)
+        self.refused(["reshard", folder, self.p("out"), "--parts", 4],
+                     "query_key_value", "2 units of 36 rows", "cannot be shared evenly by 4")
+        # Two parts keep each head whole.
+        parts = self.p("parts")
+        self.ok("reshard", folder, parts, "--parts", 2)
+        for r in range(2):
+            self.assertTensorsEqual(st_tensors(os.path.join(parts, "model_part-%d.safetensors" % r)),
+                                    mf.megatron_part(model, r, 2), "part %d of 2" % r)
+
     def test_tensor_without_rule(self):
         model = mf.GPT(train_tp=2)
         folder = mf.write_megatron_lm(self.p("save"), model, tp=2, pp=1)

@@ -153,6 +153,34 @@ absl::StatusOr<TargetLayout> BuildConsolidateLayout(const Catalog& catalog, DTyp
   return layout;
 }
 
+namespace {
+
+// A split of `rows` rows into `parts` slices must keep the rule's units whole (Megatron's
+// attention heads in query_key_value): refused, naming the counts that would work, otherwise.
+absl::Status CheckWholeUnits(const CatalogTensor& tensor, const PartitionRule& rule, int dim,
+                             int64_t rows, int parts) {
+  if (rule.unit <= 1) return absl::OkStatus();
+  if (rows % rule.unit != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", tensor.name, "\": dimension ", dim, " has ", rows,
+                     " rows, not a whole number of the rule's units of ", rule.unit,
+                     " rows (rule \"", rule.pattern, "\")"));
+  }
+  const int64_t units = rows / rule.unit;
+  if (units % parts != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", tensor.name, "\": its ", units, " units of ", rule.unit,
+                     " rows along dimension ", dim,
+                     " (attention heads or head groups, for Megatron's "
+                     "query_key_value) cannot be shared evenly by ",
+                     parts, " parts: a part would hold a fraction of one (rule \"", rule.pattern,
+                     "\"); use a part count that divides ", units));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<TargetLayout> BuildSplitLayout(const Catalog& catalog, const PartitionRules& rules,
                                               int parts, DTypePolicy dtype,
                                               const OutputNaming& naming) {
@@ -191,6 +219,7 @@ absl::StatusOr<TargetLayout> BuildSplitLayout(const Catalog& catalog, const Part
             parts, " parts (rule \"", rule->pattern, "\")"));
       }
       const int64_t slice = tensor.shape[view_dim] / parts;
+      RETURN_IF_ERROR(CheckWholeUnits(tensor, *rule, dim, tensor.shape[view_dim], parts));
       Shape written = tensor.shape;
       written.erase(written.begin() + dim);
       written[dim] = rule->fused * slice;
@@ -212,6 +241,7 @@ absl::StatusOr<TargetLayout> BuildSplitLayout(const Catalog& catalog, const Part
                        ") is not divisible into ", parts, " parts (rule \"", rule->pattern, "\")"));
     }
     const int64_t slice = tensor.shape[dim] / parts;
+    RETURN_IF_ERROR(CheckWholeUnits(tensor, *rule, dim, tensor.shape[dim], parts));
     for (int rank = 0; rank < parts; ++rank) {
       Box region = Box::Full(tensor.shape);
       region.origin[dim] = rank * slice;

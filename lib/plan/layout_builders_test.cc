@@ -239,6 +239,37 @@ TEST(BuildSplitLayoutTest, IndivisibleDimension) {
       << layout.status();
 }
 
+TEST(BuildSplitLayoutTest, UnitsStayWhole) {
+  // 4 units of 3 rows (attention heads): 2 parts get 2 heads each; 4 parts get 1 each; 3 parts
+  // would divide the 12 rows but cut heads, 6 parts would cut every head in half.
+  Catalog catalog;
+  AddTensor(catalog, "qkv.weight", DType::kF32, {12, 2});
+  auto rules = Rules(R"({"rules": [{"pattern": ".*", "split_dim": 0, "unit": 3}]})");
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  for (int parts : {1, 2, 4}) {
+    auto layout = BuildSplitLayout(catalog, *rules, parts, DTypePolicy::kKeep, TestNaming());
+    ASSERT_TRUE(layout.ok()) << parts << ": " << layout.status();
+    EXPECT_EQ(layout->files[parts - 1].tensors[0].region,
+              (Box{{(parts - 1) * (12 / parts), 0}, {12 / parts, 2}}));
+  }
+  for (int parts : {3, 6}) {
+    auto layout = BuildSplitLayout(catalog, *rules, parts, DTypePolicy::kKeep, TestNaming());
+    ASSERT_FALSE(layout.ok()) << parts;
+    EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(layout.status().message().find("4 units of 3 rows"), absl::string_view::npos)
+        << layout.status();
+    EXPECT_NE(layout.status().message().find("divides 4"), absl::string_view::npos)
+        << layout.status();
+  }
+  // Rows that are no whole number of units at all.
+  Catalog odd;
+  AddTensor(odd, "qkv.weight", DType::kF32, {10, 2});
+  auto layout = BuildSplitLayout(odd, *rules, 2, DTypePolicy::kKeep, TestNaming());
+  ASSERT_FALSE(layout.ok());
+  EXPECT_NE(layout.status().message().find("not a whole number"), absl::string_view::npos)
+      << layout.status();
+}
+
 TEST(BuildSplitLayoutTest, NoMatchingRule) {
   Catalog catalog;
   AddTensor(catalog, "a.weight", DType::kF32, {4});

@@ -85,9 +85,16 @@ absl::StatusOr<PartitionRules> PartitionRules::FromJson(absl::string_view json,
       }
       rule.fused = entry["fused"].get<int>();
     }
+    if (entry.contains("unit")) {
+      if (!has_dim || !entry["unit"].is_number_integer() || entry["unit"].get<int64_t>() < 1 ||
+          entry["unit"].get<int64_t>() > (int64_t{1} << 40)) {
+        return error(where + "\"unit\" must be a positive integer, with \"split_dim\"");
+      }
+      rule.unit = entry["unit"].get<int64_t>();
+    }
     for (const auto& item : entry.items()) {
       if (item.key() != "pattern" && item.key() != "split_dim" && item.key() != "replicate" &&
-          item.key() != "fused") {
+          item.key() != "fused" && item.key() != "unit") {
         return error(absl::StrCat(where, "unknown field \"", item.key(), "\""));
       }
     }

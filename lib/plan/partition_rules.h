@@ -6,6 +6,7 @@
 //
 // JSON form, loaded from a file:
 //   {"rules": [{"pattern": "q_proj\\.weight$", "split_dim": 0},
+//              {"pattern": "query_key_value", "split_dim": 0, "unit": 192},
 //              {"pattern": ".*", "replicate": true}]}
 
 #ifndef RESHARD_LIB_PLAN_PARTITION_RULES_H_
@@ -31,6 +32,10 @@ struct PartitionRule {
   // The split dimension stacks this many equal blocks, each split across the parts on its own
   // (metaseq's fused qkv_proj: every part holds [q_i; k_i; v_i]). 1: a plain split.
   int fused = 1;
+  // The split dimension (each fused block's, with `fused`) is made of units of this many rows
+  // that must stay whole in one part: Megatron's query_key_value holds each attention head's
+  // q, k and v rows together, so a split that divides the rows but cuts a head is refused.
+  int64_t unit = 1;
 };
 
 // Built-in rule sets: "metaseq" (OPT / metaseq model-parallel parts, as reshard_mp.py splits

@@ -77,6 +77,20 @@ TEST(PartitionRulesTest, BothOrNeitherOfSplitDimAndReplicate) {
   ExpectInvalid(R"({"rules": [{"pattern": "x", "replicate": false}]})", "exactly one");
 }
 
+TEST(PartitionRulesTest, Unit) {
+  auto rules = PartitionRules::FromJson(
+      R"({"rules": [{"pattern": "qkv", "split_dim": 0, "unit": 36}]})", "test");
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  EXPECT_EQ(rules->rules()[0].unit, 36);
+  EXPECT_EQ(PartitionRules::FromJson(R"({"rules": [{"pattern": "x", "split_dim": 0}]})", "t")
+                ->rules()[0]
+                .unit,
+            1);
+  ExpectInvalid(R"({"rules": [{"pattern": "x", "split_dim": 0, "unit": 0}]})", "\"unit\"");
+  ExpectInvalid(R"({"rules": [{"pattern": "x", "split_dim": 0, "unit": "3"}]})", "\"unit\"");
+  ExpectInvalid(R"({"rules": [{"pattern": "x", "replicate": true, "unit": 3}]})", "\"unit\"");
+}
+
 TEST(PartitionRulesTest, UnknownField) {
   ExpectInvalid(R"({"rules": [{"pattern": "x", "split_dim": 0, "splitdim": 1}]})",
                 "unknown field \"splitdim\"");

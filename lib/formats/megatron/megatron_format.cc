@@ -295,6 +295,29 @@ std::optional<int64_t> ArgNumber(const ArgMap& args, absl::string_view key) {
   return it->second.number;
 }
 
+// Rows of query_key_value that belong to one attention head (with grouped-query attention: one
+// head group, its query heads plus one key and one value head), which a tensor-parallel split
+// must keep together; 1 when the args do not say.
+int64_t QkvUnitRows(const ArgMap& args) {
+  const std::optional<int64_t> heads = ArgNumber(args, "num_attention_heads");
+  if (!heads.has_value() || *heads <= 0 || *heads > kMaxIndex) return 1;
+  std::optional<int64_t> head_dim = ArgNumber(args, "kv_channels");
+  if (!head_dim.has_value() || *head_dim <= 0) {
+    const std::optional<int64_t> hidden = ArgNumber(args, "hidden_size");
+    if (!hidden.has_value() || *hidden <= 0 || *hidden % *heads != 0) return 1;
+    head_dim = *hidden / *heads;
+  }
+  if (*head_dim > kMaxIndex) return 1;
+  int64_t groups = *heads;
+  if (ArgNumber(args, "group_query_attention").value_or(0) != 0) {
+    groups = ArgNumber(args, "num_query_groups").value_or(*heads);
+  } else if (auto kv = ArgNumber(args, "num_key_value_heads"); kv.has_value() && *kv > 0) {
+    groups = *kv;  // Megatron-DeepSpeed's name for the same thing
+  }
+  if (groups <= 0 || *heads % groups != 0) return 1;
+  return (*heads / groups + 2) * *head_dim;
+}
+
 std::optional<double> PickleNumber(const PickleValue* value) {
   if (value == nullptr) return std::nullopt;
   if (value->kind == Kind::kFloat) return value->real;
@@ -682,7 +705,7 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
   }
   RETURN_IF_ERROR(CheckPaddedVocab(reference.facts, model.parts[0], tp, what));
   ASSIGN_OR_RETURN(const bool swiglu, DecideSwiGLU(reference.facts, model.parts[0], what));
-  model.default_rules = MegatronPartitionRules(swiglu);
+  model.default_rules = MegatronPartitionRules(swiglu, QkvUnitRows(reference.facts.args));
 
   int64_t layers = 0;
   if (num_layers.has_value()) {
@@ -890,7 +913,7 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
   }
   RETURN_IF_ERROR(CheckPaddedVocab(reference, model.parts[0], tp, what));
   ASSIGN_OR_RETURN(const bool swiglu, DecideSwiGLU(reference, model.parts[0], what));
-  model.default_rules = MegatronPartitionRules(swiglu);
+  model.default_rules = MegatronPartitionRules(swiglu, QkvUnitRows(reference.args));
 
   std::string when = absl::StrCat("tag ", where.name);
   if (reference.iteration.has_value()) {
@@ -1097,14 +1120,22 @@ std::optional<bool> SwiGLUFromShapes(const Catalog& catalog) {
   return std::nullopt;
 }
 
-std::string MegatronPartitionRules(bool swiglu) {
+std::string MegatronPartitionRules(bool swiglu, int64_t qkv_unit_rows) {
   const std::string preset = PartitionRulePreset("megatron");
-  if (!swiglu) return preset;
+  if (!swiglu && qkv_unit_rows <= 1) return preset;
   nlohmann::json rules = nlohmann::json::parse(preset);
-  rules["rules"].insert(
-      rules["rules"].begin(),
-      nlohmann::json{
-          {"pattern", "dense_h_to_4h\\.(weight|bias)$"}, {"split_dim", 0}, {"fused", 2}});
+  if (swiglu) {
+    rules["rules"].insert(
+        rules["rules"].begin(),
+        nlohmann::json{
+            {"pattern", "dense_h_to_4h\\.(weight|bias)$"}, {"split_dim", 0}, {"fused", 2}});
+  }
+  if (qkv_unit_rows > 1) {
+    rules["rules"].insert(rules["rules"].begin(),
+                          nlohmann::json{{"pattern", "query_key_value\\.(weight|bias)$"},
+                                         {"split_dim", 0},
+                                         {"unit", qkv_unit_rows}});
+  }
   return rules.dump();
 }
 

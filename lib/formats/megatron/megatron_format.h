@@ -156,8 +156,10 @@ absl::StatusOr<Catalog> MergePipelineStages(std::vector<PipelineStage> stages,
 std::optional<bool> SwiGLUFromShapes(const Catalog& catalog);
 
 // The partition rules (JSON) of a Megatron GPT: the `megatron` preset, with dense_h_to_4h as
-// 2 fused blocks (gate, up) in front when `swiglu`.
-std::string MegatronPartitionRules(bool swiglu);
+// 2 fused blocks (gate, up) in front when `swiglu`, and query_key_value kept in whole units of
+// `qkv_unit_rows` rows (one attention head's q, k, v; or one GQA head group) when above 1, so
+// that a split into a tensor-parallel degree that does not divide the heads is refused.
+std::string MegatronPartitionRules(bool swiglu, int64_t qkv_unit_rows = 1);
 
 }  // namespace reshard
 
