@@ -1509,8 +1509,15 @@ class ZeroReader {
         bf16_optimizer_ ? "BF16_Optimizer (ZeRO-1 layout)" : absl::StrCat("ZeRO-", stage_),
         prefix_ == "bf16_" && !bf16_optimizer_ ? " (bf16)" : "", ", ", world_,
         " data-parallel rank", world_ == 1 ? "" : "s", ", tag ", tag_, ", ",
-        trainable + frozen + aliases_, " parameters (", frozen, " frozen",
-        frozen_from_module_ ? " from the 16-bit module" : "", ", ", aliases_, " shared)");
+        trainable + frozen + aliases_, " parameters");
+    // Frozen and shared ones, when there are any: "(2 frozen, 1 shared)".
+    std::vector<std::string> kinds;
+    if (frozen > 0) {
+      kinds.push_back(
+          absl::StrCat(frozen, " frozen", frozen_from_module_ ? " from the 16-bit module" : ""));
+    }
+    if (aliases_ > 0) kinds.push_back(absl::StrCat(aliases_, " shared"));
+    if (!kinds.empty()) absl::StrAppend(&text, " (", absl::StrJoin(kinds, ", "), ")");
     if (buffers > 0) absl::StrAppend(&text, ", ", buffers, " buffer", buffers == 1 ? "" : "s");
     if (options_.include_optimizer) absl::StrAppend(&text, ", with Adam moments");
     return text;
