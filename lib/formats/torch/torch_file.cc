@@ -94,7 +94,7 @@ bool IsLegacyTorchSave(absl::string_view head) {
   if (head.size() < 2 || head[0] != '\x80') return false;
   size_t at = 2;                                        // after PROTO n
   if (head.size() > at && head[at] == '\x95') at += 9;  // FRAME with an 8-byte length
-  return head.substr(at, magic.size()) == magic;
+  return head.size() >= at + magic.size() && head.substr(at, magic.size()) == magic;
 }
 
 absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_view bytes,

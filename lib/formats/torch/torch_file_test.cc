@@ -531,6 +531,9 @@ TEST(TorchArchiveTest, LegacyFormatIsRefused) {
     ExpectError(ParseStatus(head), absl::StatusCode::kUnimplemented, {"legacy"});
   }
   EXPECT_FALSE(IsLegacyTorchSave(""));
+  // A FRAME cut short (found by torch_archive_fuzzer: substr past the end threw).
+  EXPECT_FALSE(IsLegacyTorchSave(std::string("\x80\x08\x95\xda\x01\0\0\0\0", 9)));
+  EXPECT_FALSE(IsLegacyTorchSave(std::string("\x80\x04\x95", 3)));
   EXPECT_FALSE(IsLegacyTorchSave("PK\x03\x04"));
   // Neither a zip nor legacy: the zip reader's DataLoss.
   ExpectError(ParseStatus(std::string(200, 'x')), absl::StatusCode::kDataLoss, {kPath});
