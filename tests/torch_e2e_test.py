@@ -17,35 +17,15 @@ import zipfile
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures"))
 import harness  # noqa: E402
+from gpt2_fixture import gpt2_like  # noqa: E402
 import st_reference as R  # noqa: E402
 from st_torch import TAG_OF, tensor_from_st  # noqa: E402
 
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 
 RESHARDCTL = None
-
-
-def gpt2_like(seed, layers=2, hidden=16, vocab=40, positions=12):
-    """A GPT-2-like state dict (HF names) with lm_head tied to wte (same tensor, two keys)."""
-    g = torch.Generator().manual_seed(seed)
-    sd = collections.OrderedDict()
-    wte = torch.randn(vocab, hidden, generator=g)
-    sd["transformer.wte.weight"] = wte
-    sd["transformer.wpe.weight"] = torch.randn(positions, hidden, generator=g)
-    for i in range(layers):
-        p = "transformer.h.%d." % i
-        sd[p + "ln_1.weight"] = torch.ones(hidden) + 0.01 * torch.randn(hidden, generator=g)
-        sd[p + "ln_1.bias"] = torch.zeros(hidden)
-        sd[p + "attn.c_attn.weight"] = torch.randn(hidden, 3 * hidden, generator=g)
-        sd[p + "attn.c_attn.bias"] = torch.randn(3 * hidden, generator=g)
-        sd[p + "attn.c_proj.weight"] = torch.randn(hidden, hidden, generator=g)
-        sd[p + "attn.bias"] = torch.tril(torch.ones(positions, positions, dtype=torch.bool))
-        sd[p + "mlp.c_fc.weight"] = torch.randn(hidden, 4 * hidden, generator=g)
-        sd[p + "mlp.c_proj.weight"] = torch.randn(4 * hidden, hidden, generator=g)
-    sd["transformer.ln_f.weight"] = torch.ones(hidden)
-    sd["lm_head.weight"] = wte  # tied
-    return sd
 
 
 def flatten(obj, prefix=""):
