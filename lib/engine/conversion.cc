@@ -201,7 +201,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   options.cancelled = control.cancelled;
   options.on_file_committed = control.on_file_committed;
   if (control.resume) options.completed_files = control.completed_files;
-  ASSIGN_OR_RETURN(ExecutionResult executed, Execute(planned.plan, staging.path(), options));
+  ASSIGN_OR_RETURN(ExecutionResult executed, Execute(planned.plan, staging.dir(), options));
 
   const auto publish_start = Clock::now();
   ConversionResult result;
@@ -215,14 +215,14 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   result.verification_failures = executed.verification_failures;
   for (const FilePlan& file : planned.plan.files) result.tensors += file.tensors.size();
   for (const auto& [name, contents] : planned.companion_files) {
-    RETURN_IF_ERROR(WriteFileAtomically(staging.path(), name, contents));
+    RETURN_IF_ERROR(WriteFileAtomically(staging.dir(), name, contents));
     result.files.push_back(
         {name, contents.size(), XXH3_64bits(contents.data(), contents.size()), 0});
     result.bytes_written += contents.size();
   }
   // The manifest is the commit mark: written last, then the folder is published at once.
   const std::string manifest = BuildManifest(spec, planned, result.files);
-  RETURN_IF_ERROR(WriteFileAtomically(staging.path(), kManifestName, manifest));
+  RETURN_IF_ERROR(WriteFileAtomically(staging.dir(), kManifestName, manifest));
   result.bytes_written += manifest.size();
   if (control.cancelled != nullptr && control.cancelled->load()) {
     return absl::CancelledError("conversion cancelled");

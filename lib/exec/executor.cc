@@ -1,5 +1,6 @@
 #include "lib/exec/executor.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -159,7 +160,7 @@ class FileWriter {
              const ExecutorOptions& options, ProgressTracker& progress)
       : plan_(plan), sources_(sources), options_(options), progress_(progress) {}
 
-  absl::StatusOr<WrittenFile> Run(const std::string& dir) {
+  absl::StatusOr<WrittenFile> Run(const Directory& dir) {
     ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir, plan_.name));
     uint64_t hash = 0;
     {
@@ -282,16 +283,15 @@ class FileWriter {
 // A file committed by an earlier attempt, when it is intact: planned size, recorded checksum.
 // Anything else under the name is removed so the file is written again. Adds the time spent
 // checking to `verify_seconds` and sets `mismatch` when a recorded file failed the check.
-std::optional<WrittenFile> ReuseCompletedFile(const FilePlan& file, const std::string& dir,
+std::optional<WrittenFile> ReuseCompletedFile(const FilePlan& file, const Directory& dir,
                                               const ExecutorOptions& options,
                                               double& verify_seconds, bool& mismatch) {
-  const std::string path = absl::StrCat(dir, "/", file.name);
   auto recorded = options.completed_files.find(file.name);
   if (recorded != options.completed_files.end()) {
     const Clock::time_point start = Clock::now();
-    struct stat st;
-    if (::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == file.bytes) {
-      auto hash = HashFile(path);
+    auto st = dir.StatChild(file.name);
+    if (st.ok() && S_ISREG(st->st_mode) && static_cast<uint64_t>(st->st_size) == file.bytes) {
+      auto hash = HashFile(dir, file.name);
       verify_seconds += SecondsSince(start);
       if (hash.ok() && *hash == recorded->second) {
         return WrittenFile{file.name, file.bytes, *hash, static_cast<int>(file.tensors.size())};
@@ -299,14 +299,11 @@ std::optional<WrittenFile> ReuseCompletedFile(const FilePlan& file, const std::s
     }
     mismatch = true;
   }
-  ::unlink(path.c_str());
+  dir.RemoveFile(file.name).IgnoreError();  // written again; Create fails loudly if it stays
   return std::nullopt;
 }
 
-}  // namespace
-
-absl::StatusOr<uint64_t> HashFile(const std::string& path) {
-  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+absl::StatusOr<uint64_t> HashMappedFile(const MappedFile& file) {
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
   constexpr uint64_t kChunk = 16 << 20;
@@ -320,6 +317,19 @@ absl::StatusOr<uint64_t> HashFile(const std::string& path) {
   return hash;
 }
 
+}  // namespace
+
+absl::StatusOr<uint64_t> HashFile(const std::string& path) {
+  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+  return HashMappedFile(file);
+}
+
+absl::StatusOr<uint64_t> HashFile(const Directory& dir, const std::string& name) {
+  ASSIGN_OR_RETURN(int fd, dir.OpenFile(name, O_RDONLY | O_NONBLOCK));
+  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Adopt(fd, dir.PathOf(name)));
+  return HashMappedFile(file);
+}
+
 absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>& sources) {
   std::vector<MappedFile> mapped;
   mapped.reserve(sources.size());
@@ -331,7 +341,7 @@ absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>
   return mapped;
 }
 
-absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string& dir,
+absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& dir,
                                         const ExecutorOptions& options) {
   ASSIGN_OR_RETURN(std::vector<MappedFile> sources, MapSources(plan.sources));
   ProgressTracker progress(plan, options.on_progress);

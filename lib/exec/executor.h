@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "lib/io/directory.h"
 #include "lib/io/mapped_file.h"
 #include "lib/plan/layout.h"
 
@@ -83,14 +84,16 @@ struct ExecutionResult {
 // Maps every source of the plan read-only (checking sizes against the Catalog).
 absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>& sources);
 
-// Writes all files of `plan` into folder `dir`. On error or cancellation no file is left under
-// a final name by this call's unfinished work (finished files stay; the caller's staging folder
-// owns them).
-absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string& dir,
+// Writes all files of `plan` into folder `dir` (through its handle only). On error or
+// cancellation no file is left under a final name by this call's unfinished work (finished
+// files stay; the caller's staging folder owns them).
+absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& dir,
                                         const ExecutorOptions& options);
 
 // XXH3-64 of a whole file, read through a mapping released as it goes.
 absl::StatusOr<uint64_t> HashFile(const std::string& path);
+// The same for the file `name` in `dir` (not following a symlink).
+absl::StatusOr<uint64_t> HashFile(const Directory& dir, const std::string& name);
 
 // Peak memory the execution of `plan` needs beyond the process's baseline: the window buffers,
 // the source pages one window may hold before release, and the plan itself.

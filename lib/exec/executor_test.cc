@@ -19,6 +19,13 @@
 namespace reshard {
 namespace {
 
+// The executor writes through a folder handle, as the staging folder hands it one.
+Directory OutputDir(const std::string& path) {
+  auto dir = Directory::Open(path);
+  EXPECT_TRUE(dir.ok()) << dir.status();
+  return dir.ok() ? *std::move(dir) : Directory();
+}
+
 namespace fs = std::filesystem;
 
 // Value of element (r, c) of the global F32 tensor: distinct, with fractional bits that make
@@ -156,7 +163,7 @@ void RunAndCompare(int64_t rows, int64_t cols, int64_t split) {
         last = p;
         ++calls;
       };
-      auto result = Execute(*plan, out, options);
+      auto result = Execute(*plan, OutputDir(out), options);
       ASSERT_TRUE(result.ok()) << result.status();
       ASSERT_EQ(result->files.size(), 2u);
       uint64_t written = 0;
@@ -217,7 +224,7 @@ TEST(ExecutorTest, CancelledLeavesNoFile) {
   ExecutorOptions options;
   options.window_bytes = 4096;
   options.cancelled = &cancelled;
-  auto result = Execute(*plan, out, options);
+  auto result = Execute(*plan, OutputDir(out), options);
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
   EXPECT_TRUE(fs::is_empty(out)) << "files left in the output folder";
@@ -231,7 +238,7 @@ TEST(ExecutorTest, ChangedSourceIsDataLoss) {
   ASSERT_TRUE(plan.ok());
   WriteAll(src + "/b.bin", "shrunk");
   const std::string out = MakeTempDir("out");
-  auto result = Execute(*plan, out, ExecutorOptions());
+  auto result = Execute(*plan, OutputDir(out), ExecutorOptions());
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << result.status();
   EXPECT_NE(result.status().message().find("b.bin"), absl::string_view::npos) << result.status();
@@ -247,13 +254,13 @@ TEST(ExecutorTest, ResumeVerifiesCommittedFiles) {
   auto plan = BuildCopyPlan(fixture.catalog, c.layout, c.framings);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const std::string out = MakeTempDir("out");
-  auto first = Execute(*plan, out, ExecutorOptions());
+  auto first = Execute(*plan, OutputDir(out), ExecutorOptions());
   ASSERT_TRUE(first.ok()) << first.status();
 
   ExecutorOptions options;
   options.completed_files[first->files[0].name] = first->files[0].xxh3_64;
   options.completed_files[first->files[1].name] = first->files[1].xxh3_64 ^ 1;  // stale record
-  auto resumed = Execute(*plan, out, options);
+  auto resumed = Execute(*plan, OutputDir(out), options);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->verification_failures, 1);
   EXPECT_GT(resumed->phases.verify, 0);

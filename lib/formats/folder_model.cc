@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
+#include "lib/io/file_access.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
@@ -72,18 +73,17 @@ std::vector<std::string> ListFolder(const std::string& dir,
 
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadWeightMap(
     const std::string& index_path) {
-  std::error_code error;
-  const uint64_t size = fs::file_size(index_path, error);
-  if (error) return absl::NotFoundError(absl::StrCat("cannot read ", index_path));
-  if (size > kMaxIndexBytes) {
-    return absl::DataLossError(absl::StrCat(index_path, ": index is larger than 256 MiB"));
+  auto text = ReadSmallFile(index_path, kMaxIndexBytes);
+  if (!text.ok()) {
+    if (absl::IsInvalidArgument(text.status()) &&
+        absl::StrContains(text.status().message(), "larger than")) {
+      return absl::DataLossError(absl::StrCat(index_path, ": index is larger than 256 MiB"));
+    }
+    return text.status();
   }
-  std::ifstream in(index_path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
   nlohmann::ordered_json index;
   try {
-    index = nlohmann::ordered_json::parse(text.str());
+    index = nlohmann::ordered_json::parse(*text);
   } catch (const nlohmann::ordered_json::exception& e) {
     return absl::DataLossError(absl::StrCat(index_path, ": invalid JSON: ", e.what()));
   }

@@ -10,6 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "lib/core/status.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace {
@@ -48,10 +50,8 @@ std::vector<std::string> InputFormatIds() {
 }
 
 absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("input ", path, " does not exist"));
-  }
+  // Before any probe opens it: FIFOs, sockets and devices are refused, not read.
+  RETURN_IF_ERROR(CheckInputFileType(path));
   Registry& registry = GetRegistry();
   absl::MutexLock lock(&registry.mu);
   std::vector<const InputFormat*> by_priority;

@@ -13,22 +13,28 @@
 
 namespace reshard {
 
-absl::StatusOr<AtomicFile> AtomicFile::Create(const std::string& dir, const std::string& name) {
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+absl::StatusOr<AtomicFile> AtomicFile::Create(const Directory& dir, const std::string& name) {
+  if (!CheckPlainName(name).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid output file name \"", name, "\""));
   }
   AtomicFile file;
-  file.dir_ = dir;
-  file.final_path_ = absl::StrCat(dir, "/", name);
-  file.temp_path_ = absl::StrCat(file.final_path_, ".partial");
-  file.fd_ = ::open(file.temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  file.dir_fd_ = ::fcntl(dir.fd(), F_DUPFD_CLOEXEC, 0);
+  if (file.dir_fd_ < 0) return ErrnoToStatus(errno, absl::StrCat("opening folder ", dir.path()));
+  file.final_name_ = name;
+  file.temp_name_ = absl::StrCat(name, ".partial");
+  file.final_path_ = dir.PathOf(name);
+  file.temp_path_ = dir.PathOf(file.temp_name_);
+  file.fd_ = ::openat(file.dir_fd_, file.temp_name_.c_str(),
+                      O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (file.fd_ < 0) return ErrnoToStatus(errno, absl::StrCat("creating ", file.temp_path_));
   return file;
 }
 
 AtomicFile::AtomicFile(AtomicFile&& other) noexcept
     : fd_(std::exchange(other.fd_, -1)),
-      dir_(std::move(other.dir_)),
+      dir_fd_(std::exchange(other.dir_fd_, -1)),
+      temp_name_(std::move(other.temp_name_)),
+      final_name_(std::move(other.final_name_)),
       temp_path_(std::move(other.temp_path_)),
       final_path_(std::move(other.final_path_)),
       bytes_written_(other.bytes_written_) {}
@@ -37,7 +43,9 @@ AtomicFile& AtomicFile::operator=(AtomicFile&& other) noexcept {
   if (this != &other) {
     Abandon();
     fd_ = std::exchange(other.fd_, -1);
-    dir_ = std::move(other.dir_);
+    dir_fd_ = std::exchange(other.dir_fd_, -1);
+    temp_name_ = std::move(other.temp_name_);
+    final_name_ = std::move(other.final_name_);
     temp_path_ = std::move(other.temp_path_);
     final_path_ = std::move(other.final_path_);
     bytes_written_ = other.bytes_written_;
@@ -50,8 +58,12 @@ AtomicFile::~AtomicFile() { Abandon(); }
 void AtomicFile::Abandon() {
   if (fd_ >= 0) {
     ::close(fd_);
-    ::unlink(temp_path_.c_str());
+    ::unlinkat(dir_fd_, temp_name_.c_str(), 0);
     fd_ = -1;
+  }
+  if (dir_fd_ >= 0) {
+    ::close(dir_fd_);
+    dir_fd_ = -1;
   }
 }
 
@@ -83,18 +95,21 @@ absl::Status AtomicFile::Commit() {
   int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) {
     int error = errno;
-    ::unlink(temp_path_.c_str());
+    ::unlinkat(dir_fd_, temp_name_.c_str(), 0);
     return ErrnoToStatus(error, absl::StrCat("closing ", temp_path_));
   }
-  if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0) {
+  if (::renameat(dir_fd_, temp_name_.c_str(), dir_fd_, final_name_.c_str()) != 0) {
     int error = errno;
-    ::unlink(temp_path_.c_str());
+    ::unlinkat(dir_fd_, temp_name_.c_str(), 0);
     return ErrnoToStatus(error, absl::StrCat("renaming ", temp_path_, " to ", final_path_));
   }
-  return SyncDirectory(dir_);
+  if (::fsync(dir_fd_) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("fsync of the folder of ", final_path_));
+  }
+  return absl::OkStatus();
 }
 
-absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
+absl::Status WriteFileAtomically(const Directory& dir, const std::string& name,
                                  absl::string_view contents) {
   ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir, name));
   RETURN_IF_ERROR(file.Append(contents));
@@ -102,13 +117,8 @@ absl::Status WriteFileAtomically(const std::string& dir, const std::string& name
 }
 
 absl::Status SyncDirectory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("opening folder ", dir));
-  int result = ::fsync(fd);
-  int error = errno;
-  ::close(fd);
-  if (result != 0) return ErrnoToStatus(error, absl::StrCat("fsync folder ", dir));
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(Directory handle, Directory::Open(dir));
+  return handle.Sync();
 }
 
 }  // namespace reshard

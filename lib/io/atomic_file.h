@@ -2,7 +2,8 @@
 //
 // `Create` opens `<dir>/<name>.partial` (exclusively); `Append` writes; `Commit` fsyncs,
 // closes, renames to `<dir>/<name>` and fsyncs the folder. Destroying an uncommitted file
-// removes the partial one, so no file ever appears under its final name half-written.
+// removes the partial one, so no file ever appears under its final name half-written. All of
+// it goes through the folder's handle (lib/io/directory.h), never its path name.
 
 #ifndef RESHARD_LIB_IO_ATOMIC_FILE_H_
 #define RESHARD_LIB_IO_ATOMIC_FILE_H_
@@ -13,12 +14,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "lib/io/directory.h"
 
 namespace reshard {
 
 class AtomicFile {
  public:
-  static absl::StatusOr<AtomicFile> Create(const std::string& dir, const std::string& name);
+  // `dir` must stay open until the file is committed or destroyed.
+  static absl::StatusOr<AtomicFile> Create(const Directory& dir, const std::string& name);
 
   AtomicFile() = default;
   AtomicFile(AtomicFile&& other) noexcept;
@@ -39,14 +42,16 @@ class AtomicFile {
   void Abandon();
 
   int fd_ = -1;
-  std::string dir_;
+  int dir_fd_ = -1;  // a duplicate of the folder's descriptor, owned
+  std::string temp_name_;
+  std::string final_name_;
   std::string temp_path_;
   std::string final_path_;
   uint64_t bytes_written_ = 0;
 };
 
 // Writes `contents` to `<dir>/<name>` through an AtomicFile.
-absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
+absl::Status WriteFileAtomically(const Directory& dir, const std::string& name,
                                  absl::string_view contents);
 
 // fsyncs a folder so renames inside it are durable.

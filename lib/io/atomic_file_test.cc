@@ -16,12 +16,18 @@ namespace {
 
 bool Exists(const std::string& path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+Directory OpenDir(const std::string& path) {
+  auto dir = Directory::Open(path);
+  EXPECT_TRUE(dir.ok()) << dir.status();
+  return dir.ok() ? *std::move(dir) : Directory();
 }
 
 TEST(AtomicFileTest, CommitPublishesContent) {
   const std::string dir = MakeTempDir();
-  auto file = AtomicFile::Create(dir, "out.bin");
+  auto file = AtomicFile::Create(OpenDir(dir), "out.bin");
   ASSERT_TRUE(file.ok()) << file.status();
   const std::string final_path = dir + "/out.bin";
   EXPECT_EQ(file->final_path(), final_path);
@@ -42,7 +48,7 @@ TEST(AtomicFileTest, CommitPublishesContent) {
 TEST(AtomicFileTest, UncommittedFileIsRemoved) {
   const std::string dir = MakeTempDir();
   {
-    auto file = AtomicFile::Create(dir, "gone.bin");
+    auto file = AtomicFile::Create(OpenDir(dir), "gone.bin");
     ASSERT_TRUE(file.ok()) << file.status();
     ASSERT_TRUE(file->Append("partial data").ok());
     EXPECT_TRUE(Exists(dir + "/gone.bin.partial"));
@@ -53,7 +59,7 @@ TEST(AtomicFileTest, UncommittedFileIsRemoved) {
 
 TEST(AtomicFileTest, MoveTransfersOwnership) {
   const std::string dir = MakeTempDir();
-  auto created = AtomicFile::Create(dir, "moved.bin");
+  auto created = AtomicFile::Create(OpenDir(dir), "moved.bin");
   ASSERT_TRUE(created.ok());
   AtomicFile a = *std::move(created);
   ASSERT_TRUE(a.Append("abc").ok());
@@ -66,7 +72,7 @@ TEST(AtomicFileTest, MoveTransfersOwnership) {
 
 TEST(AtomicFileTest, EmptyCommit) {
   const std::string dir = MakeTempDir();
-  auto file = AtomicFile::Create(dir, "empty.bin");
+  auto file = AtomicFile::Create(OpenDir(dir), "empty.bin");
   ASSERT_TRUE(file.ok());
   ASSERT_TRUE(file->Commit().ok());
   EXPECT_TRUE(Exists(dir + "/empty.bin"));
@@ -76,24 +82,40 @@ TEST(AtomicFileTest, EmptyCommit) {
 TEST(AtomicFileTest, RejectsBadNamesAndExistingPartial) {
   const std::string dir = MakeTempDir();
   for (const char* name : {"", "a/b", ".", ".."}) {
-    EXPECT_EQ(AtomicFile::Create(dir, name).status().code(), absl::StatusCode::kInvalidArgument)
+    EXPECT_EQ(AtomicFile::Create(OpenDir(dir), name).status().code(), absl::StatusCode::kInvalidArgument)
         << name;
   }
-  auto first = AtomicFile::Create(dir, "same.bin");
+  auto first = AtomicFile::Create(OpenDir(dir), "same.bin");
   ASSERT_TRUE(first.ok());
   // Exclusive creation: a second writer of the same name fails instead of clobbering.
-  EXPECT_FALSE(AtomicFile::Create(dir, "same.bin").ok());
-  EXPECT_EQ(AtomicFile::Create(dir + "/missing", "x.bin").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(AtomicFile::Create(OpenDir(dir), "same.bin").ok());
+  EXPECT_EQ(Directory::Open(dir + "/missing").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(AtomicFileTest, WriteFileAtomically) {
   const std::string dir = MakeTempDir();
-  ASSERT_TRUE(WriteFileAtomically(dir, "index.json", "{}\n").ok());
+  ASSERT_TRUE(WriteFileAtomically(OpenDir(dir), "index.json", "{}\n").ok());
   EXPECT_EQ(ReadAll(dir + "/index.json"), "{}\n");
   EXPECT_FALSE(Exists(dir + "/index.json.partial"));
   EXPECT_TRUE(SyncDirectory(dir).ok());
   EXPECT_FALSE(SyncDirectory(dir + "/missing").ok());
+}
+
+// The file lands in the folder it was created in, through the handle, even when the folder's
+// path is swapped for a symlink to another folder before the commit.
+TEST(AtomicFileTest, CommitsIntoTheFolderNotThePath) {
+  const std::string root = MakeTempDir();
+  const std::string outside = MakeTempDir();
+  ASSERT_EQ(::mkdir((root + "/out").c_str(), 0755), 0);
+  auto file = AtomicFile::Create(OpenDir(root + "/out"), "data.bin");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE(file->Append("payload").ok());
+  ASSERT_EQ(::rename((root + "/out").c_str(), (root + "/moved").c_str()), 0);
+  ASSERT_EQ(::symlink(outside.c_str(), (root + "/out").c_str()), 0);
+  ASSERT_TRUE(file->Commit().ok());
+  EXPECT_EQ(ReadAll(root + "/moved/data.bin"), "payload");
+  EXPECT_FALSE(Exists(outside + "/data.bin"));
+  EXPECT_FALSE(Exists(outside + "/data.bin.partial"));
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
+#include "lib/io/directory.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace {
@@ -22,13 +24,22 @@ uint64_t PageSize() {
 }  // namespace
 
 absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path, int64_t expected_size) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("opening ", path));
+  ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
+  return Adopt(fd, path, expected_size);
+}
+
+absl::StatusOr<MappedFile> MappedFile::Adopt(int fd, const std::string& path,
+                                             int64_t expected_size) {
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int error = errno;
     ::close(fd);
     return ErrnoToStatus(error, absl::StrCat("stat ", path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is ", DescribeFileType(st.st_mode), ", not a regular file"));
   }
   if (expected_size >= 0 && st.st_size != expected_size) {
     ::close(fd);

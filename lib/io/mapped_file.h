@@ -23,7 +23,12 @@ class MappedFile {
  public:
   // Maps `path` read-only. `expected_size`, when given, must equal the file's size (it changed
   // since it was cataloged otherwise: DataLoss).
+  // The file is opened with OpenRegularFile (lib/io/file_access.h): FIFOs and devices are
+  // refused, and under a PathConfinement it is opened beneath the allowed roots.
   static absl::StatusOr<MappedFile> Open(const std::string& path, int64_t expected_size = -1);
+  // Maps the open file `fd` (taken over, closed on error), known by `path` in messages.
+  static absl::StatusOr<MappedFile> Adopt(int fd, const std::string& path,
+                                          int64_t expected_size = -1);
 
   MappedFile() = default;
   MappedFile(MappedFile&& other) noexcept;

@@ -10,9 +10,11 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/io/atomic_file.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace {
@@ -25,17 +27,27 @@ std::string Normalize(const std::string& path) {
   return result;
 }
 
-// Opens and flocks `dir`; returns -1 with errno EWOULDBLOCK when another process holds it.
-int LockDirectory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    int error = errno;
-    ::close(fd);
-    errno = error;
-    return -1;
+// flock of an open folder; false with errno EWOULDBLOCK when another process holds it.
+bool LockDirectory(const Directory& dir) { return ::flock(dir.fd(), LOCK_EX | LOCK_NB) == 0; }
+
+// FailedPrecondition unless `name` in `parent` is absent or an empty folder (never followed).
+absl::Status CheckOutputUsableAt(const Directory& parent, const std::string& name,
+                                 const std::string& output_dir) {
+  auto st = parent.StatChild(name);
+  if (!st.ok()) return absl::IsNotFound(st.status()) ? absl::OkStatus() : st.status();
+  if (!S_ISDIR(st->st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "output ", output_dir, " exists and is not a folder (it is ",
+        DescribeFileType(st->st_mode), ")"));
   }
-  return fd;
+  ASSIGN_OR_RETURN(Directory out, parent.OpenChild(name));
+  ASSIGN_OR_RETURN(std::vector<std::string> entries, out.List());
+  if (!entries.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "output folder ", output_dir,
+        " is not empty; choose a new folder (reshard never overwrites existing output)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -66,65 +78,85 @@ absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir,
                                               const StagingOptions& options) {
   if (output_dir.empty()) return absl::InvalidArgumentError("empty output folder name");
   const std::string out = Normalize(output_dir);
-  if (!options.overwrite) RETURN_IF_ERROR(CheckOutputDirUsable(out));
-  std::error_code error;
-  fs::path parent = fs::path(out).parent_path();
-  if (!parent.empty()) {
-    fs::create_directories(parent, error);
-    if (error) {
-      return ErrnoToStatus(error.value(), absl::StrCat("creating folder ", parent.string()));
-    }
-  }
+  const fs::path out_path(out);
   StagingDir staging;
   staging.output_dir_ = out;
-  staging.path_ = StagingPathFor(out);
+  staging.output_name_ = out_path.filename().string();
+  staging.parent_path_ = out_path.parent_path().string();
+  if (staging.parent_path_.empty()) staging.parent_path_ = ".";
+  if (!CheckPlainName(staging.output_name_).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output ", output_dir, " does not end in a folder name"));
+  }
+  staging.staging_name_ = absl::StrCat(".", staging.output_name_, ".reshard-staging");
   staging.overwrite_ = options.overwrite;
   // Until this run owns the folder (created it, or locked a stale one) an early return must not
   // let the destructor remove it: it may be another run's, locked and in use.
   staging.published_ = true;
-  if (fs::exists(fs::symlink_status(staging.path_, error))) {
-    int fd = LockDirectory(staging.path_);
-    if (fd < 0) {
+  ASSIGN_OR_RETURN(staging.parent_, OpenFolderCreating(staging.parent_path_));
+  const Directory& parent = staging.parent_;
+  if (!options.overwrite) {
+    RETURN_IF_ERROR(CheckOutputUsableAt(parent, staging.output_name_, out));
+  }
+  const std::string staging_path = parent.PathOf(staging.staging_name_);
+  staging.staging_path_ = staging_path;
+  auto existing = parent.StatChild(staging.staging_name_);
+  if (existing.ok() && !S_ISDIR(existing->st_mode)) {
+    // Not ours (a file or a symlink under our name): the name goes, a link's target stays.
+    RETURN_IF_ERROR(parent.RemoveFile(staging.staging_name_));
+  } else if (existing.ok()) {
+    ASSIGN_OR_RETURN(Directory stale, parent.OpenChild(staging.staging_name_));
+    if (!LockDirectory(stale)) {
       if (errno == EWOULDBLOCK) {
         return absl::FailedPreconditionError(absl::StrCat("another reshard run is writing ", out,
-                                                          " (its staging folder ", staging.path_,
+                                                          " (its staging folder ", staging_path,
                                                           " is locked)"));
       }
-      return ErrnoToStatus(errno, absl::StrCat("locking stale staging folder ", staging.path_));
+      return ErrnoToStatus(errno, absl::StrCat("locking stale staging folder ", staging_path));
     }
     // Left by a run that was killed: nothing in it was ever published.
     if (options.resume) {
-      for (const auto& entry : fs::directory_iterator(staging.path_, error)) {
-        if (entry.path().extension() == ".partial") fs::remove(entry.path(), error);
+      ASSIGN_OR_RETURN(std::vector<std::string> names, stale.List());
+      for (const std::string& name : names) {
+        if (absl::EndsWith(name, ".partial")) RETURN_IF_ERROR(stale.RemoveFile(name));
       }
-      staging.lock_fd_ = fd;
+      staging.dir_ = std::move(stale);
       staging.published_ = false;
       return staging;
     }
-    fs::remove_all(staging.path_, error);
-    ::close(fd);
-    if (error) {
-      return ErrnoToStatus(error.value(),
-                           absl::StrCat("removing stale staging folder ", staging.path_));
-    }
+    absl::Status removed = parent.RemoveTree(staging.staging_name_);
+    if (!removed.ok()) return Annotate(removed, "removing stale staging folder");
+  } else if (!absl::IsNotFound(existing.status())) {
+    return existing.status();
   }
-  if (::mkdir(staging.path_.c_str(), 0755) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("creating staging folder ", staging.path_));
+  if (::mkdirat(parent.fd(), staging.staging_name_.c_str(), 0755) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("creating staging folder ", staging_path));
   }
+  auto created = parent.OpenChild(staging.staging_name_);
+  if (!created.ok()) {
+    parent.RemoveTree(staging.staging_name_).IgnoreError();
+    return created.status();
+  }
+  staging.dir_ = *std::move(created);
   staging.published_ = false;
-  staging.lock_fd_ = LockDirectory(staging.path_);
-  if (staging.lock_fd_ < 0) {
-    int lock_error = errno;
-    fs::remove_all(staging.path_, error);
-    return ErrnoToStatus(lock_error, absl::StrCat("locking staging folder ", staging.path_));
+  if (!LockDirectory(staging.dir_)) {
+    const int lock_error = errno;
+    staging.dir_ = Directory();
+    staging.published_ = true;
+    parent.RemoveTree(staging.staging_name_).IgnoreError();
+    return ErrnoToStatus(lock_error, absl::StrCat("locking staging folder ", staging_path));
   }
   return staging;
 }
 
 StagingDir::StagingDir(StagingDir&& other) noexcept
     : output_dir_(std::move(other.output_dir_)),
-      path_(std::move(other.path_)),
-      lock_fd_(std::exchange(other.lock_fd_, -1)),
+      parent_path_(std::move(other.parent_path_)),
+      output_name_(std::move(other.output_name_)),
+      staging_name_(std::move(other.staging_name_)),
+      staging_path_(std::move(other.staging_path_)),
+      parent_(std::move(other.parent_)),
+      dir_(std::move(other.dir_)),
       published_(std::exchange(other.published_, true)),
       overwrite_(other.overwrite_) {}
 
@@ -132,8 +164,12 @@ StagingDir& StagingDir::operator=(StagingDir&& other) noexcept {
   if (this != &other) {
     Abandon();
     output_dir_ = std::move(other.output_dir_);
-    path_ = std::move(other.path_);
-    lock_fd_ = std::exchange(other.lock_fd_, -1);
+    parent_path_ = std::move(other.parent_path_);
+    output_name_ = std::move(other.output_name_);
+    staging_name_ = std::move(other.staging_name_);
+    staging_path_ = std::move(other.staging_path_);
+    parent_ = std::move(other.parent_);
+    dir_ = std::move(other.dir_);
     published_ = std::exchange(other.published_, true);
     overwrite_ = other.overwrite_;
   }
@@ -143,58 +179,64 @@ StagingDir& StagingDir::operator=(StagingDir&& other) noexcept {
 StagingDir::~StagingDir() { Abandon(); }
 
 void StagingDir::Abandon() {
-  if (!published_ && !path_.empty()) {
-    std::error_code error;
-    fs::remove_all(path_, error);
+  if (!published_ && dir_.is_open() && parent_.is_open()) {
+    // Through the parent's handle: the folder this run created, wherever its path points now.
+    parent_.RemoveTree(staging_name_).IgnoreError();
   }
-  if (lock_fd_ >= 0) {
-    ::close(lock_fd_);
-    lock_fd_ = -1;
-  }
+  dir_ = Directory();  // releases the lock
   published_ = true;
 }
 
 void StagingDir::Keep() {
   published_ = true;  // nothing to remove
-  if (lock_fd_ >= 0) {
-    ::close(lock_fd_);
-    lock_fd_ = -1;
+  dir_ = Directory();
+}
+
+absl::Status StagingDir::CheckParentInPlace() const {
+  auto replaced = [&](absl::string_view how) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the output's folder ", parent_path_, " was moved or replaced while converting (", how,
+        "); nothing was published"));
+  };
+  absl::StatusOr<Directory> now = absl::UnknownError("");
+  if (const PathConfinement* confinement = CurrentPathConfinement()) {
+    now = confinement->OpenFolder(parent_path_, /*create=*/false);
+  } else {
+    now = Directory::Open(parent_path_);
   }
+  if (!now.ok()) return replaced(now.status().message());
+  ASSIGN_OR_RETURN(struct stat then_stat, parent_.Stat());
+  ASSIGN_OR_RETURN(struct stat now_stat, now->Stat());
+  if (then_stat.st_dev != now_stat.st_dev || then_stat.st_ino != now_stat.st_ino) {
+    return replaced("its path now leads to another folder");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StagingDir::Publish() {
   if (published_) return absl::FailedPreconditionError("staging folder already published");
-  RETURN_IF_ERROR(SyncDirectory(path_));
+  RETURN_IF_ERROR(dir_.Sync());
+  RETURN_IF_ERROR(CheckParentInPlace());
   std::string replaced;  // the previous output, moved aside when overwriting
-  if (overwrite_ && !CheckOutputDirUsable(output_dir_).ok()) {
-    fs::path out(output_dir_);
-    replaced = (out.parent_path() / absl::StrCat(".", out.filename().string(), ".reshard-replaced"))
-                   .string();
-    std::error_code error;
-    fs::remove_all(replaced, error);
-    if (::rename(output_dir_.c_str(), replaced.c_str()) != 0) {
+  if (overwrite_ && !CheckOutputUsableAt(parent_, output_name_, output_dir_).ok()) {
+    replaced = absl::StrCat(".", output_name_, ".reshard-replaced");
+    RETURN_IF_ERROR(parent_.RemoveTree(replaced));
+    if (::renameat(parent_.fd(), output_name_.c_str(), parent_.fd(), replaced.c_str()) != 0) {
       return ErrnoToStatus(
           errno, absl::StrCat("moving the output ", output_dir_, " aside to overwrite it"));
     }
   }
-  if (::rename(path_.c_str(), output_dir_.c_str()) != 0) {
+  if (::renameat(parent_.fd(), staging_name_.c_str(), parent_.fd(), output_name_.c_str()) != 0) {
     if (errno == ENOTEMPTY || errno == EEXIST || errno == ENOTDIR) {
       return absl::FailedPreconditionError(absl::StrCat(
           "output folder ", output_dir_, " was filled by someone else while converting"));
     }
-    return ErrnoToStatus(errno, absl::StrCat("renaming ", path_, " to ", output_dir_));
+    return ErrnoToStatus(errno, absl::StrCat("renaming ", path(), " to ", output_dir_));
   }
   published_ = true;
-  if (lock_fd_ >= 0) {
-    ::close(lock_fd_);
-    lock_fd_ = -1;
-  }
-  if (!replaced.empty()) {
-    std::error_code error;
-    fs::remove_all(replaced, error);
-  }
-  std::string parent = fs::path(output_dir_).parent_path().string();
-  return SyncDirectory(parent.empty() ? "." : parent);
+  dir_ = Directory();  // releases the lock
+  if (!replaced.empty()) parent_.RemoveTree(replaced).IgnoreError();
+  return parent_.Sync();
 }
 
 }  // namespace reshard

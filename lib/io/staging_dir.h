@@ -5,6 +5,12 @@
 // or be empty; rename(2) replaces an empty folder atomically). A process killed at any point
 // leaves nothing under the output's name. The staging folder is locked with flock while in use;
 // an unlocked one left by a killed run is stale and is removed by the next run.
+//
+// Everything after `Create` goes through folder handles (lib/io/directory.h): the output's
+// parent is opened once, and creating, renaming and removing the staging folder happen
+// relative to it, so a parent swapped for a symlink while a job runs can neither redirect a
+// write nor make a cleanup delete outside. `Publish` refuses (PermissionDenied) when the
+// parent's path no longer names the folder the staging folder was made in.
 
 #ifndef RESHARD_LIB_IO_STAGING_DIR_H_
 #define RESHARD_LIB_IO_STAGING_DIR_H_
@@ -13,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "lib/io/directory.h"
 
 namespace reshard {
 
@@ -30,7 +37,8 @@ struct StagingOptions {
 class StagingDir {
  public:
   // Checks the output folder, creates its missing parents, clears (or, resuming, keeps) a
-  // stale staging folder and creates and locks the staging folder.
+  // stale staging folder and creates and locks the staging folder. Under a PathConfinement
+  // (lib/io/file_access.h) the parent is opened beneath the allowed roots.
   static absl::StatusOr<StagingDir> Create(const std::string& output_dir,
                                            const StagingOptions& options = {});
 
@@ -42,8 +50,11 @@ class StagingDir {
   // Removes the staging folder unless it was published.
   ~StagingDir();
 
-  const std::string& path() const { return path_; }
+  // The staging folder's path, for messages.
+  const std::string& path() const { return staging_path_; }
   const std::string& output_dir() const { return output_dir_; }
+  // The staging folder: write the output's files through this handle.
+  const Directory& dir() const { return dir_; }
 
   // Leaves the staging folder in place (unlocked) for a later resume instead of removing it.
   void Keep();
@@ -54,10 +65,16 @@ class StagingDir {
 
  private:
   void Abandon();
+  // PermissionDenied unless the parent's path still names the folder `parent_` holds.
+  absl::Status CheckParentInPlace() const;
 
   std::string output_dir_;
-  std::string path_;
-  int lock_fd_ = -1;
+  std::string parent_path_;
+  std::string output_name_;
+  std::string staging_name_;
+  std::string staging_path_;
+  Directory parent_;
+  Directory dir_;  // the staging folder, flocked while this run owns it
   bool published_ = false;
   bool overwrite_ = false;
 };

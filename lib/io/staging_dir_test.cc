@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "lib/io/atomic_file.h"
+#include "lib/io/file_access.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -63,7 +64,7 @@ TEST(StagingDirTest, PublishOntoMissingOutput) {
   EXPECT_EQ(staging->path(), root + "/nested/parents/.out.reshard-staging");
   EXPECT_TRUE(fs::is_directory(staging->path()));
   EXPECT_FALSE(Exists(out));
-  ASSERT_TRUE(WriteFileAtomically(staging->path(), "a.txt", "data").ok());
+  ASSERT_TRUE(WriteFileAtomically(staging->dir(), "a.txt", "data").ok());
   EXPECT_FALSE(Exists(out));
   ASSERT_TRUE(staging->Publish().ok());
   EXPECT_TRUE(fs::is_regular_file(out + "/a.txt"));
@@ -80,7 +81,7 @@ TEST(StagingDirTest, PublishOntoEmptyExistingFolder) {
   {
     auto staging = StagingDir::Create(out);
     ASSERT_TRUE(staging.ok()) << staging.status();
-    ASSERT_TRUE(WriteFileAtomically(staging->path(), "b.txt", "bee").ok());
+    ASSERT_TRUE(WriteFileAtomically(staging->dir(), "b.txt", "bee").ok());
     ASSERT_TRUE(staging->Publish().ok());
   }
   // Destroying a published StagingDir must not remove the output.
@@ -96,7 +97,7 @@ TEST(StagingDirTest, DestroyedUnpublishedLeavesNothing) {
     auto staging = StagingDir::Create(out);
     ASSERT_TRUE(staging.ok()) << staging.status();
     staged = staging->path();
-    ASSERT_TRUE(WriteFileAtomically(staging->path(), "c.txt", "sea").ok());
+    ASSERT_TRUE(WriteFileAtomically(staging->dir(), "c.txt", "sea").ok());
   }
   EXPECT_FALSE(Exists(staged));
   EXPECT_FALSE(Exists(out));
@@ -136,7 +137,7 @@ TEST(StagingDirTest, LockedStagingFolderIsRefused) {
   const std::string out = root + "/out";
   auto first = StagingDir::Create(out);
   ASSERT_TRUE(first.ok()) << first.status();
-  ASSERT_TRUE(WriteFileAtomically(first->path(), "busy.txt", "in progress").ok());
+  ASSERT_TRUE(WriteFileAtomically(first->dir(), "busy.txt", "in progress").ok());
   auto second = StagingDir::Create(out);
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
@@ -146,6 +147,81 @@ TEST(StagingDirTest, LockedStagingFolderIsRefused) {
   EXPECT_TRUE(fs::is_regular_file(first->path() + "/busy.txt"));
   ASSERT_TRUE(first->Publish().ok());
   EXPECT_TRUE(fs::is_regular_file(out + "/busy.txt"));
+}
+
+// The defect this guards against: the output's parent replaced by a symlink to a folder outside
+// while a job ran made the cleanup delete `<outside>/.<name>.reshard-staging`.
+TEST(StagingDirTest, ParentSwappedForSymlinkFailsAndTouchesNothingOutside) {
+  for (bool confined : {false, true}) {
+    SCOPED_TRACE(confined ? "confined" : "local");
+    const std::string root = fs::canonical(MakeTempDir()).string();
+    const std::string outside = MakeTempDir();
+    // What the old cleanup deleted by following the symlink.
+    fs::create_directories(outside + "/.out.reshard-staging");
+    std::ofstream(outside + "/.out.reshard-staging/precious") << "keep";
+    auto confinement = PathConfinement::Create({root});
+    ASSERT_TRUE(confinement.ok()) << confinement.status();
+    ScopedPathConfinement scope(confined ? confinement->get() : nullptr);
+    fs::create_directories(root + "/a");
+    {
+      auto staging = StagingDir::Create(root + "/a/out");
+      ASSERT_TRUE(staging.ok()) << staging.status();
+      ASSERT_TRUE(WriteFileAtomically(staging->dir(), "x.bin", "data").ok());
+      fs::rename(root + "/a", root + "/a.moved");
+      fs::create_directory_symlink(outside, root + "/a");
+      ASSERT_TRUE(WriteFileAtomically(staging->dir(), "y.bin", "more").ok());
+      absl::Status published = staging->Publish();
+      EXPECT_EQ(published.code(), absl::StatusCode::kPermissionDenied) << published;
+      EXPECT_NE(published.message().find(root + "/a"), absl::string_view::npos) << published;
+    }
+    EXPECT_EQ(ReadAll(outside + "/.out.reshard-staging/precious"), "keep");
+    EXPECT_FALSE(Exists(outside + "/out"));
+    EXPECT_FALSE(Exists(outside + "/x.bin"));
+    EXPECT_FALSE(Exists(outside + "/.out.reshard-staging/x.bin"));
+    // The run's own staging folder went, from the folder it was made in.
+    EXPECT_FALSE(Exists(root + "/a.moved/.out.reshard-staging"));
+    EXPECT_FALSE(Exists(root + "/a.moved/out"));
+  }
+}
+
+TEST(StagingDirTest, ConfinedParentThroughSymlinkIsRefused) {
+  const std::string root = fs::canonical(MakeTempDir()).string();
+  const std::string outside = MakeTempDir();
+  fs::create_directory_symlink(outside, root + "/link");
+  auto confinement = PathConfinement::Create({root});
+  ASSERT_TRUE(confinement.ok()) << confinement.status();
+  ScopedPathConfinement scope(confinement->get());
+  auto staging = StagingDir::Create(root + "/link/out");
+  EXPECT_EQ(staging.status().code(), absl::StatusCode::kPermissionDenied) << staging.status();
+  EXPECT_TRUE(fs::is_empty(outside));
+  // Missing parents are created beneath the root, handle by handle.
+  auto nested = StagingDir::Create(root + "/new/deeper/out");
+  ASSERT_TRUE(nested.ok()) << nested.status();
+  EXPECT_TRUE(fs::is_directory(root + "/new/deeper/.out.reshard-staging"));
+}
+
+// Stale staging folders are removed by walking handles: symlinks in them are unlinked, and a
+// symlink standing under the staging name is removed itself; no target is touched.
+TEST(StagingDirTest, StaleStagingSymlinksAreNotFollowed) {
+  const std::string root = fs::canonical(MakeTempDir()).string();
+  const std::string outside = MakeTempDir();
+  std::ofstream(outside + "/precious") << "keep";
+  fs::create_directories(root + "/.out.reshard-staging/sub");
+  fs::create_directory_symlink(outside, root + "/.out.reshard-staging/sub/link");
+  {
+    auto staging = StagingDir::Create(root + "/out");
+    ASSERT_TRUE(staging.ok()) << staging.status();
+    EXPECT_TRUE(fs::is_empty(staging->path()));
+  }
+  EXPECT_EQ(ReadAll(outside + "/precious"), "keep");
+  fs::create_directory_symlink(outside, root + "/.out2.reshard-staging");
+  {
+    auto staging = StagingDir::Create(root + "/out2");
+    ASSERT_TRUE(staging.ok()) << staging.status();
+    EXPECT_TRUE(fs::is_directory(fs::symlink_status(root + "/.out2.reshard-staging")));
+  }
+  EXPECT_EQ(ReadAll(outside + "/precious"), "keep");
+  EXPECT_FALSE(Exists(outside + "/.out2.reshard-staging"));
 }
 
 TEST(StagingDirTest, EmptyNameIsInvalid) {

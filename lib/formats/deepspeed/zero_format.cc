@@ -24,6 +24,7 @@
 #include "lib/formats/folder_model.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace {
@@ -148,17 +149,13 @@ absl::StatusOr<std::pair<std::string, std::string>> ResolveCheckpointFolder(
         path, " holds no DeepSpeed checkpoint files and no `latest` file naming a checkpoint; ",
         ListCheckpointFolders(path), ". Pass --tag to choose one"));
   }
-  const uint64_t size = fs::file_size(latest, error);
-  if (error || size > kMaxLatestBytes) {
-    return absl::DataLossError(
-        absl::StrCat(latest, ": not a readable tag file (at most ", kMaxLatestBytes, " bytes)"));
+  auto contents = ReadSmallFile(latest, kMaxLatestBytes);
+  if (!contents.ok()) {
+    return absl::DataLossError(absl::StrCat(latest, ": not a readable tag file (at most ",
+                                            kMaxLatestBytes, " bytes): ",
+                                            contents.status().message()));
   }
-  std::ifstream in(latest, std::ios::binary);
-  std::string contents(size, '\0');
-  in.read(contents.data(), static_cast<std::streamsize>(size));
-  if (!in && !in.eof()) return absl::DataLossError(absl::StrCat(latest, ": cannot be read"));
-  contents.resize(static_cast<size_t>(in.gcount()));
-  const std::string tag(absl::StripAsciiWhitespace(contents));
+  const std::string tag(absl::StripAsciiWhitespace(*contents));
   if (tag.empty()) {
     return absl::DataLossError(absl::StrCat(latest, " is empty; ", ListCheckpointFolders(path),
                                             ". Pass --tag to choose one"));

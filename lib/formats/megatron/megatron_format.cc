@@ -26,6 +26,7 @@
 #include "lib/formats/torch/torch_file.h"
 #include "lib/formats/torch/torch_format.h"
 #include "lib/plan/partition_rules.h"
+#include "lib/io/file_access.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
@@ -109,14 +110,9 @@ std::string BaseName(const std::string& path) {
 
 // The contents of a small text file (a tracker), or nullopt when it cannot be read.
 std::optional<std::string> ReadSmallFile(const std::string& path) {
-  std::error_code error;
-  if (!fs::is_regular_file(path, error)) return std::nullopt;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::string text(4096, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  return text;
+  auto text = ReadFilePrefix(path, 4096);
+  if (!text.ok()) return std::nullopt;
+  return *std::move(text);
 }
 
 // A tag read from a file or given by the user must name a folder inside the save folder.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "lib/core/status.h"
+#include "lib/io/file_access.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
@@ -199,8 +200,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view file_
 
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
                                                         uint64_t* file_size) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("opening ", path));
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }

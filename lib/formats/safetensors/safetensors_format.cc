@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 #include "lib/formats/folder_model.h"
+#include "lib/io/file_access.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
@@ -94,11 +95,10 @@ bool SafetensorsInput::Probe(const std::string& path) const {
   }
   if (absl::EndsWith(path, ".safetensors")) return true;
   // A file with another name: accept it when its length prefix and first JSON byte fit.
-  std::ifstream in(path, std::ios::binary);
-  char prefix[9] = {};
-  if (!in.read(prefix, 9)) return false;
-  const uint64_t length = absl::little_endian::Load64(prefix);
-  return length <= kSafetensorsMaxHeaderBytes && prefix[8] == '{';
+  auto prefix = ReadFilePrefix(path, 9);
+  if (!prefix.ok() || prefix->size() < 9) return false;
+  const uint64_t length = absl::little_endian::Load64(prefix->data());
+  return length <= kSafetensorsMaxHeaderBytes && (*prefix)[8] == '{';
 }
 
 // Tensors a writer stored once under another name (`__metadata__` maps the missing name to a

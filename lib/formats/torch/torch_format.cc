@@ -14,6 +14,7 @@
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/io/mapped_file.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace {
@@ -202,10 +203,9 @@ absl::StatusOr<FileCatalog> ReadOneFile(const std::string& dir, const std::strin
 }
 
 bool LooksLikeTorchFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char head[32] = {};
-  in.read(head, sizeof(head));
-  const absl::string_view bytes(head, static_cast<size_t>(in.gcount()));
+  auto head = ReadFilePrefix(path, 32);
+  if (!head.ok()) return false;
+  const absl::string_view bytes(*head);
   return absl::StartsWith(bytes, absl::string_view("PK\x03\x04", 4)) || IsLegacyTorchSave(bytes);
 }
 
