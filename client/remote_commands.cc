@@ -18,6 +18,7 @@
 #include "client/progress_bar.h"
 #include "client/reports.h"
 #include "lib/core/status.h"
+#include "lib/io/file_access.h"
 #include "lib/plan/layout_builders.h"
 #include "lib/plan/partition_rules.h"
 
@@ -32,8 +33,10 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectTo(const DaemonFlags& daemon) {
   return Client::Connect(options);
 }
 
+// Paths become absolute here; remote URLs stay as they are so the daemon can refuse them
+// clearly (they are not supported yet) instead of seeing "/cwd/s3:/bucket/...".
 std::string Absolute(const std::string& path) {
-  if (path.empty()) return path;
+  if (path.empty() || IsRemotePath(path)) return path;
   std::error_code error;
   fs::path absolute = fs::absolute(path, error);
   return error ? path : absolute.lexically_normal().string();

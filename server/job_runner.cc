@@ -42,6 +42,7 @@ absl::StatusOr<ConversionResult> RunJobWithEngine(const v1::Job& job, JobContext
   control.completed_files = context.completed_files;
   control.on_progress = context.on_progress;
   control.on_file_committed = context.on_file_committed;
+  control.job_id = job.id();
   return RunConversion(ConversionSpecFromProto(job.spec()), control);
 }
 

@@ -12,6 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "lib/core/status.h"
+#include "lib/io/directory.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace {
@@ -28,6 +30,7 @@ absl::StatusOr<std::string> RealPath(const std::string& path) {
 
 absl::Status CheckSyntax(const std::string& path, absl::string_view what) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " path is empty"));
+  RETURN_IF_ERROR(CheckLocalPath(path, std::string(what)));
   if (path.size() > kMaxPathLength) {
     return absl::InvalidArgumentError(absl::StrCat(what, " path is longer than ", kMaxPathLength));
   }
@@ -59,6 +62,7 @@ absl::StatusOr<PathPolicy> PathPolicy::Create(const std::vector<std::string>& ro
     while (normalized.size() > 1 && normalized.back() == '/') normalized.pop_back();
     policy.roots_.push_back(normalized);
   }
+  ASSIGN_OR_RETURN(policy.confinement_, PathConfinement::Create(policy.roots_));
   return policy;
 }
 
@@ -88,6 +92,13 @@ absl::StatusOr<std::string> PathPolicy::CheckInput(const std::string& path) cons
                                                     ", outside the allowed roots (",
                                                     absl::StrJoin(roots_, ", "), ")"));
   }
+  // stat only: a FIFO or device is never opened, so it cannot block the caller.
+  struct stat st;
+  if (::stat(resolved->c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("input ", path, " is ",
+                                                   DescribeFileType(st.st_mode),
+                                                   "; reshard reads regular files and folders"));
+  }
   return *resolved;
 }
 
@@ -103,13 +114,23 @@ absl::StatusOr<std::string> PathPolicy::CheckInputTree(const std::string& path) 
       return absl::InvalidArgumentError(
           absl::StrCat("input ", path, " holds more than ", kMaxTreeEntries, " entries"));
     }
-    if (!it->is_symlink(error)) continue;
-    auto target = RealPath(it->path().string());
-    if (!target.ok() || !Inside(*target, /*allow_root_itself=*/true)) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("input ", path, " holds ", it->path().string(), ", a symlink ",
-                       target.ok() ? absl::StrCat("to ", *target, ", outside the allowed roots")
-                                   : "that cannot be resolved"));
+    const std::string entry = it->path().string();
+    struct stat st;
+    if (::lstat(entry.c_str(), &st) != 0) continue;  // gone since listed
+    if (S_ISLNK(st.st_mode)) {
+      auto target = RealPath(entry);
+      if (!target.ok() || !Inside(*target, /*allow_root_itself=*/true)) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("input ", path, " holds ", entry, ", a symlink ",
+                         target.ok() ? absl::StrCat("to ", *target, ", outside the allowed roots")
+                                     : "that cannot be resolved"));
+      }
+      if (::stat(entry.c_str(), &st) != 0) continue;
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", path, " holds ", entry, ", ", DescribeFileType(st.st_mode),
+                       "; reshard reads regular files and folders only"));
     }
   }
   if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing input ", path));
@@ -134,7 +155,14 @@ absl::StatusOr<std::string> PathPolicy::CheckOutput(const std::string& path) con
     if (!name.empty()) missing.insert(missing.begin(), name);
     existing = slash == 0 ? "/" : existing.substr(0, slash);
   }
-  ASSIGN_OR_RETURN(std::string resolved, RealPath(existing));
+  auto real_existing = RealPath(existing);
+  if (!real_existing.ok()) {
+    // lstat found it, realpath cannot follow it: a dangling symlink, wherever it points.
+    return absl::PermissionDeniedError(absl::StrCat(
+        "output ", path, ": ", existing, " is a symlink that cannot be resolved (",
+        real_existing.status().message(), "); outputs must lie inside the allowed roots"));
+  }
+  std::string resolved = *std::move(real_existing);
   for (const std::string& name : missing) {
     resolved = resolved == "/" ? "/" + name : resolved + "/" + name;
   }

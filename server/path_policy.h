@@ -4,14 +4,21 @@
 // lead outside a root are refused (PERMISSION_DENIED). An output folder that does not exist yet
 // is resolved through its deepest existing ancestor; the components below it must be plain
 // names. Outputs must lie strictly inside a root, because the staging folder is a sibling.
+// Inputs that are FIFOs, sockets or devices (or folders holding one) are refused, and remote
+// URLs ("s3://...") are refused until remote storage is supported.
+//
+// These checks are made at submit; what a job then opens goes through `confinement()`
+// (lib/io/file_access.h), which re-checks every open against the same roots.
 
 #ifndef RESHARD_SERVER_PATH_POLICY_H_
 #define RESHARD_SERVER_PATH_POLICY_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 
@@ -32,11 +39,15 @@ class PathPolicy {
   absl::StatusOr<std::string> CheckOutput(const std::string& path) const;
 
   const std::vector<std::string>& roots() const { return roots_; }
+  // The same roots as a PathConfinement: jobs and Inspect/Plan calls run under it, so that
+  // what they open after these checks stays beneath the roots even if paths change meanwhile.
+  const PathConfinement* confinement() const { return confinement_.get(); }
 
  private:
   bool Inside(const std::string& resolved, bool allow_root_itself) const;
 
   std::vector<std::string> roots_;  // resolved, without trailing slash
+  std::shared_ptr<const PathConfinement> confinement_;
 };
 
 }  // namespace reshard

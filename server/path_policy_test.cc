@@ -1,6 +1,7 @@
 #include "server/path_policy.h"
 
 #include <limits.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -198,6 +199,40 @@ TEST_F(PathPolicyTest, MissingInputIsNotFound) {
   auto input = policy_->CheckInput(root_ + "/missing.safetensors");
   EXPECT_EQ(input.status().code(), absl::StatusCode::kNotFound) << input.status();
   EXPECT_NE(input.status().message().find("missing.safetensors"), absl::string_view::npos);
+}
+
+// README: paths out of a root are PERMISSION_DENIED; a dangling symlink used to give NOT_FOUND.
+TEST_F(PathPolicyTest, DanglingOutputSymlinkIsDenied) {
+  for (const std::string& path : {root_ + "/dangling", root_ + "/dangling/out"}) {
+    auto output = policy_->CheckOutput(path);
+    EXPECT_EQ(output.status().code(), absl::StatusCode::kPermissionDenied)
+        << path << " -> " << (output.ok() ? *output : output.status().ToString());
+  }
+}
+
+TEST_F(PathPolicyTest, SpecialFilesAreRefused) {
+  ASSERT_EQ(::mkfifo((root_ + "/pipe.safetensors").c_str(), 0600), 0);
+  auto fifo = policy_->CheckInputTree(root_ + "/pipe.safetensors");
+  EXPECT_EQ(fifo.status().code(), absl::StatusCode::kInvalidArgument) << fifo.status();
+  EXPECT_NE(fifo.status().message().find("FIFO"), absl::string_view::npos) << fifo.status();
+  // A folder holding one, directly or through a symlink that stays inside.
+  fs::create_directories(root_ + "/ckpt");
+  Touch(root_ + "/ckpt/model-00001-of-00002.safetensors");
+  fs::create_symlink(root_ + "/pipe.safetensors", root_ + "/ckpt/model-00002-of-00002.safetensors");
+  auto tree = policy_->CheckInputTree(root_ + "/ckpt");
+  EXPECT_EQ(tree.status().code(), absl::StatusCode::kInvalidArgument) << tree.status();
+  EXPECT_NE(tree.status().message().find("model-00002-of-00002"), absl::string_view::npos)
+      << tree.status();
+  EXPECT_EQ(policy_->CheckInput("/dev/null").status().code(),
+            absl::StatusCode::kPermissionDenied);  // outside first
+}
+
+TEST_F(PathPolicyTest, RemoteUrlsAreRefusedClearly) {
+  auto output = policy_->CheckOutput("s3://bucket/out");
+  EXPECT_EQ(output.status().code(), absl::StatusCode::kInvalidArgument) << output.status();
+  EXPECT_NE(output.status().message().find("s3://"), absl::string_view::npos) << output.status();
+  EXPECT_EQ(policy_->CheckInput("s3://bucket/model").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(PathPolicyMultiRootTest, AnyRootWorks) {

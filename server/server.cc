@@ -74,6 +74,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   const PathPolicy* policy = impl->paths.get();
   JobRunner runner = [engine, policy](const v1::Job& job,
                                       JobContext& context) -> absl::StatusOr<ConversionResult> {
+    // Everything the job opens from here on stays beneath the allowed roots.
+    ScopedPathConfinement confined(policy->confinement());
     absl::StatusOr<std::string> input = policy->CheckInputTree(job.spec().input());
     if (!input.ok()) return input.status();
     return engine(job, context);

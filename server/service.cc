@@ -153,7 +153,10 @@ grpc::Status ReshardService::Plan(grpc::ServerContext*, const v1::PlanRequest* r
   auto valid = ValidateJobSpec(spec, *paths_);
   if (!valid.ok()) return ToGrpcStatus(valid.status());
   absl::StatusOr<PlannedConversion> planned = absl::UnknownError("not run");
-  offload_->Run([&] { planned = PlanConversion(ConversionSpecFromProto(*valid)); });
+  offload_->Run([&] {
+    ScopedPathConfinement confined(paths_->confinement());
+    planned = PlanConversion(ConversionSpecFromProto(*valid));
+  });
   if (!planned.ok()) return ToGrpcStatus(planned.status());
   for (const FilePlan& file : planned->plan.files) {
     v1::PlannedFile* out = response->add_files();
@@ -181,6 +184,7 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext*, const v1::InspectRequ
   if (!input.ok()) return ToGrpcStatus(input.status());
   absl::Status status;
   offload_->Run([&] {
+    ScopedPathConfinement confined(paths_->confinement());
     auto rules = LoadRules(request->rules_json(), "");
     if (!rules.ok()) {
       status = rules.status();

@@ -1,5 +1,7 @@
 #include "lib/engine/conversion.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -7,10 +9,13 @@
 #include <ctime>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "lib/core/status.h"
+#include "lib/core/test_faults.h"
+#include "lib/io/file_access.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/planner.h"
@@ -24,6 +29,23 @@ using OrderedJson = nlohmann::ordered_json;
 absl::string_view KindName(ConversionSpec::Kind kind) {
   return kind == ConversionSpec::Kind::kConsolidate ? "consolidate" : "reshard";
 }
+
+// The manifest's "request": what was asked, so an output can be matched to its job.
+OrderedJson RequestJson(const ConversionSpec& spec) {
+  OrderedJson request;
+  request["kind"] = KindName(spec.kind);
+  request["output_format"] = spec.output_format;
+  request["dtype"] = DTypePolicyName(spec.dtype);
+  if (spec.kind == ConversionSpec::Kind::kConsolidate) {
+    request["max_shard_size"] = spec.max_shard_size;
+  } else {
+    request["parts"] = spec.parts;
+  }
+  return request;
+}
+
+// Manifests list every tensor; this bounds what a hostile one can make us allocate.
+constexpr uint64_t kMaxManifestBytes = 256ull << 20;
 
 }  // namespace
 
@@ -123,7 +145,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
 }
 
 std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& planned,
-                          const std::vector<WrittenFile>& files) {
+                          const std::vector<WrittenFile>& files, const std::string& job_id) {
   OrderedJson manifest;
   manifest["tool"] = "reshard";
   manifest["version"] = kReshardVersion;
@@ -138,16 +160,8 @@ std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& p
   source["parts"] = planned.input.model.parts.size();
   source["files"] = planned.input.catalog.files.size();
   manifest["source"] = source;
-  OrderedJson request;
-  request["kind"] = KindName(spec.kind);
-  request["output_format"] = spec.output_format;
-  request["dtype"] = DTypePolicyName(spec.dtype);
-  if (spec.kind == ConversionSpec::Kind::kConsolidate) {
-    request["max_shard_size"] = spec.max_shard_size;
-  } else {
-    request["parts"] = spec.parts;
-  }
-  manifest["request"] = request;
+  manifest["request"] = RequestJson(spec);
+  if (!job_id.empty()) manifest["job_id"] = job_id;
   OrderedJson file_list = OrderedJson::array();
   for (const WrittenFile& file : files) {
     file_list.push_back({{"name", file.name},
@@ -176,6 +190,16 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   };
   const auto start = Clock::now();
   if (spec.output.empty()) return absl::InvalidArgumentError("no output folder given");
+  RETURN_IF_ERROR(CheckLocalPath(spec.input, "input"));
+  RETURN_IF_ERROR(CheckLocalPath(spec.output, "output"));
+  if (control.resume && !control.job_id.empty()) {
+    ASSIGN_OR_RETURN(std::optional<ConversionResult> published,
+                     FindPublishedOutput(spec, control.job_id));
+    if (published.has_value()) {
+      published->seconds = seconds_since(start);
+      return *std::move(published);
+    }
+  }
   // Refuse a non-empty output before reading anything.
   if (!spec.overwrite) RETURN_IF_ERROR(CheckOutputDirUsable(spec.output));
   ASSIGN_OR_RETURN(PlannedConversion planned, PlanConversion(spec));
@@ -221,15 +245,81 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
     result.bytes_written += contents.size();
   }
   // The manifest is the commit mark: written last, then the folder is published at once.
-  const std::string manifest = BuildManifest(spec, planned, result.files);
+  const std::string manifest = BuildManifest(spec, planned, result.files, control.job_id);
   RETURN_IF_ERROR(WriteFileAtomically(staging.dir(), kManifestName, manifest));
   result.bytes_written += manifest.size();
   if (control.cancelled != nullptr && control.cancelled->load()) {
     return absl::CancelledError("conversion cancelled");
   }
+  TestFaultPoint("before-publish");
   RETURN_IF_ERROR(staging.Publish());
+  TestFaultPoint("after-publish");
   result.publish_seconds = seconds_since(publish_start);
   result.seconds = seconds_since(start);
+  return result;
+}
+
+absl::StatusOr<std::optional<ConversionResult>> FindPublishedOutput(const ConversionSpec& spec,
+                                                                    const std::string& job_id) {
+  absl::StatusOr<Directory> out = absl::UnknownError("");
+  if (const PathConfinement* confinement = CurrentPathConfinement()) {
+    out = confinement->OpenFolder(spec.output, /*create=*/false);
+  } else {
+    out = Directory::Open(spec.output);
+  }
+  if (!out.ok()) {
+    if (absl::IsNotFound(out.status())) return std::nullopt;
+    return out.status();
+  }
+  auto manifest_fd = out->OpenFile(kManifestName, O_RDONLY | O_NONBLOCK);
+  if (!manifest_fd.ok()) {
+    if (absl::IsNotFound(manifest_fd.status())) return std::nullopt;
+    return manifest_fd.status();
+  }
+  ASSIGN_OR_RETURN(MappedFile manifest_file,
+                   MappedFile::Adopt(*manifest_fd, out->PathOf(kManifestName)));
+  if (manifest_file.size() > kMaxManifestBytes) return std::nullopt;
+  const OrderedJson manifest = OrderedJson::parse(
+      reinterpret_cast<const char*>(manifest_file.data()),
+      reinterpret_cast<const char*>(manifest_file.data()) + manifest_file.size(), nullptr,
+      /*allow_exceptions=*/false);
+  // Someone else's output (or not a manifest at all): the caller refuses the folder as usual.
+  if (!manifest.is_object() || manifest.value("job_id", "") != job_id ||
+      !manifest.contains("request") || manifest["request"] != RequestJson(spec) ||
+      !manifest.contains("source") || !manifest["source"].is_object() ||
+      manifest["source"].value("path", "") != spec.input || !manifest.contains("files") ||
+      !manifest["files"].is_array()) {
+    return std::nullopt;
+  }
+  ConversionResult result;
+  result.output = spec.output;
+  result.found_published = true;
+  result.bytes_written = manifest_file.size();
+  for (const OrderedJson& file : manifest["files"]) {
+    const std::string name = file.value("name", "");
+    const uint64_t bytes = file.value("bytes", uint64_t{0});
+    uint64_t expected_hash = 0;
+    const std::string hex = file.value("xxh3_64", "");
+    auto mismatch = [&](absl::string_view what) {
+      return absl::DataLossError(absl::StrCat(
+          out->PathOf(name), ": this job published the output earlier, but the file ", what,
+          "; it was changed after publishing"));
+    };
+    if (!CheckPlainName(name).ok() || !absl::SimpleHexAtoi(hex, &expected_hash)) {
+      return mismatch("is not a valid manifest entry");
+    }
+    auto st = out->StatChild(name);
+    if (!st.ok() || !S_ISREG(st->st_mode) || static_cast<uint64_t>(st->st_size) != bytes) {
+      return mismatch(absl::StrCat("is missing or not ", bytes, " bytes"));
+    }
+    ASSIGN_OR_RETURN(uint64_t hash, HashFile(*out, name));
+    if (hash != expected_hash) return mismatch("no longer has its XXH3-64");
+    result.files.push_back({name, bytes, hash, 0});
+    result.bytes_written += bytes;
+  }
+  if (manifest.contains("tensors") && manifest["tensors"].is_array()) {
+    result.tensors = static_cast<int64_t>(manifest["tensors"].size());
+  }
   return result;
 }
 

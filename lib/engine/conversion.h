@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,9 @@ struct ConversionResult {
   PhaseSeconds data_phases;
   // Reused files whose checksum no longer matched on resume (they were rewritten).
   int verification_failures = 0;
+  // The output had already been published by an earlier attempt of the same job (killed
+  // before it could record success); nothing was written, every file was checked.
+  bool found_published = false;
 };
 
 struct RunControl {
@@ -127,6 +131,11 @@ struct RunControl {
   // When set and true at the moment the conversion fails or is cancelled, its staging folder is
   // kept for a later resume instead of being removed (the daemon sets it when shutting down).
   const std::atomic<bool>* preserve_staging = nullptr;
+  // The daemon's job id. Recorded in the manifest; when resuming, an output folder whose
+  // manifest names this job and request, with every file matching its size and XXH3-64, is
+  // this job's own published output: it is reported as the result instead of refused as "not
+  // empty" (the attempt was killed between publishing and recording success).
+  std::string job_id;
 };
 
 // Plans and runs a conversion, publishing the output folder only when complete.
@@ -136,7 +145,13 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
 // The manifest written as the last file of every output: tool, version, source, request,
 // files with sizes and XXH3-64 checksums, tensors with file, dtype and shape.
 std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& planned,
-                          const std::vector<WrittenFile>& files);
+                          const std::vector<WrittenFile>& files, const std::string& job_id = "");
+
+// The result of an earlier attempt of job `job_id` that published `spec.output` (see
+// RunControl::job_id), or nullopt when the folder is absent or not that job's. DataLoss when it
+// is that job's output but a file no longer matches the manifest.
+absl::StatusOr<std::optional<ConversionResult>> FindPublishedOutput(const ConversionSpec& spec,
+                                                                    const std::string& job_id);
 
 }  // namespace reshard
 

@@ -338,5 +338,63 @@ TEST_F(EngineTest, CorruptInputFailsBeforeWriting) {
   EXPECT_FALSE(fs::exists(root_ + "/never"));
 }
 
+// A daemon job killed after publishing but before recording success is resumed: its own
+// output (manifest naming the job and request, files matching) is its result, not "not empty".
+TEST_F(EngineTest, ResumedJobRecognizesItsOwnPublishedOutput) {
+  const std::string out = root_ + "/published";
+  ConversionSpec spec = Consolidate(input_, out);
+  spec.max_shard_size = 200;
+  RunControl first;
+  first.job_id = "j-00000000000000aa";
+  auto written = RunConversion(spec, first);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_NE(ReadAll(out + "/" + kManifestName).find("\"job_id\": \"j-00000000000000aa\""),
+            std::string::npos);
+
+  RunControl resumed = first;
+  resumed.resume = true;
+  auto again = RunConversion(spec, resumed);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->found_published);
+  ASSERT_EQ(again->files.size(), written->files.size());
+  for (size_t i = 0; i < written->files.size(); ++i) {
+    EXPECT_EQ(again->files[i].name, written->files[i].name);
+    EXPECT_EQ(again->files[i].xxh3_64, written->files[i].xxh3_64);
+  }
+  EXPECT_EQ(again->bytes_written, written->bytes_written);
+  EXPECT_EQ(again->tensors, written->tensors);
+
+  // Another job, or the same job with another request, still finds the folder taken.
+  RunControl other = resumed;
+  other.job_id = "j-00000000000000bb";
+  EXPECT_EQ(RunConversion(spec, other).status().code(), absl::StatusCode::kFailedPrecondition);
+  ConversionSpec changed = spec;
+  changed.dtype = DTypePolicy::kBF16;
+  EXPECT_EQ(RunConversion(changed, resumed).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Not resuming: refused as before.
+  EXPECT_EQ(RunConversion(spec, first).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // A published file changed afterwards is not taken for the job's output.
+  const std::string victim = out + "/" + written->files[0].name;
+  std::string data = ReadAll(victim);
+  data[data.size() / 2] ^= 1;
+  WriteAll(victim, data);
+  auto damaged = RunConversion(spec, resumed);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
+  EXPECT_NE(damaged.status().message().find(written->files[0].name), absl::string_view::npos);
+}
+
+TEST_F(EngineTest, RemotePathsAreRefusedNotWrittenLocally) {
+  auto result = RunConversion(Consolidate(input_, "s3://bucket/out"));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  EXPECT_NE(result.status().message().find("s3://bucket/out"), absl::string_view::npos);
+  EXPECT_FALSE(fs::exists("s3:"));
+  EXPECT_EQ(RunConversion(Consolidate("s3://bucket/in", root_ + "/x")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanConversion(Consolidate("gs://bucket/in", root_ + "/x")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace reshard

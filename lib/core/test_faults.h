@@ -1,0 +1,27 @@
+// Test-only fault injection points, for crash and race tests of the daemon and the CLI.
+//
+// Off unless the environment variable RESHARD_TEST_FAULTS is set, which production never
+// does (README, "Testing hooks"). Its value is a comma-separated list of POINT=ACTION:
+//
+//   kill        SIGKILL this process when it reaches POINT
+//   wait:PATH   block at POINT until the file PATH exists (at most 120 s), so a test can
+//               change the filesystem at a known moment
+//
+// Points: "before-publish" (output complete in the staging folder, not yet renamed) and
+// "after-publish" (output renamed into place, the caller not yet told).
+
+#ifndef RESHARD_LIB_CORE_TEST_FAULTS_H_
+#define RESHARD_LIB_CORE_TEST_FAULTS_H_
+
+#include "absl/strings/string_view.h"
+
+namespace reshard {
+
+inline constexpr char kTestFaultsVariable[] = "RESHARD_TEST_FAULTS";
+
+// Carries out the action configured for `point`, if any. Cheap when none is configured.
+void TestFaultPoint(absl::string_view point);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_CORE_TEST_FAULTS_H_
