@@ -41,15 +41,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--retention", retention, "how long finished jobs are kept (e.g. 168h, 30m)")
       ->capture_default_str();
+  app.add_option("--max-attempts", options.scheduler.max_attempts,
+                 "attempts a job gets when daemon restarts interrupt it")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   auto budget = ParseByteSize(memory_budget);
   absl::Duration keep;
   if (!budget.ok() || !absl::ParseDuration(retention, &keep) ||
       options.scheduler.max_concurrent_jobs < 1 || options.scheduler.max_queue < 1 ||
+      options.scheduler.max_attempts < 1 ||
       grace_seconds < 0) {
     std::cerr << "reshardd: invalid --memory-budget, --retention, --max-concurrent-jobs, "
-                 "--max-queue or --shutdown-grace\n";
+                 "--max-queue, --max-attempts or --shutdown-grace\n";
     return 2;
   }
   options.scheduler.memory_budget = *budget;

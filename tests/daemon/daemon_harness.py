@@ -207,8 +207,9 @@ def probe(addr, method, request=None, timeout=30):
 class Daemon(object):
     """A reshardd process on ephemeral loopback ports."""
 
-    def __init__(self, log_dir, state_dir, roots, extra=()):
+    def __init__(self, log_dir, state_dir, roots, extra=(), env=None):
         self.log_dir, self.state_dir, self.roots, self.extra = log_dir, state_dir, roots, extra
+        self.env = env  # extra environment variables (e.g. RESHARD_TEST_FAULTS)
         self.proc = None
         self.addr = self.metrics_addr = None
         self.starts = 0
@@ -223,8 +224,10 @@ class Daemon(object):
             cmd += ["--allowed-root", root]
         cmd += list(self.extra)
         with open(self.log_path, "w") as log:
+            env = dict(os.environ)
+            env.update(self.env or {})
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL, env=env)
         _DAEMONS.append(self.proc)
         lines = []
         got = threading.Event()
