@@ -36,7 +36,7 @@ const FaultList& ConfiguredFaults() {
 
 }  // namespace
 
-void TestFaultPoint(absl::string_view point) {
+void TestFaultPoint(absl::string_view point, const std::atomic<bool>* interrupted) {
   for (const auto& [name, action] : ConfiguredFaults()) {
     if (name != point) continue;
     if (action == "kill") {
@@ -47,7 +47,8 @@ void TestFaultPoint(absl::string_view point) {
       const std::string path = action.substr(5);
       const absl::Time deadline = absl::Now() + absl::Seconds(120);
       struct stat st;
-      while (::stat(path.c_str(), &st) != 0 && absl::Now() < deadline) {
+      while (::stat(path.c_str(), &st) != 0 && absl::Now() < deadline &&
+             (interrupted == nullptr || !interrupted->load())) {
         absl::SleepFor(absl::Milliseconds(20));
       }
     }

@@ -4,14 +4,17 @@
 // does (README, "Testing hooks"). Its value is a comma-separated list of POINT=ACTION:
 //
 //   kill        SIGKILL this process when it reaches POINT
-//   wait:PATH   block at POINT until the file PATH exists (at most 120 s), so a test can
-//               change the filesystem at a known moment
+//   wait:PATH   block at POINT until the file PATH exists (at most 120 s) or the caller's
+//               `interrupted` flag is set, so a test can change the filesystem at a known
+//               moment, or hold a job running until it cancels it
 //
 // Points: "before-publish" (output complete in the staging folder, not yet renamed) and
 // "after-publish" (output renamed into place, the caller not yet told).
 
 #ifndef RESHARD_LIB_CORE_TEST_FAULTS_H_
 #define RESHARD_LIB_CORE_TEST_FAULTS_H_
+
+#include <atomic>
 
 #include "absl/strings/string_view.h"
 
@@ -20,7 +23,8 @@ namespace reshard {
 inline constexpr char kTestFaultsVariable[] = "RESHARD_TEST_FAULTS";
 
 // Carries out the action configured for `point`, if any. Cheap when none is configured.
-void TestFaultPoint(absl::string_view point);
+// `interrupted`, when given, ends a wait early once it is true.
+void TestFaultPoint(absl::string_view point, const std::atomic<bool>* interrupted = nullptr);
 
 }  // namespace reshard
 

@@ -248,10 +248,10 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   const std::string manifest = BuildManifest(spec, planned, result.files, control.job_id);
   RETURN_IF_ERROR(WriteFileAtomically(staging.dir(), kManifestName, manifest));
   result.bytes_written += manifest.size();
+  TestFaultPoint("before-publish", control.cancelled);
   if (control.cancelled != nullptr && control.cancelled->load()) {
     return absl::CancelledError("conversion cancelled");
   }
-  TestFaultPoint("before-publish");
   RETURN_IF_ERROR(staging.Publish());
   TestFaultPoint("after-publish");
   result.publish_seconds = seconds_since(publish_start);

@@ -322,16 +322,32 @@ class CoreTests(DaemonTestCase):
 
 
 class QueueTests(DaemonTestCase):
+    """One slot. A blocker occupies it for as long as a test needs, whatever the disk's speed:
+    the daemon's test-only fault point holds finished jobs before publishing while the `go`
+    file is absent (RESHARD_TEST_FAULTS, lib/core/test_faults.h); a cancel ends the hold."""
+
     DAEMON_ARGS = ("--max-concurrent-jobs", "1")
 
     @classmethod
     def setUpClass(cls):
+        cls.go = os.path.join(tempfile.mkdtemp(prefix="reshardd-go-"), "go")
+        open(cls.go, "w").close()
         super().setUpClass()
+        cls.daemon.kill()
+        cls.daemon = Daemon(cls.logs, os.path.join(cls.tmp, "state"), [cls.root],
+                            cls.DAEMON_ARGS,
+                            env={"RESHARD_TEST_FAULTS": "before-publish=wait:" + cls.go}).start()
         cls.big = make_checkpoint(os.path.join(cls.root, "big"), BIG_SIZE, "200MB")
         cls.src = small_checkpoint(os.path.join(cls.root, "small"))
 
+    def tearDown(self):
+        open(self.go, "w").close()
+        super().tearDown()
+
     def start_blocker(self, name):
-        """A big job occupying the only slot; returns (job id, output)."""
+        """A big job occupying the only slot until cancelled; returns (job id, output)."""
+        if os.path.exists(self.go):
+            os.unlink(self.go)
         out = self.r(name)
         job_id = self.submit(self.big, out, *BIG_ARGS)
         self.wait_running_with_progress(job_id, fraction=0.0)
@@ -339,6 +355,7 @@ class QueueTests(DaemonTestCase):
 
     def cancel_and_check(self, job_id, out):
         doc = self.assertOk(self.ctl("cancel", job_id))
+        open(self.go, "w").close()  # the jobs queued behind the blocker may publish
         self.assertEqual(doc["job_id"], job_id)
         final = self.wait_terminal(job_id, timeout=60)
         self.assertEqual(final["state"], "cancelled", final)
