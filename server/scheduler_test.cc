@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -907,5 +908,105 @@ TEST_F(SchedulerTest, MetricsFollowTheJobs) {
   EXPECT_EQ(MetricValue("reshard_memory_reserved_bytes"), 0);
 }
 
+// A runner that works like the engine on a long job: it reports progress without pause and
+// commits a data file every 20 ms, until cancelled.
+absl::StatusOr<ConversionResult> BusyRun(const v1::Job&, JobContext& context) {
+  Progress progress;
+  progress.bytes_total = uint64_t{1} << 40;
+  absl::Time next_file = absl::Now();
+  while (!context.cancelled.load()) {
+    progress.bytes_done += 4096;
+    context.on_progress(progress);
+    if (absl::Now() >= next_file) {
+      next_file = absl::Now() + absl::Milliseconds(20);
+      context.on_file_committed(
+          {absl::StrCat("model-", progress.files_done++, ".safetensors"), 8, 0xabcdef, 1});
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return absl::CancelledError("stopped at the next window");
+}
+
+// Every write of a running job's record (progress, committed files) takes `delay`, like an
+// fsync on a congested disk. The delay is spent outside the store's own lock.
+void SlowRunningJobWrites(JobStore& store, absl::Duration delay) {
+  store.SetPutHookForTesting([delay](const v1::Job& job) {
+    if (job.state() == v1::JOB_STATE_RUNNING && job.progress().bytes_done() > 0) {
+      absl::SleepFor(delay);
+    }
+  });
+}
+
+struct Latencies {
+  absl::Duration p50, p99, max;
+};
+
+Latencies Summarize(std::vector<absl::Duration> samples) {
+  std::sort(samples.begin(), samples.end());
+  const size_t n = samples.size();
+  return {samples[n / 2], samples[std::min(n - 1, n * 99 / 100)], samples[n - 1]};
+}
+
+// One job's slow progress writes must not hold up reads and submissions: the scheduler's
+// mutex is not held across a store write.
+TEST_F(SchedulerTest, SlowProgressWritesDoNotBlockSubmitOrGet) {
+  SlowRunningJobWrites(*store_, absl::Milliseconds(300));
+  options_.persist_interval = absl::Milliseconds(10);
+  options_.memory_budget = 1000;
+  scheduler_ = std::make_unique<Scheduler>(options_, store_.get(), &metrics_, BusyRun, Estimate);
+  ASSERT_TRUE(scheduler_->Start().ok());
+  const v1::Job busy = MustSubmit(Spec("busy"));
+  const absl::Time deadline = absl::Now() + kWait;
+  while (scheduler_->Get(busy.id())->progress().bytes_done() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  std::vector<absl::Duration> gets, submits;
+  for (int i = 0; i < 20; ++i) {
+    absl::Time start = absl::Now();
+    ASSERT_TRUE(scheduler_->Get(busy.id()).ok());
+    gets.push_back(absl::Now() - start);
+    start = absl::Now();
+    MustSubmit(Spec(absl::StrCat("queued-", i)));
+    submits.push_back(absl::Now() - start);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_LT(Summarize(gets).max, absl::Milliseconds(150));
+  EXPECT_LT(Summarize(submits).max, absl::Milliseconds(150));
+  scheduler_->Shutdown(absl::ZeroDuration());
+  // The record still caught up with the progress (written outside the lock).
+  EXPECT_GT(StoredJob(busy.id()).progress().bytes_done(), 0u);
+}
+
+// The load test of issue 10: submit latency while two jobs run flat out, with the real store
+// (SQLite, synchronous=FULL) and with a simulated slow disk (every running job's write takes
+// 200 ms). Prints p50/p99/max; run with --test_output=streamed --test_filter='*Latency*'.
+TEST_F(SchedulerTest, SubmitLatencyWhileJobsRunLoadTest) {
+  options_.max_concurrent_jobs = 2;
+  options_.memory_budget = 1000;
+  options_.max_queue = 1000;
+  for (const absl::Duration slow : {absl::ZeroDuration(), absl::Milliseconds(200)}) {
+    SlowRunningJobWrites(*store_, slow);
+    scheduler_ = std::make_unique<Scheduler>(options_, store_.get(), &metrics_, BusyRun, Estimate);
+    ASSERT_TRUE(scheduler_->Start().ok());
+    MustSubmit(Spec("busy-1"));
+    MustSubmit(Spec("busy-2"));
+    absl::SleepFor(absl::Milliseconds(200));  // both running
+    std::vector<absl::Duration> submits;
+    for (int i = 0; i < 150; ++i) {
+      const absl::Time start = absl::Now();
+      MustSubmit(Spec(absl::StrCat("queued-", i)));
+      submits.push_back(absl::Now() - start);
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    const Latencies figures = Summarize(submits);
+    std::fprintf(
+        stderr, "submit latency with 2 busy jobs, running job writes +%s: p50 %s p99 %s max %s\n",
+        absl::FormatDuration(slow).c_str(), absl::FormatDuration(figures.p50).c_str(),
+        absl::FormatDuration(figures.p99).c_str(), absl::FormatDuration(figures.max).c_str());
+    EXPECT_LT(figures.p99, absl::Milliseconds(100)) << "slow writes: " << slow;
+    scheduler_->Shutdown(absl::ZeroDuration());
+    scheduler_.reset();
+  }
+}
 }  // namespace
 }  // namespace reshard
