@@ -774,6 +774,55 @@ TEST_F(SchedulerTest, CancelBeforeShutdownStaysCancelled) {
   EXPECT_EQ(StoredJob(job.id()).state(), v1::JOB_STATE_CANCELLED);
 }
 
+// A runner that ignores the interruption (blocked in a system call, say) must not keep
+// Shutdown waiting: after grace + interrupt_wait its job is recorded QUEUED and resumes at the
+// next start; what the abandoned runner returns later is not recorded.
+TEST_F(SchedulerTest, ShutdownAbandonsAWorkerThatIgnoresTheInterruption) {
+  options_.interrupt_wait = absl::Milliseconds(500);
+  StartScheduler();
+  runner_.Stubborn("stuck");
+  const v1::Job job = MustSubmit(Spec("stuck"));
+  ASSERT_TRUE(runner_.WaitStarted("stuck"));
+
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(scheduler_->Shutdown(absl::Milliseconds(200)), 1);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(650));
+  EXPECT_LT(took, absl::Seconds(3));
+  EXPECT_TRUE(scheduler_->stopping());
+  EXPECT_EQ(scheduler_->Get(job.id())->state(), v1::JOB_STATE_QUEUED);
+  const v1::Job stored = StoredJob(job.id());
+  EXPECT_EQ(stored.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_NE(stored.note().find("did not respond"), std::string::npos) << stored.note();
+  EXPECT_EQ(scheduler_->Shutdown(absl::ZeroDuration()), 1);  // idempotent
+
+  // The runner returns long after: the record is the one Shutdown wrote.
+  runner_.Release("stuck");
+  ASSERT_TRUE(runner_.WaitFinishedRuns(1));
+  scheduler_.reset();  // joins the abandoned worker
+  EXPECT_EQ(StoredJob(job.id()).note(), stored.note());
+
+  runner_.ReleaseAll();
+  StartScheduler();
+  EXPECT_EQ(WaitTerminal(job.id()).state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(runner_.LastCall("stuck").resume);
+  EXPECT_EQ(runner_.LastCall("stuck").attempts, 2);
+}
+
+// A job the user cancelled whose runner then never returns ends CANCELLED, not queued to run
+// again.
+TEST_F(SchedulerTest, ShutdownAbandonsACancelledStuckJobAsCancelled) {
+  options_.interrupt_wait = absl::Milliseconds(200);
+  StartScheduler();
+  runner_.Stubborn("stuck");
+  const v1::Job job = MustSubmit(Spec("stuck"));
+  ASSERT_TRUE(runner_.WaitStarted("stuck"));
+  ASSERT_TRUE(scheduler_->Cancel(job.id()).ok());
+  EXPECT_EQ(scheduler_->Shutdown(absl::ZeroDuration()), 1);
+  EXPECT_EQ(StoredJob(job.id()).state(), v1::JOB_STATE_CANCELLED);
+  runner_.Release("stuck");
+}
+
 TEST_F(SchedulerTest, ShutdownGraceLetsJobsFinish) {
   StartScheduler();
   const v1::Job job = MustSubmit(Spec("quick"));

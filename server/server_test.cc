@@ -127,7 +127,8 @@ double SampleValue(const std::string& text, const std::string& series) {
 }
 
 // Behaviour by the output folder's name: "block*" runs until cancelled or released,
-// "fail*" fails with DATA_LOSS, anything else succeeds at once. Every run reports progress.
+// "stuck*" ignores cancellation and runs until released, "fail*" fails with DATA_LOSS,
+// anything else succeeds at once. Every run reports progress.
 class FakeRunner {
  public:
   struct Seen {
@@ -172,6 +173,10 @@ class FakeRunner {
         seen_[name].preserve_staging = context.preserve_staging.load();
         return absl::CancelledError("cancelled at the next window");
       }
+    }
+    if (absl::StartsWith(name, "stuck")) {
+      const absl::Time deadline = absl::Now() + kWait;
+      while (!released_.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
     }
     if (absl::StartsWith(name, "fail")) return absl::DataLossError("injected failure");
     progress.bytes_done = 8;
@@ -703,6 +708,42 @@ TEST_F(ServerTest, DrainRefusesSubmitsAndKeepsRunningJobForResume) {
   EXPECT_EQ(resumed.attempts(), 2);
   EXPECT_EQ(runner_.seen("block-drain").runs, 2);
   EXPECT_TRUE(runner_.seen("block-drain").resume);
+}
+
+// A job whose runner ignores the interruption does not keep the daemon from stopping: after
+// grace + interrupt_wait it is recorded QUEUED and the next daemon resumes it.
+TEST_F(ServerTest, ShutdownEndsOnTimeWhenAJobIgnoresTheInterruption) {
+  ServerOptions options = Options();
+  options.shutdown_grace = absl::Milliseconds(300);
+  options.scheduler.interrupt_wait = absl::Milliseconds(700);
+  StartServer(options);
+  const v1::Job job = MustSubmit(Consolidate("stuck-1"));
+  ASSERT_TRUE(WaitForState(job.id(), v1::JOB_STATE_RUNNING));
+
+  const absl::Time start = absl::Now();
+  server_->Shutdown();
+  server_->Wait();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(950));
+  EXPECT_LT(took, absl::Seconds(4));  // grace + interrupt_wait + gRPC's 2 s, with room
+  {
+    auto store = JobStore::Open(state_dir_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto jobs = (*store)->LoadAll();
+    ASSERT_TRUE(jobs.ok()) << jobs.status();
+    ASSERT_EQ(jobs->size(), 1u);
+    EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_QUEUED);
+  }
+  // In-process, the destructor still joins the abandoned worker (reshardd exits instead).
+  runner_.ReleaseAll();
+  client_.reset();
+  server_.reset();
+
+  StartServer(Options());
+  const v1::Job done = WatchToEnd(job.id());
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.attempts(), 2);
+  EXPECT_TRUE(runner_.seen("stuck-1").resume);
 }
 
 TEST_F(ServerTest, MetricsEndpoint) {
