@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -744,6 +745,95 @@ TEST_F(ServerTest, ShutdownEndsOnTimeWhenAJobIgnoresTheInterruption) {
   EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(done.attempts(), 2);
   EXPECT_TRUE(runner_.seen("stuck-1").resume);
+}
+
+// Inspect and Plan read inputs on the offload pool. Calls stuck there (e.g. in open() on a
+// FIFO) must not starve later ones, and a call waits only until its deadline: its handler
+// returns DEADLINE_EXCEEDED then, freeing the gRPC thread.
+TEST_F(ServerTest, InspectAndPlanHonourDeadlinesWhileMetadataThreadsAreStuck) {
+  ServerOptions options = Options();
+  options.offload = {/*threads=*/1, /*max_threads=*/2, /*stuck_after=*/absl::Milliseconds(200)};
+  StartServer(options);
+  absl::Notification release;
+  std::atomic<int> started{0};
+  std::vector<std::thread> stuck;
+  auto add_stuck_task = [&] {
+    stuck.emplace_back([&] {
+      server_->offload_pool()
+          .Run(
+              [&] {
+                started.fetch_add(1);
+                release.WaitForNotification();
+              },
+              absl::InfiniteFuture())
+          .IgnoreError();
+    });
+  };
+  auto wait_started = [&](int count) {
+    const absl::Time deadline = absl::Now() + kWait;
+    while (started.load() < count && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    return started.load() >= count;
+  };
+
+  // The only thread is stuck: once it has been for stuck_after, a thread is added.
+  add_stuck_task();
+  ASSERT_TRUE(wait_started(1));
+  auto inspected = client_->Inspect(root_ + "/model.safetensors", "");
+  ASSERT_TRUE(inspected.ok()) << inspected.status();
+  EXPECT_EQ(inspected->tensors_size(), 1);
+
+  // Both threads stuck and no more allowed: calls end at their deadline.
+  absl::SleepFor(absl::Milliseconds(250));
+  add_stuck_task();
+  ASSERT_TRUE(wait_started(2));
+  EXPECT_EQ(server_->offload_pool().thread_count(), 2);
+  auto stub = v1::Reshard::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    const absl::Time start = absl::Now();
+    grpc::Status status;
+    if (i == 2) {
+      v1::PlanRequest request;
+      *request.mutable_spec() = Consolidate("planned");
+      v1::PlanResponse response;
+      status = stub->Plan(&context, request, &response);
+    } else {
+      v1::InspectRequest request;
+      request.set_input(root_ + "/model.safetensors");
+      v1::InspectResponse response;
+      status = stub->Inspect(&context, request, &response);
+    }
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+    EXPECT_GE(took, absl::Milliseconds(900));
+    EXPECT_LT(took, absl::Milliseconds(1800));
+  }
+  auto health = Health(server_->address());
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, HealthStatus::SERVING);
+  // The handlers returned (the client's deadline alone would not show that), with
+  // DEADLINE_EXCEEDED or, when gRPC's cancellation of the expired call was seen first, CANCELLED.
+  auto handled = [](const std::string& code) {
+    return absl::StrCat(R"(grpc_server_handled_total{grpc_code=")", code,
+                        R"(",grpc_method="Inspect",grpc_service="reshard.v1.Reshard",)"
+                        R"(grpc_type="unary"})");
+  };
+  double ended = 0;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(5);
+       ended < 2 && absl::Now() < deadline; absl::SleepFor(absl::Milliseconds(20))) {
+    auto metrics = HttpGet(server_->metrics_address(), "/metrics");
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    ended = SampleValue(*metrics, handled("DeadlineExceeded")) +
+            SampleValue(*metrics, handled("Canceled"));
+  }
+  EXPECT_EQ(ended, 2);
+
+  release.Notify();
+  for (std::thread& thread : stuck) thread.join();
+  inspected = client_->Inspect(root_ + "/model.safetensors", "");
+  EXPECT_TRUE(inspected.ok()) << inspected.status();
 }
 
 TEST_F(ServerTest, MetricsEndpoint) {
