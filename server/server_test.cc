@@ -429,6 +429,23 @@ TEST_F(ServerTest, ListFiltersAndPages) {
 
   EXPECT_EQ(client_->List({}, 0, "garbage").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client_->List({}, 5000, "").status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A state that is none of the job states is refused, naming it (it used to match nothing).
+  auto unspecified = client_->List({v1::JOB_STATE_FAILED, v1::JOB_STATE_UNSPECIFIED}, 0, "");
+  EXPECT_EQ(unspecified.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(unspecified.status().message(), "states[1] = 0"))
+      << unspecified.status();
+  auto stub = v1::Reshard::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ListJobsRequest request;
+  request.mutable_states()->Add(42);  // unknown to this proto: kept as a number
+  v1::ListJobsResponse response;
+  const grpc::Status unknown = stub->ListJobs(&context, request, &response);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(unknown.error_message(), "states[0] = 42"))
+      << unknown.error_message();
 }
 
 TEST_F(ServerTest, IdempotentResubmit) {

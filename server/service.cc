@@ -123,7 +123,16 @@ grpc::Status ReshardService::GetJob(grpc::ServerContext*, const v1::GetJobReques
 grpc::Status ReshardService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
   std::vector<v1::JobState> states;
-  for (int state : request->states()) states.push_back(static_cast<v1::JobState>(state));
+  for (int i = 0; i < request->states_size(); ++i) {
+    const int state = request->states(i);
+    // Refused rather than matching nothing, which would read as "no such jobs".
+    if (!v1::JobState_IsValid(state) || state == v1::JOB_STATE_UNSPECIFIED) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "states[", i, "] = ", state,
+          " is not a job state (expected QUEUED, RUNNING, SUCCEEDED, FAILED or CANCELLED)")));
+    }
+    states.push_back(static_cast<v1::JobState>(state));
+  }
   auto page = scheduler_->List(states, request->page_size(), request->page_token());
   if (!page.ok()) return ToGrpcStatus(page.status());
   for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
