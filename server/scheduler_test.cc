@@ -999,7 +999,7 @@ Latencies Summarize(std::vector<absl::Duration> samples) {
 // One job's slow progress writes must not hold up reads and submissions: the scheduler's
 // mutex is not held across a store write.
 TEST_F(SchedulerTest, SlowProgressWritesDoNotBlockSubmitOrGet) {
-  SlowRunningJobWrites(*store_, absl::Milliseconds(300));
+  SlowRunningJobWrites(*store_, absl::Seconds(1));
   options_.persist_interval = absl::Milliseconds(10);
   options_.memory_budget = 1000;
   scheduler_ = std::make_unique<Scheduler>(options_, store_.get(), &metrics_, BusyRun, Estimate);
@@ -1019,8 +1019,11 @@ TEST_F(SchedulerTest, SlowProgressWritesDoNotBlockSubmitOrGet) {
     submits.push_back(absl::Now() - start);
     absl::SleepFor(absl::Milliseconds(20));
   }
-  EXPECT_LT(Summarize(gets).max, absl::Milliseconds(150));
-  EXPECT_LT(Summarize(submits).max, absl::Milliseconds(150));
+  // Before: each call waited for the write in progress (up to 1 s). A submit still does its
+  // own (real, unslowed) write, hence the looser bound on its worst case.
+  EXPECT_LT(Summarize(gets).max, absl::Milliseconds(300));
+  EXPECT_LT(Summarize(submits).p50, absl::Milliseconds(100));
+  EXPECT_LT(Summarize(submits).max, absl::Milliseconds(500));
   scheduler_->Shutdown(absl::ZeroDuration());
   // The record still caught up with the progress (written outside the lock).
   EXPECT_GT(StoredJob(busy.id()).progress().bytes_done(), 0u);
@@ -1052,7 +1055,12 @@ TEST_F(SchedulerTest, SubmitLatencyWhileJobsRunLoadTest) {
         stderr, "submit latency with 2 busy jobs, running job writes +%s: p50 %s p99 %s max %s\n",
         absl::FormatDuration(slow).c_str(), absl::FormatDuration(figures.p50).c_str(),
         absl::FormatDuration(figures.p99).c_str(), absl::FormatDuration(figures.max).c_str());
-    EXPECT_LT(figures.p99, absl::Milliseconds(100)) << "slow writes: " << slow;
+    // Before this was p50 196 ms, p99 404 ms with 200 ms writes. With the real store the
+    // figures are the disk's and the machine's, so they are printed but not checked.
+    if (slow > absl::ZeroDuration()) {
+      EXPECT_LT(figures.p50, absl::Milliseconds(50));
+      EXPECT_LT(figures.p99, absl::Milliseconds(200));
+    }
     scheduler_->Shutdown(absl::ZeroDuration());
     scheduler_.reset();
   }
