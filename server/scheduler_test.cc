@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -1027,6 +1028,34 @@ TEST_F(SchedulerTest, SlowProgressWritesDoNotBlockSubmitOrGet) {
   scheduler_->Shutdown(absl::ZeroDuration());
   // The record still caught up with the progress (written outside the lock).
   EXPECT_GT(StoredJob(busy.id()).progress().bytes_done(), 0u);
+}
+
+// A committed file's record is in the store when on_file_committed returns, even while the
+// persister is writing an older copy (progress) of the same job.
+TEST_F(SchedulerTest, CommittedFileIsDurableWhenTheCallbackReturns) {
+  SlowRunningJobWrites(*store_, absl::Milliseconds(200));
+  options_.persist_interval = absl::Milliseconds(1);
+  JobStore* const store = store_.get();
+  std::atomic<int> recorded{-1};
+  auto runner = [&](const v1::Job& job, JobContext& context) -> absl::StatusOr<ConversionResult> {
+    Progress progress;
+    progress.bytes_total = 100;
+    progress.bytes_done = 10;
+    context.on_progress(progress);
+    absl::SleepFor(absl::Milliseconds(50));  // the persister's slowed write is under way
+    context.on_file_committed({"model-1.safetensors", 8, 0xabc, 1});
+    auto jobs = store->LoadAll();
+    if (!jobs.ok()) return jobs.status();
+    for (const v1::Job& stored : *jobs) {
+      if (stored.id() == job.id()) recorded.store(stored.committed_files_size());
+    }
+    return absl::DataLossError("stop here");
+  };
+  scheduler_ = std::make_unique<Scheduler>(options_, store_.get(), &metrics_, runner, Estimate);
+  ASSERT_TRUE(scheduler_->Start().ok());
+  const v1::Job job = MustSubmit(Spec("committing"));
+  EXPECT_EQ(WaitTerminal(job.id()).state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(recorded.load(), 1);
 }
 
 // The load test of issue 10: submit latency while two jobs run flat out, with the real store
