@@ -68,6 +68,7 @@ absl::Status JobStore::Exec(const char* sql) {
 }
 
 absl::Status JobStore::Put(const v1::Job& job) {
+  if (put_hook_) put_hook_(job);
   const std::string blob = job.SerializeAsString();
   absl::MutexLock lock(&mu_);
   Statement s;

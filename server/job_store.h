@@ -5,6 +5,7 @@
 #ifndef RESHARD_SERVER_JOB_STORE_H_
 #define RESHARD_SERVER_JOB_STORE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,12 +29,19 @@ class JobStore {
   absl::StatusOr<std::vector<v1::Job>> LoadAll();
   absl::Status Delete(const std::string& id);
 
+  // Tests only: runs before every Put, outside the store's lock (e.g. to make some writes
+  // slow like a congested disk's fsync). Set before the store is shared.
+  void SetPutHookForTesting(std::function<void(const v1::Job&)> hook) {
+    put_hook_ = std::move(hook);
+  }
+
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const v1::Job&)> put_hook_;
 };
 
 }  // namespace reshard

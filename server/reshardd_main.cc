@@ -5,10 +5,14 @@
 //       --state-dir /var/lib/reshard --allowed-root /data/checkpoints --memory-budget 16GiB
 //
 // Prints "listening on HOST:PORT" (and "metrics on HOST:PORT") on stdout once serving.
-// SIGTERM/SIGINT drain it (see Server::Shutdown) and it exits 0.
+// SIGTERM/SIGINT drain it (see Server::Shutdown) and it exits 0 within about
+// --shutdown-grace + --shutdown-interrupt-wait + 2 s, whatever a job or request is doing.
 
 #include <signal.h>
+#include <time.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
@@ -23,6 +27,7 @@ int main(int argc, char** argv) {
   std::string memory_budget = "8GiB";
   std::string retention = "168h";
   int grace_seconds = 30;
+  int interrupt_wait_seconds = 5;
   app.add_option("--listen", options.listen, "gRPC address (port 0 picks a free one)")
       ->capture_default_str();
   app.add_option("--metrics-listen", options.metrics_listen,
@@ -39,10 +44,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--shutdown-grace", grace_seconds, "seconds running jobs get on SIGTERM")
       ->capture_default_str();
-  app.add_option("--retention", retention, "how long finished jobs are kept (e.g. 168h, 30m)")
+  app.add_option("--shutdown-interrupt-wait", interrupt_wait_seconds,
+                 "seconds interrupted jobs get after the grace; then the daemon exits without "
+                 "them and they resume at the next start")
       ->capture_default_str();
   app.add_option("--max-attempts", options.scheduler.max_attempts,
-                 "attempts a job gets when daemon restarts interrupt it")
+                 "attempts a job gets across daemon crashes before it fails")
+      ->capture_default_str();
+  app.add_option("--retention", retention, "how long finished jobs are kept (e.g. 168h, 30m)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -50,15 +59,15 @@ int main(int argc, char** argv) {
   absl::Duration keep;
   if (!budget.ok() || !absl::ParseDuration(retention, &keep) ||
       options.scheduler.max_concurrent_jobs < 1 || options.scheduler.max_queue < 1 ||
-      options.scheduler.max_attempts < 1 ||
-      grace_seconds < 0) {
+      grace_seconds < 0 || interrupt_wait_seconds < 0 || options.scheduler.max_attempts < 1) {
     std::cerr << "reshardd: invalid --memory-budget, --retention, --max-concurrent-jobs, "
-                 "--max-queue, --max-attempts or --shutdown-grace\n";
+                 "--max-queue, --shutdown-grace, --shutdown-interrupt-wait or --max-attempts\n";
     return 2;
   }
   options.scheduler.memory_budget = *budget;
   options.scheduler.retention = keep;
   options.shutdown_grace = absl::Seconds(grace_seconds);
+  options.scheduler.interrupt_wait = absl::Seconds(interrupt_wait_seconds);
 
   // Signals are taken synchronously by one thread; every other thread blocks them.
   sigset_t signals;
@@ -76,14 +85,27 @@ int main(int argc, char** argv) {
   if (!(*server)->metrics_address().empty()) {
     std::cout << "metrics on " << (*server)->metrics_address() << std::endl;
   }
+  // Waits in short slices so that it also ends when the server stops for another reason.
+  std::atomic<bool> stopped{false};
   std::thread signal_waiter([&] {
-    int signal = 0;
-    sigwait(&signals, &signal);
-    std::cerr << "reshardd: signal " << signal << ", draining (grace " << grace_seconds << "s)\n";
-    (*server)->Shutdown();
+    const timespec slice{0, 200 * 1000 * 1000};
+    while (!stopped.load()) {
+      const int signal = sigtimedwait(&signals, nullptr, &slice);
+      if (signal < 0) continue;  // EAGAIN: the slice passed; EINTR
+      std::cerr << "reshardd: signal " << signal << ", draining (grace " << grace_seconds << "s)\n";
+      (*server)->Shutdown();
+      return;
+    }
   });
   (*server)->Wait();
+  stopped.store(true);
   signal_waiter.join();
   std::cerr << "reshardd: stopped\n";
-  return 0;
+  // Exit without destructors: a job's worker the scheduler abandoned, or an Inspect/Plan task
+  // stuck in a system call, would block the joins in their destructors. Nothing is lost: every
+  // job record is durable once written (SQLite, synchronous=FULL), and the records of abandoned
+  // jobs were written QUEUED by Scheduler::Shutdown.
+  std::cout.flush();
+  std::cerr.flush();
+  std::_Exit(0);
 }

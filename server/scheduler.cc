@@ -46,6 +46,11 @@ void SetError(v1::Job& job, const absl::Status& status) {
   error->set_message(std::string(status.message()));
 }
 
+// The job goes on; its record catches up at its next change.
+void NotePersistFailure(v1::Job& job, const absl::Status& status) {
+  job.set_note(absl::StrCat("could not persist the job: ", status.message()));
+}
+
 }  // namespace
 
 absl::string_view JobKindLabel(v1::JobKind kind) {
@@ -65,46 +70,61 @@ Scheduler::Scheduler(SchedulerOptions options, JobStore* store, Metrics* metrics
       runner_(std::move(runner)),
       estimator_(std::move(estimator)) {}
 
-Scheduler::~Scheduler() { Shutdown(absl::ZeroDuration()); }
+Scheduler::~Scheduler() {
+  Shutdown(absl::ZeroDuration());
+  // Workers Shutdown abandoned are joined here: their runners still refer to this scheduler.
+  for (std::thread& worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
+}
 
 absl::Status Scheduler::Start() {
   ASSIGN_OR_RETURN(std::vector<v1::Job> stored, store_->LoadAll());
-  absl::MutexLock lock(&mu_);
-  for (v1::Job& job : stored) {
-    auto entry = std::make_unique<Entry>();
-    entry->job = std::move(job);
-    entry->sequence = next_sequence_++;
-    entry->reservation =
-        std::max<uint64_t>(entry->job.reserved_memory_bytes(), estimator_(entry->job.spec()));
-    Entry& e = *entry;
-    if (!e.job.idempotency_key().empty()) by_key_[e.job.idempotency_key()] = e.job.id();
-    jobs_[e.job.id()] = std::move(entry);
-    if (metrics_ != nullptr && e.job.state() == v1::JOB_STATE_SUCCEEDED) {
-      // Survives restarts, so "no success in N hours" alerts do not fire after one.
-      metrics_->SetLastSuccess(JobKindLabel(e.job.spec().kind()), e.job.finished_unix());
-    }
-    if (e.job.state() == v1::JOB_STATE_RUNNING) {
-      // The daemon died while this job ran.
-      if (e.job.attempts() >= options_.max_attempts) {
-        FinishLocked(e, v1::JOB_STATE_FAILED,
-                     absl::AbortedError(absl::StrCat(
-                         "interrupted ", e.job.attempts(),
-                         " times by daemon restarts; giving up (the output was never published)")));
-        continue;
+  std::vector<Snapshot> writes;
+  std::vector<Deletion> deletions;
+  {
+    absl::MutexLock lock(&mu_);
+    for (v1::Job& job : stored) {
+      auto entry = std::make_unique<Entry>();
+      entry->job = std::move(job);
+      entry->sequence = next_sequence_++;
+      entry->reservation =
+          std::max<uint64_t>(entry->job.reserved_memory_bytes(), estimator_(entry->job.spec()));
+      Entry& e = *entry;
+      if (!e.job.idempotency_key().empty()) by_key_[e.job.idempotency_key()] = e.job.id();
+      jobs_[e.job.id()] = std::move(entry);
+      if (metrics_ != nullptr && e.job.state() == v1::JOB_STATE_SUCCEEDED) {
+        // Survives restarts, so "no success in N hours" alerts do not fire after one.
+        metrics_->SetLastSuccess(JobKindLabel(e.job.spec().kind()), e.job.finished_unix());
       }
-      e.job.set_state(v1::JOB_STATE_QUEUED);
-      e.job.set_note(absl::StrCat("the daemon stopped during attempt ", e.job.attempts(),
-                                  "; queued to resume (finished files are kept only if their "
-                                  "checksums match)"));
-      PersistLocked(e);
+      if (e.job.state() == v1::JOB_STATE_RUNNING) {
+        // The daemon died while this job ran.
+        if (e.job.attempts() >= options_.max_attempts) {
+          writes.push_back(FinishLocked(
+              e, v1::JOB_STATE_FAILED,
+              absl::AbortedError(absl::StrCat(
+                  "interrupted ", e.job.attempts(),
+                  " times by daemon restarts; giving up (the output was never published)"))));
+          continue;
+        }
+        e.job.set_state(v1::JOB_STATE_QUEUED);
+        e.job.set_note(absl::StrCat("the daemon stopped during attempt ", e.job.attempts(),
+                                    "; queued to resume (finished files are kept only if their "
+                                    "checksums match)"));
+        writes.push_back(SnapshotLocked(e));
+      }
+      if (e.job.state() == v1::JOB_STATE_QUEUED) EnqueueLocked(e);
     }
-    if (e.job.state() == v1::JOB_STATE_QUEUED) EnqueueLocked(e);
+    deletions = PruneLocked();
+    UpdateGaugesLocked();
   }
-  PruneLocked();
-  UpdateGaugesLocked();
+  // Nothing runs yet, so these are written before any other change to the same jobs.
+  PersistAll(writes, deletions);
+  absl::MutexLock lock(&mu_);
   for (int i = 0; i < options_.max_concurrent_jobs; ++i) {
     workers_.emplace_back([this] { WorkerLoop(); });
   }
+  persister_ = std::thread([this] { PersistLoop(); });
   return absl::OkStatus();
 }
 
@@ -112,12 +132,64 @@ void Scheduler::EnqueueLocked(Entry& entry) {
   queue_.insert({-entry.job.spec().priority(), entry.sequence, entry.job.id()});
 }
 
-void Scheduler::PersistLocked(Entry& entry) {
+Scheduler::Snapshot Scheduler::SnapshotLocked(Entry& entry) {
   entry.last_persist = absl::Now();
-  absl::Status status = store_->Put(entry.job);
-  if (!status.ok()) {
-    // The job goes on; the record catches up at its next change.
-    entry.job.set_note(absl::StrCat("could not persist the job: ", status.message()));
+  dirty_.erase(entry.job.id());
+  return Snapshot{entry.record, ++entry.snapshots, entry.job};
+}
+
+absl::Status Scheduler::Write(const Snapshot& snapshot) {
+  absl::MutexLock lock(&snapshot.slot->mu);
+  // A newer copy got here first (e.g. the persister's progress, or a finish).
+  if (snapshot.sequence <= snapshot.slot->written) return absl::OkStatus();
+  RETURN_IF_ERROR(store_->Put(snapshot.job));
+  snapshot.slot->written = snapshot.sequence;
+  return absl::OkStatus();
+}
+
+void Scheduler::Persist(const Snapshot& snapshot) {
+  absl::Status status = Write(snapshot);
+  if (status.ok()) return;
+  absl::MutexLock lock(&mu_);
+  Entry* entry = FindLocked(snapshot.job.id());
+  if (entry != nullptr) {
+    NotePersistFailure(entry->job, status);
+    ChangedLocked(*entry);
+  }
+}
+
+void Scheduler::PersistAll(const std::vector<Snapshot>& snapshots,
+                           const std::vector<Deletion>& deletions) {
+  for (const Snapshot& snapshot : snapshots) Persist(snapshot);
+  for (const auto& [slot, id] : deletions) {
+    absl::MutexLock lock(&slot->mu);
+    slot->written = INT64_MAX;         // a copy still in flight must not bring the row back
+    store_->Delete(id).IgnoreError();  // retried at the next prune if it failed
+  }
+}
+
+void Scheduler::PersistLoop() {
+  // Due jobs are looked for a few times per interval, so a write is at most ~25% late.
+  const absl::Duration tick =
+      std::clamp(options_.persist_interval / 4, absl::Milliseconds(5), absl::Milliseconds(250));
+  while (true) {
+    std::vector<Snapshot> writes;
+    {
+      absl::MutexLock lock(&mu_);
+      auto stop = [](Scheduler* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->stopping_; };
+      mu_.AwaitWithTimeout(absl::Condition(+stop, this), tick);
+      if (stopping_) return;
+      const absl::Time now = absl::Now();
+      std::vector<Entry*> due;
+      for (const std::string& id : dirty_) {
+        Entry* entry = FindLocked(id);
+        if (entry != nullptr && now - entry->last_persist >= options_.persist_interval) {
+          due.push_back(entry);
+        }
+      }
+      for (Entry* entry : due) writes.push_back(SnapshotLocked(*entry));  // erases from dirty_
+    }
+    PersistAll(writes, {});
   }
 }
 
@@ -134,11 +206,11 @@ Scheduler::Entry* Scheduler::FindLocked(const std::string& id) {
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
-void Scheduler::FinishLocked(Entry& entry, v1::JobState state, const absl::Status& status) {
+Scheduler::Snapshot Scheduler::FinishLocked(Entry& entry, v1::JobState state,
+                                            const absl::Status& status) {
   entry.job.set_state(state);
   entry.job.set_finished_unix(NowUnix());
   if (!status.ok()) SetError(entry.job, status);
-  PersistLocked(entry);
   ChangedLocked(entry);
   if (metrics_ != nullptr) {
     const absl::string_view kind = JobKindLabel(entry.job.spec().kind());
@@ -154,9 +226,10 @@ void Scheduler::FinishLocked(Entry& entry, v1::JobState state, const absl::Statu
       metrics_->SetLastSuccess(kind, entry.job.finished_unix());
     }
   }
+  return SnapshotLocked(entry);
 }
 
-void Scheduler::PruneLocked() {
+std::vector<Scheduler::Deletion> Scheduler::PruneLocked() {
   const double horizon = NowUnix() - absl::ToDoubleSeconds(options_.retention);
   std::vector<std::string> expired;
   for (const auto& [id, entry] : jobs_) {
@@ -165,18 +238,48 @@ void Scheduler::PruneLocked() {
       expired.push_back(id);
     }
   }
+  std::vector<Deletion> deletions;
   for (const std::string& id : expired) {
     Entry& entry = *jobs_[id];
     if (!entry.job.idempotency_key().empty()) by_key_.erase(entry.job.idempotency_key());
-    store_->Delete(id).IgnoreError();  // retried at the next prune if it failed
+    deletions.emplace_back(entry.record, id);
     jobs_.erase(id);
   }
+  return deletions;
 }
 
 absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& spec,
                                           const std::string& idempotency_key) {
   const uint64_t reservation = std::max<uint64_t>(spec.memory_budget(), estimator_(spec));
+  Snapshot created;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(created, AdmitLocked(spec, idempotency_key, reservation));
+    if (created.slot == nullptr) return created.job;  // the existing job for this key
+  }
+  // Recorded before it can start: the entry is queued only once the record is durable.
+  absl::Status persisted = Write(created);
   absl::MutexLock lock(&mu_);
+  --recording_;
+  Entry* entry = FindLocked(created.job.id());
+  if (!persisted.ok()) {
+    // Unless it already changed (cancelled meanwhile), the job never existed.
+    if (entry != nullptr && entry->snapshots == created.sequence) {
+      by_key_.erase(idempotency_key);
+      jobs_.erase(created.job.id());
+    }
+    return Annotate(persisted, "recording the job");
+  }
+  if (entry == nullptr) return created.job;
+  if (entry->job.state() == v1::JOB_STATE_QUEUED) EnqueueLocked(*entry);
+  if (metrics_ != nullptr) metrics_->JobSubmitted(JobKindLabel(spec.kind()));
+  UpdateGaugesLocked();
+  return entry->job;
+}
+
+absl::StatusOr<Scheduler::Snapshot> Scheduler::AdmitLocked(const v1::JobSpec& spec,
+                                                           const std::string& idempotency_key,
+                                                           uint64_t reservation) {
   if (!accepting_) return absl::UnavailableError("the daemon is shutting down; not accepting jobs");
   if (!idempotency_key.empty()) {
     auto it = by_key_.find(idempotency_key);
@@ -184,7 +287,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& spec,
       Entry* existing = FindLocked(it->second);
       if (existing != nullptr) {
         if (google::protobuf::util::MessageDifferencer::Equals(existing->job.spec(), spec)) {
-          return existing->job;
+          return Snapshot{nullptr, 0, existing->job};
         }
         return absl::AlreadyExistsError(absl::StrCat("idempotency key \"", idempotency_key,
                                                      "\" was used for job ", existing->job.id(),
@@ -197,7 +300,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& spec,
         "the job needs ", reservation, " bytes of memory but the daemon's whole budget is ",
         options_.memory_budget, " bytes; lower --threads or the window, or raise --memory-budget"));
   }
-  if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+  if (static_cast<int>(queue_.size()) + recording_ >= options_.max_queue) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the queue is full (", options_.max_queue, " jobs waiting); retry later"));
   }
@@ -213,17 +316,8 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& spec,
   Entry& e = *entry;
   jobs_[e.job.id()] = std::move(entry);
   if (!idempotency_key.empty()) by_key_[idempotency_key] = e.job.id();
-  absl::Status persisted = store_->Put(e.job);
-  if (!persisted.ok()) {
-    by_key_.erase(idempotency_key);
-    const std::string id = e.job.id();
-    jobs_.erase(id);
-    return Annotate(persisted, "recording the job");
-  }
-  EnqueueLocked(e);
-  if (metrics_ != nullptr) metrics_->JobSubmitted(JobKindLabel(spec.kind()));
-  UpdateGaugesLocked();
-  return e.job;
+  ++recording_;  // counted against max_queue until queued
+  return SnapshotLocked(e);
 }
 
 bool Scheduler::HasIdempotencyKey(const std::string& key) const {
@@ -273,13 +367,22 @@ absl::StatusOr<JobPage> Scheduler::List(const std::vector<v1::JobState>& states,
 }
 
 absl::StatusOr<v1::Job> Scheduler::Cancel(const std::string& id) {
+  std::vector<Snapshot> writes;
+  absl::StatusOr<v1::Job> job = CancelInMemory(id, writes);
+  PersistAll(writes, {});
+  return job;
+}
+
+absl::StatusOr<v1::Job> Scheduler::CancelInMemory(const std::string& id,
+                                                  std::vector<Snapshot>& writes) {
   absl::MutexLock lock(&mu_);
   Entry* entry = FindLocked(id);
   if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no job \"", id, "\""));
   switch (entry->job.state()) {
     case v1::JOB_STATE_QUEUED:
       queue_.erase({-entry->job.spec().priority(), entry->sequence, entry->job.id()});
-      FinishLocked(*entry, v1::JOB_STATE_CANCELLED, absl::CancelledError("cancelled while queued"));
+      writes.push_back(FinishLocked(*entry, v1::JOB_STATE_CANCELLED,
+                                    absl::CancelledError("cancelled while queued")));
       UpdateGaugesLocked();
       break;
     case v1::JOB_STATE_RUNNING:
@@ -335,6 +438,7 @@ void Scheduler::WorkerLoop() {
     }
     const std::string id = std::get<2>(*queue_.begin());
     queue_.erase(queue_.begin());
+    ++busy_workers_;
     Entry& entry = *jobs_[id];
     auto context = std::make_shared<JobContext>();
     const bool resume = entry.job.attempts() > 0;
@@ -357,13 +461,15 @@ void Scheduler::WorkerLoop() {
     reserved_ += entry.reservation;
     ++running_;
     entry.bytes_counted = 0;
-    PersistLocked(entry);
+    const Snapshot started = SnapshotLocked(entry);
     ChangedLocked(entry);
     UpdateGaugesLocked();
 
     Entry* entry_ptr = &entry;
+    // Called under the engine's progress lock: only updates memory; PersistLoop writes.
     context->on_progress = [this, entry_ptr](const Progress& p) {
       absl::MutexLock lock(&mu_);
+      if (entry_ptr->abandoned) return;
       v1::Progress* progress = entry_ptr->job.mutable_progress();
       progress->set_bytes_done(p.bytes_done);
       progress->set_bytes_total(p.bytes_total);
@@ -385,29 +491,45 @@ void Scheduler::WorkerLoop() {
             std::max<uint64_t>(entry_ptr->job.peak_rss_bytes(), ResidentBytes()));
         ChangedLocked(*entry_ptr);
       }
-      if (now - entry_ptr->last_persist >= options_.persist_interval) PersistLocked(*entry_ptr);
+      dirty_.insert(entry_ptr->job.id());
     };
     context->on_file_committed = [this, entry_ptr](const WrittenFile& file) {
-      absl::MutexLock lock(&mu_);
-      v1::OutputFile* record = entry_ptr->job.add_committed_files();
-      record->set_name(file.name);
-      record->set_bytes(file.bytes);
-      record->set_xxh3_64(absl::StrFormat("%016x", file.xxh3_64));
-      PersistLocked(*entry_ptr);  // a crash after this point keeps the file
+      Snapshot committed;
+      {
+        absl::MutexLock lock(&mu_);
+        if (entry_ptr->abandoned) return;
+        v1::OutputFile* record = entry_ptr->job.add_committed_files();
+        record->set_name(file.name);
+        record->set_bytes(file.bytes);
+        record->set_xxh3_64(absl::StrFormat("%016x", file.xxh3_64));
+        committed = SnapshotLocked(*entry_ptr);
+      }
+      Persist(committed);  // durable on return: a crash after this point keeps the file
     };
-    const v1::Job snapshot = entry.job;
     mu_.Unlock();
 
-    absl::StatusOr<ConversionResult> result = runner_(snapshot, *context);
+    Persist(started);
+    absl::StatusOr<ConversionResult> result = runner_(started.job, *context);
 
-    absl::MutexLock lock(&mu_);
+    mu_.Lock();
     reserved_ -= entry.reservation;
     --running_;
     entry.context.reset();
+    if (entry.abandoned) {
+      // Shutdown recorded this job and returned without this worker.
+      --busy_workers_;
+      UpdateGaugesLocked();
+      mu_.Unlock();
+      return;
+    }
+    // The end is prepared on a copy and shown only once it is durable, so no one sees an
+    // end the store could still lose.
+    Entry draft = entry;
+    Snapshot end;
     if (result.ok()) {
-      entry.job.set_bytes_read(result->bytes_read);
-      entry.job.set_bytes_written(result->bytes_written);
-      v1::PhaseTimings* timings = entry.job.mutable_timings();
+      draft.job.set_bytes_read(result->bytes_read);
+      draft.job.set_bytes_written(result->bytes_written);
+      v1::PhaseTimings* timings = draft.job.mutable_timings();
       timings->set_plan_seconds(result->plan_seconds);
       timings->set_write_seconds(result->write_seconds);
       timings->set_publish_seconds(result->publish_seconds);
@@ -416,19 +538,25 @@ void Scheduler::WorkerLoop() {
       timings->set_write_io_seconds(result->data_phases.write);
       timings->set_fsync_seconds(result->data_phases.fsync);
       timings->set_verify_seconds(result->data_phases.verify);
-      entry.job.clear_output_files();
+      draft.job.clear_output_files();
       for (const WrittenFile& file : result->files) {
-        v1::OutputFile* out = entry.job.add_output_files();
+        v1::OutputFile* out = draft.job.add_output_files();
         out->set_name(file.name);
         out->set_bytes(file.bytes);
         out->set_xxh3_64(absl::StrFormat("%016x", file.xxh3_64));
       }
-      entry.job.clear_committed_files();
+      draft.job.clear_committed_files();
+      if (result->found_published) {
+        draft.job.set_note(absl::StrCat(
+            "the output was published by attempt ", draft.job.attempts() - 1,
+            ", which was interrupted before recording success; every file was checked against "
+            "its manifest"));
+      }
       if (metrics_ != nullptr) {
         // The index and manifest (and any data not reported as progress) are added now, so
         // the counter moves by exactly the job's bytes_written over a successful attempt.
-        const uint64_t rest = result->bytes_written > entry.bytes_counted
-                                  ? result->bytes_written - entry.bytes_counted
+        const uint64_t rest = result->bytes_written > draft.bytes_counted
+                                  ? result->bytes_written - draft.bytes_counted
                                   : 0;
         metrics_->AddBytes(result->bytes_read, rest);
         metrics_->AddOutput(result->tensors, static_cast<int64_t>(result->files.size()));
@@ -439,23 +567,34 @@ void Scheduler::WorkerLoop() {
         metrics_->ObservePhase("convert", data.convert);
         metrics_->ObservePhase("write", data.write);
         metrics_->ObservePhase("fsync", data.fsync);
-        if (entry.job.attempts() > 1) metrics_->ObservePhase("verify", data.verify);
+        if (draft.job.attempts() > 1) metrics_->ObservePhase("verify", data.verify);
         metrics_->ObservePhase("publish", result->publish_seconds);
       }
-      FinishLocked(entry, v1::JOB_STATE_SUCCEEDED, absl::OkStatus());
+      end = (FinishLocked(draft, v1::JOB_STATE_SUCCEEDED, absl::OkStatus()));
     } else if (context->preserve_staging.load()) {
       // Interrupted by shutdown: queued again to resume at the next start.
-      entry.job.set_state(v1::JOB_STATE_QUEUED);
-      entry.job.set_note("interrupted by daemon shutdown; will resume at the next start");
-      PersistLocked(entry);
-      ChangedLocked(entry);
+      draft.job.set_state(v1::JOB_STATE_QUEUED);
+      draft.job.set_note("interrupted by daemon shutdown; will resume at the next start");
+      end = (SnapshotLocked(draft));
+      ChangedLocked(draft);
     } else if (absl::IsCancelled(result.status()) && context->cancelled.load()) {
-      FinishLocked(entry, v1::JOB_STATE_CANCELLED, result.status());
+      end = (FinishLocked(draft, v1::JOB_STATE_CANCELLED, result.status()));
     } else {
-      FinishLocked(entry, v1::JOB_STATE_FAILED, result.status());
+      end = (FinishLocked(draft, v1::JOB_STATE_FAILED, result.status()));
     }
-    PruneLocked();
     UpdateGaugesLocked();
+    mu_.Unlock();
+    const absl::Status persisted = Write(end);
+    mu_.Lock();
+    entry.job = std::move(draft.job);
+    entry.snapshots = draft.snapshots;
+    entry.bytes_counted = draft.bytes_counted;
+    if (!persisted.ok()) NotePersistFailure(entry.job, persisted);
+    ChangedLocked(entry);
+    const std::vector<Deletion> deletions = PruneLocked();
+    --busy_workers_;
+    mu_.Unlock();
+    PersistAll({}, deletions);
   }
 }
 
@@ -474,12 +613,16 @@ uint64_t Scheduler::reserved_bytes() const {
   return reserved_;
 }
 
-void Scheduler::Shutdown(absl::Duration grace) {
+int Scheduler::Shutdown(absl::Duration grace) {
+  std::vector<Snapshot> writes;
+  int abandoned = 0;
   {
     absl::MutexLock lock(&mu_);
     accepting_ = false;
-    if (workers_.empty() && stopping_) return;
-    auto idle = [](Scheduler* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->running_ == 0; };
+    if (shutdown_started_) return abandoned_;
+    shutdown_started_ = true;
+    // Idle: no worker runs a job or is still recording its end.
+    auto idle = [](Scheduler* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->busy_workers_ == 0; };
     mu_.AwaitWithTimeout(absl::Condition(+idle, this), grace);
     for (auto& [id, entry] : jobs_) {
       // A job already being cancelled at the user's request stays cancelled (its staging is
@@ -489,11 +632,45 @@ void Scheduler::Shutdown(absl::Duration grace) {
         entry->context->cancelled.store(true);
       }
     }
-    mu_.Await(absl::Condition(+idle, this));
+    if (!mu_.AwaitWithTimeout(absl::Condition(+idle, this), options_.interrupt_wait)) {
+      // Some runner ignores the interruption (e.g. blocked in a system call). Record its job
+      // as the worker would have, and stop waiting for it.
+      for (auto& [id, entry] : jobs_) {
+        if (entry->context == nullptr || entry->abandoned) continue;
+        entry->abandoned = true;
+        ++abandoned_;
+        if (entry->context->preserve_staging.load()) {
+          entry->job.set_state(v1::JOB_STATE_QUEUED);
+          entry->job.set_note(
+              absl::StrCat("the daemon stopped while attempt ", entry->job.attempts(),
+                           " did not respond to the interruption; will resume at the next start"));
+          writes.push_back(SnapshotLocked(*entry));
+          ChangedLocked(*entry);
+        } else {
+          writes.push_back(FinishLocked(
+              *entry, v1::JOB_STATE_CANCELLED,
+              absl::CancelledError("cancelled; the daemon stopped before the job did (its "
+                                   "staging folder may remain)")));
+        }
+      }
+      // The workers that did return may still be recording their jobs' ends.
+      auto recorded = [](Scheduler* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return s->busy_workers_ <= s->abandoned_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(+recorded, this), options_.interrupt_wait);
+    }
     stopping_ = true;
+    abandoned = abandoned_;
   }
-  for (std::thread& worker : workers_) worker.join();
-  workers_.clear();
+  PersistAll(writes, {});
+  if (persister_.joinable()) persister_.join();
+  if (abandoned == 0) {
+    // Every worker returns now that stopping_ is set; abandoned ones are joined by the
+    // destructor.
+    for (std::thread& worker : workers_) worker.join();
+    workers_.clear();
+  }
+  return abandoned;
 }
 
 }  // namespace reshard

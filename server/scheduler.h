@@ -11,6 +11,12 @@
 // (files they had committed are kept when their checksums still match), up to
 // `max_attempts`, then failed with an explanation. No CPU or IO work happens on the calling
 // (gRPC) threads except persisting the job record.
+//
+// Persistence never holds the scheduler's mutex across a store write (an fsync): a change is
+// copied under the mutex with a per-job sequence number and written after it is released;
+// writes of one job are ordered by that number, so an older copy never replaces a newer one.
+// State changes and committed files are durable before the call that made them returns;
+// progress is written by a persister thread, at most once per `persist_interval` per job.
 
 #ifndef RESHARD_SERVER_SCHEDULER_H_
 #define RESHARD_SERVER_SCHEDULER_H_
@@ -24,9 +30,11 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -61,8 +69,13 @@ struct SchedulerOptions {
   int max_queue = 1000;
   int max_attempts = 3;
   absl::Duration retention = absl::Hours(24 * 7);
-  // Progress is persisted at most this often per job (state changes always are).
-  absl::Duration persist_interval = absl::Seconds(2);
+  // Progress is persisted at most this often per job (state changes and committed files
+  // always are, at once).
+  absl::Duration persist_interval = absl::Seconds(1);
+  // At shutdown, how long interrupted jobs get to return after the grace. A worker still busy
+  // then is abandoned: its job is recorded QUEUED (to resume at the next start) and Shutdown
+  // returns without it.
+  absl::Duration interrupt_wait = absl::Seconds(5);
 };
 
 struct JobPage {
@@ -95,14 +108,33 @@ class Scheduler {
   // Refuses new submissions (Unavailable) from now on.
   void StopAccepting();
   // Stops accepting, lets running jobs finish for `grace`, then interrupts them (they keep
-  // their staging folders and are queued again for the next start) and joins the workers.
-  void Shutdown(absl::Duration grace);
+  // their staging folders and are queued again for the next start) and waits up to
+  // `interrupt_wait` for them. Returns within about grace + interrupt_wait whatever the runners
+  // do: a job whose runner has still not returned is recorded QUEUED (or CANCELLED when the
+  // user had cancelled it) and its worker is abandoned. Returns the number of abandoned
+  // workers. Idempotent.
+  //
+  // The destructor still joins abandoned workers (their runners refer to this scheduler), so a
+  // process that must stop on time exits without destroying the scheduler (reshardd does).
+  int Shutdown(absl::Duration grace);
 
   bool stopping() const;
   uint64_t reserved_bytes() const;
   uint64_t memory_budget() const { return options_.memory_budget; }
 
  private:
+  // Orders the store writes of one job; shared by the entry and its copies in flight.
+  struct RecordSlot {
+    absl::Mutex mu;
+    // Sequence number of the newest copy in the store (INT64_MAX once deleted).
+    int64_t written ABSL_GUARDED_BY(mu) = 0;
+  };
+  // A copy of a job's record, taken under mu_ and written outside it.
+  struct Snapshot {
+    std::shared_ptr<RecordSlot> slot;
+    int64_t sequence = 0;
+    v1::Job job;
+  };
   struct Entry {
     v1::Job job;
     int64_t version = 0;
@@ -110,22 +142,44 @@ class Scheduler {
     uint64_t reservation = 0;
     std::shared_ptr<JobContext> context;  // while running
     int waiters = 0;                      // WaitForChange calls holding this entry
+    std::shared_ptr<RecordSlot> record = std::make_shared<RecordSlot>();
+    int64_t snapshots = 0;  // sequence number of the newest snapshot taken
     absl::Time last_persist;
     absl::Time last_progress_bump;
     // Output bytes of the running attempt already added to reshard_written_bytes_total.
     uint64_t bytes_counted = 0;
+    // Shutdown gave up waiting for this job's runner and recorded the job itself; whatever the
+    // runner does from now on is not recorded.
+    bool abandoned = false;
   };
   using QueueKey = std::tuple<int, int64_t, std::string>;  // -priority, sequence, id
+  using Deletion = std::pair<std::shared_ptr<RecordSlot>, std::string>;
 
+  // Checks a submission and adds its entry (not yet queued); returns the entry's first
+  // snapshot, or one without a slot holding the existing job for the same idempotency key.
+  absl::StatusOr<Snapshot> AdmitLocked(const v1::JobSpec& spec, const std::string& idempotency_key,
+                                       uint64_t reservation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancel without the store writes, which it appends to `writes`.
+  absl::StatusOr<v1::Job> CancelInMemory(const std::string& id, std::vector<Snapshot>& writes)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void WorkerLoop();
+  // Writes the progress of running jobs, at most once per persist_interval per job.
+  void PersistLoop();
   bool CanStartLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnqueueLocked(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PersistLocked(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Snapshot SnapshotLocked(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `snapshot` unless a newer one of the same job is already stored.
+  absl::Status Write(const Snapshot& snapshot) ABSL_LOCKS_EXCLUDED(mu_);
+  // Write(), and on failure a note on the job (the record catches up at its next change).
+  void Persist(const Snapshot& snapshot) ABSL_LOCKS_EXCLUDED(mu_);
+  void PersistAll(const std::vector<Snapshot>& snapshots, const std::vector<Deletion>& deletions)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void ChangedLocked(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishLocked(Entry& entry, v1::JobState state, const absl::Status& status)
+  Snapshot FinishLocked(Entry& entry, v1::JobState state, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets expired jobs; returns their records, to delete outside mu_.
+  std::vector<Deletion> PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* FindLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SchedulerOptions options_;
@@ -143,7 +197,16 @@ class Scheduler {
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_started_ ABSL_GUARDED_BY(mu_) = false;
+  // Submissions admitted whose record is being written (queued once it is).
+  int recording_ ABSL_GUARDED_BY(mu_) = 0;
+  // Workers that took a job and have not finished recording its end.
+  int busy_workers_ ABSL_GUARDED_BY(mu_) = 0;
+  int abandoned_ ABSL_GUARDED_BY(mu_) = 0;
+  // Running jobs whose progress is not yet in the store.
+  absl::flat_hash_set<std::string> dirty_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
+  std::thread persister_;
 };
 
 // "consolidate" / "reshard".

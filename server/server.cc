@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   impl->scheduler = std::make_unique<Scheduler>(options.scheduler, impl->store.get(),
                                                 &impl->metrics, runner, estimator);
   RETURN_IF_ERROR(impl->scheduler->Start());
-  impl->offload = std::make_unique<OffloadPool>(2);
+  impl->offload = std::make_unique<OffloadPool>(options.offload);
   impl->service = std::make_unique<ReshardService>(impl->scheduler.get(), impl->paths.get(),
                                                    impl->offload.get());
 
@@ -131,5 +131,7 @@ void Server::Shutdown() {
 }
 
 void Server::Wait() { impl_->grpc_server->Wait(); }
+
+OffloadPool& Server::offload_pool() { return *impl_->offload; }
 
 }  // namespace reshard

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/offload_pool.h"
 #include "server/scheduler.h"
 
 namespace reshard {
@@ -27,6 +28,8 @@ struct ServerOptions {
   SchedulerOptions scheduler;
   // How long running jobs may go on after a shutdown request before they are interrupted.
   absl::Duration shutdown_grace = absl::Seconds(30);
+  // The threads Inspect and Plan read inputs on.
+  OffloadPool::Options offload;
   // Injected in tests; default: the engine.
   JobRunner runner;
   MemoryEstimator estimator;
@@ -42,6 +45,8 @@ class Server {
   // "host:port" of /metrics, empty when disabled.
   const std::string& metrics_address() const { return metrics_address_; }
   Scheduler& scheduler() { return *scheduler_; }
+  // Tests fill it with blocked tasks.
+  OffloadPool& offload_pool();
 
   // Drains: health NOT_SERVING, new submissions refused, running jobs get the grace period,
   // then are interrupted to resume at the next start; then the gRPC server stops. Idempotent.

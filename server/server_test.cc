@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -127,7 +128,8 @@ double SampleValue(const std::string& text, const std::string& series) {
 }
 
 // Behaviour by the output folder's name: "block*" runs until cancelled or released,
-// "fail*" fails with DATA_LOSS, anything else succeeds at once. Every run reports progress.
+// "stuck*" ignores cancellation and runs until released, "fail*" fails with DATA_LOSS,
+// anything else succeeds at once. Every run reports progress.
 class FakeRunner {
  public:
   struct Seen {
@@ -172,6 +174,10 @@ class FakeRunner {
         seen_[name].preserve_staging = context.preserve_staging.load();
         return absl::CancelledError("cancelled at the next window");
       }
+    }
+    if (absl::StartsWith(name, "stuck")) {
+      const absl::Time deadline = absl::Now() + kWait;
+      while (!released_.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
     }
     if (absl::StartsWith(name, "fail")) return absl::DataLossError("injected failure");
     progress.bytes_done = 8;
@@ -423,6 +429,23 @@ TEST_F(ServerTest, ListFiltersAndPages) {
 
   EXPECT_EQ(client_->List({}, 0, "garbage").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client_->List({}, 5000, "").status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A state that is none of the job states is refused, naming it (it used to match nothing).
+  auto unspecified = client_->List({v1::JOB_STATE_FAILED, v1::JOB_STATE_UNSPECIFIED}, 0, "");
+  EXPECT_EQ(unspecified.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(unspecified.status().message(), "states[1] = 0"))
+      << unspecified.status();
+  auto stub = v1::Reshard::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ListJobsRequest request;
+  request.mutable_states()->Add(42);  // unknown to this proto: kept as a number
+  v1::ListJobsResponse response;
+  const grpc::Status unknown = stub->ListJobs(&context, request, &response);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(unknown.error_message(), "states[0] = 42"))
+      << unknown.error_message();
 }
 
 TEST_F(ServerTest, IdempotentResubmit) {
@@ -703,6 +726,131 @@ TEST_F(ServerTest, DrainRefusesSubmitsAndKeepsRunningJobForResume) {
   EXPECT_EQ(resumed.attempts(), 2);
   EXPECT_EQ(runner_.seen("block-drain").runs, 2);
   EXPECT_TRUE(runner_.seen("block-drain").resume);
+}
+
+// A job whose runner ignores the interruption does not keep the daemon from stopping: after
+// grace + interrupt_wait it is recorded QUEUED and the next daemon resumes it.
+TEST_F(ServerTest, ShutdownEndsOnTimeWhenAJobIgnoresTheInterruption) {
+  ServerOptions options = Options();
+  options.shutdown_grace = absl::Milliseconds(300);
+  options.scheduler.interrupt_wait = absl::Milliseconds(700);
+  StartServer(options);
+  const v1::Job job = MustSubmit(Consolidate("stuck-1"));
+  ASSERT_TRUE(WaitForState(job.id(), v1::JOB_STATE_RUNNING));
+
+  const absl::Time start = absl::Now();
+  server_->Shutdown();
+  server_->Wait();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(950));
+  EXPECT_LT(took, absl::Seconds(4));  // grace + interrupt_wait + gRPC's 2 s, with room
+  {
+    auto store = JobStore::Open(state_dir_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto jobs = (*store)->LoadAll();
+    ASSERT_TRUE(jobs.ok()) << jobs.status();
+    ASSERT_EQ(jobs->size(), 1u);
+    EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_QUEUED);
+  }
+  // In-process, the destructor still joins the abandoned worker (reshardd exits instead).
+  runner_.ReleaseAll();
+  client_.reset();
+  server_.reset();
+
+  StartServer(Options());
+  const v1::Job done = WatchToEnd(job.id());
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.attempts(), 2);
+  EXPECT_TRUE(runner_.seen("stuck-1").resume);
+}
+
+// Inspect and Plan read inputs on the offload pool. Calls stuck there (e.g. in open() on a
+// FIFO) must not starve later ones, and a call waits only until its deadline: its handler
+// returns DEADLINE_EXCEEDED then, freeing the gRPC thread.
+TEST_F(ServerTest, InspectAndPlanHonourDeadlinesWhileMetadataThreadsAreStuck) {
+  ServerOptions options = Options();
+  options.offload = {/*threads=*/1, /*max_threads=*/2, /*stuck_after=*/absl::Milliseconds(200)};
+  StartServer(options);
+  absl::Notification release;
+  std::atomic<int> started{0};
+  std::vector<std::thread> stuck;
+  auto add_stuck_task = [&] {
+    stuck.emplace_back([&] {
+      server_->offload_pool()
+          .Run(
+              [&] {
+                started.fetch_add(1);
+                release.WaitForNotification();
+              },
+              absl::InfiniteFuture())
+          .IgnoreError();
+    });
+  };
+  auto wait_started = [&](int count) {
+    const absl::Time deadline = absl::Now() + kWait;
+    while (started.load() < count && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    return started.load() >= count;
+  };
+
+  // The only thread is stuck: once it has been for stuck_after, a thread is added.
+  add_stuck_task();
+  ASSERT_TRUE(wait_started(1));
+  auto inspected = client_->Inspect(root_ + "/model.safetensors", "");
+  ASSERT_TRUE(inspected.ok()) << inspected.status();
+  EXPECT_EQ(inspected->tensors_size(), 1);
+
+  // Both threads stuck and no more allowed: calls end at their deadline.
+  absl::SleepFor(absl::Milliseconds(250));
+  add_stuck_task();
+  ASSERT_TRUE(wait_started(2));
+  EXPECT_EQ(server_->offload_pool().thread_count(), 2);
+  auto stub = v1::Reshard::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    const absl::Time start = absl::Now();
+    grpc::Status status;
+    if (i == 2) {
+      v1::PlanRequest request;
+      *request.mutable_spec() = Consolidate("planned");
+      v1::PlanResponse response;
+      status = stub->Plan(&context, request, &response);
+    } else {
+      v1::InspectRequest request;
+      request.set_input(root_ + "/model.safetensors");
+      v1::InspectResponse response;
+      status = stub->Inspect(&context, request, &response);
+    }
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+    EXPECT_GE(took, absl::Milliseconds(900));
+    EXPECT_LT(took, absl::Milliseconds(1800));
+  }
+  auto health = Health(server_->address());
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, HealthStatus::SERVING);
+  // The handlers returned (the client's deadline alone would not show that), with
+  // DEADLINE_EXCEEDED or, when gRPC's cancellation of the expired call was seen first, CANCELLED.
+  auto handled = [](const std::string& code) {
+    return absl::StrCat(R"(grpc_server_handled_total{grpc_code=")", code,
+                        R"(",grpc_method="Inspect",grpc_service="reshard.v1.Reshard",)"
+                        R"(grpc_type="unary"})");
+  };
+  double ended = 0;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(5);
+       ended < 2 && absl::Now() < deadline; absl::SleepFor(absl::Milliseconds(20))) {
+    auto metrics = HttpGet(server_->metrics_address(), "/metrics");
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    ended = SampleValue(*metrics, handled("DeadlineExceeded")) +
+            SampleValue(*metrics, handled("Canceled"));
+  }
+  EXPECT_EQ(ended, 2);
+
+  release.Notify();
+  for (std::thread& thread : stuck) thread.join();
+  inspected = client_->Inspect(root_ + "/model.safetensors", "");
+  EXPECT_TRUE(inspected.ok()) << inspected.status();
 }
 
 TEST_F(ServerTest, MetricsEndpoint) {

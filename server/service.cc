@@ -18,6 +18,17 @@ static_assert(static_cast<int>(absl::StatusCode::kUnauthenticated) ==
 
 constexpr size_t kMaxMessageOnWire = 1024;
 
+// Runs `work` on the offload pool and waits for it until the call's deadline or cancellation.
+// `work` must own what it touches: it may still run after this returns.
+absl::Status RunOffloaded(OffloadPool& pool, grpc::ServerContext& context,
+                          std::function<void()> work) {
+  const auto deadline = context.deadline();
+  const absl::Time until = deadline == std::chrono::system_clock::time_point::max()
+                               ? absl::InfiniteFuture()
+                               : absl::FromChrono(deadline);
+  return pool.Run(std::move(work), until, [&context] { return context.IsCancelled(); });
+}
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -112,7 +123,16 @@ grpc::Status ReshardService::GetJob(grpc::ServerContext*, const v1::GetJobReques
 grpc::Status ReshardService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
   std::vector<v1::JobState> states;
-  for (int state : request->states()) states.push_back(static_cast<v1::JobState>(state));
+  for (int i = 0; i < request->states_size(); ++i) {
+    const int state = request->states(i);
+    // Refused rather than matching nothing, which would read as "no such jobs".
+    if (!v1::JobState_IsValid(state) || state == v1::JOB_STATE_UNSPECIFIED) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "states[", i, "] = ", state,
+          " is not a job state (expected QUEUED, RUNNING, SUCCEEDED, FAILED or CANCELLED)")));
+    }
+    states.push_back(static_cast<v1::JobState>(state));
+  }
   auto page = scheduler_->List(states, request->page_size(), request->page_token());
   if (!page.ok()) return ToGrpcStatus(page.status());
   for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
@@ -146,85 +166,106 @@ grpc::Status ReshardService::WatchJob(grpc::ServerContext* context,
   return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled the watch");
 }
 
-grpc::Status ReshardService::Plan(grpc::ServerContext*, const v1::PlanRequest* request,
+grpc::Status ReshardService::Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
                                   v1::PlanResponse* response) {
   v1::JobSpec spec = request->spec();
   spec.set_overwrite(true);  // a dry run does not care whether the output exists yet
   auto valid = ValidateJobSpec(spec, *paths_);
   if (!valid.ok()) return ToGrpcStatus(valid.status());
-  absl::StatusOr<PlannedConversion> planned = absl::UnknownError("not run");
-  offload_->Run([&] {
-    ScopedPathConfinement confined(paths_->confinement());
-    planned = PlanConversion(ConversionSpecFromProto(*valid));
-  });
-  if (!planned.ok()) return ToGrpcStatus(planned.status());
-  for (const FilePlan& file : planned->plan.files) {
+  // Shared with the task, which may outlive this call.
+  auto planned = std::make_shared<absl::StatusOr<PlannedConversion>>(absl::UnknownError("not run"));
+  absl::Status waited = RunOffloaded(
+      *offload_, *context, [planned, spec = *valid, confinement = paths_->shared_confinement()] {
+        ScopedPathConfinement confined(confinement.get());
+        *planned = PlanConversion(ConversionSpecFromProto(spec));
+      });
+  if (!waited.ok()) return ToGrpcStatus(waited);
+  if (!planned->ok()) return ToGrpcStatus(planned->status());
+  for (const FilePlan& file : (*planned)->plan.files) {
     v1::PlannedFile* out = response->add_files();
     out->set_name(file.name);
     out->set_bytes(file.bytes);
     out->set_tensors(static_cast<int>(file.tensors.size()));
   }
-  for (const auto& [name, contents] : planned->companion_files) {
+  for (const auto& [name, contents] : (*planned)->companion_files) {
     v1::PlannedFile* out = response->add_files();
     out->set_name(name);
     out->set_bytes(contents.size());
   }
-  response->set_total_bytes(planned->plan.total_bytes);
-  response->set_source_bytes_read(planned->plan.source_bytes_read);
+  response->set_total_bytes((*planned)->plan.total_bytes);
+  response->set_source_bytes_read((*planned)->plan.source_bytes_read);
   response->set_memory_bytes(std::max<uint64_t>(valid->memory_budget(), EstimateJobMemory(*valid)));
   return grpc::Status::OK;
 }
 
-grpc::Status ReshardService::Inspect(grpc::ServerContext*, const v1::InspectRequest* request,
+grpc::Status ReshardService::Inspect(grpc::ServerContext* context,
+                                     const v1::InspectRequest* request,
                                      v1::InspectResponse* response) {
   if (request->rules_json().size() > kMaxRulesJsonBytes) {
     return ToGrpcStatus(absl::InvalidArgumentError("rules_json is larger than 1 MiB"));
   }
   auto input = paths_->CheckInputTree(request->input());
   if (!input.ok()) return ToGrpcStatus(input.status());
-  absl::Status status;
-  offload_->Run([&] {
-    ScopedPathConfinement confined(paths_->confinement());
-    auto rules = LoadRules(request->rules_json(), "");
-    if (!rules.ok()) {
-      status = rules.status();
-      return;
-    }
-    ReadOptions read;
-    read.tag = request->tag();
-    read.include_optimizer = request->include_optimizer();
-    auto loaded = LoadInput(*input, *std::move(rules), /*require_model=*/false, read);
-    if (!loaded.ok()) {
-      status = loaded.status();
-      return;
-    }
-    response->set_description(loaded->model.description);
-    const Catalog& shown = loaded->merged ? loaded->catalog : loaded->model.parts[0];
-    response->set_format(loaded->model.format);
-    response->set_layout(loaded->model.layout);
-    response->set_parts(static_cast<int>(loaded->model.parts.size()));
-    response->set_merged(loaded->merged);
-    for (const Catalog& part : loaded->model.parts) {
-      for (const SourceFile& file : part.files) {
-        v1::InputFile* out = response->add_files();
-        out->set_path(file.path);
-        out->set_bytes(file.size);
-      }
-    }
-    uint64_t total = 0;
-    for (const CatalogTensor& tensor : shown.tensors) {
-      v1::TensorInfo* info = response->add_tensors();
-      info->set_name(tensor.name);
-      info->set_dtype(std::string(DTypeName(tensor.dtype)));
-      for (int64_t extent : tensor.shape) info->add_shape(extent);
-      info->set_bytes(TensorBytes(tensor));
-      info->set_pieces(static_cast<int>(tensor.pieces.size()));
-      total += TensorBytes(tensor);
-    }
-    response->set_total_bytes(total);
-    for (const auto& [key, value] : shown.metadata) (*response->mutable_metadata())[key] = value;
-  });
-  return ToGrpcStatus(status);
+  // The task owns its request and its answer: it may outlive this call.
+  struct Answer {
+    v1::InspectRequest request;
+    std::string input;
+    absl::Status status;
+    v1::InspectResponse response;
+  };
+  auto answer = std::make_shared<Answer>();
+  answer->request = *request;
+  answer->input = *std::move(input);
+  absl::Status waited =
+      RunOffloaded(*offload_, *context, [answer, confinement = paths_->shared_confinement()] {
+        ScopedPathConfinement confined(confinement.get());
+        const v1::InspectRequest* request = &answer->request;
+        v1::InspectResponse* response = &answer->response;
+        absl::Status& status = answer->status;
+        auto rules = LoadRules(request->rules_json(), "");
+        if (!rules.ok()) {
+          status = rules.status();
+          return;
+        }
+        ReadOptions read;
+        read.tag = request->tag();
+        read.include_optimizer = request->include_optimizer();
+        auto loaded = LoadInput(answer->input, *std::move(rules), /*require_model=*/false, read);
+        if (!loaded.ok()) {
+          status = loaded.status();
+          return;
+        }
+        response->set_description(loaded->model.description);
+        const Catalog& shown = loaded->merged ? loaded->catalog : loaded->model.parts[0];
+        response->set_format(loaded->model.format);
+        response->set_layout(loaded->model.layout);
+        response->set_parts(static_cast<int>(loaded->model.parts.size()));
+        response->set_merged(loaded->merged);
+        for (const Catalog& part : loaded->model.parts) {
+          for (const SourceFile& file : part.files) {
+            v1::InputFile* out = response->add_files();
+            out->set_path(file.path);
+            out->set_bytes(file.size);
+          }
+        }
+        uint64_t total = 0;
+        for (const CatalogTensor& tensor : shown.tensors) {
+          v1::TensorInfo* info = response->add_tensors();
+          info->set_name(tensor.name);
+          info->set_dtype(std::string(DTypeName(tensor.dtype)));
+          for (int64_t extent : tensor.shape) info->add_shape(extent);
+          info->set_bytes(TensorBytes(tensor));
+          info->set_pieces(static_cast<int>(tensor.pieces.size()));
+          total += TensorBytes(tensor);
+        }
+        response->set_total_bytes(total);
+        for (const auto& [key, value] : shown.metadata)
+          (*response->mutable_metadata())[key] = value;
+      });
+  if (!waited.ok()) return ToGrpcStatus(waited);
+  if (!answer->status.ok()) return ToGrpcStatus(answer->status);
+  *response = std::move(answer->response);
+  return grpc::Status::OK;
 }
 
 }  // namespace reshard

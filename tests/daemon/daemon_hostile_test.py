@@ -183,6 +183,7 @@ class PublishRecordTests(DaemonTestCase):
         doc = self.wait_terminal(job_id, daemon=healthy, timeout=60)
         self.assertEqual(doc["state"], "succeeded", doc)
         self.assertEqual(doc["job"]["attempts"], 2, doc)
+        self.assertIn("published by attempt 1", doc["job"]["note"])
         self.assertOutputFilesMatch(out, doc)
         self.assertConsolidated(self.src, out)
         # The workflow's retry re-attaches to the succeeded job (exit 0).

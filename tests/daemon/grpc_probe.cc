@@ -5,7 +5,8 @@
 //
 // Sends the request exactly as given (no path normalization, unlike reshardctl), with a 10 s
 // deadline, and prints one JSON line on stdout:
-//   {"code": N, "code_name": "...", "message": "...", "response": {...} | null}
+//   {"code": N, "code_name": "...", "message": "...", "response": {...} | null, "seconds": S}
+// ("seconds": how long the call took, once connected).
 // For `health`, "response" is {"status": "SERVING"} (grpc.health.v1, service ""). Exit code 0
 // whenever a call was made (whatever its status); 2 on a usage or JSON error.
 
@@ -97,7 +98,9 @@ std::string Quote(const std::string& text) {
   return out + "\"";
 }
 
-int Print(const grpc::Status& status, const google::protobuf::Message* response) {
+// `seconds`: the call's duration, printed when known (>= 0).
+int Print(const grpc::Status& status, const google::protobuf::Message* response,
+          double seconds = -1) {
   std::string body = "null";
   if (status.ok() && response != nullptr) {
     google::protobuf::util::JsonPrintOptions options;
@@ -108,8 +111,9 @@ int Print(const grpc::Status& status, const google::protobuf::Message* response)
   }
   std::cout << "{\"code\": " << static_cast<int>(status.error_code())
             << ", \"code_name\": " << Quote(CodeName(status.error_code()))
-            << ", \"message\": " << Quote(status.error_message()) << ", \"response\": " << body
-            << "}" << std::endl;
+            << ", \"message\": " << Quote(status.error_message()) << ", \"response\": " << body;
+  if (seconds >= 0) std::cout << ", \"seconds\": " << seconds;
+  std::cout << "}" << std::endl;
   return 0;
 }
 
@@ -129,8 +133,10 @@ int Unary(reshard::v1::Reshard::Stub& stub, Method method, const std::string& js
   Response response;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  const auto start = std::chrono::steady_clock::now();
   grpc::Status status = (stub.*method)(&context, request, &response);
-  return Print(status, &response);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  return Print(status, &response, took.count());
 }
 
 }  // namespace
@@ -163,6 +169,8 @@ int main(int argc, char** argv) {
         << "}}" << std::endl;
     return 0;
   }
+  // Connected first, so that "seconds" is the call alone.
+  channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
   auto stub = reshard::v1::Reshard::NewStub(channel);
   using namespace reshard::v1;
   if (method == "SubmitJob")
