@@ -43,12 +43,13 @@ void TestFaultPoint(absl::string_view point, const std::atomic<bool>* interrupte
       ::kill(::getpid(), SIGKILL);
       ::pause();
     }
-    if (absl::StartsWith(action, "wait:")) {
-      const std::string path = action.substr(5);
+    const bool wait = absl::StartsWith(action, "wait:");
+    if (wait || absl::StartsWith(action, "block:")) {
+      const std::string path = action.substr(action.find(':') + 1);
       const absl::Time deadline = absl::Now() + absl::Seconds(120);
       struct stat st;
       while (::stat(path.c_str(), &st) != 0 && absl::Now() < deadline &&
-             (interrupted == nullptr || !interrupted->load())) {
+             (!wait || interrupted == nullptr || !interrupted->load())) {
         absl::SleepFor(absl::Milliseconds(20));
       }
     }

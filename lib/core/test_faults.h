@@ -7,6 +7,8 @@
 //   wait:PATH   block at POINT until the file PATH exists (at most 120 s) or the caller's
 //               `interrupted` flag is set, so a test can change the filesystem at a known
 //               moment, or hold a job running until it cancels it
+//   block:PATH  like wait:PATH but deaf to `interrupted`: a worker stuck where cancelling
+//               cannot reach it (as in a hung system call)
 //
 // Points: "before-publish" (output complete in the staging folder, not yet renamed) and
 // "after-publish" (output renamed into place, the caller not yet told).

@@ -193,6 +193,46 @@ class PublishRecordTests(DaemonTestCase):
         healthy.kill()
 
 
+class StuckShutdownTests(DaemonTestCase):
+    """SIGTERM stops the daemon within the grace plus the interrupt wait even when a job's
+    worker cannot be interrupted (held by the test-only `block:` fault point)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.daemon.kill()
+        cls.src = small_checkpoint(os.path.join(cls.root, "src"))
+
+    def tearDown(self):
+        pass  # the class daemon is not used: each test starts its own
+
+    def test_sigterm_with_a_stuck_job(self):
+        state = tempfile.mkdtemp(prefix="state-", dir=self.tmp)
+        never = os.path.join(self.tmp, "never-created")
+        stuck = Daemon(self.logs, state, [self.root],
+                       ("--shutdown-grace", "1", "--shutdown-interrupt-wait", "1"),
+                       env={FAULTS: "before-publish=block:" + never})
+        self.extra_daemons.append(stuck)
+        stuck.start()
+        out = self.r("out_stuck")
+        job_id = self.submit(self.src, out, daemon=stuck)
+        self.wait_for(job_id, lambda d: os.path.exists(os.path.join(staging_path(out), MANIFEST)),
+                      "output staged", daemon=stuck)
+        started = time.monotonic()
+        stuck.signal(signal.SIGTERM)
+        self.assertEqual(stuck.wait(timeout=30), 0)
+        self.assertLess(time.monotonic() - started, 10, "reshardd took too long to stop")
+        self.assertNoOutput(out)
+        # The job resumes at the next start and completes.
+        healthy = Daemon(self.logs, state, [self.root])
+        self.extra_daemons.append(healthy)
+        healthy.start()
+        doc = self.wait_terminal(job_id, daemon=healthy, timeout=60)
+        self.assertEqual(doc["state"], "succeeded", doc)
+        self.assertConsolidated(self.src, out)
+        healthy.kill()
+
+
 class KillLoopTests(DaemonTestCase):
     """20 cycles of: start the daemon, submit 20 jobs, SIGKILL it at a random moment. Then every
     job must end SUCCEEDED with an output equal to its source."""
