@@ -200,6 +200,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   options.on_progress = control.on_progress;
   options.cancelled = control.cancelled;
   options.on_file_committed = control.on_file_committed;
+  options.check_source_crc32 = !spec.skip_crc_check;
   if (control.resume) options.completed_files = control.completed_files;
   ASSIGN_OR_RETURN(ExecutionResult executed, Execute(planned.plan, staging.path(), options));
 
