@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
+#include "lib/exec/crc32.h"
 #include "lib/exec/source_checksums.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/io/atomic_file.h"
@@ -248,9 +248,8 @@ class FileWriter {
                                   reinterpret_cast<std::byte*>(pipeline_->buffer() + used_)));
       filler.ReleaseConsumed();  // the data is in the buffer now
       if (plan_.needs_crc32) {
-        *crc32 = static_cast<uint32_t>(
-            ::crc32_z(*crc32, reinterpret_cast<const Bytef*>(pipeline_->buffer() + used_),
-                      static_cast<size_t>(count) * element_size));
+        *crc32 =
+            Crc32(*crc32, pipeline_->buffer() + used_, static_cast<size_t>(count) * element_size);
       }
       (filler.plain_copy() ? phases_.read : phases_.convert) += SecondsSince(fill_start);
       used_ += static_cast<size_t>(count) * element_size;

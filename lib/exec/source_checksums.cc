@@ -1,27 +1,17 @@
 #include "lib/exec/source_checksums.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
+#include "lib/exec/crc32.h"
 
 namespace reshard {
 namespace {
 
 // Bytes Verify reads at a time to fill a gap.
 constexpr uint64_t kGapChunk = 4 << 20;
-
-uint32_t Crc32(uint32_t crc, const std::byte* data, uint64_t length) {
-  return static_cast<uint32_t>(
-      ::crc32_z(crc, reinterpret_cast<const Bytef*>(data), static_cast<z_size_t>(length)));
-}
-
-uint32_t Crc32Combine(uint32_t first, uint32_t second, uint64_t second_length) {
-  return static_cast<uint32_t>(::crc32_combine(first, second, static_cast<z_off_t>(second_length)));
-}
 
 }  // namespace
 
