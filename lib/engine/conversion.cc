@@ -118,6 +118,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   ExecutorOptions options;
   options.threads = spec.threads;
   options.window_bytes = spec.window_bytes;
+  options.check_source_crc32 = !spec.skip_crc_check;
   planned.memory_bytes = EstimateExecutionMemory(planned.plan, options);
   return planned;
 }

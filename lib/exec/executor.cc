@@ -444,6 +444,8 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   // released: up to twice the window when narrowing F32 to 16 bits, plus partly used pages at
   // both ends of every row run, bounded here by one more window.
   const uint64_t window = std::min(std::max<uint64_t>(options.window_bytes, 4096), largest_file);
-  return threads * 4 * window + plan_bytes;
+  const uint64_t checksums =
+      options.check_source_crc32 ? SourceChecksums::MemoryBound(plan.sources) : 0;
+  return threads * 4 * window + plan_bytes + checksums;
 }
 }  // namespace reshard

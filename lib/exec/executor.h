@@ -102,7 +102,8 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const std::string&
 absl::StatusOr<uint64_t> HashFile(const std::string& path);
 
 // Peak memory the execution of `plan` needs beyond the process's baseline: the window buffers,
-// the source pages one window may hold before release, and the plan itself.
+// the source pages one window may hold before release, the plan itself, and the source CRC-32
+// check's bookkeeping.
 uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& options);
 
 }  // namespace reshard

@@ -34,6 +34,21 @@ SourceChecksums::SourceChecksums(const std::vector<SourceFile>& sources) : files
   }
 }
 
+uint64_t SourceChecksums::MemoryBound(const std::vector<SourceFile>& sources) {
+  // A std::map node holds the key, the fragment and three pointers plus a colour.
+  constexpr uint64_t kFragmentBytes = sizeof(uint64_t) + sizeof(Fragment) + 4 * sizeof(void*);
+  uint64_t bytes = sources.size() * sizeof(File);
+  bool any = false;
+  for (const SourceFile& source : sources) {
+    for (const ChecksummedRange& range : source.checksummed) {
+      bytes += sizeof(Range) + sizeof(std::unique_ptr<Range>) + sizeof(uint64_t) +
+               range.name.capacity() + 64;  // + the first tensor's name, roughly
+      any = true;
+    }
+  }
+  return any ? bytes + kMaxFragments * kFragmentBytes : bytes;
+}
+
 void SourceChecksums::Record(int file, uint64_t offset, uint64_t length, const std::byte* data,
                              absl::string_view tensor) {
   if (empty_ || length == 0) return;

@@ -35,7 +35,11 @@ namespace reshard {
 class SourceChecksums {
  public:
   static constexpr size_t kMaxFragmentsPerRange = 1024;
-  static constexpr size_t kMaxFragments = 1 << 18;
+  static constexpr size_t kMaxFragments = 1 << 16;
+
+  // An upper bound of the memory a SourceChecksums of `sources` holds: its copy of the ranges
+  // and at most kMaxFragments fragments.
+  static uint64_t MemoryBound(const std::vector<SourceFile>& sources);
 
   // `sources` indexed like the plan's sources; their checksummed ranges (copied) are the ones
   // checked.

@@ -326,5 +326,15 @@ TEST(SourceChecksumsTest, FragmentsBeyondTheCapAreReadAtTheEnd) {
   }
 }
 
+TEST(SourceChecksumsTest, MemoryBoundCoversRangesAndFragments) {
+  SourceFile plain{"a.safetensors", 100, {}};
+  SourceFile torch{
+      "b.pt", 1 << 20, {{64, 4096, 0, "archive/data/0"}, {8192, 64, 0, "archive/data/1"}}};
+  EXPECT_LT(SourceChecksums::MemoryBound({plain}), 1024u);
+  const uint64_t bound = SourceChecksums::MemoryBound({plain, torch});
+  EXPECT_GE(bound, SourceChecksums::kMaxFragments * 32);
+  EXPECT_LE(bound, 16u << 20);
+}
+
 }  // namespace
 }  // namespace reshard
