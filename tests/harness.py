@@ -112,6 +112,22 @@ def flip_byte(src, at, dst=None):
     return dst
 
 
+def corrupt_largest_record(path):
+    """Flips the middle byte of the largest storage record of torch.save file `path` in place,
+    checks that Python's zipfile now reports that record's CRC-32 as bad, and returns its
+    name."""
+    import zipfile
+    record = largest_record(path)
+    offset, size = stored_entry(path, record)
+    flip_byte(path, offset + size // 2)
+    with zipfile.ZipFile(path) as z:
+        bad = z.testzip()
+    if bad != record:
+        raise AssertionError("zipfile.testzip() gives %r after flipping a byte of %s" %
+                             (bad, record))
+    return record
+
+
 def main(module_globals, *binaries):
     """Runs the module's tests. For each name in `binaries` ("reshardctl"), `--name PATH` or
     `--name=PATH` is required and stored, absolute, as module_globals[NAME.upper()]."""
