@@ -36,6 +36,7 @@ absl::StatusOr<ConversionSpec> BuildSpec(const ConversionFlags& flags, bool resh
   spec.rules_file = flags.rules;
   spec.threads = flags.threads;
   spec.duplicate_tied = flags.duplicate_tied;
+  spec.skip_crc_check = flags.no_crc_check;
   spec.output_format = flags.output_format;
   spec.read = ReadOptionsFrom(flags);
   if (reshard && spec.parts < 1) {

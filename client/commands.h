@@ -25,6 +25,7 @@ struct ConversionFlags {
   int threads = 2;
   std::string window_size = "32MiB";
   bool duplicate_tied = false;
+  bool no_crc_check = false;  // skip the torch.save CRC-32 check of the data read
   std::string output_format = "safetensors";  // or "torch"
   // Training checkpoints: DeepSpeed tag to read, and whether to read Adam moments too.
   std::string tag;

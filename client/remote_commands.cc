@@ -94,6 +94,7 @@ absl::StatusOr<v1::JobSpec> BuildJobSpec(const ConversionFlags& conversion, bool
   }
   spec.set_threads(conversion.threads);
   spec.set_duplicate_tied(conversion.duplicate_tied);
+  spec.set_skip_crc_check(conversion.no_crc_check);
   spec.set_output_format(conversion.output_format);
   spec.set_tag(conversion.tag);
   spec.set_include_optimizer(conversion.include_optimizer);

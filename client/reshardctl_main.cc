@@ -88,6 +88,8 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     command->add_flag("--duplicate-tied", conversion.duplicate_tied,
                       "write tied weights under every name instead of once plus aliases");
+    command->add_flag("--no-crc-check", conversion.no_crc_check,
+                      "do not check the CRC-32s of the torch.save records read");
     command->add_option("--format", conversion.output_format, "output format: safetensors | torch")
         ->check(CLI::IsMember({"safetensors", "torch"}))
         ->capture_default_str();

@@ -26,6 +26,7 @@ ConversionSpec ConversionSpecFromProto(const v1::JobSpec& proto) {
   spec.rules_json = proto.rules_json();
   spec.overwrite = proto.overwrite();
   spec.duplicate_tied = proto.duplicate_tied();
+  spec.skip_crc_check = proto.skip_crc_check();
   if (!proto.output_format().empty()) spec.output_format = proto.output_format();
   spec.read.tag = proto.tag();
   spec.read.include_optimizer = proto.include_optimizer();

@@ -278,6 +278,38 @@ class DcpReadTests(Base):
         self.assertDeepEqual(self.load_torch_output(out2), want)
 
 
+class DcpCrcTests(Base):
+
+    def test_flipped_byte_in_a_chunk_is_data_loss(self):
+        """A byte flipped in the data of one chunk (a torch.save archive inside a .distcp file):
+        exit 3 naming the .distcp file, the archive's zip entry and the tensor."""
+        g = torch.Generator().manual_seed(12)
+        sd = {"model": {"w": torch.randn(64, 16, generator=g), "b": torch.randn(16, generator=g)}}
+        src = self.p("ckpt")
+        full, _ = F.write_dcp(src, sd, 2, {"model.w": F.Row(2)})
+        out = self.p("out")
+        self.ok("consolidate", src, out, "--no-progress")
+        self.assertStEqual(full, R.read_folder(out))
+        # Rows 32..63 of model.w: the chunk of the second rank.
+        chunk = full["model.w"][32:].contiguous().numpy().tobytes()
+        found = []
+        for name in sorted(os.listdir(src)):
+            path = os.path.join(src, name)
+            with open(path, "rb") as f:
+                at = f.read().find(chunk)
+            if at >= 0:
+                found.append((name, path, at))
+        self.assertEqual(len(found), 1, found)
+        name, path, at = found[0]
+        harness.flip_byte(path, at + len(chunk) // 2)
+        out = self.p("out-crc")
+        res = self.ctl("consolidate", src, out, "--no-progress")
+        self.assertExit(res, 3)
+        for word in (name, 'zip entry "', 'tensor "model.w"', "CRC-32"):
+            self.assertIn(word, res.text, self.describe(res))
+        self.assertFalse(os.path.exists(out), "OUT was created" + self.describe(res))
+
+
 class DcpRefusalTests(Base):
 
     def expect_rejected(self, src, problem_words, name_in_msg):

@@ -78,6 +78,56 @@ class CliTestCase(TempDirTestCase):
         return doc
 
 
+def stored_entry(path, name):
+    """(byte offset of the payload, size) of the stored zip entry `name` of the file at `path`
+    (a torch.save file): the payload follows the local header and its own name and extra."""
+    import struct
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(name)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        header = f.read(30)
+    name_length, extra_length = struct.unpack("<HH", header[26:30])
+    return info.header_offset + 30 + name_length + extra_length, info.file_size
+
+
+def largest_record(path):
+    """The name of the largest storage record ("<top>/data/<key>") of torch.save file `path`."""
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        return max((i for i in z.infolist() if "/data/" in i.filename),
+                   key=lambda i: i.file_size).filename
+
+
+def flip_byte(src, at, dst=None):
+    """Writes `src` with the byte at offset `at` inverted to `dst` (default: `src` itself);
+    returns the path written."""
+    with open(src, "rb") as f:
+        data = bytearray(f.read())
+    data[at] ^= 0xFF
+    dst = dst or src
+    with open(dst, "wb") as f:
+        f.write(bytes(data))
+    return dst
+
+
+def corrupt_largest_record(path):
+    """Flips the middle byte of the largest storage record of torch.save file `path` in place,
+    checks that Python's zipfile now reports that record's CRC-32 as bad, and returns its
+    name."""
+    import zipfile
+    record = largest_record(path)
+    offset, size = stored_entry(path, record)
+    flip_byte(path, offset + size // 2)
+    with zipfile.ZipFile(path) as z:
+        bad = z.testzip()
+    if bad != record:
+        raise AssertionError("zipfile.testzip() gives %r after flipping a byte of %s" %
+                             (bad, record))
+    return record
+
+
 def main(module_globals, *binaries):
     """Runs the module's tests. For each name in `binaries` ("reshardctl"), `--name PATH` or
     `--name=PATH` is required and stored, absolute, as module_globals[NAME.upper()]."""

@@ -488,5 +488,68 @@ class TorchCorruptInputTests(Base):
         self.expect_rejected(path, ["should hold", "elements"])
 
 
+def storage_entry_of(path, size):
+    """The name of the one storage record of `size` bytes in torch.save file `path`."""
+    with zipfile.ZipFile(path) as z:
+        names = [i.filename for i in z.infolist() if "/data/" in i.filename and
+                 i.file_size == size]
+    assert len(names) == 1, names
+    return names[0]
+
+
+class TorchCrcTests(Base):
+    """One flipped byte in a stored tensor record: Python's zipfile reports a bad CRC-32, so
+    reshard must fail with DATA_LOSS (exit 3) naming the file, the zip entry and the tensor,
+    publish nothing, and convert the unmodified file bit-exact."""
+
+    def state_dict(self):
+        g = torch.Generator().manual_seed(5)
+        whole = torch.randn(256, generator=g)
+        return {"a.weight": torch.randn(64, 32, generator=g),
+                "a.bias": torch.randn(32, generator=g),
+                # views the middle of a 256-float storage: the tensor covers part of its record
+                "part": whole[100:116],
+                "n": torch.arange(10)}
+
+    def expect_crc_failure(self, src, entry, tensor, *extra):
+        out = self.p("out-crc")
+        res = self.ctl("consolidate", src, out, "--no-progress", *extra)
+        self.assertExit(res, 3)
+        for word in (os.path.basename(src), 'zip entry "%s"' % entry, 'tensor "%s"' % tensor,
+                     "CRC-32"):
+            self.assertIn(word, res.text, self.describe(res))
+        self.assertFalse(os.path.exists(out), "OUT was created" + self.describe(res))
+        return res
+
+    def test_flipped_byte_in_a_tensor_record_is_data_loss(self):
+        sd = self.state_dict()
+        src = self.save(sd, "good.pt")
+        self.consolidate_and_compare(src, {k: v.contiguous() for k, v in sd.items()})
+        entry = storage_entry_of(src, 64 * 32 * 4)
+        offset, size = harness.stored_entry(src, entry)
+        self.assertEqual(size, 64 * 32 * 4)
+        for k, at in enumerate((offset, offset + size // 2 + 1, offset + size - 1)):
+            bad = harness.flip_byte(src, at, self.p("bad-%d.pt" % k))
+            with zipfile.ZipFile(bad) as z:  # Python sees it too
+                self.assertEqual(z.testzip(), entry)
+            self.expect_crc_failure(bad, entry, "a.weight")
+            # Also when the data is converted on the way (read through the mapping).
+            self.expect_crc_failure(bad, entry, "a.weight", "--dtype", "bf16")
+        # The opt-out converts it, flipped byte and all.
+        out = self.p("out-unchecked")
+        self.ok("consolidate", bad, out, "--no-progress", "--no-crc-check")
+        self.assertTrue(os.path.exists(out))
+
+    def test_flipped_byte_outside_the_view_of_a_partial_tensor(self):
+        sd = self.state_dict()
+        src = self.save(sd, "good.pt")
+        entry = storage_entry_of(src, 256 * 4)
+        offset, size = harness.stored_entry(src, entry)
+        self.assertEqual(size, 256 * 4)
+        # Byte 10 of the record: before the 100th float, which "part" starts at.
+        bad = harness.flip_byte(src, offset + 10, self.p("bad.pt"))
+        self.expect_crc_failure(bad, entry, "part")
+
+
 if __name__ == "__main__":
     sys.exit(harness.main(globals(), "reshardctl"))

@@ -456,6 +456,24 @@ class ZeroStage0Tests(Base):
                              extra=("--include-optimizer",))
 
 
+class ZeroCrcTests(Base):
+
+    def test_flipped_byte_in_an_fp32_partition_is_data_loss(self):
+        """One byte flipped in a stored record of a rank's optimizer states file (its fp32 flat
+        partition): exit 3 naming the file, zip entry and a tensor read from it."""
+        ck = self.write(3, 2, model=zf.small_model(seed=4, with_moments=False))
+        self.assertTensorsEqual(ck.expected, self.consolidate(ck.save_dir), "intact")
+        name = ck.optim_file(1)
+        path = ck.path(name)
+        record = harness.corrupt_largest_record(path)
+        out = self.p("out-crc")
+        res = self.ctl("consolidate", ck.save_dir, out, "--no-progress")
+        self.assertExit(res, 3)
+        for word in (name, 'zip entry "%s"' % record, 'tensor "', "CRC-32"):
+            self.assertIn(word, res.text, self.describe(res))
+        self.assertFalse(os.path.exists(out), "OUT was created" + self.describe(res))
+
+
 class ZeroRefusalTests(Base):
 
     def test_zero_without_optimizer_files(self):

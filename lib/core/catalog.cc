@@ -230,6 +230,15 @@ uint64_t TensorBytes(const CatalogTensor& tensor) {
 }
 
 absl::Status ValidateCatalog(const Catalog& catalog) {
+  for (const SourceFile& file : catalog.files) {
+    for (const ChecksummedRange& range : file.checksummed) {
+      if (range.offset > file.size || range.length > file.size - range.offset) {
+        return absl::DataLossError(absl::StrCat(
+            file.path, ": \"", range.name, "\": ", range.length, " bytes at byte offset ",
+            range.offset, " run past the end of the file (", file.size, " bytes)"));
+      }
+    }
+  }
   for (const CatalogTensor& tensor : catalog.tensors) {
     const Box full = Box::Full(tensor.shape);
     const uint64_t element_size = DTypeSize(tensor.dtype);

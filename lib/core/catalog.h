@@ -24,10 +24,21 @@
 
 namespace reshard {
 
+// A byte range of an input file whose CRC-32 the input records: a stored zip entry of a
+// torch.save archive. The Executor checks the CRC-32 of every range it reads data from.
+struct ChecksummedRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint32_t crc32 = 0;  // IEEE, as zlib computes it
+  std::string name;    // what the range is, for messages: the zip entry's name
+};
+
 // One input file. The Executor maps it read-only; `size` bounds every piece located in it.
 struct SourceFile {
   std::string path;
   uint64_t size = 0;
+  // Ranges of the file with a recorded CRC-32, any order; empty for formats without them.
+  std::vector<ChecksummedRange> checksummed;
 };
 
 // A box of a global tensor stored in one file. Element `box.origin + i` (i within box.extent)
@@ -93,8 +104,8 @@ void AddFlatRangePieces(CatalogTensor& tensor, int file, uint64_t byte_offset, i
                         int64_t end);
 
 // Checks what the planner relies on: files exist in the list, boxes lie inside their tensor,
-// strides are non-negative and every piece's bytes lie inside its file. DataLoss naming the
-// file, tensor and byte offset otherwise.
+// strides are non-negative and every piece's bytes and checksummed range lie inside its file.
+// DataLoss naming the file, tensor (or range) and byte offset otherwise.
 absl::Status ValidateCatalog(const Catalog& catalog);
 
 // StructureNode as JSON (the form safetensors output carries in `__metadata__` under

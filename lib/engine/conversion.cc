@@ -140,6 +140,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   ExecutorOptions options;
   options.threads = spec.threads;
   options.window_bytes = spec.window_bytes;
+  options.check_source_crc32 = !spec.skip_crc_check;
   planned.memory_bytes = EstimateExecutionMemory(planned.plan, options);
   return planned;
 }
@@ -224,6 +225,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   options.on_progress = control.on_progress;
   options.cancelled = control.cancelled;
   options.on_file_committed = control.on_file_committed;
+  options.check_source_crc32 = !spec.skip_crc_check;
   if (control.resume) options.completed_files = control.completed_files;
   ASSIGN_OR_RETURN(ExecutionResult executed, Execute(planned.plan, staging.dir(), options));
 

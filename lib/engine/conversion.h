@@ -75,6 +75,9 @@ struct ConversionSpec {
   ReadOptions read;
   int threads = 2;
   uint64_t window_bytes = 32ull << 20;
+  // Skip checking the CRC-32s that torch.save archives record for their storage records
+  // against the bytes read (see ExecutorOptions::check_source_crc32). Default: checked.
+  bool skip_crc_check = false;
 };
 
 struct PlannedConversion {

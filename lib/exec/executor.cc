@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +17,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
+#include "lib/exec/crc32.h"
+#include "lib/exec/source_checksums.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/page_buffer.h"
@@ -156,9 +157,14 @@ class WindowPipeline {
 // released as soon as their data is in the buffer.
 class FileWriter {
  public:
+  // `checksums` (may be null) is told every source run read.
   FileWriter(const FilePlan& plan, const std::vector<MappedFile>& sources,
-             const ExecutorOptions& options, ProgressTracker& progress)
-      : plan_(plan), sources_(sources), options_(options), progress_(progress) {}
+             const ExecutorOptions& options, ProgressTracker& progress, SourceChecksums* checksums)
+      : plan_(plan),
+        sources_(sources),
+        options_(options),
+        progress_(progress),
+        source_checksums_(checksums) {}
 
   absl::StatusOr<WrittenFile> Run(const Directory& dir) {
     ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir, plan_.name));
@@ -177,8 +183,7 @@ class FileWriter {
           if (bytes.size() != segment.size) {
             return absl::InternalError(absl::StrCat(plan_.name, ": deferred segment ",
                                                     segment.deferred, " is ", bytes.size(),
-                                                    " bytes, the framing promised ",
-                                                    segment.size));
+                                                    " bytes, the framing promised ", segment.size));
           }
           RETURN_IF_ERROR(AppendBytes(bytes));
           continue;
@@ -232,7 +237,7 @@ class FileWriter {
 
   // Writes the tensor's data; `crc32` accumulates its CRC-32 when the framing needs it.
   absl::Status WriteTensor(const TensorCopy& copy, uint32_t* crc32) {
-    TensorFiller filler(copy, sources_);
+    TensorFiller filler(copy, sources_, source_checksums_);
     const size_t element_size = DTypeSize(copy.dst_dtype);
     int64_t done = 0;
     while (done < copy.num_elements) {
@@ -244,9 +249,8 @@ class FileWriter {
                                   reinterpret_cast<std::byte*>(pipeline_->buffer() + used_)));
       filler.ReleaseConsumed();  // the data is in the buffer now
       if (plan_.needs_crc32) {
-        *crc32 = static_cast<uint32_t>(
-            ::crc32_z(*crc32, reinterpret_cast<const Bytef*>(pipeline_->buffer() + used_),
-                      static_cast<size_t>(count) * element_size));
+        *crc32 =
+            Crc32(*crc32, pipeline_->buffer() + used_, static_cast<size_t>(count) * element_size);
       }
       (filler.plain_copy() ? phases_.read : phases_.convert) += SecondsSince(fill_start);
       used_ += static_cast<size_t>(count) * element_size;
@@ -272,6 +276,7 @@ class FileWriter {
   const std::vector<MappedFile>& sources_;
   const ExecutorOptions& options_;
   ProgressTracker& progress_;
+  SourceChecksums* const source_checksums_;
   WindowPipeline* pipeline_ = nullptr;
   size_t used_ = 0;  // bytes filled in the pipeline's current buffer
   uint64_t bytes_read_ = 0;
@@ -345,6 +350,10 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
                                         const ExecutorOptions& options) {
   ASSIGN_OR_RETURN(std::vector<MappedFile> sources, MapSources(plan.sources));
   ProgressTracker progress(plan, options.on_progress);
+  std::optional<SourceChecksums> checksums;
+  if (options.check_source_crc32) checksums.emplace(plan.sources);
+  SourceChecksums* const checked =
+      checksums.has_value() && !checksums->empty() ? &*checksums : nullptr;
   std::vector<absl::StatusOr<WrittenFile>> results(plan.files.size(),
                                                    absl::UnknownError("not run"));
   std::vector<uint64_t> bytes_read(plan.files.size(), 0);
@@ -365,8 +374,17 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
       if (reused.has_value()) {
         progress.Add(file.bytes, file.tensors.size(), 1);
         results[f] = *std::move(reused);
+        // Its sources were not read in this pass, but their checks still have to hold (the
+        // earlier attempt may have failed on one): Verify reads the ranges it reads from.
+        if (checked != nullptr) {
+          for (const TensorCopy& copy : file.tensors) {
+            for (const CopyItem& item : copy.items) {
+              checked->Record(item.src_file, item.src_offset, 1, nullptr, copy.name);
+            }
+          }
+        }
       } else {
-        FileWriter writer(file, sources, options, progress);
+        FileWriter writer(file, sources, options, progress, checked);
         results[f] = writer.Run(dir);
         bytes_read[f] = writer.bytes_read();
         const double verify = phases[f].verify;
@@ -409,6 +427,12 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
     result.files.push_back(*std::move(results[f]));
   }
   if (!first_error.ok()) return first_error;
+  if (checked != nullptr) {
+    const Clock::time_point start = Clock::now();
+    RETURN_IF_ERROR(checked->Verify(sources));
+    result.phases.crc_check = SecondsSince(start);
+    result.crc_bytes_reread = checked->bytes_reread();
+  }
   return result;
 }
 
@@ -430,6 +454,8 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   // released: up to twice the window when narrowing F32 to 16 bits, plus partly used pages at
   // both ends of every row run, bounded here by one more window.
   const uint64_t window = std::min(std::max<uint64_t>(options.window_bytes, 4096), largest_file);
-  return threads * 4 * window + plan_bytes;
+  const uint64_t checksums =
+      options.check_source_crc32 ? SourceChecksums::MemoryBound(plan.sources) : 0;
+  return threads * 4 * window + plan_bytes + checksums;
 }
 }  // namespace reshard

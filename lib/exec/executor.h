@@ -53,6 +53,10 @@ struct ExecutorOptions {
   std::map<std::string, uint64_t> completed_files;
   // Called after each file is committed (or reused), from worker threads, serialized.
   std::function<void(const WrittenFile&)> on_file_committed;
+  // Check the CRC-32s sources record for the ranges data is read from (torch.save storage
+  // records), fused into the read pass; Execute fails with DataLoss on a mismatch, after all
+  // files are written and before it returns. Costs a CRC-32 of every byte read.
+  bool check_source_crc32 = true;
 };
 
 // Where the workers' time went, in seconds summed over worker threads (so with several
@@ -69,6 +73,8 @@ struct PhaseSeconds {
   double fsync = 0;
   // Checksumming files an earlier attempt committed, before reusing them (resume only).
   double verify = 0;
+  // Completing the sources' CRC-32 checks after the pass (reading what it did not read).
+  double crc_check = 0;
 };
 
 struct ExecutionResult {
@@ -79,6 +85,9 @@ struct ExecutionResult {
   // Files recorded as committed by an earlier attempt whose size or XXH3-64 no longer matched
   // (they were written again).
   int verification_failures = 0;
+  // Source bytes read a second time to complete CRC-32 checks: the parts of checked ranges the
+  // pass did not read (see SourceChecksums).
+  uint64_t crc_bytes_reread = 0;
 };
 
 // Maps every source of the plan read-only (checking sizes against the Catalog).
@@ -96,7 +105,8 @@ absl::StatusOr<uint64_t> HashFile(const std::string& path);
 absl::StatusOr<uint64_t> HashFile(const Directory& dir, const std::string& name);
 
 // Peak memory the execution of `plan` needs beyond the process's baseline: the window buffers,
-// the source pages one window may hold before release, and the plan itself.
+// the source pages one window may hold before release, the plan itself, and the source CRC-32
+// check's bookkeeping.
 uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& options);
 
 }  // namespace reshard

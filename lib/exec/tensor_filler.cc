@@ -6,9 +6,11 @@
 
 namespace reshard {
 
-TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources)
+TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources,
+                           SourceChecksums* checksums)
     : copy_(copy),
       sources_(sources),
+      checksums_(checksums),
       touched_(sources.size()),
       src_element_size_(DTypeSize(copy.src_dtype)),
       dst_element_size_(DTypeSize(copy.dst_dtype)) {
@@ -67,10 +69,20 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           absl::Status status = source.ReadAt(src_byte, src_span, destination);
           if (!status.ok()) return status;
           bytes_read_ += src_span;
+          // The run's bytes are the ones just copied out.
+          if (checksums_ != nullptr) {
+            checksums_->Record(item.src_file, src_byte, src_span, destination, copy_.name);
+          }
         } else {
           ConvertElements(source.data() + src_byte, src_stride, copy_.src_dtype, destination,
                           copy_.dst_dtype, to - from);
           bytes_read_ += static_cast<uint64_t>(to - from) * src_element_size_;
+          // A contiguous run is checksummed from the mapping, whose pages were just faulted in;
+          // a strided one only marks its ranges as read.
+          if (checksums_ != nullptr) {
+            checksums_->Record(item.src_file, src_byte, src_span,
+                               src_stride == 1 ? source.data() + src_byte : nullptr, copy_.name);
+          }
         }
         if (!(same_dtype && src_stride == 1)) {  // only mapped pages need releasing
           touched.begin = std::min(touched.begin, src_byte);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "lib/exec/source_checksums.h"
 #include "lib/io/mapped_file.h"
 #include "lib/plan/layout.h"
 
@@ -18,8 +19,10 @@ namespace reshard {
 // per tensor being written.
 class TensorFiller {
  public:
-  // `sources` must outlive the filler and be indexed like the plan's sources.
-  TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources);
+  // `sources` must outlive the filler and be indexed like the plan's sources. `checksums`, when
+  // not null, is told every source run the filler reads (see SourceChecksums).
+  TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources,
+               SourceChecksums* checksums = nullptr);
 
   // Writes elements [begin, end) of the output tensor, converted to its dtype, to `out`
   // ((end - begin) * element size bytes). Rows stored contiguously in the output dtype are
@@ -53,6 +56,7 @@ class TensorFiller {
 
   const TensorCopy& copy_;
   const std::vector<MappedFile>& sources_;
+  SourceChecksums* const checksums_;
   std::vector<Cursor> cursors_;
   std::vector<Touched> touched_;  // per source file
   size_t src_element_size_;

@@ -1,5 +1,7 @@
 #include "lib/testing/zip_builder.h"
 
+#include <zlib.h>
+
 #include <algorithm>
 
 namespace reshard {
@@ -14,6 +16,12 @@ void Put32(std::string& out, uint64_t v) {
 }
 void Put64(std::string& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+
+uint32_t Crc32Of(const Entry& e) {
+  if (e.crc32.has_value()) return *e.crc32;
+  return static_cast<uint32_t>(
+      ::crc32_z(0, reinterpret_cast<const Bytef*>(e.data.data()), e.data.size()));
 }
 
 }  // namespace
@@ -51,7 +59,7 @@ Built BuildZip(const std::vector<Entry>& entries, const Options& options) {
     out += e.data;
     if (!e.data.empty()) {
       Put32(out, 0x08074b50);
-      Put32(out, 0x12345678);
+      Put32(out, Crc32Of(e));
       Put32(out, e.data.size());
       Put32(out, e.data.size());
     }
@@ -68,7 +76,7 @@ Built BuildZip(const std::vector<Entry>& entries, const Options& options) {
     Put16(out, e.method);
     Put16(out, 0);
     Put16(out, 0);
-    Put32(out, 0x12345678);
+    Put32(out, Crc32Of(e));
     Put32(out, e.zip64_extra ? 0xFFFFFFFFu : e.data.size());
     Put32(out, e.zip64_extra ? 0xFFFFFFFFu : size);
     Put16(out, e.name.size());

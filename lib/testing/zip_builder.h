@@ -13,6 +13,7 @@
 #define RESHARD_LIB_TESTING_ZIP_BUILDER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,8 @@ struct Entry {
   // Write saturated 32-bit sizes and offset plus a ZIP64 extra field (0x0001) in the central
   // directory.
   bool zip64_extra = false;
+  // The CRC-32 written for the entry; unset: the CRC-32 of `data`, as zlib computes it.
+  std::optional<uint32_t> crc32;
 };
 
 struct Options {
@@ -51,8 +54,8 @@ struct Built {
   uint64_t eocd = 0;       // the classic end of central directory record
 };
 
-// Writes `entries` as PyTorchStreamWriter + miniz lay them out (see the file comment). Every
-// CRC is written as 0x12345678.
+// Writes `entries` as PyTorchStreamWriter + miniz lay them out (see the file comment), with
+// each entry's CRC-32 (Entry::crc32).
 Built BuildZip(const std::vector<Entry>& entries, const Options& options = {});
 
 }  // namespace zip_testing

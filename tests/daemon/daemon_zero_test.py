@@ -109,6 +109,34 @@ class ZeroTests(DaemonTestCase):
         self.assertIn("ZeRO-2", latest["description"])
         self.assertIn("tag global_step20", latest["description"])
 
+    def test_flipped_byte_fails_with_data_loss_unless_skip_crc_check(self):
+        """A byte flipped in a stored record of an fp32 partition: the job fails DATA_LOSS
+        naming the file and zip entry; --no-crc-check sends skip_crc_check and converts it."""
+        import shutil
+        import harness  # tests/harness.py: the zip byte-flipping helpers
+        src = self.r("zero_run_flipped")
+        shutil.copytree(self.save_dir, src)
+        name = self.ck.optim_file(1)
+        path = os.path.join(src, self.TAG, name)
+        record = harness.corrupt_largest_record(path)
+        out = self.r("out_flipped")
+        # The largest record may hold Adam moments, which only --include-optimizer reads.
+        r = self.ctl("consolidate", src, out, "--tag", self.TAG, "--include-optimizer",
+                     "--no-progress")
+        self.assertExit(r, 3)
+        self.assertEqual(r.doc["state"], "failed", repr(r))
+        error = r.doc["job"]["error"]
+        self.assertEqual(error["code_name"], "DATA_LOSS", repr(r))
+        for word in (name, 'zip entry "%s"' % record, 'tensor "', "CRC-32"):
+            self.assertIn(word, error["message"], repr(r))
+        self.assertNoOutput(out)
+        self.assertNoStaging(out)
+        unchecked = self.r("out_unchecked")
+        doc = self.assertOk(self.ctl("consolidate", src, unchecked, "--tag", self.TAG,
+                                     "--include-optimizer", "--no-crc-check", "--no-progress"))
+        self.assertEqual(doc["state"], "succeeded")
+        self.assertIs(doc["job"]["spec"]["skip_crc_check"], True)
+
     def test_tag_with_dotdot_refused(self):
         before = sorted(os.listdir(self.root))
         escape = "../../outside/secret_run/global_step1"

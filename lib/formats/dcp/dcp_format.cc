@@ -329,6 +329,11 @@ class DcpReader {
     const std::string label = absl::StrCat(file.path(), " at byte offset ", storage.offset);
     absl::StatusOr<std::unique_ptr<TorchArchive>> archive = TorchArchive::Parse(bytes, label);
     if (!archive.ok()) return Annotate(archive.status(), DescribeStorage(entry, item.chunk));
+    // The chunk's storage records keep their CRC-32s, placed in the .distcp file.
+    std::vector<ChecksummedRange> ranges = (*archive)->ChecksummedRanges(storage.offset);
+    std::vector<ChecksummedRange>& checksummed = files_[f].checksummed;
+    checksummed.insert(checksummed.end(), std::make_move_iterator(ranges.begin()),
+                       std::make_move_iterator(ranges.end()));
     if (!entry.is_tensor) {
       absl::StatusOr<Catalog> catalog = CatalogFromArchive(**archive);
       if (!catalog.ok()) return Annotate(catalog.status(), DescribeStorage(entry, item.chunk));

@@ -305,7 +305,7 @@ class ZeroReader {
 
   int FileIndex(const TorchArchive& archive) {
     auto [it, inserted] = file_index_.try_emplace(archive.path(), catalog_.files.size());
-    if (inserted) catalog_.files.push_back(SourceFile{archive.path(), archive.size()});
+    if (inserted) catalog_.files.push_back(archive.Source());
     return it->second;
   }
 

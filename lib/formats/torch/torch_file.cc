@@ -1,5 +1,7 @@
 #include "lib/formats/torch/torch_file.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -199,6 +201,8 @@ absl::StatusOr<PickleValue*> TorchArchive::LoadStorage(PickleValue* pid, PickleA
     }
     storage.data_offset = entry->data_offset;
     storage.size = entry->size;
+    storage.crc32 = entry->crc32;
+    storage.entry_name = entry->name;
     storages_[key] = std::move(storage);
   }
   PickleValue* handle = arena.New(Kind::kPersistent);
@@ -207,6 +211,20 @@ absl::StatusOr<PickleValue*> TorchArchive::LoadStorage(PickleValue* pid, PickleA
 }
 
 bool TorchArchive::IsTensor(const PickleValue* value) { return TensorCall(value).has_value(); }
+
+std::vector<ChecksummedRange> TorchArchive::ChecksummedRanges(uint64_t base) const {
+  std::vector<ChecksummedRange> ranges;
+  ranges.reserve(storages_.size());
+  for (const auto& [key, storage] : storages_) {
+    ranges.push_back({base + storage.data_offset, storage.size, storage.crc32, storage.entry_name});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const ChecksummedRange& a, const ChecksummedRange& b) {
+    return a.offset < b.offset;
+  });
+  return ranges;
+}
+
+SourceFile TorchArchive::Source() const { return SourceFile{path_, size_, ChecksummedRanges()}; }
 
 absl::StatusOr<std::optional<TensorLocation>> TorchArchive::Tensor(const PickleValue* value,
                                                                    absl::string_view name) const {

@@ -61,6 +61,14 @@ class TorchArchive {
   // Whether `value` is a tensor (cheap; no checks).
   static bool IsTensor(const PickleValue* value);
 
+  // The storage records of the archive with the CRC-32s its central directory gives them, at
+  // `base` plus their offset in the parsed bytes (`base` places an archive embedded in a larger
+  // file, such as a DCP chunk). The Executor checks those it reads from.
+  std::vector<ChecksummedRange> ChecksummedRanges(uint64_t base = 0) const;
+  // The source file of a whole-file archive (Open, or Parse of a whole file): its path, size
+  // and checksummed storage records.
+  SourceFile Source() const;
+
  private:
   struct Storage {
     std::string key;
@@ -68,6 +76,8 @@ class TorchArchive {
     int64_t numel = 0;
     uint64_t data_offset = 0;
     uint64_t size = 0;
+    uint32_t crc32 = 0;      // of the record, from the central directory
+    std::string entry_name;  // the record's zip entry, "<top>/data/<key>"
   };
   absl::StatusOr<PickleValue*> LoadStorage(PickleValue* pid, PickleArena& arena,
                                            const ZipArchive& archive);

@@ -31,7 +31,7 @@ class TorchFileReader {
 
   absl::StatusOr<Catalog> Read(const PickleValue* value, const std::string& prefix) {
     catalog_.format = TorchInput::kId;
-    catalog_.files.push_back(SourceFile{archive_.path(), archive_.size()});
+    catalog_.files.push_back(archive_.Source());
     ASSIGN_OR_RETURN(StructureNode structure, Walk(value, prefix, 0));
     catalog_.structure = std::make_shared<const StructureNode>(std::move(structure));
     catalog_.Reindex();
