@@ -9,7 +9,7 @@ packages=(
   # Libraries linked through third_party/system.BUILD.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-  libsqlite3-dev libxxhash-dev libcli11-dev libre2-dev zlib1g-dev
+  libsqlite3-dev libxxhash-dev libcli11-dev libre2-dev zlib1g-dev libisal-dev
   # Independent readers for the tests and the benchmark's peak-RSS figures.
   python3 python3-numpy python3-torch time
   # A real Prometheus (and promtool) for tests/observability; python3-yaml reads the rules.

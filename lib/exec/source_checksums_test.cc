@@ -143,7 +143,9 @@ absl::StatusOr<ExecutionResult> Convert(const std::string& source, const OutFile
   auto plan = BuildCopyPlan(catalog, layout, framings);
   if (!plan.ok()) return plan.status();
   if (out.empty()) out = MakeTempDir("out");
-  return Execute(*plan, out, options);
+  auto dir = Directory::Open(out);
+  if (!dir.ok()) return dir.status();
+  return Execute(*plan, *dir, options);
 }
 
 ExecutorOptions Options(int threads, uint64_t window) {
