@@ -41,7 +41,8 @@ run() {  # run NAME SEED_DIR
 /usr/bin/python3 "$root/tests/fuzz/make_seeds.py" "$work/seeds-safetensors"
 build safetensors_header_fuzzer "$root/tests/fuzz/safetensors_header_fuzzer.cc" \
   "$root/lib/formats/safetensors/header.cc" "$root/lib/core/status.cc" \
-  "$root/lib/core/dtype.cc" "$root/lib/core/shape.cc"
+  "$root/lib/core/dtype.cc" "$root/lib/core/shape.cc" \
+  "$root/lib/io/file_access.cc" "$root/lib/io/directory.cc"
 run safetensors_header_fuzzer "$work/seeds-safetensors"
 
 /usr/bin/python3 "$root/tests/fuzz/make_torch_seeds.py" "$work/seeds-zip" "$work/seeds-pickle"
@@ -55,7 +56,7 @@ build pickle_fuzzer "$root/tests/fuzz/pickle_fuzzer.cc" \
 run pickle_fuzzer "$work/seeds-pickle"
 build torch_archive_fuzzer "$root/tests/fuzz/torch_archive_fuzzer.cc" \
   "$root/lib/formats/torch/torch_file.cc" "$root/lib/formats/torch/zip_archive.cc" \
-  "$root/lib/formats/torch/pickle.cc" "$root/lib/io/mapped_file.cc" \
+  "$root/lib/formats/torch/pickle.cc" "$root/lib/io/mapped_file.cc" "$root/lib/io/file_access.cc" "$root/lib/io/directory.cc" \
   "$root/lib/core/status.cc" "$root/lib/core/dtype.cc" "$root/lib/core/shape.cc" \
   -labsl_hash -labsl_city -labsl_low_level_hash -labsl_raw_hash_set
 run torch_archive_fuzzer "$work/seeds-zip"
@@ -63,7 +64,7 @@ run torch_archive_fuzzer "$work/seeds-zip"
 build dcp_metadata_fuzzer "$root/tests/fuzz/dcp_metadata_fuzzer.cc" \
   "$root/lib/formats/dcp/dcp_metadata.cc" "$root/lib/formats/torch/torch_file.cc" \
   "$root/lib/formats/torch/zip_archive.cc" "$root/lib/formats/torch/pickle.cc" \
-  "$root/lib/io/mapped_file.cc" "$root/lib/core/status.cc" "$root/lib/core/dtype.cc" \
+  "$root/lib/io/mapped_file.cc" "$root/lib/io/file_access.cc" "$root/lib/io/directory.cc" "$root/lib/core/status.cc" "$root/lib/core/dtype.cc" \
   "$root/lib/core/shape.cc" \
   -labsl_hash -labsl_city -labsl_low_level_hash -labsl_raw_hash_set
 run dcp_metadata_fuzzer "$work/seeds-dcp"
