@@ -15,8 +15,10 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "client/commands.h"
 #include "client/exit_codes.h"
+#include "lib/core/version.h"
 
 namespace {
 
@@ -38,7 +40,7 @@ int main(int argc, char** argv) {
   using namespace reshard;
   CLI::App app{"reshardctl: convert and reshard large-model checkpoints (safetensors)"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "reshardctl 0.1.0");
+  app.set_version_flag("--version", absl::StrCat("reshardctl ", kReshardVersion));
 
   OutputFlags output;
   bool no_progress = false;

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "lib/engine/conversion.h"
+#include "lib/core/version.h"
 #include "server/build_info.h"
 
 namespace reshard {

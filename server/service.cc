@@ -38,32 +38,29 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
 }
 
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
-
 absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathPolicy& paths) {
   v1::JobSpec valid = spec;
   if (spec.kind() != v1::JOB_KIND_CONSOLIDATE && spec.kind() != v1::JOB_KIND_RESHARD) {
     return absl::InvalidArgumentError("spec.kind must be JOB_KIND_CONSOLIDATE or JOB_KIND_RESHARD");
   }
-  if (spec.kind() == v1::JOB_KIND_RESHARD && (spec.parts() < 1 || spec.parts() > 4096)) {
-    return absl::InvalidArgumentError("spec.parts must be in [1, 4096] for a reshard");
+  if (spec.kind() == v1::JOB_KIND_RESHARD && (spec.parts() < 1 || spec.parts() > kMaxParts)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.parts must be in [1, ", kMaxParts, "] for a reshard"));
   }
   if (spec.kind() == v1::JOB_KIND_CONSOLIDATE && spec.parts() != 0) {
     return absl::InvalidArgumentError("spec.parts is only for JOB_KIND_RESHARD");
   }
-  if (spec.threads() < 0 || spec.threads() > 64) {
-    return absl::InvalidArgumentError("spec.threads must be in [0, 64]");
+  if (spec.threads() < 0 || spec.threads() > kMaxConversionThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.threads must be in [0, ", kMaxConversionThreads, "]"));
   }
   if (spec.priority() < -100 || spec.priority() > 100) {
     return absl::InvalidArgumentError("spec.priority must be in [-100, 100]");
   }
   if (!v1::DType_IsValid(spec.dtype())) return absl::InvalidArgumentError("spec.dtype is unknown");
-  if (!spec.output_format().empty() && spec.output_format() != "safetensors" &&
-      spec.output_format() != "torch") {
-    return absl::InvalidArgumentError("spec.output_format must be \"safetensors\" or \"torch\"");
+  if (!spec.output_format().empty()) {
+    auto writer = FindOutputFormat(spec.output_format());
+    if (!writer.ok()) return Annotate(writer.status(), "spec.output_format");
   }
   if (spec.rules_json().size() > kMaxRulesJsonBytes) {
     return absl::InvalidArgumentError("spec.rules_json is larger than 1 MiB");
@@ -87,7 +84,7 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
     return absl::InvalidArgumentError("spec.output must not be, contain or lie inside the input");
   }
   if (spec.window_bytes() != 0 &&
-      (spec.window_bytes() < 4096 || spec.window_bytes() > (4ull << 30))) {
+      (spec.window_bytes() < kMinWindowBytes || spec.window_bytes() > kMaxWindowBytes)) {
     return absl::InvalidArgumentError("spec.window_bytes must be 0 or in [4 KiB, 4 GiB]");
   }
   return valid;

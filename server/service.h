@@ -53,8 +53,6 @@ class ReshardService final : public v1::Reshard::Service {
 
 // absl::Status -> grpc::Status (same code numbers; message truncated to 1 KiB).
 grpc::Status ToGrpcStatus(const absl::Status& status);
-// grpc::Status -> absl::Status.
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 }  // namespace reshard
 

@@ -108,13 +108,12 @@ void AddFlatRangePieces(CatalogTensor& tensor, int file, uint64_t byte_offset, i
 // DataLoss naming the file, tensor (or range) and byte offset otherwise.
 absl::Status ValidateCatalog(const Catalog& catalog);
 
-// StructureNode as JSON (the form safetensors output carries in `__metadata__` under
-// kStructureMetadataKey, so that nesting survives a trip through safetensors), and back.
+// StructureNode as JSON (the form safetensors output carries in `__metadata__`, so that
+// nesting survives a trip through safetensors), and back.
 // Scalars are tagged: {"int": 3}, {"float": 0.5}, {"str": "x"}, {"bool": true}, {"none": 0},
 // {"tensor": "name"}; containers: {"dict": [[key, value], ...], "ordered": true},
 // {"list": [...]}, {"tuple": [...]}. Parsing is depth- and size-bounded; InvalidArgument on
 // anything else.
-inline constexpr char kStructureMetadataKey[] = "reshard.structure";
 std::string StructureToJson(const StructureNode& node);
 absl::StatusOr<StructureNode> StructureFromJson(absl::string_view json);
 

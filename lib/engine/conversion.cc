@@ -91,11 +91,11 @@ uint64_t MemoryUpperBound(const ConversionSpec& spec) {
 
 absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   if (spec.input.empty()) return absl::InvalidArgumentError("no input given");
-  if (spec.threads < 1 || spec.threads > 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("threads must be in [1, 256], got ", spec.threads));
+  if (spec.threads < 1 || spec.threads > kMaxConversionThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("threads must be in [1, ", kMaxConversionThreads,
+                                                   "], got ", spec.threads));
   }
-  if (spec.window_bytes < 4096 || spec.window_bytes > (4ull << 30)) {
+  if (spec.window_bytes < kMinWindowBytes || spec.window_bytes > kMaxWindowBytes) {
     return absl::InvalidArgumentError("window size must be between 4 KiB and 4 GiB");
   }
   PlannedConversion planned;
@@ -114,9 +114,9 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
         BuildConsolidateLayout(catalog, spec.dtype, spec.max_shard_size, planned.writer->naming(),
                                /*dedupe_tied=*/!spec.duplicate_tied));
   } else {
-    if (spec.parts < 1 || spec.parts > 4096) {
+    if (spec.parts < 1 || spec.parts > kMaxParts) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--parts must be in [1, 4096], got ", spec.parts));
+          absl::StrCat("--parts must be in [1, ", kMaxParts, "], got ", spec.parts));
     }
     if (rules.empty()) {
       return absl::InvalidArgumentError(

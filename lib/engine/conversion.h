@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "lib/core/catalog.h"
+#include "lib/core/version.h"
 #include "lib/exec/executor.h"
 #include "lib/formats/format.h"
 #include "lib/plan/layout.h"
@@ -27,8 +28,13 @@
 
 namespace reshard {
 
-inline constexpr char kReshardVersion[] = "0.1.0";
 inline constexpr char kManifestName[] = "reshard-manifest.json";
+
+// Limits of a ConversionSpec, checked by PlanConversion and by the daemon at submit.
+inline constexpr int kMaxConversionThreads = 64;
+inline constexpr uint64_t kMinWindowBytes = 4096;
+inline constexpr uint64_t kMaxWindowBytes = 4ull << 30;
+inline constexpr int kMaxParts = 4096;
 
 // A checkpoint as read: the InputFormat's view plus, when possible, one global Catalog.
 struct LoadedInput {

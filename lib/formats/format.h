@@ -18,7 +18,6 @@
 #include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 #include "lib/plan/layout.h"
-#include "lib/plan/layout_builders.h"
 
 namespace reshard {
 
@@ -85,8 +84,6 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path);
 
 // The output format with id `id`; InvalidArgument listing the known ones otherwise.
 absl::StatusOr<const OutputFormat*> FindOutputFormat(absl::string_view id);
-
-std::vector<std::string> InputFormatIds();
 
 // A description of `model` from its format, layout and part names, for formats that set none:
 // "safetensors, 3 shards of one model", "torch.save, 2 metaseq model-parallel parts".

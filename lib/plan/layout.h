@@ -22,6 +22,15 @@
 
 namespace reshard {
 
+// File names chosen by the output Writer (each OutputFormat supplies its own).
+struct OutputNaming {
+  // Name of shard `index` (0-based) of `count` consolidated files.
+  std::function<std::string(int index, int count)> shard_file;
+  // Name of model-parallel part `rank` of `parts`.
+  std::function<std::string(int rank, int parts)> part_file;
+};
+
+
 // One tensor of an output file: `region` of the Catalog tensor `source`, stored densely
 // (row-major) under `name` in `dtype`. Its shape is region.extent.
 struct OutputTensor {

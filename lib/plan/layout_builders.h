@@ -33,14 +33,6 @@ DType ApplyDTypePolicy(DTypePolicy policy, DType dtype);
 // counts) or KiB/MiB/GiB/TiB (binary). "5GB" = 5,000,000,000.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 
-// File names chosen by the output Writer.
-struct OutputNaming {
-  // Name of shard `index` (0-based) of `count` consolidated files.
-  std::function<std::string(int index, int count)> shard_file;
-  // Name of model-parallel part `rank` of `parts`.
-  std::function<std::string(int rank, int parts)> part_file;
-};
-
 // One model, split into files of at most `max_shard_size` bytes with Hugging Face's rule:
 // tensors in Catalog order; a tensor larger than the limit goes alone into a file of its own
 // (appended at once); otherwise a new file starts when the current one would overflow.

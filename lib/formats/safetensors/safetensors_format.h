@@ -25,6 +25,9 @@
 namespace reshard {
 
 inline constexpr char kSafetensorsIndexName[] = "model.safetensors.index.json";
+// The `__metadata__` key under which a single-file output carries the input's nesting
+// (StructureToJson, lib/core/catalog.h), restored when reshard reads the file back.
+inline constexpr char kStructureMetadataKey[] = "reshard.structure";
 
 class SafetensorsInput : public InputFormat {
  public:
