@@ -215,6 +215,26 @@ class Base(harness.TempDirTestCase):
 
 class ConsolidateTests(Base):
 
+    def test_bounded_memory_on_a_320_mib_model(self):
+        # Four 80 MiB F32 shards to BF16 (read through the mapping) and to F32 (plain copies):
+        # the peak RSS stays under harness.MAX_CONVERSION_RSS, far below the model's size.
+        rng = np.random.default_rng(7)
+        src = self.p("big")
+        os.makedirs(src)
+        total = 0
+        for i in range(4):
+            sd = {"layers.%d.w%d" % (i, j): R.Tensor("F32", rng.standard_normal(
+                (2560, 2048), dtype=np.float32)) for j in range(4)}
+            R.write_file(os.path.join(src, "model-%d-of-4.safetensors" % i), sd)
+            total += sum(t.nbytes for t in sd.values())
+        for dtype in ("bf16", "f32"):
+            out = self.p("out-" + dtype)
+            harness.assert_bounded_rss(self, [RESHARDCTL, "consolidate", src, out, "--dtype",
+                                              dtype, "--no-progress"], total)
+            doc = self.json_of(self.ctl("inspect", out, "--json"))
+            self.assertEqual(doc["tensor_count"], 16)
+            self.assertEqual(doc["total_bytes"], total // 2 if dtype == "bf16" else total)
+
     def test_sharded_folder_to_single_file(self):
         sd = R.llama_like(seed=11)
         names = list(sd)

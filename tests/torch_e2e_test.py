@@ -118,6 +118,18 @@ class Base(harness.CliTestCase):
 
 class TorchReadTests(Base):
 
+    def test_bounded_memory_on_a_320_mib_checkpoint(self):
+        # A 320 MiB torch.save file to safetensors: peak RSS under harness.MAX_CONVERSION_RSS.
+        g = torch.Generator().manual_seed(5)
+        sd = {"layers.%d.weight" % i: torch.randn(2560, 2048, generator=g) for i in range(16)}
+        src = self.save(sd, "big.pt")
+        del sd
+        total = 16 * 2560 * 2048 * 4
+        out = self.p("out-big")
+        harness.assert_bounded_rss(self, [harness.BINARIES["reshardctl"], "consolidate", src,
+                                          out, "--no-progress"], total)
+        self.assertEqual(self.inspect_json(out)["total_bytes"], total)
+
     def nested_checkpoint(self):
         sd = gpt2_like(seed=3)
         model = torch.nn.Linear(4, 3)

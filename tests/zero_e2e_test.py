@@ -247,6 +247,19 @@ def _matrix_test(stage, world):
 
 
 class ZeroConsolidateTests(Base):
+
+    def test_bounded_memory_on_a_320_mib_checkpoint(self):
+        # ZeRO-3, 4 ranks, bf16 run: 320 MiB of fp32 partitions gathered into one model; peak
+        # RSS under harness.MAX_CONVERSION_RSS.
+        total = 320 << 20
+        ck = zf.write_benchmark_checkpoint(self.p("big"), total, stage=3, world_size=4,
+                                           num_params=32)
+        params = sum(t.numel() for t in ck.expected.values() if t.is_floating_point())
+        out = self.p("out-big")
+        harness.assert_bounded_rss(self, [harness.BINARIES["reshardctl"], "consolidate", ck.dir,
+                                          out, "--no-progress"], params * 4)
+        doc = self.inspect_json(out)
+        self.assertEqual(doc["tensor_count"], len(ck.expected))
     pass
 
 
