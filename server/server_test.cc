@@ -30,8 +30,10 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
+#include "lib/engine/conversion.h"
 #include "lib/testing/test_files.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
+#include "server/job_runner.h"
 #include "server/job_store.h"
 
 namespace reshard {
@@ -486,7 +488,12 @@ TEST_F(ServerTest, PlanAndInspect) {
   EXPECT_TRUE(has_data_file) << plan->DebugString();
   EXPECT_EQ(tensors, 1);
   EXPECT_GE(plan->total_bytes(), 8u);
-  EXPECT_GE(plan->memory_bytes(), 4096u);
+  // The conversion's own estimate, as `reshardctl plan` reports it without a daemon; not the
+  // spec's memory budget.
+  auto local = PlanConversion(ConversionSpecFromProto(spec));
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_GT(plan->memory_bytes(), 0u);
+  EXPECT_EQ(plan->memory_bytes(), local->memory_bytes);
   EXPECT_FALSE(fs::exists(root_ + "/planned")) << "a plan writes nothing";
   auto jobs = client_->List({}, 0, "");
   ASSERT_TRUE(jobs.ok());

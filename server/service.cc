@@ -191,7 +191,7 @@ grpc::Status ReshardService::Plan(grpc::ServerContext* context, const v1::PlanRe
   }
   response->set_total_bytes((*planned)->plan.total_bytes);
   response->set_source_bytes_read((*planned)->plan.source_bytes_read);
-  response->set_memory_bytes(std::max<uint64_t>(valid->memory_budget(), EstimateJobMemory(*valid)));
+  response->set_memory_bytes((*planned)->memory_bytes);  // as the local plan reports it
   return grpc::Status::OK;
 }
 

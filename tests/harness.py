@@ -78,6 +78,39 @@ class CliTestCase(TempDirTestCase):
         return doc
 
 
+# Peak resident set size a conversion may reach, whatever the model's size (docs/benchmarks.md
+# measures about 45 MiB); the bounded-memory tests convert inputs well above it.
+MAX_CONVERSION_RSS = 200 << 20
+
+
+def run_peak_rss(cmd, timeout):
+    """Runs cmd under GNU time; returns (exit code, stdout, stderr, peak RSS in bytes of cmd).
+    Not wait4's ru_maxrss of a child of this Python: a child's maxrss starts from the RSS of the
+    process it was forked from, so it would count this test's own arrays."""
+    with tempfile.NamedTemporaryFile(mode="r") as rss:
+        try:
+            res = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name] + cmd,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("timed out after %ss: %s" % (timeout, " ".join(cmd)))
+        lines = rss.read().split()
+        peak_kib = int(lines[-1]) if lines else -1
+    return res.returncode, res.stdout, res.stderr, peak_kib * 1024
+
+
+def assert_bounded_rss(test, cmd, input_bytes, timeout=300):
+    """Runs cmd (a reshardctl conversion), which must succeed with a peak RSS under
+    MAX_CONVERSION_RSS on an input larger than that bound."""
+    test.assertGreater(input_bytes, MAX_CONVERSION_RSS + (64 << 20), "input too small to tell")
+    code, out, err, rss = run_peak_rss([str(a) for a in cmd], timeout)
+    test.assertEqual(code, 0, "%s\nstdout: %s\nstderr: %s" % (
+        " ".join(map(str, cmd)), out[-2000:], err[-2000:]))
+    test.assertLess(rss, MAX_CONVERSION_RSS, "peak RSS %.1f MiB converting %.0f MiB: %s" % (
+        rss / 2**20, input_bytes / 2**20, " ".join(map(str, cmd))))
+    sys.stderr.write("peak RSS %.1f MiB converting %.0f MiB\n" % (rss / 2**20, input_bytes / 2**20))
+    return rss
+
+
 def stored_entry(path, name):
     """(byte offset of the payload, size) of the stored zip entry `name` of the file at `path`
     (a torch.save file): the payload follows the local header and its own name and extra."""

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+import unittest
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -246,6 +247,19 @@ def _matrix_test(stage, world):
 
 
 class ZeroConsolidateTests(Base):
+
+    def test_bounded_memory_on_a_320_mib_checkpoint(self):
+        # ZeRO-3, 4 ranks, bf16 run: 320 MiB of fp32 partitions gathered into one model; peak
+        # RSS under harness.MAX_CONVERSION_RSS.
+        total = 320 << 20
+        ck = zf.write_benchmark_checkpoint(self.p("big"), total, stage=3, world_size=4,
+                                           num_params=32)
+        params = sum(t.numel() for t in ck.expected.values() if t.is_floating_point())
+        out = self.p("out-big")
+        harness.assert_bounded_rss(self, [harness.BINARIES["reshardctl"], "consolidate", ck.dir,
+                                          out, "--no-progress"], params * 4)
+        doc = self.inspect_json(out)
+        self.assertEqual(doc["tensor_count"], len(ck.expected))
     pass
 
 
@@ -627,38 +641,104 @@ class ZeroRefusalTests(Base):
             "embed.weight", torch.Size([2**40, 2**40])))
         self.expect_rejected(ck.dir, "too large")
 
-    def test_wrong_types_never_crash(self):
-        # Every key reshard reads, replaced by values of the wrong type or size: exit 0 (a key
-        # it may ignore) or 3, never a crash.
-        values = [None, "x", -1, 2**62, [], {}, torch.zeros(2, 3), [torch.zeros(0)], {0: None}]
+    WRONG_VALUES = [None, "x", -1, 2**62, [], {}, torch.zeros(2, 3), [torch.zeros(0)], {0: None}]
+
+    def _wrong_type_cases(self, stage):
+        """Yields (file, key, value, extra, tensor names inspect lists, or None for exit 3) for
+        every key reshard reads, replaced in rank 0's file by each value of WRONG_VALUES."""
+        ck = self.write(stage, 2, "bf16", name="s%d" % stage)
+        model = zf.small_model()
+        buffers = set(model.buffers)
+        frozen = set(model.frozen)
+        aliases = set(model.shared)
+        base = {}
+        for extra in ([], ["--include-optimizer"]):
+            base[tuple(extra)] = sorted(t["name"] for t in self.inspect(ck.dir, *extra)["tensors"])
+        optimizer_state = "base_optimizer_state" if stage == 2 else "optimizer_state_dict"
         optim_keys = ["zero_stage", "partition_count", "single_partition_of_fp32_groups",
                       "fp32_flat_groups", "group_paddings", "base_optimizer_state",
                       "optimizer_state_dict"]
         model_keys = ["module", "buffer_names", "param_shapes", "frozen_param_shapes",
                       "frozen_param_fragments", "shared_params"]
+
+        def expected(key, value, extra):
+            """The one right answer: the names inspect lists, or None (exit 3)."""
+            names = base[tuple(extra)]
+            if key == "group_paddings":
+                return names  # not read: reshard recomputes the padding from param_shapes
+            if key == optimizer_state:
+                # The optimizer's moments, read only with --include-optimizer.
+                return None if extra else names
+            # "None of these", in the container type the key holds (None as when absent).
+            says_none = value is None or (type(value) is type(saved_types[key]) and not value)
+            if not says_none:
+                return None
+            if key == "buffer_names":
+                return [n for n in names if n not in buffers]
+            if key == "shared_params":
+                return [n for n in names if n not in aliases]
+            if key == "frozen_param_shapes":
+                if stage == 2 and value is None:
+                    return names  # ZeRO-2: frozen_param_fragments still hold the frozen params
+                return [n for n in names if n not in frozen]
+            return None
+
+        for fname, keys, nested in [(ck.optim_file(0), optim_keys, True),
+                                    (ck.model_file(0), model_keys, False)]:
+            path = ck.path(fname)
+            with open(path, "rb") as f:
+                original = f.read()
+            obj = torch.load(path)
+            target = obj["optimizer_state_dict"] if nested else obj
+            saved_types = {k: ([] if isinstance(v, list) else {} if isinstance(v, dict) else v)
+                           for k, v in target.items()}
+            for key in keys:
+                if key not in target:
+                    continue
+                saved = target[key]
+                for value in self.WRONG_VALUES:
+                    target[key] = value
+                    torch.save(obj, path)
+                    for extra in ([], ["--include-optimizer"]):
+                        yield ck, fname, key, value, extra, expected(key, value, extra)
+                target[key] = saved
+            with open(path, "wb") as f:
+                f.write(original)
+
+    def test_wrong_types_have_one_answer(self):
+        # Every key reshard reads, replaced by values of the wrong type or size: exit 3, except
+        # where the value only says "none of these" (exit 0 and exactly those tensors absent)
+        # or the key is not read. Never a crash, never a silently different model.
         for stage in (2, 3):
-            ck = self.write(stage, 2, "bf16", name="s%d" % stage)
-            for fname, keys, nested in [(ck.optim_file(0), optim_keys, True),
-                                        (ck.model_file(0), model_keys, False)]:
-                path = ck.path(fname)
-                with open(path, "rb") as f:
-                    original = f.read()
-                obj = torch.load(path)
-                target = obj["optimizer_state_dict"] if nested else obj
-                for key in keys:
-                    if key not in target:
-                        continue
-                    saved = target[key]
-                    for value in values:
-                        target[key] = value
-                        torch.save(obj, path)
-                        for extra in ([], ["--include-optimizer"]):
-                            res = self.ctl("inspect", ck.dir, "--json", *extra)
-                            self.assertIn(res.returncode, (0, 3), "%s %s=%r%s" % (
-                                fname, key, value, self.describe(res)))
-                    target[key] = saved
-                with open(path, "wb") as f:
-                    f.write(original)
+            for ck, fname, key, value, extra, names in self._wrong_type_cases(stage):
+                what = "stage %d %s %s=%r %s" % (stage, fname, key, value, extra)
+                if key == "module" and isinstance(value, dict):
+                    continue  # test_module_without_the_listed_buffers_is_refused
+                res = self.ctl("inspect", ck.dir, "--json", *extra)
+                self.assertEqual(res.returncode, 0 if names is not None else 3,
+                                 what + self.describe(res))
+                doc = json.loads(res.stdout.decode())
+                if names is not None:
+                    got = sorted(t["name"] for t in doc["tensors"])
+                    self.assertEqual(got, names, what)
+                else:
+                    self.assertFalse(doc["ok"], what)
+                    self.assertTrue(doc["error"]["message"], what)
+
+    @unittest.expectedFailure
+    def test_module_without_the_listed_buffers_is_refused(self):
+        # KNOWN BUG: `module` replaced by a dict without the buffers buffer_names lists. The
+        # right answer is exit 3 (the checkpoint names buffers it does not hold); reshard exits 0
+        # and leaves the buffers out. Remove expectedFailure when reshard refuses it.
+        for stage in (2, 3):
+            ck = self.write(stage, 2, "bf16", name="m%d" % stage)
+            path = ck.path(ck.model_file(0))
+            obj = torch.load(path)
+            for value in ({}, {0: None}):
+                obj["module"] = value
+                torch.save(obj, path)
+                for extra in ([], ["--include-optimizer"]):
+                    self.assertExit(self.ctl("inspect", ck.dir, "--json", *extra), 3)
 
     def test_tensor_parallel_and_mixed_prefixes(self):
         ck = self.write(2, 2)

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   # Build: Bazel 4 from Debian plus the platforms repository it needs offline.
-  bazel-bootstrap bazel-platforms g++ clang libclang-rt-14-dev
+  bazel-bootstrap bazel-platforms g++ clang libclang-rt-14-dev lld-14
   # Libraries linked through third_party/system.BUILD.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
