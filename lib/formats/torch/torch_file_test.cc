@@ -491,6 +491,23 @@ TEST(TorchArchiveTest, CompressedStorageRecord) {
               {kPath, "storage record data/0 is compressed"});
 }
 
+// data.pkl names the tensors: a changed byte there must not read as another model.
+TEST(TorchArchiveTest, DataPklFailingItsCrc32) {
+  const std::string pickle =
+      Pickle(Dict({{"weight", TensorV2(StorageId("FloatStorage", "0", 4), 0, {4}, {1})}}));
+  const TorchZip zip = TorchSave(pickle, {{"0", F32s(4)}});
+  std::string bytes = zip.bytes();
+  const uint64_t name = bytes.find("weight", zip.Payload("archive/data.pkl"));
+  ASSERT_NE(name, std::string::npos);
+  bytes[name + 2] ^= 0x01;  // "weight" -> "wdight", still a valid pickle
+  ExpectError(ParseStatus(bytes), absl::StatusCode::kDataLoss,
+              {kPath, "data.pkl fails its CRC-32"});
+  // A CRC-32 of 0 is none recorded (torch.save with set_crc32_options(False)): not checked.
+  std::vector<Entry> entries = TorchEntries(pickle, {{"0", F32s(4)}});
+  entries[0].crc32 = 0;
+  EXPECT_TRUE(ParseStatus(Zip(entries).bytes()).ok());
+}
+
 TEST(TorchArchiveTest, UnknownStorageClass) {
   const std::string qint8 =
       Pickle(Dict({{"q", TensorV2(StorageId("QInt8Storage", "0", 4), 0, {4}, {1})}}));
