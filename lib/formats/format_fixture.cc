@@ -1,0 +1,56 @@
+#include "lib/formats/format_fixture.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+
+namespace reshard {
+namespace {
+
+std::map<std::string, FixtureBuilder>& Registry() {
+  static auto* registry = new std::map<std::string, FixtureBuilder>();
+  return *registry;
+}
+
+}  // namespace
+
+void RegisterFormatFixture(const std::string& format_id, FixtureBuilder builder) {
+  const bool inserted = Registry().emplace(format_id, std::move(builder)).second;
+  if (!inserted) {  // before main: nothing to report a test failure to
+    std::fprintf(stderr, "two fixtures registered for format %s\n", format_id.c_str());
+    std::abort();
+  }
+}
+
+std::string FixtureF32Bytes(int64_t count, float start) {
+  std::string out(count * 4, '\0');
+  for (int64_t i = 0; i < count; ++i) {
+    const float value = start + 0.25f * static_cast<float>(i);
+    std::memcpy(&out[i * 4], &value, 4);
+  }
+  return out;
+}
+
+std::string FixtureBF16Bytes(int64_t count, float start) {
+  const std::string f32 = FixtureF32Bytes(count, start);
+  std::string out;
+  for (int64_t i = 0; i < count; ++i) out.append(f32, i * 4 + 2, 2);  // little-endian
+  return out;
+}
+
+std::string FixtureI64Bytes(int64_t count, int64_t start) {
+  std::string out(count * 8, '\0');
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t value = start + 3 * i;
+    std::memcpy(&out[i * 8], &value, 8);
+  }
+  return out;
+}
+
+const std::map<std::string, FixtureBuilder>& FormatFixtures() { return Registry(); }
+
+}  // namespace reshard
