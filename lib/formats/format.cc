@@ -49,6 +49,14 @@ std::vector<std::string> InputFormatIds() {
   return ids;
 }
 
+std::vector<std::string> OutputFormatIds() {
+  Registry& registry = GetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  std::vector<std::string> ids;
+  for (const auto& format : registry.outputs) ids.emplace_back(format->id());
+  return ids;
+}
+
 absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
   // Before any probe opens it: FIFOs, sockets and devices are refused, not read.
   RETURN_IF_ERROR(CheckInputFileType(path));
