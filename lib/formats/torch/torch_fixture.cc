@@ -53,8 +53,8 @@ void WriteFixtureStateDict(PickleWriter& p, const std::vector<std::string>& name
   p.EndDict();
 }
 
-std::vector<std::pair<std::string, std::string>> FixtureStateDictStorages() {
-  return {{"0", FixtureF32Bytes(12, 1.5f)},
+std::vector<std::pair<std::string, std::string>> FixtureStateDictStorages(float first_f32) {
+  return {{"0", FixtureF32Bytes(12, first_f32)},
           {"1", FixtureBF16Bytes(3, -2.0f)},
           {"2", FixtureI64Bytes(2, 7)}};
 }

@@ -43,8 +43,9 @@ TorchSaveFile BuildTorchSave(const std::string& pickle,
 // BF16 [3] ("1") and I64 [2] ("2"), under the names given.
 // Writes the OrderedDict of the three tensors into `p`.
 void WriteFixtureStateDict(PickleWriter& p, const std::vector<std::string>& names);
-// Its storage records (key, bytes).
-std::vector<std::pair<std::string, std::string>> FixtureStateDictStorages();
+// Its storage records (key, bytes); `first_f32` is the first value of the F32 tensor (the
+// others follow it).
+std::vector<std::pair<std::string, std::string>> FixtureStateDictStorages(float first_f32 = 1.5f);
 
 // The damages a torch.save archive in `file` (relative to the fixture folder) can suffer; the
 // archive starts at byte `base` of the file (a DCP data file holds several), and `whole_file`
