@@ -31,6 +31,7 @@
 #include "lib/engine/verify.h"
 #include "lib/formats/format.h"
 #include "lib/formats/format_fixture.h"
+#include "lib/formats/safetensors/safetensors_fixture.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -123,7 +124,24 @@ TEST_P(ConformanceTest, ReadsAndTheCatalogValidates) {
   }
   const absl::Status status = ValidateCatalog(loaded->catalog);
   ASSERT_TRUE(status.ok()) << status;
-  ASSERT_EQ(loaded->catalog.tensors.size(), fixture_.tensors);
+  ASSERT_EQ(loaded->catalog.tensors.size(), fixture_.expected.size());
+}
+
+// What the reader gives is what the fixture holds: verify against a safetensors file of the
+// expected tensors, written independently of the reader.
+TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
+  ASSERT_FALSE(fixture_.expected.empty());
+  const std::string reference =
+      MakeTempDir(absl::StrCat("expected_", GetParam())) + "/x.safetensors";
+  WriteAll(reference, SafetensorsFileOf(fixture_.expected));
+  absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(reference, fixture_.input);
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  ASSERT_TRUE(verify->only_in_a.empty()) << "missing from the input: " << verify->only_in_a[0];
+  ASSERT_TRUE(verify->only_in_b.empty()) << "not expected: " << verify->only_in_b[0];
+  ASSERT_TRUE(verify->mismatched.empty())
+      << verify->mismatched[0].name << ": " << verify->mismatched[0].reason;
+  ASSERT_TRUE(verify->equal);
+  ASSERT_EQ(verify->tensors_compared, static_cast<int64_t>(fixture_.expected.size()));
 }
 
 TEST_P(ConformanceTest, RoundTripsThroughEveryWriterExactly) {
@@ -134,11 +152,11 @@ TEST_P(ConformanceTest, RoundTripsThroughEveryWriterExactly) {
     const std::string output = MakeTempDir(absl::StrCat("out_", GetParam(), "_", writer)) + "/out";
     absl::StatusOr<ConversionResult> result = RunConversion(Spec(fixture_.input, output, writer));
     ASSERT_TRUE(result.ok()) << result.status();
-    ASSERT_EQ(result->tensors, static_cast<int64_t>(fixture_.tensors));
+    ASSERT_EQ(result->tensors, static_cast<int64_t>(fixture_.expected.size()));
     absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(fixture_.input, output);
     ASSERT_TRUE(verify.ok()) << verify.status();
     ASSERT_TRUE(verify->equal) << "verify finds the " << writer << " output different";
-    ASSERT_EQ(verify->tensors_compared, static_cast<int64_t>(fixture_.tensors));
+    ASSERT_EQ(verify->tensors_compared, static_cast<int64_t>(fixture_.expected.size()));
     ASSERT_TRUE(verify->mismatched.empty());
     ASSERT_TRUE(verify->only_in_a.empty());
     ASSERT_TRUE(verify->only_in_b.empty());

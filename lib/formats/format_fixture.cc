@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace reshard {
 namespace {
@@ -49,6 +50,13 @@ std::string FixtureI64Bytes(int64_t count, int64_t start) {
     std::memcpy(&out[i * 8], &value, 8);
   }
   return out;
+}
+
+std::vector<FixtureTensor> ThreeFixtureTensors(const std::vector<std::string>& names,
+                                               float first_f32) {
+  return {{names.at(0), DType::kF32, {4, 3}, FixtureF32Bytes(12, first_f32)},
+          {names.at(1), DType::kBF16, {3}, FixtureBF16Bytes(3, -2.0f)},
+          {names.at(2), DType::kI64, {2}, FixtureI64Bytes(2, 7)}};
 }
 
 const std::map<std::string, FixtureBuilder>& FormatFixtures() { return Registry(); }

@@ -14,13 +14,15 @@
 #ifndef RESHARD_LIB_FORMATS_FORMAT_FIXTURE_H_
 #define RESHARD_LIB_FORMATS_FORMAT_FIXTURE_H_
 
-#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "lib/core/dtype.h"
+#include "lib/core/shape.h"
 
 namespace reshard {
 
@@ -41,10 +43,19 @@ struct FixtureDamage {
   bool undetectable = false;
 };
 
+// A tensor of the model a fixture holds, as the reader must give it: row-major bytes.
+struct FixtureTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::string bytes;
+};
+
 // A fixture as written into a folder.
 struct BuiltFixture {
-  std::string input;   // what to give the reader: the folder, or a file inside it
-  size_t tensors = 3;  // in the model read
+  std::string input;  // what to give the reader: the folder, or a file inside it
+  // The whole model (parts merged), every tensor under every name (tied ones too).
+  std::vector<FixtureTensor> expected;
   std::vector<FixtureDamage> damages;
 };
 
@@ -52,6 +63,11 @@ struct BuiltFixture {
 using FixtureBuilder = std::function<BuiltFixture(const std::string& dir)>;
 
 void RegisterFormatFixture(const std::string& format_id, FixtureBuilder builder);
+
+// The three tensors of distinct dtypes most fixtures hold, under `names`: F32 [4, 3] counting up
+// from `first_f32`, BF16 [3] and I64 [2].
+std::vector<FixtureTensor> ThreeFixtureTensors(const std::vector<std::string>& names,
+                                               float first_f32 = 1.5f);
 
 // Tensor bytes for fixtures: distinct, finite values (no NaN, which comparisons treat as equal
 // to any other NaN), so that any changed byte changes a value.

@@ -146,6 +146,7 @@ BuiltFixture BuildDcpFixture(const std::string& dir) {
 
   BuiltFixture fixture;
   fixture.input = dir;
+  fixture.expected = ThreeFixtureTensors({"embed.weight", "ln.weight", "steps"});
   fixture.damages = {
       {".metadata: truncated to 0 bytes", ".metadata", Kind::kTruncate, 0},
       {".metadata: truncated halfway", ".metadata", Kind::kTruncate, metadata.size() / 2},

@@ -87,7 +87,12 @@ BuiltFixture BuildZeroFixture(const std::string& dir) {
   const std::string file = "global_step3/mp_rank_00_model_states.pt";
   const TorchSaveFile archive = WriteModelStates(dir + "/" + file, ModelStates{});
   BuiltFixture fixture = TorchSaveFolderFixture(dir, file, archive, "embed.weight");
-  fixture.tensors = 4;  // embed.weight, lm_head.weight (tied to it), ln.bias, steps
+  // WriteModelStates' module; lm_head.weight is tied to embed.weight.
+  const std::string embed(4 * 3 * 4, '\1');
+  fixture.expected = {{"embed.weight", DType::kF32, {4, 3}, embed},
+                      {"lm_head.weight", DType::kF32, {4, 3}, embed},
+                      {"ln.bias", DType::kF16, {3}, std::string(3 * 2, '\2')},
+                      {"steps", DType::kI64, {}, std::string(8, '\3')}};
   return fixture;
 }
 

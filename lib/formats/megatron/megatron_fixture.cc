@@ -44,6 +44,10 @@ BuiltFixture BuildMegatronFixture(const std::string& dir) {
     WriteAll(dir + "/" + files.back(), archives.back().bytes);
   }
   BuiltFixture fixture = TorchSaveFolderFixture(dir, files[0], archives[0], "word_embeddings");
+  // The merged model: rank 0's embedding rows, then rank 1's; the norm as every rank has it.
+  fixture.expected = ThreeFixtureTensors(names);
+  fixture.expected[0].shape = {8, 3};
+  fixture.expected[0].bytes += ThreeFixtureTensors(names, 101.5f)[0].bytes;
   fixture.damages.push_back({files[1] + ": missing", files[1], FixtureDamage::Kind::kRemove, 0});
   return fixture;
 }

@@ -1,6 +1,8 @@
 // The fixture of the "safetensors" input format (see lib/formats/format_fixture.h): one
 // model.safetensors written with the output writer's own header encoder.
 
+#include "lib/formats/safetensors/safetensors_fixture.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,36 +15,47 @@
 #include "lib/testing/test_files.h"
 
 namespace reshard {
+
+std::string SafetensorsFileOf(const std::vector<FixtureTensor>& tensors) {
+  std::vector<SafetensorsTensorEntry> entries;
+  std::string data;
+  for (const FixtureTensor& tensor : tensors) {
+    entries.push_back(
+        {tensor.name, tensor.dtype, tensor.shape, data.size(), data.size() + tensor.bytes.size()});
+    data += tensor.bytes;
+  }
+  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(entries, {});
+  EXPECT_TRUE(header.ok()) << header.status();
+  if (!header.ok()) return "";
+  return *header + data;
+}
+
 namespace {
 
 BuiltFixture BuildSafetensorsFixture(const std::string& dir) {
   using Kind = FixtureDamage::Kind;
-  const std::string data =
-      FixtureF32Bytes(12, 1.5f) + FixtureBF16Bytes(3, -2.0f) + FixtureI64Bytes(2, 7);
-  const std::vector<SafetensorsTensorEntry> entries = {
-      {"embed.weight", DType::kF32, {4, 3}, 0, 48},
-      {"ln.weight", DType::kBF16, {3}, 48, 54},
-      {"steps", DType::kI64, {2}, 54, 70},
-  };
-  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(entries, {});
-  EXPECT_TRUE(header.ok()) << header.status();
-  if (!header.ok()) return {};
-  WriteAll(dir + "/model.safetensors", *header + data);
-
+  const std::vector<FixtureTensor> tensors =
+      ThreeFixtureTensors({"embed.weight", "ln.weight", "steps"});
+  const std::string bytes = SafetensorsFileOf(tensors);
+  WriteAll(dir + "/model.safetensors", bytes);
+  uint64_t data_size = 0;
+  for (const FixtureTensor& tensor : tensors) data_size += tensor.bytes.size();
+  // The 8-byte header length, the header JSON (padded), the data.
   const std::string file = "model.safetensors";
-  const uint64_t json = 8;  // the header JSON follows its 8-byte length
-  const uint64_t data_begin = header->size();
-  const uint64_t offsets = header->find("\"data_offsets\":[");
-  const uint64_t end_offset = header->find(',', offsets) + 1;  // the first tensor's end
-  EXPECT_NE(offsets, std::string::npos) << *header;
+  const uint64_t json = 8;
+  const uint64_t data_begin = bytes.size() - data_size;
+  const uint64_t offsets = bytes.find("\"data_offsets\":[");
+  EXPECT_LT(offsets, data_begin) << bytes;
+  const uint64_t end_offset = bytes.find(',', offsets) + 1;  // the first tensor's end
   BuiltFixture fixture;
   fixture.input = dir + "/" + file;
+  fixture.expected = tensors;
   fixture.damages = {
       {"truncated to 0 bytes", file, Kind::kTruncate, 0},
       {"truncated inside the header length", file, Kind::kTruncate, 4},
       {"truncated inside the header JSON", file, Kind::kTruncate, json + (data_begin - json) / 2},
-      {"truncated inside tensor data", file, Kind::kTruncate, data_begin + data.size() / 2},
-      {"one byte short", file, Kind::kTruncate, data_begin + data.size() - 1},
+      {"truncated inside tensor data", file, Kind::kTruncate, data_begin + data_size / 2},
+      {"one byte short", file, Kind::kTruncate, data_begin + data_size - 1},
       {"flipped byte in the header JSON", file, Kind::kFlip, json},
       {"flipped byte in the header length", file, Kind::kFlip, 0},
       {"flipped digit of a tensor's data_offsets", file, Kind::kFlip, end_offset},

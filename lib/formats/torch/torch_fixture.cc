@@ -54,9 +54,11 @@ void WriteFixtureStateDict(PickleWriter& p, const std::vector<std::string>& name
 }
 
 std::vector<std::pair<std::string, std::string>> FixtureStateDictStorages(float first_f32) {
-  return {{"0", FixtureF32Bytes(12, first_f32)},
-          {"1", FixtureBF16Bytes(3, -2.0f)},
-          {"2", FixtureI64Bytes(2, 7)}};
+  std::vector<std::pair<std::string, std::string>> storages;
+  for (FixtureTensor& tensor : ThreeFixtureTensors({"", "", ""}, first_f32)) {
+    storages.emplace_back(std::to_string(storages.size()), std::move(tensor.bytes));
+  }
+  return storages;
 }
 
 std::vector<FixtureDamage> TorchSaveDamages(const std::string& file, const TorchSaveFile& archive,
@@ -107,6 +109,7 @@ BuiltFixture BuildTorchFixture(const std::string& dir) {
   WriteAll(dir + "/model.pt", archive.bytes);
   BuiltFixture fixture;
   fixture.input = dir + "/model.pt";
+  fixture.expected = ThreeFixtureTensors(names);
   fixture.damages = TorchSaveDamages("model.pt", archive, names[0]);
   return fixture;
 }

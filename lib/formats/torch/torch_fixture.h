@@ -39,12 +39,11 @@ struct TorchSaveFile {
 TorchSaveFile BuildTorchSave(const std::string& pickle,
                              const std::vector<std::pair<std::string, std::string>>& storages);
 
-// Three tensors of distinct dtypes, each in a storage record of its own: F32 [4, 3] (key "0"),
-// BF16 [3] ("1") and I64 [2] ("2"), under the names given.
+// ThreeFixtureTensors (format_fixture.h), each in a storage record of its own: F32 [4, 3] (key
+// "0"), BF16 [3] ("1") and I64 [2] ("2"), under the names given.
 // Writes the OrderedDict of the three tensors into `p`.
 void WriteFixtureStateDict(PickleWriter& p, const std::vector<std::string>& names);
-// Its storage records (key, bytes); `first_f32` is the first value of the F32 tensor (the
-// others follow it).
+// Its storage records (key, bytes): the bytes of ThreeFixtureTensors(names, first_f32).
 std::vector<std::pair<std::string, std::string>> FixtureStateDictStorages(float first_f32 = 1.5f);
 
 // The damages a torch.save archive in `file` (relative to the fixture folder) can suffer; the
