@@ -20,6 +20,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,37 +61,63 @@ class Report : public ::testing::Environment {
 const ::testing::Environment* const report_environment =
     ::testing::AddGlobalTestEnvironment(Report::Get());
 
+// A registered fixture: (format id, variant).
+using FixtureKey = std::pair<std::string, std::string>;
+
+// Every fixture of every registered input format; (id, "") for a format without one, so that
+// the suite fails for it.
+std::vector<FixtureKey> FixtureKeys() {
+  std::vector<FixtureKey> keys;
+  for (const std::string& id : InputFormatIds()) {
+    const size_t before = keys.size();
+    for (const auto& [key, fixture] : FormatFixtures()) {
+      if (key.first == id) keys.push_back(key);
+    }
+    if (keys.size() == before) keys.emplace_back(id, "");
+  }
+  return keys;
+}
+
 TEST(FormatFixtureRegistryTest, EveryInputFormatHasAFixtureAndNoFixtureIsStray) {
   const std::vector<std::string> inputs = InputFormatIds();
   ASSERT_FALSE(inputs.empty());
   const std::set<std::string> registered(inputs.begin(), inputs.end());
+  std::set<std::string> with_fixture;
+  for (const auto& [key, fixture] : FormatFixtures()) {
+    ASSERT_EQ(registered.count(key.first), 1u)
+        << "fixture for unknown input format \"" << key.first << "\"";
+    with_fixture.insert(key.first);
+  }
   for (const std::string& id : inputs) {
-    ASSERT_EQ(FormatFixtures().count(id), 1u)
+    ASSERT_EQ(with_fixture.count(id), 1u)
         << "input format \"" << id << "\" has no conformance fixture: register one with "
         << "FormatFixtureRegistration in lib/formats/<format>/<format>_fixture.cc";
-  }
-  for (const auto& [id, builder] : FormatFixtures()) {
-    ASSERT_EQ(registered.count(id), 1u) << "fixture for unknown input format \"" << id << "\"";
   }
   ASSERT_FALSE(OutputFormatIds().empty());
 }
 
-class ConformanceTest : public ::testing::TestWithParam<std::string> {
+class ConformanceTest : public ::testing::TestWithParam<FixtureKey> {
  protected:
   void SetUp() override {
+    format_ = GetParam().first;
+    label_ = GetParam().second.empty() ? format_ : absl::StrCat(format_, "/", GetParam().second);
     const auto it = FormatFixtures().find(GetParam());
-    ASSERT_NE(it, FormatFixtures().end()) << "no fixture for " << GetParam();
-    dir_ = MakeTempDir(absl::StrCat("fixture_", GetParam()));
-    fixture_ = it->second(dir_);
-    ASSERT_FALSE(fixture_.input.empty()) << "the fixture of " << GetParam() << " was not built";
+    ASSERT_NE(it, FormatFixtures().end()) << "no fixture for " << format_;
+    dir_ = MakeTempDir(absl::StrCat("fixture_", Tag()));
+    fixture_ = it->second.builder(dir_);
+    ASSERT_FALSE(fixture_.input.empty()) << "the fixture " << label_ << " was not built";
   }
-  void TearDown() override { Report::Get()->Record(GetParam(), HasFailure()); }
+  void TearDown() override { Report::Get()->Record(format_, HasFailure()); }
 
   // The fixture's input path inside a copy of its folder at `copy`.
   std::string InputIn(const std::string& copy) const {
     return copy + fixture_.input.substr(dir_.size());
   }
+  // The label in a file name.
+  std::string Tag() const { return absl::StrReplaceAll(label_, {{"/", "_"}}); }
 
+  std::string format_;  // the format id
+  std::string label_;   // "<format id>[/<variant>]", for messages
   std::string dir_;
   BuiltFixture fixture_;
 };
@@ -109,13 +136,13 @@ ConversionSpec Spec(const std::string& input, const std::string& output,
 TEST_P(ConformanceTest, DetectionPicksExactlyThisFormat) {
   absl::StatusOr<const InputFormat*> format = DetectInputFormat(fixture_.input);
   ASSERT_TRUE(format.ok()) << format.status();
-  ASSERT_EQ((*format)->id(), GetParam());
+  ASSERT_EQ((*format)->id(), format_);
 }
 
 TEST_P(ConformanceTest, ReadsAndTheCatalogValidates) {
   absl::StatusOr<LoadedInput> loaded = LoadInput(fixture_.input, {}, /*require_model=*/true);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  ASSERT_EQ(loaded->model.format, GetParam());
+  ASSERT_EQ(loaded->model.format, format_);
   ASSERT_TRUE(loaded->merged);
   ASSERT_FALSE(loaded->model.parts.empty());
   for (const Catalog& part : loaded->model.parts) {
@@ -131,8 +158,7 @@ TEST_P(ConformanceTest, ReadsAndTheCatalogValidates) {
 // expected tensors, written independently of the reader.
 TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
   ASSERT_FALSE(fixture_.expected.empty());
-  const std::string reference =
-      MakeTempDir(absl::StrCat("expected_", GetParam())) + "/x.safetensors";
+  const std::string reference = MakeTempDir(absl::StrCat("expected_", Tag())) + "/x.safetensors";
   WriteAll(reference, SafetensorsFileOf(fixture_.expected));
   absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(reference, fixture_.input);
   ASSERT_TRUE(verify.ok()) << verify.status();
@@ -149,7 +175,7 @@ TEST_P(ConformanceTest, RoundTripsThroughEveryWriterExactly) {
   ASSERT_FALSE(writers.empty());
   for (const std::string& writer : writers) {
     SCOPED_TRACE(writer);
-    const std::string output = MakeTempDir(absl::StrCat("out_", GetParam(), "_", writer)) + "/out";
+    const std::string output = MakeTempDir(absl::StrCat("out_", Tag(), "_", writer)) + "/out";
     absl::StatusOr<ConversionResult> result = RunConversion(Spec(fixture_.input, output, writer));
     ASSERT_TRUE(result.ok()) << result.status();
     ASSERT_EQ(result->tensors, static_cast<int64_t>(fixture_.expected.size()));
@@ -235,22 +261,25 @@ void CheckDamaged(const std::string& intact, const std::string& input, const std
 }
 
 TEST_P(ConformanceTest, DamagedVariantsFailCleanly) {
-  ASSERT_FALSE(fixture_.damages.empty()) << "the fixture of " << GetParam() << " lists no damages";
+  ASSERT_FALSE(fixture_.damages.empty()) << "the fixture " << label_ << " lists no damages";
   int n = 0;
   for (const FixtureDamage& damage : fixture_.damages) {
     SCOPED_TRACE(damage.label);
-    const std::string copy = MakeTempDir(absl::StrCat("damaged_", GetParam(), "_", n++));
+    const std::string copy = MakeTempDir(absl::StrCat("damaged_", Tag(), "_", n++));
     fs::copy(dir_, copy, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
     CheckDamaged(fixture_.input, InputIn(copy), copy, damage);
   }
 }
 
-std::string TestName(const ::testing::TestParamInfo<std::string>& info) {
-  return absl::StrReplaceAll(info.param, {{"-", "_"}, {".", "_"}});
+std::string TestName(const ::testing::TestParamInfo<FixtureKey>& info) {
+  const std::string name = info.param.second.empty()
+                               ? info.param.first
+                               : absl::StrCat(info.param.first, "_", info.param.second);
+  return absl::StrReplaceAll(name, {{"-", "_"}, {".", "_"}, {"/", "_"}});
 }
 
 INSTANTIATE_TEST_SUITE_P(RegisteredInputFormats, ConformanceTest,
-                         ::testing::ValuesIn(InputFormatIds()), TestName);
+                         ::testing::ValuesIn(FixtureKeys()), TestName);
 
 }  // namespace
 }  // namespace reshard

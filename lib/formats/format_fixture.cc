@@ -12,17 +12,22 @@
 namespace reshard {
 namespace {
 
-std::map<std::string, FixtureBuilder>& Registry() {
-  static auto* registry = new std::map<std::string, FixtureBuilder>();
+std::map<std::pair<std::string, std::string>, RegisteredFixture>& Registry() {
+  static auto* registry = new std::map<std::pair<std::string, std::string>, RegisteredFixture>();
   return *registry;
 }
 
 }  // namespace
 
-void RegisterFormatFixture(const std::string& format_id, FixtureBuilder builder) {
-  const bool inserted = Registry().emplace(format_id, std::move(builder)).second;
+void RegisterFormatFixture(const std::string& format_id, const std::string& variant,
+                           FixtureBuilder builder) {
+  const bool inserted = Registry()
+                            .emplace(std::make_pair(format_id, variant),
+                                     RegisteredFixture{format_id, variant, std::move(builder)})
+                            .second;
   if (!inserted) {  // before main: nothing to report a test failure to
-    std::fprintf(stderr, "two fixtures registered for format %s\n", format_id.c_str());
+    std::fprintf(stderr, "two fixtures registered for format %s, variant \"%s\"\n",
+                 format_id.c_str(), variant.c_str());
     std::abort();
   }
 }
@@ -59,6 +64,8 @@ std::vector<FixtureTensor> ThreeFixtureTensors(const std::vector<std::string>& n
           {names.at(2), DType::kI64, {2}, FixtureI64Bytes(2, 7)}};
 }
 
-const std::map<std::string, FixtureBuilder>& FormatFixtures() { return Registry(); }
+const std::map<std::pair<std::string, std::string>, RegisteredFixture>& FormatFixtures() {
+  return Registry();
+}
 
 }  // namespace reshard

@@ -62,7 +62,9 @@ struct BuiltFixture {
 // Writes a small checkpoint of one format into the existing, empty folder `dir`.
 using FixtureBuilder = std::function<BuiltFixture(const std::string& dir)>;
 
-void RegisterFormatFixture(const std::string& format_id, FixtureBuilder builder);
+// A format may register several fixtures (variants of its layout), each under its own name.
+void RegisterFormatFixture(const std::string& format_id, const std::string& variant,
+                           FixtureBuilder builder);
 
 // The three tensors of distinct dtypes most fixtures hold, under `names`: F32 [4, 3] counting up
 // from `first_f32`, BF16 [3] and I64 [2].
@@ -75,12 +77,21 @@ std::string FixtureF32Bytes(int64_t count, float start);
 std::string FixtureBF16Bytes(int64_t count, float start);  // the upper halves of F32 values
 std::string FixtureI64Bytes(int64_t count, int64_t start);
 
-// Every registered fixture by format id.
-const std::map<std::string, FixtureBuilder>& FormatFixtures();
+struct RegisteredFixture {
+  std::string format_id;
+  std::string variant;  // "" for a format's only fixture
+  FixtureBuilder builder;
+};
+
+// Every registered fixture, by format id then variant.
+const std::map<std::pair<std::string, std::string>, RegisteredFixture>& FormatFixtures();
 
 struct FormatFixtureRegistration {
-  FormatFixtureRegistration(const std::string& format_id, FixtureBuilder builder) {
-    RegisterFormatFixture(format_id, std::move(builder));
+  FormatFixtureRegistration(const std::string& format_id, FixtureBuilder builder)
+      : FormatFixtureRegistration(format_id, "", std::move(builder)) {}
+  FormatFixtureRegistration(const std::string& format_id, const std::string& variant,
+                            FixtureBuilder builder) {
+    RegisterFormatFixture(format_id, variant, std::move(builder));
   }
 };
 
