@@ -1,9 +1,11 @@
 // The format conformance suite, in the manner of tensorstore's driver test suites
 // (driver_testutil.h, kvstore/test_util.h): the same checks for every registered input format,
-// each on the small checkpoint its fixture builder writes (lib/formats/format_fixture.h):
+// on each small checkpoint its fixture builders write (lib/formats/format_fixture.h; a format
+// may have several, one per layout variant, and must have one):
 //
 //   1. detection picks exactly that format;
-//   2. the model reads (LoadInput) and its Catalog validates;
+//   2. the model reads (LoadInput), its Catalog validates, and its values are the ones the
+//      fixture holds (verify against a safetensors file written without the reader);
 //   3. the model converts through every registered output writer and `verify` finds input and
 //      output equal, exactly;
 //   4. truncated and bit-flipped variants (and a missing file, where the format has several)
