@@ -258,7 +258,8 @@ void CheckDamaged(const std::string& intact, const std::string& input, const std
   }
   const bool expected =
       code == absl::StatusCode::kDataLoss || code == absl::StatusCode::kInvalidArgument ||
-      (damage.kind == FixtureDamage::Kind::kRemove && code == absl::StatusCode::kNotFound);
+      ((damage.kind == FixtureDamage::Kind::kRemove || damage.names_missing_file) &&
+       code == absl::StatusCode::kNotFound);
   ASSERT_TRUE(expected) << status;
 }
 

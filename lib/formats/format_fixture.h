@@ -41,6 +41,9 @@ struct FixtureDamage {
   // reading and converting succeed, and comparing the damaged input with the intact one must
   // report the tensors different.
   bool undetectable = false;
+  // The damage leaves the input naming a file that does not exist (besides kRemove, a flipped
+  // byte in a file name an index lists): NOT_FOUND is right too.
+  bool names_missing_file = false;
 };
 
 // A tensor of the model a fixture holds, as the reader must give it: row-major bytes.

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "lib/core/dtype.h"
 #include "lib/formats/format_fixture.h"
@@ -66,7 +67,48 @@ BuiltFixture BuildSafetensorsFixture(const std::string& dir) {
   return fixture;
 }
 
-const FormatFixtureRegistration register_fixture("safetensors", BuildSafetensorsFixture);
+// A Hugging Face sharded folder: embed.weight in model-00001-of-00002.safetensors, ln.weight and
+// steps in model-00002-of-00002.safetensors, model.safetensors.index.json mapping them.
+BuiltFixture BuildShardedSafetensorsFixture(const std::string& dir) {
+  using Kind = FixtureDamage::Kind;
+  const std::vector<FixtureTensor> tensors =
+      ThreeFixtureTensors({"embed.weight", "ln.weight", "steps"});
+  const std::string first = "model-00001-of-00002.safetensors";
+  const std::string second = "model-00002-of-00002.safetensors";
+  const std::string first_bytes = SafetensorsFileOf({tensors[0]});
+  const std::string second_bytes = SafetensorsFileOf({tensors[1], tensors[2]});
+  WriteAll(dir + "/" + first, first_bytes);
+  WriteAll(dir + "/" + second, second_bytes);
+  const uint64_t total =
+      tensors[0].bytes.size() + tensors[1].bytes.size() + tensors[2].bytes.size();
+  const std::string index = absl::StrCat(
+      "{\"metadata\": {\"total_size\": ", total, "}, \"weight_map\": {\"embed.weight\": \"", first,
+      "\", \"ln.weight\": \"", second, "\", \"steps\": \"", second, "\"}}");
+  WriteAll(dir + "/" + std::string(kSafetensorsIndexName), index);
+  const std::string index_name = kSafetensorsIndexName;
+  BuiltFixture fixture;
+  fixture.input = dir;
+  fixture.expected = tensors;
+  fixture.damages = {
+      {"index truncated halfway", index_name, Kind::kTruncate, index.size() / 2},
+      {"flipped byte in the index JSON", index_name, Kind::kFlip, 0},
+      {"shard 2 missing", second, Kind::kRemove, 0},
+      {"shard 1 truncated inside tensor data", first, Kind::kTruncate,
+       first_bytes.size() - tensors[0].bytes.size() / 2},
+      {"flipped byte in shard 2's header length", second, Kind::kFlip, 0},
+  };
+  // "model-00002-of-00002" -> "model-00003-of-00002": a shard that does not exist.
+  FixtureDamage renamed{"flipped byte in a shard name in the index", index_name, Kind::kFlip,
+                        index.find(second) + 10};
+  renamed.names_missing_file = true;
+  fixture.damages.push_back(renamed);
+  return fixture;
+}
+
+const FormatFixtureRegistration register_fixture("safetensors", "single-file",
+                                                 BuildSafetensorsFixture);
+const FormatFixtureRegistration register_sharded("safetensors", "sharded",
+                                                 BuildShardedSafetensorsFixture);
 
 }  // namespace
 }  // namespace reshard
