@@ -57,7 +57,7 @@ build torch_archive_fuzzer "$root/tests/fuzz/torch_archive_fuzzer.cc" \
   "$root/lib/formats/torch/torch_file.cc" "$root/lib/formats/torch/zip_archive.cc" \
   "$root/lib/formats/torch/pickle.cc" "$root/lib/io/mapped_file.cc" \
   "$root/lib/core/status.cc" "$root/lib/core/dtype.cc" "$root/lib/core/shape.cc" \
-  -labsl_hash -labsl_city -labsl_low_level_hash -labsl_raw_hash_set
+  -labsl_hash -labsl_city -labsl_low_level_hash -labsl_raw_hash_set -lz
 run torch_archive_fuzzer "$work/seeds-zip"
 /usr/bin/python3 "$root/tests/fuzz/make_dcp_seeds.py" "$work/seeds-dcp"
 build dcp_metadata_fuzzer "$root/tests/fuzz/dcp_metadata_fuzzer.cc" \
@@ -65,6 +65,6 @@ build dcp_metadata_fuzzer "$root/tests/fuzz/dcp_metadata_fuzzer.cc" \
   "$root/lib/formats/torch/zip_archive.cc" "$root/lib/formats/torch/pickle.cc" \
   "$root/lib/io/mapped_file.cc" "$root/lib/core/status.cc" "$root/lib/core/dtype.cc" \
   "$root/lib/core/shape.cc" \
-  -labsl_hash -labsl_city -labsl_low_level_hash -labsl_raw_hash_set
+  -labsl_hash -labsl_city -labsl_low_level_hash -labsl_raw_hash_set -lz
 run dcp_metadata_fuzzer "$work/seeds-dcp"
 echo "fuzz: all targets passed" >&2
