@@ -41,6 +41,22 @@ void RegisterOutputFormat(std::unique_ptr<OutputFormat> format) {
   registry.outputs.push_back(std::move(format));
 }
 
+std::vector<std::string> InputFormatIds() {
+  Registry& registry = GetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  std::vector<std::string> ids;
+  for (const auto& format : registry.inputs) ids.emplace_back(format->id());
+  return ids;
+}
+
+std::vector<std::string> OutputFormatIds() {
+  Registry& registry = GetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  std::vector<std::string> ids;
+  for (const auto& format : registry.outputs) ids.emplace_back(format->id());
+  return ids;
+}
+
 absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
   // Before any probe opens it: FIFOs, sockets and devices are refused, not read.
   RETURN_IF_ERROR(CheckInputFileType(path));

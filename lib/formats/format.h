@@ -85,6 +85,10 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path);
 // The output format with id `id`; InvalidArgument listing the known ones otherwise.
 absl::StatusOr<const OutputFormat*> FindOutputFormat(absl::string_view id);
 
+// The ids of the registered formats, in registration order.
+std::vector<std::string> InputFormatIds();
+std::vector<std::string> OutputFormatIds();
+
 // A description of `model` from its format, layout and part names, for formats that set none:
 // "safetensors, 3 shards of one model", "torch.save, 2 metaseq model-parallel parts".
 std::string DescribeInputModel(const InputModel& model);

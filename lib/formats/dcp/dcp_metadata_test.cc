@@ -10,97 +10,12 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "lib/formats/dcp/dcp_fixture.h"
 
 namespace reshard {
 namespace {
 
-// ---- Pickle fragments; each pushes exactly one value, so they compose by concatenation.
-
-std::string Str(const std::string& s) {
-  std::string out = "X";
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((s.size() >> (8 * i)) & 0xFF));
-  return out + s;
-}
-std::string Int(int64_t v) {
-  std::string out = "J";
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-  return out;
-}
-std::string None() { return "N"; }
-std::string Global(const std::string& module, const std::string& name) {
-  return Str(module) + Str(name) + "\x93";
-}
-std::string Tuple(const std::vector<std::string>& items) {
-  std::string out = "(";
-  for (const std::string& item : items) out += item;
-  return out + "t";
-}
-std::string List(const std::vector<std::string>& items) {
-  std::string out = "](";
-  for (const std::string& item : items) out += item;
-  return out + "e";
-}
-std::string Dict(const std::vector<std::pair<std::string, std::string>>& entries) {
-  std::string out = "}(";
-  for (const auto& [key, value] : entries) out += key + value;
-  return out + "u";
-}
-std::string Size(const std::vector<int64_t>& dims) {
-  std::vector<std::string> items;
-  for (int64_t d : dims) items.push_back(Int(d));
-  return Global("torch", "Size") + Tuple(items) + "\x85R";
-}
-// A dataclass instance: cls.__new__(cls) then BUILD with `state` (omitted when empty).
-std::string Object(const std::string& module, const std::string& name,
-                   const std::string& state = "") {
-  return Global(module, name) + ")\x81" + (state.empty() ? "" : state + "b");
-}
-std::string Pickle(const std::string& value) { return std::string("\x80\x04", 2) + value + "."; }
-
-constexpr char kMd[] = "torch.distributed.checkpoint.metadata";
-constexpr char kOldTp[] = "torch.distributed._shard.sharded_tensor.metadata";
-
-// TensorProperties as torch pickles it: the 5-tuple state of __getstate__.
-std::string Properties(const std::string& dtype, const std::string& module = kOldTp) {
-  const std::string encoding = module == kOldTp ? "MEM_FORMAT_ENCODING" : "_MEM_FORMAT_ENCODING";
-  return Object(
-      module, "TensorProperties",
-      Tuple({Global("torch", dtype),
-             Global("torch.serialization", "_get_layout") + Tuple({Str("torch.strided")}) + "R",
-             "\x89", Global(module, encoding) + Tuple({Int(0)}) + "R", "\x89"}));
-}
-std::string Chunk(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes) {
-  return Object(kMd, "ChunkStorageMetadata",
-                Dict({{Str("offsets"), Size(offsets)}, {Str("sizes"), Size(sizes)}}));
-}
-std::string TensorMd(const std::string& properties, const std::vector<int64_t>& size,
-                     const std::vector<std::string>& chunks) {
-  return Object(kMd, "TensorStorageMetadata",
-                Dict({{Str("properties"), properties},
-                      {Str("size"), Size(size)},
-                      {Str("chunks"), List(chunks)}}));
-}
-std::string Index(const std::string& fqn, const std::vector<int64_t>* offsets, int64_t index) {
-  std::vector<std::pair<std::string, std::string>> state = {{Str("fqn"), Str(fqn)}};
-  if (offsets != nullptr) state.push_back({Str("offset"), Size(*offsets)});
-  state.push_back({Str("index"), index < 0 ? None() : Int(index)});
-  return Object(kMd, "MetadataIndex", Dict(state));
-}
-std::string Info(const std::string& file, int64_t offset, int64_t length,
-                 const std::string& transforms = "") {
-  std::vector<std::pair<std::string, std::string>> state = {{Str("relative_path"), Str(file)},
-                                                            {Str("offset"), Int(offset)},
-                                                            {Str("length"), Int(length)}};
-  if (!transforms.empty()) state.push_back({Str("transform_descriptors"), transforms});
-  return Object("torch.distributed.checkpoint.filesystem", "_StorageInfo", Dict(state));
-}
-std::string Metadata(const std::string& sdm, const std::string& storage,
-                     const std::string& planner = None()) {
-  return Pickle(Object(kMd, "Metadata",
-                       Dict({{Str("state_dict_metadata"), sdm},
-                             {Str("planner_data"), planner},
-                             {Str("storage_data"), storage}})));
-}
+using namespace dcp_testing;  // NOLINT: the pickle fragments
 
 const std::vector<int64_t> kZero2 = {0, 0};
 const std::vector<int64_t> kRow3 = {3, 0};

@@ -8,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "lib/formats/deepspeed/zero_fixture.h"
 #include "lib/formats/torch/pickle_writer.h"
+#include "lib/formats/torch/torch_fixture.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -307,140 +309,6 @@ TEST(ZeroInputTest, MissingRankZeroNamesTheFile) {
 
 // --- Folders without optimizer files -------------------------------------------------------
 
-void PutLE(std::string& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
-
-// A torch.save zip holding `pickle` and storage records (key -> bytes): stored entries under
-// "archive/", without the alignment padding torch adds (the reader does not need it).
-std::string TorchZip(const std::string& pickle,
-                     const std::vector<std::pair<std::string, std::string>>& storages) {
-  std::vector<std::pair<std::string, std::string>> entries = {{"archive/data.pkl", pickle}};
-  for (const auto& [key, bytes] : storages) entries.emplace_back("archive/data/" + key, bytes);
-  entries.emplace_back("archive/version", "3\n");
-  std::string out;
-  std::vector<uint64_t> offsets;
-  for (const auto& [name, data] : entries) {
-    offsets.push_back(out.size());
-    PutLE(out, 0x04034b50, 4);
-    PutLE(out, 0, 2);  // version
-    PutLE(out, 0, 2);  // flags
-    PutLE(out, 0, 2);  // stored
-    PutLE(out, 0, 4);  // time, date
-    PutLE(out, 0, 4);  // crc
-    PutLE(out, data.size(), 4);
-    PutLE(out, data.size(), 4);
-    PutLE(out, name.size(), 2);
-    PutLE(out, 0, 2);
-    out += name;
-    out += data;
-  }
-  const uint64_t cd_offset = out.size();
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const auto& [name, data] = entries[i];
-    PutLE(out, 0x02014b50, 4);
-    PutLE(out, 0, 2);  // made by
-    PutLE(out, 0, 2);  // needed
-    PutLE(out, 0, 2);  // flags
-    PutLE(out, 0, 2);  // stored
-    PutLE(out, 0, 4);  // time, date
-    PutLE(out, 0, 4);  // crc
-    PutLE(out, data.size(), 4);
-    PutLE(out, data.size(), 4);
-    PutLE(out, name.size(), 2);
-    PutLE(out, 0, 2);  // extra
-    PutLE(out, 0, 2);  // comment
-    PutLE(out, 0, 2);  // disk
-    PutLE(out, 0, 2);  // internal attributes
-    PutLE(out, 0, 4);  // external attributes
-    PutLE(out, offsets[i], 4);
-    out += name;
-  }
-  const uint64_t cd_size = out.size() - cd_offset;
-  PutLE(out, 0x06054b50, 4);
-  PutLE(out, 0, 4);
-  PutLE(out, entries.size(), 2);
-  PutLE(out, entries.size(), 2);
-  PutLE(out, cd_size, 4);
-  PutLE(out, cd_offset, 4);
-  PutLE(out, 0, 2);
-  return out;
-}
-
-// What a DeepSpeed model-states file says (engine._save_checkpoint), for the tests below.
-struct ModelStates {
-  bool module_none = false;   // the pipeline engine's `module`
-  int zero_stage = 0;         // ds_config.zero_optimization.stage; -1: no zero_optimization
-  bool bf16 = false;          // ds_config.bf16.enabled
-  bool param_shapes = false;  // a ZeRO param_shapes list rather than None
-  int64_t mp_world_size = 1;  // -1: not written
-  int64_t rows = 4;           // of embed.weight (a TP part has fewer)
-};
-
-// mp_rank_XX_model_states.pt: module {embed.weight f32 [rows, 3], lm_head.weight (tied: the
-// same storage), ln.bias f16 [3], steps i64 [], layer._extra_state None}.
-void WriteModelStates(const std::string& path, const ModelStates& states) {
-  PickleWriter p;
-  p.BeginDict(false);
-  p.String("module");
-  if (states.module_none) {
-    p.None();
-  } else {
-    p.BeginDict(true);
-    p.String("embed.weight");
-    p.Tensor("FloatStorage", "0", states.rows * 3, {states.rows, 3}, {3, 1});
-    p.String("lm_head.weight");
-    p.Tensor("FloatStorage", "0", states.rows * 3, {states.rows, 3}, {3, 1});
-    p.String("ln.bias");
-    p.Tensor("HalfStorage", "1", 3, {3}, {1});
-    p.String("steps");
-    p.Tensor("LongStorage", "2", 1, {}, {});
-    p.String("layer._extra_state");
-    p.None();
-    p.EndDict();
-  }
-  p.String("buffer_names");
-  p.BeginList();
-  p.String("steps");
-  p.EndList();
-  p.String("optimizer");
-  p.None();
-  p.String("param_shapes");
-  if (states.param_shapes) {
-    p.BeginList();
-    p.BeginDict(true);
-    p.EndDict();
-    p.EndList();
-  } else {
-    p.None();
-  }
-  if (states.mp_world_size >= 0) {
-    p.String("mp_world_size");
-    p.Int(states.mp_world_size);
-  }
-  p.String("ds_config");
-  p.BeginDict(false);
-  if (states.zero_stage >= 0) {
-    p.String("zero_optimization");
-    p.BeginDict(false);
-    p.String("stage");
-    p.Int(states.zero_stage);
-    p.EndDict();
-  }
-  if (states.bf16) {
-    p.String("bf16");
-    p.BeginDict(false);
-    p.String("enabled");
-    p.Bool(true);
-    p.EndDict();
-  }
-  p.EndDict();
-  p.EndDict();
-  WriteAll(path, TorchZip(p.Finish(), {{"0", std::string(states.rows * 3 * 4, '\1')},
-                                       {"1", std::string(3 * 2, '\2')},
-                                       {"2", std::string(8, '\3')}}));
-}
-
 std::string ErrorOf(const absl::StatusOr<InputModel>& model) {
   return model.ok() ? "(ok)" : std::string(model.status().message());
 }
@@ -671,7 +539,7 @@ TEST(ZeroInputTest, NoZeroRefusals) {
   p.String("state_dict");
   p.None();
   p.EndDict();
-  WriteAll(file, TorchZip(p.Finish(), {}));
+  WriteAll(file, BuildTorchSave(p.Finish(), {}).bytes);
   model = input.Read(dir, ReadOptions{});
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss);

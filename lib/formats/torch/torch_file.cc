@@ -1,10 +1,14 @@
 #include "lib/formats/torch/torch_file.h"
 
+#include <zlib.h>
+
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "lib/core/status.h"
 #include "lib/io/mapped_file.h"
 
@@ -127,6 +131,19 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_v
   if (pickle->method != 0) {
     return absl::UnimplementedError(absl::StrCat(path, ": data.pkl is compressed"));
   }
+  // data.pkl names the tensors and gives their shapes and offsets: a damaged byte there reads as
+  // a different model, so its CRC-32 is checked here, when the archive records one (torch.save
+  // with set_crc32_options(False) writes 0; storage records are checked when converting).
+  const absl::string_view pickle_bytes = bytes.substr(pickle->data_offset, pickle->size);
+  if (pickle->crc32 != 0) {
+    const uint32_t crc = static_cast<uint32_t>(
+        crc32_z(0, reinterpret_cast<const Bytef*>(pickle_bytes.data()), pickle_bytes.size()));
+    if (crc != pickle->crc32) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s: data.pkl fails its CRC-32 (recorded %08x, computed %08x): the file is damaged",
+          path, pickle->crc32, crc));
+    }
+  }
   auto result = std::unique_ptr<TorchArchive>(new TorchArchive);
   result->path_ = path;
   result->size_ = bytes.size();
@@ -134,7 +151,7 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_v
   PersistentLoad load = [self, &archive](PickleValue* pid, PickleArena& arena) {
     return self->LoadStorage(pid, arena, archive);
   };
-  auto root = ParsePickle(bytes.substr(pickle->data_offset, pickle->size), result->arena_, load);
+  auto root = ParsePickle(pickle_bytes, result->arena_, load);
   if (!root.ok()) return Annotate(root.status(), absl::StrCat(path, ": data.pkl"));
   result->root_ = *root;
   return result;

@@ -26,6 +26,7 @@
 #include "lib/core/dtype.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/pickle_writer.h"
+#include "lib/formats/torch/torch_fixture.h"
 #include "lib/testing/test_files.h"
 #include "lib/testing/zip_builder.h"
 
@@ -127,19 +128,6 @@ struct TorchZip {
   }
 };
 
-// The records torch.save writes, in its order: data.pkl, byteorder, data/<key> for each storage,
-// version, .data/serialization_id; `extra` entries are appended.
-std::vector<Entry> TorchEntries(const std::string& pickle,
-                                const std::vector<std::pair<std::string, std::string>>& storages,
-                                const std::vector<Entry>& extra = {}) {
-  std::vector<Entry> entries = {{"archive/data.pkl", pickle}, {"archive/byteorder", "little"}};
-  for (const auto& [key, data] : storages) entries.push_back({"archive/data/" + key, data});
-  entries.push_back({"archive/version", "3\n"});
-  entries.push_back({"archive/.data/serialization_id", std::string(40, '1')});
-  for (const Entry& e : extra) entries.push_back(e);
-  return entries;
-}
-
 TorchZip Zip(std::vector<Entry> entries) {
   TorchZip zip;
   zip.entries = std::move(entries);
@@ -149,7 +137,7 @@ TorchZip Zip(std::vector<Entry> entries) {
 
 TorchZip TorchSave(const std::string& pickle,
                    const std::vector<std::pair<std::string, std::string>>& storages = {}) {
-  return Zip(TorchEntries(pickle, storages));
+  return Zip(TorchSaveEntries(pickle, storages));
 }
 
 std::unique_ptr<TorchArchive> ParseOk(const TorchZip& zip) {
@@ -484,11 +472,28 @@ TEST(TorchArchiveTest, MissingStorageRecord) {
 TEST(TorchArchiveTest, CompressedStorageRecord) {
   const std::string pickle =
       Pickle(Dict({{"w", TensorV2(StorageId("FloatStorage", "0", 4), 0, {4}, {1})}}));
-  std::vector<Entry> entries = TorchEntries(pickle, {{"0", "deflated"}});
+  std::vector<Entry> entries = TorchSaveEntries(pickle, {{"0", "deflated"}});
   entries[2].method = 8;
   entries[2].uncompressed_size = 16;
   ExpectError(ParseStatus(Zip(entries).bytes()), absl::StatusCode::kUnimplemented,
               {kPath, "storage record data/0 is compressed"});
+}
+
+// data.pkl names the tensors: a changed byte there must not read as another model.
+TEST(TorchArchiveTest, DataPklFailingItsCrc32) {
+  const std::string pickle =
+      Pickle(Dict({{"weight", TensorV2(StorageId("FloatStorage", "0", 4), 0, {4}, {1})}}));
+  const TorchZip zip = TorchSave(pickle, {{"0", F32s(4)}});
+  std::string bytes = zip.bytes();
+  const uint64_t name = bytes.find("weight", zip.Payload("archive/data.pkl"));
+  ASSERT_NE(name, std::string::npos);
+  bytes[name + 2] ^= 0x01;  // "weight" -> "wdight", still a valid pickle
+  ExpectError(ParseStatus(bytes), absl::StatusCode::kDataLoss,
+              {kPath, "data.pkl fails its CRC-32"});
+  // A CRC-32 of 0 is none recorded (torch.save with set_crc32_options(False)): not checked.
+  std::vector<Entry> entries = TorchSaveEntries(pickle, {{"0", F32s(4)}});
+  entries[0].crc32 = 0;
+  EXPECT_TRUE(ParseStatus(Zip(entries).bytes()).ok());
 }
 
 TEST(TorchArchiveTest, UnknownStorageClass) {
@@ -542,7 +547,7 @@ TEST(TorchArchiveTest, LegacyFormatIsRefused) {
 TEST(TorchArchiveTest, TorchScriptArchiveIsRefused) {
   const std::string pickle = Pickle(Dict({}));
   const TorchZip zip =
-      Zip(TorchEntries(pickle, {},
+      Zip(TorchSaveEntries(pickle, {},
                        {{"archive/constants.pkl", Pickle(")")},
                         {"archive/code/__torch__/m.py", "def forward(self): ..."}}));
   ExpectError(ParseStatus(zip.bytes()), absl::StatusCode::kUnimplemented, {kPath, "TorchScript"});
@@ -555,13 +560,13 @@ TEST(TorchArchiveTest, OtherArchivesThatAreNotStateDicts) {
                 {kPath, "archive/data.pkl", "not a torch.save file"});
   }
   {  // Saved on a big-endian machine.
-    std::vector<Entry> entries = TorchEntries(Pickle(Dict({})), {});
+    std::vector<Entry> entries = TorchSaveEntries(Pickle(Dict({})), {});
     entries[1].data = "big";
     ExpectError(ParseStatus(Zip(entries).bytes()), absl::StatusCode::kUnimplemented,
                 {kPath, "big-endian"});
   }
   {  // A compressed data.pkl.
-    std::vector<Entry> entries = TorchEntries(Pickle(Dict({})), {});
+    std::vector<Entry> entries = TorchSaveEntries(Pickle(Dict({})), {});
     entries[0].method = 8;
     ExpectError(ParseStatus(Zip(entries).bytes()), absl::StatusCode::kUnimplemented,
                 {kPath, "data.pkl is compressed"});

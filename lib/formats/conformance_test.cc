@@ -1,0 +1,288 @@
+// The format conformance suite, in the manner of tensorstore's driver test suites
+// (driver_testutil.h, kvstore/test_util.h): the same checks for every registered input format,
+// on each small checkpoint its fixture builders write (lib/formats/format_fixture.h; a format
+// may have several, one per layout variant, and must have one):
+//
+//   1. detection picks exactly that format;
+//   2. the model reads (LoadInput), its Catalog validates, and its values are the ones the
+//      fixture holds (verify against a safetensors file written without the reader);
+//   3. the model converts through every registered output writer and `verify` finds input and
+//      output equal, exactly;
+//   4. truncated and bit-flipped variants (and a missing file, where the format has several)
+//      fail with DATA_LOSS or INVALID_ARGUMENT (NOT_FOUND for a missing file): never a crash,
+//      never OK with different data. torch.save storage records carry CRC-32s, so a flipped
+//      data byte of the torch.save-based formats fails DATA_LOSS when converting. safetensors
+//      keeps no checksum: a flipped data byte cannot be noticed there; the suite checks that
+//      the conversion then carries the changed value and `verify` reports the difference.
+//
+// It prints "conformance: <format> ok" (or FAILED) for each format it ran.
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gtest/gtest.h"
+#include "lib/core/catalog.h"
+#include "lib/engine/conversion.h"
+#include "lib/engine/verify.h"
+#include "lib/formats/format.h"
+#include "lib/formats/format_fixture.h"
+#include "lib/formats/safetensors/safetensors_fixture.h"
+#include "lib/testing/test_files.h"
+
+namespace reshard {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Which formats ran and whether all their cases passed; printed when the suite ends.
+class Report : public ::testing::Environment {
+ public:
+  static Report* Get() {
+    static Report* report = new Report;
+    return report;
+  }
+  void Record(const std::string& format, bool failed) { failed_[format] |= failed; }
+  void TearDown() override {
+    for (const auto& [format, failed] : failed_) {
+      std::fprintf(stderr, "conformance: %s %s\n", format.c_str(), failed ? "FAILED" : "ok");
+    }
+  }
+
+ private:
+  std::map<std::string, bool> failed_;
+};
+
+const ::testing::Environment* const report_environment =
+    ::testing::AddGlobalTestEnvironment(Report::Get());
+
+// A registered fixture: (format id, variant).
+using FixtureKey = std::pair<std::string, std::string>;
+
+// Every fixture of every registered input format; (id, "") for a format without one, so that
+// the suite fails for it.
+std::vector<FixtureKey> FixtureKeys() {
+  std::vector<FixtureKey> keys;
+  for (const std::string& id : InputFormatIds()) {
+    const size_t before = keys.size();
+    for (const auto& [key, fixture] : FormatFixtures()) {
+      if (key.first == id) keys.push_back(key);
+    }
+    if (keys.size() == before) keys.emplace_back(id, "");
+  }
+  return keys;
+}
+
+TEST(FormatFixtureRegistryTest, EveryInputFormatHasAFixtureAndNoFixtureIsStray) {
+  const std::vector<std::string> inputs = InputFormatIds();
+  ASSERT_FALSE(inputs.empty());
+  const std::set<std::string> registered(inputs.begin(), inputs.end());
+  std::set<std::string> with_fixture;
+  for (const auto& [key, fixture] : FormatFixtures()) {
+    ASSERT_EQ(registered.count(key.first), 1u)
+        << "fixture for unknown input format \"" << key.first << "\"";
+    with_fixture.insert(key.first);
+  }
+  for (const std::string& id : inputs) {
+    ASSERT_EQ(with_fixture.count(id), 1u)
+        << "input format \"" << id << "\" has no conformance fixture: register one with "
+        << "FormatFixtureRegistration in lib/formats/<format>/<format>_fixture.cc";
+  }
+  ASSERT_FALSE(OutputFormatIds().empty());
+}
+
+class ConformanceTest : public ::testing::TestWithParam<FixtureKey> {
+ protected:
+  void SetUp() override {
+    format_ = GetParam().first;
+    label_ = GetParam().second.empty() ? format_ : absl::StrCat(format_, "/", GetParam().second);
+    const auto it = FormatFixtures().find(GetParam());
+    ASSERT_NE(it, FormatFixtures().end()) << "no fixture for " << format_;
+    dir_ = MakeTempDir(absl::StrCat("fixture_", Tag()));
+    fixture_ = it->second.builder(dir_);
+    ASSERT_FALSE(fixture_.input.empty()) << "the fixture " << label_ << " was not built";
+  }
+  void TearDown() override { Report::Get()->Record(format_, HasFailure()); }
+
+  // The fixture's input path inside a copy of its folder at `copy`.
+  std::string InputIn(const std::string& copy) const {
+    return copy + fixture_.input.substr(dir_.size());
+  }
+  // The label in a file name.
+  std::string Tag() const { return absl::StrReplaceAll(label_, {{"/", "_"}}); }
+
+  std::string format_;  // the format id
+  std::string label_;   // "<format id>[/<variant>]", for messages
+  std::string dir_;
+  BuiltFixture fixture_;
+};
+
+ConversionSpec Spec(const std::string& input, const std::string& output,
+                    const std::string& output_format) {
+  ConversionSpec spec;
+  spec.kind = ConversionSpec::Kind::kConsolidate;
+  spec.input = input;
+  spec.output = output;
+  spec.output_format = output_format;
+  spec.threads = 1;
+  return spec;
+}
+
+TEST_P(ConformanceTest, DetectionPicksExactlyThisFormat) {
+  absl::StatusOr<const InputFormat*> format = DetectInputFormat(fixture_.input);
+  ASSERT_TRUE(format.ok()) << format.status();
+  ASSERT_EQ((*format)->id(), format_);
+}
+
+TEST_P(ConformanceTest, ReadsAndTheCatalogValidates) {
+  absl::StatusOr<LoadedInput> loaded = LoadInput(fixture_.input, {}, /*require_model=*/true);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->model.format, format_);
+  ASSERT_TRUE(loaded->merged);
+  ASSERT_FALSE(loaded->model.parts.empty());
+  for (const Catalog& part : loaded->model.parts) {
+    const absl::Status status = ValidateCatalog(part);
+    ASSERT_TRUE(status.ok()) << status;
+  }
+  const absl::Status status = ValidateCatalog(loaded->catalog);
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(loaded->catalog.tensors.size(), fixture_.expected.size());
+}
+
+// What the reader gives is what the fixture holds: verify against a safetensors file of the
+// expected tensors, written independently of the reader.
+TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
+  ASSERT_FALSE(fixture_.expected.empty());
+  const std::string reference = MakeTempDir(absl::StrCat("expected_", Tag())) + "/x.safetensors";
+  WriteAll(reference, SafetensorsFileOf(fixture_.expected));
+  absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(reference, fixture_.input);
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  ASSERT_TRUE(verify->only_in_a.empty()) << "missing from the input: " << verify->only_in_a[0];
+  ASSERT_TRUE(verify->only_in_b.empty()) << "not expected: " << verify->only_in_b[0];
+  ASSERT_TRUE(verify->mismatched.empty())
+      << verify->mismatched[0].name << ": " << verify->mismatched[0].reason;
+  ASSERT_TRUE(verify->equal);
+  ASSERT_EQ(verify->tensors_compared, static_cast<int64_t>(fixture_.expected.size()));
+}
+
+TEST_P(ConformanceTest, RoundTripsThroughEveryWriterExactly) {
+  const std::vector<std::string> writers = OutputFormatIds();
+  ASSERT_FALSE(writers.empty());
+  for (const std::string& writer : writers) {
+    SCOPED_TRACE(writer);
+    const std::string output = MakeTempDir(absl::StrCat("out_", Tag(), "_", writer)) + "/out";
+    absl::StatusOr<ConversionResult> result = RunConversion(Spec(fixture_.input, output, writer));
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->tensors, static_cast<int64_t>(fixture_.expected.size()));
+    absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(fixture_.input, output);
+    ASSERT_TRUE(verify.ok()) << verify.status();
+    ASSERT_TRUE(verify->equal) << "verify finds the " << writer << " output different";
+    ASSERT_EQ(verify->tensors_compared, static_cast<int64_t>(fixture_.expected.size()));
+    ASSERT_TRUE(verify->mismatched.empty());
+    ASSERT_TRUE(verify->only_in_a.empty());
+    ASSERT_TRUE(verify->only_in_b.empty());
+  }
+}
+
+void Damage(const std::string& path, const FixtureDamage& damage) {
+  switch (damage.kind) {
+    case FixtureDamage::Kind::kTruncate: {
+      std::string bytes = ReadAll(path);
+      ASSERT_LT(damage.offset, bytes.size()) << damage.label;
+      bytes.resize(damage.offset);
+      WriteAll(path, bytes);
+      return;
+    }
+    case FixtureDamage::Kind::kFlip: {
+      std::string bytes = ReadAll(path);
+      ASSERT_LT(damage.offset, bytes.size()) << damage.label;
+      bytes[damage.offset] ^= 0x01;
+      WriteAll(path, bytes);
+      return;
+    }
+    case FixtureDamage::Kind::kRemove:
+      ASSERT_TRUE(fs::remove(path)) << damage.label;
+      return;
+  }
+}
+
+// Reads, validates and converts `input` into `output`; the first error, else OK.
+absl::Status ReadAndConvert(const std::string& input, const std::string& output) {
+  absl::StatusOr<LoadedInput> loaded = LoadInput(input, {}, /*require_model=*/true);
+  if (!loaded.ok()) return loaded.status();
+  for (const Catalog& part : loaded->model.parts) {
+    if (absl::Status status = ValidateCatalog(part); !status.ok()) return status;
+  }
+  if (absl::Status status = ValidateCatalog(loaded->catalog); !status.ok()) return status;
+  return RunConversion(Spec(input, output, "safetensors")).status();
+}
+
+// One damaged variant, in a copy of the fixture folder at `copy`; `intact` is the fixture's input.
+void CheckDamaged(const std::string& intact, const std::string& input, const std::string& copy,
+                  const FixtureDamage& damage) {
+  ASSERT_NO_FATAL_FAILURE(Damage(copy + "/" + damage.file, damage));
+  const std::string output = copy + ".out";
+  const absl::Status status = ReadAndConvert(input, output);
+  if (damage.undetectable) {
+    // Nothing can notice: the damaged value is carried, and verify reports it.
+    ASSERT_TRUE(status.ok()) << status;
+    absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(intact, output);
+    ASSERT_TRUE(verify.ok()) << verify.status();
+    ASSERT_FALSE(verify->equal);
+    ASSERT_EQ(verify->mismatched.size(), 1u);
+    ASSERT_EQ(verify->mismatched[0].mismatches, 1);
+    verify = VerifyCheckpoints(intact, input);
+    ASSERT_TRUE(verify.ok()) << verify.status();
+    ASSERT_FALSE(verify->equal);
+    return;
+  }
+  if (status.ok()) {
+    absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(intact, output);
+    ASSERT_TRUE(verify.ok()) << verify.status();
+    FAIL() << "the damaged input was accepted; verify against the intact one finds it "
+           << (verify->equal ? "equal" : "different") << " (" << verify->mismatched.size()
+           << " tensors differ, " << verify->only_in_a.size() << " only in the intact one, "
+           << verify->only_in_b.size() << " only in the damaged one)";
+  }
+  const absl::StatusCode code = status.code();
+  if (damage.in_checksummed_data) {
+    ASSERT_EQ(code, absl::StatusCode::kDataLoss) << status;
+    return;
+  }
+  const bool expected =
+      code == absl::StatusCode::kDataLoss || code == absl::StatusCode::kInvalidArgument ||
+      ((damage.kind == FixtureDamage::Kind::kRemove || damage.names_missing_file) &&
+       code == absl::StatusCode::kNotFound);
+  ASSERT_TRUE(expected) << status;
+}
+
+TEST_P(ConformanceTest, DamagedVariantsFailCleanly) {
+  ASSERT_FALSE(fixture_.damages.empty()) << "the fixture " << label_ << " lists no damages";
+  int n = 0;
+  for (const FixtureDamage& damage : fixture_.damages) {
+    SCOPED_TRACE(damage.label);
+    const std::string copy = MakeTempDir(absl::StrCat("damaged_", Tag(), "_", n++));
+    fs::copy(dir_, copy, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    CheckDamaged(fixture_.input, InputIn(copy), copy, damage);
+  }
+}
+
+std::string TestName(const ::testing::TestParamInfo<FixtureKey>& info) {
+  const std::string name = info.param.second.empty()
+                               ? info.param.first
+                               : absl::StrCat(info.param.first, "_", info.param.second);
+  return absl::StrReplaceAll(name, {{"-", "_"}, {".", "_"}, {"/", "_"}});
+}
+
+INSTANTIATE_TEST_SUITE_P(RegisteredInputFormats, ConformanceTest,
+                         ::testing::ValuesIn(FixtureKeys()), TestName);
+
+}  // namespace
+}  // namespace reshard

@@ -1,0 +1,264 @@
+// The fixtures of the "deepspeed-zero" input format (see lib/formats/format_fixture.h): a
+// DeepSpeed save folder without ZeRO partitioning, whose mp_rank_00_model_states.pt holds the
+// weights in its `module` (engine._save_checkpoint), one of them tied; and ZeRO-2 and ZeRO-3
+// save folders of two ranks.
+
+#include "lib/formats/deepspeed/zero_fixture.h"
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "lib/formats/format_fixture.h"
+#include "lib/formats/torch/pickle_writer.h"
+#include "lib/formats/torch/torch_fixture.h"
+#include "lib/testing/test_files.h"
+
+namespace reshard {
+
+namespace {
+
+// The model-states entries after `module`: buffer_names ["steps"], optimizer None, and the key
+// param_shapes (its value comes next).
+void WriteBookkeepingUpToParamShapes(PickleWriter& p) {
+  p.String("buffer_names");
+  p.BeginList();
+  p.String("steps");
+  p.EndList();
+  p.String("optimizer");
+  p.None();
+  p.String("param_shapes");
+}
+
+}  // namespace
+
+TorchSaveFile WriteModelStates(const std::string& path, const ModelStates& states) {
+  PickleWriter p;
+  p.BeginDict(false);
+  p.String("module");
+  if (states.module_none) {
+    p.None();
+  } else {
+    p.BeginDict(true);
+    p.String("embed.weight");
+    p.Tensor("FloatStorage", "0", states.rows * 3, {states.rows, 3}, {3, 1});
+    p.String("lm_head.weight");
+    p.Tensor("FloatStorage", "0", states.rows * 3, {states.rows, 3}, {3, 1});
+    p.String("ln.bias");
+    p.Tensor("HalfStorage", "1", 3, {3}, {1});
+    p.String("steps");
+    p.Tensor("LongStorage", "2", 1, {}, {});
+    p.String("layer._extra_state");
+    p.None();
+    p.EndDict();
+  }
+  WriteBookkeepingUpToParamShapes(p);
+  if (states.param_shapes) {
+    p.BeginList();
+    p.BeginDict(true);
+    p.EndDict();
+    p.EndList();
+  } else {
+    p.None();
+  }
+  if (states.mp_world_size >= 0) {
+    p.String("mp_world_size");
+    p.Int(states.mp_world_size);
+  }
+  p.String("ds_config");
+  p.BeginDict(false);
+  if (states.zero_stage >= 0) {
+    p.String("zero_optimization");
+    p.BeginDict(false);
+    p.String("stage");
+    p.Int(states.zero_stage);
+    p.EndDict();
+  }
+  if (states.bf16) {
+    p.String("bf16");
+    p.BeginDict(false);
+    p.String("enabled");
+    p.Bool(true);
+    p.EndDict();
+  }
+  p.EndDict();
+  p.EndDict();
+  TorchSaveFile archive = BuildTorchSave(p.Finish(), {{"0", std::string(states.rows * 3 * 4, '\1')},
+                                                      {"1", std::string(3 * 2, '\2')},
+                                                      {"2", std::string(8, '\3')}});
+  WriteAll(path, archive.bytes);
+  return archive;
+}
+
+namespace {
+
+// DeepSpeed without ZeRO: the weights are the `module` of mp_rank_00_model_states.pt.
+BuiltFixture BuildNoZeroFixture(const std::string& dir) {
+  std::filesystem::create_directories(dir + "/global_step3");
+  WriteAll(dir + "/latest", "global_step3");
+  const std::string file = "global_step3/mp_rank_00_model_states.pt";
+  const TorchSaveFile archive = WriteModelStates(dir + "/" + file, ModelStates{});
+  BuiltFixture fixture = TorchSaveFolderFixture(dir, file, archive, "embed.weight");
+  // WriteModelStates' module; lm_head.weight is tied to embed.weight.
+  const std::string embed(4 * 3 * 4, '\1');
+  fixture.expected = {{"embed.weight", DType::kF32, {4, 3}, embed},
+                      {"lm_head.weight", DType::kF32, {4, 3}, embed},
+                      {"ln.bias", DType::kF16, {3}, std::string(3 * 2, '\2')},
+                      {"steps", DType::kI64, {}, std::string(8, '\3')}};
+  return fixture;
+}
+
+// Model states of a ZeRO run whose trainable params are embed.weight [4, 3] and ln.weight [3]
+// (param_shapes, one group) and whose buffer `steps` [2] I64 is in `module` (storage "0"); for
+// ZeRO-1/2 the module also holds 16-bit views of the params, which are not read.
+TorchSaveFile WriteZeroModelStates(const std::string& path, int stage, const std::string& steps) {
+  PickleWriter p;
+  p.BeginDict(false);
+  p.String("module");
+  p.BeginDict(true);
+  p.String("steps");
+  p.Tensor("LongStorage", "0", 2, {2}, {1});
+  std::vector<std::pair<std::string, std::string>> storages = {{"0", steps}};
+  if (stage < 3) {
+    p.String("embed.weight");
+    p.Tensor("BFloat16Storage", "1", 15, {4, 3}, {3, 1});
+    p.String("ln.weight");
+    p.Tensor("BFloat16Storage", "1", 15, {3}, {1});  // a view at offset 0: never read
+    storages.emplace_back("1", std::string(15 * 2, '\0'));
+  }
+  p.EndDict();
+  WriteBookkeepingUpToParamShapes(p);
+  p.BeginList();
+  p.BeginDict(true);
+  p.String("embed.weight");
+  p.BeginTuple();
+  p.Int(4);
+  p.Int(3);
+  p.EndTuple();
+  p.String("ln.weight");
+  p.BeginTuple();
+  p.Int(3);
+  p.EndTuple();
+  p.EndDict();
+  p.EndList();
+  p.String("mp_world_size");
+  p.Int(1);
+  p.String("ds_config");
+  p.BeginDict(false);
+  p.String("zero_optimization");
+  p.BeginDict(false);
+  p.String("stage");
+  p.Int(stage);
+  p.EndDict();
+  p.EndDict();
+  p.EndDict();
+  TorchSaveFile archive = BuildTorchSave(p.Finish(), storages);
+  WriteAll(path, archive.bytes);
+  return archive;
+}
+
+// One rank's optimizer states of a ZeRO run over two ranks with one flat fp32 group: `flat`
+// (single_partition_of_fp32_groups for ZeRO-1/2, with group_paddings; fp32_flat_groups for
+// ZeRO-3).
+TorchSaveFile WriteZeroOptimizerStates(const std::string& path, int stage, const std::string& flat,
+                                       int64_t padding) {
+  const int64_t numel = static_cast<int64_t>(flat.size() / 4);
+  PickleWriter p;
+  p.BeginDict(false);
+  p.String("optimizer_state_dict");
+  p.BeginDict(false);
+  p.String("zero_stage");
+  p.Int(stage);
+  p.String("partition_count");
+  if (stage == 3) {
+    p.Int(2);
+  } else {
+    p.BeginList();
+    p.Int(2);
+    p.EndList();
+  }
+  p.String(stage == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups");
+  p.BeginList();
+  p.Tensor("FloatStorage", "0", numel, {numel}, {1});
+  p.EndList();
+  if (stage < 3) {
+    p.String("group_paddings");
+    p.BeginList();
+    p.Int(padding);
+    p.EndList();
+  }
+  p.EndDict();
+  p.EndDict();
+  TorchSaveFile archive = BuildTorchSave(p.Finish(), {{"0", flat}});
+  WriteAll(path, archive.bytes);
+  return archive;
+}
+
+// A ZeRO save folder of two ranks holding embed.weight [4, 3] and ln.weight [3] (fp32, from the
+// optimizer files) and the buffer steps [2] (from the model states); `flats` are the ranks'
+// flat groups and `paddings` their group_paddings (ZeRO-1/2).
+BuiltFixture WriteZeroFolder(const std::string& dir, int stage,
+                             const std::vector<std::string>& flats,
+                             const std::vector<int64_t>& paddings) {
+  const std::string tag = "global_step5";
+  std::filesystem::create_directories(dir + "/" + tag);
+  WriteAll(dir + "/latest", tag);
+  const std::string steps = FixtureI64Bytes(2, 7);
+  std::vector<std::string> models;
+  std::vector<TorchSaveFile> model_archives;
+  for (int rank = 0; rank < (stage == 3 ? 2 : 1); ++rank) {
+    models.push_back(stage == 3
+                         ? absl::StrCat(tag, "/zero_pp_rank_", rank, "_mp_rank_00_model_states.pt")
+                         : tag + "/mp_rank_00_model_states.pt");
+    model_archives.push_back(WriteZeroModelStates(dir + "/" + models.back(), stage, steps));
+  }
+  std::vector<std::string> optims;
+  std::vector<TorchSaveFile> optim_archives;
+  for (int rank = 0; rank < 2; ++rank) {
+    optims.push_back(absl::StrCat(tag, "/zero_pp_rank_", rank, "_mp_rank_00_optim_states.pt"));
+    optim_archives.push_back(
+        WriteZeroOptimizerStates(dir + "/" + optims.back(), stage, flats[rank], paddings[rank]));
+  }
+  BuiltFixture fixture =
+      TorchSaveFolderFixture(dir, optims[1], optim_archives[1], "partition_count");
+  for (FixtureDamage& damage : TorchSaveDamages(models[0], model_archives[0], "buffer_names")) {
+    fixture.damages.push_back(std::move(damage));
+  }
+  for (const std::string& model : models) {
+    fixture.damages.push_back({model + ": missing", model, FixtureDamage::Kind::kRemove, 0});
+  }
+  fixture.expected = {{"steps", DType::kI64, {2}, steps},
+                      {"embed.weight", DType::kF32, {4, 3}, FixtureF32Bytes(12, 1.5f)},
+                      {"ln.weight", DType::kF32, {3}, FixtureF32Bytes(3, -4.0f)}};
+  return fixture;
+}
+
+// ZeRO-2 (stage_1_and_2.py's state_dict): the one param group's 15 elements, aligned to
+// 2 x 2 = 16, in partitions of 8: rank 0 holds embed.weight[0:8], rank 1 embed.weight[8:12] and
+// ln.weight (7 elements and 1 of padding, saved without it).
+BuiltFixture BuildZero2Fixture(const std::string& dir) {
+  const std::string flat = FixtureF32Bytes(12, 1.5f) + FixtureF32Bytes(3, -4.0f);
+  return WriteZeroFolder(dir, 2, {flat.substr(0, 8 * 4), flat.substr(8 * 4)}, {0, 1});
+}
+
+// ZeRO-3 (stage3.py): every param split on its own, ceil(n / 2) elements per rank: rank 0 holds
+// embed.weight[0:6] and ln.weight[0:2], rank 1 embed.weight[6:12], ln.weight[2:3] and one
+// element of padding (a value that must not leak into any tensor).
+BuiltFixture BuildZero3Fixture(const std::string& dir) {
+  const std::string embed = FixtureF32Bytes(12, 1.5f);
+  const std::string ln = FixtureF32Bytes(3, -4.0f);
+  const std::string padding = FixtureF32Bytes(1, 4242.0f);
+  return WriteZeroFolder(dir, 3,
+                         {embed.substr(0, 6 * 4) + ln.substr(0, 2 * 4),
+                          embed.substr(6 * 4) + ln.substr(2 * 4) + padding},
+                         {0, 0});
+}
+
+const FormatFixtureRegistration register_no_zero("deepspeed-zero", "no-zero", BuildNoZeroFixture);
+const FormatFixtureRegistration register_zero2("deepspeed-zero", "zero2", BuildZero2Fixture);
+const FormatFixtureRegistration register_zero3("deepspeed-zero", "zero3", BuildZero3Fixture);
+
+}  // namespace
+}  // namespace reshard

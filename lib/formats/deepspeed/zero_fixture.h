@@ -1,0 +1,33 @@
+// DeepSpeed model-states files for tests (the reader's unit tests), and the fixture of the
+// "deepspeed-zero" input format (zero_fixture.cc, see lib/formats/format_fixture.h).
+//
+// testonly: nothing here is checked.
+
+#ifndef RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FIXTURE_H_
+#define RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FIXTURE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "lib/formats/torch/torch_fixture.h"
+
+namespace reshard {
+
+// What a DeepSpeed model-states file says (engine._save_checkpoint).
+struct ModelStates {
+  bool module_none = false;   // the pipeline engine's `module`
+  int zero_stage = 0;         // ds_config.zero_optimization.stage; -1: no zero_optimization
+  bool bf16 = false;          // ds_config.bf16.enabled
+  bool param_shapes = false;  // a ZeRO param_shapes list rather than None
+  int64_t mp_world_size = 1;  // -1: not written
+  int64_t rows = 4;           // of embed.weight (a TP part has fewer)
+};
+
+// mp_rank_XX_model_states.pt: module {embed.weight f32 [rows, 3], lm_head.weight (tied: the
+// same storage), ln.bias f16 [3], steps i64 [], layer._extra_state None}.
+// Returns the archive written.
+TorchSaveFile WriteModelStates(const std::string& path, const ModelStates& states);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FIXTURE_H_
