@@ -52,13 +52,12 @@ absl::StatusOr<PathPolicy> PathPolicy::Create(const std::vector<std::string>& ro
   }
   PathPolicy policy;
   for (const std::string& root : roots) {
-    auto resolved = RealPath(root);
-    if (!resolved.ok()) return Annotate(resolved.status(), "allowed root");
+    ASSIGN_OR_RETURN(const std::string resolved, RealPath(root), "allowed root");
     struct stat st;
-    if (::stat(resolved->c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    if (::stat(resolved.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       return absl::InvalidArgumentError(absl::StrCat("allowed root ", root, " is not a folder"));
     }
-    std::string normalized = *resolved;
+    std::string normalized = resolved;
     while (normalized.size() > 1 && normalized.back() == '/') normalized.pop_back();
     policy.roots_.push_back(normalized);
   }

@@ -59,8 +59,7 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
   }
   if (!v1::DType_IsValid(spec.dtype())) return absl::InvalidArgumentError("spec.dtype is unknown");
   if (!spec.output_format().empty()) {
-    auto writer = FindOutputFormat(spec.output_format());
-    if (!writer.ok()) return Annotate(writer.status(), "spec.output_format");
+    RETURN_IF_ERROR(FindOutputFormat(spec.output_format()).status(), "spec.output_format");
   }
   if (spec.rules_json().size() > kMaxRulesJsonBytes) {
     return absl::InvalidArgumentError("spec.rules_json is larger than 1 MiB");

@@ -28,25 +28,45 @@ absl::Status ErrnoToStatus(int error_number, absl::string_view what);
 #define RESHARD_STATUS_CONCAT_INNER_(a, b) a##b
 #define RESHARD_STATUS_CONCAT_(a, b) RESHARD_STATUS_CONCAT_INNER_(a, b)
 
-// Returns from the current function if `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                            \
-  do {                                                   \
-    ::absl::Status reshard_status_macro_value_ = (expr); \
-    if (!reshard_status_macro_value_.ok()) {             \
-      return reshard_status_macro_value_;                \
-    }                                                    \
+// Picks the macro for 1, 2 or 3 arguments.
+#define RESHARD_STATUS_MACRO_BY_ARGS_(_1, _2, _3, NAME, ...) NAME
+
+// `RETURN_IF_ERROR(expr);` returns from the current function if `expr` (an absl::Status) is not
+// OK. `RETURN_IF_ERROR(expr, context);` returns it with `context` prefixed (Annotate).
+#define RETURN_IF_ERROR(...)                                                         \
+  RESHARD_STATUS_MACRO_BY_ARGS_(__VA_ARGS__, RESHARD_STATUS_UNUSED_,                 \
+                                RESHARD_RETURN_IF_ERROR_ANNOTATED_, RESHARD_RETURN_IF_ERROR_) \
+  (__VA_ARGS__)
+
+#define RESHARD_RETURN_IF_ERROR_(expr) RESHARD_RETURN_IF_ERROR_ANNOTATED_(expr, "")
+
+#define RESHARD_RETURN_IF_ERROR_ANNOTATED_(expr, context)            \
+  do {                                                               \
+    ::absl::Status reshard_status_macro_value_ = (expr);             \
+    if (!reshard_status_macro_value_.ok()) {                         \
+      return ::reshard::Annotate(reshard_status_macro_value_, context); \
+    }                                                                \
   } while (false)
 
 // `ASSIGN_OR_RETURN(auto x, FunctionReturningStatusOr());` assigns the value or returns the
-// error status from the current function.
-#define ASSIGN_OR_RETURN(lhs, expr) \
-  RESHARD_ASSIGN_OR_RETURN_IMPL_(RESHARD_STATUS_CONCAT_(reshard_statusor_, __LINE__), lhs, expr)
+// error status from the current function; `ASSIGN_OR_RETURN(auto x, expr, context);` returns
+// it with `context` prefixed (Annotate).
+#define ASSIGN_OR_RETURN(...)                                                          \
+  RESHARD_STATUS_MACRO_BY_ARGS_(__VA_ARGS__, RESHARD_ASSIGN_OR_RETURN_ANNOTATED_,      \
+                                RESHARD_ASSIGN_OR_RETURN_, RESHARD_STATUS_UNUSED_)     \
+  (__VA_ARGS__)
 
-#define RESHARD_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
-  auto statusor = (expr);                                   \
-  if (!statusor.ok()) {                                     \
-    return std::move(statusor).status();                    \
-  }                                                         \
+#define RESHARD_ASSIGN_OR_RETURN_(lhs, expr) RESHARD_ASSIGN_OR_RETURN_ANNOTATED_(lhs, expr, "")
+
+#define RESHARD_ASSIGN_OR_RETURN_ANNOTATED_(lhs, expr, context)                               \
+  RESHARD_ASSIGN_OR_RETURN_IMPL_(RESHARD_STATUS_CONCAT_(reshard_statusor_, __LINE__), lhs, expr, \
+                                 context)
+
+#define RESHARD_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr, context) \
+  auto statusor = (expr);                                            \
+  if (!statusor.ok()) {                                              \
+    return ::reshard::Annotate(std::move(statusor).status(), context); \
+  }                                                                  \
   lhs = *std::move(statusor)
 
 #endif  // RESHARD_LIB_CORE_STATUS_H_

@@ -76,9 +76,8 @@ absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules ru
   }
   loaded.rules = std::move(rules);
   if (loaded.model.parts.size() > 1 && loaded.rules.empty() && !require_model) return loaded;
-  auto merged = MergeParts(loaded.model.parts, loaded.rules, loaded.model.part_names);
-  if (!merged.ok()) return Annotate(merged.status(), path);
-  loaded.catalog = *std::move(merged);
+  ASSIGN_OR_RETURN(loaded.catalog,
+                   MergeParts(loaded.model.parts, loaded.rules, loaded.model.part_names), path);
   loaded.catalog.Reindex();
   loaded.merged = true;
   return loaded;
@@ -132,9 +131,8 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
     ASSIGN_OR_RETURN(FileFraming framing, planned.writer->Frame(file));
     framings.push_back(std::move(framing));
   }
-  auto plan = BuildCopyPlan(*plan_catalog, planned.layout, framings);
-  if (!plan.ok()) return Annotate(plan.status(), spec.input);
-  planned.plan = *std::move(plan);
+  ASSIGN_OR_RETURN(planned.plan, BuildCopyPlan(*plan_catalog, planned.layout, framings),
+                   spec.input);
   ASSIGN_OR_RETURN(planned.companion_files,
                    planned.writer->CompanionFiles(planned.layout, planned.plan));
   ExecutorOptions options;

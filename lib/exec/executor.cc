@@ -189,10 +189,8 @@ class FileWriter {
           continue;
         }
         const TensorCopy& copy = plan_.tensors[segment.tensor];
-        absl::Status status = WriteTensor(copy, &checksums_[segment.tensor]);
-        if (!status.ok()) {
-          return Annotate(status, absl::StrCat("writing tensor \"", copy.name, "\""));
-        }
+        RETURN_IF_ERROR(WriteTensor(copy, &checksums_[segment.tensor]),
+                        absl::StrCat("writing tensor \"", copy.name, "\""));
         ++pending_tensors_;
       }
       RETURN_IF_ERROR(Flush());

@@ -93,14 +93,13 @@ absl::StatusOr<std::shared_ptr<const PathConfinement>> PathConfinement::Create(
   if (roots.empty()) return absl::InvalidArgumentError("no allowed root given");
   std::shared_ptr<PathConfinement> confinement(new PathConfinement());
   for (const std::string& root : roots) {
-    auto resolved = RealPath(root);
-    if (!resolved.ok()) return Annotate(resolved.status(), "allowed root");
-    const int fd = ::open(resolved->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSIGN_OR_RETURN(const std::string resolved, RealPath(root), "allowed root");
+    const int fd = ::open(resolved.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
       return ErrnoToStatus(errno, absl::StrCat("allowed root ", root, " is not a folder"));
     }
-    confinement->root_handles_.push_back({StripTrailingSlashes(*resolved), fd});
-    confinement->roots_.push_back(StripTrailingSlashes(*resolved));
+    confinement->root_handles_.push_back({StripTrailingSlashes(resolved), fd});
+    confinement->roots_.push_back(StripTrailingSlashes(resolved));
   }
   return std::shared_ptr<const PathConfinement>(std::move(confinement));
 }
@@ -165,9 +164,7 @@ absl::StatusOr<Directory> PathConfinement::OpenFolder(const std::string& path, b
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("opening allowed root ", root->path));
   Directory dir = Directory::Adopt(fd, root->path);
   for (absl::string_view part : absl::StrSplit(relative, '/', absl::SkipEmpty())) {
-    auto child = dir.OpenChild(part, create);
-    if (!child.ok()) return Annotate(child.status(), absl::StrCat("opening folder ", path));
-    dir = *std::move(child);
+    ASSIGN_OR_RETURN(dir, dir.OpenChild(part, create), absl::StrCat("opening folder ", path));
   }
   return dir;
 }

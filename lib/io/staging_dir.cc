@@ -124,8 +124,7 @@ absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir,
       staging.published_ = false;
       return staging;
     }
-    absl::Status removed = parent.RemoveTree(staging.staging_name_);
-    if (!removed.ok()) return Annotate(removed, "removing stale staging folder");
+    RETURN_IF_ERROR(parent.RemoveTree(staging.staging_name_), "removing stale staging folder");
   } else if (!absl::IsNotFound(existing.status())) {
     return existing.status();
   }

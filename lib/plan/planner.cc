@@ -144,10 +144,10 @@ absl::StatusOr<CopyPlan> BuildCopyPlan(const Catalog& catalog, const TargetLayou
     FilePlan file_plan;
     file_plan.name = file.name;
     for (const OutputTensor& out : file.tensors) {
-      auto copy = PlanRegion(catalog, out);
-      if (!copy.ok()) return Annotate(copy.status(), absl::StrCat("planning ", file.name));
-      plan.source_bytes_read += ItemSourceBytes(*copy);
-      file_plan.tensors.push_back(*std::move(copy));
+      ASSIGN_OR_RETURN(TensorCopy copy, PlanRegion(catalog, out),
+                       absl::StrCat("planning ", file.name));
+      plan.source_bytes_read += ItemSourceBytes(copy);
+      file_plan.tensors.push_back(std::move(copy));
     }
     std::vector<int> seen(file.tensors.size(), 0);
     for (const FramingSegment& segment : framings[f].segments) {
