@@ -21,6 +21,7 @@
 #include "lib/core/dtype.h"
 #include "lib/core/shape.h"
 #include "lib/core/status.h"
+#include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/folder_model.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
@@ -34,7 +35,6 @@ using Kind = PickleValue::Kind;
 
 // Directory entries looked at by Probe and when listing a folder.
 constexpr int kMaxProbeEntries = 100'000;
-constexpr uint64_t kMaxLatestBytes = 4096;
 constexpr int kMaxListedFolders = 20;
 // Model-parallel ranks (mp_rank_XX files) read as parts, as many as reshard writes.
 constexpr int kMaxModelParallelParts = 4096;
@@ -87,17 +87,6 @@ std::vector<std::string> SubFolders(const std::string& dir) {
   return names;
 }
 
-std::string JoinPath(const std::string& dir, const std::string& name) {
-  return absl::EndsWith(dir, "/") ? absl::StrCat(dir, name) : absl::StrCat(dir, "/", name);
-}
-
-std::string BaseName(const std::string& path) {
-  fs::path p(path);
-  std::string name = p.filename().string();
-  if (name.empty()) name = p.parent_path().filename().string();  // "dir/"
-  return name;
-}
-
 // "global_step10, global_step20": the checkpoint folders under `dir`, for messages.
 std::string ListCheckpointFolders(const std::string& dir) {
   std::vector<std::string> found;
@@ -111,15 +100,6 @@ std::string ListCheckpointFolders(const std::string& dir) {
     absl::StrAppend(&listed, " and ", found.size() - kMaxListedFolders, " more");
   }
   return absl::StrCat("checkpoint folders here: ", listed);
-}
-
-absl::Status CheckTag(const std::string& tag, absl::string_view source) {
-  if (tag.empty() || tag.size() > 255 || tag == "." || absl::StrContains(tag, "/") ||
-      absl::StrContains(tag, "..") || absl::StrContains(tag, absl::string_view("\0", 1))) {
-    return absl::InvalidArgumentError(absl::StrCat("tag \"", absl::CHexEscape(tag), "\" (", source,
-                                                   ") is not a plain folder name"));
-  }
-  return absl::OkStatus();
 }
 
 // The checkpoint folder to read and its tag: `path` itself when it holds DeepSpeed checkpoint
@@ -143,19 +123,14 @@ absl::StatusOr<std::pair<std::string, std::string>> ResolveCheckpointFolder(
                                             "; ", ListCheckpointFolders(path)));
   }
   if (here) return std::make_pair(path, BaseName(path));
-  const std::string latest = JoinPath(path, "latest");
-  if (!fs::exists(latest, error)) {
+  const std::string latest = JoinPath(path, kDeepSpeedTrackerName);
+  ASSIGN_OR_RETURN(std::optional<std::string> contents, ReadTrackerFile(latest));
+  if (!contents.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, " holds no DeepSpeed checkpoint files and no `latest` file naming a checkpoint; ",
         ListCheckpointFolders(path), ". Pass --tag to choose one"));
   }
-  auto contents = ReadSmallFile(latest, kMaxLatestBytes);
-  if (!contents.ok()) {
-    return absl::DataLossError(absl::StrCat(latest, ": not a readable tag file (at most ",
-                                            kMaxLatestBytes, " bytes): ",
-                                            contents.status().message()));
-  }
-  const std::string tag(absl::StripAsciiWhitespace(*contents));
+  const std::string tag = *std::move(contents);
   if (tag.empty()) {
     return absl::DataLossError(absl::StrCat(latest, " is empty; ", ListCheckpointFolders(path),
                                             ". Pass --tag to choose one"));

@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "lib/core/status.h"
+#include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/folder_model.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
@@ -36,8 +37,6 @@ namespace fs = std::filesystem;
 using Kind = PickleValue::Kind;
 
 constexpr char kRankFileName[] = "model_optim_rng.pt";
-constexpr char kTrackerName[] = "latest_checkpointed_iteration.txt";
-constexpr char kLatestName[] = "latest";
 constexpr char kHeadCopyName[] = "word_embeddings_for_head.weight";
 // Ranks and layer indices above this are not real checkpoints; the bound keeps loops small.
 constexpr int kMaxIndex = 1 << 20;
@@ -96,29 +95,6 @@ std::optional<int> ParseModelStatesFile(absl::string_view name) {
     return std::nullopt;
   }
   return ParseIndex(name);
-}
-
-std::string JoinPath(const std::string& dir, const std::string& name) {
-  return dir.empty() ? name : absl::StrCat(dir, "/", name);
-}
-
-std::string BaseName(const std::string& path) {
-  std::string trimmed = path;
-  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-  return fs::path(trimmed).filename().string();
-}
-
-// The contents of a small text file (a tracker), or nullopt when it cannot be read.
-std::optional<std::string> ReadSmallFile(const std::string& path) {
-  auto text = ReadFilePrefix(path, 4096);
-  if (!text.ok()) return std::nullopt;
-  return *std::move(text);
-}
-
-// A tag read from a file or given by the user must name a folder inside the save folder.
-bool IsPlainName(absl::string_view name) {
-  return !name.empty() && name != "." && name != ".." &&
-         name.find_first_of(absl::string_view("/\0", 2)) == absl::string_view::npos;
 }
 
 // --------------------------------------------------------------------------- folders
@@ -186,7 +162,7 @@ absl::StatusOr<Resolved> ResolveCheckpoint(const std::string& path, const std::s
       names.push_back(absl::StrCat("global_step", tag));
     }
     for (const std::string& name : names) {
-      if (!IsPlainName(name)) continue;
+      if (!IsPlainPathComponent(name)) continue;
       if (auto found = at(name); found.has_value()) return *found;
     }
     return absl::NotFoundError(absl::StrCat(
@@ -197,14 +173,14 @@ absl::StatusOr<Resolved> ResolveCheckpoint(const std::string& path, const std::s
   if (const Layout layout = Classify(path); layout != Layout::kNone) {
     return Resolved{path, BaseName(path), layout};
   }
-  if (auto latest = ReadSmallFile(JoinPath(path, kLatestName)); latest.has_value()) {
-    const std::string name(absl::StripAsciiWhitespace(*latest));
-    if (IsPlainName(name)) {
-      if (auto found = at(name); found.has_value()) return *found;
-    }
+  ASSIGN_OR_RETURN(const std::optional<std::string> latest,
+                   ReadTrackerFile(JoinPath(path, kDeepSpeedTrackerName)));
+  if (latest.has_value() && IsPlainPathComponent(*latest)) {
+    if (auto found = at(*latest); found.has_value()) return *found;
   }
-  const std::string tracker_path = JoinPath(path, kTrackerName);
-  if (auto tracker = ReadSmallFile(tracker_path); tracker.has_value()) {
+  const std::string tracker_path = JoinPath(path, kMegatronTrackerName);
+  ASSIGN_OR_RETURN(const std::optional<std::string> tracker, ReadTrackerFile(tracker_path));
+  if (tracker.has_value()) {
     const std::optional<std::string> name = IterationFolderFromTracker(*tracker);
     if (!name.has_value()) {
       return absl::InvalidArgumentError(
@@ -219,14 +195,14 @@ absl::StatusOr<Resolved> ResolveCheckpoint(const std::string& path, const std::s
   if (std::vector<std::string> found = CheckpointSubfolders(path); !found.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": holds the checkpoint folders ", absl::StrJoin(found, ", "),
-                     " but no tracker file (", kTrackerName, ", ", kLatestName,
+                     " but no tracker file (", kMegatronTrackerName, ", ", kDeepSpeedTrackerName,
                      ") saying which to read; pass --tag with one of them"));
   }
   return absl::InvalidArgumentError(absl::StrCat(
       path,
       ": not a Megatron checkpoint: no mp_rank_XX[_YYY]/model_optim_rng.pt folders, no DeepSpeed "
       "pipeline layer files (layer_XX-model_YY-model_states.pt), and no tracker file (",
-      kTrackerName, ", ", kLatestName, ") naming a folder that holds them"));
+      kMegatronTrackerName, ", ", kDeepSpeedTrackerName, ") naming a folder that holds them"));
 }
 
 // --------------------------------------------------------------------------- pickle values
@@ -894,13 +870,7 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
     part.format = MegatronInput::kId;
     for (size_t i = 0; i < layer_ids.size(); ++i) {
       if (dropped[i]) continue;
-      Catalog& layer = layers[t][i];
-      const int base = static_cast<int>(part.files.size());
-      for (SourceFile& file : layer.files) part.files.push_back(std::move(file));
-      for (CatalogTensor& tensor : layer.tensors) {
-        for (SourcePiece& piece : tensor.pieces) piece.file += base;
-        part.tensors.push_back(std::move(tensor));
-      }
+      AppendCatalog(part, std::move(layers[t][i]));
     }
     part.other_entries = notes;
     part.Reindex();
@@ -1143,13 +1113,15 @@ bool MegatronInput::Probe(const std::string& path) const {
   // nor layer files (Megatron's torch_dist format) is left to other readers, and so is a folder
   // beside DeepSpeed's `latest` that is no pipeline checkpoint (the ZeRO reader's).
   std::error_code error;
-  if (!fs::is_directory(path, error) || fs::exists(JoinPath(path, kLatestName), error)) {
+  if (!fs::is_directory(path, error) || fs::exists(JoinPath(path, kDeepSpeedTrackerName), error)) {
     return false;
   }
   if (!CheckpointSubfolders(path).empty()) return true;
-  const std::optional<std::string> tracker = ReadSmallFile(JoinPath(path, kTrackerName));
-  if (!tracker.has_value()) return false;
-  const std::optional<std::string> name = IterationFolderFromTracker(*tracker);
+  // A tracker that cannot be read (or is too large) claims nothing here.
+  const absl::StatusOr<std::optional<std::string>> tracker =
+      ReadTrackerFile(JoinPath(path, kMegatronTrackerName));
+  if (!tracker.ok() || !tracker->has_value()) return false;
+  const std::optional<std::string> name = IterationFolderFromTracker(**tracker);
   return name.has_value() && !fs::exists(JoinPath(path, *name), error);
 }
 
