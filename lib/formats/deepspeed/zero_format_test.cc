@@ -196,7 +196,7 @@ void Touch(const std::string& path) { WriteAll(path, ""); }
 TEST(ZeroInputTest, ProbeByFileNames) {
   const ZeroInput input;
   EXPECT_EQ(input.id(), "deepspeed-zero");
-  EXPECT_EQ(input.probe_priority(), 10);
+  EXPECT_EQ(input.probe_priority(), 20);
   const std::string root = MakeTempDir("zero_probe");
   // A tag folder.
   const std::string tag = root + "/run/global_step5";

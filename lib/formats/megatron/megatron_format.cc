@@ -28,7 +28,6 @@
 #include "lib/formats/torch/torch_format.h"
 #include "lib/plan/partition_rules.h"
 #include "lib/io/file_access.h"
-#include "nlohmann/json.hpp"
 
 namespace reshard {
 namespace {
@@ -1086,23 +1085,33 @@ std::optional<bool> SwiGLUFromShapes(const Catalog& catalog) {
   return std::nullopt;
 }
 
-std::string MegatronPartitionRules(bool swiglu, int64_t qkv_unit_rows) {
-  const std::string preset = PartitionRulePreset("megatron");
-  if (!swiglu && qkv_unit_rows <= 1) return preset;
-  nlohmann::json rules = nlohmann::json::parse(preset);
+std::vector<PartitionRule> MegatronPresetRules() {
+  auto split = [](std::string pattern, int dim) { return PartitionRule{std::move(pattern), false, dim}; };
+  auto replicate = [](std::string pattern) { return PartitionRule{std::move(pattern), true}; };
+  // Megatron-LM names (language_model.encoder.layers.N.*, older language_model.transformer.*
+  // and attention.*) and DeepSpeed pipeline names (N.self_attention.*, N.weight for the final
+  // norm); both ParallelAttention spellings are row-parallel in their dense projection.
+  return {
+      split("word_embeddings\\.weight", 0),
+      split("query_key_value\\.(weight|bias)", 0),
+      split("dense_h_to_4h\\.(weight|bias)", 0),
+      split("(attention\\.dense|dense_4h_to_h)\\.weight", 1),
+      replicate("(attention\\.dense|dense_4h_to_h)\\.bias|layernorm|position_embeddings"),
+      split("(^|\\.)(output_layer|lm_head)\\.weight$", 0),
+      replicate("_norm\\.(weight|bias)$|^\\d+\\.(weight|bias)$"),
+  };
+}
+
+std::vector<PartitionRule> MegatronPartitionRules(bool swiglu, int64_t qkv_unit_rows) {
+  std::vector<PartitionRule> rules = MegatronPresetRules();
   if (swiglu) {
-    rules["rules"].insert(
-        rules["rules"].begin(),
-        nlohmann::json{
-            {"pattern", "dense_h_to_4h\\.(weight|bias)$"}, {"split_dim", 0}, {"fused", 2}});
+    rules.insert(rules.begin(), PartitionRule{"dense_h_to_4h\\.(weight|bias)$", false, 0, 2});
   }
   if (qkv_unit_rows > 1) {
-    rules["rules"].insert(rules["rules"].begin(),
-                          nlohmann::json{{"pattern", "query_key_value\\.(weight|bias)$"},
-                                         {"split_dim", 0},
-                                         {"unit", qkv_unit_rows}});
+    rules.insert(rules.begin(),
+                 PartitionRule{"query_key_value\\.(weight|bias)$", false, 0, 1, qkv_unit_rows});
   }
-  return rules.dump();
+  return rules;
 }
 
 bool MegatronInput::Probe(const std::string& path) const {
@@ -1134,6 +1143,7 @@ absl::StatusOr<InputModel> MegatronInput::Read(const std::string& path,
 
 namespace {
 const InputFormatRegistration<MegatronInput> register_input;
+const PartitionRulePresetRegistration register_preset("megatron", MegatronPresetRules());
 }  // namespace
 
 }  // namespace reshard

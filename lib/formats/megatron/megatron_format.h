@@ -55,7 +55,7 @@
 //     partition rules assume): Unimplemented otherwise; expert-parallel folders
 //     (`mp_rank_XX_YYY_ZZZ`): Unimplemented.
 //
-// Partition rules (default_rules): the `megatron` preset (PartitionRulePreset): column-parallel
+// Partition rules (default_rules): the `megatron` preset (MegatronPresetRules): column-parallel
 // (dim 0) word_embeddings, query_key_value (since checkpoint version 2 every rank holds whole
 // heads [np, 3, hn], so a plain split is Megatron's own), dense_h_to_4h, output_layer / lm_head;
 // row-parallel (dim 1) attention.dense.weight, dense_4h_to_h.weight; replicated norms,
@@ -84,6 +84,7 @@
 #include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 #include "lib/formats/format.h"
+#include "lib/plan/partition_rules.h"
 
 namespace reshard {
 
@@ -98,8 +99,8 @@ class MegatronInput : public InputFormat {
   // can say what is wrong. A `latest` naming a folder without layer files (DeepSpeed ZeRO)
   // and a tracker naming a folder without rank folders (torch_dist) are left to other readers.
   bool Probe(const std::string& path) const override;
-  // Above DeepSpeed ZeRO (10), which leaves folders with pipeline layer files to this reader.
-  int probe_priority() const override { return 20; }
+  // Above DeepSpeed ZeRO, which leaves folders with pipeline layer files to this reader.
+  int probe_priority() const override { return 40; }
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;
 };
@@ -155,11 +156,16 @@ absl::StatusOr<Catalog> MergePipelineStages(std::vector<PipelineStage> stages,
 // nullopt when the catalog has no such pair.
 std::optional<bool> SwiGLUFromShapes(const Catalog& catalog);
 
-// The partition rules (JSON) of a Megatron GPT: the `megatron` preset, with dense_h_to_4h as
+// The `megatron` rule preset (registered as "megatron" for --rules): Megatron-LM GPT tensor
+// parallelism, checkpoint version >= 2, GeLU MLP; Megatron-LM names and Megatron-DeepSpeed
+// pipeline names such as `3.mlp.dense_4h_to_h` and `8.weight`; no catch-all.
+std::vector<PartitionRule> MegatronPresetRules();
+
+// The partition rules of a Megatron GPT: the `megatron` preset, with dense_h_to_4h as
 // 2 fused blocks (gate, up) in front when `swiglu`, and query_key_value kept in whole units of
 // `qkv_unit_rows` rows (one attention head's q, k, v; or one GQA head group) when above 1, so
 // that a split into a tensor-parallel degree that does not divide the heads is refused.
-std::string MegatronPartitionRules(bool swiglu, int64_t qkv_unit_rows = 1);
+std::vector<PartitionRule> MegatronPartitionRules(bool swiglu, int64_t qkv_unit_rows = 1);
 
 }  // namespace reshard
 

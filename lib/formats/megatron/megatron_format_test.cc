@@ -1,5 +1,6 @@
 #include "lib/formats/megatron/megatron_format.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -203,7 +204,7 @@ TEST(MegatronRulesTest, SwiGLUFromShapes) {
 
 TEST(MegatronRulesTest, RulesParseAndSwiGLUIsFused) {
   for (bool swiglu : {false, true}) {
-    auto rules = PartitionRules::FromJson(MegatronPartitionRules(swiglu), "megatron");
+    auto rules = PartitionRules::Create(MegatronPartitionRules(swiglu));
     ASSERT_TRUE(rules.ok()) << rules.status();
     for (const char* name :
          {"language_model.encoder.layers.3.mlp.dense_h_to_4h.weight", "3.mlp.dense_h_to_4h.bias"}) {
@@ -218,7 +219,7 @@ TEST(MegatronRulesTest, RulesParseAndSwiGLUIsFused) {
 
 // With SwiGLU every rank holds [gate_i; up_i]: merged, the gate rows of every rank come first.
 TEST(MegatronRulesTest, SwiGLUMergePutsGatesFirst) {
-  auto rules = PartitionRules::FromJson(MegatronPartitionRules(true), "megatron");
+  auto rules = PartitionRules::Create(MegatronPartitionRules(true));
   ASSERT_TRUE(rules.ok());
   std::vector<Catalog> parts;
   parts.push_back(StageCatalog("/tp0.pt", {"3.mlp.dense_h_to_4h.weight"}, 4));
@@ -232,6 +233,63 @@ TEST(MegatronRulesTest, SwiGLUMergePutsGatesFirst) {
   std::vector<std::pair<int, int64_t>> rows;
   for (const SourcePiece& piece : w.pieces) rows.push_back({piece.file, piece.box.origin[0]});
   EXPECT_EQ(rows, (std::vector<std::pair<int, int64_t>>{{0, 0}, {0, 4}, {1, 2}, {1, 6}}));
+}
+
+// The megatron preset (registered by this format, found by name) on both Megatron-LM and DeepSpeed pipeline names: (name, split dim or
+// -1 for replicated). No catch-all: anything else fails.
+TEST(MegatronRulesTest, PresetCoversBothNamingSchemes) {
+  std::optional<std::vector<PartitionRule>> preset = FindPartitionRulePreset("megatron");
+  ASSERT_TRUE(preset.has_value());
+  auto rules = PartitionRules::Create(*std::move(preset));
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  const std::vector<std::pair<std::string, int>> cases = {
+      // Megatron-LM (the names the preset always covered).
+      {"language_model.embedding.word_embeddings.weight", 0},
+      {"language_model.embedding.position_embeddings.weight", -1},
+      {"language_model.encoder.layers.0.input_layernorm.weight", -1},
+      {"language_model.encoder.layers.0.input_layernorm.bias", -1},
+      {"language_model.encoder.layers.0.self_attention.query_key_value.weight", 0},
+      {"language_model.encoder.layers.0.self_attention.query_key_value.bias", 0},
+      {"language_model.encoder.layers.0.self_attention.dense.weight", 1},
+      {"language_model.encoder.layers.0.self_attention.dense.bias", -1},
+      {"language_model.encoder.layers.0.post_attention_layernorm.weight", -1},
+      {"language_model.encoder.layers.0.mlp.dense_h_to_4h.weight", 0},
+      {"language_model.encoder.layers.0.mlp.dense_h_to_4h.bias", 0},
+      {"language_model.encoder.layers.0.mlp.dense_4h_to_h.weight", 1},
+      {"language_model.encoder.layers.0.mlp.dense_4h_to_h.bias", -1},
+      {"language_model.encoder.final_layernorm.weight", -1},
+      // Added: untied output layer, older `attention.` / `transformer.` names, *_norm names.
+      {"language_model.output_layer.weight", 0},
+      {"language_model.transformer.layers.1.attention.dense.weight", 1},
+      {"language_model.transformer.layers.1.attention.dense.bias", -1},
+      {"language_model.encoder.final_norm.weight", -1},
+      {"language_model.encoder.layers.0.input_norm.bias", -1},
+      // DeepSpeed pipeline names (layer-spec index first).
+      {"1.word_embeddings.weight", 0},
+      {"1.position_embeddings.weight", -1},
+      {"3.self_attention.query_key_value.weight", 0},
+      {"3.self_attention.dense.weight", 1},
+      {"3.mlp.dense_4h_to_h.weight", 1},
+      {"3.mlp.dense_4h_to_h.bias", -1},
+      {"8.weight", -1},
+      {"8.bias", -1},
+      {"9.lm_head.weight", 0},
+  };
+  for (const auto& [name, dim] : cases) {
+    auto match = rules->Match(name);
+    ASSERT_TRUE(match.ok()) << name << ": " << match.status();
+    if (dim < 0) {
+      EXPECT_TRUE((*match)->replicate) << name;
+    } else {
+      EXPECT_FALSE((*match)->replicate) << name;
+      EXPECT_EQ((*match)->split_dim, dim) << name;
+      EXPECT_EQ((*match)->fused, 1) << name;
+    }
+  }
+  for (const char* name : {"language_model.encoder.layers.0.adapter.weight", "3.router.weight",
+                           "word_embeddings_for_head.weight", "x.12.weight"}) {
+    EXPECT_FALSE(rules->Match(name).ok()) << name;
+  }
 }
 
 }  // namespace
