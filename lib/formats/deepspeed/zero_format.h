@@ -84,7 +84,7 @@ namespace reshard {
 
 class ZeroInput : public InputFormat {
  public:
-  static constexpr char kId[] = "deepspeed-zero";
+  static constexpr const char* kId = kZeroFormatId;
   absl::string_view id() const override { return kId; }
   // A folder holding ZeRO optimizer files or DeepSpeed model-states files
   // (`mp_rank_XX_model_states.pt`, `zero_pp_rank_N_mp_rank_XX_model_states.pt`), i.e. a
