@@ -40,12 +40,13 @@ std::string JoinPath(absl::string_view dir, absl::string_view name);
 std::string BaseName(absl::string_view path);
 
 // Whether `name` is one plain path component, the rule for tags and for the file names an index
-// lists: not empty, at most kMaxPathComponentBytes, not "." or "..", no '/' and no NUL byte. Names that
-// merely contain dots ("step..1", "v1.0") are plain: without a '/' they cannot leave the folder.
+// lists: not empty, at most kMaxPathComponentBytes, not "." or "..", no '/' and no NUL byte. Names
+// that merely contain dots ("step..1", "v1.0") are plain: without a '/' they cannot leave the
+// folder.
 bool IsPlainPathComponent(absl::string_view name);
 
-// OK for a plain tag (IsPlainPathComponent); otherwise InvalidArgument naming the tag and where it came
-// from (`source`: "from --tag", "from save/latest").
+// OK for a plain tag (IsPlainPathComponent); otherwise InvalidArgument naming the tag and where it
+// came from (`source`: "from --tag", "from save/latest").
 absl::Status CheckTag(absl::string_view tag, absl::string_view source);
 
 // The contents of tracker file `path`, surrounding whitespace stripped; nullopt when there is

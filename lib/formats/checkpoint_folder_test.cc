@@ -30,7 +30,8 @@ TEST(TagTest, OnePlainComponent) {
     EXPECT_TRUE(IsPlainPathComponent(good)) << good;
     EXPECT_TRUE(CheckTag(good, "from --tag").ok()) << good;
   }
-  for (const std::string& bad : std::vector<std::string>{"", ".", "..", "../x", "a/b", "/abs", "dir/",
+  for (const std::string& bad :
+       std::vector<std::string>{"", ".", "..", "../x", "a/b", "/abs", "dir/",
                                 std::string("a\0b", 3), std::string(256, 'a')}) {
     EXPECT_FALSE(IsPlainPathComponent(bad)) << bad;
     const absl::Status status = CheckTag(bad, "from --tag");

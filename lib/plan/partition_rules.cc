@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
@@ -171,12 +172,20 @@ absl::StatusOr<PartitionRules> PartitionRules::FromFile(const std::string& path)
     std::ifstream probe(path);
     if (!probe) {  // no such file: the preset
       auto rules = Create(*std::move(preset));
-      if (!rules.ok()) return Annotate(rules.status(), absl::StrCat("partition rules preset ", path));
+      if (!rules.ok()) {
+        return Annotate(rules.status(), absl::StrCat("partition rules preset ", path));
+      }
       return rules;
     }
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open partition rules file ", path));
+  if (!in) {
+    const std::vector<std::string> presets = PartitionRulePresetNames();
+    const std::string known =
+        presets.empty() ? ""
+                        : absl::StrCat(" (nor is it a preset: ", absl::StrJoin(presets, ", "), ")");
+    return absl::NotFoundError(absl::StrCat("cannot open partition rules file ", path, known));
+  }
   std::ostringstream text;
   text << in.rdbuf();
   if (text.str().size() > (16u << 20)) {

@@ -250,12 +250,24 @@ TEST(ZeroInputTest, ReadRejectsBadTagsAndMissingLatest) {
   model = input.Read(root, options);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kNotFound);
+  // A name merely containing ".." is one plain folder name (the rule of checkpoint_folder.h).
+  options.tag = "step..1";
+  model = input.Read(root, options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kNotFound) << model.status();
 
   WriteAll(root + "/latest", "../etc\n");
   options.tag = "";
   model = input.Read(root, options);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << model.status();
+  // A `latest` larger than a tracker file may be is refused, not truncated.
+  WriteAll(root + "/latest", "global_step10" + std::string(5000, ' '));
+  model = input.Read(root, options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss) << model.status();
+  EXPECT_NE(model.status().message().find("at most 4096 bytes"), absl::string_view::npos)
+      << model.status();
   WriteAll(root + "/latest", "global_step99");
   model = input.Read(root, options);
   ASSERT_FALSE(model.ok());
