@@ -20,6 +20,7 @@
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/deepspeed/zero_catalog_builder.h"
 #include "lib/formats/deepspeed/zero_layout.h"
+#include "lib/formats/deepspeed/zero_locate.h"
 #include "lib/formats/deepspeed/zero_pickle.h"
 #include "lib/formats/folder_model.h"
 #include "lib/formats/torch/pickle.h"
@@ -30,29 +31,6 @@ namespace zero_internal {
 namespace {
 
 using Kind = PickleValue::Kind;
-
-// A 1-D contiguous float32 tensor in one file: one rank's flat group or flat moment.
-struct FlatTensor {
-  int file = -1;
-  uint64_t byte_offset = 0;
-  int64_t numel = 0;
-};
-
-// What one rank's optimizer file holds, per flat group (ZeRO-1/2 param group, ZeRO-3 sub-group).
-struct RankFlats {
-  std::vector<FlatTensor> fp32;
-  std::vector<FlatTensor> exp_avg;  // with include_optimizer only
-  std::vector<FlatTensor> exp_avg_sq;
-  // ZeRO-1/2 `group_paddings[g]`, when the file records it as an int.
-  std::vector<std::optional<int64_t>> paddings;
-};
-
-struct ParamInfo {
-  std::string name;
-  Shape shape;
-  int64_t numel = 0;
-  int group = 0;  // index in param_shapes
-};
 
 class ZeroReader {
  public:
@@ -84,10 +62,11 @@ class ZeroReader {
     std::vector<CatalogTensor> buffers, frozen, trainable, moments;
     ASSIGN_OR_RETURN(buffers, ReadBuffers(*model0));
     ASSIGN_OR_RETURN(frozen, ReadFrozen(*model0));
+    const ZeroFlats located = Flats();
     if (stage_ == 3) {
-      ASSIGN_OR_RETURN(trainable, LocateZero3(moments));
+      ASSIGN_OR_RETURN(trainable, LocateZero3(located, moments));
     } else {
-      ASSIGN_OR_RETURN(trainable, LocateZero12(moments));
+      ASSIGN_OR_RETURN(trainable, LocateZero12(located, moments));
     }
     const size_t buffer_count = buffers.size();
     const size_t frozen_count = frozen.size();
@@ -118,6 +97,20 @@ class ZeroReader {
   std::string ModelName(int rank) const {
     return stage_ == 3 ? absl::StrCat("zero_pp_rank_", rank, "_mp_rank_00_model_states.pt")
                        : std::string("mp_rank_00_model_states.pt");
+  }
+
+  // What LocateZero12 / LocateZero3 need, once the files are read.
+  ZeroFlats Flats() const {
+    ZeroFlats in{world_, param_groups_, params_, flats_, options_.include_optimizer};
+    for (int rank = 0; rank < world_; ++rank) {
+      in.optimizer_paths.push_back(Path(files_.optimizer_files.at(rank)));
+    }
+    in.model_path = Path(ModelName(0));
+    in.model_name = ModelName(0);
+    in.optimizer0_name = OptimizerName(0);
+    in.dir = dir_;
+    in.setup = Setup();
+    return in;
   }
 
   // "ZeRO-3 with 4 ranks", "BF16_Optimizer (ZeRO-1 layout) with 2 ranks".
@@ -428,181 +421,6 @@ class ZeroReader {
       flats.exp_avg_sq.push_back(exp_avg_sq);
     }
     return flats;
-  }
-
-  std::string OptimizerPath(int rank) const { return Path(files_.optimizer_files.at(rank)); }
-
-  // Appends the pieces of `runs` to `tensor`, out of the flat tensors `member` of each rank.
-  absl::Status AddRuns(CatalogTensor& tensor, const std::vector<ZeroRun>& runs,
-                       std::vector<FlatTensor> RankFlats::*member, absl::string_view key) const {
-    for (const ZeroRun& run : runs) {
-      const std::vector<FlatTensor>& groups = flats_[run.rank].*member;
-      if (run.group >= static_cast<int>(groups.size()) ||
-          run.offset + run.count > groups[run.group].numel) {
-        return absl::DataLossError(absl::StrCat(
-            OptimizerPath(run.rank), ": \"", tensor.name, "\" needs elements [", run.offset, ", ",
-            run.offset + run.count, ") of ", key, "[", run.group, "], which ",
-            run.group >= static_cast<int>(groups.size())
-                ? "does not exist"
-                : absl::StrCat("has ", groups[run.group].numel)));
-      }
-      const FlatTensor& flat = groups[run.group];
-      AddFlatRangePieces(tensor, flat.file,
-                         flat.byte_offset + static_cast<uint64_t>(run.offset) * sizeof(float),
-                         run.begin, run.begin + run.count);
-    }
-    return absl::OkStatus();
-  }
-
-  // Trainable params (and their moments into `moments`) from the per-rank flat tensors.
-  absl::Status Locate(const std::vector<std::vector<ZeroRun>>& runs, absl::string_view key,
-                      std::vector<CatalogTensor>& trainable, std::vector<CatalogTensor>& moments) {
-    for (size_t p = 0; p < params_.size(); ++p) {
-      CatalogTensor tensor{params_[p].name, DType::kF32, params_[p].shape, {}};
-      RETURN_IF_ERROR(AddRuns(tensor, runs[p], &RankFlats::fp32, key));
-      trainable.push_back(std::move(tensor));
-    }
-    if (!options_.include_optimizer) return absl::OkStatus();
-    for (size_t p = 0; p < params_.size(); ++p) {
-      for (auto [suffix, member] : {std::make_pair(".exp_avg", &RankFlats::exp_avg),
-                                    std::make_pair(".exp_avg_sq", &RankFlats::exp_avg_sq)}) {
-        CatalogTensor tensor{
-            absl::StrCat(params_[p].name, suffix), DType::kF32, params_[p].shape, {}};
-        RETURN_IF_ERROR(AddRuns(tensor, runs[p], member, absl::StrCat(key, suffix)));
-        moments.push_back(std::move(tensor));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // Checks one flat tensor's length against a ZeRO-1/2 group layout.
-  absl::Status CheckZero12Length(const Zero12GroupLayout& layout, int rank, int group,
-                                 const FlatTensor& flat, absl::string_view what) const {
-    const int64_t unpadded = layout.UnpaddedLength(rank);
-    if (flat.numel == unpadded || flat.numel == layout.partition) return absl::OkStatus();
-    return absl::DataLossError(
-        absl::StrCat(OptimizerPath(rank), ": ", what, "[", group, "] has ", flat.numel,
-                     " elements, but param_shapes[", group, "] (", layout.total, " elements over ",
-                     world_, " ranks: partitions of ", layout.partition, ") puts ", unpadded,
-                     " on rank ", rank, " (", layout.partition, " with padding)"));
-  }
-
-  // `group_paddings[g]` of a rank, when recorded, agrees with param_shapes: the padding of
-  // §1.4 (P_g minus the rank's real elements), or A_g - T_g on the last rank and 0 elsewhere
-  // (older DeepSpeed and BF16_Optimizer).
-  absl::Status CheckZero12Padding(const Zero12GroupLayout& layout, int rank, int group) const {
-    const std::optional<int64_t>& recorded = flats_[rank].paddings[group];
-    if (!recorded.has_value()) return absl::OkStatus();
-    const int64_t padding = layout.partition - layout.UnpaddedLength(rank);
-    const int64_t last_rank_padding = rank == world_ - 1 ? layout.aligned - layout.total : 0;
-    if (*recorded == padding || *recorded == last_rank_padding) return absl::OkStatus();
-    return absl::DataLossError(
-        absl::StrCat(OptimizerPath(rank), ": group_paddings[", group, "] is ", *recorded,
-                     ", but param_shapes[", group, "] of ", ModelName(0), " (", layout.total,
-                     " elements over ", world_, " ranks: partitions of ", layout.partition,
-                     ") leaves ", padding, " padding on rank ", rank));
-  }
-
-  absl::StatusOr<std::vector<CatalogTensor>> LocateZero12(std::vector<CatalogTensor>& moments) {
-    const std::string model_path = Path(ModelName(0));
-    for (int rank = 0; rank < world_; ++rank) {
-      if (static_cast<int>(flats_[rank].fp32.size()) != param_groups_) {
-        return absl::DataLossError(absl::StrCat(
-            OptimizerPath(rank), ": single_partition_of_fp32_groups has ", flats_[rank].fp32.size(),
-            " groups, but param_shapes of ", model_path, " has ", param_groups_));
-      }
-    }
-    std::vector<std::vector<ZeroRun>> runs(params_.size());
-    for (int g = 0; g < param_groups_; ++g) {
-      std::vector<int64_t> numels;
-      std::vector<size_t> members;
-      for (size_t p = 0; p < params_.size(); ++p) {
-        if (params_[p].group != g) continue;
-        numels.push_back(params_[p].numel);
-        members.push_back(p);
-      }
-      auto layout = LayoutZero12Group(world_, g, numels);
-      if (!layout.ok()) {
-        return Annotate(layout.status(), absl::StrCat(model_path, ": param_shapes[", g, "]"));
-      }
-      // zero_to_fp32's check: the param total and the saved partitions agree once aligned.
-      int64_t available = 0;
-      for (int rank = 0; rank < world_; ++rank) {
-        // Each length is bounded by its file; the sum is bounded to stay clear of overflow.
-        available = std::min(available + flats_[rank].fp32[g].numel, kZeroMaxElements);
-      }
-      if (Zero12Align(layout->total, world_) != Zero12Align(available, world_)) {
-        return absl::DataLossError(absl::StrCat(
-            dir_, ": ", Setup(), ": param_shapes[", g, "] of ", ModelName(0), " lists ",
-            numels.size(), " params of ", layout->total, " elements (aligned to ", 2 * world_, ": ",
-            layout->aligned, "), but single_partition_of_fp32_groups[", g,
-            "] of the optimizer files hold ", available,
-            " (aligned: ", Zero12Align(available, world_), ")"));
-      }
-      for (int rank = 0; rank < world_; ++rank) {
-        RETURN_IF_ERROR(CheckZero12Padding(*layout, rank, g));
-        RETURN_IF_ERROR(CheckZero12Length(*layout, rank, g, flats_[rank].fp32[g],
-                                          "single_partition_of_fp32_groups"));
-        if (options_.include_optimizer) {
-          RETURN_IF_ERROR(CheckZero12Length(*layout, rank, g, flats_[rank].exp_avg[g],
-                                            "base_optimizer_state exp_avg of group"));
-          RETURN_IF_ERROR(CheckZero12Length(*layout, rank, g, flats_[rank].exp_avg_sq[g],
-                                            "base_optimizer_state exp_avg_sq of group"));
-        }
-      }
-      for (size_t i = 0; i < members.size(); ++i) runs[members[i]] = std::move(layout->params[i]);
-    }
-    std::vector<CatalogTensor> trainable;
-    RETURN_IF_ERROR(Locate(runs, "single_partition_of_fp32_groups", trainable, moments));
-    return trainable;
-  }
-
-  absl::StatusOr<std::vector<CatalogTensor>> LocateZero3(std::vector<CatalogTensor>& moments) {
-    // Sub-group sizes: rank 0's, and every rank must have the same.
-    std::vector<int64_t> sizes;
-    for (const FlatTensor& flat : flats_[0].fp32) sizes.push_back(flat.numel);
-    for (int rank = 0; rank < world_; ++rank) {
-      const RankFlats& flats = flats_[rank];
-      for (size_t s = 0; s < std::max(flats.fp32.size(), sizes.size()); ++s) {
-        const int64_t got = s < flats.fp32.size() ? flats.fp32[s].numel : -1;
-        const int64_t want = s < sizes.size() ? sizes[s] : -1;
-        if (got != want) {
-          return absl::DataLossError(
-              absl::StrCat(OptimizerPath(rank), ": fp32_flat_groups has ", flats.fp32.size(),
-                           " sub-groups of sizes [", absl::StrJoin(FlatSizes(flats.fp32), ", "),
-                           "], but rank 0's has [", absl::StrJoin(sizes, ", "), "]"));
-        }
-        if (!options_.include_optimizer) continue;
-        for (auto [what, flat] : {std::make_pair("exp_avg", flats.exp_avg[s]),
-                                  std::make_pair("exp_avg_sq", flats.exp_avg_sq[s])}) {
-          if (flat.numel != want) {
-            return absl::DataLossError(absl::StrCat(
-                OptimizerPath(rank), ": optimizer_state_dict.optimizer_state_dict.state[", s, "].",
-                what, " has ", flat.numel, " elements, but fp32_flat_groups[", s, "] has ", want));
-          }
-        }
-      }
-    }
-    std::vector<int64_t> numels;
-    for (const ParamInfo& param : params_) numels.push_back(param.numel);
-    auto layout = LayoutZero3(world_, numels, sizes);
-    if (!layout.ok()) {
-      // A mismatch of the totals is corrupt input, like every other disagreement of the files.
-      const absl::Status status = layout.status().code() == absl::StatusCode::kFailedPrecondition
-                                      ? absl::DataLossError(layout.status().message())
-                                      : layout.status();
-      return Annotate(status, absl::StrCat(dir_, ": ", Setup(), ": param_shapes of ", ModelName(0),
-                                           " against fp32_flat_groups of ", OptimizerName(0)));
-    }
-    std::vector<CatalogTensor> trainable;
-    RETURN_IF_ERROR(Locate(layout->params, "fp32_flat_groups", trainable, moments));
-    return trainable;
-  }
-
-  static std::vector<int64_t> FlatSizes(const std::vector<FlatTensor>& flats) {
-    std::vector<int64_t> sizes;
-    for (const FlatTensor& flat : flats) sizes.push_back(flat.numel);
-    return sizes;
   }
 
   // Rank 0's buffers, in module order.
