@@ -75,7 +75,7 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
     auto rules = PartitionRules::FromJson(spec.rules_json(), "spec.rules_json");
     if (!rules.ok()) return rules.status();
   }
-  if (!spec.tag().empty() && !IsPlainPathComponent(spec.tag())) {
+  if (!spec.tag().empty() && !IsPlainTag(spec.tag())) {
     return absl::InvalidArgumentError("spec.tag must be a folder name inside the input");
   }
   if (spec.output().empty()) return absl::InvalidArgumentError("spec.output is required");

@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "lib/io/file_access.h"
 
@@ -25,8 +26,12 @@ bool IsPlainPathComponent(absl::string_view name) {
          name.find_first_of(absl::string_view("/\0", 2)) == absl::string_view::npos;
 }
 
+bool IsPlainTag(absl::string_view tag) {
+  return IsPlainPathComponent(tag) && !absl::StrContains(tag, "..");
+}
+
 absl::Status CheckTag(absl::string_view tag, absl::string_view source) {
-  if (IsPlainPathComponent(tag)) return absl::OkStatus();
+  if (IsPlainTag(tag)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("tag \"", absl::CHexEscape(tag), "\" (", source,
                                                  ") is not a plain folder name"));
 }

@@ -39,14 +39,18 @@ std::string JoinPath(absl::string_view dir, absl::string_view name);
 // The last component of `path`, trailing slashes ignored: "save/global_step5/" -> "global_step5".
 std::string BaseName(absl::string_view path);
 
-// Whether `name` is one plain path component, the rule for tags and for the file names an index
-// lists: not empty, at most kMaxPathComponentBytes, not "." or "..", no '/' and no NUL byte. Names
-// that merely contain dots ("step..1", "v1.0") are plain: without a '/' they cannot leave the
-// folder.
+// Whether `name` is one plain path component, the rule for the file names an index lists: not
+// empty, at most kMaxPathComponentBytes, not "." or "..", no '/' and no NUL byte.
 bool IsPlainPathComponent(absl::string_view name);
 
-// OK for a plain tag (IsPlainPathComponent); otherwise InvalidArgument naming the tag and where it
-// came from (`source`: "from --tag", "from save/latest").
+// Whether `tag` is a plain tag, the one rule for every tag (--tag, a job spec's tag, the name a
+// tracker file gives): a plain path component (IsPlainPathComponent) that does not contain ".."
+// anywhere either ("step..1" is refused), so that no tag can read as a step out of the save
+// folder. The ZeRO reader and the daemon have always refused such names; the others now agree.
+bool IsPlainTag(absl::string_view tag);
+
+// OK for a plain tag (IsPlainTag); otherwise InvalidArgument naming the tag and where it came
+// from (`source`: "from --tag", "from save/latest").
 absl::Status CheckTag(absl::string_view tag, absl::string_view source);
 
 // The contents of tracker file `path`, surrounding whitespace stripped; nullopt when there is

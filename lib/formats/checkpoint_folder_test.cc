@@ -26,14 +26,22 @@ TEST(BaseNameTest, IgnoresTrailingSlashes) {
 }
 
 TEST(TagTest, OnePlainComponent) {
-  for (const char* good : {"global_step5", "iter_0000100", "release", "step..1", "v1.0", "..a"}) {
+  for (const char* good : {"global_step5", "iter_0000100", "release", "v1.0", ".hidden"}) {
     EXPECT_TRUE(IsPlainPathComponent(good)) << good;
+    EXPECT_TRUE(IsPlainTag(good)) << good;
     EXPECT_TRUE(CheckTag(good, "from --tag").ok()) << good;
+  }
+  // Plain file names, but no tags: ".." anywhere is refused in a tag.
+  for (const char* dotdot : {"step..1", "..a", "a.."}) {
+    EXPECT_TRUE(IsPlainPathComponent(dotdot)) << dotdot;
+    EXPECT_FALSE(IsPlainTag(dotdot)) << dotdot;
+    EXPECT_EQ(CheckTag(dotdot, "from --tag").code(), absl::StatusCode::kInvalidArgument) << dotdot;
   }
   for (const std::string& bad :
        std::vector<std::string>{"", ".", "..", "../x", "a/b", "/abs", "dir/",
                                 std::string("a\0b", 3), std::string(256, 'a')}) {
     EXPECT_FALSE(IsPlainPathComponent(bad)) << bad;
+    EXPECT_FALSE(IsPlainTag(bad)) << bad;
     const absl::Status status = CheckTag(bad, "from --tag");
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(status.message().find("(from --tag) is not a plain folder name"), std::string::npos)

@@ -67,7 +67,7 @@ absl::StatusOr<Resolved> ResolveCheckpoint(const std::string& path, const std::s
       names.push_back(absl::StrCat("global_step", tag));
     }
     for (const std::string& name : names) {
-      if (!IsPlainPathComponent(name)) continue;
+      if (!IsPlainTag(name)) continue;
       if (auto found = at(name); found.has_value()) return *found;
     }
     return absl::NotFoundError(absl::StrCat(
@@ -80,7 +80,7 @@ absl::StatusOr<Resolved> ResolveCheckpoint(const std::string& path, const std::s
   }
   ASSIGN_OR_RETURN(const std::optional<std::string> latest,
                    ReadTrackerFile(JoinPath(path, kDeepSpeedTrackerName)));
-  if (latest.has_value() && IsPlainPathComponent(*latest)) {
+  if (latest.has_value() && IsPlainTag(*latest)) {
     if (auto found = at(*latest); found.has_value()) return *found;
   }
   const std::string tracker_path = JoinPath(path, kMegatronTrackerName);
