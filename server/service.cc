@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/engine/conversion.h"
+#include "lib/formats/checkpoint_folder.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/partition_rules.h"
 #include "server/job_runner.h"
@@ -70,7 +71,7 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
     auto rules = PartitionRules::FromJson(spec.rules_json(), "spec.rules_json");
     if (!rules.ok()) return rules.status();
   }
-  if (spec.tag().find('/') != std::string::npos || spec.tag() == ".." || spec.tag() == ".") {
+  if (!spec.tag().empty() && !IsPlainTag(spec.tag())) {
     return absl::InvalidArgumentError("spec.tag must be a folder name inside the input");
   }
   if (spec.output().empty()) return absl::InvalidArgumentError("spec.output is required");

@@ -69,9 +69,11 @@ absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules ru
     RETURN_IF_ERROR(ValidateCatalog(part));
   }
   if (rules.empty() && !loaded.model.default_rules.empty()) {
-    auto defaults = PartitionRules::FromJson(loaded.model.default_rules,
-                                             absl::StrCat(loaded.model.format, " default rules"));
-    if (!defaults.ok()) return Annotate(defaults.status(), path);
+    auto defaults = PartitionRules::Create(loaded.model.default_rules);
+    if (!defaults.ok()) {
+      return Annotate(defaults.status(), absl::StrCat(path, ": ", loaded.model.format,
+                                                      " default rules"));
+    }
     rules = *std::move(defaults);
   }
   loaded.rules = std::move(rules);

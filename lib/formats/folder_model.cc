@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
+#include "lib/formats/checkpoint_folder.h"
 #include "lib/io/file_access.h"
 #include "nlohmann/json.hpp"
 
@@ -97,8 +98,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadWeightMap(
           absl::StrCat(index_path, ": weight_map entry \"", it.key(), "\" is not a file name"));
     }
     const std::string file = it.value().get<std::string>();
-    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == ".." ||
-        file.find('\0') != std::string::npos) {
+    if (!IsPlainPathComponent(file)) {
       return absl::DataLossError(absl::StrCat(index_path, ": weight_map entry \"", it.key(),
                                               "\" names \"", file,
                                               "\", which is not a file in the index's folder"));
@@ -125,17 +125,6 @@ std::string HuggingFaceIndexJson(const TargetLayout& layout) {
   metadata["total_size"] = total_size;
   const nlohmann::json index = {{"metadata", metadata}, {"weight_map", weight_map}};
   return index.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-}
-
-void AppendCatalog(Catalog& target, Catalog source) {
-  const int base = static_cast<int>(target.files.size());
-  for (SourceFile& file : source.files) target.files.push_back(std::move(file));
-  for (CatalogTensor& tensor : source.tensors) {
-    for (SourcePiece& piece : tensor.pieces) piece.file += base;
-    target.tensors.push_back(std::move(tensor));
-  }
-  for (auto& [key, value] : source.metadata) target.metadata.emplace(key, value);
-  for (std::string& entry : source.other_entries) target.other_entries.push_back(std::move(entry));
 }
 
 absl::StatusOr<InputModel> AssembleIndexedFolder(

@@ -53,9 +53,6 @@ absl::StatusOr<InputModel> AssembleFolder(absl::string_view format, const std::s
 // with total_size (data bytes) and the tied aliases (alias -> stored name).
 std::string HuggingFaceIndexJson(const TargetLayout& layout);
 
-// Appends `source`'s files and tensors to `target` (tensor names must not collide).
-void AppendCatalog(Catalog& target, Catalog source);
-
 }  // namespace reshard
 
 #endif  // RESHARD_LIB_FORMATS_FOLDER_MODEL_H_

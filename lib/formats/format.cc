@@ -77,13 +77,12 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
       "input ", path, " is in no format reshard reads (known: ", absl::StrJoin(ids, ", "), ")"));
 }
 
-std::string DescribeInputModel(const InputModel& model) {
-  const std::string format = model.format == "torch" ? "torch.save" : model.format;
+std::string DescribeInputModel(const InputModel& model, absl::string_view format_name,
+                               absl::string_view parts_origin) {
+  const absl::string_view format = format_name.empty() ? model.format : format_name;
   if (model.layout == "model-parallel-parts") {
-    // metaseq names its parts "<name>-model_part-<rank>.pt".
-    const bool metaseq =
-        !model.part_names.empty() && absl::StrContains(model.part_names[0], "model_part-");
-    return absl::StrCat(format, ", ", model.parts.size(), metaseq ? " metaseq" : "",
+    return absl::StrCat(format, ", ", model.parts.size(), parts_origin.empty() ? "" : " ",
+                        parts_origin,
                         " model-parallel parts (every file holds a slice of every tensor)");
   }
   size_t files = 0;

@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 #include "lib/plan/layout.h"
+#include "lib/plan/partition_rules.h"
 
 namespace reshard {
 
@@ -33,9 +34,9 @@ struct InputModel {
   // "DeepSpeed ZeRO-3, 4 data-parallel ranks, tag global_step10". Empty: nothing beyond
   // format and layout.
   std::string description;
-  // Partition rules (JSON) for merging or splitting the parts when the user gives none: the
-  // rule set the training framework itself uses (Megatron's). Empty: the user must give rules.
-  std::string default_rules;
+  // Partition rules for merging or splitting the parts when the user gives none: the rule set
+  // the training framework itself uses (Megatron's). Empty: the user must give rules.
+  std::vector<PartitionRule> default_rules;
 };
 
 // Choices a user can make about what is read.
@@ -56,8 +57,10 @@ class InputFormat {
   virtual bool Probe(const std::string& path) const = 0;
   // Formats that recognize a folder by a specific arrangement of files (a DeepSpeed or DCP
   // checkpoint, which also hold .pt files) are asked before generic ones (a folder of .pt
-  // files): higher first, registration order among equals.
-  virtual int probe_priority() const { return 0; }
+  // files): higher first. Every format gives its own, distinct priority, so that detection
+  // does not depend on registration (static-initialization) order:
+  //   megatron 40, torch-dcp 30, deepspeed-zero 20, safetensors 10, torch 0.
+  virtual int probe_priority() const = 0;
   // Reads metadata and builds the Catalog(s). Errors name the file and what is wrong.
   virtual absl::StatusOr<InputModel> Read(const std::string& path,
                                           const ReadOptions& options) const = 0;
@@ -89,9 +92,13 @@ absl::StatusOr<const OutputFormat*> FindOutputFormat(absl::string_view id);
 std::vector<std::string> InputFormatIds();
 std::vector<std::string> OutputFormatIds();
 
-// A description of `model` from its format, layout and part names, for formats that set none:
-// "safetensors, 3 shards of one model", "torch.save, 2 metaseq model-parallel parts".
-std::string DescribeInputModel(const InputModel& model);
+// A description of `model` from its layout and number of parts or files, for formats that set
+// none and for formats describing themselves: "safetensors, one model in 3 shards",
+// "torch.save, 2 metaseq model-parallel parts (...)". `format_name` is how the format is called
+// (model.format when empty); `parts_origin` names who wrote model-parallel parts ("metaseq"),
+// empty when unknown.
+std::string DescribeInputModel(const InputModel& model, absl::string_view format_name = {},
+                               absl::string_view parts_origin = {});
 
 template <typename T>
 struct InputFormatRegistration {

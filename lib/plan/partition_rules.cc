@@ -1,11 +1,16 @@
 #include "lib/plan/partition_rules.h"
 
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
 #include "nlohmann/json.hpp"
 #include "re2/re2.h"
@@ -105,41 +110,82 @@ absl::StatusOr<PartitionRules> PartitionRules::FromJson(absl::string_view json,
   return created;
 }
 
+namespace {
+
+struct PresetRegistry {
+  absl::Mutex mu;
+  std::map<std::string, std::vector<PartitionRule>, std::less<>> presets ABSL_GUARDED_BY(mu);
+};
+
+PresetRegistry& GetPresetRegistry() {
+  static PresetRegistry* const registry = new PresetRegistry;
+  return *registry;
+}
+
+}  // namespace
+
+std::string PartitionRulesToJson(const std::vector<PartitionRule>& rules) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const PartitionRule& rule : rules) {
+    nlohmann::json entry = {{"pattern", rule.pattern}};
+    if (rule.replicate) {
+      entry["replicate"] = true;
+    } else {
+      entry["split_dim"] = rule.split_dim;
+      if (rule.fused != 1) entry["fused"] = rule.fused;
+      if (rule.unit != 1) entry["unit"] = rule.unit;
+    }
+    list.push_back(std::move(entry));
+  }
+  return nlohmann::json{{"rules", std::move(list)}}.dump();
+}
+
+void RegisterPartitionRulePreset(std::string name, std::vector<PartitionRule> rules) {
+  PresetRegistry& registry = GetPresetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  registry.presets[std::move(name)] = std::move(rules);
+}
+
+std::optional<std::vector<PartitionRule>> FindPartitionRulePreset(absl::string_view name) {
+  PresetRegistry& registry = GetPresetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  auto it = registry.presets.find(name);
+  if (it == registry.presets.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<std::string> PartitionRulePresetNames() {
+  PresetRegistry& registry = GetPresetRegistry();
+  absl::MutexLock lock(&registry.mu);
+  std::vector<std::string> names;
+  for (const auto& [name, rules] : registry.presets) names.push_back(name);
+  return names;
+}
+
 std::string PartitionRulePreset(absl::string_view name) {
-  if (name == "metaseq") {
-    // metaseq/scripts/reshard_mp.py's classification, first match wins; unlike that script,
-    // a tensor matching nothing is an error rather than silently dropped.
-    return R"json({"rules": [
-      {"pattern": "qkv", "split_dim": 0, "fused": 3},
-      {"pattern": "embed_tokens|ffn_layernorm|fc1|(k|q|v)_proj", "split_dim": 0},
-      {"pattern": "(fc2|out_proj)\\.weight", "split_dim": 1},
-      {"pattern": "embed_positions|layer_norm|(fc2|out_proj)\\.bias|output_projection|version",
-       "replicate": true}]})json";
-  }
-  if (name == "megatron") {
-    // Megatron-LM names (language_model.encoder.layers.N.*, older language_model.transformer.*
-    // and attention.*) and DeepSpeed pipeline names (N.self_attention.*, N.weight for the final
-    // norm); both ParallelAttention spellings are row-parallel in their dense projection.
-    return R"json({"rules": [
-      {"pattern": "word_embeddings\\.weight", "split_dim": 0},
-      {"pattern": "query_key_value\\.(weight|bias)", "split_dim": 0},
-      {"pattern": "dense_h_to_4h\\.(weight|bias)", "split_dim": 0},
-      {"pattern": "(attention\\.dense|dense_4h_to_h)\\.weight", "split_dim": 1},
-      {"pattern": "(attention\\.dense|dense_4h_to_h)\\.bias|layernorm|position_embeddings",
-       "replicate": true},
-      {"pattern": "(^|\\.)(output_layer|lm_head)\\.weight$", "split_dim": 0},
-      {"pattern": "_norm\\.(weight|bias)$|^\\d+\\.(weight|bias)$", "replicate": true}]})json";
-  }
-  return "";
+  std::optional<std::vector<PartitionRule>> preset = FindPartitionRulePreset(name);
+  return preset.has_value() ? PartitionRulesToJson(*preset) : std::string();
 }
 
 absl::StatusOr<PartitionRules> PartitionRules::FromFile(const std::string& path) {
-  if (const std::string preset = PartitionRulePreset(path); !preset.empty()) {
+  if (std::optional<std::vector<PartitionRule>> preset = FindPartitionRulePreset(path)) {
     std::ifstream probe(path);
-    if (!probe) return FromJson(preset, absl::StrCat("preset ", path));  // no such file: preset
+    if (!probe) {  // no such file: the preset
+      auto rules = Create(*std::move(preset));
+      if (!rules.ok()) {
+        return Annotate(rules.status(), absl::StrCat("partition rules preset ", path));
+      }
+      return rules;
+    }
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open partition rules file ", path));
+  if (!in) {
+    const std::vector<std::string> presets = PartitionRulePresetNames();
+    const std::string known =
+        presets.empty() ? ""
+                        : absl::StrCat(" (nor is it a preset: ", absl::StrJoin(presets, ", "), ")");
+    return absl::NotFoundError(absl::StrCat("cannot open partition rules file ", path, known));
+  }
   std::ostringstream text;
   text << in.rdbuf();
   if (text.str().size() > (16u << 20)) {

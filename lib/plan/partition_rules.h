@@ -13,7 +13,9 @@
 #define RESHARD_LIB_PLAN_PARTITION_RULES_H_
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,11 +40,6 @@ struct PartitionRule {
   int64_t unit = 1;
 };
 
-// Built-in rule sets: "metaseq" (OPT / metaseq model-parallel parts, as reshard_mp.py splits
-// them) and "megatron" (Megatron-LM GPT tensor parallelism, checkpoint version >= 2, GeLU
-// MLP; Megatron-LM names and Megatron-DeepSpeed pipeline names such as `3.mlp.dense_4h_to_h`
-// and `8.weight`; no catch-all). Empty for other names.
-std::string PartitionRulePreset(absl::string_view name);
 
 class PartitionRules {
  public:
@@ -59,7 +56,8 @@ class PartitionRules {
   static absl::StatusOr<PartitionRules> Create(std::vector<PartitionRule> rules);
   // Parses the JSON form. `source` names the text in error messages (usually its path).
   static absl::StatusOr<PartitionRules> FromJson(absl::string_view json, absl::string_view source);
-  // Reads and parses a JSON rule file.
+  // Reads and parses a JSON rule file; a name that is no file but a registered preset
+  // ("megatron") gives the preset's rules.
   static absl::StatusOr<PartitionRules> FromFile(const std::string& path);
 
   // The first rule matching `tensor_name`, or NotFound naming the tensor.
@@ -71,6 +69,33 @@ class PartitionRules {
  private:
   std::vector<PartitionRule> rules_;
   std::vector<std::unique_ptr<re2::RE2>> compiled_;
+};
+
+// The JSON form of `rules` (the form FromJson reads), e.g. to send a preset to the daemon.
+std::string PartitionRulesToJson(const std::vector<PartitionRule>& rules);
+
+// --- Presets: rule sets by name (`--rules megatron`) ---
+//
+// Input formats bring the rule sets of their training frameworks and register them from their
+// own .cc with a file-scope `PartitionRulePresetRegistration` (the torch format registers
+// "metaseq", the Megatron format "megatron"); a preset exists in a binary that links the
+// format. PartitionRules::FromFile consults them for a name that is not a file.
+
+void RegisterPartitionRulePreset(std::string name, std::vector<PartitionRule> rules);
+
+// The rules of preset `name`, or nullopt when no linked format registered it.
+std::optional<std::vector<PartitionRule>> FindPartitionRulePreset(absl::string_view name);
+
+// The names of the registered presets, sorted.
+std::vector<std::string> PartitionRulePresetNames();
+
+// Preset `name` in JSON form (PartitionRulesToJson); empty for an unknown name.
+std::string PartitionRulePreset(absl::string_view name);
+
+struct PartitionRulePresetRegistration {
+  PartitionRulePresetRegistration(std::string name, std::vector<PartitionRule> rules) {
+    RegisterPartitionRulePreset(std::move(name), std::move(rules));
+  }
 };
 
 // Resolves a possibly negative split dimension against `rank`; InvalidArgument when out of range.

@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -158,58 +159,38 @@ TEST(PartitionRulesTest, EmptyRuleList) {
   EXPECT_FALSE(rules->Match("x").ok());
 }
 
-// The megatron preset on both Megatron-LM and DeepSpeed pipeline names: (name, split dim or
-// -1 for replicated). No catch-all: anything else fails.
-TEST(PartitionRulesTest, MegatronPresetCoversBothNamingSchemes) {
-  auto rules = PartitionRules::FromJson(PartitionRulePreset("megatron"), "megatron");
+// Formats register presets; FromFile takes a registered name that is no file as the preset.
+TEST(PartitionRulesTest, RegisteredPresetByName) {
+  EXPECT_FALSE(FindPartitionRulePreset("partition-rules-test-preset").has_value());
+  EXPECT_EQ(PartitionRulePreset("partition-rules-test-preset"), "");
+  RegisterPartitionRulePreset("partition-rules-test-preset",
+                              {{"qkv", false, 0, 3}, {"fc1", false, -1, 1, 64}, {".*", true}});
+  auto names = PartitionRulePresetNames();
+  EXPECT_NE(std::find(names.begin(), names.end(), "partition-rules-test-preset"), names.end());
+  auto rules = PartitionRules::FromFile("partition-rules-test-preset");
   ASSERT_TRUE(rules.ok()) << rules.status();
-  const std::vector<std::pair<std::string, int>> cases = {
-      // Megatron-LM (the names the preset always covered).
-      {"language_model.embedding.word_embeddings.weight", 0},
-      {"language_model.embedding.position_embeddings.weight", -1},
-      {"language_model.encoder.layers.0.input_layernorm.weight", -1},
-      {"language_model.encoder.layers.0.input_layernorm.bias", -1},
-      {"language_model.encoder.layers.0.self_attention.query_key_value.weight", 0},
-      {"language_model.encoder.layers.0.self_attention.query_key_value.bias", 0},
-      {"language_model.encoder.layers.0.self_attention.dense.weight", 1},
-      {"language_model.encoder.layers.0.self_attention.dense.bias", -1},
-      {"language_model.encoder.layers.0.post_attention_layernorm.weight", -1},
-      {"language_model.encoder.layers.0.mlp.dense_h_to_4h.weight", 0},
-      {"language_model.encoder.layers.0.mlp.dense_h_to_4h.bias", 0},
-      {"language_model.encoder.layers.0.mlp.dense_4h_to_h.weight", 1},
-      {"language_model.encoder.layers.0.mlp.dense_4h_to_h.bias", -1},
-      {"language_model.encoder.final_layernorm.weight", -1},
-      // Added: untied output layer, older `attention.` / `transformer.` names, *_norm names.
-      {"language_model.output_layer.weight", 0},
-      {"language_model.transformer.layers.1.attention.dense.weight", 1},
-      {"language_model.transformer.layers.1.attention.dense.bias", -1},
-      {"language_model.encoder.final_norm.weight", -1},
-      {"language_model.encoder.layers.0.input_norm.bias", -1},
-      // DeepSpeed pipeline names (layer-spec index first).
-      {"1.word_embeddings.weight", 0},
-      {"1.position_embeddings.weight", -1},
-      {"3.self_attention.query_key_value.weight", 0},
-      {"3.self_attention.dense.weight", 1},
-      {"3.mlp.dense_4h_to_h.weight", 1},
-      {"3.mlp.dense_4h_to_h.bias", -1},
-      {"8.weight", -1},
-      {"8.bias", -1},
-      {"9.lm_head.weight", 0},
-  };
-  for (const auto& [name, dim] : cases) {
-    auto match = rules->Match(name);
-    ASSERT_TRUE(match.ok()) << name << ": " << match.status();
-    if (dim < 0) {
-      EXPECT_TRUE((*match)->replicate) << name;
-    } else {
-      EXPECT_FALSE((*match)->replicate) << name;
-      EXPECT_EQ((*match)->split_dim, dim) << name;
-      EXPECT_EQ((*match)->fused, 1) << name;
-    }
-  }
-  for (const char* name : {"language_model.encoder.layers.0.adapter.weight", "3.router.weight",
-                           "word_embeddings_for_head.weight", "x.12.weight"}) {
-    EXPECT_FALSE(rules->Match(name).ok()) << name;
+  ASSERT_EQ(rules->rules().size(), 3u);
+  EXPECT_EQ(rules->rules()[0].fused, 3);
+  EXPECT_EQ(rules->rules()[1].split_dim, -1);
+  EXPECT_EQ(rules->rules()[1].unit, 64);
+  EXPECT_TRUE(rules->rules()[2].replicate);
+}
+
+// The JSON form reads back as the same rules.
+TEST(PartitionRulesTest, ToJsonRoundTrips) {
+  const std::vector<PartitionRule> rules = {
+      {"q\\.weight$", false, 0, 1, 1}, {"qkv", false, 1, 3, 1}, {"u", false, 0, 1, 192},
+      {".*", true, 0, 1, 1}};
+  const std::string json = PartitionRulesToJson(rules);
+  auto back = PartitionRules::FromJson(json, "round trip");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << json;
+  ASSERT_EQ(back->rules().size(), rules.size());
+  for (size_t i = 0; i < rules.size(); ++i) {
+    EXPECT_EQ(back->rules()[i].pattern, rules[i].pattern);
+    EXPECT_EQ(back->rules()[i].replicate, rules[i].replicate);
+    EXPECT_EQ(back->rules()[i].split_dim, rules[i].split_dim);
+    EXPECT_EQ(back->rules()[i].fused, rules[i].fused);
+    EXPECT_EQ(back->rules()[i].unit, rules[i].unit);
   }
 }
 

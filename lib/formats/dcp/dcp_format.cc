@@ -17,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "lib/core/catalog.h"
 #include "lib/core/status.h"
+#include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/dcp/dcp_metadata.h"
 #include "lib/formats/folder_model.h"
 #include "lib/formats/torch/torch_file.h"
@@ -32,10 +33,6 @@ namespace fs = std::filesystem;
 // would stop it later, after far more memory).
 constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
 constexpr char kDataSuffix[] = ".distcp";
-
-std::string JoinPath(const std::string& dir, absl::string_view name) {
-  return absl::StrCat(dir, dir.empty() || dir.back() == '/' ? "" : "/", name);
-}
 
 // The rank of a FileSystemWriter data file name `__R_N.distcp`, or nullopt.
 std::optional<int64_t> RankOfFileName(absl::string_view name) {

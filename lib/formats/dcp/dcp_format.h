@@ -47,8 +47,9 @@ class DcpInput : public InputFormat {
   absl::string_view id() const override { return kId; }
   // A folder holding `.metadata` or `__R_N.distcp` files, or the `.metadata` file itself.
   bool Probe(const std::string& path) const override;
-  // Before folder-of-files formats: a DCP folder is recognized by its file names.
-  int probe_priority() const override { return 10; }
+  // Before folder-of-files formats: a DCP folder is recognized by its file names. Below
+  // Megatron, above DeepSpeed ZeRO (the order detection has always had).
+  int probe_priority() const override { return 30; }
   // Options do not apply: a DCP checkpoint has no tags, and optimizer state is already stored
   // as tensors of their own.
   absl::StatusOr<InputModel> Read(const std::string& path,

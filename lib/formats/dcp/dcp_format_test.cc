@@ -56,7 +56,7 @@ TEST(ResolveDcpDataFileTest, RefusesPathsLeavingTheFolder) {
 TEST(DcpInputTest, ProbeRecognizesFoldersByFileNames) {
   DcpInput input;
   EXPECT_EQ(input.id(), "torch-dcp");
-  EXPECT_EQ(input.probe_priority(), 10);
+  EXPECT_EQ(input.probe_priority(), 30);
   const std::string with_metadata = MakeTempDir("dcp_probe_md");
   WriteAll(with_metadata + "/.metadata", "");
   EXPECT_TRUE(input.Probe(with_metadata));

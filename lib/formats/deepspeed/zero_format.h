@@ -84,7 +84,7 @@ namespace reshard {
 
 class ZeroInput : public InputFormat {
  public:
-  static constexpr char kId[] = "deepspeed-zero";
+  static constexpr const char* kId = kZeroFormatId;
   absl::string_view id() const override { return kId; }
   // A folder holding ZeRO optimizer files or DeepSpeed model-states files
   // (`mp_rank_XX_model_states.pt`, `zero_pp_rank_N_mp_rank_XX_model_states.pt`), i.e. a
@@ -92,7 +92,8 @@ class ZeroInput : public InputFormat {
   // or --tag picks one at Read). Folders with pipeline layer files
   // (`layer_01-model_00-model_states.pt`) are not claimed: they are the Megatron reader's.
   bool Probe(const std::string& path) const override;
-  int probe_priority() const override { return 10; }
+  // Below Megatron (which claims pipeline folders) and DCP, above folder-of-files formats.
+  int probe_priority() const override { return 20; }
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;
 };

@@ -198,7 +198,7 @@ void Touch(const std::string& path) { WriteAll(path, ""); }
 TEST(ZeroInputTest, ProbeByFileNames) {
   const ZeroInput input;
   EXPECT_EQ(input.id(), "deepspeed-zero");
-  EXPECT_EQ(input.probe_priority(), 10);
+  EXPECT_EQ(input.probe_priority(), 20);
   const std::string root = MakeTempDir("zero_probe");
   // A tag folder.
   const std::string tag = root + "/run/global_step5";
@@ -252,12 +252,24 @@ TEST(ZeroInputTest, ReadRejectsBadTagsAndMissingLatest) {
   model = input.Read(root, options);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kNotFound);
+  // A name merely containing ".." is refused too (IsPlainTag in checkpoint_folder.h).
+  options.tag = "step..1";
+  model = input.Read(root, options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << model.status();
 
   WriteAll(root + "/latest", "../etc\n");
   options.tag = "";
   model = input.Read(root, options);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << model.status();
+  // A `latest` larger than a tracker file may be is refused, not truncated.
+  WriteAll(root + "/latest", "global_step10" + std::string(5000, ' '));
+  model = input.Read(root, options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss) << model.status();
+  EXPECT_NE(model.status().message().find("at most 4096 bytes"), absl::string_view::npos)
+      << model.status();
   WriteAll(root + "/latest", "global_step99");
   model = input.Read(root, options);
   ASSERT_FALSE(model.ok());

@@ -20,6 +20,11 @@
 
 namespace reshard {
 
+// The format id of ZeroInput, and of the Catalogs its readers make.
+inline constexpr char kZeroFormatId[] = "deepspeed-zero";
+// Directory entries looked at when probing or listing a checkpoint folder.
+inline constexpr int kMaxZeroFolderEntries = 100'000;
+
 // --- File names -----------------------------------------------------------------------------
 
 struct ZeroFileName {

@@ -55,7 +55,7 @@
 //     partition rules assume): Unimplemented otherwise; expert-parallel folders
 //     (`mp_rank_XX_YYY_ZZZ`): Unimplemented.
 //
-// Partition rules (default_rules): the `megatron` preset (PartitionRulePreset): column-parallel
+// Partition rules (default_rules): the `megatron` preset (MegatronPresetRules): column-parallel
 // (dim 0) word_embeddings, query_key_value (since checkpoint version 2 every rank holds whole
 // heads [np, 3, hn], so a plain split is Megatron's own), dense_h_to_4h, output_layer / lm_head;
 // row-parallel (dim 1) attention.dense.weight, dense_4h_to_h.weight; replicated norms,
@@ -75,21 +75,18 @@
 #ifndef RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_FORMAT_H_
 #define RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_FORMAT_H_
 
-#include <cstdint>
-#include <optional>
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "lib/core/catalog.h"
 #include "lib/formats/format.h"
+#include "lib/formats/megatron/megatron_layout.h"
 
 namespace reshard {
 
 class MegatronInput : public InputFormat {
  public:
-  static constexpr char kId[] = "megatron";
+  static constexpr const char* kId = kMegatronFormatId;
   absl::string_view id() const override { return kId; }
   // A folder holding mp_rank_XX[_YYY] folders or DeepSpeed pipeline layer files, or a save
   // folder whose tracker (latest_checkpointed_iteration.txt, latest) names such a folder.
@@ -98,68 +95,11 @@ class MegatronInput : public InputFormat {
   // can say what is wrong. A `latest` naming a folder without layer files (DeepSpeed ZeRO)
   // and a tracker naming a folder without rank folders (torch_dist) are left to other readers.
   bool Probe(const std::string& path) const override;
-  // Above DeepSpeed ZeRO (10), which leaves folders with pipeline layer files to this reader.
-  int probe_priority() const override { return 20; }
+  // Above DeepSpeed ZeRO, which leaves folders with pipeline layer files to this reader.
+  int probe_priority() const override { return 40; }
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;
 };
-
-// --- Pieces of the reader, exposed for tests. ---
-
-// A Megatron-LM rank folder name: "mp_rank_01" (PP = 1) or "mp_rank_01_002".
-struct MegatronRankDir {
-  int tp = 0;
-  int pp = 0;
-  bool has_pp = false;  // the name carries the PP rank
-  int ep = -1;          // expert-parallel rank ("mp_rank_00_000_001"), -1 when absent
-};
-std::optional<MegatronRankDir> ParseMegatronRankDir(absl::string_view name);
-// "mp_rank_01" or "mp_rank_01_002", as Megatron's get_checkpoint_name spells them.
-std::string MegatronRankDirName(int tp, int pp, bool has_pp);
-
-// A DeepSpeed pipeline layer file name: "layer_03-model_01-model_states.pt".
-struct PipeLayerFile {
-  int layer = 0;
-  int tp = 0;
-};
-std::optional<PipeLayerFile> ParsePipeLayerFile(absl::string_view name);
-
-// The iteration folder a Megatron tracker file's text names: "100" -> "iter_0000100",
-// "release" -> "release"; nullopt for anything else. Whitespace around it is ignored.
-std::optional<std::string> IterationFolderFromTracker(absl::string_view text);
-
-// One pipeline stage of one TP rank: its tensors with stage-local layer numbers.
-struct PipelineStage {
-  std::string name;  // "mp_rank_00_001", for messages
-  Catalog catalog;
-};
-
-struct StageMergeOptions {
-  // Layers every stage must hold in the main stack (`*.encoder.layers`,
-  // `*.transformer.layers`); unchecked when unset.
-  std::optional<int64_t> layers_per_stage;
-  // Layers all stages must hold together in the main stack; unchecked when unset.
-  std::optional<int64_t> total_layers;
-};
-
-// Merges the stages of one TP rank (in pipeline order) into one Catalog: every `layers.N.`
-// (under each distinct prefix) is renumbered by the layers of that prefix in earlier stages;
-// each stage must hold local layers 0..n-1. `word_embeddings_for_head.weight` is left out and
-// noted in other_entries. InvalidArgument naming the stage on a gap in the layer numbers, a
-// count differing from the options, or a name found in two stages.
-absl::StatusOr<Catalog> MergePipelineStages(std::vector<PipelineStage> stages,
-                                            const StageMergeOptions& options);
-
-// Whether the model's MLP is SwiGLU, judged from shapes: the first layer's
-// mlp.dense_h_to_4h.weight has twice as many rows as its mlp.dense_4h_to_h.weight has columns.
-// nullopt when the catalog has no such pair.
-std::optional<bool> SwiGLUFromShapes(const Catalog& catalog);
-
-// The partition rules (JSON) of a Megatron GPT: the `megatron` preset, with dense_h_to_4h as
-// 2 fused blocks (gate, up) in front when `swiglu`, and query_key_value kept in whole units of
-// `qkv_unit_rows` rows (one attention head's q, k, v; or one GQA head group) when above 1, so
-// that a split into a tensor-parallel degree that does not divide the heads is refused.
-std::string MegatronPartitionRules(bool swiglu, int64_t qkv_unit_rows = 1);
 
 }  // namespace reshard
 

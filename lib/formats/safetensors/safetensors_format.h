@@ -34,6 +34,8 @@ class SafetensorsInput : public InputFormat {
   static constexpr char kId[] = "safetensors";
   absl::string_view id() const override { return kId; }
   bool Probe(const std::string& path) const override;
+  // Generic (a file or folder of .safetensors files), asked before torch.
+  int probe_priority() const override { return 10; }
   // Also restores tied aliases recorded in `__metadata__` ("lm_head.weight":
   // "model.embed_tokens.weight") as names of the stored data.
   absl::StatusOr<InputModel> Read(const std::string& path,

@@ -239,13 +239,15 @@ bool TorchInput::Probe(const std::string& path) const {
   return LooksLikeTorchFile(path);
 }
 
-absl::StatusOr<InputModel> TorchInput::Read(const std::string& path,
-                                            const ReadOptions& /*options*/) const {
+namespace {
+
+// The files at `path` as one model or model-parallel parts, without a description.
+absl::StatusOr<InputModel> ReadTorchModel(const std::string& path) {
   std::error_code error;
   if (!fs::is_directory(path, error)) {
     ASSIGN_OR_RETURN(FileCatalog file, ReadOneFile("", path));
     InputModel model;
-    model.format = kId;
+    model.format = TorchInput::kId;
     model.layout = "single-file";
     model.parts.push_back(std::move(file.catalog));
     model.part_names.push_back(path);
@@ -264,18 +266,41 @@ absl::StatusOr<InputModel> TorchInput::Read(const std::string& path,
       ASSIGN_OR_RETURN(FileCatalog file, ReadOneFile(path, name));
       files.push_back(std::move(file));
     }
-    return AssembleIndexedFolder(kId, path, index_path, weight_map, std::move(files));
+    return AssembleIndexedFolder(TorchInput::kId, path, index_path, weight_map, std::move(files));
   }
   std::vector<FileCatalog> files;
   for (const std::string& name : ListFolder(path, kTorchSuffixes)) {
     ASSIGN_OR_RETURN(FileCatalog file, ReadOneFile(path, name));
     files.push_back(std::move(file));
   }
-  return AssembleFolder(kId, path, std::move(files));
+  return AssembleFolder(TorchInput::kId, path, std::move(files));
+}
+
+}  // namespace
+
+absl::StatusOr<InputModel> TorchInput::Read(const std::string& path,
+                                            const ReadOptions& /*options*/) const {
+  ASSIGN_OR_RETURN(InputModel model, ReadTorchModel(path));
+  // metaseq names its parts "<name>-model_part-<rank>.pt".
+  const bool metaseq =
+      !model.part_names.empty() && absl::StrContains(model.part_names[0], "model_part-");
+  model.description = DescribeInputModel(model, "torch.save", metaseq ? "metaseq" : "");
+  return model;
+}
+
+std::vector<PartitionRule> MetaseqPresetRules() {
+  return {
+      PartitionRule{"qkv", false, 0, 3},
+      PartitionRule{"embed_tokens|ffn_layernorm|fc1|(k|q|v)_proj", false, 0},
+      PartitionRule{"(fc2|out_proj)\\.weight", false, 1},
+      PartitionRule{"embed_positions|layer_norm|(fc2|out_proj)\\.bias|output_projection|version",
+                    true},
+  };
 }
 
 namespace {
 const InputFormatRegistration<TorchInput> register_input;
+const PartitionRulePresetRegistration register_preset("metaseq", MetaseqPresetRules());
 }  // namespace
 
 }  // namespace reshard

@@ -14,12 +14,14 @@
 #define RESHARD_LIB_FORMATS_TORCH_TORCH_FORMAT_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 #include "lib/formats/format.h"
 #include "lib/formats/torch/torch_file.h"
+#include "lib/plan/partition_rules.h"
 
 namespace reshard {
 
@@ -30,9 +32,18 @@ class TorchInput : public InputFormat {
   static constexpr char kId[] = "torch";
   absl::string_view id() const override { return kId; }
   bool Probe(const std::string& path) const override;
+  // Generic: asked after every format that recognizes a specific arrangement of files.
+  int probe_priority() const override { return 0; }
+  // The model, described as "torch.save, ..." (metaseq's model-parallel parts named so).
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;
 };
+
+// The `metaseq` rule preset (registered as "metaseq" for --rules): OPT / metaseq
+// model-parallel parts ("<name>-model_part-<rank>.pt"), as metaseq/scripts/reshard_mp.py
+// classifies their tensors, first match wins; unlike that script, a tensor matching nothing is
+// an error rather than silently dropped.
+std::vector<PartitionRule> MetaseqPresetRules();
 
 // The Catalog of one torch.save file whose bytes are `data` (the whole file), found at `path`.
 absl::StatusOr<Catalog> ReadTorchFile(absl::string_view data, const std::string& path);

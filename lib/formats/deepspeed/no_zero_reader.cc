@@ -1,0 +1,256 @@
+#include "lib/formats/deepspeed/no_zero_reader.h"
+
+#include <memory>
+#include <optional>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "lib/core/catalog.h"
+#include "lib/core/status.h"
+#include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/deepspeed/zero_catalog_builder.h"
+#include "lib/formats/deepspeed/zero_layout.h"
+#include "lib/formats/deepspeed/zero_pickle.h"
+#include "lib/formats/torch/pickle.h"
+#include "lib/formats/torch/torch_file.h"
+
+namespace reshard {
+namespace zero_internal {
+namespace {
+
+using Kind = PickleValue::Kind;
+
+// Model-parallel ranks (mp_rank_XX files) read as parts, as many as reshard writes.
+constexpr int kMaxModelParallelParts = 4096;
+
+class NoZeroReader {
+ public:
+  NoZeroReader(const std::string& dir, const std::string& tag, const ZeroFolderFiles& files,
+               const ReadOptions& options)
+      : dir_(dir), tag_(tag), files_(files), options_(options), builder_(dir) {}
+
+  // What a model-states file says about ZeRO: `what` names the setup ("ZeRO-2") when the run
+  // partitioned its fp32 weights into optimizer files, empty when it did not (ZeRO disabled).
+  struct ZeroSigns {
+    std::string what;
+    bool bf16 = false;  // bf16 run: the optimizer files are `bf16_zero_pp_rank_*`
+  };
+
+  static ZeroSigns ReadZeroSigns(const TorchArchive& model) {
+    ZeroSigns signs;
+    const PickleValue* config = PickleField(model.root(), "ds_config");
+    for (const char* key : {"bf16", "bfloat16"}) {
+      if (PickleInt(PickleField(PickleField(config, key), "enabled")).value_or(0) != 0) {
+        signs.bf16 = true;
+      }
+    }
+    const PickleValue* zero = PickleField(config, "zero_optimization");
+    std::optional<int64_t> stage = ZeroStage(PickleField(zero, "stage"));
+    if (!stage.has_value()) stage = PickleInt(zero);  // the legacy `"zero_optimization": true`
+    if (stage.value_or(0) >= 1) {
+      signs.what = absl::StrCat("ZeRO-", *stage);
+    } else if (!IsNone(PickleField(model.root(), "param_shapes"))) {
+      // param_shapes is saved when the fp32 weights are partitioned into optimizer files: under
+      // ZeRO, or by BF16_Optimizer (bf16 without ZeRO).
+      signs.what = signs.bf16 ? "BF16_Optimizer" : "ZeRO";
+    }
+    return signs;
+  }
+
+  static std::string TwoDigits(int n) { return absl::StrCat(n < 10 ? "0" : "", n); }
+
+  // The refusal for a ZeRO checkpoint copied without its optimizer files.
+  absl::Status MissingOptimizerFiles(const ZeroSigns& signs, const std::set<int>& mps) const {
+    const std::string mp = mps.size() == 1 ? TwoDigits(*mps.begin()) : std::string("*");
+    return absl::DataLossError(absl::StrCat(
+        dir_, ": DeepSpeed ", signs.what, " checkpoint ", tag_, " has no optimizer files (",
+        signs.bf16 ? "bf16_" : "", "zero_pp_rank_*_mp_rank_", mp,
+        "_optim_states.pt): the fp32 weights live there; copy them too"));
+  }
+
+  // A folder with model-states files only: a ZeRO checkpoint whose optimizer files were not
+  // copied (refused), or DeepSpeed without ZeRO (the weights are `module`).
+  absl::StatusOr<InputModel> ReadWithoutOptimizerFiles() {
+    if (!files_.rank_model_names.empty()) {
+      // zero_pp_rank_N_mp_rank_XX_model_states.pt: only ZeRO-3 names model states so. A file
+      // that cannot be read only costs the message its bf16_ prefix.
+      ZeroSigns signs;
+      auto model = OpenArchive(files_.rank_model_names.front());
+      if (model.ok()) signs = ReadZeroSigns(**model);
+      signs.what = "ZeRO-3";
+      return MissingOptimizerFiles(signs, files_.rank_model_mps);
+    }
+    if (files_.model_files.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir_,
+          " holds no DeepSpeed checkpoint files (zero_pp_rank_N_mp_rank_00_optim_states.pt, "
+          "mp_rank_00_model_states.pt)"));
+    }
+    std::set<int> mps;
+    for (const auto& [mp, name] : files_.model_files) mps.insert(mp);
+    // The lowest rank's file first: a ZeRO run is refused whatever else is missing.
+    ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> first,
+                     OpenArchive(files_.model_files.begin()->second));
+    if (const ZeroSigns signs = ReadZeroSigns(*first); !signs.what.empty()) {
+      return MissingOptimizerFiles(signs, mps);
+    }
+    const int parts = files_.model_files.rbegin()->first + 1;
+    if (parts > kMaxModelParallelParts) {
+      return absl::UnimplementedError(absl::StrCat(
+          dir_, ": ", files_.model_files.rbegin()->second, " names model-parallel rank ", parts - 1,
+          "; at most ", kMaxModelParallelParts, " parts are read"));
+    }
+    for (int mp = 0; mp < parts; ++mp) {
+      if (files_.model_files.count(mp) == 0) {
+        return absl::DataLossError(absl::StrCat(
+            dir_, ": DeepSpeed without ZeRO, model-parallel ranks ",
+            absl::StrJoin(mps, ", ", [](std::string* out, int r) { out->append(TwoDigits(r)); }),
+            ": mp_rank_", TwoDigits(mp), "_model_states.pt is missing. ", kPartialSaveHint));
+      }
+    }
+    const PickleValue* mp_world = PickleField(first->root(), "mp_world_size");
+    if (std::optional<int64_t> world = PickleInt(mp_world); world.has_value() && *world != parts) {
+      return absl::DataLossError(
+          absl::StrCat(first->path(), ": mp_world_size is ", *world, ", but the folder holds ",
+                       parts, " mp_rank_XX_model_states.pt file", parts == 1 ? "" : "s", " (",
+                       *world > parts ? "files are missing" : "files of two runs mixed?", ")"));
+    }
+    if (options_.include_optimizer) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          first->path(),
+          ": --include-optimizer: DeepSpeed without ZeRO keeps the optimizer state in "
+          "`optimizer`, keyed by parameter index rather than name, so reshard cannot name the "
+          "Adam moments; leave out --include-optimizer"));
+    }
+    InputModel model;
+    model.format = kZeroFormatId;
+    size_t tensors = 0;
+    for (int mp = 0; mp < parts; ++mp) {
+      std::unique_ptr<TorchArchive> archive;
+      if (mp == 0) {
+        archive = std::move(first);
+      } else {
+        ASSIGN_OR_RETURN(archive, OpenArchive(files_.model_files.at(mp)));
+        const ZeroSigns signs = ReadZeroSigns(*archive);
+        if (!signs.what.empty()) return MissingOptimizerFiles(signs, mps);
+      }
+      ASSIGN_OR_RETURN(Catalog part, ReadModule(*archive));
+      tensors = part.tensors.size();
+      model.parts.push_back(std::move(part));
+      model.part_names.push_back(archive->path());
+    }
+    model.layout = parts == 1 ? "single-file" : "model-parallel-parts";
+    model.description =
+        absl::StrCat("DeepSpeed (no ZeRO), weights from ",
+                     parts == 1 ? std::string("mp_rank_00")
+                                : absl::StrCat("mp_rank_{00..", TwoDigits(parts - 1), "}"),
+                     "_model_states.pt module, ",
+                     parts == 1 ? "" : absl::StrCat(parts, " model-parallel parts, "), "tag ", tag_,
+                     ", ", tensors, parts == 1 ? " tensors" : " tensors each");
+    return model;
+  }
+
+  // Whether `value` holds a tensor somewhere (bounded like the torch reader's walk).
+  bool ContainsTensor(const PickleValue* value, int depth, uint64_t& budget) const {
+    if (value == nullptr || depth > 64 || budget == 0) return false;
+    --budget;
+    if (TorchArchive::IsTensor(value)) return true;
+    for (const PickleValue* item : value->items) {
+      if (ContainsTensor(item, depth + 1, budget)) return true;
+    }
+    for (const auto& [key, item] : value->entries) {
+      if (ContainsTensor(item, depth + 1, budget)) return true;
+    }
+    return value->state != nullptr && ContainsTensor(value->state, depth + 1, budget);
+  }
+
+  // The tensors of a model-states file's `module` (a state dict), in its order, under their
+  // own names and dtypes. Tied weights are two names of one storage: identical pieces.
+  absl::StatusOr<Catalog> ReadModule(const TorchArchive& model) {
+    builder_ = ZeroCatalogBuilder(dir_);
+    const PickleValue* module = PickleField(model.root(), "module");
+    if (module == nullptr) {
+      return Corrupt(model, "no `module` entry: not a DeepSpeed model-states file");
+    }
+    if (IsNone(module)) {
+      return absl::DataLossError(absl::StrCat(
+          model.path(),
+          ": `module` is None: DeepSpeed's pipeline engine saved this checkpoint, and its weights "
+          "are in layer_XX-model_YY-model_states.pt files, which this folder lacks. ",
+          kPartialSaveHint));
+    }
+    const auto* entries = PickleEntries(module);
+    if (entries == nullptr && module->kind != Kind::kDict &&
+        !module->IsObjectOf("collections", "OrderedDict")) {
+      return Corrupt(model, absl::StrCat("`module` is ", DescribePickleValue(module),
+                                         "; expected a state dict"));
+    }
+    builder_.FileIndex(model);
+    uint64_t budget = 4 * model.pickle_values() + 4096;
+    static const auto* const kNoEntries = new std::vector<std::pair<PickleValue*, PickleValue*>>();
+    for (const auto& [key, value] : entries == nullptr ? *kNoEntries : *entries) {
+      std::optional<std::string> name = PickleString(key);
+      if (!name.has_value() || name->empty()) {
+        return Corrupt(model, absl::StrCat("`module` has a key that is ", DescribePickleValue(key),
+                                           ", not a name"));
+      }
+      if (!TorchArchive::IsTensor(value)) {
+        if (ContainsTensor(value, 0, budget)) {
+          return absl::UnimplementedError(absl::StrCat(
+              model.path(), ": module[\"", *name, "\"] is ", DescribePickleValue(value),
+              " holding tensors; expected a flat state dict of tensors"));
+        }
+        builder_.catalog().other_entries.push_back(
+            absl::StrCat("module.", *name, ": ", DescribePickleValue(value), " (not carried)"));
+        continue;
+      }
+      ASSIGN_OR_RETURN(
+          CatalogTensor tensor,
+          builder_.WholeTensor(model, value, *name, absl::StrCat("module[\"", *name, "\"]")));
+      RETURN_IF_ERROR(builder_.Add(std::move(tensor)));
+    }
+    if (builder_.catalog().tensors.empty()) {
+      return absl::DataLossError(absl::StrCat(model.path(), ": `module` holds no tensors"));
+    }
+    if (const auto* top = PickleEntries(model.root()); top != nullptr) {
+      for (const auto& [key, value] : *top) {
+        std::optional<std::string> name = PickleString(key);
+        if (!name.has_value() || *name == "module" || IsNone(value)) continue;
+        builder_.catalog().other_entries.push_back(absl::StrCat(*name, " (", BaseName(model.path()),
+                                                                "): ", DescribePickleValue(value),
+                                                                " (not carried)"));
+      }
+    }
+    Catalog part = std::move(builder_.catalog());
+    builder_ = ZeroCatalogBuilder(dir_);
+    part.format = kZeroFormatId;
+    part.Reindex();
+    return part;
+  }
+
+ private:
+  absl::StatusOr<std::unique_ptr<TorchArchive>> OpenArchive(const std::string& name) const {
+    return TorchArchive::Open(JoinPath(dir_, name));
+  }
+
+  const std::string& dir_;
+  const std::string& tag_;
+  const ZeroFolderFiles& files_;
+  const ReadOptions& options_;
+  ZeroCatalogBuilder builder_;
+};
+
+}  // namespace
+
+absl::StatusOr<InputModel> ReadWithoutOptimizerFiles(const std::string& dir, const std::string& tag,
+                                                     const ZeroFolderFiles& files,
+                                                     const ReadOptions& options) {
+  return NoZeroReader(dir, tag, files, options).ReadWithoutOptimizerFiles();
+}
+
+}  // namespace zero_internal
+}  // namespace reshard

@@ -1,0 +1,40 @@
+// The files of one DeepSpeed checkpoint folder, sorted by kind and rank from their names, with
+// the refusals a listing alone can make (MoE expert files, pipeline layer files, ZeRO with
+// model parallelism, two runs mixed).
+
+#ifndef RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FOLDER_FILES_H_
+#define RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FOLDER_FILES_H_
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace reshard {
+namespace zero_internal {
+
+// Said in refusals of missing files.
+inline constexpr char kPartialSaveHint[] =
+    "A partial save is the usual cause: the checkpoint is still being written, some ranks did not "
+    "finish saving, or a copy lost files (zero_to_fp32 refuses such a checkpoint too).";
+
+struct ZeroFolderFiles {
+  std::map<int, std::string> optimizer_files;   // rank -> file name (mp_rank_00)
+  std::map<int, std::string> rank_model_files;  // ZeRO-3: rank -> file name (mp_rank_00)
+  std::vector<std::string> rank_model_names;    // every zero_pp_rank_*_model_states.pt
+  std::set<int> rank_model_mps;                 // their model-parallel ranks
+  std::map<int, std::string> model_files;       // mp rank -> mp_rank_XX_model_states.pt
+  bool any_optimizer_file = false;              // of any model-parallel rank
+  std::string prefix;                           // of the optimizer files: "", "bf16_" or "fp16_"
+};
+
+// The files of checkpoint folder `dir`. With optimizer files, refuses model-parallel ranks
+// > 0 and mixed prefixes; without, the readers decide from the model-states files.
+absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir);
+
+}  // namespace zero_internal
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FOLDER_FILES_H_

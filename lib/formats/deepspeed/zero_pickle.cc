@@ -1,0 +1,42 @@
+#include "lib/formats/deepspeed/zero_pickle.h"
+
+#include <map>
+#include <string>
+
+#include "lib/formats/torch/torch_file.h"
+
+namespace reshard {
+namespace zero_internal {
+
+using Kind = PickleValue::Kind;
+
+std::optional<int64_t> ZeroStage(const PickleValue* value) {
+  if (std::optional<int64_t> stage = PickleInt(value); stage.has_value()) return stage;
+  if (value == nullptr || value->kind != Kind::kObject || value->callable == nullptr ||
+      !value->callable->IsGlobal("builtins", "getattr") || value->args == nullptr ||
+      value->args->kind != Kind::kTuple || value->args->items.size() != 2 ||
+      value->args->items[0]->kind != Kind::kGlobal ||
+      value->args->items[0]->name != "ZeroStageEnum" ||
+      value->args->items[1]->kind != Kind::kString) {
+    return std::nullopt;
+  }
+  static const auto* const kNames = new std::map<std::string, int64_t>{
+      {"disabled", 0}, {"optimizer_states", 1}, {"gradients", 2}, {"weights", 3}, {"max_stage", 3}};
+  auto it = kNames->find(value->args->items[1]->text);
+  if (it == kNames->end()) return std::nullopt;
+  return it->second;
+}
+
+const PickleValue* IntKeyField(const PickleValue* dict, int64_t key) {
+  const auto* entries = PickleEntries(dict);
+  if (entries == nullptr) return nullptr;
+  for (const auto& [k, v] : *entries) {
+    if (k->kind == Kind::kInt && k->integer == key) return v;
+  }
+  return nullptr;
+}
+
+bool IsNone(const PickleValue* value) { return value == nullptr || value->kind == Kind::kNone; }
+
+}  // namespace zero_internal
+}  // namespace reshard

@@ -1,0 +1,262 @@
+#include "lib/formats/megatron/megatron_layout.h"
+
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace reshard {
+namespace {
+
+// "language_model.encoder.layers.3.mlp.x" -> ("language_model.encoder.layers", 3, "mlp.x").
+struct LayerName {
+  std::string prefix;
+  int64_t index = 0;
+  std::string rest;
+};
+
+std::optional<LayerName> SplitLayerName(absl::string_view name) {
+  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (parts[i] != "layers") continue;
+    const std::optional<int> index = ParseMegatronIndex(parts[i + 1]);
+    if (!index.has_value()) continue;
+    LayerName result;
+    result.prefix = absl::StrJoin(parts.begin(), parts.begin() + i + 1, ".");
+    result.index = *index;
+    result.rest = absl::StrJoin(parts.begin() + i + 2, parts.end(), ".");
+    return result;
+  }
+  return std::nullopt;
+}
+
+bool IsMainStack(absl::string_view prefix) {
+  return prefix == "layers" || absl::EndsWith(prefix, "encoder.layers") ||
+         absl::EndsWith(prefix, "transformer.layers");
+}
+
+}  // namespace
+
+// A run of digits as an index in [0, kMaxMegatronIndex).
+std::optional<int> ParseMegatronIndex(absl::string_view text) {
+  if (text.empty() || text.size() > 9) return std::nullopt;
+  for (char c : text) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+  }
+  int value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value >= kMaxMegatronIndex) return std::nullopt;
+  return value;
+}
+
+// "mp_rank_03_model_states.pt" -> 3 (DeepSpeed's per model-parallel-rank file).
+std::optional<int> ParseModelStatesFile(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "mp_rank_") || !absl::ConsumeSuffix(&name, "_model_states.pt")) {
+    return std::nullopt;
+  }
+  return ParseMegatronIndex(name);
+}
+
+std::string PipeLayerFileName(int layer, int tp) {
+  return absl::StrFormat("layer_%02d-model_%02d-model_states.pt", layer, tp);
+}
+
+std::optional<MegatronRankDir> ParseMegatronRankDir(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "mp_rank_")) return std::nullopt;
+  std::vector<absl::string_view> fields = absl::StrSplit(name, '_');
+  if (fields.empty() || fields.size() > 3) return std::nullopt;
+  std::vector<int> numbers;
+  for (absl::string_view field : fields) {
+    const std::optional<int> number = ParseMegatronIndex(field);
+    if (!number.has_value()) return std::nullopt;
+    numbers.push_back(*number);
+  }
+  MegatronRankDir rank;
+  rank.tp = numbers[0];
+  rank.has_pp = numbers.size() >= 2;
+  rank.pp = rank.has_pp ? numbers[1] : 0;
+  rank.ep = numbers.size() == 3 ? numbers[2] : -1;
+  return rank;
+}
+
+std::string MegatronRankDirName(int tp, int pp, bool has_pp) {
+  return has_pp ? absl::StrFormat("mp_rank_%02d_%03d", tp, pp)
+                : absl::StrFormat("mp_rank_%02d", tp);
+}
+
+std::optional<PipeLayerFile> ParsePipeLayerFile(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "layer_") || !absl::ConsumeSuffix(&name, "-model_states.pt")) {
+    return std::nullopt;
+  }
+  const size_t dash = name.find("-model_");
+  if (dash == absl::string_view::npos) return std::nullopt;
+  const std::optional<int> layer = ParseMegatronIndex(name.substr(0, dash));
+  const std::optional<int> tp = ParseMegatronIndex(name.substr(dash + 7));
+  if (!layer.has_value() || !tp.has_value()) return std::nullopt;
+  return PipeLayerFile{*layer, *tp};
+}
+
+std::optional<std::string> IterationFolderFromTracker(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  if (text == "release") return std::string("release");
+  if (text.empty() || text.size() > 18) return std::nullopt;
+  for (char c : text) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+  }
+  int64_t iteration = 0;
+  if (!absl::SimpleAtoi(text, &iteration)) return std::nullopt;
+  return absl::StrFormat("iter_%07d", iteration);
+}
+
+absl::StatusOr<Catalog> MergePipelineStages(std::vector<PipelineStage> stages,
+                                            const StageMergeOptions& options) {
+  Catalog merged;
+  merged.format = kMegatronFormatId;
+  absl::flat_hash_map<std::string, int> file_index;        // path -> merged file
+  absl::flat_hash_map<std::string, std::string> stage_of;  // merged name -> stage
+  std::map<std::string, int64_t> offset;                   // layer prefix -> layers so far
+  for (size_t s = 0; s < stages.size(); ++s) {
+    PipelineStage& stage = stages[s];
+    // This stage's layers per prefix: they must be 0..n-1.
+    std::map<std::string, std::set<int64_t>> local;
+    for (const CatalogTensor& tensor : stage.catalog.tensors) {
+      if (auto layer = SplitLayerName(tensor.name); layer.has_value()) {
+        local[layer->prefix].insert(layer->index);
+      }
+    }
+    for (const auto& [prefix, indices] : local) {
+      const int64_t count = static_cast<int64_t>(indices.size());
+      if (*indices.rbegin() != count - 1) {
+        std::vector<int64_t> shown(indices.begin(), indices.end());
+        if (shown.size() > 12) shown.resize(12);
+        return absl::InvalidArgumentError(
+            absl::StrCat(stage.name, " holds ", prefix, " ", absl::StrJoin(shown, ", "),
+                         indices.size() > 12 ? ", ..." : "",
+                         "; a pipeline stage numbers its layers 0..n-1 (stage-local)"));
+      }
+    }
+    if (options.layers_per_stage.has_value()) {
+      for (const auto& [prefix, indices] : local) {
+        if (IsMainStack(prefix) &&
+            static_cast<int64_t>(indices.size()) != *options.layers_per_stage) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(stage.name, " holds ", indices.size(), " layers (", prefix,
+                           ".*), but the args give ", *options.layers_per_stage, " per stage"));
+        }
+      }
+      bool has_main = false;
+      for (const auto& [prefix, indices] : local) has_main |= IsMainStack(prefix);
+      if (!has_main && *options.layers_per_stage > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(stage.name,
+                                                       " holds no layers, but the args give ",
+                                                       *options.layers_per_stage, " per stage"));
+      }
+    }
+    // Files of this stage in the merged list (stages may share a file: virtual stages).
+    std::vector<int> files;
+    for (SourceFile& file : stage.catalog.files) {
+      auto [it, inserted] = file_index.emplace(file.path, static_cast<int>(merged.files.size()));
+      if (inserted) merged.files.push_back(file);
+      files.push_back(it->second);
+    }
+    for (CatalogTensor& tensor : stage.catalog.tensors) {
+      if (tensor.name == kMegatronHeadCopyName ||
+          absl::EndsWith(tensor.name, absl::StrCat(".", kMegatronHeadCopyName))) {
+        merged.other_entries.push_back(absl::StrCat(
+            tensor.name, " (", stage.name,
+            "): the last pipeline stage's copy of the tied word embeddings, left out (the "
+            "first stage's word_embeddings.weight is the tensor)"));
+        continue;
+      }
+      std::string name = tensor.name;
+      if (auto layer = SplitLayerName(tensor.name); layer.has_value()) {
+        name = absl::StrCat(layer->prefix, ".", offset[layer->prefix] + layer->index);
+        if (!layer->rest.empty()) absl::StrAppend(&name, ".", layer->rest);
+      }
+      auto [it, inserted] = stage_of.emplace(name, stage.name);
+      if (!inserted) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", name, "\" is in both ", it->second, " and ", stage.name));
+      }
+      tensor.name = std::move(name);
+      for (SourcePiece& piece : tensor.pieces) piece.file = files.at(piece.file);
+      merged.tensors.push_back(std::move(tensor));
+    }
+    for (std::string& note : stage.catalog.other_entries) {
+      merged.other_entries.push_back(std::move(note));
+    }
+    for (const auto& [prefix, indices] : local) {
+      offset[prefix] += static_cast<int64_t>(indices.size());
+    }
+  }
+  if (options.total_layers.has_value()) {
+    for (const auto& [prefix, count] : offset) {
+      if (IsMainStack(prefix) && count != *options.total_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the ", stages.size(), " pipeline stages hold ", count, " layers (",
+                         prefix, ".*), but args.num_layers is ", *options.total_layers));
+      }
+    }
+  }
+  merged.Reindex();
+  return merged;
+}
+
+std::optional<bool> SwiGLUFromShapes(const Catalog& catalog) {
+  constexpr absl::string_view kUp = "mlp.dense_h_to_4h.weight";
+  constexpr absl::string_view kDown = "mlp.dense_4h_to_h.weight";
+  for (const CatalogTensor& tensor : catalog.tensors) {
+    if (!absl::EndsWith(tensor.name, kUp)) continue;
+    const std::string down =
+        absl::StrCat(tensor.name.substr(0, tensor.name.size() - kUp.size()), kDown);
+    const int found = catalog.Find(down);
+    if (found < 0) continue;
+    const Shape& up_shape = tensor.shape;
+    const Shape& down_shape = catalog.tensors[found].shape;
+    if (up_shape.size() != 2 || down_shape.size() != 2) continue;
+    return up_shape[0] == 2 * down_shape[1];
+  }
+  return std::nullopt;
+}
+
+std::vector<PartitionRule> MegatronPresetRules() {
+  auto split = [](std::string pattern, int dim) {
+    return PartitionRule{std::move(pattern), false, dim};
+  };
+  auto replicate = [](std::string pattern) { return PartitionRule{std::move(pattern), true}; };
+  // Megatron-LM names (language_model.encoder.layers.N.*, older language_model.transformer.*
+  // and attention.*) and DeepSpeed pipeline names (N.self_attention.*, N.weight for the final
+  // norm); both ParallelAttention spellings are row-parallel in their dense projection.
+  return {
+      split("word_embeddings\\.weight", 0),
+      split("query_key_value\\.(weight|bias)", 0),
+      split("dense_h_to_4h\\.(weight|bias)", 0),
+      split("(attention\\.dense|dense_4h_to_h)\\.weight", 1),
+      replicate("(attention\\.dense|dense_4h_to_h)\\.bias|layernorm|position_embeddings"),
+      split("(^|\\.)(output_layer|lm_head)\\.weight$", 0),
+      replicate("_norm\\.(weight|bias)$|^\\d+\\.(weight|bias)$"),
+  };
+}
+
+std::vector<PartitionRule> MegatronPartitionRules(bool swiglu, int64_t qkv_unit_rows) {
+  std::vector<PartitionRule> rules = MegatronPresetRules();
+  if (swiglu) {
+    rules.insert(rules.begin(), PartitionRule{"dense_h_to_4h\\.(weight|bias)$", false, 0, 2});
+  }
+  if (qkv_unit_rows > 1) {
+    rules.insert(rules.begin(),
+                 PartitionRule{"query_key_value\\.(weight|bias)$", false, 0, 1, qkv_unit_rows});
+  }
+  return rules;
+}
+
+}  // namespace reshard

@@ -1,0 +1,101 @@
+// The layout of Megatron-LM and Megatron-DeepSpeed checkpoints without IO: file and folder
+// names, the merge of a TP rank's pipeline stages into one Catalog, and the partition rules of
+// a Megatron GPT (the `megatron` preset and its SwiGLU / attention-head variants). The readers
+// (megatron_lm_reader, deepspeed_pipe_reader) and MegatronInput (megatron_format.h) build on it;
+// megatron_format.h describes the layouts.
+
+#ifndef RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_LAYOUT_H_
+#define RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_LAYOUT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "lib/core/catalog.h"
+#include "lib/plan/partition_rules.h"
+
+namespace reshard {
+
+// The format id of MegatronInput, and of the Catalogs its readers make.
+inline constexpr char kMegatronFormatId[] = "megatron";
+// The file of one Megatron-LM rank folder (mp_rank_XX[_YYY]/model_optim_rng.pt).
+inline constexpr char kMegatronRankFileName[] = "model_optim_rng.pt";
+// The last pipeline stage's copy of the tied word embeddings, left out of merged stages.
+inline constexpr char kMegatronHeadCopyName[] = "word_embeddings_for_head.weight";
+// Ranks and layer indices above this are not real checkpoints; the bound keeps loops small.
+inline constexpr int kMaxMegatronIndex = 1 << 20;
+
+// A run of digits as an index in [0, kMaxMegatronIndex); nullopt for anything else.
+std::optional<int> ParseMegatronIndex(absl::string_view text);
+
+// "mp_rank_03_model_states.pt" -> 3 (DeepSpeed's per model-parallel-rank file).
+std::optional<int> ParseModelStatesFile(absl::string_view name);
+
+// A Megatron-LM rank folder name: "mp_rank_01" (PP = 1) or "mp_rank_01_002".
+struct MegatronRankDir {
+  int tp = 0;
+  int pp = 0;
+  bool has_pp = false;  // the name carries the PP rank
+  int ep = -1;          // expert-parallel rank ("mp_rank_00_000_001"), -1 when absent
+};
+std::optional<MegatronRankDir> ParseMegatronRankDir(absl::string_view name);
+// "mp_rank_01" or "mp_rank_01_002", as Megatron's get_checkpoint_name spells them.
+std::string MegatronRankDirName(int tp, int pp, bool has_pp);
+
+// A DeepSpeed pipeline layer file name: "layer_03-model_01-model_states.pt".
+struct PipeLayerFile {
+  int layer = 0;
+  int tp = 0;
+};
+std::optional<PipeLayerFile> ParsePipeLayerFile(absl::string_view name);
+// "layer_03-model_01-model_states.pt", as DeepSpeed's PipelineModule.ckpt_layer_path spells it.
+std::string PipeLayerFileName(int layer, int tp);
+
+// The iteration folder a Megatron tracker file's text names: "100" -> "iter_0000100",
+// "release" -> "release"; nullopt for anything else. Whitespace around it is ignored.
+std::optional<std::string> IterationFolderFromTracker(absl::string_view text);
+
+// One pipeline stage of one TP rank: its tensors with stage-local layer numbers.
+struct PipelineStage {
+  std::string name;  // "mp_rank_00_001", for messages
+  Catalog catalog;
+};
+
+struct StageMergeOptions {
+  // Layers every stage must hold in the main stack (`*.encoder.layers`,
+  // `*.transformer.layers`); unchecked when unset.
+  std::optional<int64_t> layers_per_stage;
+  // Layers all stages must hold together in the main stack; unchecked when unset.
+  std::optional<int64_t> total_layers;
+};
+
+// Merges the stages of one TP rank (in pipeline order) into one Catalog: every `layers.N.`
+// (under each distinct prefix) is renumbered by the layers of that prefix in earlier stages;
+// each stage must hold local layers 0..n-1. `word_embeddings_for_head.weight` is left out and
+// noted in other_entries. InvalidArgument naming the stage on a gap in the layer numbers, a
+// count differing from the options, or a name found in two stages.
+absl::StatusOr<Catalog> MergePipelineStages(std::vector<PipelineStage> stages,
+                                            const StageMergeOptions& options);
+
+// Whether the model's MLP is SwiGLU, judged from shapes: the first layer's
+// mlp.dense_h_to_4h.weight has twice as many rows as its mlp.dense_4h_to_h.weight has columns.
+// nullopt when the catalog has no such pair.
+std::optional<bool> SwiGLUFromShapes(const Catalog& catalog);
+
+// The `megatron` rule preset (registered as "megatron" for --rules): Megatron-LM GPT tensor
+// parallelism, checkpoint version >= 2, GeLU MLP; Megatron-LM names and Megatron-DeepSpeed
+// pipeline names such as `3.mlp.dense_4h_to_h` and `8.weight`; no catch-all.
+std::vector<PartitionRule> MegatronPresetRules();
+
+// The partition rules of a Megatron GPT: the `megatron` preset, with dense_h_to_4h as
+// 2 fused blocks (gate, up) in front when `swiglu`, and query_key_value kept in whole units of
+// `qkv_unit_rows` rows (one attention head's q, k, v; or one GQA head group) when above 1, so
+// that a split into a tensor-parallel degree that does not divide the heads is refused.
+std::vector<PartitionRule> MegatronPartitionRules(bool swiglu, int64_t qkv_unit_rows = 1);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_LAYOUT_H_
