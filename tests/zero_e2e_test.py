@@ -725,11 +725,9 @@ class ZeroRefusalTests(Base):
                     self.assertFalse(doc["ok"], what)
                     self.assertTrue(doc["error"]["message"], what)
 
-    @unittest.expectedFailure
     def test_module_without_the_listed_buffers_is_refused(self):
-        # KNOWN BUG: `module` replaced by a dict without the buffers buffer_names lists. The
-        # right answer is exit 3 (the checkpoint names buffers it does not hold); reshard exits 0
-        # and leaves the buffers out. Remove expectedFailure when reshard refuses it.
+        # `module` replaced by a dict without the buffers buffer_names lists: exit 3 (the
+        # checkpoint names buffers it does not hold), not a model silently missing them.
         for stage in (2, 3):
             ck = self.write(stage, 2, "bf16", name="m%d" % stage)
             path = ck.path(ck.model_file(0))

@@ -1,7 +1,8 @@
 // DeepSpeed ZeRO-1/2/3 checkpoints (`ZeroInput`, id "deepspeed-zero"): the consolidated model
 // that DeepSpeed's zero_to_fp32.py would produce, located in place in the checkpoint's files.
 //
-// Layout read (docs: shared reference "training-checkpoints.md" §1, §7.3):
+// Layout read (docs/formats.md, "DeepSpeed ZeRO"; DeepSpeed's runtime/engine.py and
+// utils/zero_to_fp32.py):
 //   <dir>/latest                 the tag ("global_step1200"), when a parent folder is given
 //   <dir>/<tag>/[bf16_]zero_pp_rank_{R}_mp_rank_00_optim_states.pt   one per data-parallel rank
 //   <dir>/<tag>/mp_rank_00_model_states.pt                  ZeRO-1/2

@@ -3,8 +3,8 @@
 // (ZeRO-1/2: one flat buffer per param group, padded to 2 x world and cut into equal
 // partitions; ZeRO-3: every parameter padded to world x ceil(n / world), each rank holding its
 // slice of every parameter back to back, across sub-groups). The ZeRO reader
-// (zero_format.h) turns these runs into Catalog pieces; the shared reference,
-// training-checkpoints.md sections 1.4 and 1.5, has the worked examples the tests use.
+// (zero_format.h) turns these runs into Catalog pieces; docs/formats.md ("DeepSpeed ZeRO") has
+// the arithmetic and the worked examples the tests use.
 
 #ifndef RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_LAYOUT_H_
 #define RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_LAYOUT_H_

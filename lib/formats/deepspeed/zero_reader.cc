@@ -457,11 +457,12 @@ class ZeroReader {
                        builder_.WholeTensor(model, value, *name, absl::StrCat("module.", *name)));
       buffers.push_back(std::move(tensor));
     }
+    // zero_to_fp32 would skip such a buffer silently; a model without it is not the one saved.
     for (const std::string& name : buffer_names_) {
       if (!found.contains(name)) {
-        builder_.catalog().other_entries.push_back(absl::StrCat(
-            name,
-            ": listed in buffer_names but absent from module (skipped, as zero_to_fp32 does)"));
+        return Corrupt(model, absl::StrCat("buffer_names lists \"", name,
+                                           "\" but module holds no such tensor; the model "
+                                           "states file is inconsistent"));
       }
     }
     return buffers;
