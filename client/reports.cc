@@ -33,8 +33,7 @@ std::string JobStateName(v1::JobState state) {
 }  // namespace
 
 std::string StatusCodeName(absl::StatusCode code) {
-  std::string name = absl::StatusCodeToString(code);
-  for (char& c : name) c = c == ' ' ? '_' : absl::ascii_toupper(c);
+  const std::string name = absl::StatusCodeToString(code);  // "INVALID_ARGUMENT", "" if unknown
   return name.empty() ? "UNKNOWN" : name;
 }
 

@@ -40,9 +40,7 @@ std::string NewJobId() {
 void SetError(v1::Job& job, const absl::Status& status) {
   v1::JobError* error = job.mutable_error();
   error->set_code(static_cast<int>(status.code()));
-  std::string name = absl::StatusCodeToString(status.code());
-  for (char& c : name) c = c == ' ' ? '_' : static_cast<char>(std::toupper(c));
-  error->set_code_name(name);
+  error->set_code_name(absl::StatusCodeToString(status.code()));  // "INVALID_ARGUMENT"
   error->set_message(std::string(status.message()));
 }
 

@@ -1,5 +1,7 @@
 #include "server/service.h"
 
+#include <optional>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
@@ -170,28 +172,32 @@ grpc::Status ReshardService::Plan(grpc::ServerContext* context, const v1::PlanRe
   auto valid = ValidateJobSpec(spec, *paths_);
   if (!valid.ok()) return ToGrpcStatus(valid.status());
   // Shared with the task, which may outlive this call.
-  auto planned = std::make_shared<absl::StatusOr<PlannedConversion>>(absl::UnknownError("not run"));
+  auto planned = std::make_shared<std::optional<absl::StatusOr<PlannedConversion>>>();
   absl::Status waited = RunOffloaded(
       *offload_, *context, [planned, spec = *valid, confinement = paths_->shared_confinement()] {
         ScopedPathConfinement confined(confinement.get());
         *planned = PlanConversion(ConversionSpecFromProto(spec));
       });
   if (!waited.ok()) return ToGrpcStatus(waited);
-  if (!planned->ok()) return ToGrpcStatus(planned->status());
-  for (const FilePlan& file : (*planned)->plan.files) {
+  if (!planned->has_value()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is stopping; plan not made");
+  }
+  const absl::StatusOr<PlannedConversion>& plan_result = **planned;
+  if (!plan_result.ok()) return ToGrpcStatus(plan_result.status());
+  for (const FilePlan& file : plan_result->plan.files) {
     v1::PlannedFile* out = response->add_files();
     out->set_name(file.name);
     out->set_bytes(file.bytes);
     out->set_tensors(static_cast<int>(file.tensors.size()));
   }
-  for (const auto& [name, contents] : (*planned)->companion_files) {
+  for (const auto& [name, contents] : plan_result->companion_files) {
     v1::PlannedFile* out = response->add_files();
     out->set_name(name);
     out->set_bytes(contents.size());
   }
-  response->set_total_bytes((*planned)->plan.total_bytes);
-  response->set_source_bytes_read((*planned)->plan.source_bytes_read);
-  response->set_memory_bytes((*planned)->memory_bytes);  // as the local plan reports it
+  response->set_total_bytes(plan_result->plan.total_bytes);
+  response->set_source_bytes_read(plan_result->plan.source_bytes_read);
+  response->set_memory_bytes(plan_result->memory_bytes);  // as the local plan reports it
   return grpc::Status::OK;
 }
 

@@ -136,7 +136,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   ASSIGN_OR_RETURN(planned.plan, BuildCopyPlan(*plan_catalog, planned.layout, framings),
                    spec.input);
   ASSIGN_OR_RETURN(planned.companion_files,
-                   planned.writer->CompanionFiles(planned.layout, planned.plan));
+                   planned.writer->CompanionFiles(planned.layout));
   ExecutorOptions options;
   options.threads = spec.threads;
   options.window_bytes = spec.window_bytes;

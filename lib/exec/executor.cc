@@ -352,8 +352,8 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
   if (options.check_source_crc32) checksums.emplace(plan.sources);
   SourceChecksums* const checked =
       checksums.has_value() && !checksums->empty() ? &*checksums : nullptr;
-  std::vector<absl::StatusOr<WrittenFile>> results(plan.files.size(),
-                                                   absl::UnknownError("not run"));
+  // Every file gets its result from exactly one worker (written, reused or stopped).
+  std::vector<std::optional<absl::StatusOr<WrittenFile>>> results(plan.files.size());
   std::vector<uint64_t> bytes_read(plan.files.size(), 0);
   std::vector<PhaseSeconds> phases(plan.files.size());
   std::vector<char> mismatched(plan.files.size(), 0);
@@ -389,8 +389,8 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
         phases[f] = writer.phases();
         phases[f].verify = verify;
       }
-      if (results[f].ok()) {
-        progress.Committed(options.on_file_committed, *results[f]);
+      if (results[f]->ok()) {
+        progress.Committed(options.on_file_committed, **results[f]);
       } else {
         failed.store(true);
       }
@@ -412,17 +412,18 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
     result.phases.fsync += phases[f].fsync;
     result.phases.verify += phases[f].verify;
     result.verification_failures += mismatched[f];
-    if (!results[f].ok()) {
+    absl::StatusOr<WrittenFile>& file_result = *results[f];
+    if (!file_result.ok()) {
       // Report the root cause, not a sibling stopped because of it.
       if (first_error.ok() ||
-          (absl::IsCancelled(first_error) && !absl::IsCancelled(results[f].status()))) {
-        first_error = Annotate(results[f].status(), plan.files[f].name);
+          (absl::IsCancelled(first_error) && !absl::IsCancelled(file_result.status()))) {
+        first_error = Annotate(file_result.status(), plan.files[f].name);
       }
       continue;
     }
-    result.bytes_written += results[f]->bytes;
+    result.bytes_written += file_result->bytes;
     result.bytes_read += bytes_read[f];
-    result.files.push_back(*std::move(results[f]));
+    result.files.push_back(*std::move(file_result));
   }
   if (!first_error.ok()) return first_error;
   if (checked != nullptr) {

@@ -75,7 +75,7 @@ class OutputFormat {
   virtual absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const = 0;
   // Files written after the data files, such as a sharded model's index: (name, contents).
   virtual absl::StatusOr<std::vector<std::pair<std::string, std::string>>> CompanionFiles(
-      const TargetLayout& layout, const CopyPlan& plan) const = 0;
+      const TargetLayout& layout) const = 0;
 };
 
 void RegisterInputFormat(std::unique_ptr<InputFormat> format);

@@ -244,7 +244,7 @@ absl::StatusOr<FileFraming> SafetensorsOutput::Frame(const OutputFileLayout& fil
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SafetensorsOutput::CompanionFiles(
-    const TargetLayout& layout, const CopyPlan& plan) const {
+    const TargetLayout& layout) const {
   std::vector<std::pair<std::string, std::string>> files;
   if (layout.kind != TargetLayout::Kind::kConsolidated || layout.files.size() < 2) return files;
   files.emplace_back(kSafetensorsIndexName, HuggingFaceIndexJson(layout));

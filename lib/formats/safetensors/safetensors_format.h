@@ -52,7 +52,7 @@ class SafetensorsOutput : public OutputFormat {
   OutputNaming naming() const override;
   absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const override;
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> CompanionFiles(
-      const TargetLayout& layout, const CopyPlan& plan) const override;
+      const TargetLayout& layout) const override;
 };
 
 // Adds the tensors of one validated file to `catalog` as a new source file.

@@ -167,7 +167,7 @@ TEST(SafetensorsOutputTest, NamingAndIndex) {
   plan.files[0].tensors.push_back({"b", DType::kF32, DType::kF32, 10, {}});
   plan.files[1].name = "model-00002-of-00002.safetensors";
   plan.files[1].tensors.push_back({"a", DType::kF32, DType::kBF16, 3, {}});
-  auto companions = writer.CompanionFiles(layout, plan);
+  auto companions = writer.CompanionFiles(layout);
   ASSERT_TRUE(companions.ok());
   ASSERT_EQ(companions->size(), 1u);
   EXPECT_EQ((*companions)[0].first, kSafetensorsIndexName);
@@ -179,10 +179,10 @@ TEST(SafetensorsOutputTest, NamingAndIndex) {
   EXPECT_EQ(index["metadata"]["a_tied"], "a");
   // One file, or parts: no index.
   layout.files.resize(1);
-  EXPECT_TRUE(writer.CompanionFiles(layout, plan)->empty());
+  EXPECT_TRUE(writer.CompanionFiles(layout)->empty());
   layout.files.resize(2);
   layout.kind = TargetLayout::Kind::kParts;
-  EXPECT_TRUE(writer.CompanionFiles(layout, plan)->empty());
+  EXPECT_TRUE(writer.CompanionFiles(layout)->empty());
 }
 
 TEST(SafetensorsInputTest, SingleFile) {

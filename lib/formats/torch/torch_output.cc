@@ -352,7 +352,7 @@ absl::StatusOr<FileFraming> TorchOutput::Frame(const OutputFileLayout& file) con
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> TorchOutput::CompanionFiles(
-    const TargetLayout& layout, const CopyPlan&) const {
+    const TargetLayout& layout) const {
   std::vector<std::pair<std::string, std::string>> files;
   if (layout.kind != TargetLayout::Kind::kConsolidated || layout.files.size() < 2) return files;
   files.emplace_back(kTorchIndexName, HuggingFaceIndexJson(layout));

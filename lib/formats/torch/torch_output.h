@@ -28,7 +28,7 @@ class TorchOutput : public OutputFormat {
   OutputNaming naming() const override;
   absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const override;
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> CompanionFiles(
-      const TargetLayout& layout, const CopyPlan& plan) const override;
+      const TargetLayout& layout) const override;
 };
 
 }  // namespace reshard
