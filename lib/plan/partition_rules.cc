@@ -105,8 +105,8 @@ absl::StatusOr<PartitionRules> PartitionRules::FromJson(absl::string_view json,
     }
     rules.push_back(std::move(rule));
   }
-  auto created = Create(std::move(rules));
-  if (!created.ok()) return Annotate(created.status(), absl::StrCat("partition rules ", source));
+  ASSIGN_OR_RETURN(PartitionRules created, Create(std::move(rules)),
+                   absl::StrCat("partition rules ", source));
   return created;
 }
 

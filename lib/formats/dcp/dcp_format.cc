@@ -202,10 +202,8 @@ class DcpReader {
     RETURN_IF_ERROR(ReadMetadata());
     for (const DcpEntry& entry : metadata_.entries) {
       if (!entry.is_tensor) continue;
-      absl::Status tiling = CheckChunkTiling(entry.size, entry.chunks);
-      if (!tiling.ok()) {
-        return Annotate(tiling, absl::StrCat(metadata_path_, ": tensor \"", entry.fqn, "\""));
-      }
+      RETURN_IF_ERROR(CheckChunkTiling(entry.size, entry.chunks),
+                      absl::StrCat(metadata_path_, ": tensor \"", entry.fqn, "\""));
     }
     RETURN_IF_ERROR(ResolveFiles());
     pieces_.resize(metadata_.entries.size());
@@ -393,10 +391,8 @@ class DcpReader {
       }
       std::vector<DcpPathItem> path = entry.path;
       if (path.empty()) path.push_back(DcpPathItem{false, entry.fqn, 0});
-      absl::Status status = tree.Insert(path, std::move(leaf));
-      if (!status.ok()) {
-        return Annotate(status, absl::StrCat(metadata_path_, ": \"", entry.fqn, "\""));
-      }
+      RETURN_IF_ERROR(tree.Insert(path, std::move(leaf)),
+                      absl::StrCat(metadata_path_, ": \"", entry.fqn, "\""));
     }
     catalog.structure = std::make_shared<const StructureNode>(tree.Build());
     catalog.Reindex();

@@ -294,10 +294,10 @@ class MetadataParser {
 absl::StatusOr<DcpMetadata> ParseDcpMetadata(absl::string_view bytes, const std::string& path,
                                              const DcpLimits& limits) {
   PickleArena arena;
-  absl::StatusOr<PickleValue*> root = ParsePickle(bytes, arena, /*persistent_load=*/{});
-  if (!root.ok()) return Annotate(root.status(), path);
+  ASSIGN_OR_RETURN(PickleValue* const root, ParsePickle(bytes, arena, /*persistent_load=*/{}),
+                   path);
   MetadataParser parser(path, limits);
-  return parser.Parse(*root);
+  return parser.Parse(root);
 }
 
 absl::Status CheckChunkTiling(const Shape& size, const std::vector<Box>& chunks) {

@@ -241,13 +241,13 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
       }
     }
     for (int p = 0; p < pp; ++p) labels.push_back(files[t][p].label);
-    auto merged = MergePipelineStages(std::move(stage_list), merge_options);
-    if (!merged.ok()) return Annotate(merged.status(), what);
+    ASSIGN_OR_RETURN(Catalog merged, MergePipelineStages(std::move(stage_list), merge_options),
+                     what);
     std::vector<std::string> notes = files[t][0].notes;
-    for (std::string& note : merged->other_entries) notes.push_back(std::move(note));
-    merged->other_entries = std::move(notes);
-    merged->format = kMegatronFormatId;
-    model.parts.push_back(*std::move(merged));
+    for (std::string& note : merged.other_entries) notes.push_back(std::move(note));
+    merged.other_entries = std::move(notes);
+    merged.format = kMegatronFormatId;
+    model.parts.push_back(std::move(merged));
     model.part_names.push_back(absl::StrCat("tp ", t, " (", absl::StrJoin(labels, ", "), ")"));
   }
   RETURN_IF_ERROR(CheckPaddedVocab(reference.facts, model.parts[0], tp, what));

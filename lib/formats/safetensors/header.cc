@@ -228,12 +228,10 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
   };
   std::string prefix;
   RETURN_IF_ERROR(read_exact(0, std::min<uint64_t>(8, *file_size), prefix));
-  auto length = ParseSafetensorsHeaderLength(prefix, *file_size);
-  if (!length.ok()) return Annotate(length.status(), path);
+  ASSIGN_OR_RETURN(const uint64_t length, ParseSafetensorsHeaderLength(prefix, *file_size), path);
   std::string json;
-  RETURN_IF_ERROR(read_exact(8, *length, json));
-  auto header = ParseSafetensorsHeaderJson(json, *file_size);
-  if (!header.ok()) return Annotate(header.status(), path);
+  RETURN_IF_ERROR(read_exact(8, length, json));
+  ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeaderJson(json, *file_size), path);
   return header;
 }
 

@@ -235,10 +235,9 @@ absl::StatusOr<FileFraming> SafetensorsOutput::Frame(const OutputFileLayout& fil
   }
   metadata["format"] = "pt";
   if (file.structure != nullptr) metadata[kStructureMetadataKey] = StructureToJson(*file.structure);
-  auto header = EncodeSafetensorsHeader(entries, metadata);
-  if (!header.ok()) return Annotate(header.status(), file.name);
+  ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, metadata), file.name);
   FileFraming framing;
-  framing.segments.push_back({FramingSegment::Kind::kBytes, *std::move(header), -1});
+  framing.segments.push_back({FramingSegment::Kind::kBytes, std::move(header), -1});
   for (int index : order) framing.segments.push_back({FramingSegment::Kind::kTensor, "", index});
   return framing;
 }

@@ -151,9 +151,8 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_v
   PersistentLoad load = [self, &archive](PickleValue* pid, PickleArena& arena) {
     return self->LoadStorage(pid, arena, archive);
   };
-  auto root = ParsePickle(pickle_bytes, result->arena_, load);
-  if (!root.ok()) return Annotate(root.status(), absl::StrCat(path, ": data.pkl"));
-  result->root_ = *root;
+  ASSIGN_OR_RETURN(result->root_, ParsePickle(pickle_bytes, result->arena_, load),
+                   absl::StrCat(path, ": data.pkl"));
   return result;
 }
 

@@ -280,14 +280,12 @@ absl::StatusOr<FileFraming> TorchOutput::Frame(const OutputFileLayout& file) con
   absl::flat_hash_map<std::string, int> tensor_index;
   for (size_t i = 0; i < file.tensors.size(); ++i) tensor_index[file.tensors[i].name] = i;
   if (file.structure != nullptr) {
-    absl::Status status = WriteStructure(*file.structure, tensor_index, write_tensor, pickle);
-    if (!status.ok()) return Annotate(status, file.name);
+    RETURN_IF_ERROR(WriteStructure(*file.structure, tensor_index, write_tensor, pickle), file.name);
   } else {
     pickle.BeginDict(/*ordered=*/true);
     for (size_t i = 0; i < file.tensors.size(); ++i) {
       pickle.String(file.tensors[i].name);
-      absl::Status status = write_tensor(static_cast<int>(i));
-      if (!status.ok()) return Annotate(status, file.name);
+      RETURN_IF_ERROR(write_tensor(static_cast<int>(i)), file.name);
     }
     pickle.EndDict();
   }
