@@ -17,10 +17,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
-#include "lib/exec/crc32.h"
+#include "lib/io/crc32.h"
 #include "lib/exec/source_checksums.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/io/atomic_file.h"
+#include "lib/io/byte_writer.h"
 #include "lib/io/page_buffer.h"
 
 namespace reshard {
@@ -62,16 +63,16 @@ class ProgressTracker {
   const std::function<void(const Progress&)> callback_;
 };
 
-// Hashes and writes filled windows on its own thread, so that filling the next window (page
-// faults on the sources, copies, dtype conversion) overlaps with writing the previous one.
-// Two buffers of half the window each: one being filled, one being written.
+// Hands filled windows to the output's writer chain (lib/io/byte_writer.h: digests, size
+// check, file) on its own thread, so that filling the next window (page faults on the sources,
+// copies, dtype conversion) overlaps with writing the previous one. Two buffers of half the
+// window each: one being filled, one being written.
 class WindowPipeline {
  public:
-  WindowPipeline(AtomicFile& file, size_t window_bytes) : file_(file), hash_(XXH3_createState()) {
+  WindowPipeline(ByteWriter& sink, size_t window_bytes) : sink_(sink) {
     const size_t half = std::max<size_t>(window_bytes / 2, 4096);
     buffers_[0] = PageBuffer(half);
     buffers_[1] = PageBuffer(half);
-    XXH3_64bits_reset(hash_);
     writer_ = std::thread([this] { WriterLoop(); });
   }
   ~WindowPipeline() {
@@ -80,7 +81,6 @@ class WindowPipeline {
       stopping_ = true;
     }
     writer_.join();
-    XXH3_freeState(hash_);
   }
 
   size_t capacity() const { return buffers_[filling_].size(); }
@@ -98,18 +98,17 @@ class WindowPipeline {
     return absl::OkStatus();
   }
 
-  // Seconds the writer thread spent in Append. Call after Finish.
+  // Seconds the writer thread spent in the chain's Write. Call after Finish.
   double write_seconds() {
     absl::MutexLock lock(&mu_);
     return write_seconds_;
   }
 
-  // Waits for the last write; the file's XXH3-64 after it.
-  absl::StatusOr<uint64_t> Finish() {
+  // Waits for the last write; its status.
+  absl::Status Finish() {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(this, &WindowPipeline::WriterIdle));
-    if (!status_.ok()) return status_;
-    return XXH3_64bits_digest(hash_);
+    return status_;
   }
 
  private:
@@ -127,10 +126,9 @@ class WindowPipeline {
         index = pending_;
         bytes = pending_bytes_;
       }
-      // Only this thread touches the hash and the file while a buffer is pending.
-      XXH3_64bits_update(hash_, buffers_[index].data(), bytes);
+      // Only this thread touches the chain while a buffer is pending.
       const Clock::time_point start = Clock::now();
-      absl::Status status = file_.Append(absl::string_view(buffers_[index].data(), bytes));
+      absl::Status status = sink_.Write(absl::string_view(buffers_[index].data(), bytes));
       const double seconds = SecondsSince(start);
       absl::MutexLock lock(&mu_);
       write_seconds_ += seconds;
@@ -139,8 +137,7 @@ class WindowPipeline {
     }
   }
 
-  AtomicFile& file_;
-  XXH3_state_t* const hash_;
+  ByteWriter& sink_;
   PageBuffer buffers_[2];
   int filling_ = 0;  // only the filling thread uses it
   absl::Mutex mu_;
@@ -167,10 +164,14 @@ class FileWriter {
         source_checksums_(checksums) {}
 
   absl::StatusOr<WrittenFile> Run(const Directory& dir) {
-    ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir, plan_.name));
-    uint64_t hash = 0;
+    ASSIGN_OR_RETURN(AtomicFile created, AtomicFile::Create(dir, plan_.name));
+    // The manifest and resumes need the file's XXH3-64; a framing that promised another size
+    // than the plan's is a bug caught before the file gets its final name.
+    AtomicFileWriter file(std::move(created));
+    DigestingWriter digest(&file, {/*xxh3_64=*/true, /*crc32=*/false});
+    ExactSizeWriter exact(&digest, plan_.bytes, plan_.name);
     {
-      WindowPipeline pipeline(file, std::max<uint64_t>(options_.window_bytes, 8192));
+      WindowPipeline pipeline(exact, std::max<uint64_t>(options_.window_bytes, 8192));
       pipeline_ = &pipeline;
       checksums_.assign(plan_.tensors.size(), 0);
       for (const FramingSegment& segment : plan_.segments) {
@@ -194,24 +195,20 @@ class FileWriter {
         ++pending_tensors_;
       }
       RETURN_IF_ERROR(Flush());
-      ASSIGN_OR_RETURN(hash, pipeline.Finish());
+      RETURN_IF_ERROR(pipeline.Finish());
       phases_.write += pipeline.write_seconds();
       pipeline_ = nullptr;
     }
     const Clock::time_point commit_start = Clock::now();
-    RETURN_IF_ERROR(file.Commit());
+    RETURN_IF_ERROR(exact.Close());  // size checked, then fsync, rename, fsync of the folder
     phases_.fsync += SecondsSince(commit_start);
     WrittenFile written;
     written.name = plan_.name;
-    written.bytes = file.bytes_written();
-    written.xxh3_64 = hash;
+    written.bytes = exact.pos();
+    written.xxh3_64 = digest.xxh3_64();
     written.tensors = static_cast<int>(plan_.tensors.size());
     progress_.Add(0, pending_tensors_, 1);
     pending_tensors_ = 0;
-    if (written.bytes != plan_.bytes) {
-      return absl::InternalError(absl::StrCat(plan_.name, ": wrote ", written.bytes,
-                                              " bytes but the plan expects ", plan_.bytes));
-    }
     return written;
   }
 

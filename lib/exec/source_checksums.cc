@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
-#include "lib/exec/crc32.h"
+#include "lib/io/crc32.h"
 
 namespace reshard {
 namespace {

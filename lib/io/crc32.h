@@ -6,8 +6,8 @@
 // computes the same CRC with carry-less multiplication (PCLMULQDQ, AVX-512 where present),
 // chosen for the CPU at run time; zlib combines CRCs of adjacent runs.
 
-#ifndef RESHARD_LIB_EXEC_CRC32_H_
-#define RESHARD_LIB_EXEC_CRC32_H_
+#ifndef RESHARD_LIB_IO_CRC32_H_
+#define RESHARD_LIB_IO_CRC32_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -26,4 +26,4 @@ bool Crc32IsAccelerated();
 
 }  // namespace reshard
 
-#endif  // RESHARD_LIB_EXEC_CRC32_H_
+#endif  // RESHARD_LIB_IO_CRC32_H_

@@ -1,4 +1,4 @@
-#include "lib/exec/crc32.h"
+#include "lib/io/crc32.h"
 
 #include <isa-l/crc.h>
 #include <zlib.h>
