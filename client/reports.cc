@@ -43,7 +43,7 @@ Json InspectDocument(const std::string& input, const LoadedInput& loaded) {
   Json doc;
   doc["path"] = input;
   doc["format"] = model.format;
-  doc["layout"] = model.layout;
+  doc["layout"] = model.arrangement;
   doc["description"] = model.description;
   doc["parts"] = model.parts.size();
   doc["merged"] = loaded.merged;

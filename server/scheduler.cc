@@ -529,7 +529,7 @@ void Scheduler::WorkerLoop() {
       draft.job.set_bytes_written(result->bytes_written);
       v1::PhaseTimings* timings = draft.job.mutable_timings();
       timings->set_plan_seconds(result->plan_seconds);
-      timings->set_write_seconds(result->write_seconds);
+      timings->set_write_seconds(result->data_files_seconds);  // the API keeps its name
       timings->set_publish_seconds(result->publish_seconds);
       timings->set_read_seconds(result->data_phases.read);
       timings->set_convert_seconds(result->data_phases.convert);

@@ -187,7 +187,7 @@ class FakeRunner {
     result.bytes_read = 100;
     result.bytes_written = 108;
     result.plan_seconds = 0.5;
-    result.write_seconds = 1.5;
+    result.data_files_seconds = 1.5;
     result.publish_seconds = 0.25;
     return result;
   }

@@ -241,7 +241,7 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext* context,
         response->set_description(loaded->model.description);
         const Catalog& shown = loaded->merged ? loaded->catalog : loaded->model.parts[0];
         response->set_format(loaded->model.format);
-        response->set_layout(loaded->model.layout);
+        response->set_layout(loaded->model.arrangement);
         response->set_parts(static_cast<int>(loaded->model.parts.size()));
         response->set_merged(loaded->merged);
         for (const Catalog& part : loaded->model.parts) {

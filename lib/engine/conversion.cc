@@ -154,7 +154,7 @@ std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& p
   OrderedJson source;
   source["path"] = planned.input.path;
   source["format"] = planned.input.model.format;
-  source["layout"] = planned.input.model.layout;
+  source["layout"] = planned.input.model.arrangement;
   if (!planned.input.model.description.empty()) {
     source["description"] = planned.input.model.description;
   }
@@ -232,7 +232,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   const auto publish_start = Clock::now();
   ConversionResult result;
   result.plan_seconds = plan_seconds;
-  result.write_seconds = std::chrono::duration<double>(publish_start - write_start).count();
+  result.data_files_seconds = std::chrono::duration<double>(publish_start - write_start).count();
   result.output = staging.output_dir();
   result.files = executed.files;
   result.bytes_read = executed.bytes_read;

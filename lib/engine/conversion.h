@@ -115,7 +115,7 @@ struct ConversionResult {
   // Phases (wall time): reading metadata and planning; writing data files; index, manifest
   // and publishing.
   double plan_seconds = 0;
-  double write_seconds = 0;
+  double data_files_seconds = 0;
   double publish_seconds = 0;
   // Inside writing data files, summed over worker threads (see PhaseSeconds): reading,
   // converting, the write calls, fsync, and checksumming reused files on resume.

@@ -99,9 +99,9 @@ class WindowPipeline {
   }
 
   // Seconds the writer thread spent in the chain's Write. Call after Finish.
-  double write_seconds() {
+  double sink_seconds() {
     absl::MutexLock lock(&mu_);
-    return write_seconds_;
+    return sink_seconds_;
   }
 
   // Waits for the last write; its status.
@@ -131,7 +131,7 @@ class WindowPipeline {
       absl::Status status = sink_.Write(absl::string_view(buffers_[index].data(), bytes));
       const double seconds = SecondsSince(start);
       absl::MutexLock lock(&mu_);
-      write_seconds_ += seconds;
+      sink_seconds_ += seconds;
       if (!status.ok() && status_.ok()) status_ = status;
       pending_ = -1;
     }
@@ -145,7 +145,7 @@ class WindowPipeline {
   size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  double write_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  double sink_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread writer_;
 };
 
@@ -196,7 +196,7 @@ class FileWriter {
       }
       RETURN_IF_ERROR(Flush());
       RETURN_IF_ERROR(pipeline.Finish());
-      phases_.write += pipeline.write_seconds();
+      phases_.write += pipeline.sink_seconds();
       pipeline_ = nullptr;
     }
     const Clock::time_point commit_start = Clock::now();

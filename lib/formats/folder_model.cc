@@ -134,7 +134,7 @@ absl::StatusOr<InputModel> AssembleIndexedFolder(
   absl::flat_hash_map<std::string, std::string> file_of(weight_map.begin(), weight_map.end());
   InputModel model;
   model.format = std::string(format);
-  model.layout = "sharded";
+  model.arrangement = "sharded";
   Catalog catalog;
   catalog.format = std::string(format);
   size_t listed_found = 0;
@@ -181,7 +181,7 @@ absl::StatusOr<InputModel> AssembleFolder(absl::string_view format, const std::s
     all_same = SortedNames(files[i].catalog) == first_names;
   }
   if (all_same) {
-    model.layout = "model-parallel-parts";
+    model.arrangement = "model-parallel-parts";
     for (FileCatalog& file : files) {
       file.catalog.Reindex();
       model.part_names.push_back(absl::StrCat(dir, "/", file.name));
@@ -189,7 +189,7 @@ absl::StatusOr<InputModel> AssembleFolder(absl::string_view format, const std::s
     }
     return model;
   }
-  model.layout = files.size() == 1 ? "single-file" : "sharded";
+  model.arrangement = files.size() == 1 ? "single-file" : "sharded";
   Catalog catalog;
   catalog.format = std::string(format);
   absl::flat_hash_map<std::string, std::string> owner;

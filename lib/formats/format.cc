@@ -80,14 +80,14 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
 std::string DescribeInputModel(const InputModel& model, absl::string_view format_name,
                                absl::string_view parts_origin) {
   const absl::string_view format = format_name.empty() ? model.format : format_name;
-  if (model.layout == "model-parallel-parts") {
+  if (model.arrangement == "model-parallel-parts") {
     return absl::StrCat(format, ", ", model.parts.size(), parts_origin.empty() ? "" : " ",
                         parts_origin,
                         " model-parallel parts (every file holds a slice of every tensor)");
   }
   size_t files = 0;
   for (const Catalog& part : model.parts) files += part.files.size();
-  if (model.layout == "sharded") {
+  if (model.arrangement == "sharded") {
     return absl::StrCat(format, ", one model in ", files, " shards");
   }
   return absl::StrCat(format, ", one file");

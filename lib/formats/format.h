@@ -25,8 +25,10 @@ namespace reshard {
 // What an InputFormat found at a path.
 struct InputModel {
   std::string format;  // the format's id
-  // "single-file", "sharded" (one model in several files) or "model-parallel-parts".
-  std::string layout;
+  // How the model is spread over files: "single-file", "sharded" (one model in several
+  // files) or "model-parallel-parts". (Reported under the JSON key "layout" by inspect and the
+  // manifest, for compatibility; "layout" in the code means the output's TargetLayout.)
+  std::string arrangement;
   // One Catalog for a whole model; N for N model-parallel parts, in rank order.
   std::vector<Catalog> parts;
   std::vector<std::string> part_names;  // a file or folder name per part, for messages

@@ -399,7 +399,7 @@ class DcpReader {
 
     InputModel model;
     model.format = DcpInput::kId;
-    model.layout = files_.size() == 1 ? "single-file" : "sharded";
+    model.arrangement = files_.size() == 1 ? "single-file" : "sharded";
     model.description = Describe(catalog, values);
     model.part_names.push_back(dir_);
     model.parts.push_back(std::move(catalog));

@@ -143,7 +143,7 @@ class NoZeroReader {
       model.parts.push_back(std::move(part));
       model.part_names.push_back(archive->path());
     }
-    model.layout = parts == 1 ? "single-file" : "model-parallel-parts";
+    model.arrangement = parts == 1 ? "single-file" : "model-parallel-parts";
     model.description =
         absl::StrCat("DeepSpeed (no ZeRO), weights from ",
                      parts == 1 ? std::string("mp_rank_00")

@@ -442,7 +442,7 @@ TEST(ZeroInputTest, NoZeroReadsTheModule) {
     auto model = input.Read(root, ReadOptions{});
     ASSERT_TRUE(model.ok()) << model.status();
     EXPECT_EQ(model->format, "deepspeed-zero");
-    EXPECT_EQ(model->layout, "single-file");
+    EXPECT_EQ(model->arrangement, "single-file");
     EXPECT_EQ(model->description,
               "DeepSpeed (no ZeRO), weights from mp_rank_00_model_states.pt module, tag "
               "global_step3, 4 tensors");
@@ -487,7 +487,7 @@ TEST(ZeroInputTest, NoZeroModelParallelRanksArePartsOrRefused) {
   WriteModelStates(dir + "/mp_rank_01_model_states.pt", states);
   auto model = input.Read(dir, ReadOptions{});
   ASSERT_TRUE(model.ok()) << model.status();
-  EXPECT_EQ(model->layout, "model-parallel-parts");
+  EXPECT_EQ(model->arrangement, "model-parallel-parts");
   ASSERT_EQ(model->parts.size(), 2u);
   EXPECT_EQ(model->part_names[1], dir + "/mp_rank_01_model_states.pt");
   EXPECT_EQ(model->parts[1].files[0].path, dir + "/mp_rank_01_model_states.pt");

@@ -81,7 +81,7 @@ class ZeroReader {
 
     InputModel model;
     model.format = kZeroFormatId;
-    model.layout = "sharded";
+    model.arrangement = "sharded";
     model.description = Description(buffer_count, frozen_count, trainable_count);
     model.parts.push_back(std::move(builder_.catalog()));
     model.part_names.push_back(dir_);

@@ -188,7 +188,7 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
 
   InputModel model;
   model.format = kMegatronFormatId;
-  model.layout = "model-parallel-parts";
+  model.arrangement = "model-parallel-parts";
   for (int t = 0; t < tp; ++t) {
     Catalog part;
     part.format = kMegatronFormatId;

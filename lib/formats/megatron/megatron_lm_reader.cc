@@ -231,7 +231,7 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
   }
   InputModel model;
   model.format = kMegatronFormatId;
-  model.layout = "model-parallel-parts";
+  model.arrangement = "model-parallel-parts";
   for (int t = 0; t < tp; ++t) {
     std::vector<PipelineStage> stage_list;
     std::vector<std::string> labels;

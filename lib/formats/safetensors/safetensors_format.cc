@@ -146,7 +146,7 @@ absl::StatusOr<InputModel> SafetensorsInput::ReadWithoutAliases(const std::strin
   ASSIGN_OR_RETURN(FileCatalog file, ReadOne("", path));
   InputModel model;
   model.format = kId;
-  model.layout = "single-file";
+  model.arrangement = "single-file";
   file.catalog.Reindex();
   model.parts.push_back(std::move(file.catalog));
   model.part_names.push_back(path);

@@ -196,7 +196,7 @@ TEST(SafetensorsInputTest, SingleFile) {
   auto model = reader.Read(path, {});
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(model->format, "safetensors");
-  EXPECT_EQ(model->layout, "single-file");
+  EXPECT_EQ(model->arrangement, "single-file");
   ASSERT_EQ(model->parts.size(), 1u);
   const Catalog& catalog = model->parts[0];
   ASSERT_EQ(catalog.files.size(), 1u);
@@ -226,7 +226,7 @@ TEST(SafetensorsInputTest, IndexedFolder) {
   SafetensorsInput reader;
   auto model = reader.Read(dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
-  EXPECT_EQ(model->layout, "sharded");
+  EXPECT_EQ(model->arrangement, "sharded");
   ASSERT_EQ(model->parts.size(), 1u);
   EXPECT_EQ(model->parts[0].files.size(), 2u);
   EXPECT_EQ(model->parts[0].tensors.size(), 3u);
@@ -288,7 +288,7 @@ TEST(SafetensorsInputTest, IdenticalNamesAreModelParallelPartsInNaturalOrder) {
   SafetensorsInput reader;
   auto model = reader.Read(dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
-  EXPECT_EQ(model->layout, "model-parallel-parts");
+  EXPECT_EQ(model->arrangement, "model-parallel-parts");
   ASSERT_EQ(model->parts.size(), 2u);
   ASSERT_EQ(model->part_names.size(), 2u);
   EXPECT_EQ(fs::path(model->part_names[0]).filename(), "p2.safetensors");
@@ -306,7 +306,7 @@ TEST(SafetensorsInputTest, DisjointNamesAreShards) {
   SafetensorsInput reader;
   auto model = reader.Read(dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
-  EXPECT_EQ(model->layout, "sharded");
+  EXPECT_EQ(model->arrangement, "sharded");
   ASSERT_EQ(model->parts.size(), 1u);
   EXPECT_EQ(model->parts[0].files.size(), 2u);
   EXPECT_EQ(model->parts[0].tensors.size(), 3u);

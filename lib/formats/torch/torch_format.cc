@@ -248,7 +248,7 @@ absl::StatusOr<InputModel> ReadTorchModel(const std::string& path) {
     ASSIGN_OR_RETURN(FileCatalog file, ReadOneFile("", path));
     InputModel model;
     model.format = TorchInput::kId;
-    model.layout = "single-file";
+    model.arrangement = "single-file";
     model.parts.push_back(std::move(file.catalog));
     model.part_names.push_back(path);
     return model;
