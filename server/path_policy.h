@@ -42,8 +42,6 @@ class PathPolicy {
   // The same roots as a PathConfinement: jobs and Inspect/Plan calls run under it, so that
   // what they open after these checks stays beneath the roots even if paths change meanwhile.
   const PathConfinement* confinement() const { return confinement_.get(); }
-  // The same, for work that may outlive this policy's caller (offloaded tasks).
-  std::shared_ptr<const PathConfinement> shared_confinement() const { return confinement_; }
 
  private:
   bool Inside(const std::string& resolved, bool allow_root_itself) const;

@@ -92,19 +92,33 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
   return valid;
 }
 
-grpc::Status ReshardService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
-                                       v1::Job* response) {
+grpc::Status ReshardService::SubmitJob(grpc::ServerContext* context,
+                                       const v1::SubmitJobRequest* request, v1::Job* response) {
   if (request->idempotency_key().size() > kMaxIdempotencyKeyBytes) {
     return ToGrpcStatus(absl::InvalidArgumentError("idempotency_key is longer than 256 bytes"));
   }
-  auto spec = ValidateJobSpec(request->spec(), *paths_);
-  if (!spec.ok()) return ToGrpcStatus(spec.status());
   // A new job needs a free output; a resubmission (same key) gets its job back whatever the
   // output holds now, so a requeued task re-attaches even after the job finished.
-  if (!spec->overwrite() && !scheduler_->HasIdempotencyKey(request->idempotency_key())) {
-    absl::Status free = CheckOutputDirUsable(spec->output());
-    if (!free.ok()) return ToGrpcStatus(free);
+  const bool needs_free_output =
+      !request->spec().overwrite() && !scheduler_->HasIdempotencyKey(request->idempotency_key());
+  // The path checks touch the filesystem: off the gRPC thread, bounded by the deadline. The
+  // task owns its copies (it may outlive this call; the policy outlives the pool).
+  auto checked = std::make_shared<std::optional<absl::StatusOr<v1::JobSpec>>>();
+  absl::Status waited = RunOffloaded(
+      *offload_, *context, [checked, spec = request->spec(), needs_free_output, paths = paths_] {
+        absl::StatusOr<v1::JobSpec> valid = ValidateJobSpec(spec, *paths);
+        if (valid.ok() && needs_free_output) {
+          absl::Status free = CheckOutputDirUsable(valid->output());
+          if (!free.ok()) valid = free;
+        }
+        *checked = std::move(valid);
+      });
+  if (!waited.ok()) return ToGrpcStatus(waited);
+  if (!checked->has_value()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is stopping; not checked");
   }
+  const absl::StatusOr<v1::JobSpec>& spec = **checked;
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
   auto job = scheduler_->Submit(*spec, request->idempotency_key());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = *std::move(job);
@@ -169,15 +183,17 @@ grpc::Status ReshardService::Plan(grpc::ServerContext* context, const v1::PlanRe
                                   v1::PlanResponse* response) {
   v1::JobSpec spec = request->spec();
   spec.set_overwrite(true);  // a dry run does not care whether the output exists yet
-  auto valid = ValidateJobSpec(spec, *paths_);
-  if (!valid.ok()) return ToGrpcStatus(valid.status());
-  // Shared with the task, which may outlive this call.
+  // Shared with the task, which may outlive this call (the policy outlives the pool).
   auto planned = std::make_shared<std::optional<absl::StatusOr<PlannedConversion>>>();
-  absl::Status waited = RunOffloaded(
-      *offload_, *context, [planned, spec = *valid, confinement = paths_->shared_confinement()] {
-        ScopedPathConfinement confined(confinement.get());
-        *planned = PlanConversion(ConversionSpecFromProto(spec));
-      });
+  absl::Status waited = RunOffloaded(*offload_, *context, [planned, spec, paths = paths_] {
+    absl::StatusOr<v1::JobSpec> valid = ValidateJobSpec(spec, *paths);
+    if (!valid.ok()) {
+      *planned = valid.status();
+      return;
+    }
+    ScopedPathConfinement confined(paths->confinement());
+    *planned = PlanConversion(ConversionSpecFromProto(*valid));
+  });
   if (!waited.ok()) return ToGrpcStatus(waited);
   if (!planned->has_value()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is stopping; plan not made");
@@ -207,64 +223,64 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext* context,
   if (request->rules_json().size() > kMaxRulesJsonBytes) {
     return ToGrpcStatus(absl::InvalidArgumentError("rules_json is larger than 1 MiB"));
   }
-  auto input = paths_->CheckInputTree(request->input());
-  if (!input.ok()) return ToGrpcStatus(input.status());
-  // The task owns its request and its answer: it may outlive this call.
+  // The task owns its request and its answer: it may outlive this call (the policy outlives
+  // the pool).
   struct Answer {
     v1::InspectRequest request;
-    std::string input;
     absl::Status status;
     v1::InspectResponse response;
   };
   auto answer = std::make_shared<Answer>();
   answer->request = *request;
-  answer->input = *std::move(input);
-  absl::Status waited =
-      RunOffloaded(*offload_, *context, [answer, confinement = paths_->shared_confinement()] {
-        ScopedPathConfinement confined(confinement.get());
-        const v1::InspectRequest* request = &answer->request;
-        v1::InspectResponse* response = &answer->response;
-        absl::Status& status = answer->status;
-        auto rules = LoadRules(request->rules_json(), "");
-        if (!rules.ok()) {
-          status = rules.status();
-          return;
-        }
-        ReadOptions read;
-        read.tag = request->tag();
-        read.include_optimizer = request->include_optimizer();
-        auto loaded = LoadInput(answer->input, *std::move(rules), /*require_model=*/false, read);
-        if (!loaded.ok()) {
-          status = loaded.status();
-          return;
-        }
-        response->set_description(loaded->model.description);
-        const Catalog& shown = loaded->merged ? loaded->catalog : loaded->model.parts[0];
-        response->set_format(loaded->model.format);
-        response->set_layout(loaded->model.arrangement);
-        response->set_parts(static_cast<int>(loaded->model.parts.size()));
-        response->set_merged(loaded->merged);
-        for (const Catalog& part : loaded->model.parts) {
-          for (const SourceFile& file : part.files) {
-            v1::InputFile* out = response->add_files();
-            out->set_path(file.path);
-            out->set_bytes(file.size);
-          }
-        }
-        uint64_t total = 0;
-        for (const CatalogTensor& tensor : shown.tensors) {
-          v1::TensorInfo* info = response->add_tensors();
-          info->set_name(tensor.name);
-          info->set_dtype(std::string(DTypeName(tensor.dtype)));
-          for (int64_t extent : tensor.shape) info->add_shape(extent);
-          info->set_bytes(TensorBytes(tensor));
-          info->set_pieces(static_cast<int>(tensor.pieces.size()));
-          total += TensorBytes(tensor);
-        }
-        response->set_total_bytes(total);
-        for (const auto& [key, value] : shown.metadata)
-          (*response->mutable_metadata())[key] = value;
-      });
+  absl::Status waited = RunOffloaded(*offload_, *context, [answer, paths = paths_] {
+    const v1::InspectRequest* request = &answer->request;
+    v1::InspectResponse* response = &answer->response;
+    absl::Status& status = answer->status;
+    absl::StatusOr<std::string> input = paths->CheckInputTree(request->input());
+    if (!input.ok()) {
+      status = input.status();
+      return;
+    }
+    ScopedPathConfinement confined(paths->confinement());
+    auto rules = LoadRules(request->rules_json(), "");
+    if (!rules.ok()) {
+      status = rules.status();
+      return;
+    }
+    ReadOptions read;
+    read.tag = request->tag();
+    read.include_optimizer = request->include_optimizer();
+    auto loaded = LoadInput(*input, *std::move(rules), /*require_model=*/false, read);
+    if (!loaded.ok()) {
+      status = loaded.status();
+      return;
+    }
+    response->set_description(loaded->model.description);
+    const Catalog& shown = loaded->merged ? loaded->catalog : loaded->model.parts[0];
+    response->set_format(loaded->model.format);
+    response->set_layout(loaded->model.arrangement);
+    response->set_parts(static_cast<int>(loaded->model.parts.size()));
+    response->set_merged(loaded->merged);
+    for (const Catalog& part : loaded->model.parts) {
+      for (const SourceFile& file : part.files) {
+        v1::InputFile* out = response->add_files();
+        out->set_path(file.path);
+        out->set_bytes(file.size);
+      }
+    }
+    uint64_t total = 0;
+    for (const CatalogTensor& tensor : shown.tensors) {
+      v1::TensorInfo* info = response->add_tensors();
+      info->set_name(tensor.name);
+      info->set_dtype(std::string(DTypeName(tensor.dtype)));
+      for (int64_t extent : tensor.shape) info->add_shape(extent);
+      info->set_bytes(TensorBytes(tensor));
+      info->set_pieces(static_cast<int>(tensor.pieces.size()));
+      total += TensorBytes(tensor);
+    }
+    response->set_total_bytes(total);
+    for (const auto& [key, value] : shown.metadata) (*response->mutable_metadata())[key] = value;
+  });
   if (!waited.ok()) return ToGrpcStatus(waited);
   if (!answer->status.ok()) return ToGrpcStatus(answer->status);
   *response = std::move(answer->response);

@@ -263,12 +263,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
 
 absl::StatusOr<std::optional<ConversionResult>> FindPublishedOutput(const ConversionSpec& spec,
                                                                     const std::string& job_id) {
-  absl::StatusOr<Directory> out = absl::UnknownError("");
-  if (const PathConfinement* confinement = CurrentPathConfinement()) {
-    out = confinement->OpenFolder(spec.output, /*create=*/false);
-  } else {
-    out = Directory::Open(spec.output);
-  }
+  absl::StatusOr<Directory> out = OpenExistingFolder(spec.output);
   if (!out.ok()) {
     if (absl::IsNotFound(out.status())) return std::nullopt;
     return out.status();

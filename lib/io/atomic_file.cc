@@ -116,9 +116,4 @@ absl::Status WriteFileAtomically(const Directory& dir, const std::string& name,
   return file.Commit();
 }
 
-absl::Status SyncDirectory(const std::string& dir) {
-  ASSIGN_OR_RETURN(Directory handle, Directory::Open(dir));
-  return handle.Sync();
-}
-
 }  // namespace reshard

@@ -54,9 +54,6 @@ class AtomicFile {
 absl::Status WriteFileAtomically(const Directory& dir, const std::string& name,
                                  absl::string_view contents);
 
-// fsyncs a folder so renames inside it are durable.
-absl::Status SyncDirectory(const std::string& dir);
-
 }  // namespace reshard
 
 #endif  // RESHARD_LIB_IO_ATOMIC_FILE_H_

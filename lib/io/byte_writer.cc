@@ -1,5 +1,7 @@
 #include "lib/io/byte_writer.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "lib/io/crc32.h"
 

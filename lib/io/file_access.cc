@@ -304,6 +304,13 @@ absl::StatusOr<Directory> OpenFolderCreating(const std::string& path) {
   return dir;
 }
 
+absl::StatusOr<Directory> OpenExistingFolder(const std::string& path) {
+  if (const PathConfinement* confinement = CurrentPathConfinement()) {
+    return confinement->OpenFolder(path, /*create=*/false);
+  }
+  return Directory::Open(path);
+}
+
 bool IsRemotePath(const std::string& path) {
   const size_t colon = path.find("://");
   if (colon == std::string::npos || colon == 0) return false;

@@ -105,6 +105,10 @@ absl::Status CheckInputFileType(const std::string& path);
 // are followed once (the user named them) and the missing part is created handle by handle.
 absl::StatusOr<Directory> OpenFolderCreating(const std::string& path);
 
+// The existing folder `path`: under a confinement through PathConfinement::OpenFolder (no
+// symlink followed), otherwise as given. NotFound when absent.
+absl::StatusOr<Directory> OpenExistingFolder(const std::string& path);
+
 // Whether `path` names remote storage ("s3://bucket/key", "gs://..."): scheme "://".
 bool IsRemotePath(const std::string& path);
 // InvalidArgument for a remote path (not supported yet), naming `what` and the path.

@@ -27,6 +27,22 @@ std::string Normalize(const std::string& path) {
   return result;
 }
 
+// The staging folder's name for output folder `output_name`.
+std::string StagingName(const std::string& output_name) {
+  return absl::StrCat(".", output_name, ".reshard-staging");
+}
+
+// An output folder split into its parent ("." when none) and its name.
+struct OutputLocation {
+  std::string parent;
+  std::string name;
+};
+OutputLocation SplitOutput(const std::string& output_dir) {
+  const fs::path out(Normalize(output_dir));
+  std::string parent = out.parent_path().string();
+  return {parent.empty() ? "." : parent, out.filename().string()};
+}
+
 // flock of an open folder; false with errno EWOULDBLOCK when another process holds it.
 bool LockDirectory(const Directory& dir) { return ::flock(dir.fd(), LOCK_EX | LOCK_NB) == 0; }
 
@@ -53,42 +69,32 @@ absl::Status CheckOutputUsableAt(const Directory& parent, const std::string& nam
 }  // namespace
 
 std::string StagingPathFor(const std::string& output_dir) {
-  fs::path out(Normalize(output_dir));
-  return (out.parent_path() / absl::StrCat(".", out.filename().string(), ".reshard-staging"))
-      .string();
+  const OutputLocation out = SplitOutput(output_dir);
+  return (fs::path(out.parent) / StagingName(out.name)).string();
 }
 
 absl::Status CheckOutputDirUsable(const std::string& output_dir) {
-  std::error_code error;
-  fs::file_status status = fs::symlink_status(output_dir, error);
-  if (error || status.type() == fs::file_type::not_found) return absl::OkStatus();
-  if (status.type() != fs::file_type::directory) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("output ", output_dir, " exists and is not a folder"));
-  }
-  if (!fs::is_empty(output_dir, error) || error) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "output folder ", output_dir,
-        " is not empty; choose a new folder (reshard never overwrites existing output)"));
-  }
-  return absl::OkStatus();
+  const OutputLocation out = SplitOutput(output_dir);
+  absl::StatusOr<Directory> parent = OpenExistingFolder(out.parent);
+  if (absl::IsNotFound(parent.status())) return absl::OkStatus();  // created when publishing
+  if (!parent.ok()) return parent.status();
+  return CheckOutputUsableAt(*parent, out.name, Normalize(output_dir));
 }
 
 absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir,
                                               const StagingOptions& options) {
   if (output_dir.empty()) return absl::InvalidArgumentError("empty output folder name");
   const std::string out = Normalize(output_dir);
-  const fs::path out_path(out);
+  const OutputLocation location = SplitOutput(out);
   StagingDir staging;
   staging.output_dir_ = out;
-  staging.output_name_ = out_path.filename().string();
-  staging.parent_path_ = out_path.parent_path().string();
-  if (staging.parent_path_.empty()) staging.parent_path_ = ".";
+  staging.output_name_ = location.name;
+  staging.parent_path_ = location.parent;
   if (!CheckPlainName(staging.output_name_).ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("output ", output_dir, " does not end in a folder name"));
   }
-  staging.staging_name_ = absl::StrCat(".", staging.output_name_, ".reshard-staging");
+  staging.staging_name_ = StagingName(staging.output_name_);
   staging.overwrite_ = options.overwrite;
   // Until this run owns the folder (created it, or locked a stale one) an early return must not
   // let the destructor remove it: it may be another run's, locked and in use.
@@ -98,8 +104,7 @@ absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir,
   if (!options.overwrite) {
     RETURN_IF_ERROR(CheckOutputUsableAt(parent, staging.output_name_, out));
   }
-  const std::string staging_path = parent.PathOf(staging.staging_name_);
-  staging.staging_path_ = staging_path;
+  const std::string staging_path = staging.path();
   auto existing = parent.StatChild(staging.staging_name_);
   if (existing.ok() && !S_ISDIR(existing->st_mode)) {
     // Not ours (a file or a symlink under our name): the name goes, a link's target stays.
@@ -153,7 +158,6 @@ StagingDir::StagingDir(StagingDir&& other) noexcept
       parent_path_(std::move(other.parent_path_)),
       output_name_(std::move(other.output_name_)),
       staging_name_(std::move(other.staging_name_)),
-      staging_path_(std::move(other.staging_path_)),
       parent_(std::move(other.parent_)),
       dir_(std::move(other.dir_)),
       published_(std::exchange(other.published_, true)),
@@ -166,7 +170,6 @@ StagingDir& StagingDir::operator=(StagingDir&& other) noexcept {
     parent_path_ = std::move(other.parent_path_);
     output_name_ = std::move(other.output_name_);
     staging_name_ = std::move(other.staging_name_);
-    staging_path_ = std::move(other.staging_path_);
     parent_ = std::move(other.parent_);
     dir_ = std::move(other.dir_);
     published_ = std::exchange(other.published_, true);
@@ -197,12 +200,7 @@ absl::Status StagingDir::CheckParentInPlace() const {
         "the output's folder ", parent_path_, " was moved or replaced while converting (", how,
         "); nothing was published"));
   };
-  absl::StatusOr<Directory> now = absl::UnknownError("");
-  if (const PathConfinement* confinement = CurrentPathConfinement()) {
-    now = confinement->OpenFolder(parent_path_, /*create=*/false);
-  } else {
-    now = Directory::Open(parent_path_);
-  }
+  absl::StatusOr<Directory> now = OpenExistingFolder(parent_path_);
   if (!now.ok()) return replaced(now.status().message());
   ASSIGN_OR_RETURN(struct stat then_stat, parent_.Stat());
   ASSIGN_OR_RETURN(struct stat now_stat, now->Stat());

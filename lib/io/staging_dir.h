@@ -51,7 +51,7 @@ class StagingDir {
   ~StagingDir();
 
   // The staging folder's path, for messages.
-  const std::string& path() const { return staging_path_; }
+  std::string path() const { return parent_.PathOf(staging_name_); }
   const std::string& output_dir() const { return output_dir_; }
   // The staging folder: write the output's files through this handle.
   const Directory& dir() const { return dir_; }
@@ -72,7 +72,6 @@ class StagingDir {
   std::string parent_path_;
   std::string output_name_;
   std::string staging_name_;
-  std::string staging_path_;
   Directory parent_;
   Directory dir_;  // the staging folder, flocked while this run owns it
   bool published_ = false;

@@ -496,6 +496,27 @@ class DaemonTestCase(unittest.TestCase):
 
 
 
+class OwnDaemonsTestCase(DaemonTestCase):
+    """For tests that start their own daemons (restarts, fault points): the class daemon is
+    stopped, and each test makes what it needs with new_daemon."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.daemon.kill()
+
+    def tearDown(self):
+        pass  # the class daemon is not used
+
+    def new_daemon(self, extra=(), env=None, state=None):
+        """A started daemon on `state` (a new state folder when None), killed with the class."""
+        if state is None:
+            state = tempfile.mkdtemp(prefix="state-", dir=self.tmp)
+        d = Daemon(self.logs, state, [self.root], tuple(extra), env=env)
+        self.extra_daemons.append(d)
+        return d.start()
+
+
 def main():
     """Takes --reshardd, --reshardctl and --probe, then runs the calling module's tests."""
     global RESHARDD, RESHARDCTL, PROBE

@@ -23,8 +23,8 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from daemon_harness import (MANIFEST, TERMINAL, Daemon, DaemonTestCase, main,  # noqa: E402
-                            small_checkpoint, staging_path)
+from daemon_harness import (MANIFEST, Daemon, DaemonTestCase, OwnDaemonsTestCase,  # noqa: E402
+                            main, small_checkpoint, staging_path)
 
 FAULTS = "RESHARD_TEST_FAULTS"
 
@@ -152,23 +152,16 @@ class HostilePathTests(DaemonTestCase):
         self.assertFalse(os.path.exists(self.r("s3:")))
 
 
-class PublishRecordTests(DaemonTestCase):
+class PublishRecordTests(OwnDaemonsTestCase):
     """A daemon killed between publishing an output and recording the job's success."""
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.daemon.kill()
         cls.src = small_checkpoint(os.path.join(cls.root, "src"))
 
-    def tearDown(self):
-        pass  # the class daemon is not used: each test starts its own
-
     def test_killed_after_publish_ends_succeeded(self):
-        state = tempfile.mkdtemp(prefix="state-", dir=self.tmp)
-        faulty = Daemon(self.logs, state, [self.root], env={FAULTS: "after-publish=kill"})
-        self.extra_daemons.append(faulty)
-        faulty.start()
+        faulty = self.new_daemon(env={FAULTS: "after-publish=kill"})
         out = self.r("out_published")
         job_id = self.submit(self.src, out, "--idempotency-key", "wf-7", daemon=faulty)
         faulty.wait(timeout=60)
@@ -177,9 +170,7 @@ class PublishRecordTests(DaemonTestCase):
         self.assertTrue(os.path.isfile(os.path.join(out, MANIFEST)))
         with open(os.path.join(out, MANIFEST)) as f:
             self.assertEqual(json.load(f)["job_id"], job_id)
-        healthy = Daemon(self.logs, state, [self.root])
-        self.extra_daemons.append(healthy)
-        healthy.start()
+        healthy = self.new_daemon(state=faulty.state_dir)
         doc = self.wait_terminal(job_id, daemon=healthy, timeout=60)
         self.assertEqual(doc["state"], "succeeded", doc)
         self.assertEqual(doc["job"]["attempts"], 2, doc)
@@ -193,27 +184,19 @@ class PublishRecordTests(DaemonTestCase):
         healthy.kill()
 
 
-class StuckShutdownTests(DaemonTestCase):
+class StuckShutdownTests(OwnDaemonsTestCase):
     """SIGTERM stops the daemon within the grace plus the interrupt wait even when a job's
     worker cannot be interrupted (held by the test-only `block:` fault point)."""
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.daemon.kill()
         cls.src = small_checkpoint(os.path.join(cls.root, "src"))
 
-    def tearDown(self):
-        pass  # the class daemon is not used: each test starts its own
-
     def test_sigterm_with_a_stuck_job(self):
-        state = tempfile.mkdtemp(prefix="state-", dir=self.tmp)
         never = os.path.join(self.tmp, "never-created")
-        stuck = Daemon(self.logs, state, [self.root],
-                       ("--shutdown-grace", "1", "--shutdown-interrupt-wait", "1"),
-                       env={FAULTS: "before-publish=block:" + never})
-        self.extra_daemons.append(stuck)
-        stuck.start()
+        stuck = self.new_daemon(("--shutdown-grace", "1", "--shutdown-interrupt-wait", "1"),
+                                env={FAULTS: "before-publish=block:" + never})
         out = self.r("out_stuck")
         job_id = self.submit(self.src, out, daemon=stuck)
         self.wait_for(job_id, lambda d: os.path.exists(os.path.join(staging_path(out), MANIFEST)),
@@ -224,16 +207,14 @@ class StuckShutdownTests(DaemonTestCase):
         self.assertLess(time.monotonic() - started, 10, "reshardd took too long to stop")
         self.assertNoOutput(out)
         # The job resumes at the next start and completes.
-        healthy = Daemon(self.logs, state, [self.root])
-        self.extra_daemons.append(healthy)
-        healthy.start()
+        healthy = self.new_daemon(state=stuck.state_dir)
         doc = self.wait_terminal(job_id, daemon=healthy, timeout=60)
         self.assertEqual(doc["state"], "succeeded", doc)
         self.assertConsolidated(self.src, out)
         healthy.kill()
 
 
-class KillLoopTests(DaemonTestCase):
+class KillLoopTests(OwnDaemonsTestCase):
     """20 cycles of: start the daemon, submit 20 jobs, SIGKILL it at a random moment. Then every
     job must end SUCCEEDED with an output equal to its source."""
 
@@ -243,12 +224,8 @@ class KillLoopTests(DaemonTestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.daemon.kill()
         cls.sources = [small_checkpoint(os.path.join(cls.root, "src%d" % i), seed=i)
                        for i in range(2)]
-
-    def tearDown(self):
-        pass  # the class daemon is not used: each test starts its own
 
     def test_kill_loop(self):
         rng = random.Random(int(os.environ.get("RESHARD_KILL_LOOP_SEED", "20261123")))
