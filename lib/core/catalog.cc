@@ -234,7 +234,7 @@ absl::Status ValidateCatalog(const Catalog& catalog) {
     for (const ChecksummedRange& range : file.checksummed) {
       if (range.offset > file.size || range.length > file.size - range.offset) {
         return absl::DataLossError(absl::StrCat(
-            file.path, ": \"", range.name, "\": ", range.length, " bytes at byte offset ",
+            file.path, ": ", range.name, ": ", range.length, " bytes at byte offset ",
             range.offset, " run past the end of the file (", file.size, " bytes)"));
       }
     }

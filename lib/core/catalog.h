@@ -30,7 +30,8 @@ struct ChecksummedRange {
   uint64_t offset = 0;
   uint64_t length = 0;
   uint32_t crc32 = 0;  // IEEE, as zlib computes it
-  std::string name;    // what the range is, for messages: the zip entry's name
+  // What the range is, for messages, in the format's words: `zip entry "archive/data/0"`.
+  std::string name;
 };
 
 // One input file. The Executor maps it read-only; `size` bounds every piece located in it.

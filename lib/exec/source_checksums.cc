@@ -150,9 +150,8 @@ absl::Status SourceChecksums::VerifyRange(const MappedFile& source, const Range&
   RETURN_IF_ERROR(read_gap(cursor, expected.offset + expected.length));
   if (crc == expected.crc32) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
-      source.path(), ": zip entry \"", expected.name, "\" (", expected.length,
-      " bytes at byte offset ", expected.offset, ") has CRC-32 ", absl::Hex(crc, absl::kZeroPad8),
-      " but the archive records ", absl::Hex(expected.crc32, absl::kZeroPad8),
+      source.path(), ": ", expected.name, " (", expected.length, " bytes at byte offset ",
+      expected.offset, ") has CRC-32 ", absl::Hex(crc, absl::kZeroPad8), " but the file records ", absl::Hex(expected.crc32, absl::kZeroPad8),
       ": the data of tensor \"", range.tensor, "\", read from it, is corrupt"));
 }
 

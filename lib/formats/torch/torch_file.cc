@@ -1,7 +1,5 @@
 #include "lib/formats/torch/torch_file.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstdint>
 
@@ -10,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/core/status.h"
+#include "lib/io/crc32.h"
 #include "lib/io/mapped_file.h"
 
 namespace reshard {
@@ -136,8 +135,7 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_v
   // with set_crc32_options(False) writes 0; storage records are checked when converting).
   const absl::string_view pickle_bytes = bytes.substr(pickle->data_offset, pickle->size);
   if (pickle->crc32 != 0) {
-    const uint32_t crc = static_cast<uint32_t>(
-        crc32_z(0, reinterpret_cast<const Bytef*>(pickle_bytes.data()), pickle_bytes.size()));
+    const uint32_t crc = Crc32(0, pickle_bytes.data(), pickle_bytes.size());
     if (crc != pickle->crc32) {
       return absl::DataLossError(absl::StrFormat(
           "%s: data.pkl fails its CRC-32 (recorded %08x, computed %08x): the file is damaged",
@@ -232,7 +230,8 @@ std::vector<ChecksummedRange> TorchArchive::ChecksummedRanges(uint64_t base) con
   std::vector<ChecksummedRange> ranges;
   ranges.reserve(storages_.size());
   for (const auto& [key, storage] : storages_) {
-    ranges.push_back({base + storage.data_offset, storage.size, storage.crc32, storage.entry_name});
+    ranges.push_back({base + storage.data_offset, storage.size, storage.crc32,
+                      absl::StrCat("zip entry \"", storage.entry_name, "\"")});
   }
   std::sort(ranges.begin(), ranges.end(), [](const ChecksummedRange& a, const ChecksummedRange& b) {
     return a.offset < b.offset;

@@ -1,6 +1,5 @@
 #include "lib/formats/torch/torch_output.h"
 
-#include <zlib.h>
 
 #include <memory>
 
@@ -13,6 +12,7 @@
 #include "lib/formats/folder_model.h"
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_format.h"
+#include "lib/io/crc32.h"
 
 namespace reshard {
 namespace {
@@ -309,8 +309,7 @@ absl::StatusOr<FileFraming> TorchOutput::Frame(const OutputFileLayout& file) con
     Record& r = (*records)[i];
     if (r.tensor < 0) {
       r.size = r.bytes.size();
-      r.crc = static_cast<uint32_t>(
-          ::crc32_z(0, reinterpret_cast<const Bytef*>(r.bytes.data()), r.bytes.size()));
+      r.crc = Crc32(0, r.bytes.data(), r.bytes.size());
     }
     r.header_offset = cursor;
     r.zip64 = r.size >= kSaturated || cursor >= kSaturated;
