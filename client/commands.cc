@@ -33,6 +33,8 @@ absl::StatusOr<ConversionSpec> BuildSpec(const ConversionFlags& flags, bool resh
   ASSIGN_OR_RETURN(spec.max_shard_size, ParseByteSize(flags.max_shard_size));
   ASSIGN_OR_RETURN(spec.window_bytes, ParseByteSize(flags.window_size));
   spec.parts = flags.parts;
+  spec.pipeline_parts = flags.pipeline_parts;
+  spec.update_latest = flags.update_latest;
   spec.rules_file = flags.rules;
   spec.threads = flags.threads;
   spec.duplicate_tied = flags.duplicate_tied;

@@ -21,11 +21,13 @@ struct ConversionFlags {
   std::string dtype = "keep";
   std::string max_shard_size = "5GB";
   int parts = 0;
+  int pipeline_parts = 0;      // reshard --format megatron: pipeline stages
+  bool update_latest = false;  // also write the format's tracker file beside OUT
   std::string rules;
   int threads = 2;
   std::string window_size = "32MiB";
   bool duplicate_tied = false;
-  bool no_crc_check = false;  // skip the torch.save CRC-32 check of the data read
+  bool no_crc_check = false;                  // skip the torch.save CRC-32 check of the data read
   std::string output_format = "safetensors";  // or "torch"
   // Training checkpoints: DeepSpeed tag to read, and whether to read Adam moments too.
   std::string tag;

@@ -86,7 +86,9 @@ absl::StatusOr<v1::JobSpec> BuildJobSpec(const ConversionFlags& conversion, bool
   } else {
     if (conversion.parts < 1) return absl::InvalidArgumentError("reshard needs --parts M (M >= 1)");
     spec.set_parts(conversion.parts);
+    spec.set_pipeline_parts(conversion.pipeline_parts);
   }
+  spec.set_update_latest(conversion.update_latest);
   ASSIGN_OR_RETURN(*spec.mutable_rules_json(), ReadRules(conversion.rules));
   if (!daemon.memory_budget.empty()) {
     ASSIGN_OR_RETURN(uint64_t budget, ParseByteSize(daemon.memory_budget));

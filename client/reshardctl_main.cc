@@ -16,9 +16,11 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/exit_codes.h"
 #include "lib/core/version.h"
+#include "lib/formats/format.h"
 
 namespace {
 
@@ -92,9 +94,14 @@ int main(int argc, char** argv) {
                       "write tied weights under every name instead of once plus aliases");
     command->add_flag("--no-crc-check", conversion.no_crc_check,
                       "do not check the CRC-32s of the torch.save records read");
-    command->add_option("--format", conversion.output_format, "output format: safetensors | torch")
-        ->check(CLI::IsMember({"safetensors", "torch"}))
+    command
+        ->add_option("--format", conversion.output_format,
+                     absl::StrCat("output format: ", absl::StrJoin(OutputFormatIds(), " | ")))
+        ->check(CLI::IsMember(OutputFormatIds()))
         ->capture_default_str();
+    command->add_flag("--update-latest", conversion.update_latest,
+                      "also write the format's tracker file beside OUT (deepspeed-universal: "
+                      "latest_universal)");
     add_read_options(command);
     add_output(command);
   };
@@ -126,6 +133,8 @@ int main(int argc, char** argv) {
   CLI::App* reshard = app.add_subcommand("reshard", "split or merge tensor-parallel parts");
   add_conversion(reshard, /*with_output_dir=*/true);
   reshard->add_option("--parts", conversion.parts, "number of output parts")->required();
+  reshard->add_option("--pipeline-parts", conversion.pipeline_parts,
+                      "pipeline stages of the output (--format megatron; default 1)");
   reshard->add_flag("--no-progress", no_progress, "do not show progress");
   add_job_options(reshard);
 

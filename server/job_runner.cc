@@ -23,6 +23,8 @@ ConversionSpec ConversionSpecFromProto(const v1::JobSpec& proto) {
   }
   if (proto.max_shard_size() > 0) spec.max_shard_size = proto.max_shard_size();
   spec.parts = proto.parts();
+  spec.pipeline_parts = proto.pipeline_parts();
+  spec.update_latest = proto.update_latest();
   spec.rules_json = proto.rules_json();
   spec.overwrite = proto.overwrite();
   spec.duplicate_tied = proto.duplicate_tied();

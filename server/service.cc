@@ -53,6 +53,11 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
   if (spec.kind() == v1::JOB_KIND_CONSOLIDATE && spec.parts() != 0) {
     return absl::InvalidArgumentError("spec.parts is only for JOB_KIND_RESHARD");
   }
+  if (spec.pipeline_parts() < 0 || spec.pipeline_parts() > kMaxParts ||
+      (spec.kind() == v1::JOB_KIND_CONSOLIDATE && spec.pipeline_parts() != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.pipeline_parts must be in [0, ", kMaxParts,
+                                                   "], and only for JOB_KIND_RESHARD"));
+  }
   if (spec.threads() < 0 || spec.threads() > kMaxConversionThreads) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.threads must be in [0, ", kMaxConversionThreads, "]"));

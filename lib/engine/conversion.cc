@@ -15,8 +15,8 @@
 #include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 #include "lib/core/test_faults.h"
-#include "lib/io/file_access.h"
 #include "lib/io/atomic_file.h"
+#include "lib/io/file_access.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/planner.h"
 #include "nlohmann/json.hpp"
@@ -40,6 +40,7 @@ OrderedJson RequestJson(const ConversionSpec& spec) {
     request["max_shard_size"] = spec.max_shard_size;
   } else {
     request["parts"] = spec.parts;
+    if (spec.pipeline_parts > 0) request["pipeline_parts"] = spec.pipeline_parts;
   }
   return request;
 }
@@ -71,8 +72,8 @@ absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules ru
   if (rules.empty() && !loaded.model.default_rules.empty()) {
     auto defaults = PartitionRules::Create(loaded.model.default_rules);
     if (!defaults.ok()) {
-      return Annotate(defaults.status(), absl::StrCat(path, ": ", loaded.model.format,
-                                                      " default rules"));
+      return Annotate(defaults.status(),
+                      absl::StrCat(path, ": ", loaded.model.format, " default rules"));
     }
     rules = *std::move(defaults);
   }
@@ -93,18 +94,24 @@ uint64_t MemoryUpperBound(const ConversionSpec& spec) {
 absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   if (spec.input.empty()) return absl::InvalidArgumentError("no input given");
   if (spec.threads < 1 || spec.threads > kMaxConversionThreads) {
-    return absl::InvalidArgumentError(absl::StrCat("threads must be in [1, ", kMaxConversionThreads,
-                                                   "], got ", spec.threads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads must be in [1, ", kMaxConversionThreads, "], got ", spec.threads));
   }
   if (spec.window_bytes < kMinWindowBytes || spec.window_bytes > kMaxWindowBytes) {
     return absl::InvalidArgumentError("window size must be between 4 KiB and 4 GiB");
   }
+  if (spec.pipeline_parts < 0 || spec.pipeline_parts > kMaxParts) {
+    return absl::InvalidArgumentError(absl::StrCat("--pipeline-parts must be in [1, ", kMaxParts,
+                                                   "], got ", spec.pipeline_parts));
+  }
   PlannedConversion planned;
+  ASSIGN_OR_RETURN(planned.writer, FindOutputFormat(spec.output_format));
+  ReadOptions read = spec.read;
+  if (planned.writer->needs_optimizer_state()) read.include_optimizer = true;
   ASSIGN_OR_RETURN(PartitionRules user_rules, LoadRules(spec.rules_json, spec.rules_file));
   ASSIGN_OR_RETURN(planned.input, LoadInput(spec.input, std::move(user_rules),
-                                            /*require_model=*/true, spec.read));
+                                            /*require_model=*/true, read));
   const PartitionRules& rules = planned.input.rules;
-  ASSIGN_OR_RETURN(planned.writer, FindOutputFormat(spec.output_format));
   const Catalog& catalog = planned.input.catalog;
   // What the plan reads: the input's Catalog, or its fused-block view for a split.
   Catalog viewed;
@@ -128,15 +135,43 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
     ASSIGN_OR_RETURN(planned.layout, BuildSplitLayout(viewed, rules, spec.parts, spec.dtype,
                                                       planned.writer->naming()));
   }
+  ArrangeRequest request{planned.input.model, *plan_catalog};
+  request.consolidate = spec.kind == ConversionSpec::Kind::kConsolidate;
+  request.parts = spec.parts;
+  request.pipeline_parts = spec.pipeline_parts;
+  request.dtype = spec.dtype;
+  ASSIGN_OR_RETURN(ArrangedOutput arranged,
+                   planned.writer->Arrange(std::move(planned.layout), request),
+                   absl::StrCat(spec.input, ": arranging the ", spec.output_format, " output"));
+  planned.layout = std::move(arranged.layout);
+  planned.beside_output = std::move(arranged.beside_output);
+  // Tensors only the format's arrangement reads (verbatim copies, training state).
+  Catalog extended;
+  if (!arranged.extra_tensors.empty()) {
+    extended = *plan_catalog;
+    const int file_base = static_cast<int>(extended.files.size());
+    for (SourceFile& file : arranged.extra_files) extended.files.push_back(std::move(file));
+    for (CatalogTensor& tensor : arranged.extra_tensors) {
+      for (SourcePiece& piece : tensor.pieces) piece.file += file_base;
+      extended.tensors.push_back(std::move(tensor));
+    }
+    extended.Reindex();
+    plan_catalog = &extended;
+  }
   std::vector<FileFraming> framings;
   for (const OutputFileLayout& file : planned.layout.files) {
-    ASSIGN_OR_RETURN(FileFraming framing, planned.writer->Frame(file));
+    if (file.verbatim) {
+      FileFraming framing;
+      framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
+      framings.push_back(std::move(framing));
+      continue;
+    }
+    ASSIGN_OR_RETURN(FileFraming framing, planned.writer->Frame(file), file.name);
     framings.push_back(std::move(framing));
   }
   ASSIGN_OR_RETURN(planned.plan, BuildCopyPlan(*plan_catalog, planned.layout, framings),
                    spec.input);
-  ASSIGN_OR_RETURN(planned.companion_files,
-                   planned.writer->CompanionFiles(planned.layout));
+  ASSIGN_OR_RETURN(planned.companion_files, planned.writer->CompanionFiles(planned.layout));
   ExecutorOptions options;
   options.threads = spec.threads;
   options.window_bytes = spec.window_bytes;
@@ -256,6 +291,13 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   }
   RETURN_IF_ERROR(staging.Publish());
   TestFaultPoint("after-publish");
+  if (spec.update_latest) {
+    for (const auto& [name, contents] : planned.beside_output) {
+      // Not a file of the output: not in the manifest, not counted in bytes_written.
+      RETURN_IF_ERROR(WriteFileAtomically(staging.parent(), name, contents),
+                      "the output was published; updating the tracker file beside it");
+    }
+  }
   result.publish_seconds = seconds_since(publish_start);
   result.seconds = seconds_since(start);
   return result;
@@ -298,14 +340,15 @@ absl::StatusOr<std::optional<ConversionResult>> FindPublishedOutput(const Conver
     uint64_t expected_hash = 0;
     const std::string hex = file.value("xxh3_64", "");
     auto mismatch = [&](absl::string_view what) {
-      return absl::DataLossError(absl::StrCat(
-          out->PathOf(name), ": this job published the output earlier, but the file ", what,
-          "; it was changed after publishing"));
+      return absl::DataLossError(
+          absl::StrCat(out->PathOf(name), ": this job published the output earlier, but the file ",
+                       what, "; it was changed after publishing"));
     };
-    if (!CheckPlainName(name).ok() || !absl::SimpleHexAtoi(hex, &expected_hash)) {
+    if (!CheckRelativeName(name).ok() || !absl::SimpleHexAtoi(hex, &expected_hash)) {
       return mismatch("is not a valid manifest entry");
     }
-    auto st = out->StatChild(name);
+    auto place = out->OpenParentOf(name);
+    auto st = place.ok() ? place->folder.StatChild(place->name) : place.status();
     if (!st.ok() || !S_ISREG(st->st_mode) || static_cast<uint64_t>(st->st_size) != bytes) {
       return mismatch(absl::StrCat("is missing or not ", bytes, " bytes"));
     }

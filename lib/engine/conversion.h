@@ -68,6 +68,11 @@ struct ConversionSpec {
   // Consolidate: largest output file, Hugging Face's rule. Default: 5 GB (decimal).
   uint64_t max_shard_size = 5'000'000'000ull;
   int parts = 0;  // reshard: number of output parts
+  // reshard --format megatron: pipeline stages of the output (0: the format's default, 1).
+  int pipeline_parts = 0;
+  // After publishing, also write the tracker file the output format keeps beside the output
+  // folder (DeepSpeed's `latest_universal`), so that training resumes from it.
+  bool update_latest = false;
   // Partition rules, needed to merge or split parts: inline JSON (the daemon's way), or a file.
   std::string rules_json;
   std::string rules_file;
@@ -92,6 +97,8 @@ struct PlannedConversion {
   TargetLayout layout;
   CopyPlan plan;
   std::vector<std::pair<std::string, std::string>> companion_files;
+  // Files the format writes into the output's parent after publishing (with update_latest).
+  std::vector<std::pair<std::string, std::string>> beside_output;
   uint64_t memory_bytes = 0;  // what the Executor will need, see EstimateExecutionMemory
 };
 

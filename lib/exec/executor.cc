@@ -17,11 +17,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
-#include "lib/io/crc32.h"
 #include "lib/exec/source_checksums.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/byte_writer.h"
+#include "lib/io/crc32.h"
 #include "lib/io/page_buffer.h"
 
 namespace reshard {
@@ -289,7 +289,8 @@ std::optional<WrittenFile> ReuseCompletedFile(const FilePlan& file, const Direct
   auto recorded = options.completed_files.find(file.name);
   if (recorded != options.completed_files.end()) {
     const Clock::time_point start = Clock::now();
-    auto st = dir.StatChild(file.name);
+    auto place = dir.OpenParentOf(file.name);
+    auto st = place.ok() ? place->folder.StatChild(place->name) : place.status();
     if (st.ok() && S_ISREG(st->st_mode) && static_cast<uint64_t>(st->st_size) == file.bytes) {
       auto hash = HashFile(dir, file.name);
       verify_seconds += SecondsSince(start);
@@ -299,7 +300,10 @@ std::optional<WrittenFile> ReuseCompletedFile(const FilePlan& file, const Direct
     }
     mismatch = true;
   }
-  dir.RemoveFile(file.name).IgnoreError();  // written again; Create fails loudly if it stays
+  // Written again; Create fails loudly if it stays.
+  if (auto place = dir.OpenParentOf(file.name); place.ok()) {
+    place->folder.RemoveFile(place->name).IgnoreError();
+  }
   return std::nullopt;
 }
 
@@ -325,7 +329,8 @@ absl::StatusOr<uint64_t> HashFile(const std::string& path) {
 }
 
 absl::StatusOr<uint64_t> HashFile(const Directory& dir, const std::string& name) {
-  ASSIGN_OR_RETURN(int fd, dir.OpenFile(name, O_RDONLY | O_NONBLOCK));
+  ASSIGN_OR_RETURN(Directory::Place place, dir.OpenParentOf(name));
+  ASSIGN_OR_RETURN(int fd, place.folder.OpenFile(place.name, O_RDONLY | O_NONBLOCK));
   ASSIGN_OR_RETURN(MappedFile file, MappedFile::Adopt(fd, dir.PathOf(name)));
   return HashMappedFile(file);
 }

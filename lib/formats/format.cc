@@ -1,8 +1,10 @@
 #include "lib/formats/format.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -28,6 +30,38 @@ Registry& GetRegistry() {
 }
 
 }  // namespace
+
+absl::Status AddVerbatimCopy(const std::string& path, const std::string& output_name,
+                             const Catalog& catalog, ArrangedOutput& arranged) {
+  ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
+  struct stat st;
+  const int stat_result = ::fstat(fd, &st);
+  const int error = errno;
+  ::close(fd);
+  if (stat_result != 0) return ErrnoToStatus(error, absl::StrCat("stat ", path));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const int file = static_cast<int>(arranged.extra_files.size());
+  arranged.extra_files.push_back(SourceFile{path, size, {}});
+  CatalogTensor bytes;
+  bytes.name = absl::StrCat("verbatim:", output_name);
+  bytes.dtype = DType::kU8;
+  bytes.shape = {static_cast<int64_t>(size)};
+  if (size > 0) AddFlatRangePieces(bytes, file, 0, 0, static_cast<int64_t>(size));
+  const int source = static_cast<int>(catalog.tensors.size() + arranged.extra_tensors.size());
+  arranged.extra_tensors.push_back(std::move(bytes));
+  OutputFileLayout out;
+  out.name = output_name;
+  out.verbatim = true;
+  OutputTensor tensor;
+  tensor.name = "bytes";
+  tensor.source = source;
+  tensor.region.origin = {0};
+  tensor.region.extent = {static_cast<int64_t>(size)};
+  tensor.dtype = DType::kU8;
+  out.tensors.push_back(std::move(tensor));
+  arranged.layout.files.push_back(std::move(out));
+  return absl::OkStatus();
+}
 
 void RegisterInputFormat(std::unique_ptr<InputFormat> format) {
   Registry& registry = GetRegistry();

@@ -9,6 +9,7 @@
 #ifndef RESHARD_LIB_FORMATS_FORMAT_H_
 #define RESHARD_LIB_FORMATS_FORMAT_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -18,9 +19,28 @@
 #include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 #include "lib/plan/layout.h"
+#include "lib/plan/layout_builders.h"
 #include "lib/plan/partition_rules.h"
 
 namespace reshard {
+
+// Training state that is not the model's weights, as a training framework saved it: carried
+// by output formats that write checkpoints to resume training from (DeepSpeed universal,
+// Megatron), ignored by the others.
+struct TrainingState {
+  // Named non-tensor values, as saved: "megatron.args" (the argparse.Namespace),
+  // "megatron.iteration", "deepspeed.optimizer_state" (the optimizer's state dict without its
+  // partitioned tensors), ...; each reader documents the names it sets.
+  std::map<std::string, StructureNode> values;
+  // Tensors that are not weights (Adam's step counters: "deepspeed.step"). Their pieces index
+  // `files`, not the Catalog's.
+  std::vector<CatalogTensor> tensors;
+  std::vector<SourceFile> files;
+  // Input files an output copies byte for byte (DeepSpeed's model-states files), as paths.
+  std::vector<std::string> verbatim_files;
+
+  bool empty() const { return values.empty() && tensors.empty() && verbatim_files.empty(); }
+};
 
 // What an InputFormat found at a path.
 struct InputModel {
@@ -39,6 +59,9 @@ struct InputModel {
   // Partition rules for merging or splitting the parts when the user gives none: the rule set
   // the training framework itself uses (Megatron's). Empty: the user must give rules.
   std::vector<PartitionRule> default_rules;
+  // What a training run needs beside the weights to resume, for output formats that write
+  // checkpoints to train from (see TrainingState). Empty for formats without it.
+  TrainingState training_state;
 };
 
 // Choices a user can make about what is read.
@@ -68,11 +91,53 @@ class InputFormat {
                                           const ReadOptions& options) const = 0;
 };
 
+// What an OutputFormat that arranges its own files is given (see OutputFormat::Arrange).
+struct ArrangeRequest {
+  const InputModel& model;
+  // The tensors the plan reads: the whole model, or its fused-block view for a split.
+  const Catalog& catalog;
+  bool consolidate = true;  // else reshard into `parts`
+  int parts = 0;
+  int pipeline_parts = 0;  // reshard: pipeline stages asked for (0: the format's default)
+  DTypePolicy dtype = DTypePolicy::kKeep;
+};
+
+// An OutputFormat's own arrangement of the output.
+struct ArrangedOutput {
+  TargetLayout layout;
+  // Tensors the layout's files read beyond the Catalog's: OutputTensor::source
+  // `catalog.tensors.size() + i` is extra_tensors[i], whose pieces index `extra_files`.
+  std::vector<CatalogTensor> extra_tensors;
+  std::vector<SourceFile> extra_files;
+  // Small files written into the output folder's parent after publishing, (name, contents):
+  // trackers that name the output (DeepSpeed's `latest_universal`).
+  std::vector<std::pair<std::string, std::string>> beside_output;
+};
+
+// Adds to `arranged` a copy of the input file `path`, byte for byte, as the output file
+// `output_name`: a verbatim file whose one tensor is the file's bytes (kU8). The file is opened
+// under the thread's path confinement; errors name it.
+absl::Status AddVerbatimCopy(const std::string& path, const std::string& output_name,
+                             const Catalog& catalog, ArrangedOutput& arranged);
+
 class OutputFormat {
  public:
   virtual ~OutputFormat() = default;
   virtual absl::string_view id() const = 0;
   virtual OutputNaming naming() const = 0;
+  // Formats that write checkpoints to resume training from need the optimizer's state; the
+  // engine then reads it (ReadOptions::include_optimizer) whatever the request said.
+  virtual bool needs_optimizer_state() const { return false; }
+  // Formats whose files are not the engine's shards or parts (a DeepSpeed universal
+  // checkpoint's three files per parameter, Megatron's TP x PP folders) rearrange the layout
+  // the engine built (`engine_layout`: every tensor whole in one or more shards to
+  // consolidate, one file per part to reshard). The default keeps it.
+  virtual absl::StatusOr<ArrangedOutput> Arrange(TargetLayout engine_layout,
+                                                 const ArrangeRequest& request) const {
+    ArrangedOutput arranged;
+    arranged.layout = std::move(engine_layout);
+    return arranged;
+  }
   // Lays out one output file: the bytes the format owns and where each tensor's data goes.
   virtual absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const = 0;
   // Files written after the data files, such as a sharded model's index: (name, contents).

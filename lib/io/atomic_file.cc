@@ -14,16 +14,20 @@
 namespace reshard {
 
 absl::StatusOr<AtomicFile> AtomicFile::Create(const Directory& dir, const std::string& name) {
-  if (!CheckPlainName(name).ok()) {
+  if (!CheckRelativeName(name).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid output file name \"", name, "\""));
   }
+  // A name with folders ("zero/<param>/fp32.pt") is created in its subfolder, made on the way.
+  ASSIGN_OR_RETURN(Directory::Place place, dir.OpenParentOf(name, /*create=*/true));
   AtomicFile file;
-  file.dir_fd_ = ::fcntl(dir.fd(), F_DUPFD_CLOEXEC, 0);
-  if (file.dir_fd_ < 0) return ErrnoToStatus(errno, absl::StrCat("opening folder ", dir.path()));
-  file.final_name_ = name;
-  file.temp_name_ = absl::StrCat(name, ".partial");
+  file.dir_fd_ = ::fcntl(place.folder.fd(), F_DUPFD_CLOEXEC, 0);
+  if (file.dir_fd_ < 0) {
+    return ErrnoToStatus(errno, absl::StrCat("opening folder ", place.folder.path()));
+  }
+  file.final_name_ = place.name;
+  file.temp_name_ = absl::StrCat(place.name, ".partial");
   file.final_path_ = dir.PathOf(name);
-  file.temp_path_ = dir.PathOf(file.temp_name_);
+  file.temp_path_ = absl::StrCat(file.final_path_, ".partial");
   file.fd_ = ::openat(file.dir_fd_, file.temp_name_.c_str(),
                       O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (file.fd_ < 0) return ErrnoToStatus(errno, absl::StrCat("creating ", file.temp_path_));

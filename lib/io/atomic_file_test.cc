@@ -81,8 +81,9 @@ TEST(AtomicFileTest, EmptyCommit) {
 
 TEST(AtomicFileTest, RejectsBadNamesAndExistingPartial) {
   const std::string dir = MakeTempDir();
-  for (const char* name : {"", "a/b", ".", ".."}) {
-    EXPECT_EQ(AtomicFile::Create(OpenDir(dir), name).status().code(), absl::StatusCode::kInvalidArgument)
+  for (const char* name : {"", "/a", "a/", "a/../b", ".", ".."}) {
+    EXPECT_EQ(AtomicFile::Create(OpenDir(dir), name).status().code(),
+              absl::StatusCode::kInvalidArgument)
         << name;
   }
   auto first = AtomicFile::Create(OpenDir(dir), "same.bin");
@@ -90,6 +91,18 @@ TEST(AtomicFileTest, RejectsBadNamesAndExistingPartial) {
   // Exclusive creation: a second writer of the same name fails instead of clobbering.
   EXPECT_FALSE(AtomicFile::Create(OpenDir(dir), "same.bin").ok());
   EXPECT_EQ(Directory::Open(dir + "/missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(AtomicFileTest, NestedNamesAreWrittenInTheirSubfolders) {
+  const std::string dir = MakeTempDir();
+  auto file = AtomicFile::Create(OpenDir(dir), "zero/w.weight/fp32.pt");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->final_path(), dir + "/zero/w.weight/fp32.pt");
+  EXPECT_TRUE(Exists(dir + "/zero/w.weight/fp32.pt.partial"));
+  ASSERT_TRUE(file->Append("x").ok());
+  ASSERT_TRUE(file->Commit().ok());
+  EXPECT_EQ(ReadAll(dir + "/zero/w.weight/fp32.pt"), "x");
+  EXPECT_FALSE(Exists(dir + "/zero/w.weight/fp32.pt.partial"));
 }
 
 TEST(AtomicFileTest, WriteFileAtomically) {

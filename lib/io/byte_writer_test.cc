@@ -32,8 +32,8 @@ TEST(ByteWriterTest, ChainDigestsChecksSizeAndCommits) {
   ASSERT_TRUE(exact.Close().ok());
   EXPECT_EQ(ReadAll(dir + "/out.bin"), "hello world");
   EXPECT_EQ(digest.xxh3_64(), XXH3_64bits("hello world", 11));
-  EXPECT_EQ(digest.crc32(), static_cast<uint32_t>(
-                                ::crc32(0, reinterpret_cast<const Bytef*>("hello world"), 11)));
+  EXPECT_EQ(digest.crc32(),
+            static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>("hello world"), 11)));
   EXPECT_EQ(exact.Write("x").code(), absl::StatusCode::kInternal);  // past the size
 }
 

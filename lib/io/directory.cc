@@ -6,8 +6,10 @@
 
 #include <cerrno>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "lib/core/status.h"
 
 namespace reshard {
@@ -34,8 +36,7 @@ absl::Status RemoveTreeAt(int parent_fd, const std::string& name, const std::str
     }
     return absl::OkStatus();
   }
-  const int fd =
-      ::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  const int fd = ::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return absl::OkStatus();
     // ELOOP/ENOTDIR: swapped for a symlink or file since the fstatat; unlink the name instead.
@@ -65,6 +66,21 @@ absl::Status CheckPlainName(absl::string_view name) {
       name.find('\0') != absl::string_view::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("\"", name, "\" is not a plain file or folder name"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRelativeName(absl::string_view name) {
+  const std::vector<absl::string_view> components = absl::StrSplit(name, '/');
+  if (components.size() > kMaxRelativeNameDepth) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" is nested more than ",
+                                                   kMaxRelativeNameDepth, " folders deep"));
+  }
+  for (absl::string_view component : components) {
+    if (!CheckPlainName(component).ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", name, "\" is not a relative name of plain components"));
+    }
   }
   return absl::OkStatus();
 }
@@ -131,9 +147,8 @@ absl::StatusOr<Directory> Directory::OpenChild(absl::string_view name, bool crea
         return absl::PermissionDeniedError(absl::StrCat(
             PathOf(name), " is a symlink where a folder is expected; reshard does not follow it"));
       }
-      return absl::FailedPreconditionError(
-          absl::StrCat(PathOf(name), " is not a folder (it is ", DescribeFileType(st.st_mode),
-                       ")"));
+      return absl::FailedPreconditionError(absl::StrCat(PathOf(name), " is not a folder (it is ",
+                                                        DescribeFileType(st.st_mode), ")"));
     }
     return ErrnoToStatus(error, absl::StrCat("opening folder ", PathOf(name)));
   }
@@ -210,6 +225,26 @@ absl::Status Directory::Rename(absl::string_view from, absl::string_view to) con
 absl::Status Directory::Sync() const {
   if (::fsync(fd_) != 0) return ErrnoToStatus(errno, absl::StrCat("fsync folder ", path_));
   return absl::OkStatus();
+}
+
+absl::StatusOr<Directory> Directory::Duplicate() const {
+  const int fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("duplicating the handle of ", path_));
+  return Adopt(fd, path_);
+}
+
+absl::StatusOr<Directory::Place> Directory::OpenParentOf(absl::string_view relative,
+                                                         bool create) const {
+  RETURN_IF_ERROR(CheckRelativeName(relative));
+  std::vector<absl::string_view> components = absl::StrSplit(relative, '/');
+  Place place;
+  place.name = std::string(components.back());
+  components.pop_back();
+  ASSIGN_OR_RETURN(place.folder, Duplicate());
+  for (absl::string_view component : components) {
+    ASSIGN_OR_RETURN(place.folder, place.folder.OpenChild(component, create));
+  }
+  return place;
 }
 
 absl::StatusOr<struct stat> Directory::Stat() const {

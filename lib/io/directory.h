@@ -64,13 +64,35 @@ class Directory {
   // fstat of the folder itself.
   absl::StatusOr<struct stat> Stat() const;
 
+  // For a relative name ("zero/fp32.pt", see CheckRelativeName): the folder holding it, walked
+  // one component at a time through OpenChild (so no symlink is followed) and created along
+  // the way when `create`, and the last component. A plain name gives a duplicate of this
+  // handle. Output formats whose files live in subfolders (DeepSpeed universal checkpoints'
+  // `zero/<param>/fp32.pt`, Megatron's `iter_0000100/mp_rank_00/...`) are written this way.
+  struct Place;
+  absl::StatusOr<Place> OpenParentOf(absl::string_view relative, bool create = false) const;
+  // A duplicate of this handle (its own descriptor).
+  absl::StatusOr<Directory> Duplicate() const;
+
  private:
   int fd_ = -1;
   std::string path_;
 };
 
+struct Directory::Place {
+  Directory folder;
+  std::string name;  // one plain component inside `folder`
+};
+
 // InvalidArgument unless `name` is one plain path component.
 absl::Status CheckPlainName(absl::string_view name);
+
+// Output files may sit in subfolders of the output folder: at most this many components.
+inline constexpr int kMaxRelativeNameDepth = 8;
+
+// InvalidArgument unless `name` is 1 to kMaxRelativeNameDepth plain components joined by '/'
+// (no leading or trailing '/', no empty, "." or ".." component).
+absl::Status CheckRelativeName(absl::string_view name);
 
 // The kind of file `mode` describes, for messages: "a FIFO", "a socket", "a folder", ...
 std::string DescribeFileType(mode_t mode);

@@ -24,6 +24,42 @@ TEST(DirectoryTest, PlainNamesOnly) {
   EXPECT_TRUE(CheckPlainName("..hidden").ok());
 }
 
+TEST(DirectoryTest, RelativeNamesArePlainComponents) {
+  for (const char* name :
+       {"", "/abs", "a/", "a//b", "a/../b", "./a", "a/./b", "1/2/3/4/5/6/7/8/9"}) {
+    EXPECT_EQ(CheckRelativeName(name).code(), absl::StatusCode::kInvalidArgument) << name;
+  }
+  for (const char* name : {"model.safetensors", "zero/optimizer_state.pt",
+                           "zero/3.mlp.dense_4h_to_h.weight/fp32.pt", "1/2/3/4/5/6/7/8"}) {
+    EXPECT_TRUE(CheckRelativeName(name).ok()) << name;
+  }
+}
+
+TEST(DirectoryTest, OpenParentOfWalksAndCreatesWithoutFollowingSymlinks) {
+  const std::string root = MakeTempDir();
+  auto dir = Directory::Open(root);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(dir->OpenParentOf("a/b/c.pt").status().code(), absl::StatusCode::kNotFound);
+  auto place = dir->OpenParentOf("a/b/c.pt", /*create=*/true);
+  ASSERT_TRUE(place.ok()) << place.status();
+  EXPECT_EQ(place->name, "c.pt");
+  EXPECT_EQ(place->folder.path(), root + "/a/b");
+  EXPECT_TRUE(fs::is_directory(root + "/a/b"));
+  auto plain = dir->OpenParentOf("top.pt");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->name, "top.pt");
+  EXPECT_NE(plain->folder.fd(), dir->fd());
+  // A symlinked folder on the way is refused, also when creating.
+  const std::string outside = MakeTempDir();
+  fs::create_directory_symlink(outside, root + "/link");
+  for (bool create : {false, true}) {
+    EXPECT_EQ(dir->OpenParentOf("link/x/y.pt", create).status().code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_TRUE(fs::is_empty(outside));
+  EXPECT_EQ(dir->OpenParentOf("a/../b.pt").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(DirectoryTest, ListOpenChildAndFiles) {
   const std::string root = MakeTempDir();
   auto dir = Directory::Open(root);

@@ -32,8 +32,8 @@ TEST_P(FileAccessTest, FifoIsRefusedWithoutBlocking) {
   ASSERT_EQ(::mkfifo((root + "/model.safetensors").c_str(), 0600), 0);
   auto confinement = PathConfinement::Create({root});
   ASSERT_TRUE(confinement.ok());
-  for (const PathConfinement* scope_to : {static_cast<const PathConfinement*>(nullptr),
-                                          confinement->get()}) {
+  for (const PathConfinement* scope_to :
+       {static_cast<const PathConfinement*>(nullptr), confinement->get()}) {
     ScopedPathConfinement scope(scope_to);
     auto fd = OpenRegularFile(root + "/model.safetensors");
     EXPECT_EQ(fd.status().code(), absl::StatusCode::kInvalidArgument) << fd.status();
@@ -83,9 +83,11 @@ TEST_P(FileAccessTest, ConfinedOpens) {
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(ReadSmallFile(root + "/ckpt/outdir/secret", 100).status().code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(ReadSmallFile(
-                root + "/ckpt/../../" + fs::path(outside).filename().string() + "/secret", 100).status().code(),
-            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(
+      ReadSmallFile(root + "/ckpt/../../" + fs::path(outside).filename().string() + "/secret", 100)
+          .status()
+          .code(),
+      absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(ReadSmallFile(root + "/ckpt/missing", 100).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(ReadSmallFile(root + "/ckpt/blobs/data", 3).status().code(),

@@ -19,6 +19,24 @@
 namespace reshard {
 namespace {
 
+// Removes the `.partial` files a killed run left in `dir` and its subfolders (output files may
+// sit in subfolders, see CheckRelativeName), walking handles and following no symlink.
+absl::Status RemovePartialFiles(const Directory& dir, int depth) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, dir.List());
+  for (const std::string& name : names) {
+    if (absl::EndsWith(name, ".partial")) {
+      RETURN_IF_ERROR(dir.RemoveFile(name));
+      continue;
+    }
+    if (depth + 1 >= kMaxRelativeNameDepth) continue;
+    ASSIGN_OR_RETURN(struct stat st, dir.StatChild(name));
+    if (!S_ISDIR(st.st_mode)) continue;
+    ASSIGN_OR_RETURN(Directory child, dir.OpenChild(name));
+    RETURN_IF_ERROR(RemovePartialFiles(child, depth + 1));
+  }
+  return absl::OkStatus();
+}
+
 namespace fs = std::filesystem;
 
 std::string Normalize(const std::string& path) {
@@ -52,9 +70,9 @@ absl::Status CheckOutputUsableAt(const Directory& parent, const std::string& nam
   auto st = parent.StatChild(name);
   if (!st.ok()) return absl::IsNotFound(st.status()) ? absl::OkStatus() : st.status();
   if (!S_ISDIR(st->st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "output ", output_dir, " exists and is not a folder (it is ",
-        DescribeFileType(st->st_mode), ")"));
+    return absl::FailedPreconditionError(absl::StrCat("output ", output_dir,
+                                                      " exists and is not a folder (it is ",
+                                                      DescribeFileType(st->st_mode), ")"));
   }
   ASSIGN_OR_RETURN(Directory out, parent.OpenChild(name));
   ASSIGN_OR_RETURN(std::vector<std::string> entries, out.List());
@@ -121,10 +139,7 @@ absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir,
     }
     // Left by a run that was killed: nothing in it was ever published.
     if (options.resume) {
-      ASSIGN_OR_RETURN(std::vector<std::string> names, stale.List());
-      for (const std::string& name : names) {
-        if (absl::EndsWith(name, ".partial")) RETURN_IF_ERROR(stale.RemoveFile(name));
-      }
+      RETURN_IF_ERROR(RemovePartialFiles(stale, 0));
       staging.dir_ = std::move(stale);
       staging.published_ = false;
       return staging;
@@ -196,9 +211,9 @@ void StagingDir::Keep() {
 
 absl::Status StagingDir::CheckParentInPlace() const {
   auto replaced = [&](absl::string_view how) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the output's folder ", parent_path_, " was moved or replaced while converting (", how,
-        "); nothing was published"));
+    return absl::PermissionDeniedError(absl::StrCat("the output's folder ", parent_path_,
+                                                    " was moved or replaced while converting (",
+                                                    how, "); nothing was published"));
   };
   absl::StatusOr<Directory> now = OpenExistingFolder(parent_path_);
   if (!now.ok()) return replaced(now.status().message());

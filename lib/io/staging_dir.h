@@ -53,6 +53,10 @@ class StagingDir {
   // The staging folder's path, for messages.
   std::string path() const { return parent_.PathOf(staging_name_); }
   const std::string& output_dir() const { return output_dir_; }
+  // The output folder's parent and the output's name in it: formats that update a tracker
+  // file beside the output (DeepSpeed's `latest_universal`) write it through this handle.
+  const Directory& parent() const { return parent_; }
+  const std::string& output_name() const { return output_name_; }
   // The staging folder: write the output's files through this handle.
   const Directory& dir() const { return dir_; }
 

@@ -30,7 +30,6 @@ struct OutputNaming {
   std::function<std::string(int rank, int parts)> part_file;
 };
 
-
 // One tensor of an output file: `region` of the Catalog tensor `source`, stored densely
 // (row-major) under `name` in `dtype`. Its shape is region.extent.
 struct OutputTensor {
@@ -62,6 +61,9 @@ struct OutputFileLayout {
   // The input's nesting, for writers that reproduce it (torch), when this one file holds the
   // whole model under the input's names; null otherwise.
   std::shared_ptr<const StructureNode> structure;
+  // The file is the bytes of its one tensor and nothing else (an input file copied verbatim,
+  // see AddVerbatimCopy): the engine frames it, not the OutputFormat.
+  bool verbatim = false;
 };
 
 struct TargetLayout {
