@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <filesystem>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -140,6 +141,11 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   request.parts = spec.parts;
   request.pipeline_parts = spec.pipeline_parts;
   request.dtype = spec.dtype;
+  request.output_name = std::filesystem::path(spec.output).lexically_normal().filename().string();
+  if (request.output_name.empty()) {
+    request.output_name =
+        std::filesystem::path(spec.output).lexically_normal().parent_path().filename().string();
+  }
   ASSIGN_OR_RETURN(ArrangedOutput arranged,
                    planned.writer->Arrange(std::move(planned.layout), request),
                    absl::StrCat(spec.input, ": arranging the ", spec.output_format, " output"));

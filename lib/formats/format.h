@@ -100,6 +100,8 @@ struct ArrangeRequest {
   int parts = 0;
   int pipeline_parts = 0;  // reshard: pipeline stages asked for (0: the format's default)
   DTypePolicy dtype = DTypePolicy::kKeep;
+  // The output folder's name (its last path component), for trackers that name it.
+  std::string output_name;
 };
 
 // An OutputFormat's own arrangement of the output.

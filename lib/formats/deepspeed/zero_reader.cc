@@ -52,6 +52,7 @@ class ZeroReader {
     // Every rank's flat groups; an archive is dropped once its tensors are located.
     flats_.resize(world_);
     ASSIGN_OR_RETURN(flats_[0], ReadRankFlats(*optim0));
+    if (options_.include_optimizer) RETURN_IF_ERROR(ReadTrainingState(*optim0, *model0));
     optim0.reset();
     for (int rank = 1; rank < world_; ++rank) {
       ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> optim, OpenOptimizer(rank));
@@ -85,11 +86,14 @@ class ZeroReader {
     model.description = Description(buffer_count, frozen_count, trainable_count);
     model.parts.push_back(std::move(builder_.catalog()));
     model.part_names.push_back(dir_);
+    model.training_state = std::move(training_state_);
     return model;
   }
 
  private:
   std::string Path(const std::string& name) const { return JoinPath(dir_, name); }
+
+  TrainingState training_state_;
 
   std::string OptimizerName(int rank) const {
     return absl::StrCat(files_.prefix, "zero_pp_rank_", rank, "_mp_rank_00_optim_states.pt");
@@ -421,6 +425,60 @@ class ZeroReader {
       flats.exp_avg_sq.push_back(exp_avg_sq);
     }
     return flats;
+  }
+
+  // What a checkpoint to resume training from carries beside the weights and moments
+  // (InputModel::training_state; the names are documented in zero_format.h): the model-states
+  // files, each flat group's step, which group each trainable param is in.
+  absl::Status ReadTrainingState(const TorchArchive& optim0, const TorchArchive& model0) {
+    TrainingState& state = training_state_;
+    for (int rank = 0; rank < (stage_ == 3 ? world_ : 1); ++rank) {
+      state.verbatim_files.push_back(Path(ModelName(rank)));
+    }
+    if (stage_ == 3) return absl::OkStatus();  // the step is in the optimizer state, as upstream
+    StructureNode groups;
+    groups.kind = StructureNode::Kind::kDict;
+    for (const ParamInfo& param : params_) {
+      StructureNode key, group;
+      key.kind = StructureNode::Kind::kString;
+      key.text = param.name;
+      group.kind = StructureNode::Kind::kInt;
+      group.integer = param.group;
+      groups.keys.push_back(std::move(key));
+      groups.values.push_back(std::move(group));
+    }
+    state.values["deepspeed.param_group"] = std::move(groups);
+    for (int g = 0; g < param_groups_; ++g) {
+      std::string what;
+      ASSIGN_OR_RETURN(const PickleValue* entry, MomentState(optim0, g, what));
+      const PickleValue* step = PickleField(entry, "step");
+      if (step == nullptr) continue;
+      const std::string name = absl::StrCat("deepspeed.step.", g);
+      if (std::optional<int64_t> number = PickleInt(step); number.has_value()) {
+        StructureNode value;
+        value.kind = StructureNode::Kind::kInt;
+        value.integer = *number;
+        state.values[name] = std::move(value);
+        continue;
+      }
+      if (step->kind == Kind::kFloat) {
+        StructureNode value;
+        value.kind = StructureNode::Kind::kFloat;
+        value.real = step->real;
+        state.values[name] = std::move(value);
+        continue;
+      }
+      ASSIGN_OR_RETURN(std::optional<TensorLocation> location,
+                       optim0.Tensor(step, absl::StrCat(what, ".step")));
+      if (!location.has_value()) {
+        return Corrupt(optim0, absl::StrCat(what, ".step is ", DescribePickleValue(step),
+                                            ", not a number or tensor"));
+      }
+      if (state.files.empty()) state.files.push_back(optim0.Source());
+      state.tensors.push_back(CatalogTensorAt(name, *location, 0));
+    }
+    (void)model0;
+    return absl::OkStatus();
   }
 
   // Rank 0's buffers, in module order.

@@ -255,7 +255,8 @@ OutputNaming TorchOutput::naming() const {
 
 absl::StatusOr<FileFraming> TorchOutput::Frame(const OutputFileLayout& file) const {
   // torch names the top folder after the file (without its extension).
-  std::string top = file.name.substr(0, file.name.rfind('.'));
+  std::string top = file.name.substr(file.name.rfind('/') + 1);
+  top = top.substr(0, top.rfind('.'));
   for (char c : top) {
     if (static_cast<unsigned char>(c) >= 0x80 || c == '/') top = "archive";
   }

@@ -1,0 +1,274 @@
+#include "lib/formats/deepspeed/universal_output.h"
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "lib/core/status.h"
+#include "lib/formats/torch/torch_output.h"
+#include "lib/io/directory.h"
+
+namespace reshard {
+namespace {
+
+using Node = StructureNode;
+
+Node StringNode(std::string text) {
+  Node node;
+  node.kind = Node::Kind::kString;
+  node.text = std::move(text);
+  return node;
+}
+
+Node IntNode(int64_t value) {
+  Node node;
+  node.kind = Node::Kind::kInt;
+  node.integer = value;
+  return node;
+}
+
+Node TensorNode(std::string name) {
+  Node node;
+  node.kind = Node::Kind::kTensor;
+  node.text = std::move(name);
+  return node;
+}
+
+const Node* DictValue(const Node* dict, absl::string_view key) {
+  if (dict == nullptr || dict->kind != Node::Kind::kDict) return nullptr;
+  for (size_t i = 0; i < dict->keys.size(); ++i) {
+    if (dict->keys[i].kind == Node::Kind::kString && dict->keys[i].text == key) {
+      return &dict->values[i];
+    }
+  }
+  return nullptr;
+}
+
+const Node* StateValue(const TrainingState& state, absl::string_view name) {
+  auto it = state.values.find(std::string(name));
+  return it == state.values.end() ? nullptr : &it->second;
+}
+
+bool ContainsTensor(const Node& node) {
+  if (node.kind == Node::Kind::kTensor) return true;
+  for (const auto* children : {&node.keys, &node.values, &node.items}) {
+    for (const Node& child : *children) {
+      if (ContainsTensor(child)) return true;
+    }
+  }
+  return false;
+}
+
+// The vocabulary parameters of Megatron-DeepSpeed's universal_checkpoint_info: the patterns
+// (Python regexes applied with re.match, i.e. anchored at the start only) and the original
+// vocabulary size, when the model states record them.
+struct VocabularyRule {
+  std::vector<std::regex> patterns;
+  std::optional<int64_t> original_vocab_size;
+
+  bool Matches(const std::string& name) const {
+    for (const std::regex& pattern : patterns) {
+      if (std::regex_search(name, pattern, std::regex_constants::match_continuous)) return true;
+    }
+    return false;
+  }
+};
+
+absl::StatusOr<VocabularyRule> ReadVocabularyRule(const TrainingState& state) {
+  VocabularyRule rule;
+  const Node* info = StateValue(state, "deepspeed.universal_checkpoint_info");
+  if (const Node* size = DictValue(info, "original_vocab_size");
+      size != nullptr && size->kind == Node::Kind::kInt) {
+    rule.original_vocab_size = size->integer;
+  }
+  const Node* patterns = DictValue(info, "vocabulary_parameter_patterns");
+  if (patterns == nullptr || patterns->kind != Node::Kind::kList) return rule;
+  for (const Node& pattern : patterns->items) {
+    if (pattern.kind != Node::Kind::kString) continue;
+    try {
+      rule.patterns.emplace_back(pattern.text);
+    } catch (const std::regex_error& error) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "universal_checkpoint_info.vocabulary_parameter_patterns: \"", pattern.text,
+          "\" is not a regular expression reshard can use: ", error.what()));
+    }
+  }
+  return rule;
+}
+
+// One torch.save file holding `structure`, with `tensors`.
+OutputFileLayout TorchFile(std::string name, std::vector<OutputTensor> tensors, Node structure) {
+  OutputFileLayout file;
+  file.name = std::move(name);
+  file.tensors = std::move(tensors);
+  file.structure = std::make_shared<const Node>(std::move(structure));
+  return file;
+}
+
+const TorchOutput& TorchWriter() {
+  static const TorchOutput* writer = new TorchOutput;
+  return *writer;
+}
+
+}  // namespace
+
+OutputNaming UniversalOutput::naming() const {
+  // The engine's consolidated layout is rearranged by Arrange; these names are never written.
+  OutputNaming naming;
+  naming.shard_file = [](int index, int) { return absl::StrCat("unused-", index); };
+  naming.part_file = [](int rank, int) { return absl::StrCat("unused-part-", rank); };
+  return naming;
+}
+
+absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_layout*/,
+                                                        const ArrangeRequest& request) const {
+  if (!request.consolidate) {
+    return absl::InvalidArgumentError(
+        "a DeepSpeed universal checkpoint is written by `consolidate` (it holds every parameter "
+        "whole, and DeepSpeed slices it for the new topology when it loads); use `reshardctl "
+        "consolidate IN OUT --format deepspeed-universal`");
+  }
+  if (request.dtype != DTypePolicy::kKeep && request.dtype != DTypePolicy::kF32) {
+    return absl::InvalidArgumentError(
+        "a DeepSpeed universal checkpoint holds the float32 master weights and moments: --dtype "
+        "must be keep or fp32");
+  }
+  const Catalog& catalog = request.catalog;
+  const TrainingState& state = request.model.training_state;
+  ASSIGN_OR_RETURN(VocabularyRule vocabulary, ReadVocabularyRule(state));
+  const Node* param_groups = StateValue(state, "deepspeed.param_group");
+
+  ArrangedOutput arranged;
+  // The step of each flat group (step.pt), as extra source tensors, added once per group.
+  std::map<int64_t, int> step_source;
+  std::optional<int> state_file_base;  // where state.files start in extra_files, once added
+  auto step_tensor_of = [&](int64_t group) -> std::optional<int> {
+    if (auto it = step_source.find(group); it != step_source.end()) return it->second;
+    const std::string name = absl::StrCat("deepspeed.step.", group);
+    for (const CatalogTensor& tensor : state.tensors) {
+      if (tensor.name != name) continue;
+      if (!state_file_base.has_value()) {
+        state_file_base = static_cast<int>(arranged.extra_files.size());
+        for (const SourceFile& file : state.files) arranged.extra_files.push_back(file);
+      }
+      const int file_base = *state_file_base;
+      CatalogTensor copy = tensor;
+      for (SourcePiece& piece : copy.pieces) piece.file += file_base;
+      const int source = static_cast<int>(catalog.tensors.size() + arranged.extra_tensors.size());
+      arranged.extra_tensors.push_back(std::move(copy));
+      step_source[group] = source;
+      return source;
+    }
+    return std::nullopt;
+  };
+
+  int params = 0;
+  for (size_t t = 0; t < catalog.tensors.size(); ++t) {
+    const CatalogTensor& tensor = catalog.tensors[t];
+    const int exp_avg = catalog.Find(absl::StrCat(tensor.name, ".exp_avg"));
+    const int exp_avg_sq = catalog.Find(absl::StrCat(tensor.name, ".exp_avg_sq"));
+    if (exp_avg < 0 || exp_avg_sq < 0) continue;
+    ++params;
+    if (!CheckPlainName(tensor.name).ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter \"", tensor.name, "\" cannot name a folder of zero/ (it must be a plain "
+          "file name)"));
+    }
+    Box region = Box::Full(tensor.shape);
+    const bool vocab = vocabulary.Matches(tensor.name);
+    if (vocab && vocabulary.original_vocab_size.has_value() && !region.extent.empty() &&
+        *vocabulary.original_vocab_size < region.extent[0]) {
+      region.extent[0] = *vocabulary.original_vocab_size;  // the TP padding rows go
+    }
+    const std::string folder = absl::StrCat("zero/", tensor.name, "/");
+    for (const auto& [state_name, source] :
+         {std::pair<const char*, int>{"fp32", static_cast<int>(t)},
+          {"exp_avg", exp_avg},
+          {"exp_avg_sq", exp_avg_sq}}) {
+      const CatalogTensor& data = catalog.tensors[source];
+      if (data.dtype != DType::kF32 || data.shape != tensor.shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"", data.name, "\" is ", DTypeName(data.dtype), " ", ShapeToString(data.shape),
+            "; a universal checkpoint needs float32 ", ShapeToString(tensor.shape), " like \"",
+            tensor.name, "\""));
+      }
+      OutputTensor out;
+      out.name = data.name;
+      out.source = source;
+      out.region = region;
+      out.dtype = DType::kF32;
+      Node dict;
+      dict.kind = Node::Kind::kDict;
+      dict.keys.push_back(StringNode("cat_dim"));
+      dict.values.push_back(IntNode(0));
+      if (vocab) {
+        Node yes;
+        yes.kind = Node::Kind::kBool;
+        yes.boolean = true;
+        dict.keys.push_back(StringNode("vocab_tensor"));
+        dict.values.push_back(std::move(yes));
+      }
+      dict.keys.push_back(StringNode("param"));
+      dict.values.push_back(TensorNode(data.name));
+      arranged.layout.files.push_back(
+          TorchFile(absl::StrCat(folder, state_name, ".pt"), {std::move(out)}, std::move(dict)));
+    }
+    const Node* group = DictValue(param_groups, tensor.name);
+    if (group != nullptr && group->kind == Node::Kind::kInt) {
+      const Node* step_value = StateValue(state, absl::StrCat("deepspeed.step.", group->integer));
+      if (step_value != nullptr) {  // saved as a number, not a tensor
+        arranged.layout.files.push_back(
+            TorchFile(absl::StrCat(folder, "step.pt"), {}, *step_value));
+      } else if (std::optional<int> step = step_tensor_of(group->integer); step.has_value()) {
+        const CatalogTensor& step_data = arranged.extra_tensors[*step - catalog.tensors.size()];
+        const std::string step_name = absl::StrCat(tensor.name, ".step");
+        OutputTensor out;
+        out.name = step_name;
+        out.source = *step;
+        out.region = Box::Full(step_data.shape);
+        out.dtype = step_data.dtype;
+        arranged.layout.files.push_back(
+            TorchFile(absl::StrCat(folder, "step.pt"), {std::move(out)}, TensorNode(step_name)));
+      }
+    }
+  }
+  if (params == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the input (", request.model.description.empty() ? request.model.format
+                                                         : request.model.description,
+        ") has no parameters with Adam moments (<param>.exp_avg, <param>.exp_avg_sq): a "
+        "universal checkpoint is made from a DeepSpeed ZeRO checkpoint with its optimizer files"));
+  }
+  const Node* optimizer_state = StateValue(state, "deepspeed.optimizer_state");
+  if (optimizer_state != nullptr) {
+    if (ContainsTensor(*optimizer_state)) {
+      return absl::InternalError("the optimizer state to write holds tensors");
+    }
+    arranged.layout.files.push_back(TorchFile("zero/optimizer_state.pt", {}, *optimizer_state));
+  }
+  for (const std::string& path : state.verbatim_files) {
+    RETURN_IF_ERROR(AddVerbatimCopy(path, std::filesystem::path(path).filename().string(),
+                                    catalog, arranged));
+  }
+  arranged.beside_output.emplace_back("latest_universal", request.output_name);
+  return arranged;
+}
+
+absl::StatusOr<FileFraming> UniversalOutput::Frame(const OutputFileLayout& file) const {
+  return TorchWriter().Frame(file);
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UniversalOutput::CompanionFiles(
+    const TargetLayout& /*layout*/) const {
+  return std::vector<std::pair<std::string, std::string>>{};
+}
+
+namespace {
+const OutputFormatRegistration<UniversalOutput> kRegistration;
+}  // namespace
+
+}  // namespace reshard

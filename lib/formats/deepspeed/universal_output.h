@@ -1,0 +1,59 @@
+// DeepSpeed universal checkpoints as output (`UniversalOutput`, id "deepspeed-universal"): the
+// folder DeepSpeed's `load_checkpoint(..., load_universal=True)` resumes from at any
+// data-parallel (and, with Megatron-DeepSpeed, tensor- or pipeline-parallel) size, as
+// DeepSpeed's `checkpoint/ds_to_universal.py` writes it (docs/formats.md, "DeepSpeed universal
+// checkpoints"):
+//
+//   OUT/mp_rank_00_model_states.pt          the input's model-states files, copied verbatim
+//   OUT/zero/optimizer_state.pt             the optimizer's state without its partitions
+//   OUT/zero/<param>/fp32.pt                {'cat_dim': 0, 'param': fp32 master weights}
+//   OUT/zero/<param>/exp_avg.pt             the same for Adam's first moment
+//   OUT/zero/<param>/exp_avg_sq.pt          ... and second moment
+//   OUT/zero/<param>/step.pt                the param group's step (ZeRO-1/2, when recorded)
+//   <parent of OUT>/latest_universal        OUT's name (with --update-latest)
+//
+// Every trainable parameter (a Catalog tensor "<p>" with "<p>.exp_avg" and "<p>.exp_avg_sq",
+// as the ZeRO reader produces them with the optimizer read) gets its three files, each written
+// whole in float32 from the pieces of every rank: values are the fp32 master weights and
+// moments, bit for bit. Parameters whose names match the model's
+// `universal_checkpoint_info.vocabulary_parameter_patterns` are cut to `original_vocab_size`
+// rows and marked `vocab_tensor: True` (DeepSpeed pads them again for the target TP).
+// Buffers and frozen parameters are not in `zero/`: DeepSpeed loads them from the model-states
+// files. Written by `consolidate` only (a universal checkpoint holds whole tensors; DeepSpeed
+// slices them when it loads); --dtype must keep float32.
+//
+// The training state comes from the reader (InputModel::training_state): values
+// "deepspeed.optimizer_state" (structure of zero/optimizer_state.pt),
+// "deepspeed.param_group" (dict param name -> flat group index),
+// "deepspeed.universal_checkpoint_info" (optional), tensors "deepspeed.step.<group>" (step.pt),
+// and the model-states files to copy (verbatim_files).
+
+#ifndef RESHARD_LIB_FORMATS_DEEPSPEED_UNIVERSAL_OUTPUT_H_
+#define RESHARD_LIB_FORMATS_DEEPSPEED_UNIVERSAL_OUTPUT_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lib/formats/format.h"
+
+namespace reshard {
+
+class UniversalOutput : public OutputFormat {
+ public:
+  static constexpr char kId[] = "deepspeed-universal";
+  absl::string_view id() const override { return kId; }
+  OutputNaming naming() const override;
+  bool needs_optimizer_state() const override { return true; }
+  absl::StatusOr<ArrangedOutput> Arrange(TargetLayout engine_layout,
+                                         const ArrangeRequest& request) const override;
+  // Every file is a torch.save archive (the torch writer frames it), or a verbatim copy.
+  absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const override;
+  // None: the folder has no index.
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> CompanionFiles(
+      const TargetLayout& layout) const override;
+};
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_DEEPSPEED_UNIVERSAL_OUTPUT_H_
