@@ -3,8 +3,9 @@
 # See tools/bench/README.md. Usage:
 #
 #   tools/bench/bench.sh [--size 4GiB] [--sizes 1GiB,4GiB] [--repeat N] [--workdir DIR] [--keep]
-#                        [--verify] [--steps cp,fp32,bf16,torch] [--no-drop-caches]
+#                        [--verify] [--steps cp,fp32,bf16,torch,universal] [--no-drop-caches]
 #                        [--input-format safetensors|torch|zero1|zero2|zero3] [--zero-ranks N]
+#                        [--zero-moments]
 #                        [--reshardctl PATH]
 #                        [-- EXTRA_ARGS...]
 #
@@ -29,7 +30,9 @@ Options:
                      independent format check of OUT (check_checkpoint.py)
   --steps LIST       which of cp,fp32,bf16,torch to run in the main table (default
                      cp,fp32,bf16; with --input-format torch: cp,fp32,bf16,torch).
-                     torch = consolidate --format torch (writes pytorch_model.bin)
+                     torch = consolidate --format torch (writes pytorch_model.bin);
+                     universal = consolidate --format deepspeed-universal (zero inputs with
+                     --zero-moments; reads every byte of the checkpoint, like cp -r)
   --input-format F   safetensors (default: HF sharded folder from make_checkpoint.py),
                      torch (one torch.save file from make_torch_checkpoint.py; needs
                      python3-torch and about the checkpoint size in RAM to generate) or
@@ -38,6 +41,8 @@ Options:
                      Adam moments, so `cp -r` copies the same bytes reshard reads)
                      zero1, zero2: the same with ZeRO-1/2's flat partitions
   --zero-ranks N     data-parallel ranks of the zero checkpoint (default 8)
+  --zero-moments     the zero checkpoint also holds Adam's moments (SIZE is then the fp32
+                     weights; the folder holds about 3 x SIZE)
   --no-drop-caches   do not drop the page cache; warm the input instead
   --reshardctl PATH  use this binary instead of building //client:reshardctl with -c opt
 EOF
@@ -55,6 +60,7 @@ VERIFY=0
 STEPS=""
 INPUT_FORMAT=safetensors
 ZERO_RANKS=8
+ZERO_MOMENTS=0
 BIN_ARG=""
 DROP=1
 EXTRA=()
@@ -76,6 +82,7 @@ while (($#)); do
     --input-format) INPUT_FORMAT="${2:?--input-format needs a value}"; shift 2 ;;
     --input-format=*) INPUT_FORMAT="${1#*=}"; shift ;;
     --zero-ranks) ZERO_RANKS="${2:?--zero-ranks needs a value}"; shift 2 ;;
+    --zero-moments) ZERO_MOMENTS=1; shift ;;
     --zero-ranks=*) ZERO_RANKS="${1#*=}"; shift ;;
     --reshardctl) BIN_ARG="${2:?--reshardctl needs a value}"; shift 2 ;;
     --reshardctl=*) BIN_ARG="${1#*=}"; shift ;;
@@ -91,7 +98,7 @@ case "$INPUT_FORMAT" in
   *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch, zero1, zero2 or zero3)" ;;
 esac
 for s in ${STEPS//,/ }; do
-  case "$s" in cp|fp32|bf16|torch) ;; *) die "--steps: unknown step '$s' (use cp,fp32,bf16,torch)" ;; esac
+  case "$s" in cp|fp32|bf16|torch|universal) ;; *) die "--steps: unknown step '$s' (use cp,fp32,bf16,torch,universal)" ;; esac
 done
 has_step() { [[ ",$STEPS," == *",$1,"* ]]; }
 
@@ -239,7 +246,7 @@ make_checkpoint() {  # SIZE_ARG PATH
       die "make_torch_checkpoint.py failed"
   elif [[ "$INPUT_FORMAT" == zero? ]]; then
     summary="$("$PY" "$HERE/make_zero_checkpoint.py" --quiet --size "$size" --ranks "$ZERO_RANKS" \
-      --stage "${INPUT_FORMAT#zero}" "$dir")" ||
+      --stage "${INPUT_FORMAT#zero}" $( ((ZERO_MOMENTS)) && echo --with-moments) "$dir")" ||
       die "make_zero_checkpoint.py failed"
   else
     summary="$("$PY" "$HERE/make_checkpoint.py" --quiet --size "$size" "$dir")" ||
@@ -391,6 +398,11 @@ fi
 if has_step torch; then
   measure "consolidate-torch" "$WORK/out-torch" "$IN" "$VERIFY" "$CONS_SCRIPT" "$BIN" "$IN" "$WORK/out-torch" --format torch "${EXTRA[@]}"
   ROWS+=("$(fmt_row "consolidate --format torch + sync" "$IN_BYTES" "$BASE_WALL")")
+fi
+
+if has_step universal; then
+  measure "consolidate-universal" "$WORK/out-universal" "$IN" 0 "$CONS_SCRIPT" "$BIN" "$IN" "$WORK/out-universal" --format deepspeed-universal "${EXTRA[@]}"
+  ROWS+=("$(fmt_row "consolidate --format deepspeed-universal + sync" "$IN_BYTES" "$BASE_WALL")")
 fi
 
 {

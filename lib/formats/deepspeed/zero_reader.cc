@@ -24,6 +24,7 @@
 #include "lib/formats/deepspeed/zero_pickle.h"
 #include "lib/formats/folder_model.h"
 #include "lib/formats/torch/pickle.h"
+#include "lib/formats/torch/pickle_structure.h"
 #include "lib/formats/torch/torch_file.h"
 
 namespace reshard {
@@ -31,6 +32,13 @@ namespace zero_internal {
 namespace {
 
 using Kind = PickleValue::Kind;
+
+StructureNode StringNode(std::string text) {
+  StructureNode node;
+  node.kind = StructureNode::Kind::kString;
+  node.text = std::move(text);
+  return node;
+}
 
 class ZeroReader {
  public:
@@ -435,6 +443,16 @@ class ZeroReader {
     for (int rank = 0; rank < (stage_ == 3 ? world_ : 1); ++rank) {
       state.verbatim_files.push_back(Path(ModelName(rank)));
     }
+    ASSIGN_OR_RETURN(state.values["deepspeed.optimizer_state"], UnpartitionedOptimizerState(optim0));
+    if (const PickleValue* info = PickleField(model0.root(), "universal_checkpoint_info");
+        info != nullptr && !IsNone(info)) {
+      auto converted = PickleToStructure(info);
+      if (!converted.ok()) {
+        return Annotate(converted.status(),
+                        absl::StrCat(model0.path(), ": universal_checkpoint_info"));
+      }
+      state.values["deepspeed.universal_checkpoint_info"] = *std::move(converted);
+    }
     if (stage_ == 3) return absl::OkStatus();  // the step is in the optimizer state, as upstream
     StructureNode groups;
     groups.kind = StructureNode::Kind::kDict;
@@ -477,8 +495,75 @@ class ZeroReader {
       if (state.files.empty()) state.files.push_back(optim0.Source());
       state.tensors.push_back(CatalogTensorAt(name, *location, 0));
     }
-    (void)model0;
     return absl::OkStatus();
+  }
+
+  // Rank 0's `optimizer_state_dict` without what is partitioned across ranks, plus the param
+  // groups at the top, as ds_to_universal writes zero/optimizer_state.pt: ZeRO-1/2 without
+  // base_optimizer_state, single_partition_of_fp32_groups and param_slice_mappings; ZeRO-3
+  // without fp32_flat_groups and the nested optimizer's per-rank `state` (upstream keeps rank
+  // 0's partitions there; they are meaningless at another world size). Every other value (the
+  // loss scaler object, zero_stage, partition_count, ...) is carried as saved.
+  absl::StatusOr<StructureNode> UnpartitionedOptimizerState(const TorchArchive& optim0) const {
+    const PickleValue* saved = OptimizerState(optim0);
+    if (saved == nullptr || saved->kind != Kind::kDict) {
+      return Corrupt(optim0, "optimizer_state_dict is not a dict");
+    }
+    PickleStructureOptions options;
+    options.replace = [](const PickleValue* value,
+                         absl::string_view path) -> absl::StatusOr<std::optional<StructureNode>> {
+      if (TorchArchive::IsTensor(value)) {
+        return absl::UnimplementedError(
+            "a tensor outside the partitioned state; reshard cannot carry it to "
+            "zero/optimizer_state.pt");
+      }
+      return std::nullopt;
+    };
+    StructureNode result;
+    result.kind = StructureNode::Kind::kDict;
+    result.ordered = saved->ordered;
+    const PickleValue* param_groups = nullptr;
+    for (const auto& [key, value] : saved->entries) {
+      const std::string name = key->kind == Kind::kString ? key->text : "";
+      if (name == "base_optimizer_state") {
+        param_groups = PickleField(value, "param_groups");
+        continue;
+      }
+      if (name == "single_partition_of_fp32_groups" || name == "param_slice_mappings" ||
+          name == "fp32_flat_groups") {
+        continue;
+      }
+      StructureNode converted;
+      if (name == "optimizer_state_dict") {  // ZeRO-3: the wrapped optimizer's own state dict
+        param_groups = PickleField(value, "param_groups");
+        converted.kind = StructureNode::Kind::kDict;
+        if (param_groups != nullptr) {
+          converted.keys.push_back(StringNode("param_groups"));
+          ASSIGN_OR_RETURN(StructureNode groups, PickleToStructure(param_groups, options),
+                           absl::StrCat(optim0.path(), ": optimizer_state_dict.param_groups"));
+          converted.values.push_back(std::move(groups));
+        }
+      } else {
+        auto value_node = PickleToStructure(value, options);
+        if (!value_node.ok()) {
+          return Annotate(value_node.status(),
+                          absl::StrCat(optim0.path(), ": optimizer_state_dict.", name));
+        }
+        converted = *std::move(value_node);
+      }
+      ASSIGN_OR_RETURN(StructureNode key_node, PickleToStructure(key));
+      result.keys.push_back(std::move(key_node));
+      result.values.push_back(std::move(converted));
+    }
+    if (param_groups != nullptr) {
+      auto groups = PickleToStructure(param_groups, options);
+      if (!groups.ok()) {
+        return Annotate(groups.status(), absl::StrCat(optim0.path(), ": param_groups"));
+      }
+      result.keys.push_back(StringNode("param_groups"));
+      result.values.push_back(*std::move(groups));
+    }
+    return result;
   }
 
   // Rank 0's buffers, in module order.
