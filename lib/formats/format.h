@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
@@ -38,8 +39,13 @@ struct TrainingState {
   std::vector<SourceFile> files;
   // Input files an output copies byte for byte (DeepSpeed's model-states files), as paths.
   std::vector<std::string> verbatim_files;
+  // Why the training state could not be read completely (a value reshard cannot carry). The
+  // model itself was read; only output formats that need the training state fail with it.
+  absl::Status problem;
 
-  bool empty() const { return values.empty() && tensors.empty() && verbatim_files.empty(); }
+  bool empty() const {
+    return values.empty() && tensors.empty() && verbatim_files.empty() && problem.ok();
+  }
 };
 
 // What an InputFormat found at a path.

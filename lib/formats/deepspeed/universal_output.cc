@@ -139,6 +139,7 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
   }
   const Catalog& catalog = request.catalog;
   const TrainingState& state = request.model.training_state;
+  RETURN_IF_ERROR(state.problem, "reading the training state to carry over");
   ASSIGN_OR_RETURN(VocabularyRule vocabulary, ReadVocabularyRule(state));
   const Node* param_groups = StateValue(state, "deepspeed.param_group");
 

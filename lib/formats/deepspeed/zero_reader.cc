@@ -60,7 +60,14 @@ class ZeroReader {
     // Every rank's flat groups; an archive is dropped once its tensors are located.
     flats_.resize(world_);
     ASSIGN_OR_RETURN(flats_[0], ReadRankFlats(*optim0));
-    if (options_.include_optimizer) RETURN_IF_ERROR(ReadTrainingState(*optim0, *model0));
+    if (options_.include_optimizer) {
+      // Only output formats that resume training need it: a failure is theirs to report.
+      absl::Status state = ReadTrainingState(*optim0, *model0);
+      if (!state.ok()) {
+        training_state_ = TrainingState();
+        training_state_.problem = std::move(state);
+      }
+    }
     optim0.reset();
     for (int rank = 1; rank < world_; ++rank) {
       ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> optim, OpenOptimizer(rank));
