@@ -266,6 +266,24 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
     }
     layers = static_cast<int64_t>(seen.size());
   }
+  // What a Megatron output needs to write checkpoints to train from (megatron_format.h).
+  TrainingState& state = model.training_state;
+  if (reference.facts.iteration.has_value()) {
+    StructureNode iteration;
+    iteration.kind = StructureNode::Kind::kInt;
+    iteration.integer = *reference.facts.iteration;
+    state.values["megatron.iteration"] = iteration;
+  }
+  if (reference.facts.version.has_value()) {
+    StructureNode version;
+    version.kind = StructureNode::Kind::kFloat;
+    version.real = *reference.facts.version;
+    state.values["megatron.checkpoint_version"] = version;
+  }
+  StructureNode release;
+  release.kind = StructureNode::Kind::kBool;
+  release.boolean = where.name == "release";
+  state.values["megatron.release"] = release;
   std::string when = where.name;
   if (where.name != "release" && reference.facts.iteration.has_value()) {
     when = absl::StrCat("iteration ", *reference.facts.iteration);
