@@ -1,7 +1,11 @@
 #include "lib/core/catalog.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "lib/core/status.h"
@@ -98,9 +102,28 @@ void AddFlatRangePieces(CatalogTensor& tensor, int file, uint64_t byte_offset, i
 namespace {
 
 using Json = nlohmann::json;
+using Kind = StructureNode::Kind;
+
+constexpr int kMaxJsonDepth = 64;
+
+Json StructureJson(const StructureNode& node);
+
+Json JsonArray(const std::vector<StructureNode>& nodes) {
+  Json array = Json::array();
+  for (const StructureNode& node : nodes) array.push_back(StructureJson(node));
+  return array;
+}
+
+// [[key, value], ...] of a dict's or an object's SETITEMs.
+Json JsonEntries(const StructureNode& node) {
+  Json entries = Json::array();
+  for (size_t i = 0; i < node.keys.size(); ++i) {
+    entries.push_back(Json::array({StructureJson(node.keys[i]), StructureJson(node.values[i])}));
+  }
+  return entries;
+}
 
 Json StructureJson(const StructureNode& node) {
-  using Kind = StructureNode::Kind;
   switch (node.kind) {
     case Kind::kNone:
       return {{"none", 0}};
@@ -109,32 +132,116 @@ Json StructureJson(const StructureNode& node) {
     case Kind::kInt:
       return {{"int", node.integer}};
     case Kind::kFloat:
+      if (std::isnan(node.real)) return {{"float", "nan"}};
+      if (std::isinf(node.real)) return {{"float", node.real > 0 ? "inf" : "-inf"}};
       return {{"float", node.real}};
     case Kind::kString:
       return {{"str", node.text}};
     case Kind::kTensor:
       return {{"tensor", node.text}};
+    case Kind::kBytes:
+      return {{"bytes", absl::BytesToHexString(node.text)}};
+    case Kind::kBigInt:
+      return {{"bigint", absl::BytesToHexString(node.text)}};
+    case Kind::kGlobal:
+      return {{"global", Json::array({node.module, node.name})}};
     case Kind::kDict: {
-      Json entries = Json::array();
-      for (size_t i = 0; i < node.keys.size(); ++i) {
-        entries.push_back(
-            Json::array({StructureJson(node.keys[i]), StructureJson(node.values[i])}));
-      }
-      return {{"dict", std::move(entries)}, {"ordered", node.ordered}};
+      Json dict = {{"dict", JsonEntries(node)}, {"ordered", node.ordered}};
+      if (!node.state.empty()) dict["state"] = StructureJson(node.state[0]);
+      return dict;
     }
     case Kind::kList:
-    case Kind::kTuple: {
-      Json items = Json::array();
-      for (const StructureNode& item : node.items) items.push_back(StructureJson(item));
-      return {{node.kind == Kind::kList ? "list" : "tuple", std::move(items)}};
+    case Kind::kTuple:
+      return {{node.kind == Kind::kList ? "list" : "tuple", JsonArray(node.items)}};
+    case Kind::kObject: {
+      Json object = {{"callable", Json::array({node.module, node.name})},
+                     {"newobj", node.construction == StructureNode::Construction::kNewObj},
+                     {"args", JsonArray(node.args)}};
+      if (!node.items.empty()) object["items"] = JsonArray(node.items);
+      if (!node.keys.empty()) object["dict"] = JsonEntries(node);
+      if (!node.state.empty()) object["state"] = StructureJson(node.state[0]);
+      return {{"object", std::move(object)}};
     }
   }
   return nullptr;
 }
 
+absl::StatusOr<StructureNode> StructureFromJsonValue(const Json& json, int depth);
+
+absl::StatusOr<std::vector<StructureNode>> NodesFromJson(const Json& array, int depth) {
+  std::vector<StructureNode> nodes;
+  for (const Json& item : array) {
+    ASSIGN_OR_RETURN(StructureNode node, StructureFromJsonValue(item, depth));
+    nodes.push_back(std::move(node));
+  }
+  return nodes;
+}
+
+// [[key, value], ...] into node.keys and node.values.
+absl::Status EntriesFromJson(const Json& entries, int depth, StructureNode& node) {
+  for (const Json& entry : entries) {
+    if (!entry.is_array() || entry.size() != 2) {
+      return absl::InvalidArgumentError("dict entry is not a [key, value] pair");
+    }
+    ASSIGN_OR_RETURN(StructureNode key, StructureFromJsonValue(entry[0], depth));
+    ASSIGN_OR_RETURN(StructureNode value, StructureFromJsonValue(entry[1], depth));
+    node.keys.push_back(std::move(key));
+    node.values.push_back(std::move(value));
+  }
+  return absl::OkStatus();
+}
+
+// The bytes spelled by `hex` (kBytes, kBigInt).
+absl::StatusOr<std::string> HexBytes(const Json& hex) {
+  if (!hex.is_string()) return absl::InvalidArgumentError("hex bytes are not a string");
+  const std::string& digits = hex.get_ref<const std::string&>();
+  if (digits.size() % 2 != 0 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return absl::ascii_isxdigit(c); })) {
+    return absl::InvalidArgumentError("hex bytes are not pairs of hex digits");
+  }
+  return absl::HexStringToBytes(digits);
+}
+
+// [module, name] of a global or an object's callable.
+absl::Status GlobalFromJson(const Json& json, StructureNode& node) {
+  if (!json.is_array() || json.size() != 2 || !json[0].is_string() || !json[1].is_string()) {
+    return absl::InvalidArgumentError("global is not [module, name]");
+  }
+  node.module = json[0].get<std::string>();
+  node.name = json[1].get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StructureNode> ObjectFromJson(const Json& json, int depth) {
+  if (!json.is_object() || !json.contains("callable") || !json.contains("args") ||
+      !json["args"].is_array()) {
+    return absl::InvalidArgumentError("object has no \"callable\" and \"args\"");
+  }
+  StructureNode node;
+  node.kind = Kind::kObject;
+  RETURN_IF_ERROR(GlobalFromJson(json["callable"], node), "object callable");
+  if (json.value("newobj", false)) node.construction = StructureNode::Construction::kNewObj;
+  ASSIGN_OR_RETURN(node.args, NodesFromJson(json["args"], depth));
+  if (json.contains("items")) {
+    if (!json["items"].is_array()) return absl::InvalidArgumentError("object items not a list");
+    ASSIGN_OR_RETURN(node.items, NodesFromJson(json["items"], depth));
+  }
+  if (json.contains("dict")) {
+    if (!json["dict"].is_array()) return absl::InvalidArgumentError("object dict not a list");
+    RETURN_IF_ERROR(EntriesFromJson(json["dict"], depth, node));
+  }
+  if (json.contains("state")) {
+    ASSIGN_OR_RETURN(StructureNode state, StructureFromJsonValue(json["state"], depth));
+    node.state.push_back(std::move(state));
+  }
+  return node;
+}
+
 absl::StatusOr<StructureNode> StructureFromJsonValue(const Json& json, int depth) {
-  using Kind = StructureNode::Kind;
-  if (depth > 64) return absl::InvalidArgumentError("structure nests deeper than 64 levels");
+  if (depth > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("structure nests deeper than ", kMaxJsonDepth, " levels"));
+  }
   if (!json.is_object() || json.empty()) {
     return absl::InvalidArgumentError("structure node is not a tagged object");
   }
@@ -149,32 +256,45 @@ absl::StatusOr<StructureNode> StructureFromJsonValue(const Json& json, int depth
   } else if (json.contains("float") && json["float"].is_number()) {
     node.kind = Kind::kFloat;
     node.real = json["float"].get<double>();
+  } else if (json.contains("float") && json["float"].is_string()) {
+    const std::string& special = json["float"].get_ref<const std::string&>();
+    node.kind = Kind::kFloat;
+    if (special == "nan") {
+      node.real = std::numeric_limits<double>::quiet_NaN();
+    } else if (special == "inf" || special == "-inf") {
+      node.real = (special == "inf" ? 1 : -1) * std::numeric_limits<double>::infinity();
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("float \"", special, "\""));
+    }
   } else if (json.contains("str") && json["str"].is_string()) {
     node.kind = Kind::kString;
     node.text = json["str"].get<std::string>();
   } else if (json.contains("tensor") && json["tensor"].is_string()) {
     node.kind = Kind::kTensor;
     node.text = json["tensor"].get<std::string>();
+  } else if (json.contains("bytes") || json.contains("bigint")) {
+    const bool bytes = json.contains("bytes");
+    node.kind = bytes ? Kind::kBytes : Kind::kBigInt;
+    ASSIGN_OR_RETURN(node.text, HexBytes(json[bytes ? "bytes" : "bigint"]),
+                     bytes ? "bytes" : "bigint");
+  } else if (json.contains("global")) {
+    node.kind = Kind::kGlobal;
+    RETURN_IF_ERROR(GlobalFromJson(json["global"], node));
+  } else if (json.contains("object")) {
+    return ObjectFromJson(json["object"], depth + 1);
   } else if (json.contains("dict") && json["dict"].is_array()) {
     node.kind = Kind::kDict;
     node.ordered = json.value("ordered", false);
-    for (const Json& entry : json["dict"]) {
-      if (!entry.is_array() || entry.size() != 2) {
-        return absl::InvalidArgumentError("dict entry is not a [key, value] pair");
-      }
-      ASSIGN_OR_RETURN(StructureNode key, StructureFromJsonValue(entry[0], depth + 1));
-      ASSIGN_OR_RETURN(StructureNode value, StructureFromJsonValue(entry[1], depth + 1));
-      node.keys.push_back(std::move(key));
-      node.values.push_back(std::move(value));
+    RETURN_IF_ERROR(EntriesFromJson(json["dict"], depth + 1, node));
+    if (json.contains("state")) {
+      ASSIGN_OR_RETURN(StructureNode state, StructureFromJsonValue(json["state"], depth + 1));
+      node.state.push_back(std::move(state));
     }
   } else if ((json.contains("list") && json["list"].is_array()) ||
              (json.contains("tuple") && json["tuple"].is_array())) {
     const bool list = json.contains("list");
     node.kind = list ? Kind::kList : Kind::kTuple;
-    for (const Json& item : json[list ? "list" : "tuple"]) {
-      ASSIGN_OR_RETURN(StructureNode child, StructureFromJsonValue(item, depth + 1));
-      node.items.push_back(std::move(child));
-    }
+    ASSIGN_OR_RETURN(node.items, NodesFromJson(json[list ? "list" : "tuple"], depth + 1));
   } else {
     return absl::InvalidArgumentError("unknown structure node");
   }
@@ -194,7 +314,11 @@ absl::StatusOr<StructureNode> StructureFromJson(absl::string_view json) {
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("structure is not JSON: ", e.what()));
   }
-  return StructureFromJsonValue(parsed, 0);
+  try {
+    return StructureFromJsonValue(parsed, 0);
+  } catch (const Json::exception& e) {  // a tag's value of the wrong type ("ordered": 1)
+    return absl::InvalidArgumentError(absl::StrCat("structure is malformed: ", e.what()));
+  }
 }
 
 std::vector<int> FindAliases(const Catalog& catalog) {
@@ -233,9 +357,9 @@ absl::Status ValidateCatalog(const Catalog& catalog) {
   for (const SourceFile& file : catalog.files) {
     for (const ChecksummedRange& range : file.checksummed) {
       if (range.offset > file.size || range.length > file.size - range.offset) {
-        return absl::DataLossError(absl::StrCat(
-            file.path, ": ", range.name, ": ", range.length, " bytes at byte offset ",
-            range.offset, " run past the end of the file (", file.size, " bytes)"));
+        return absl::DataLossError(
+            absl::StrCat(file.path, ": ", range.name, ": ", range.length, " bytes at byte offset ",
+                         range.offset, " run past the end of the file (", file.size, " bytes)"));
       }
     }
   }

@@ -61,17 +61,48 @@ struct CatalogTensor {
 // The nesting of a checkpoint whose tensors sit in containers among other values (a torch
 // checkpoint: {"model": {...}, "optimizer": {...}, "step": 10}), for writers that can
 // reproduce it. Tensors are kTensor leaves that name a Catalog tensor.
+//
+// Training checkpoints also hold Python objects that a checkpoint meant to resume training must
+// carry over verbatim: Megatron's `args` (an argparse.Namespace holding torch.float16),
+// DeepSpeed's loss scaler, torch.Size, enums. Those are kGlobal (a module-level name such as
+// torch.float16) and kObject (a callable global applied to arguments, as pickle's REDUCE and
+// NEWOBJ make them, then optionally given a state by BUILD). Only writers that run pickles
+// (torch) can reproduce them.
 struct StructureNode {
-  enum class Kind { kNone, kBool, kInt, kFloat, kString, kTensor, kDict, kList, kTuple };
+  enum class Kind {
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kTensor,
+    kDict,
+    kList,
+    kTuple,
+    kBytes,   // `text` holds the bytes
+    kBigInt,  // an int beyond int64: `text` holds its little-endian two's complement bytes
+    kGlobal,  // `module`.`name`, e.g. torch.float16
+    kObject,  // `module`.`name`(*args), then APPENDs (`items`), SETITEMs, BUILD (`state`)
+  };
+  // How a kObject was made: callable(*args) (REDUCE), or cls.__new__(cls, *args) (NEWOBJ, what
+  // pickle protocol 2 uses for instances of ordinary classes).
+  enum class Construction { kReduce, kNewObj };
   Kind kind = Kind::kNone;
   bool boolean = false;
   int64_t integer = 0;
   double real = 0;
-  std::string text;                   // kString; the tensor's name for kTensor
+  std::string text;                   // kString, kBytes, kBigInt; the tensor's name for kTensor
   bool ordered = false;               // kDict: an OrderedDict
-  std::vector<StructureNode> keys;    // kDict, paired with `values`
-  std::vector<StructureNode> values;  // kDict
-  std::vector<StructureNode> items;   // kList, kTuple
+  std::vector<StructureNode> keys;    // kDict, kObject (SETITEMs), paired with `values`
+  std::vector<StructureNode> values;  // kDict, kObject
+  std::vector<StructureNode> items;   // kList, kTuple, kObject (APPENDs)
+  std::string module;                 // kGlobal; kObject: its callable
+  std::string name;                   // kGlobal; kObject: its callable
+  Construction construction = Construction::kReduce;  // kObject
+  std::vector<StructureNode> args;                    // kObject: the call's arguments
+  // kObject, kDict: empty, or the one state given by BUILD (an object's attributes; an
+  // OrderedDict's attributes such as a torch state dict's `_metadata`).
+  std::vector<StructureNode> state;
 };
 
 struct Catalog {
@@ -113,8 +144,13 @@ absl::Status ValidateCatalog(const Catalog& catalog);
 // nesting survives a trip through safetensors), and back.
 // Scalars are tagged: {"int": 3}, {"float": 0.5}, {"str": "x"}, {"bool": true}, {"none": 0},
 // {"tensor": "name"}; containers: {"dict": [[key, value], ...], "ordered": true},
-// {"list": [...]}, {"tuple": [...]}. Parsing is depth- and size-bounded; InvalidArgument on
-// anything else.
+// {"list": [...]}, {"tuple": [...]}. JSON has no infinities or NaN: those floats are
+// {"float": "inf"}, {"float": "-inf"}, {"float": "nan"}. Bytes and big ints are hex:
+// {"bytes": "00ff"}, {"bigint": "<little-endian two's complement bytes>"}; a global is
+// {"global": [module, name]}; an object is {"object": {"callable": [module, name],
+// "newobj": false, "args": [...], "items": [...], "dict": [[key, value], ...], "state": node}}
+// ("items", "dict" and "state" only when present), and a dict with a BUILD state carries
+// "state" too. Parsing is depth- and size-bounded; InvalidArgument on anything else.
 std::string StructureToJson(const StructureNode& node);
 absl::StatusOr<StructureNode> StructureFromJson(absl::string_view json);
 

@@ -1,10 +1,13 @@
 #include "lib/core/catalog.h"
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace reshard {
@@ -241,6 +244,134 @@ TEST(ValidateCatalogTest, HugeOffsetDoesNotWrap) {
   Catalog catalog = OneTensorCatalog({3, 4}, 1 << 20);
   catalog.tensors[0].pieces[0].byte_offset = UINT64_MAX - 8;
   EXPECT_EQ(ValidateCatalog(catalog).code(), absl::StatusCode::kDataLoss);
+}
+
+StructureNode Leaf(StructureNode::Kind kind) {
+  StructureNode node;
+  node.kind = kind;
+  return node;
+}
+
+StructureNode Str(const std::string& text) {
+  StructureNode node = Leaf(StructureNode::Kind::kString);
+  node.text = text;
+  return node;
+}
+
+StructureNode Global(const std::string& module, const std::string& name) {
+  StructureNode node = Leaf(StructureNode::Kind::kGlobal);
+  node.module = module;
+  node.name = name;
+  return node;
+}
+
+// Parses `json` and checks that it is written back the same.
+void ExpectJsonRoundTrip(const std::string& json) {
+  absl::StatusOr<StructureNode> node = StructureFromJson(json);
+  ASSERT_TRUE(node.ok()) << node.status() << " parsing " << json;
+  EXPECT_EQ(StructureToJson(*node), json);
+}
+
+TEST(StructureJson, ExistingKindsKeepTheirForm) {
+  StructureNode dict = Leaf(StructureNode::Kind::kDict);
+  dict.ordered = true;
+  dict.keys.push_back(Str("w"));
+  StructureNode tensor = Leaf(StructureNode::Kind::kTensor);
+  tensor.text = "model.w";
+  dict.values.push_back(tensor);
+  dict.keys.push_back(Str("step"));
+  StructureNode step = Leaf(StructureNode::Kind::kInt);
+  step.integer = 10;
+  dict.values.push_back(step);
+  StructureNode list = Leaf(StructureNode::Kind::kList);
+  list.items = {Leaf(StructureNode::Kind::kNone), Leaf(StructureNode::Kind::kBool)};
+  StructureNode half = Leaf(StructureNode::Kind::kFloat);
+  half.real = 0.5;
+  list.items.push_back(half);
+  dict.keys.push_back(Str("l"));
+  dict.values.push_back(list);
+  EXPECT_EQ(StructureToJson(dict),
+            R"({"dict":[[{"str":"w"},{"tensor":"model.w"}],[{"str":"step"},{"int":10}],)"
+            R"([{"str":"l"},{"list":[{"none":0},{"bool":false},{"float":0.5}]}]],"ordered":true})");
+  ExpectJsonRoundTrip(StructureToJson(dict));
+  ExpectJsonRoundTrip(R"({"tuple":[]})");
+}
+
+TEST(StructureJson, NonFiniteFloatsAreStrings) {
+  StructureNode list = Leaf(StructureNode::Kind::kList);
+  for (double value :
+       {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+        std::numeric_limits<double>::quiet_NaN()}) {
+    StructureNode real = Leaf(StructureNode::Kind::kFloat);
+    real.real = value;
+    list.items.push_back(real);
+  }
+  const std::string json = StructureToJson(list);
+  EXPECT_EQ(json, R"({"list":[{"float":"inf"},{"float":"-inf"},{"float":"nan"}]})");
+  absl::StatusOr<StructureNode> parsed = StructureFromJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(std::isinf(parsed->items[0].real) && parsed->items[0].real > 0);
+  EXPECT_TRUE(std::isinf(parsed->items[1].real) && parsed->items[1].real < 0);
+  EXPECT_TRUE(std::isnan(parsed->items[2].real));
+  EXPECT_FALSE(StructureFromJson(R"({"float":"infinity"})").ok());
+}
+
+TEST(StructureJson, BytesBigIntsGlobalsAndObjects) {
+  StructureNode bytes = Leaf(StructureNode::Kind::kBytes);
+  bytes.text = std::string("\x00\xff\x10", 3);
+  EXPECT_EQ(StructureToJson(bytes), R"({"bytes":"00ff10"})");
+  StructureNode big = Leaf(StructureNode::Kind::kBigInt);
+  big.text = std::string("\0\0\0\0\0\0\0\x80\0", 9);  // 2**63
+  EXPECT_EQ(StructureToJson(big), R"({"bigint":"000000000000008000"})");
+  EXPECT_EQ(StructureToJson(Global("torch", "float16")), R"({"global":["torch","float16"]})");
+
+  // argparse.Namespace(params_dtype=torch.float16), as protocol 2 pickles it.
+  StructureNode args = Leaf(StructureNode::Kind::kObject);
+  args.module = "argparse";
+  args.name = "Namespace";
+  args.construction = StructureNode::Construction::kNewObj;
+  StructureNode attributes = Leaf(StructureNode::Kind::kDict);
+  attributes.keys.push_back(Str("params_dtype"));
+  attributes.values.push_back(Global("torch", "float16"));
+  args.state.push_back(attributes);
+  EXPECT_EQ(StructureToJson(args),
+            R"({"object":{"args":[],"callable":["argparse","Namespace"],"newobj":true,)"
+            R"("state":{"dict":[[{"str":"params_dtype"},{"global":["torch","float16"]}]],)"
+            R"("ordered":false}}})");
+
+  for (const StructureNode& node : {bytes, big, Global("torch", "float16"), args}) {
+    ExpectJsonRoundTrip(StructureToJson(node));
+  }
+  // An object with APPENDs and SETITEMs, and an OrderedDict with a BUILD state.
+  ExpectJsonRoundTrip(
+      R"({"object":{"args":[{"global":["builtins","int"]}],"callable":["collections",)"
+      R"("defaultdict"],"dict":[[{"str":"a"},{"int":2}]],"items":[{"int":1}],"newobj":false}})");
+  ExpectJsonRoundTrip(
+      R"({"dict":[[{"str":"w"},{"tensor":"w"}]],"ordered":true,"state":{"dict":[[{"str":)"
+      R"("_metadata"},{"none":0}]],"ordered":false}})");
+}
+
+TEST(StructureJson, MalformedNewKindsAreInvalidArgument) {
+  for (const char* json : {
+           R"({"bytes":"0"})",
+           R"({"bytes":"zz"})",
+           R"({"bigint":12})",
+           R"({"global":["torch"]})",
+           R"({"global":"torch.float16"})",
+           R"({"object":{"callable":["argparse","Namespace"]}})",
+           R"({"object":{"callable":"x","args":[]}})",
+           R"({"object":{"callable":["a","b"],"args":[],"newobj":1}})",
+           R"({"dict":[],"ordered":"yes"})",
+       }) {
+    absl::StatusOr<StructureNode> node = StructureFromJson(json);
+    EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument) << json;
+  }
+  // Depth is bounded through objects too.
+  std::string deep = R"({"none":0})";
+  for (int i = 0; i < 70; ++i) {
+    deep = absl::StrCat(R"({"object":{"callable":["a","b"],"args":[)", deep, "]}}");
+  }
+  EXPECT_EQ(StructureFromJson(deep).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "lib/formats/torch/pickle.h"
 
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_map.h"
@@ -55,15 +57,55 @@ std::string DescribePickleValue(const PickleValue* value) {
   return "?";
 }
 
+std::string PickleKeyName(const PickleValue* key) {
+  switch (key->kind) {
+    case PickleValue::Kind::kString:
+      return key->text;
+    case PickleValue::Kind::kInt:
+      return absl::StrCat(key->integer);
+    case PickleValue::Kind::kBool:
+      return key->boolean ? "True" : "False";
+    case PickleValue::Kind::kNone:
+      return "None";
+    default:
+      return absl::StrCat("<", DescribePickleValue(key), ">");
+  }
+}
+
 namespace {
 
 using Kind = PickleValue::Kind;
 
-// Python 2 module names that protocol 2 pickles use (fix_imports).
-std::string ModernModule(absl::string_view module) {
-  if (module == "__builtin__") return "builtins";
-  if (module == "copy_reg") return "copyreg";
-  return std::string(module);
+// Python 3 writes protocol 2 pickles with Python 2 names (fix_imports: builtins.int is
+// __builtin__.long); Python's unpickler maps them back, and so does this one, for the names that
+// checkpoints hold (builtins, copyreg, itertools, exceptions, the User* collections).
+std::pair<std::string, std::string> ModernName(absl::string_view module, absl::string_view name) {
+  static const auto* const kNames = new absl::flat_hash_map<std::pair<std::string, std::string>,
+                                                            std::pair<std::string, std::string>>{
+      {{"__builtin__", "xrange"}, {"builtins", "range"}},
+      {{"__builtin__", "reduce"}, {"functools", "reduce"}},
+      {{"__builtin__", "intern"}, {"sys", "intern"}},
+      {{"__builtin__", "unichr"}, {"builtins", "chr"}},
+      {{"__builtin__", "unicode"}, {"builtins", "str"}},
+      {{"__builtin__", "long"}, {"builtins", "int"}},
+      {{"itertools", "izip"}, {"builtins", "zip"}},
+      {{"itertools", "imap"}, {"builtins", "map"}},
+      {{"itertools", "ifilter"}, {"builtins", "filter"}},
+      {{"itertools", "ifilterfalse"}, {"itertools", "filterfalse"}},
+      {{"itertools", "izip_longest"}, {"itertools", "zip_longest"}},
+      {{"UserDict", "IterableUserDict"}, {"collections", "UserDict"}},
+      {{"UserList", "UserList"}, {"collections", "UserList"}},
+      {{"UserString", "UserString"}, {"collections", "UserString"}},
+  };
+  static const auto* const kModules = new absl::flat_hash_map<std::string, std::string>{
+      {"__builtin__", "builtins"}, {"copy_reg", "copyreg"},        {"exceptions", "builtins"},
+      {"Queue", "queue"},          {"_abcoll", "collections.abc"}, {"repr", "reprlib"},
+      {"thread", "_thread"},
+  };
+  auto it = kNames->find(std::make_pair(std::string(module), std::string(name)));
+  if (it != kNames->end()) return it->second;
+  auto moved = kModules->find(module);
+  return {moved != kModules->end() ? moved->second : std::string(module), std::string(name)};
 }
 
 class Machine {
@@ -200,8 +242,7 @@ class Machine {
   }
   absl::Status PushGlobal(absl::string_view module, absl::string_view name) {
     ASSIGN_OR_RETURN(PickleValue * value, New(Kind::kGlobal));
-    value->module = ModernModule(module);
-    value->name = std::string(name);
+    std::tie(value->module, value->name) = ModernName(module, name);
     return Push(value);
   }
   // Calls that copy an argument (set(list), bytearray(str), _codecs.encode) may copy at most as
@@ -466,6 +507,7 @@ class Machine {
         ASSIGN_OR_RETURN(PickleValue * cls, Pop());
         if (cls->kind != Kind::kGlobal) return Error("NEWOBJ of something that is not a class");
         ASSIGN_OR_RETURN(PickleValue * result, Call(cls, args));
+        if (result->kind == Kind::kObject) result->new_object = true;
         return Push(result);
       }
       case 0x92: {  // NEWOBJ_EX: keyword arguments are dropped into the object's state
@@ -474,6 +516,7 @@ class Machine {
         ASSIGN_OR_RETURN(PickleValue * cls, Pop());
         if (cls->kind != Kind::kGlobal) return Error("NEWOBJ_EX of something that is not a class");
         ASSIGN_OR_RETURN(PickleValue * result, Call(cls, args));
+        if (result->kind == Kind::kObject) result->new_object = true;
         if (result->kind == Kind::kObject && kwargs->kind == Kind::kDict &&
             !kwargs->entries.empty()) {
           result->state = kwargs;

@@ -1,7 +1,9 @@
 // A safe pickle reader: runs the pickle opcodes of protocols 2 to 5 as torch.save and DCP
 // write them, without executing anything.
 //
-// Known globals become built-in values (collections.OrderedDict -> dict, builtins.set -> set,
+// Python 2 names of globals (which protocol 2 pickles written by Python 3 use: __builtin__.long)
+// become their Python 3 names, as Python's unpickler maps them. Known globals become built-in
+// values (collections.OrderedDict -> dict, builtins.set -> set,
 // _codecs.encode -> bytes, ...); any other global is an inert kGlobal node, and calling or
 // instantiating it (REDUCE, NEWOBJ) makes a kObject node holding the callable, its arguments
 // and its BUILD state, for the caller to interpret (torch's _rebuild_tensor_v2, for one).
@@ -58,6 +60,8 @@ struct PickleValue {
   // self-referencing structures do) is refused, so `depth` stays exact.
   bool placed = false;
   bool ordered = false;  // kDict made by collections.OrderedDict() rather than {}
+  // kObject made by NEWOBJ or NEWOBJ_EX (cls.__new__(cls, *args)) rather than REDUCE.
+  bool new_object = false;
 
   bool IsGlobal(absl::string_view m, absl::string_view n) const {
     return kind == Kind::kGlobal && module == m && name == n;
@@ -96,6 +100,10 @@ absl::StatusOr<PickleValue*> ParsePickle(absl::string_view data, PickleArena& ar
 
 // "OrderedDict", "tuple of 3", ... for messages.
 std::string DescribePickleValue(const PickleValue* value);
+
+// A dict key as one part of a dotted name: a str as itself, an int in decimal, True, False,
+// None; anything else as "<description>".
+std::string PickleKeyName(const PickleValue* key);
 
 }  // namespace reshard
 

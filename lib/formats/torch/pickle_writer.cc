@@ -38,10 +38,21 @@ void PickleWriter::Int(int64_t value) {
       if (top != next_sign) break;
       --length;
     }
-    Op('\x8a');
-    out_.push_back(static_cast<char>(length));
-    out_.append(bytes, length);
+    BigInt(absl::string_view(bytes, length));
   }
+}
+
+void PickleWriter::BigInt(absl::string_view little_endian) {
+  if (little_endian.size() < 256) {
+    Op('\x8a');  // LONG1
+    out_.push_back(static_cast<char>(little_endian.size()));
+  } else {
+    Op('\x8b');  // LONG4
+    char length[4];
+    absl::little_endian::Store32(length, static_cast<uint32_t>(little_endian.size()));
+    out_.append(length, 4);
+  }
+  out_.append(little_endian.data(), little_endian.size());
 }
 
 void PickleWriter::Float(double value) {
@@ -61,6 +72,27 @@ void PickleWriter::String(absl::string_view value) {
   out_.append(value.data(), value.size());
 }
 
+void PickleWriter::Bytes(absl::string_view value) {
+  // What Python's pickler writes for bytes below protocol 3: each byte becomes the code point
+  // of the same value, UTF-8 encoded in the str.
+  std::string latin1;
+  latin1.reserve(value.size());
+  for (char c : value) {
+    const uint8_t byte = static_cast<uint8_t>(c);
+    if (byte < 0x80) {
+      latin1.push_back(c);
+    } else {
+      latin1.push_back(static_cast<char>(0xC0 | (byte >> 6)));
+      latin1.push_back(static_cast<char>(0x80 | (byte & 0x3F)));
+    }
+  }
+  Global("_codecs", "encode");
+  String(latin1);
+  String("latin1");
+  Op('\x86');  // TUPLE2
+  Reduce();
+}
+
 void PickleWriter::Global(absl::string_view module, absl::string_view name) {
   Op('c');
   out_.append(module.data(), module.size());
@@ -73,25 +105,33 @@ void PickleWriter::BeginDict(bool ordered) {
   if (ordered) {
     Global("collections", "OrderedDict");
     Op(')');
-    Op('R');
+    Reduce();
   } else {
     Op('}');
   }
-  Op('(');
+  BeginItems();
 }
 
-void PickleWriter::EndDict() {
-  Op('u');  // SETITEMS (one batch: unpicklers take any size)
-}
+void PickleWriter::EndDict() { EndSetItems(); }
 
 void PickleWriter::BeginList() {
   Op(']');
-  Op('(');
+  BeginItems();
 }
 
-void PickleWriter::EndList() {
-  Op('e');  // APPENDS
-}
+void PickleWriter::EndList() { EndAppends(); }
+
+void PickleWriter::Reduce() { Op('R'); }
+
+void PickleWriter::NewObj() { Op('\x81'); }
+
+void PickleWriter::BeginItems() { Op('('); }  // MARK
+
+void PickleWriter::EndAppends() { Op('e'); }  // APPENDS (one batch: unpicklers take any size)
+
+void PickleWriter::EndSetItems() { Op('u'); }  // SETITEMS
+
+void PickleWriter::Build() { Op('b'); }
 
 void PickleWriter::BeginTuple() { Op('('); }
 
@@ -121,9 +161,9 @@ void PickleWriter::Tensor(absl::string_view storage_class, absl::string_view key
   Bool(false);  // requires_grad
   Global("collections", "OrderedDict");
   Op(')');
-  Op('R');
+  Reduce();
   Op('t');
-  Op('R');
+  Reduce();
 }
 
 std::string PickleWriter::Finish() {

@@ -13,8 +13,8 @@
 #include "lib/formats/folder_model.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
-#include "lib/io/mapped_file.h"
 #include "lib/io/file_access.h"
+#include "lib/io/mapped_file.h"
 
 namespace reshard {
 namespace {
@@ -50,21 +50,6 @@ class TorchFileReader {
     }
     catalog_.tensors.push_back(CatalogTensorAt(name, std::move(location), /*file=*/0));
     return absl::OkStatus();
-  }
-
-  static std::string KeyName(const PickleValue* key) {
-    switch (key->kind) {
-      case Kind::kString:
-        return key->text;
-      case Kind::kInt:
-        return absl::StrCat(key->integer);
-      case Kind::kBool:
-        return key->boolean ? "True" : "False";
-      case Kind::kNone:
-        return "None";
-      default:
-        return absl::StrCat("<", DescribePickleValue(key), ">");
-    }
   }
 
   static std::string Join(const std::string& prefix, const std::string& name) {
@@ -135,7 +120,8 @@ class TorchFileReader {
           node.kind = Node::kDict;
           node.ordered = value->kind == Kind::kObject || value->ordered;
           for (const auto& [key, item] : value->entries) {
-            ASSIGN_OR_RETURN(StructureNode child, Walk(item, Join(name, KeyName(key)), depth + 1));
+            ASSIGN_OR_RETURN(StructureNode child,
+                             Walk(item, Join(name, PickleKeyName(key)), depth + 1));
             ASSIGN_OR_RETURN(StructureNode key_node, KeyNode(key));
             node.keys.push_back(std::move(key_node));
             node.values.push_back(std::move(child));
@@ -165,7 +151,7 @@ class TorchFileReader {
       node.integer = key->integer;
     } else {
       node.kind = StructureNode::Kind::kString;
-      node.text = KeyName(key);
+      node.text = PickleKeyName(key);
     }
     return node;
   }

@@ -1,11 +1,13 @@
 #include "lib/formats/torch/torch_output.h"
 
-
+#include <functional>
 #include <memory>
 
 #include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/core/status.h"
@@ -192,12 +194,46 @@ std::string EndRecords(const std::vector<Record>& records, const TensorChecksums
   return end;
 }
 
-// Writes the input's nesting with its tensors (looked up by name in `tensor_index`).
+// A global's module and name are lines of the GLOBAL opcode.
+absl::Status CheckGlobal(const StructureNode& node) {
+  if (node.module.empty() || node.name.empty() || absl::StrContains(node.module, '\n') ||
+      absl::StrContains(node.name, '\n')) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("global \"", absl::CEscape(node.module), ".", absl::CEscape(node.name),
+                     "\" cannot be pickled (empty, or holds a newline)"));
+  }
+  return absl::OkStatus();
+}
+
+// Writes the input's nesting with its tensors (looked up by name in `tensor_index`) and the
+// Python objects it carries.
 absl::Status WriteStructure(const StructureNode& node,
                             const absl::flat_hash_map<std::string, int>& tensor_index,
                             const std::function<absl::Status(int)>& write_tensor,
                             PickleWriter& pickle) {
   using Kind = StructureNode::Kind;
+  auto write_all = [&](const std::vector<StructureNode>& nodes) -> absl::Status {
+    for (const StructureNode& child : nodes) {
+      RETURN_IF_ERROR(WriteStructure(child, tensor_index, write_tensor, pickle));
+    }
+    return absl::OkStatus();
+  };
+  auto write_entries = [&]() -> absl::Status {
+    if (node.keys.size() != node.values.size()) {
+      return absl::InternalError("structure has keys and values of different counts");
+    }
+    for (size_t i = 0; i < node.keys.size(); ++i) {
+      RETURN_IF_ERROR(WriteStructure(node.keys[i], tensor_index, write_tensor, pickle));
+      RETURN_IF_ERROR(WriteStructure(node.values[i], tensor_index, write_tensor, pickle));
+    }
+    return absl::OkStatus();
+  };
+  auto write_state = [&]() -> absl::Status {
+    if (node.state.empty()) return absl::OkStatus();
+    RETURN_IF_ERROR(WriteStructure(node.state[0], tensor_index, write_tensor, pickle));
+    pickle.Build();
+    return absl::OkStatus();
+  };
   switch (node.kind) {
     case Kind::kNone:
       pickle.None();
@@ -214,6 +250,12 @@ absl::Status WriteStructure(const StructureNode& node,
     case Kind::kString:
       pickle.String(node.text);
       return absl::OkStatus();
+    case Kind::kBytes:
+      pickle.Bytes(node.text);
+      return absl::OkStatus();
+    case Kind::kBigInt:
+      pickle.BigInt(node.text);
+      return absl::OkStatus();
     case Kind::kTensor: {
       auto it = tensor_index.find(node.text);
       if (it == tensor_index.end()) {
@@ -223,20 +265,39 @@ absl::Status WriteStructure(const StructureNode& node,
     }
     case Kind::kDict:
       pickle.BeginDict(node.ordered);
-      for (size_t i = 0; i < node.keys.size(); ++i) {
-        RETURN_IF_ERROR(WriteStructure(node.keys[i], tensor_index, write_tensor, pickle));
-        RETURN_IF_ERROR(WriteStructure(node.values[i], tensor_index, write_tensor, pickle));
-      }
+      RETURN_IF_ERROR(write_entries());
       pickle.EndDict();
-      return absl::OkStatus();
+      return write_state();
     case Kind::kList:
     case Kind::kTuple:
       node.kind == Kind::kList ? pickle.BeginList() : pickle.BeginTuple();
-      for (const StructureNode& item : node.items) {
-        RETURN_IF_ERROR(WriteStructure(item, tensor_index, write_tensor, pickle));
-      }
+      RETURN_IF_ERROR(write_all(node.items));
       node.kind == Kind::kList ? pickle.EndList() : pickle.EndTuple();
       return absl::OkStatus();
+    case Kind::kGlobal:
+      RETURN_IF_ERROR(CheckGlobal(node));
+      pickle.Global(node.module, node.name);
+      return absl::OkStatus();
+    case Kind::kObject:
+      // As Python's pickler writes an object from its __reduce__: the call, then the items and
+      // entries it is given, then its state.
+      RETURN_IF_ERROR(CheckGlobal(node));
+      pickle.Global(node.module, node.name);
+      pickle.BeginTuple();
+      RETURN_IF_ERROR(write_all(node.args));
+      pickle.EndTuple();
+      node.construction == StructureNode::Construction::kNewObj ? pickle.NewObj() : pickle.Reduce();
+      if (!node.items.empty()) {
+        pickle.BeginItems();
+        RETURN_IF_ERROR(write_all(node.items));
+        pickle.EndAppends();
+      }
+      if (!node.keys.empty()) {
+        pickle.BeginItems();
+        RETURN_IF_ERROR(write_entries());
+        pickle.EndSetItems();
+      }
+      return write_state();
   }
   return absl::OkStatus();
 }

@@ -5,8 +5,10 @@
 //
 // A file that holds the whole model under the input's names reproduces the input's nesting
 // ({"model": {...}, "optimizer": {...}, "step": 10}); otherwise it holds an OrderedDict of its
-// tensors. Tied weights share one storage. Consolidated shards are
-// `pytorch_model-0000i-of-0000N.bin` + `pytorch_model.bin.index.json` (one file:
+// tensors. A nesting that carries Python objects (StructureNode kGlobal and kObject: a
+// Megatron `args` Namespace, a loss scaler) is written with them, verbatim; such a file needs
+// torch.load(weights_only=False), as its input did. Tied weights share one storage. Consolidated
+// shards are `pytorch_model-0000i-of-0000N.bin` + `pytorch_model.bin.index.json` (one file:
 // `pytorch_model.bin`); parts are `model_part-{rank}.pt`. The records `.format_version` and
 // `.storage_alignment` are not written, so torch reads every offset from the headers.
 
