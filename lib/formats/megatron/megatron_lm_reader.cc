@@ -39,6 +39,8 @@ struct RankFile {
   FileFacts facts;
   std::vector<Catalog> chunks;  // `model`, or `model0`, `model1`, ... (virtual stages)
   std::vector<std::string> notes;
+  // What a Megatron output writes back (CarriedValues).
+  std::map<std::string, StructureNode> carried;
 };
 
 absl::StatusOr<RankFile> ReadRankFile(const std::string& dir, const std::string& label) {
@@ -72,7 +74,8 @@ absl::StatusOr<RankFile> ReadRankFile(const std::string& dir, const std::string&
     catalog.other_entries.clear();
     file.chunks.push_back(std::move(catalog));
   }
-  NoteTopLevel(root, model_keys, file.notes);
+  NoteTopLevel(root, model_keys, file.notes, {"args", "iteration", "checkpoint_version"});
+  file.carried = CarriedValues(root, file.facts, file.notes);
   return file;
 }
 
@@ -268,18 +271,7 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
   }
   // What a Megatron output needs to write checkpoints to train from (megatron_format.h).
   TrainingState& state = model.training_state;
-  if (reference.facts.iteration.has_value()) {
-    StructureNode iteration;
-    iteration.kind = StructureNode::Kind::kInt;
-    iteration.integer = *reference.facts.iteration;
-    state.values["megatron.iteration"] = iteration;
-  }
-  if (reference.facts.version.has_value()) {
-    StructureNode version;
-    version.kind = StructureNode::Kind::kFloat;
-    version.real = *reference.facts.version;
-    state.values["megatron.checkpoint_version"] = version;
-  }
+  state.values = reference.carried;
   StructureNode release;
   release.kind = StructureNode::Kind::kBool;
   release.boolean = where.name == "release";

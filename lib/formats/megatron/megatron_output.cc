@@ -34,7 +34,9 @@ constexpr char kOutputLayer[] = "language_model.output_layer.weight";
 // attribute name -> value), or null when `args` is no such thing.
 StructureNode* Attributes(StructureNode& args) {
   if (args.kind == Kind::kDict) return &args;
-  // MERGE-STRUCTURE-OBJECTS: kObject branch
+  if (args.kind == Kind::kObject && args.state.size() == 1 && args.state[0].kind == Kind::kDict) {
+    return &args.state[0];
+  }
   return nullptr;
 }
 
@@ -100,17 +102,7 @@ absl::StatusOr<Placement> Place(const std::string& name) {
   };
   Placement placement;
   absl::string_view rest = name;
-  if (!absl::ConsumePrefix(&rest, "language_model.")) {
-    if (!name.empty() && name[0] >= '0' && name[0] <= '9') {
-      return absl::UnimplementedError(absl::StrCat(
-          "tensor \"", name,
-          "\": Megatron-DeepSpeed pipeline checkpoints (layer files, tensors named "
-          "`<layer index>.<key>`) cannot be written as Megatron-LM checkpoints: their layer "
-          "indices are not mapped back to Megatron-LM module names. Reshard them with "
-          "--format safetensors or torch, or use DeepSpeed's universal checkpoint"));
-    }
-    return unknown();
-  }
+  if (!absl::ConsumePrefix(&rest, "language_model.")) return unknown();
   if (absl::ConsumePrefix(&rest, "embedding.")) {
     placement.part = Placement::Part::kEmbedding;
   } else if (absl::ConsumePrefix(&rest, "output_layer.")) {
@@ -135,6 +127,61 @@ absl::StatusOr<Placement> Place(const std::string& name) {
   if (rest.empty()) return unknown();
   placement.rest = std::string(rest);
   return placement;
+}
+
+// Megatron-DeepSpeed's pipeline names (`<layer spec index>.<key>`, as its layer files and
+// ds_to_universal name them) -> the names Megatron-LM's GPTModel gives the same tensors: the
+// layer holding word_embeddings is the embedding, the layers holding input_layernorm are the
+// transformer layers in order, a later one holding only weight / bias the final norm, and
+// `lm_head.weight` the untied output layer. An empty map when the names are not such.
+absl::StatusOr<std::map<std::string, std::string>> PipeNamesToMegatronLM(
+    const std::vector<OutputTensor>& tensors) {
+  std::map<std::string, std::string> renamed;
+  std::map<int, std::vector<std::string>> keys;  // layer index -> keys
+  for (const OutputTensor& tensor : tensors) {
+    const size_t dot = tensor.name.find('.');
+    const std::optional<int> index =
+        dot == std::string::npos ? std::nullopt : ParseMegatronIndex(tensor.name.substr(0, dot));
+    if (!index.has_value()) {
+      if (keys.empty()) return renamed;  // Megatron-LM names
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", tensor.name, "\" is not named `<layer index>.<key>` as the others are"));
+    }
+    keys[*index].push_back(tensor.name.substr(dot + 1));
+  }
+  std::optional<int> embedding;
+  std::vector<int> layers;
+  for (const auto& [index, list] : keys) {
+    for (const std::string& key : list) {
+      if (key == "word_embeddings.weight" && !embedding.has_value()) embedding = index;
+      if (absl::StartsWith(key, "input_layernorm.") && (layers.empty() || layers.back() != index)) {
+        layers.push_back(index);
+      }
+    }
+  }
+  for (const auto& [index, list] : keys) {
+    const auto layer = std::find(layers.begin(), layers.end(), index);
+    for (const std::string& key : list) {
+      const std::string name = absl::StrCat(index, ".", key);
+      std::string to;
+      if (embedding.has_value() && index == *embedding) {
+        to = absl::StrCat("language_model.embedding.", key);
+      } else if (layer != layers.end()) {
+        to = absl::StrCat("language_model.encoder.layers.", layer - layers.begin(), ".", key);
+      } else if (key == "lm_head.weight") {
+        to = "language_model.output_layer.weight";
+      } else if (!layers.empty() && index > layers.back() && (key == "weight" || key == "bias")) {
+        to = absl::StrCat("language_model.encoder.final_layernorm.", key);
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", name,
+            "\" of the Megatron-DeepSpeed pipeline checkpoint has no Megatron-LM counterpart the "
+            "megatron output knows (embedding, transformer layer, final norm, lm_head)"));
+      }
+      renamed.emplace(name, std::move(to));
+    }
+  }
+  return renamed;
 }
 
 // The module of an embedding tensor ("word_embeddings") and its key below ("weight").
@@ -291,10 +338,11 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
     for (OutputFileLayout& file : engine_layout.files) parts.push_back(std::move(file.tensors));
   }
   plan.tp = static_cast<int>(parts.size());
-  // Without --pipeline-parts: one stage (as the CLI documents), not the input's.
-  plan.pp = request.pipeline_parts > 0 ? request.pipeline_parts : 1;
+  // Without --pipeline-parts one stage (as the CLI documents), not the input's; consolidating
+  // writes TP 1 x PP 1.
+  plan.pp = request.pipeline_parts > 0 && !request.consolidate ? request.pipeline_parts : 1;
+  // Data-parallel ranks of the input, for world_size.
   const std::optional<int64_t> input_pp = IntArg(args, "pipeline_model_parallel_size");
-  if (request.consolidate) plan.pp = 1;
   const std::optional<int64_t> input_tp = IntArg(args, "tensor_model_parallel_size");
   const std::optional<int64_t> world = IntArg(args, "world_size");
   if (auto dp = IntArg(args, "data_parallel_size"); dp.has_value() && *dp > 0) {
@@ -308,6 +356,20 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
     RETURN_IF_ERROR(CheckDivides(args, "num_query_groups", plan.tp));
   }
   RETURN_IF_ERROR(CheckDivides(args, "num_key_value_heads", plan.tp));
+
+  // Megatron-DeepSpeed pipeline names, mapped to Megatron-LM's.
+  ASSIGN_OR_RETURN(const auto renamed, PipeNamesToMegatronLM(parts[0]));
+  if (!renamed.empty()) {
+    for (std::vector<OutputTensor>& part : parts) {
+      for (OutputTensor& tensor : part) {
+        auto it = renamed.find(tensor.name);
+        if (it == renamed.end()) {
+          return absl::InternalError(absl::StrCat("tensor \"", tensor.name, "\" is not in part 0"));
+        }
+        tensor.name = it->second;
+      }
+    }
+  }
 
   // Where every tensor goes; the layers, and whether the embeddings are tied.
   std::vector<std::vector<Placement>> placements(parts.size());

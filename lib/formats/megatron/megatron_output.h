@@ -39,11 +39,16 @@
 // conversion is refused otherwise. (The engine first splits the input's rows, so the new TP
 // must also divide them.)
 //
-// Refused, with a message naming what: input that is not Megatron-LM (other formats, and
-// Megatron-DeepSpeed pipeline checkpoints, whose `N.<key>` layer names are not mapped back to
-// Megatron-LM modules); num_layers not divisible by PP; num_attention_heads or
-// num_query_groups (num_key_value_heads) not divisible by TP; tensors outside a GPT's
-// embedding, encoder and output layer.
+// Megatron-DeepSpeed pipeline checkpoints (layer files, tensors `<layer spec index>.<key>`)
+// are written under Megatron-LM's names: the layer holding word_embeddings is the embedding,
+// the layers holding input_layernorm are layers 0, 1, ... in order, a later one holding only
+// weight / bias is the final norm, `lm_head.weight` the untied output layer. The result is a
+// Megatron-LM (non-DeepSpeed) checkpoint, with the DeepSpeed run's args.
+//
+// Refused, with a message naming what: input that is not Megatron; num_layers not divisible
+// by PP; num_attention_heads or num_query_groups (num_key_value_heads) not divisible by TP;
+// tensors outside a GPT's embedding, encoder and output layer; --dtype other than keep (the
+// args name the dtype).
 //
 // Not written: the optimizer state (resume with --no-load-optim, or go through a DeepSpeed
 // universal checkpoint) and rng_state (resume with --no-load-rng); nor opt_param_scheduler.

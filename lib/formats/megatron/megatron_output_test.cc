@@ -290,15 +290,50 @@ TEST(MegatronOutputTest, Refusals) {
   arranged = Arrange(other, 1, 1);
   EXPECT_NE(arranged.status().message().find("from safetensors input"), std::string::npos)
       << arranged.status();
-  // DeepSpeed pipeline names.
-  InputModel pipe = Model(4, 64, true);
-  pipe.parts[0].tensors[0].name = "1.word_embeddings.weight";
-  pipe.parts[0].Reindex();
-  pipe.default_rules = MegatronPresetRules();
-  arranged = Arrange(pipe, 1, 1);
-  EXPECT_EQ(arranged.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(arranged.status().message().find("Megatron-DeepSpeed pipeline"), std::string::npos)
+  // A name outside a GPT.
+  InputModel odd = Model(4, 64, true);
+  odd.parts[0].tensors[1].name = "language_model.pooler.dense.weight";
+  odd.parts[0].Reindex();
+  PartitionRule pooler;
+  pooler.pattern = "pooler";
+  pooler.replicate = true;
+  odd.default_rules.insert(odd.default_rules.begin(), pooler);
+  arranged = Arrange(odd, 1, 1);
+  EXPECT_NE(arranged.status().message().find("language_model.pooler.dense.weight"),
+            std::string::npos)
       << arranged.status();
+}
+
+// Megatron-DeepSpeed pipeline names (GPTModelPipe: embedding 1, layers 3.., final norm, tied
+// embedding copy left out by the reader) come out under Megatron-LM's names.
+TEST(MegatronOutputTest, PipelineNamesMappedToMegatronLM) {
+  InputModel model = Model(2, 64, /*tied=*/false);
+  std::map<std::string, std::string> to_pipe = {
+      {"language_model.embedding.word_embeddings.weight", "1.word_embeddings.weight"},
+      {"language_model.embedding.position_embeddings.weight", "1.position_embeddings.weight"},
+      {kEncoder + "final_layernorm.weight", "6.weight"},
+      {"language_model.output_layer.weight", "7.lm_head.weight"}};
+  for (CatalogTensor& tensor : model.parts[0].tensors) {
+    if (auto it = to_pipe.find(tensor.name); it != to_pipe.end()) {
+      tensor.name = it->second;
+    } else {
+      const std::string rest = tensor.name.substr(kEncoder.size() + 7);  // after "layers."
+      tensor.name = absl::StrCat(3 + (rest[0] - '0'), rest.substr(1));
+    }
+  }
+  model.parts[0].Reindex();
+  model.default_rules = MegatronPresetRules();
+  auto arranged = Arrange(model, 2, 2);
+  ASSERT_TRUE(arranged.ok()) << arranged.status();
+  const OutputFileLayout& first = arranged->layout.files[0];
+  const OutputFileLayout& last = arranged->layout.files[1];
+  EXPECT_NE(FindTensor(first, "language_model.embedding.word_embeddings.weight"), nullptr);
+  const OutputTensor* layer = FindTensor(last, kEncoder + "layers.0.mlp.dense_h_to_4h.weight");
+  ASSERT_NE(layer, nullptr);
+  EXPECT_EQ(model.parts[0].tensors[layer->source].name, "4.mlp.dense_h_to_4h.weight");
+  EXPECT_NE(FindTensor(last, kEncoder + "final_layernorm.weight"), nullptr);
+  EXPECT_NE(FindTensor(last, "language_model.output_layer.weight"), nullptr);
+  EXPECT_EQ(FindTensor(last, kMegatronHeadCopyName), nullptr);  // untied
 }
 
 }  // namespace
