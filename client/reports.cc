@@ -203,7 +203,7 @@ void PrintInspect(const Json& doc, std::ostream& out) {
     out << "metadata: " << absl::StrJoin(pairs, ", ") << "\n";
   }
   if (doc.contains("other_entries") && !doc["other_entries"].empty()) {
-    out << "other entries (not tensors; carried to torch output only):\n";
+    out << "other entries (not tensors; carried to torch output unless noted):\n";
     for (const Json& entry : doc["other_entries"]) out << "  " << entry.get<std::string>() << "\n";
   }
   for (const Json& tensor : doc["tensors"]) {

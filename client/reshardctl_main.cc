@@ -120,6 +120,8 @@ int main(int argc, char** argv) {
   plan->add_option("--max-shard-size", conversion.max_shard_size, "largest output file")
       ->capture_default_str();
   plan->add_option("--parts", conversion.parts, "plan a reshard into M parts");
+  plan->add_option("--pipeline-parts", conversion.pipeline_parts,
+                   "pipeline stages of the output (--format megatron; default 1)");
   add_server(plan);
 
   CLI::App* consolidate =

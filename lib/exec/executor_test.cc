@@ -213,6 +213,36 @@ TEST(ExecutorTest, LargerTensorSpansManyWindows) {
   RunAndCompare(57, 181, 97);
 }
 
+// Rows beyond the source (OutputTensor::zero_fill, a vocabulary padded again) are zeros in
+// every dtype, across window boundaries; the rows inside are the source's.
+TEST(ExecutorTest, ZeroFilledRowsBeyondTheSource) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 37, 53, 20);
+  const Box inside{{30, 0}, {7, 53}};
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    TargetLayout layout;
+    OutputTensor tensor{"w", 0, Box{{30, 0}, {19, 53}}, dtype};
+    tensor.zero_fill = true;
+    layout.files.push_back({"padded.bin", {tensor}, {}});
+    FileFraming framing;
+    framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
+    auto plan = BuildCopyPlan(fixture.catalog, layout, {framing});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const std::string expected =
+        Expected(inside, dtype) + std::string(12 * 53 * DTypeSize(dtype), '\0');
+    for (uint64_t window : {uint64_t{4096}, uint64_t{1} << 20}) {
+      const std::string out = MakeTempDir("out");
+      ExecutorOptions options;
+      options.window_bytes = window;
+      auto result = Execute(*plan, OutputDir(out), options);
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_TRUE(ReadAll(out + "/padded.bin") == expected)
+          << DTypeName(dtype) << " window " << window;
+      EXPECT_EQ(result->bytes_read, 7u * 53 * 4);
+    }
+  }
+}
+
 TEST(ExecutorTest, CancelledLeavesNoFile) {
   const std::string src = MakeTempDir("src");
   Fixture fixture = MakeSource(src, 6, 10, 4);

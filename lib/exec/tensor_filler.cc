@@ -1,6 +1,7 @@
 #include "lib/exec/tensor_filler.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "lib/exec/dtype_convert.h"
 
@@ -47,6 +48,9 @@ void TensorFiller::Advance(const CopyItem& item, Cursor& cursor) const {
 
 absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
   const bool same_dtype = copy_.src_dtype == copy_.dst_dtype;
+  // The items leave gaps (elements beyond the source): those are zeros. All-zero bits are 0 in
+  // every dtype reshard writes.
+  if (copy_.zero_fill) std::memset(out, 0, static_cast<size_t>(end - begin) * dst_element_size_);
   for (size_t i = 0; i < copy_.items.size(); ++i) {
     const CopyItem& item = copy_.items[i];
     Cursor& cursor = cursors_[i];

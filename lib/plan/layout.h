@@ -45,6 +45,10 @@ struct OutputTensor {
   // fused tensor's [blocks, block size, ...] view is written flattened (same elements, same
   // order). Empty: region.extent.
   Shape written_shape;
+  // The region may reach beyond the source tensor's shape; the elements outside it are written
+  // as zeros. (A Megatron vocabulary padded again for another tensor-parallel degree gets zero
+  // rows appended.) Without it a region outside the shape is an internal error.
+  bool zero_fill = false;
 
   const Shape& shape() const { return written_shape.empty() ? region.extent : written_shape; }
 
@@ -122,6 +126,8 @@ struct TensorCopy {
   DType dst_dtype = DType::kF32;
   int64_t num_elements = 0;
   std::vector<CopyItem> items;
+  // The items cover only part of the tensor (OutputTensor::zero_fill): every other element is 0.
+  bool zero_fill = false;
 
   uint64_t dst_bytes() const { return num_elements * DTypeSize(dst_dtype); }
 };

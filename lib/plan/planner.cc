@@ -81,17 +81,24 @@ absl::StatusOr<TensorCopy> PlanRegion(const Catalog& catalog, const OutputTensor
                                                    DTypeName(source.dtype), " to ",
                                                    DTypeName(out.dtype)));
   }
+  // The part of the region the source holds; with zero_fill the rest is written as zeros.
+  Box inside = out.region;
   if (!Contains(Box::Full(source.shape), out.region)) {
-    return absl::InternalError(absl::StrCat("tensor \"", source.name, "\": output region ",
-                                            BoxToString(out.region), " is outside shape ",
-                                            ShapeToString(source.shape)));
+    std::optional<Box> common = Intersect(out.region, Box::Full(source.shape));
+    if (!out.zero_fill || out.region.rank() != source.shape.size()) {
+      return absl::InternalError(absl::StrCat("tensor \"", source.name, "\": output region ",
+                                              BoxToString(out.region), " is outside shape ",
+                                              ShapeToString(source.shape)));
+    }
+    inside = common.has_value() ? *common : Box{out.region.origin, Shape(out.region.rank(), 0)};
   }
   TensorCopy copy;
   copy.name = out.name;
   copy.src_dtype = source.dtype;
   copy.dst_dtype = out.dtype;
   copy.num_elements = NumElementsUnchecked(out.region.extent);
-  if (copy.num_elements == 0) return copy;
+  copy.zero_fill = NumElementsUnchecked(inside.extent) != copy.num_elements;
+  if (copy.num_elements == 0 || NumElementsUnchecked(inside.extent) == 0) return copy;
   const std::vector<int64_t> dst_strides = RowMajorStrides(out.region.extent);
   const uint64_t element_size = DTypeSize(source.dtype);
   std::vector<Box> covered;
@@ -115,7 +122,7 @@ absl::StatusOr<TensorCopy> PlanRegion(const Catalog& catalog, const OutputTensor
     copy.items.push_back(std::move(item));
     covered.push_back(*std::move(common));
   }
-  RETURN_IF_ERROR(ProveCoverage(source.name, out.region, std::move(covered)));
+  RETURN_IF_ERROR(ProveCoverage(source.name, inside, std::move(covered)));
   // Front-to-back order in the output, so the Executor's cursors advance monotonically.
   std::sort(copy.items.begin(), copy.items.end(),
             [](const CopyItem& a, const CopyItem& b) { return a.dst_offset < b.dst_offset; });
@@ -123,7 +130,10 @@ absl::StatusOr<TensorCopy> PlanRegion(const Catalog& catalog, const OutputTensor
 }
 
 uint64_t ItemSourceBytes(const TensorCopy& copy) {
-  return copy.num_elements * DTypeSize(copy.src_dtype);
+  if (!copy.zero_fill) return copy.num_elements * DTypeSize(copy.src_dtype);
+  uint64_t elements = 0;
+  for (const CopyItem& item : copy.items) elements += NumElementsUnchecked(item.extent);
+  return elements * DTypeSize(copy.src_dtype);
 }
 
 }  // namespace

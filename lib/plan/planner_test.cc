@@ -211,6 +211,41 @@ TEST(PlannerTest, RegionOutsideShapeIsInternal) {
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInternal);
 }
 
+// A zero-filled region may reach beyond the shape: only the rows inside are copied, and the
+// plan reads only those.
+TEST(PlannerTest, ZeroFilledRegionCopiesOnlyWhatTheSourceHolds) {
+  Catalog catalog = ColumnPieces(6, 10, {{0, 4}, {4, 10}});
+  TargetLayout layout = OneFile(catalog, Box{{4, 0}, {5, 10}}, DType::kF32);
+  layout.files[0].tensors[0].zero_fill = true;
+  auto plan = BuildCopyPlan(catalog, layout, {HeaderAndTensor()});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const TensorCopy& copy = plan->files[0].tensors[0];
+  EXPECT_TRUE(copy.zero_fill);
+  EXPECT_EQ(copy.num_elements, 50);
+  int64_t copied = 0;
+  for (const CopyItem& item : copy.items) {
+    int64_t n = 1;
+    for (int64_t e : item.extent) n *= e;
+    copied += n;
+    EXPECT_LT(item.dst_offset, 20);  // rows 4 and 5 are the first two of the output
+  }
+  EXPECT_EQ(copied, 20);
+  EXPECT_EQ(plan->source_bytes_read, 20u * 4);
+  EXPECT_EQ(plan->files[0].bytes, 4u + 50 * 4);
+  // Wholly outside: nothing is read, all 20 elements are zeros.
+  layout.files[0].tensors[0].region = Box{{6, 0}, {2, 10}};
+  plan = BuildCopyPlan(catalog, layout, {HeaderAndTensor()});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->files[0].tensors[0].items.empty());
+  EXPECT_TRUE(plan->files[0].tensors[0].zero_fill);
+  EXPECT_EQ(plan->source_bytes_read, 0u);
+  // Inside the shape, zero_fill changes nothing.
+  layout.files[0].tensors[0].region = Box{{0, 0}, {6, 10}};
+  plan = BuildCopyPlan(catalog, layout, {HeaderAndTensor()});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->files[0].tensors[0].zero_fill);
+}
+
 TEST(PlannerTest, PlanWholeTensor) {
   Catalog catalog = ColumnPieces(6, 10, {{0, 3}, {3, 10}});
   auto copy = PlanWholeTensor(catalog, 0, DType::kF16);

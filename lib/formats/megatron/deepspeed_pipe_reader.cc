@@ -65,12 +65,14 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
   // Args, iteration and version from the mp_rank files, which must agree.
   std::vector<FileFacts> facts;
   std::vector<std::string> notes;
+  std::map<std::string, StructureNode> carried;  // the first file's, for the training state
   for (const auto& [rank, name] : state_files) {
     const std::string path = JoinPath(dir, name);
     ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
     facts.push_back(ReadFacts(archive->root(), name));
     if (facts.size() == 1) {
-      NoteTopLevel(archive->root(), {}, notes);
+      NoteTopLevel(archive->root(), {}, notes, {"args", "iteration", "checkpoint_version"});
+      carried = CarriedValues(archive->root(), facts.back(), notes);
       for (std::string& note : notes) note = absl::StrCat(name, ": ", note);
     }
   }
@@ -205,6 +207,8 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
   ASSIGN_OR_RETURN(const bool swiglu, DecideSwiGLU(reference, model.parts[0], what));
   model.default_rules = MegatronPartitionRules(swiglu, QkvUnitRows(reference.args));
 
+  // What a Megatron output needs (megatron_format.h); it maps the layer names back.
+  model.training_state.values = std::move(carried);
   std::string when = absl::StrCat("tag ", where.name);
   if (reference.iteration.has_value()) {
     when = absl::StrCat("iteration ", *reference.iteration, ", ", when);

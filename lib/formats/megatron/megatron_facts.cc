@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "lib/core/status.h"
 #include "lib/formats/megatron/megatron_layout.h"
+#include "lib/formats/torch/pickle_structure.h"
 #include "lib/formats/torch/torch_format.h"
 
 namespace reshard {
@@ -138,7 +139,7 @@ absl::StatusOr<Catalog> StateDictCatalog(const TorchArchive& archive, const Pick
 }
 
 void NoteTopLevel(const PickleValue* root, const std::vector<std::string>& skip,
-                  std::vector<std::string>& notes) {
+                  std::vector<std::string>& notes, const std::vector<std::string>& carried) {
   const auto* entries = PickleEntries(root);
   if (entries == nullptr) return;
   for (const auto& [key, value] : *entries) {
@@ -150,9 +151,12 @@ void NoteTopLevel(const PickleValue* root, const std::vector<std::string>& skip,
           "name)");
       continue;
     }
-    // The merged parts have no nesting to carry these in (Catalog::structure is null).
-    notes.push_back(
-        absl::StrCat(key->text, ": ", RenderValue(value).text, " (not carried to any output)"));
+    // The merged parts have no nesting to carry these in (Catalog::structure is null); the
+    // megatron output takes some from the training state.
+    const bool to_megatron = std::find(carried.begin(), carried.end(), key->text) != carried.end();
+    notes.push_back(absl::StrCat(key->text, ": ", RenderValue(value).text,
+                                 to_megatron ? " (carried to --format megatron output only)"
+                                             : " (not carried to any output)"));
   }
 }
 
@@ -167,6 +171,34 @@ FileFacts ReadFacts(const PickleValue* root, std::string name) {
   facts.iteration = PickleInt(PickleField(root, "iteration"));
   facts.version = PickleNumber(PickleField(root, "checkpoint_version"));
   return facts;
+}
+
+std::map<std::string, StructureNode> CarriedValues(const PickleValue* root, const FileFacts& facts,
+                                                   std::vector<std::string>& notes) {
+  std::map<std::string, StructureNode> values;
+  if (const PickleValue* args = PickleField(root, "args");
+      args != nullptr && args->kind != Kind::kNone) {
+    absl::StatusOr<StructureNode> node = PickleToStructure(args);
+    if (node.ok()) {
+      values["megatron.args"] = *std::move(node);
+    } else {
+      notes.push_back(absl::StrCat("args: not carried to --format megatron output (",
+                                   node.status().message(), ")"));
+    }
+  }
+  if (facts.iteration.has_value()) {
+    StructureNode iteration;
+    iteration.kind = StructureNode::Kind::kInt;
+    iteration.integer = *facts.iteration;
+    values["megatron.iteration"] = iteration;
+  }
+  if (facts.version.has_value()) {
+    StructureNode version;
+    version.kind = StructureNode::Kind::kFloat;
+    version.real = *facts.version;
+    values["megatron.checkpoint_version"] = version;
+  }
+  return values;
 }
 
 absl::Status CompareFacts(const FileFacts& reference, const FileFacts& other,

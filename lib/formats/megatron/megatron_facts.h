@@ -59,9 +59,10 @@ std::optional<double> PickleNumber(const PickleValue* value);
 absl::StatusOr<Catalog> StateDictCatalog(const TorchArchive& archive, const PickleValue* value,
                                          const std::string& prefix);
 
-// The plain values of a checkpoint file (iteration, args, ...), for `inspect`.
+// The plain values of a checkpoint file (iteration, args, ...), for `inspect`; those named in
+// `carried` are said to reach the megatron output (InputModel::training_state).
 void NoteTopLevel(const PickleValue* root, const std::vector<std::string>& skip,
-                  std::vector<std::string>& notes);
+                  std::vector<std::string>& notes, const std::vector<std::string>& carried = {});
 
 // What two files of one checkpoint must agree on.
 struct FileFacts {
@@ -73,6 +74,13 @@ struct FileFacts {
 };
 
 FileFacts ReadFacts(const PickleValue* root, std::string name);
+
+// The values of a checkpoint file that a Megatron output writes back (InputModel::
+// training_state.values, names in megatron_format.h): "megatron.args" (the Namespace as
+// PickleToStructure makes it), "megatron.iteration", "megatron.checkpoint_version", each when
+// the file holds it. Args PickleToStructure refuses are not carried; `notes` says why.
+std::map<std::string, StructureNode> CarriedValues(const PickleValue* root, const FileFacts& facts,
+                                                   std::vector<std::string>& notes);
 
 absl::Status CompareFacts(const FileFacts& reference, const FileFacts& other,
                           absl::string_view what);

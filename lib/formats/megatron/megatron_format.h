@@ -38,8 +38,15 @@
 // (`1.*`) is kept, so a consolidated model holds the embedding once (with PP > 1 the second
 // instance's position_embeddings is not even trained). Copies are left out by name and shape
 // only: reading is metadata-only, so their values are not compared. The other entries of the
-// files (args, iteration, optimizer, rng_state, ...) are listed in other_entries and not
-// carried to any output: merged parts keep no nesting.
+// files (args, iteration, optimizer, rng_state, ...) are listed in other_entries; merged parts
+// keep no nesting, but the values a Megatron output needs are carried in
+// InputModel::training_state.values:
+//   "megatron.args"                the args Namespace (a StructureNode kObject; the first file's
+//                                  for Megatron-LM, mp_rank_00_model_states.pt's for DeepSpeed)
+//   "megatron.iteration"           kInt, when the files record it
+//   "megatron.checkpoint_version"  kFloat, when the files record it
+//   "megatron.release"             kBool: the Megatron-LM folder is `release` (Megatron-LM only)
+// (megatron_output.h writes them back).
 //
 // Checks, each failing with a message naming the file or folder:
 //   - topology from `args` (tensor_model_parallel_size, pipeline_model_parallel_size), or from
@@ -67,7 +74,8 @@
 //
 // Vocabulary padding: word_embeddings (and an untied output_layer) keep the padded_vocab_size
 // rows Megatron made (a multiple of make_vocab_size_divisible_by x TP); reshard neither strips
-// nor re-pads them. Splitting into a TP degree that does not divide the padded vocabulary fails
+// nor re-pads them, except for `--format megatron` output (megatron_output.h), which pads them
+// again for its TP. Splitting into a TP degree that does not divide the padded vocabulary fails
 // ("... dimension 0 (size 52) is not divisible into 8 parts"). The split checks row counts only:
 // the new TP degree must also divide the number of attention heads (query groups with GQA), as
 // Megatron itself requires.

@@ -39,6 +39,8 @@ struct RankFile {
   FileFacts facts;
   std::vector<Catalog> chunks;  // `model`, or `model0`, `model1`, ... (virtual stages)
   std::vector<std::string> notes;
+  // What a Megatron output writes back (CarriedValues).
+  std::map<std::string, StructureNode> carried;
 };
 
 absl::StatusOr<RankFile> ReadRankFile(const std::string& dir, const std::string& label) {
@@ -72,7 +74,8 @@ absl::StatusOr<RankFile> ReadRankFile(const std::string& dir, const std::string&
     catalog.other_entries.clear();
     file.chunks.push_back(std::move(catalog));
   }
-  NoteTopLevel(root, model_keys, file.notes);
+  NoteTopLevel(root, model_keys, file.notes, {"args", "iteration", "checkpoint_version"});
+  file.carried = CarriedValues(root, file.facts, file.notes);
   return file;
 }
 
@@ -266,6 +269,13 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
     }
     layers = static_cast<int64_t>(seen.size());
   }
+  // What a Megatron output needs to write checkpoints to train from (megatron_format.h).
+  TrainingState& state = model.training_state;
+  state.values = reference.carried;
+  StructureNode release;
+  release.kind = StructureNode::Kind::kBool;
+  release.boolean = where.name == "release";
+  state.values["megatron.release"] = release;
   std::string when = where.name;
   if (where.name != "release" && reference.facts.iteration.has_value()) {
     when = absl::StrCat("iteration ", *reference.facts.iteration);

@@ -1,0 +1,546 @@
+#include "lib/formats/megatron/megatron_output.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "lib/core/status.h"
+#include "lib/formats/megatron/megatron_layout.h"
+
+namespace reshard {
+namespace {
+
+using Kind = StructureNode::Kind;
+
+constexpr char kTrackerName[] = "latest_checkpointed_iteration.txt";
+constexpr char kWordEmbeddings[] = "language_model.embedding.word_embeddings.weight";
+constexpr char kOutputLayer[] = "language_model.output_layer.weight";
+
+// ---------------------------------------------------------------------------- args
+
+// The attributes of an argparse.Namespace as the reader carries it (its BUILD state, a dict of
+// attribute name -> value), or null when `args` is no such thing.
+StructureNode* Attributes(StructureNode& args) {
+  if (args.kind == Kind::kDict) return &args;
+  if (args.kind == Kind::kObject && args.state.size() == 1 && args.state[0].kind == Kind::kDict) {
+    return &args.state[0];
+  }
+  return nullptr;
+}
+
+const StructureNode* Attributes(const StructureNode& args) {
+  return Attributes(const_cast<StructureNode&>(args));
+}
+
+StructureNode* Attribute(StructureNode* attributes, absl::string_view key) {
+  if (attributes == nullptr) return nullptr;
+  for (size_t i = 0; i < attributes->keys.size(); ++i) {
+    if (attributes->keys[i].kind == Kind::kString && attributes->keys[i].text == key) {
+      return &attributes->values[i];
+    }
+  }
+  return nullptr;
+}
+
+// An int (or bool) attribute; nullopt when absent, None or another kind.
+std::optional<int64_t> IntArg(const StructureNode* attributes, absl::string_view key) {
+  const StructureNode* value = Attribute(const_cast<StructureNode*>(attributes), key);
+  if (value == nullptr) return std::nullopt;
+  if (value->kind == Kind::kInt) return value->integer;
+  if (value->kind == Kind::kBool) return value->boolean ? 1 : 0;
+  return std::nullopt;
+}
+
+StructureNode IntNode(int64_t value) {
+  StructureNode node;
+  node.kind = Kind::kInt;
+  node.integer = value;
+  return node;
+}
+
+StructureNode StringNode(std::string text) {
+  StructureNode node;
+  node.kind = Kind::kString;
+  node.text = std::move(text);
+  return node;
+}
+
+// Sets an attribute that is present (args of other Megatron versions may lack it).
+void SetIfPresent(StructureNode* attributes, absl::string_view key, StructureNode value) {
+  if (StructureNode* slot = Attribute(attributes, key); slot != nullptr) *slot = std::move(value);
+}
+
+// ---------------------------------------------------------------------------- names
+
+// Where a tensor of the input goes.
+struct Placement {
+  enum class Part { kEmbedding, kLayer, kEncoderTail, kOutputLayer };
+  Part part = Part::kEmbedding;
+  std::string encoder_key;  // "encoder" or "transformer"
+  int64_t layer = -1;       // kLayer: the global layer index
+  std::string rest;         // below the module: "word_embeddings.weight", "mlp.dense_4h_to_h.bias"
+};
+
+absl::StatusOr<Placement> Place(const std::string& name) {
+  auto unknown = [&]() {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor \"", name,
+        "\" is not part of a Megatron-LM GPT's embedding, encoder or output layer, so the "
+        "megatron output cannot place it"));
+  };
+  Placement placement;
+  absl::string_view rest = name;
+  if (!absl::ConsumePrefix(&rest, "language_model.")) return unknown();
+  if (absl::ConsumePrefix(&rest, "embedding.")) {
+    placement.part = Placement::Part::kEmbedding;
+  } else if (absl::ConsumePrefix(&rest, "output_layer.")) {
+    placement.part = Placement::Part::kOutputLayer;
+  } else {
+    for (const char* key : {"encoder", "transformer"}) {
+      if (absl::ConsumePrefix(&rest, absl::StrCat(key, "."))) placement.encoder_key = key;
+    }
+    if (placement.encoder_key.empty()) return unknown();
+    placement.part = Placement::Part::kEncoderTail;
+    absl::string_view layer = rest;
+    if (absl::ConsumePrefix(&layer, "layers.")) {
+      const size_t dot = layer.find('.');
+      const std::optional<int> index =
+          dot == absl::string_view::npos ? std::nullopt : ParseMegatronIndex(layer.substr(0, dot));
+      if (!index.has_value()) return unknown();
+      placement.part = Placement::Part::kLayer;
+      placement.layer = *index;
+      rest = layer.substr(dot + 1);
+    }
+  }
+  if (rest.empty()) return unknown();
+  placement.rest = std::string(rest);
+  return placement;
+}
+
+// Megatron-DeepSpeed's pipeline names (`<layer spec index>.<key>`, as its layer files and
+// ds_to_universal name them) -> the names Megatron-LM's GPTModel gives the same tensors: the
+// layer holding word_embeddings is the embedding, the layers holding input_layernorm are the
+// transformer layers in order, a later one holding only weight / bias the final norm, and
+// `lm_head.weight` the untied output layer. An empty map when the names are not such.
+absl::StatusOr<std::map<std::string, std::string>> PipeNamesToMegatronLM(
+    const std::vector<OutputTensor>& tensors) {
+  std::map<std::string, std::string> renamed;
+  std::map<int, std::vector<std::string>> keys;  // layer index -> keys
+  for (const OutputTensor& tensor : tensors) {
+    const size_t dot = tensor.name.find('.');
+    const std::optional<int> index =
+        dot == std::string::npos ? std::nullopt : ParseMegatronIndex(tensor.name.substr(0, dot));
+    if (!index.has_value()) {
+      if (keys.empty()) return renamed;  // Megatron-LM names
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", tensor.name, "\" is not named `<layer index>.<key>` as the others are"));
+    }
+    keys[*index].push_back(tensor.name.substr(dot + 1));
+  }
+  std::optional<int> embedding;
+  std::vector<int> layers;
+  for (const auto& [index, list] : keys) {
+    for (const std::string& key : list) {
+      if (key == "word_embeddings.weight" && !embedding.has_value()) embedding = index;
+      if (absl::StartsWith(key, "input_layernorm.") && (layers.empty() || layers.back() != index)) {
+        layers.push_back(index);
+      }
+    }
+  }
+  for (const auto& [index, list] : keys) {
+    const auto layer = std::find(layers.begin(), layers.end(), index);
+    for (const std::string& key : list) {
+      const std::string name = absl::StrCat(index, ".", key);
+      std::string to;
+      if (embedding.has_value() && index == *embedding) {
+        to = absl::StrCat("language_model.embedding.", key);
+      } else if (layer != layers.end()) {
+        to = absl::StrCat("language_model.encoder.layers.", layer - layers.begin(), ".", key);
+      } else if (key == "lm_head.weight") {
+        to = "language_model.output_layer.weight";
+      } else if (!layers.empty() && index > layers.back() && (key == "weight" || key == "bias")) {
+        to = absl::StrCat("language_model.encoder.final_layernorm.", key);
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", name,
+            "\" of the Megatron-DeepSpeed pipeline checkpoint has no Megatron-LM counterpart the "
+            "megatron output knows (embedding, transformer layer, final norm, lm_head)"));
+      }
+      renamed.emplace(name, std::move(to));
+    }
+  }
+  return renamed;
+}
+
+// The module of an embedding tensor ("word_embeddings") and its key below ("weight").
+std::pair<std::string, std::string> SplitModule(const std::string& rest) {
+  const size_t dot = rest.find('.');
+  if (dot == std::string::npos) return {rest, ""};
+  return {rest.substr(0, dot), rest.substr(dot + 1)};
+}
+
+// ---------------------------------------------------------------------------- structure
+
+// The child dict `key` of `dict`, made (ordered or not) on first use.
+StructureNode& ChildDict(StructureNode& dict, const std::string& key, bool ordered) {
+  for (size_t i = 0; i < dict.keys.size(); ++i) {
+    if (dict.keys[i].text == key) return dict.values[i];
+  }
+  dict.keys.push_back(StringNode(key));
+  StructureNode child;
+  child.kind = Kind::kDict;
+  child.ordered = ordered;
+  dict.values.push_back(std::move(child));
+  return dict.values.back();
+}
+
+void AddTensor(StructureNode& dict, const std::string& key, const std::string& tensor) {
+  dict.keys.push_back(StringNode(key));
+  StructureNode leaf;
+  leaf.kind = Kind::kTensor;
+  leaf.text = tensor;
+  dict.values.push_back(std::move(leaf));
+}
+
+// What every file shares.
+struct Plan {
+  int tp = 1;
+  int pp = 1;
+  int64_t layers_per_stage = 0;
+  int64_t vocab_rows = -1;  // rows of word_embeddings (and output_layer) in all; -1: unchanged
+  std::string folder;       // "iter_0000100" or "release"
+  std::optional<StructureNode> args;
+  std::optional<double> checkpoint_version;
+  std::optional<int64_t> iteration;
+  int64_t data_parallel = 1;
+};
+
+// The padded vocabulary for `tp`, as Megatron's _vocab_size_with_padding computes it.
+absl::StatusOr<int64_t> PaddedVocab(const StructureNode* args, int64_t rows_in, int tp) {
+  const std::optional<int64_t> divisible = IntArg(args, "make_vocab_size_divisible_by");
+  if (!divisible.has_value() || *divisible < 1) return rows_in;  // nothing to pad to: keep
+  const int64_t multiple = *divisible * tp;
+  const std::optional<int64_t> vocab = IntArg(args, "vocab_size");
+  if (vocab.has_value() && *vocab > 0) {
+    if (*vocab > rows_in) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "args.vocab_size is ", *vocab, " but ", kWordEmbeddings, " has only ", rows_in, " rows"));
+    }
+    return (*vocab + multiple - 1) / multiple * multiple;
+  }
+  if (rows_in % multiple == 0) return rows_in;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the vocabulary must be padded again for TP ", tp, " (to a multiple of ",
+      "args.make_vocab_size_divisible_by ", *divisible, " x ", tp, " = ", multiple,
+      "), but the args do not record the original vocabulary size (args.vocab_size) and the ",
+      rows_in, " padded rows of ", kWordEmbeddings, " are no such multiple"));
+}
+
+absl::Status CheckDivides(const StructureNode* args, absl::string_view key, int tp) {
+  const std::optional<int64_t> value = IntArg(args, key);
+  if (value.has_value() && *value > 0 && *value % tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("args.", key, " is ", *value, ", which TP ", tp,
+                     " does not divide: Megatron keeps whole attention heads (and query groups) "
+                     "on every tensor-parallel rank"));
+  }
+  return absl::OkStatus();
+}
+
+// The args of the file of (t, p).
+StructureNode FileArgs(const Plan& plan, int t, int p) {
+  StructureNode args = *plan.args;
+  StructureNode* attributes = Attributes(args);
+  SetIfPresent(attributes, "tensor_model_parallel_size", IntNode(plan.tp));
+  SetIfPresent(attributes, "pipeline_model_parallel_size", IntNode(plan.pp));
+  if (plan.vocab_rows > 0) SetIfPresent(attributes, "padded_vocab_size", IntNode(plan.vocab_rows));
+  SetIfPresent(attributes, "world_size", IntNode(int64_t{plan.tp} * plan.pp * plan.data_parallel));
+  // Megatron's default rank order (tp fastest, then dp, then pp), at data-parallel rank 0.
+  SetIfPresent(attributes, "rank", IntNode(t + int64_t{plan.tp} * plan.data_parallel * p));
+  // The layers are balanced evenly over PP stages, without virtual stages.
+  for (const char* key :
+       {"virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
+        "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"}) {
+    SetIfPresent(attributes, key, StructureNode());
+  }
+  for (const char* key : {"standalone_embedding_stage", "account_for_embedding_in_pipeline_split",
+                          "account_for_loss_in_pipeline_split"}) {
+    StructureNode no;
+    no.kind = Kind::kBool;
+    SetIfPresent(attributes, key, no);
+  }
+  return args;
+}
+
+}  // namespace
+
+OutputNaming MegatronOutput::naming() const {
+  // The engine's parts before Arrange renames them.
+  OutputNaming naming;
+  naming.shard_file = [](int index, int) { return absl::StrCat("shard-", index); };
+  naming.part_file = [](int rank, int) { return MegatronRankDirName(rank, 0, false); };
+  return naming;
+}
+
+absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layout,
+                                                       const ArrangeRequest& request) const {
+  const InputModel& model = request.model;
+  if (model.format != kMegatronFormatId) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the megatron output writes Megatron-LM checkpoints from Megatron input only (its args, "
+        "iteration and layer layout), not from ",
+        model.format, " input"));
+  }
+  if (request.dtype != DTypePolicy::kKeep) {
+    return absl::InvalidArgumentError(
+        "--dtype with --format megatron: the args (params_dtype, fp16, bf16) would no longer "
+        "describe the weights; write the checkpoint with --dtype keep");
+  }
+  const auto& values = model.training_state.values;
+  Plan plan;
+  if (auto it = values.find("megatron.args"); it != values.end() && Attributes(it->second)) {
+    plan.args = it->second;
+  }
+  const StructureNode* args = plan.args.has_value() ? Attributes(*plan.args) : nullptr;
+  if (auto it = values.find("megatron.iteration"); it != values.end()) {
+    if (it->second.kind == Kind::kInt) plan.iteration = it->second.integer;
+  }
+  if (auto it = values.find("megatron.checkpoint_version"); it != values.end()) {
+    if (it->second.kind == Kind::kFloat) plan.checkpoint_version = it->second.real;
+    if (it->second.kind == Kind::kInt) plan.checkpoint_version = it->second.integer;
+  }
+  // The tensors of each TP part, in the input's order.
+  std::vector<std::vector<OutputTensor>> parts;
+  if (request.consolidate) {
+    parts.emplace_back();
+    for (OutputFileLayout& file : engine_layout.files) {
+      for (OutputTensor& tensor : file.tensors) {
+        tensor.alias_of = -1;  // tied copies are distinct tensors of distinct modules here
+        parts[0].push_back(std::move(tensor));
+      }
+    }
+    std::stable_sort(
+        parts[0].begin(), parts[0].end(),
+        [](const OutputTensor& a, const OutputTensor& b) { return a.source < b.source; });
+  } else {
+    for (OutputFileLayout& file : engine_layout.files) parts.push_back(std::move(file.tensors));
+  }
+  plan.tp = static_cast<int>(parts.size());
+  // Without --pipeline-parts one stage (as the CLI documents), not the input's; consolidating
+  // writes TP 1 x PP 1.
+  plan.pp = request.pipeline_parts > 0 && !request.consolidate ? request.pipeline_parts : 1;
+  // Data-parallel ranks of the input, for world_size.
+  const std::optional<int64_t> input_pp = IntArg(args, "pipeline_model_parallel_size");
+  const std::optional<int64_t> input_tp = IntArg(args, "tensor_model_parallel_size");
+  const std::optional<int64_t> world = IntArg(args, "world_size");
+  if (auto dp = IntArg(args, "data_parallel_size"); dp.has_value() && *dp > 0) {
+    plan.data_parallel = *dp;
+  } else if (world.has_value() && input_tp.value_or(0) > 0 && input_pp.value_or(0) > 0 &&
+             *world % (*input_tp * *input_pp) == 0) {
+    plan.data_parallel = std::max<int64_t>(1, *world / (*input_tp * *input_pp));
+  }
+  RETURN_IF_ERROR(CheckDivides(args, "num_attention_heads", plan.tp));
+  if (IntArg(args, "group_query_attention").value_or(0) != 0) {
+    RETURN_IF_ERROR(CheckDivides(args, "num_query_groups", plan.tp));
+  }
+  RETURN_IF_ERROR(CheckDivides(args, "num_key_value_heads", plan.tp));
+
+  // Megatron-DeepSpeed pipeline names, mapped to Megatron-LM's.
+  ASSIGN_OR_RETURN(const auto renamed, PipeNamesToMegatronLM(parts[0]));
+  if (!renamed.empty()) {
+    for (std::vector<OutputTensor>& part : parts) {
+      for (OutputTensor& tensor : part) {
+        auto it = renamed.find(tensor.name);
+        if (it == renamed.end()) {
+          return absl::InternalError(absl::StrCat("tensor \"", tensor.name, "\" is not in part 0"));
+        }
+        tensor.name = it->second;
+      }
+    }
+  }
+
+  // Where every tensor goes; the layers, and whether the embeddings are tied.
+  std::vector<std::vector<Placement>> placements(parts.size());
+  std::set<int64_t> layers;
+  bool untied = false;
+  for (size_t t = 0; t < parts.size(); ++t) {
+    for (const OutputTensor& tensor : parts[t]) {
+      ASSIGN_OR_RETURN(Placement placement, Place(tensor.name));
+      if (placement.part == Placement::Part::kLayer) layers.insert(placement.layer);
+      if (tensor.name == kOutputLayer) untied = true;
+      placements[t].push_back(std::move(placement));
+    }
+  }
+  bool release = false;
+  if (auto it = values.find("megatron.release"); it != values.end()) {
+    release = it->second.kind == Kind::kBool && it->second.boolean;
+  }
+  if (release) {
+    plan.folder = "release";
+  } else if (plan.iteration.has_value() && *plan.iteration >= 0) {
+    plan.folder = absl::StrFormat("iter_%07d", *plan.iteration);
+  } else {
+    return absl::InvalidArgumentError(
+        "the input records no iteration (and is no release checkpoint), so the iteration folder "
+        "of the output cannot be named");
+  }
+
+  const int64_t num_layers =
+      IntArg(args, "num_layers").value_or(static_cast<int64_t>(layers.size()));
+  if (static_cast<int64_t>(layers.size()) != num_layers ||
+      (!layers.empty() && (*layers.begin() != 0 || *layers.rbegin() != num_layers - 1))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "args.num_layers is ", num_layers, " but the model holds ", layers.size(), " layers"));
+  }
+  if (num_layers % plan.pp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pipeline-parts ", plan.pp, " does not divide the ", num_layers,
+        " layers (args.num_layers) evenly; the megatron output balances layers evenly"));
+  }
+  plan.layers_per_stage = num_layers / plan.pp;
+
+  // The vocabulary, padded again for the new TP.
+  int64_t rows_in = -1;
+  for (const OutputTensor& tensor : parts[0]) {
+    if (tensor.name == kWordEmbeddings) {
+      rows_in = request.catalog.tensors[tensor.source].shape.at(0);
+    }
+  }
+  if (rows_in > 0) {
+    ASSIGN_OR_RETURN(plan.vocab_rows, PaddedVocab(args, rows_in, plan.tp));
+    if (plan.vocab_rows % plan.tp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(kWordEmbeddings, ": ", plan.vocab_rows,
+                                                     " rows do not divide into TP ", plan.tp));
+    }
+  }
+  auto repad = [&](OutputTensor& tensor, int t) {
+    if (plan.vocab_rows <= 0 || tensor.region.rank() == 0) return;
+    const int64_t rows = plan.vocab_rows / plan.tp;
+    tensor.region.origin[0] = rows * t;
+    tensor.region.extent[0] = rows;
+    tensor.zero_fill = rows * (t + 1) > request.catalog.tensors[tensor.source].shape[0];
+    if (!tensor.written_shape.empty()) tensor.written_shape[0] = rows;
+  };
+
+  ArrangedOutput arranged;
+  arranged.layout.kind = TargetLayout::Kind::kParts;
+  for (int t = 0; t < plan.tp; ++t) {
+    for (int p = 0; p < plan.pp; ++p) {
+      const bool first = p == 0;
+      const bool last = p == plan.pp - 1;
+      OutputFileLayout file;
+      file.name = absl::StrCat(plan.folder, "/", MegatronRankDirName(t, p, plan.pp > 1), "/",
+                               kMegatronRankFileName);
+      StructureNode model_node;
+      model_node.kind = Kind::kDict;
+      StructureNode* language_model = &ChildDict(model_node, "language_model", false);
+      for (size_t i = 0; i < parts[t].size(); ++i) {
+        const Placement& where = placements[t][i];
+        OutputTensor tensor = parts[t][i];
+        tensor.alias_of = -1;
+        switch (where.part) {
+          case Placement::Part::kEmbedding: {
+            if (!first) continue;
+            auto [module, key] = SplitModule(where.rest);
+            StructureNode& embedding = ChildDict(*language_model, "embedding", false);
+            if (tensor.name == kWordEmbeddings) repad(tensor, t);
+            AddTensor(ChildDict(embedding, module, true), key, tensor.name);
+            break;
+          }
+          case Placement::Part::kLayer: {
+            if (where.layer / plan.layers_per_stage != p) continue;
+            const std::string key =
+                absl::StrCat("layers.", where.layer % plan.layers_per_stage, ".", where.rest);
+            tensor.name = absl::StrCat("language_model.", where.encoder_key, ".", key);
+            AddTensor(ChildDict(*language_model, where.encoder_key, true), key, tensor.name);
+            break;
+          }
+          case Placement::Part::kEncoderTail:
+            if (!last) continue;
+            AddTensor(ChildDict(*language_model, where.encoder_key, true), where.rest, tensor.name);
+            break;
+          case Placement::Part::kOutputLayer:
+            if (!last) continue;
+            repad(tensor, t);
+            AddTensor(ChildDict(*language_model, "output_layer", true), where.rest, tensor.name);
+            break;
+        }
+        file.tensors.push_back(std::move(tensor));
+      }
+      // The last stage's copy of the tied word embeddings, which Megatron keeps in sync.
+      if (last && !first && !untied) {
+        for (size_t i = 0; i < parts[t].size(); ++i) {
+          if (parts[t][i].name != kWordEmbeddings) continue;
+          OutputTensor copy = parts[t][i];
+          copy.alias_of = -1;
+          repad(copy, t);
+          copy.name = kMegatronHeadCopyName;
+          AddTensor(ChildDict(model_node, "word_embeddings_for_head", true), "weight", copy.name);
+          file.tensors.push_back(std::move(copy));
+        }
+      }
+      // The file: args, checkpoint_version, iteration, model (Megatron's save order).
+      auto root = std::make_shared<StructureNode>();
+      root->kind = Kind::kDict;
+      if (plan.args.has_value()) {
+        root->keys.push_back(StringNode("args"));
+        root->values.push_back(FileArgs(plan, t, p));
+      }
+      if (plan.checkpoint_version.has_value()) {
+        StructureNode version;
+        version.kind = Kind::kFloat;
+        version.real = *plan.checkpoint_version;
+        root->keys.push_back(StringNode("checkpoint_version"));
+        root->values.push_back(version);
+      }
+      root->keys.push_back(StringNode("iteration"));
+      root->values.push_back(IntNode(plan.iteration.value_or(0)));
+      root->keys.push_back(StringNode("model"));
+      root->values.push_back(std::move(model_node));
+      file.structure = std::move(root);
+      arranged.layout.files.push_back(std::move(file));
+    }
+  }
+  return arranged;
+}
+
+absl::StatusOr<FileFraming> MegatronOutput::Frame(const OutputFileLayout& file) const {
+  return torch_.Frame(file);
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> MegatronOutput::CompanionFiles(
+    const TargetLayout& layout) const {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (layout.files.empty()) return files;
+  const std::string& name = layout.files[0].name;
+  const std::string folder = name.substr(0, name.find('/'));
+  std::string text = folder;
+  absl::string_view digits = folder;
+  if (absl::ConsumePrefix(&digits, "iter_")) {
+    int64_t iteration = 0;
+    if (!absl::SimpleAtoi(digits, &iteration)) {
+      return absl::InternalError(absl::StrCat("unexpected iteration folder ", folder));
+    }
+    text = absl::StrCat(iteration);
+  }
+  files.emplace_back(kTrackerName, text);
+  return files;
+}
+
+namespace {
+const OutputFormatRegistration<MegatronOutput> register_output;
+}  // namespace
+
+}  // namespace reshard

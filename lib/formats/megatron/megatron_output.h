@@ -1,0 +1,87 @@
+// Writes Megatron-LM checkpoints (`MegatronOutput`, id "megatron") from Megatron input, so that
+// a run can continue training at another tensor-parallel (TP) and pipeline-parallel (PP) size:
+//
+//   reshardctl reshard IN OUT --parts TP [--pipeline-parts PP] --format megatron
+//
+//   OUT/latest_checkpointed_iteration.txt               "100" (or "release"), no newline
+//   OUT/iter_0000100/mp_rank_TT/model_optim_rng.pt      PP = 1
+//   OUT/iter_0000100/mp_rank_TT_PPP/model_optim_rng.pt  PP > 1   (release/... for "release")
+//
+// Each file is what Megatron-LM's legacy GPTModel saves on that rank (torch.save, written by
+// TorchOutput::Frame from the file's structure):
+//   {"args": Namespace, "checkpoint_version": 3.0, "iteration": 100, "model": {
+//      "language_model": {
+//        "embedding": {"word_embeddings": {"weight"}, "position_embeddings": {"weight"}},
+//                                                                      first stage only
+//        "encoder": {"layers.K.<key>" (stage-local K), ..., "final_layernorm.*" (last stage)},
+//        "output_layer": {"weight"}},                                  last stage, untied only
+//      "word_embeddings_for_head": {"weight"}}}       last stage, PP > 1, tied embeddings only:
+//                                                     that TP rank's slice of word_embeddings
+// with the encoder named as the input names it (`encoder`, or `transformer` in older files).
+// The engine's split layout (one part per TP rank, tensors sliced by Megatron's partition
+// rules) is regrouped by pipeline stage: num_layers / PP consecutive layers per stage (PP is
+// 1 without --pipeline-parts, whatever the input's). `consolidate --format megatron` writes
+// TP 1 x PP 1.
+//
+// Read from InputModel::training_state (the Megatron reader's values, megatron_format.h):
+// "megatron.args" (copied, with tensor_model_parallel_size, pipeline_model_parallel_size,
+// padded_vocab_size, world_size = TP x PP x data_parallel_size and rank = Megatron's rank of
+// the file's (TP, PP) rank at data-parallel rank 0 updated; virtual pipeline stages and the
+// args of uneven stages reset to None), "megatron.iteration", "megatron.checkpoint_version"
+// and "megatron.release". Without args the files hold none (Megatron then warns and uses its
+// command line).
+//
+// The vocabulary is padded again for the new TP as Megatron pads it:
+// ceil(vocab / (make_vocab_size_divisible_by x TP)) x make_vocab_size_divisible_by x TP rows,
+// vocab from args.vocab_size. Fewer rows than the input's: padding rows are dropped; more: zero
+// rows are appended (OutputTensor::zero_fill). When the args do not record vocab_size, the
+// input's rows are kept if they are a multiple of make_vocab_size_divisible_by x TP, and the
+// conversion is refused otherwise. (The engine first splits the input's rows, so the new TP
+// must also divide them.)
+//
+// Megatron-DeepSpeed pipeline checkpoints (layer files, tensors `<layer spec index>.<key>`)
+// are written under Megatron-LM's names: the layer holding word_embeddings is the embedding,
+// the layers holding input_layernorm are layers 0, 1, ... in order, a later one holding only
+// weight / bias is the final norm, `lm_head.weight` the untied output layer. The result is a
+// Megatron-LM (non-DeepSpeed) checkpoint, with the DeepSpeed run's args.
+//
+// Refused, with a message naming what: input that is not Megatron; num_layers not divisible
+// by PP; num_attention_heads or num_query_groups (num_key_value_heads) not divisible by TP;
+// tensors outside a GPT's embedding, encoder and output layer; --dtype other than keep (the
+// args name the dtype).
+//
+// Not written: the optimizer state (resume with --no-load-optim, or go through a DeepSpeed
+// universal checkpoint) and rng_state (resume with --no-load-rng); nor opt_param_scheduler.
+
+#ifndef RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_OUTPUT_H_
+#define RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_OUTPUT_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lib/formats/format.h"
+#include "lib/formats/torch/torch_output.h"
+
+namespace reshard {
+
+class MegatronOutput : public OutputFormat {
+ public:
+  static constexpr char kId[] = "megatron";
+  absl::string_view id() const override { return kId; }
+  OutputNaming naming() const override;
+  absl::StatusOr<ArrangedOutput> Arrange(TargetLayout engine_layout,
+                                         const ArrangeRequest& request) const override;
+  // torch.save files, framed by the torch writer from each file's structure.
+  absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const override;
+  // latest_checkpointed_iteration.txt, naming the iteration folder the files are in.
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> CompanionFiles(
+      const TargetLayout& layout) const override;
+
+ private:
+  TorchOutput torch_;
+};
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_OUTPUT_H_
