@@ -173,10 +173,13 @@ TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
 }
 
 // Writers of training checkpoints that take input of their own framework only (they carry its
-// args and iteration): writer -> the input formats it writes from. Other inputs are refused.
+// args and iteration, or its optimizer state): writer -> the input formats it writes from.
+// Other inputs are refused. deepspeed-universal needs the Adam moments, which no conformance
+// fixture holds (tests/universal_output_e2e_test.py covers it with real ZeRO checkpoints).
 const std::map<std::string, std::set<std::string>>& FrameworkWriters() {
   static const auto* writers =
-      new std::map<std::string, std::set<std::string>>{{"megatron", {"megatron"}}};
+      new std::map<std::string, std::set<std::string>>{{"megatron", {"megatron"}},
+                                                       {"deepspeed-universal", {}}};
   return *writers;
 }
 
@@ -189,7 +192,10 @@ TEST_P(ConformanceTest, RoundTripsThroughEveryWriterExactly) {
     absl::StatusOr<ConversionResult> result = RunConversion(Spec(fixture_.input, output, writer));
     if (auto it = FrameworkWriters().find(writer);
         it != FrameworkWriters().end() && it->second.count(format_) == 0) {
-      ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+      // InvalidArgument (another framework's input), FailedPrecondition (no optimizer state).
+      ASSERT_TRUE(result.status().code() == absl::StatusCode::kInvalidArgument ||
+                  result.status().code() == absl::StatusCode::kFailedPrecondition)
+          << result.status();
       ASSERT_FALSE(fs::exists(output));
       continue;
     }

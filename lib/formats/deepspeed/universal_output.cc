@@ -140,6 +140,13 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
   const Catalog& catalog = request.catalog;
   const TrainingState& state = request.model.training_state;
   RETURN_IF_ERROR(state.problem, "reading the training state to carry over");
+  if (state.verbatim_files.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the input (", request.model.description.empty() ? request.model.format
+                                                         : request.model.description,
+        ") carries no DeepSpeed training state (model-states files, optimizer state): a "
+        "universal checkpoint is made from a DeepSpeed ZeRO checkpoint with its optimizer files"));
+  }
   ASSIGN_OR_RETURN(VocabularyRule vocabulary, ReadVocabularyRule(state));
   const Node* param_groups = StateValue(state, "deepspeed.param_group");
 
