@@ -73,8 +73,15 @@ class UniversalOutputTests(Base):
             for state, expected in (("fp32", want), ("exp_avg", model.exp_avg[name]),
                                     ("exp_avg_sq", model.exp_avg_sq[name])):
                 saved = load(os.path.join(zero, name, state + ".pt"))
-                self.assertEqual(sorted(saved), ["cat_dim", "param"], "%s %s" % (what, name))
-                self.assertEqual(saved["cat_dim"], 0)
+                if ck.stage == 3:
+                    # As ds_to_universal's ZeRO-3 path writes it and DeepSpeed's ZeRO-3 loader
+                    # reads it (`torch.load(...).view(-1)`): the bare flat tensor.
+                    self.assertTrue(torch.is_tensor(saved), "%s %s" % (what, name))
+                    self.assertEqual(tuple(saved.shape), (expected.numel(),))
+                    saved = {"param": saved.view(expected.shape)}
+                else:
+                    self.assertEqual(sorted(saved), ["cat_dim", "param"], "%s %s" % (what, name))
+                    self.assertEqual(saved["cat_dim"], 0)
                 have = saved["param"]
                 self.assertEqual(have.dtype, torch.float32, "%s %s %s" % (what, name, state))
                 self.assertEqual(tuple(have.shape), tuple(expected.shape),
@@ -98,6 +105,14 @@ class UniversalOutputTests(Base):
         groups = (saved["base_optimizer_state"]["param_groups"] if ck.stage in (1, 2)
                   else saved["optimizer_state_dict"]["param_groups"])
         self.assertEqual(optimizer["param_groups"], groups, what)
+        if ck.stage == 3:
+            # What DeepSpeed's ZeRO-3 loader uses: the wrapped optimizer's param groups and each
+            # sub-group's step (it fills state[0]'s moments from zero/ itself).
+            nested = optimizer["optimizer_state_dict"]
+            self.assertEqual(nested["param_groups"], groups, what)
+            for sub_group, entry in saved["optimizer_state_dict"]["state"].items():
+                self.assertEqual(sorted(nested["state"][sub_group]), ["step"], what)
+                self.assertTrue(torch.equal(nested["state"][sub_group]["step"], entry["step"]))
         for key, value in saved.items():
             if key in ("base_optimizer_state", "single_partition_of_fp32_groups",
                        "param_slice_mappings", "fp32_flat_groups", "optimizer_state_dict"):
@@ -148,6 +163,31 @@ class UniversalOutputTests(Base):
                     self.assertTrue(torch.equal(got[name + ".exp_avg_sq"],
                                                 model.exp_avg_sq[name]))
 
+    def test_reshard_a_universal_checkpoint(self):
+        """A universal folder split into 2 tensor-parallel parts with rules: each part holds
+        its slice of the fp32 master weights (and moments), the rest replicated."""
+        import json
+        import st_reference as R
+        from st_torch import tensor_from_st
+        model, ck = self.write(2, 3, "fp32")
+        out = self.universal(ck.dir)
+        rules = self.p("rules.json")
+        with open(rules, "w") as f:
+            json.dump({"rules": [{"pattern": r"(attn\.qkv|mlp\.down)\.weight", "split_dim": 0},
+                                 {"pattern": ".*", "replicate": True}]}, f)
+        parts = self.p("parts")
+        self.ok("reshard", out, parts, "--parts", "2", "--rules", rules, "--no-progress",
+                "--include-optimizer")
+        for rank in range(2):
+            got = {k: tensor_from_st(v) for k, v in R.read_file(
+                os.path.join(parts, "model_part-%d.safetensors" % rank)).items()}
+            for name, want in model.trainable().items():
+                for suffix, full in (("", want), (".exp_avg", model.exp_avg[name]),
+                                     (".exp_avg_sq", model.exp_avg_sq[name])):
+                    split = "attn.qkv.weight" in name or "mlp.down.weight" in name
+                    expect = full.chunk(2, 0)[rank] if split else full
+                    self.assertTrue(torch.equal(got[name + suffix], expect), (rank, name, suffix))
+
     def test_latest_universal_only_when_asked(self):
         model, ck = self.write(2, 2, "fp32")
         self.universal(ck.dir)
@@ -185,6 +225,25 @@ class UniversalOutputTests(Base):
                     for rank in range(new_world):
                         self.assertTrue(torch.equal(pad_new[rank * part:(rank + 1) * part],
                                                     pad_old[rank * part:(rank + 1) * part]))
+
+    def test_zero3_loader_slices_for_new_data_parallel_sizes(self):
+        """DeepSpeed's ZeRO-3 universal loader (stage3.py: torch.load(...).view(-1), padded to
+        W * ceil(n / W), rank r's slice) on reshard's ZeRO-3 output equals the same slices of
+        the original tensors, for every new world size."""
+        model, ck = self.write(3, 3, "fp32", sub_group_size=40)
+        out = self.universal(ck.dir)
+        for state, originals in (("fp32", model.trainable()), ("exp_avg", model.exp_avg),
+                                 ("exp_avg_sq", model.exp_avg_sq)):
+            for name, t in originals.items():
+                flat = load(os.path.join(out, "zero", name, state + ".pt")).view(-1)
+                for world in (1, 2, 3, 5):
+                    part = math.ceil(flat.numel() / world)
+                    padded = torch.cat([flat, torch.zeros(world * part - flat.numel())])
+                    want = torch.cat([t.reshape(-1), torch.zeros(world * part - t.numel())])
+                    for rank in range(world):
+                        self.assertTrue(torch.equal(padded.narrow(0, rank * part, part),
+                                                    want.narrow(0, rank * part, part)),
+                                        (state, name, world, rank))
 
     def test_refusals(self):
         model, ck = self.write(1, 2, "fp32")

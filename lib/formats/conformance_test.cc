@@ -177,9 +177,8 @@ TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
 // Other inputs are refused. deepspeed-universal needs the Adam moments, which no conformance
 // fixture holds (tests/universal_output_e2e_test.py covers it with real ZeRO checkpoints).
 const std::map<std::string, std::set<std::string>>& FrameworkWriters() {
-  static const auto* writers =
-      new std::map<std::string, std::set<std::string>>{{"megatron", {"megatron"}},
-                                                       {"deepspeed-universal", {}}};
+  static const auto* writers = new std::map<std::string, std::set<std::string>>{
+      {"megatron", {"megatron"}}, {"deepspeed-universal", {}}};
   return *writers;
 }
 

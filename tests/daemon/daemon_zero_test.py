@@ -89,6 +89,36 @@ class ZeroTests(DaemonTestCase):
             self.assertEqual(tuple(have.shape), tuple(want.shape), name)
             self.assertTrue(torch.equal(have, want), "%s: values differ" % name)
 
+    def test_universal_checkpoint_through_the_daemon(self):
+        """--format deepspeed-universal as a daemon job: files in subfolders (zero/<param>/...)
+        are listed with their XXH3-64, the values are the fp32 master weights and moments, and
+        --update-latest writes latest_universal beside the output."""
+        torch = self.torch
+        saves = self.r("universal_saves")
+        out = os.path.join(saves, "global_step10_universal")
+        doc = self.assertOk(self.ctl("consolidate", self.save_dir, out, "--tag", self.TAG,
+                                     "--format", "deepspeed-universal", "--update-latest",
+                                     "--no-progress"))
+        self.assertEqual(doc["state"], "succeeded")
+        spec = doc["job"]["spec"]
+        self.assertEqual(spec["output_format"], "deepspeed-universal")
+        self.assertIs(spec["update_latest"], True)
+        self.assertOutputFilesMatch(out, doc)
+        self.assertNoStaging(out)
+        listed = {f["name"] for f in doc["files"]}
+        for name in self.ck.exp_avg:
+            for state, want in (("fp32", None), ("exp_avg", self.ck.exp_avg[name]),
+                                ("exp_avg_sq", self.ck.exp_avg_sq[name])):
+                rel = "zero/%s/%s.pt" % (name, state)
+                self.assertIn(rel, listed)
+                # ZeRO-3: the bare flat tensor DeepSpeed's ZeRO-3 loader reads.
+                have = torch.load(os.path.join(out, rel), map_location="cpu")
+                want = self.ck.expected[name] if want is None else want
+                have = have.view(want.shape)
+                self.assertTrue(torch.equal(have, want), rel)
+        with open(os.path.join(saves, "latest_universal")) as f:
+            self.assertEqual(f.read(), "global_step10_universal")
+
     def test_inspect_shows_the_description(self):
         doc = self.assertOk(self.ctl("inspect", self.save_dir, "--tag", self.TAG))
         self.assertEqual(doc["format"], "deepspeed-zero")

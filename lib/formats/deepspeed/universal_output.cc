@@ -1,5 +1,6 @@
 #include "lib/formats/deepspeed/universal_output.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -53,14 +54,17 @@ const Node* StateValue(const TrainingState& state, absl::string_view name) {
   return it == state.values.end() ? nullptr : &it->second;
 }
 
-bool ContainsTensor(const Node& node) {
-  if (node.kind == Node::Kind::kTensor) return true;
-  for (const auto* children : {&node.keys, &node.values, &node.items}) {
-    for (const Node& child : *children) {
-      if (ContainsTensor(child)) return true;
+// The names of the tensors `node` holds, each once, in order.
+void TensorNames(const Node& node, std::vector<std::string>& names) {
+  if (node.kind == Node::Kind::kTensor) {
+    if (std::find(names.begin(), names.end(), node.text) == names.end()) {
+      names.push_back(node.text);
     }
+    return;
   }
-  return false;
+  for (const auto* children : {&node.keys, &node.values, &node.items, &node.args, &node.state}) {
+    for (const Node& child : *children) TensorNames(child, names);
+  }
 }
 
 // The vocabulary parameters of Megatron-DeepSpeed's universal_checkpoint_info: the patterns
@@ -92,9 +96,9 @@ absl::StatusOr<VocabularyRule> ReadVocabularyRule(const TrainingState& state) {
     try {
       rule.patterns.emplace_back(pattern.text);
     } catch (const std::regex_error& error) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "universal_checkpoint_info.vocabulary_parameter_patterns: \"", pattern.text,
-          "\" is not a regular expression reshard can use: ", error.what()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("universal_checkpoint_info.vocabulary_parameter_patterns: \"", pattern.text,
+                       "\" is not a regular expression reshard can use: ", error.what()));
     }
   }
   return rule;
@@ -142,8 +146,8 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
   RETURN_IF_ERROR(state.problem, "reading the training state to carry over");
   if (state.verbatim_files.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the input (", request.model.description.empty() ? request.model.format
-                                                         : request.model.description,
+        "the input (",
+        request.model.description.empty() ? request.model.format : request.model.description,
         ") carries no DeepSpeed training state (model-states files, optimizer state): a "
         "universal checkpoint is made from a DeepSpeed ZeRO checkpoint with its optimizer files"));
   }
@@ -152,11 +156,10 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
 
   ArrangedOutput arranged;
   // The step of each flat group (step.pt), as extra source tensors, added once per group.
-  std::map<int64_t, int> step_source;
-  std::optional<int> state_file_base;  // where state.files start in extra_files, once added
-  auto step_tensor_of = [&](int64_t group) -> std::optional<int> {
-    if (auto it = step_source.find(group); it != step_source.end()) return it->second;
-    const std::string name = absl::StrCat("deepspeed.step.", group);
+  std::optional<int> state_file_base;       // where state.files start in extra_files, once added
+  std::map<std::string, int> state_source;  // training-state tensor name -> source index
+  auto state_tensor = [&](const std::string& name) -> std::optional<int> {
+    if (auto it = state_source.find(name); it != state_source.end()) return it->second;
     for (const CatalogTensor& tensor : state.tensors) {
       if (tensor.name != name) continue;
       if (!state_file_base.has_value()) {
@@ -168,11 +171,29 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
       for (SourcePiece& piece : copy.pieces) piece.file += file_base;
       const int source = static_cast<int>(catalog.tensors.size() + arranged.extra_tensors.size());
       arranged.extra_tensors.push_back(std::move(copy));
-      step_source[group] = source;
+      state_source[name] = source;
       return source;
     }
     return std::nullopt;
   };
+  // A training-state tensor as an OutputTensor of its own name.
+  auto state_output = [&](const std::string& name) -> std::optional<OutputTensor> {
+    std::optional<int> source = state_tensor(name);
+    if (!source.has_value()) return std::nullopt;
+    const CatalogTensor& data = arranged.extra_tensors[*source - catalog.tensors.size()];
+    OutputTensor out;
+    out.name = name;
+    out.source = *source;
+    out.region = Box::Full(data.shape);
+    out.dtype = data.dtype;
+    return out;
+  };
+  // DeepSpeed's ZeRO-3 loader (stage3.py, load_hp_checkpoint_state) reads each state file as
+  // one tensor and flattens it, as ds_to_universal's ZeRO-3 path writes it; ZeRO-1/2's
+  // (universal_checkpoint.py) reads the dict with the merge keys.
+  const Node* zero_stage = StateValue(state, "deepspeed.zero_stage");
+  const bool bare_flat =
+      zero_stage != nullptr && zero_stage->kind == Node::Kind::kInt && zero_stage->integer == 3;
 
   int params = 0;
   for (size_t t = 0; t < catalog.tensors.size(); ++t) {
@@ -182,9 +203,10 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
     if (exp_avg < 0 || exp_avg_sq < 0) continue;
     ++params;
     if (!CheckPlainName(tensor.name).ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter \"", tensor.name, "\" cannot name a folder of zero/ (it must be a plain "
-          "file name)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", tensor.name,
+                       "\" cannot name a folder of zero/ (it must be a plain "
+                       "file name)"));
     }
     Box region = Box::Full(tensor.shape);
     const bool vocab = vocabulary.Matches(tensor.name);
@@ -199,16 +221,22 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
           {"exp_avg_sq", exp_avg_sq}}) {
       const CatalogTensor& data = catalog.tensors[source];
       if (data.dtype != DType::kF32 || data.shape != tensor.shape) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "\"", data.name, "\" is ", DTypeName(data.dtype), " ", ShapeToString(data.shape),
-            "; a universal checkpoint needs float32 ", ShapeToString(tensor.shape), " like \"",
-            tensor.name, "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat("\"", data.name, "\" is ", DTypeName(data.dtype), " ",
+                         ShapeToString(data.shape), "; a universal checkpoint needs float32 ",
+                         ShapeToString(tensor.shape), " like \"", tensor.name, "\""));
       }
       OutputTensor out;
       out.name = data.name;
       out.source = source;
       out.region = region;
       out.dtype = DType::kF32;
+      if (bare_flat) {
+        out.written_shape = {NumElementsUnchecked(region.extent)};
+        arranged.layout.files.push_back(TorchFile(absl::StrCat(folder, state_name, ".pt"),
+                                                  {std::move(out)}, TensorNode(data.name)));
+        continue;
+      }
       Node dict;
       dict.kind = Node::Kind::kDict;
       dict.keys.push_back(StringNode("cat_dim"));
@@ -231,36 +259,42 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
       if (step_value != nullptr) {  // saved as a number, not a tensor
         arranged.layout.files.push_back(
             TorchFile(absl::StrCat(folder, "step.pt"), {}, *step_value));
-      } else if (std::optional<int> step = step_tensor_of(group->integer); step.has_value()) {
-        const CatalogTensor& step_data = arranged.extra_tensors[*step - catalog.tensors.size()];
-        const std::string step_name = absl::StrCat(tensor.name, ".step");
-        OutputTensor out;
-        out.name = step_name;
-        out.source = *step;
-        out.region = Box::Full(step_data.shape);
-        out.dtype = step_data.dtype;
+      } else if (std::optional<OutputTensor> step =
+                     state_output(absl::StrCat("deepspeed.step.", group->integer));
+                 step.has_value()) {
+        const std::string step_name = step->name;
         arranged.layout.files.push_back(
-            TorchFile(absl::StrCat(folder, "step.pt"), {std::move(out)}, TensorNode(step_name)));
+            TorchFile(absl::StrCat(folder, "step.pt"), {*std::move(step)}, TensorNode(step_name)));
       }
     }
   }
   if (params == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the input (", request.model.description.empty() ? request.model.format
-                                                         : request.model.description,
+        "the input (",
+        request.model.description.empty() ? request.model.format : request.model.description,
         ") has no parameters with Adam moments (<param>.exp_avg, <param>.exp_avg_sq): a "
         "universal checkpoint is made from a DeepSpeed ZeRO checkpoint with its optimizer files"));
   }
   const Node* optimizer_state = StateValue(state, "deepspeed.optimizer_state");
   if (optimizer_state != nullptr) {
-    if (ContainsTensor(*optimizer_state)) {
-      return absl::InternalError("the optimizer state to write holds tensors");
+    // Its tensors (ZeRO-3's per-sub-group steps) are training-state tensors.
+    std::vector<std::string> names;
+    TensorNames(*optimizer_state, names);
+    std::vector<OutputTensor> tensors;
+    for (const std::string& name : names) {
+      std::optional<OutputTensor> tensor = state_output(name);
+      if (!tensor.has_value()) {
+        return absl::InternalError(absl::StrCat("the optimizer state names tensor \"", name,
+                                                "\", which the reader did not give"));
+      }
+      tensors.push_back(*std::move(tensor));
     }
-    arranged.layout.files.push_back(TorchFile("zero/optimizer_state.pt", {}, *optimizer_state));
+    arranged.layout.files.push_back(
+        TorchFile("zero/optimizer_state.pt", std::move(tensors), *optimizer_state));
   }
   for (const std::string& path : state.verbatim_files) {
-    RETURN_IF_ERROR(AddVerbatimCopy(path, std::filesystem::path(path).filename().string(),
-                                    catalog, arranged));
+    RETURN_IF_ERROR(
+        AddVerbatimCopy(path, std::filesystem::path(path).filename().string(), catalog, arranged));
   }
   arranged.beside_output.emplace_back("latest_universal", request.output_name);
   return arranged;

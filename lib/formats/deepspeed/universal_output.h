@@ -6,7 +6,9 @@
 //
 //   OUT/mp_rank_00_model_states.pt          the input's model-states files, copied verbatim
 //   OUT/zero/optimizer_state.pt             the optimizer's state without its partitions
-//   OUT/zero/<param>/fp32.pt                {'cat_dim': 0, 'param': fp32 master weights}
+//   OUT/zero/<param>/fp32.pt                {'cat_dim': 0, 'param': fp32 master weights};
+//                                           ZeRO-3: the bare flat tensor (DeepSpeed's ZeRO-3
+//                                           loader reads it so)
 //   OUT/zero/<param>/exp_avg.pt             the same for Adam's first moment
 //   OUT/zero/<param>/exp_avg_sq.pt          ... and second moment
 //   OUT/zero/<param>/step.pt                the param group's step (ZeRO-1/2, when recorded)
@@ -22,8 +24,12 @@
 // files. Written by `consolidate` only (a universal checkpoint holds whole tensors; DeepSpeed
 // slices them when it loads); --dtype must keep float32.
 //
+// Inputs without DeepSpeed training state (no model-states files to copy: safetensors, torch,
+// a universal checkpoint itself) are refused with FailedPrecondition.
+//
 // The training state comes from the reader (InputModel::training_state): values
-// "deepspeed.optimizer_state" (structure of zero/optimizer_state.pt),
+// "deepspeed.zero_stage", "deepspeed.optimizer_state" (structure of zero/optimizer_state.pt,
+// whose tensors, ZeRO-3's per-sub-group steps, are training-state tensors),
 // "deepspeed.param_group" (dict param name -> flat group index),
 // "deepspeed.universal_checkpoint_info" (optional), tensors "deepspeed.step.<group>" (step.pt),
 // and the model-states files to copy (verbatim_files).

@@ -33,6 +33,13 @@ namespace {
 
 using Kind = PickleValue::Kind;
 
+StructureNode IntNode(int64_t value) {
+  StructureNode node;
+  node.kind = StructureNode::Kind::kInt;
+  node.integer = value;
+  return node;
+}
+
 StructureNode StringNode(std::string text) {
   StructureNode node;
   node.kind = StructureNode::Kind::kString;
@@ -447,50 +454,29 @@ class ZeroReader {
   // files, each flat group's step, which group each trainable param is in.
   absl::Status ReadTrainingState(const TorchArchive& optim0, const TorchArchive& model0) {
     TrainingState& state = training_state_;
+    state.values["deepspeed.zero_stage"] = IntNode(stage_);
     for (int rank = 0; rank < (stage_ == 3 ? world_ : 1); ++rank) {
       state.verbatim_files.push_back(Path(ModelName(rank)));
     }
-    ASSIGN_OR_RETURN(state.values["deepspeed.optimizer_state"], UnpartitionedOptimizerState(optim0));
-    if (const PickleValue* info = PickleField(model0.root(), "universal_checkpoint_info");
-        info != nullptr && !IsNone(info)) {
-      auto converted = PickleToStructure(info);
-      if (!converted.ok()) {
-        return Annotate(converted.status(),
-                        absl::StrCat(model0.path(), ": universal_checkpoint_info"));
-      }
-      state.values["deepspeed.universal_checkpoint_info"] = *std::move(converted);
-    }
-    if (stage_ == 3) return absl::OkStatus();  // the step is in the optimizer state, as upstream
-    StructureNode groups;
-    groups.kind = StructureNode::Kind::kDict;
-    for (const ParamInfo& param : params_) {
-      StructureNode key, group;
-      key.kind = StructureNode::Kind::kString;
-      key.text = param.name;
-      group.kind = StructureNode::Kind::kInt;
-      group.integer = param.group;
-      groups.keys.push_back(std::move(key));
-      groups.values.push_back(std::move(group));
-    }
-    state.values["deepspeed.param_group"] = std::move(groups);
-    for (int g = 0; g < param_groups_; ++g) {
+    // Each flat group's (ZeRO-3: sub-group's) step: a tensor "deepspeed.step.<g>" in
+    // state.tensors, or a number in state.values under that name.
+    const int groups = stage_ == 3 ? static_cast<int>(flats_[0].fp32.size()) : param_groups_;
+    std::map<int, StructureNode> steps;
+    for (int g = 0; g < groups; ++g) {
       std::string what;
       ASSIGN_OR_RETURN(const PickleValue* entry, MomentState(optim0, g, what));
       const PickleValue* step = PickleField(entry, "step");
       if (step == nullptr) continue;
       const std::string name = absl::StrCat("deepspeed.step.", g);
       if (std::optional<int64_t> number = PickleInt(step); number.has_value()) {
-        StructureNode value;
-        value.kind = StructureNode::Kind::kInt;
-        value.integer = *number;
-        state.values[name] = std::move(value);
+        steps[g] = state.values[name] = IntNode(*number);
         continue;
       }
       if (step->kind == Kind::kFloat) {
         StructureNode value;
         value.kind = StructureNode::Kind::kFloat;
         value.real = step->real;
-        state.values[name] = std::move(value);
+        steps[g] = state.values[name] = std::move(value);
         continue;
       }
       ASSIGN_OR_RETURN(std::optional<TensorLocation> location,
@@ -501,7 +487,30 @@ class ZeroReader {
       }
       if (state.files.empty()) state.files.push_back(optim0.Source());
       state.tensors.push_back(CatalogTensorAt(name, *location, 0));
+      StructureNode leaf;
+      leaf.kind = StructureNode::Kind::kTensor;
+      leaf.text = name;
+      steps[g] = std::move(leaf);
     }
+    ASSIGN_OR_RETURN(state.values["deepspeed.optimizer_state"],
+                     UnpartitionedOptimizerState(optim0, steps));
+    if (const PickleValue* info = PickleField(model0.root(), "universal_checkpoint_info");
+        info != nullptr && !IsNone(info)) {
+      auto converted = PickleToStructure(info);
+      if (!converted.ok()) {
+        return Annotate(converted.status(),
+                        absl::StrCat(model0.path(), ": universal_checkpoint_info"));
+      }
+      state.values["deepspeed.universal_checkpoint_info"] = *std::move(converted);
+    }
+    if (stage_ == 3) return absl::OkStatus();  // no step.pt: the step is in the optimizer state
+    StructureNode param_group;
+    param_group.kind = StructureNode::Kind::kDict;
+    for (const ParamInfo& param : params_) {
+      param_group.keys.push_back(StringNode(param.name));
+      param_group.values.push_back(IntNode(param.group));
+    }
+    state.values["deepspeed.param_group"] = std::move(param_group);
     return absl::OkStatus();
   }
 
@@ -509,9 +518,11 @@ class ZeroReader {
   // groups at the top, as ds_to_universal writes zero/optimizer_state.pt: ZeRO-1/2 without
   // base_optimizer_state, single_partition_of_fp32_groups and param_slice_mappings; ZeRO-3
   // without fp32_flat_groups and the nested optimizer's per-rank `state` (upstream keeps rank
-  // 0's partitions there; they are meaningless at another world size). Every other value (the
+  // 0's partitions there; they are meaningless at another world size; each sub-group's `step`
+  // is kept, from `steps`). Every other value (the
   // loss scaler object, zero_stage, partition_count, ...) is carried as saved.
-  absl::StatusOr<StructureNode> UnpartitionedOptimizerState(const TorchArchive& optim0) const {
+  absl::StatusOr<StructureNode> UnpartitionedOptimizerState(
+      const TorchArchive& optim0, const std::map<int, StructureNode>& steps) const {
     const PickleValue* saved = OptimizerState(optim0);
     if (saved == nullptr || saved->kind != Kind::kDict) {
       return Corrupt(optim0, "optimizer_state_dict is not a dict");
@@ -544,6 +555,20 @@ class ZeroReader {
       if (name == "optimizer_state_dict") {  // ZeRO-3: the wrapped optimizer's own state dict
         param_groups = PickleField(value, "param_groups");
         converted.kind = StructureNode::Kind::kDict;
+        // DeepSpeed's ZeRO-3 loader fills state[0] with the moments it slices from zero/ and
+        // loads this state dict into the optimizer: each sub-group keeps its step.
+        StructureNode sub_group_states;
+        sub_group_states.kind = StructureNode::Kind::kDict;
+        for (const auto& [group, step] : steps) {
+          StructureNode entry;
+          entry.kind = StructureNode::Kind::kDict;
+          entry.keys.push_back(StringNode("step"));
+          entry.values.push_back(step);
+          sub_group_states.keys.push_back(IntNode(group));
+          sub_group_states.values.push_back(std::move(entry));
+        }
+        converted.keys.push_back(StringNode("state"));
+        converted.values.push_back(std::move(sub_group_states));
         if (param_groups != nullptr) {
           converted.keys.push_back(StringNode("param_groups"));
           ASSIGN_OR_RETURN(StructureNode groups, PickleToStructure(param_groups, options),
