@@ -103,6 +103,43 @@ struct StructureNode {
   // kObject, kDict: empty, or the one state given by BUILD (an object's attributes; an
   // OrderedDict's attributes such as a torch state dict's `_metadata`).
   std::vector<StructureNode> state;
+
+  // Leaves and an empty dict, for writers that build structures.
+  static StructureNode Int(int64_t value) {
+    StructureNode node;
+    node.kind = Kind::kInt;
+    node.integer = value;
+    return node;
+  }
+  static StructureNode Bool(bool value) {
+    StructureNode node;
+    node.kind = Kind::kBool;
+    node.boolean = value;
+    return node;
+  }
+  static StructureNode String(std::string text) {
+    StructureNode node;
+    node.kind = Kind::kString;
+    node.text = std::move(text);
+    return node;
+  }
+  static StructureNode Tensor(std::string tensor_name) {
+    StructureNode node;
+    node.kind = Kind::kTensor;
+    node.text = std::move(tensor_name);
+    return node;
+  }
+  static StructureNode Dict(bool ordered = false) {
+    StructureNode node;
+    node.kind = Kind::kDict;
+    node.ordered = ordered;
+    return node;
+  }
+  // kDict: appends `key` -> `value`.
+  void Add(StructureNode key, StructureNode value) {
+    keys.push_back(std::move(key));
+    values.push_back(std::move(value));
+  }
 };
 
 struct Catalog {

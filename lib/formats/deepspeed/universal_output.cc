@@ -18,27 +18,6 @@ namespace {
 
 using Node = StructureNode;
 
-Node StringNode(std::string text) {
-  Node node;
-  node.kind = Node::Kind::kString;
-  node.text = std::move(text);
-  return node;
-}
-
-Node IntNode(int64_t value) {
-  Node node;
-  node.kind = Node::Kind::kInt;
-  node.integer = value;
-  return node;
-}
-
-Node TensorNode(std::string name) {
-  Node node;
-  node.kind = Node::Kind::kTensor;
-  node.text = std::move(name);
-  return node;
-}
-
 const Node* DictValue(const Node* dict, absl::string_view key) {
   if (dict == nullptr || dict->kind != Node::Kind::kDict) return nullptr;
   for (size_t i = 0; i < dict->keys.size(); ++i) {
@@ -234,22 +213,13 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
       if (bare_flat) {
         out.written_shape = {NumElementsUnchecked(region.extent)};
         arranged.layout.files.push_back(TorchFile(absl::StrCat(folder, state_name, ".pt"),
-                                                  {std::move(out)}, TensorNode(data.name)));
+                                                  {std::move(out)}, Node::Tensor(data.name)));
         continue;
       }
-      Node dict;
-      dict.kind = Node::Kind::kDict;
-      dict.keys.push_back(StringNode("cat_dim"));
-      dict.values.push_back(IntNode(0));
-      if (vocab) {
-        Node yes;
-        yes.kind = Node::Kind::kBool;
-        yes.boolean = true;
-        dict.keys.push_back(StringNode("vocab_tensor"));
-        dict.values.push_back(std::move(yes));
-      }
-      dict.keys.push_back(StringNode("param"));
-      dict.values.push_back(TensorNode(data.name));
+      Node dict = Node::Dict();
+      dict.Add(Node::String("cat_dim"), Node::Int(0));
+      if (vocab) dict.Add(Node::String("vocab_tensor"), Node::Bool(true));
+      dict.Add(Node::String("param"), Node::Tensor(data.name));
       arranged.layout.files.push_back(
           TorchFile(absl::StrCat(folder, state_name, ".pt"), {std::move(out)}, std::move(dict)));
     }
@@ -263,8 +233,8 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
                      state_output(absl::StrCat("deepspeed.step.", group->integer));
                  step.has_value()) {
         const std::string step_name = step->name;
-        arranged.layout.files.push_back(
-            TorchFile(absl::StrCat(folder, "step.pt"), {*std::move(step)}, TensorNode(step_name)));
+        arranged.layout.files.push_back(TorchFile(absl::StrCat(folder, "step.pt"),
+                                                  {*std::move(step)}, Node::Tensor(step_name)));
       }
     }
   }

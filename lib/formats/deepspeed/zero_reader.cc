@@ -33,20 +33,6 @@ namespace {
 
 using Kind = PickleValue::Kind;
 
-StructureNode IntNode(int64_t value) {
-  StructureNode node;
-  node.kind = StructureNode::Kind::kInt;
-  node.integer = value;
-  return node;
-}
-
-StructureNode StringNode(std::string text) {
-  StructureNode node;
-  node.kind = StructureNode::Kind::kString;
-  node.text = std::move(text);
-  return node;
-}
-
 class ZeroReader {
  public:
   ZeroReader(std::string dir, std::string tag, ZeroFolderFiles files, const ReadOptions& options)
@@ -454,7 +440,7 @@ class ZeroReader {
   // files, each flat group's step, which group each trainable param is in.
   absl::Status ReadTrainingState(const TorchArchive& optim0, const TorchArchive& model0) {
     TrainingState& state = training_state_;
-    state.values["deepspeed.zero_stage"] = IntNode(stage_);
+    state.values["deepspeed.zero_stage"] = StructureNode::Int(stage_);
     for (int rank = 0; rank < (stage_ == 3 ? world_ : 1); ++rank) {
       state.verbatim_files.push_back(Path(ModelName(rank)));
     }
@@ -469,7 +455,7 @@ class ZeroReader {
       if (step == nullptr) continue;
       const std::string name = absl::StrCat("deepspeed.step.", g);
       if (std::optional<int64_t> number = PickleInt(step); number.has_value()) {
-        steps[g] = state.values[name] = IntNode(*number);
+        steps[g] = state.values[name] = StructureNode::Int(*number);
         continue;
       }
       if (step->kind == Kind::kFloat) {
@@ -507,8 +493,8 @@ class ZeroReader {
     StructureNode param_group;
     param_group.kind = StructureNode::Kind::kDict;
     for (const ParamInfo& param : params_) {
-      param_group.keys.push_back(StringNode(param.name));
-      param_group.values.push_back(IntNode(param.group));
+      param_group.keys.push_back(StructureNode::String(param.name));
+      param_group.values.push_back(StructureNode::Int(param.group));
     }
     state.values["deepspeed.param_group"] = std::move(param_group);
     return absl::OkStatus();
@@ -562,15 +548,15 @@ class ZeroReader {
         for (const auto& [group, step] : steps) {
           StructureNode entry;
           entry.kind = StructureNode::Kind::kDict;
-          entry.keys.push_back(StringNode("step"));
+          entry.keys.push_back(StructureNode::String("step"));
           entry.values.push_back(step);
-          sub_group_states.keys.push_back(IntNode(group));
+          sub_group_states.keys.push_back(StructureNode::Int(group));
           sub_group_states.values.push_back(std::move(entry));
         }
-        converted.keys.push_back(StringNode("state"));
+        converted.keys.push_back(StructureNode::String("state"));
         converted.values.push_back(std::move(sub_group_states));
         if (param_groups != nullptr) {
-          converted.keys.push_back(StringNode("param_groups"));
+          converted.keys.push_back(StructureNode::String("param_groups"));
           ASSIGN_OR_RETURN(StructureNode groups, PickleToStructure(param_groups, options),
                            absl::StrCat(optim0.path(), ": optimizer_state_dict.param_groups"));
           converted.values.push_back(std::move(groups));
@@ -592,7 +578,7 @@ class ZeroReader {
       if (!groups.ok()) {
         return Annotate(groups.status(), absl::StrCat(optim0.path(), ": param_groups"));
       }
-      result.keys.push_back(StringNode("param_groups"));
+      result.keys.push_back(StructureNode::String("param_groups"));
       result.values.push_back(*std::move(groups));
     }
     return result;

@@ -63,20 +63,6 @@ std::optional<int64_t> IntArg(const StructureNode* attributes, absl::string_view
   return std::nullopt;
 }
 
-StructureNode IntNode(int64_t value) {
-  StructureNode node;
-  node.kind = Kind::kInt;
-  node.integer = value;
-  return node;
-}
-
-StructureNode StringNode(std::string text) {
-  StructureNode node;
-  node.kind = Kind::kString;
-  node.text = std::move(text);
-  return node;
-}
-
 // Sets an attribute that is present (args of other Megatron versions may lack it).
 void SetIfPresent(StructureNode* attributes, absl::string_view key, StructureNode value) {
   if (StructureNode* slot = Attribute(attributes, key); slot != nullptr) *slot = std::move(value);
@@ -198,7 +184,7 @@ StructureNode& ChildDict(StructureNode& dict, const std::string& key, bool order
   for (size_t i = 0; i < dict.keys.size(); ++i) {
     if (dict.keys[i].text == key) return dict.values[i];
   }
-  dict.keys.push_back(StringNode(key));
+  dict.keys.push_back(StructureNode::String(key));
   StructureNode child;
   child.kind = Kind::kDict;
   child.ordered = ordered;
@@ -207,7 +193,7 @@ StructureNode& ChildDict(StructureNode& dict, const std::string& key, bool order
 }
 
 void AddTensor(StructureNode& dict, const std::string& key, const std::string& tensor) {
-  dict.keys.push_back(StringNode(key));
+  dict.keys.push_back(StructureNode::String(key));
   StructureNode leaf;
   leaf.kind = Kind::kTensor;
   leaf.text = tensor;
@@ -263,12 +249,15 @@ absl::Status CheckDivides(const StructureNode* args, absl::string_view key, int 
 StructureNode FileArgs(const Plan& plan, int t, int p) {
   StructureNode args = *plan.args;
   StructureNode* attributes = Attributes(args);
-  SetIfPresent(attributes, "tensor_model_parallel_size", IntNode(plan.tp));
-  SetIfPresent(attributes, "pipeline_model_parallel_size", IntNode(plan.pp));
-  if (plan.vocab_rows > 0) SetIfPresent(attributes, "padded_vocab_size", IntNode(plan.vocab_rows));
-  SetIfPresent(attributes, "world_size", IntNode(int64_t{plan.tp} * plan.pp * plan.data_parallel));
+  SetIfPresent(attributes, "tensor_model_parallel_size", StructureNode::Int(plan.tp));
+  SetIfPresent(attributes, "pipeline_model_parallel_size", StructureNode::Int(plan.pp));
+  if (plan.vocab_rows > 0)
+    SetIfPresent(attributes, "padded_vocab_size", StructureNode::Int(plan.vocab_rows));
+  SetIfPresent(attributes, "world_size",
+               StructureNode::Int(int64_t{plan.tp} * plan.pp * plan.data_parallel));
   // Megatron's default rank order (tp fastest, then dp, then pp), at data-parallel rank 0.
-  SetIfPresent(attributes, "rank", IntNode(t + int64_t{plan.tp} * plan.data_parallel * p));
+  SetIfPresent(attributes, "rank",
+               StructureNode::Int(t + int64_t{plan.tp} * plan.data_parallel * p));
   // The layers are balanced evenly over PP stages, without virtual stages.
   for (const char* key :
        {"virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
@@ -495,19 +484,19 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
       auto root = std::make_shared<StructureNode>();
       root->kind = Kind::kDict;
       if (plan.args.has_value()) {
-        root->keys.push_back(StringNode("args"));
+        root->keys.push_back(StructureNode::String("args"));
         root->values.push_back(FileArgs(plan, t, p));
       }
       if (plan.checkpoint_version.has_value()) {
         StructureNode version;
         version.kind = Kind::kFloat;
         version.real = *plan.checkpoint_version;
-        root->keys.push_back(StringNode("checkpoint_version"));
+        root->keys.push_back(StructureNode::String("checkpoint_version"));
         root->values.push_back(version);
       }
-      root->keys.push_back(StringNode("iteration"));
-      root->values.push_back(IntNode(plan.iteration.value_or(0)));
-      root->keys.push_back(StringNode("model"));
+      root->keys.push_back(StructureNode::String("iteration"));
+      root->values.push_back(StructureNode::Int(plan.iteration.value_or(0)));
+      root->keys.push_back(StructureNode::String("model"));
       root->values.push_back(std::move(model_node));
       file.structure = std::move(root);
       arranged.layout.files.push_back(std::move(file));
