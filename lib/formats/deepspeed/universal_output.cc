@@ -5,11 +5,11 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <regex>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
+#include "lib/formats/deepspeed/universal_patterns.h"
 #include "lib/formats/torch/torch_output.h"
 #include "lib/io/directory.h"
 
@@ -44,43 +44,6 @@ void TensorNames(const Node& node, std::vector<std::string>& names) {
   for (const auto* children : {&node.keys, &node.values, &node.items, &node.args, &node.state}) {
     for (const Node& child : *children) TensorNames(child, names);
   }
-}
-
-// The vocabulary parameters of Megatron-DeepSpeed's universal_checkpoint_info: the patterns
-// (Python regexes applied with re.match, i.e. anchored at the start only) and the original
-// vocabulary size, when the model states record them.
-struct VocabularyRule {
-  std::vector<std::regex> patterns;
-  std::optional<int64_t> original_vocab_size;
-
-  bool Matches(const std::string& name) const {
-    for (const std::regex& pattern : patterns) {
-      if (std::regex_search(name, pattern, std::regex_constants::match_continuous)) return true;
-    }
-    return false;
-  }
-};
-
-absl::StatusOr<VocabularyRule> ReadVocabularyRule(const TrainingState& state) {
-  VocabularyRule rule;
-  const Node* info = StateValue(state, "deepspeed.universal_checkpoint_info");
-  if (const Node* size = DictValue(info, "original_vocab_size");
-      size != nullptr && size->kind == Node::Kind::kInt) {
-    rule.original_vocab_size = size->integer;
-  }
-  const Node* patterns = DictValue(info, "vocabulary_parameter_patterns");
-  if (patterns == nullptr || patterns->kind != Node::Kind::kList) return rule;
-  for (const Node& pattern : patterns->items) {
-    if (pattern.kind != Node::Kind::kString) continue;
-    try {
-      rule.patterns.emplace_back(pattern.text);
-    } catch (const std::regex_error& error) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("universal_checkpoint_info.vocabulary_parameter_patterns: \"", pattern.text,
-                       "\" is not a regular expression reshard can use: ", error.what()));
-    }
-  }
-  return rule;
 }
 
 // One torch.save file holding `structure`, with `tensors`.
@@ -130,7 +93,9 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
         ") carries no DeepSpeed training state (model-states files, optimizer state): a "
         "universal checkpoint is made from a DeepSpeed ZeRO checkpoint with its optimizer files"));
   }
-  ASSIGN_OR_RETURN(VocabularyRule vocabulary, ReadVocabularyRule(state));
+  ASSIGN_OR_RETURN(
+      const UniversalPatterns patterns,
+      UniversalPatterns::FromInfo(StateValue(state, "deepspeed.universal_checkpoint_info")));
   const Node* param_groups = StateValue(state, "deepspeed.param_group");
 
   ArrangedOutput arranged;
@@ -187,11 +152,19 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
                        "\" cannot name a folder of zero/ (it must be a plain "
                        "file name)"));
     }
+    // The keys ds_to_universal saves with each state, from how it merged the TP slices (the
+    // readers merged them the same way, from the same patterns).
+    const UcpParamRule rule = patterns.Classify(tensor.name);
+    if (rule.merge == UcpMerge::kAverage || rule.merge == UcpMerge::kSubParams) {
+      return absl::UnimplementedError(
+          absl::StrCat("parameter \"", tensor.name, "\" matches universal_checkpoint_info.",
+                       UcpMergeName(rule.merge), ", which reshard does not write"));
+    }
     Box region = Box::Full(tensor.shape);
-    const bool vocab = vocabulary.Matches(tensor.name);
-    if (vocab && vocabulary.original_vocab_size.has_value() && !region.extent.empty() &&
-        *vocabulary.original_vocab_size < region.extent[0]) {
-      region.extent[0] = *vocabulary.original_vocab_size;  // the TP padding rows go
+    const bool vocab = rule.vocab;
+    if (vocab && patterns.original_vocab_size().has_value() && !region.extent.empty() &&
+        *patterns.original_vocab_size() < region.extent[0]) {
+      region.extent[0] = *patterns.original_vocab_size();  // the TP padding rows go
     }
     const std::string folder = absl::StrCat("zero/", tensor.name, "/");
     for (const auto& [state_name, source] :
@@ -217,7 +190,12 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
         continue;
       }
       Node dict = Node::Dict();
-      dict.Add(Node::String("cat_dim"), Node::Int(0));
+      if (rule.merge != UcpMerge::kReplicated) {  // a replicated param has no cat_dim
+        dict.Add(Node::String("cat_dim"), Node::Int(rule.merge == UcpMerge::kRowParallel ? 1 : 0));
+      }
+      if (rule.merge == UcpMerge::kTwoSubParams) {
+        dict.Add(Node::String("param_n_sub_params"), Node::Int(2));
+      }
       if (vocab) dict.Add(Node::String("vocab_tensor"), Node::Bool(true));
       dict.Add(Node::String("param"), Node::Tensor(data.name));
       arranged.layout.files.push_back(

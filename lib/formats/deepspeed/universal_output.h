@@ -6,7 +6,8 @@
 //
 //   OUT/mp_rank_00_model_states.pt          the input's model-states files, copied verbatim
 //   OUT/zero/optimizer_state.pt             the optimizer's state without its partitions
-//   OUT/zero/<param>/fp32.pt                {'cat_dim': 0, 'param': fp32 master weights};
+//   OUT/zero/<param>/fp32.pt                {'cat_dim': 0, 'param': fp32 master weights}, with
+//                                           the merge keys of universal_patterns.h;
 //                                           ZeRO-3: the bare flat tensor (DeepSpeed's ZeRO-3
 //                                           loader reads it so)
 //   OUT/zero/<param>/exp_avg.pt             the same for Adam's first moment
@@ -20,6 +21,11 @@
 // moments, bit for bit. Parameters whose names match the model's
 // `universal_checkpoint_info.vocabulary_parameter_patterns` are cut to `original_vocab_size`
 // rows and marked `vocab_tensor: True` (DeepSpeed pads them again for the target TP).
+// The merge keys follow universal_checkpoint_info as ds_to_universal sets them (no cat_dim for
+// tp_replicated, cat_dim 1 for row-parallel, cat_dim 0 + param_n_sub_params 2 for
+// parameter_with_2_sub_params_cat_dim_0, cat_dim 0 otherwise); averaged and sub-param-shape
+// parameters are refused. The readers that merge TP parts (the Megatron-DeepSpeed pipeline
+// reader) merge them with rules from the same patterns.
 // Buffers and frozen parameters are not in `zero/`: DeepSpeed loads them from the model-states
 // files. Written by `consolidate` only (a universal checkpoint holds whole tensors; DeepSpeed
 // slices them when it loads); --dtype must keep float32.

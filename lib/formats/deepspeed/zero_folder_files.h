@@ -28,6 +28,13 @@ struct ZeroFolderFiles {
   std::map<int, std::string> model_files;       // mp rank -> mp_rank_XX_model_states.pt
   bool any_optimizer_file = false;              // of any model-parallel rank
   std::string prefix;                           // of the optimizer files: "", "bf16_" or "fp16_"
+  // The model-parallel rank the optimizer files (and, ZeRO-1/2, mp_rank_XX_model_states.pt)
+  // are read for: 0 as ListZeroFolder lists them; another when the Megatron-DeepSpeed pipeline
+  // reader reads each (pp, tp) rank's ZeRO files on its own.
+  int mp_rank = 0;
+  // The pipeline engine's model states (module None): buffers and frozen params live in the
+  // layer files, so buffer_names is not looked up in `module`.
+  bool pipeline = false;
 };
 
 // The files of checkpoint folder `dir`. With optimizer files, refuses model-parallel ranks

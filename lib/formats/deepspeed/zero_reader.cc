@@ -104,11 +104,17 @@ class ZeroReader {
   TrainingState training_state_;
 
   std::string OptimizerName(int rank) const {
-    return absl::StrCat(files_.prefix, "zero_pp_rank_", rank, "_mp_rank_00_optim_states.pt");
+    return absl::StrCat(files_.prefix, "zero_pp_rank_", rank, "_mp_rank_", MpRank(),
+                        "_optim_states.pt");
   }
   std::string ModelName(int rank) const {
-    return stage_ == 3 ? absl::StrCat("zero_pp_rank_", rank, "_mp_rank_00_model_states.pt")
-                       : std::string("mp_rank_00_model_states.pt");
+    return stage_ == 3
+               ? absl::StrCat("zero_pp_rank_", rank, "_mp_rank_", MpRank(), "_model_states.pt")
+               : absl::StrCat("mp_rank_", MpRank(), "_model_states.pt");
+  }
+  // "00", "07": the model-parallel rank as the file names write it.
+  std::string MpRank() const {
+    return files_.mp_rank < 10 ? absl::StrCat("0", files_.mp_rank) : absl::StrCat(files_.mp_rank);
   }
 
   // What LocateZero12 / LocateZero3 need, once the files are read.
@@ -291,7 +297,7 @@ class ZeroReader {
               absl::StrCat(dir_, ": ", setup, " but ", name, " is beyond the world size"));
         }
       }
-    } else if (files_.model_files.count(0) == 0) {
+    } else if (files_.model_files.count(files_.mp_rank) == 0) {
       return absl::DataLossError(absl::StrCat(dir_, ": ", setup, ": the model-states file (",
                                               ModelName(0), ") is missing. ", kPartialSaveHint));
     }
@@ -593,7 +599,7 @@ class ZeroReader {
                                          "; expected a list of names"));
     }
     std::vector<CatalogTensor> buffers;
-    if (names == nullptr || names->empty()) return buffers;
+    if (names == nullptr || names->empty() || files_.pipeline) return buffers;
     for (const PickleValue* item : *names) {
       std::optional<std::string> name = PickleString(item);
       if (!name.has_value()) {

@@ -8,6 +8,7 @@
 #include "lib/core/status.h"
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/megatron/deepspeed_pipe_reader.h"
+#include "lib/formats/megatron/deepspeed_pipe_zero_reader.h"
 #include "lib/formats/megatron/megatron_lm_reader.h"
 #include "lib/formats/megatron/megatron_save_folder.h"
 #include "lib/plan/partition_rules.h"
@@ -45,7 +46,16 @@ bool MegatronInput::Probe(const std::string& path) const {
 absl::StatusOr<InputModel> MegatronInput::Read(const std::string& path,
                                                const ReadOptions& options) const {
   ASSIGN_OR_RETURN(Resolved where, ResolveCheckpoint(path, options.tag));
-  if (where.layout == Layout::kDeepSpeedPipe) return ReadDeepSpeedPipe(where);
+  if (where.layout == Layout::kDeepSpeedPipe) {
+    // With the optimizer asked for, the fp32 weights and moments of the ZeRO files, when the
+    // folder has real ones; the 16-bit layer files otherwise.
+    if (options.include_optimizer) {
+      ASSIGN_OR_RETURN(std::optional<InputModel> zero,
+                       megatron_internal::ReadDeepSpeedPipeZero(where, options));
+      if (zero.has_value()) return *std::move(zero);
+    }
+    return ReadDeepSpeedPipe(where);
+  }
   return ReadMegatronLM(where);
 }
 

@@ -26,7 +26,10 @@
 //   "global_step50", or just "50", another).
 //   Tensors are named `<XX>.<key>` with XX without leading zeros, as DeepSpeed's
 //   ds_to_universal names them: `1.word_embeddings.weight`, `3.self_attention.dense.weight`,
-//   `8.weight` (the final norm). ZeRO optimizer files beside them are not read.
+//   `8.weight` (the final norm). ZeRO optimizer files beside them are not read, except with
+//   ReadOptions::include_optimizer when the model states record partitioned fp32 weights
+//   (param_shapes): then the fp32 master weights and Adam moments of every (pp, tp, dp) rank are
+//   read instead, under the module's names (deepspeed_pipe_zero_reader.h, docs/formats.md).
 //
 // Pipeline merge (Megatron-LM): `layers.N.` indices in a file are local to its stage and are
 // renumbered to global ones (offset = layers in earlier stages). Embeddings come from the first
