@@ -556,6 +556,27 @@ TEST_F(ServerTest, MalformedRequestsNameTheField) {
     cases.push_back(
         {"parts on consolidate", spec, "", absl::StatusCode::kInvalidArgument, "spec.parts"});
   }
+  {
+    v1::JobSpec spec = Consolidate("bad");
+    spec.set_pipeline_parts(2);
+    cases.push_back({"pipeline_parts on consolidate", spec, "", absl::StatusCode::kInvalidArgument,
+                     "spec.pipeline_parts"});
+  }
+  for (int pipeline_parts : {-1, 4097}) {
+    v1::JobSpec spec = Consolidate("bad");
+    spec.set_kind(v1::JOB_KIND_RESHARD);
+    spec.set_parts(2);
+    spec.set_pipeline_parts(pipeline_parts);
+    spec.set_rules_json(R"({"rules": [{"pattern": ".*", "replicate": true}]})");
+    cases.push_back({absl::StrCat("pipeline_parts ", pipeline_parts), spec, "",
+                     absl::StatusCode::kInvalidArgument, "spec.pipeline_parts"});
+  }
+  {
+    v1::JobSpec spec = Consolidate("bad");
+    spec.set_output_format("no-such-format");
+    cases.push_back({"unknown output format", spec, "", absl::StatusCode::kInvalidArgument,
+                     "spec.output_format"});
+  }
   for (const std::string rules : {"{not json", R"({"rules": 3})", R"({"rules": [{"x": 1}]})"}) {
     v1::JobSpec spec = Consolidate("bad");
     spec.set_kind(v1::JOB_KIND_RESHARD);
