@@ -27,6 +27,7 @@ import harness  # noqa: E402
 
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import megatron_fixture as mf  # noqa: E402
+import zero_fixture as zf  # noqa: E402  -- DeepSpeed's SubparamShape (or its stand-in)
 
 STEP = 100
 STATES = ("fp32", "exp_avg", "exp_avg_sq")
@@ -45,7 +46,14 @@ def ds_merge(name, slices, info):
         hits = [p for p in info.get(key, []) if re.match(p, name)]
         assert len(hits) <= 1, (name, hits)
         return bool(hits)
+    def matched_sub_params():
+        for entry in info.get("parameter_with_sub_params", []):
+            shape = zf.SubparamShape(**entry)
+            if any(re.match(p, name) for p in shape.patterns):
+                return shape
+        return None
     out = {}
+    sub_param_shape = matched_sub_params()
     if matched("tp_replicated_parameter_patterns"):
         assert all(torch.equal(slices[0], s) for s in slices[1:]), name
         param = slices[0]
@@ -57,6 +65,22 @@ def ds_merge(name, slices, info):
                            torch.cat([c[1] for c in chunks], 0)], 0)
         out["cat_dim"] = 0
         out["param_n_sub_params"] = 2
+    elif sub_param_shape:
+        # Each slice holds its share of every sub-param along partition_dim, in order; the
+        # merge is the sub-params one after the other, each its rank pieces concatenated.
+        dim = sub_param_shape.partition_dim
+        sizes = sub_param_shape.shape[dim]
+        sizes = sizes if isinstance(sizes, tuple) else (sizes,)
+        whole = [sum(d) if isinstance(d, tuple) else d for d in sub_param_shape.shape]
+        tp = len(slices)
+        slices = [s.view([d // tp if i == dim else d for i, d in enumerate(whole)])
+                  for s in slices]
+        merged, offset = [], 0
+        for size in sizes:
+            merged.append(torch.cat([s.narrow(dim, offset, size // tp) for s in slices], dim))
+            offset += size // tp
+        param = torch.cat(merged, dim)
+        out["sub_param_shape"] = sub_param_shape
     else:
         cat_dim = 1 if matched("parameter_with_row_parallelism_patterns") else 0
         param = torch.cat(slices, dim=cat_dim)
@@ -83,6 +107,18 @@ def load_hp_slice(saved, shape, tp_rank, tp_world):
     assert full.numel() == tp_world * torch.Size(shape).numel(), (full.shape, shape)
     dim = saved.get("cat_dim", 0)
     n_sub = saved.get("param_n_sub_params", 1)
+    sub_param_shape = saved.get("sub_param_shape", None)
+    if sub_param_shape:
+        # Each sub-param's tp_rank-th chunk along partition_dim, concatenated.
+        dim = sub_param_shape.partition_dim
+        sizes = sub_param_shape.shape[dim]
+        sizes = sizes if isinstance(sizes, tuple) else (sizes,)
+        full = full.view([sum(d) if isinstance(d, tuple) else d for d in sub_param_shape.shape])
+        chunks, offset = [], 0
+        for size in sizes:
+            chunks.append(full.narrow(dim, offset, size).chunk(tp_world, dim=dim)[tp_rank])
+            offset += size
+        return torch.cat(chunks, dim)
     if n_sub > 1:
         subs = full.chunk(n_sub, dim=dim)
         return torch.cat([s.chunk(tp_world, dim=dim)[tp_rank] for s in subs], dim=dim)
@@ -134,8 +170,9 @@ class MegatronUniversalTests(harness.CliTestCase):
     TIMEOUT = 180
 
     def convert(self, model, tp, pp, dp, bf16=False):
-        name = "tp%d-pp%d-dp%d-%s%s" % (tp, pp, dp, "swiglu" if model.swiglu else "gelu",
-                                          "-bf16" if bf16 else "")
+        name = "tp%d-pp%d-dp%d-%s%s%s" % (tp, pp, dp, "swiglu" if model.swiglu else "gelu",
+                                            "-bf16" if bf16 else "",
+                                            "-subparams" if model.qkv_sub_params else "")
         folder = mf.write_deepspeed_pipe(self.p(name, "save"), model, tp, pp, step=STEP,
                                          zero_dp=dp, bf16_optimizer=bf16)
         out = self.p(name, "out", "global_step%d_universal" % STEP)
@@ -161,6 +198,8 @@ class MegatronUniversalTests(harness.CliTestCase):
                 expected = ds_merge(name, slices[state][name], info)
                 have = load(os.path.join(zero, name, state + ".pt"))
                 self.assertEqual(sorted(have), sorted(expected), (what, name, state))
+                if "sub_param_shape" in expected:  # the object as saved, equal field by field
+                    self.assertIsInstance(have["sub_param_shape"], zf.SubparamShape)
                 for key, value in expected.items():
                     if key == "param":
                         continue
@@ -221,6 +260,17 @@ class MegatronUniversalTests(harness.CliTestCase):
                 for swiglu in (False, True):
                     with self.subTest(tp=tp, pp=pp, dp=dp, swiglu=swiglu):
                         self.check(mf.GPT(train_tp=tp, swiglu=swiglu, vocab=50), tp, pp, dp)
+
+    def test_gqa_query_key_value_with_sub_param_shapes(self):
+        # Heads 4, KV groups 2: query_key_value is SubparamShape(((16, 8, 8), 16), 0); TP 4
+        # would split a KV group, so TP 1 and 2 (sliced back for 1, 2 and 4 all the same).
+        for tp, pp in ((2, 1), (2, 2), (1, 2)):
+            for dp in (1, 3):
+                with self.subTest(tp=tp, pp=pp, dp=dp):
+                    model = mf.GPT(train_tp=tp, vocab=50, heads=4, groups=2, qkv_sub_params=True)
+                    self.check(model, tp, pp, dp)
+                    info = mf.universal_checkpoint_info(model, tp)
+                    self.assertIn("parameter_with_sub_params", info)
 
     def test_untied_output_layer(self):
         self.check(mf.GPT(train_tp=2, vocab=50, tied=False), 2, 2, 3)

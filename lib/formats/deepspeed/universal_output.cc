@@ -155,10 +155,18 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
     // The keys ds_to_universal saves with each state, from how it merged the TP slices (the
     // readers merged them the same way, from the same patterns).
     const UcpParamRule rule = patterns.Classify(tensor.name);
-    if (rule.merge == UcpMerge::kAverage || rule.merge == UcpMerge::kSubParams) {
+    if (rule.merge == UcpMerge::kAverage) {
       return absl::UnimplementedError(
           absl::StrCat("parameter \"", tensor.name, "\" matches universal_checkpoint_info.",
                        UcpMergeName(rule.merge), ", which reshard does not write"));
+    }
+    if (rule.merge == UcpMerge::kSubParams &&
+        patterns.SubParamShape(tensor.name)->shape != tensor.shape) {
+      // DeepSpeed views the tensor as that shape to slice it.
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", tensor.name, "\" is ", ShapeToString(tensor.shape),
+                       " but universal_checkpoint_info.parameter_with_sub_params gives it shape ",
+                       ShapeToString(patterns.SubParamShape(tensor.name)->shape)));
     }
     Box region = Box::Full(tensor.shape);
     const bool vocab = rule.vocab;
@@ -190,7 +198,10 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
         continue;
       }
       Node dict = Node::Dict();
-      if (rule.merge != UcpMerge::kReplicated) {  // a replicated param has no cat_dim
+      if (rule.merge == UcpMerge::kSubParams) {
+        // The SubparamShape object instead of cat_dim: DeepSpeed slices each sub-param.
+        dict.Add(Node::String("sub_param_shape"), patterns.SubParamShape(tensor.name)->saved);
+      } else if (rule.merge != UcpMerge::kReplicated) {  // a replicated param has no cat_dim
         dict.Add(Node::String("cat_dim"), Node::Int(rule.merge == UcpMerge::kRowParallel ? 1 : 0));
       }
       if (rule.merge == UcpMerge::kTwoSubParams) {

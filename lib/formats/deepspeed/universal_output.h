@@ -23,9 +23,10 @@
 // rows and marked `vocab_tensor: True` (DeepSpeed pads them again for the target TP).
 // The merge keys follow universal_checkpoint_info as ds_to_universal sets them (no cat_dim for
 // tp_replicated, cat_dim 1 for row-parallel, cat_dim 0 + param_n_sub_params 2 for
-// parameter_with_2_sub_params_cat_dim_0, cat_dim 0 otherwise); averaged and sub-param-shape
-// parameters are refused. The readers that merge TP parts (the Megatron-DeepSpeed pipeline
-// reader) merge them with rules from the same patterns.
+// parameter_with_2_sub_params_cat_dim_0, the SubparamShape object as `sub_param_shape` and no
+// cat_dim for parameter_with_sub_params, cat_dim 0 otherwise); averaged parameters are
+// refused. The readers that merge TP parts (the Megatron-DeepSpeed pipeline reader) merge them
+// with rules from the same patterns.
 // Buffers and frozen parameters are not in `zero/`: DeepSpeed loads them from the model-states
 // files. Written by `consolidate` only (a universal checkpoint holds whole tensors; DeepSpeed
 // slices them when it loads); --dtype must keep float32.

@@ -45,6 +45,21 @@ struct UcpParamRule {
   bool vocab = false;  // rows cut to original_vocab_size, key vocab_tensor
 };
 
+// One entry of parameter_with_sub_params: DeepSpeed's SubparamShape(patterns, shape,
+// partition_dim), saved in universal_checkpoint_info as a dict (dataclasses.asdict). Along
+// partition_dim the whole tensor stacks sub-params of `sizes` rows (shape[partition_dim], a
+// tuple such as (q_rows, kv_rows, kv_rows), or one int); TP rank r's slice holds rows
+// [size / TP * r, size / TP * (r + 1)) of each sub-param, in order. ds_to_universal merges the
+// slices into the sub-params one after the other, each the concatenation of its rank pieces.
+struct UcpSubParamShape {
+  std::vector<int64_t> sizes;
+  Shape shape;  // the whole tensor's shape (tuples summed)
+  int partition_dim = 0;
+  // The SubparamShape object ds_to_universal saves as `sub_param_shape` in zero/<param>/*.pt:
+  // deepspeed.checkpoint.universal_checkpoint.SubparamShape with the entry's fields.
+  StructureNode saved;
+};
+
 class UniversalPatterns {
  public:
   UniversalPatterns();
@@ -58,6 +73,9 @@ class UniversalPatterns {
   static absl::StatusOr<UniversalPatterns> FromInfo(const StructureNode* info);
 
   UcpParamRule Classify(absl::string_view name) const;
+  // The parameter_with_sub_params entry whose patterns match `name` first (ds_to_universal's
+  // order), or null. Classify says whether that entry decides the merge.
+  const UcpSubParamShape* SubParamShape(absl::string_view name) const;
   std::optional<int64_t> original_vocab_size() const { return original_vocab_size_; }
   // Whether `name` matches pipeline_replicated_parameter_patterns (tied embeddings held by the
   // first and the last pipeline stage).
@@ -65,9 +83,10 @@ class UniversalPatterns {
 
   // Partition rules that merge TP parts (and "<param>.exp_avg" / ".exp_avg_sq", which the
   // prefix-anchored patterns match too) as ds_to_universal merges slices, in its precedence:
-  // replicated, 2 sub-params (fused: 2 on dim 0), row-parallel (dim 1), catch-all dim 0.
-  // Parameters to average or with sub-param shapes cannot be merged by concatenation: the
-  // caller refuses them (Classify) before using these rules.
+  // replicated, 2 sub-params (fused: 2 on dim 0), sub-param shapes (concatenation on
+  // partition_dim, of slices the reader has regrouped: RegroupSubParams), row-parallel (dim 1),
+  // catch-all dim 0. Parameters to average cannot be merged by concatenation: the caller
+  // refuses them (Classify) before using these rules.
   std::vector<PartitionRule> MergeRules() const;
 
  private:
@@ -78,12 +97,28 @@ class UniversalPatterns {
   };
   static absl::Status AddList(const StructureNode* node, absl::string_view key, List& list);
 
-  List replicated_, average_, two_sub_, sub_params_, row_, vocab_, pipeline_;
+  struct SubParams {
+    List list;
+    UcpSubParamShape shape;
+  };
+
+  List replicated_, average_, two_sub_, row_, vocab_, pipeline_;
+  std::vector<SubParams> sub_params_;
   std::optional<int64_t> original_vocab_size_;
 };
 
 // "tp_replicated", "parameter_to_average", ...: the list a merge comes from, for messages.
 absl::string_view UcpMergeName(UcpMerge merge);
+
+// Makes concatenating `parts` (the TP ranks' catalogs, in rank order) along
+// shape.partition_dim give ds_to_universal's merge of tensor `name`: the rows of each rank's
+// slice are regrouped so that part r holds rows [R * r, R * (r + 1)) of the merged tensor (R:
+// the rows of one slice), pieces cut where they straddle a sub-param boundary and pointing into
+// the other ranks' files where needed (those files are added to the part). Metadata only.
+// InvalidArgument naming the tensor when a slice is not shape / TP along partition_dim, or a
+// sub-param size is not divisible by TP.
+absl::Status RegroupSubParams(std::vector<Catalog>& parts, const std::string& name,
+                              const UcpSubParamShape& shape);
 
 }  // namespace reshard
 

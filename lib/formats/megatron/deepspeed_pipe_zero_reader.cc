@@ -272,20 +272,20 @@ absl::StatusOr<std::optional<InputModel>> ReadDeepSpeedPipeZero(const Resolved& 
       model.training_state.verbatim_files.push_back(std::move(path));
     }
   }
-  // A merge ds_to_universal does that is no concatenation is refused rather than approximated.
-  if (tp > 1) {
-    for (const CatalogTensor& tensor : model.parts[0].tensors) {
-      const UcpMerge merge = patterns.Classify(tensor.name).merge;
-      if (merge == UcpMerge::kAverage || merge == UcpMerge::kSubParams) {
-        return absl::UnimplementedError(absl::StrCat(
-            what, ": parameter \"", tensor.name, "\" matches universal_checkpoint_info.",
-            UcpMergeName(merge),
-            merge == UcpMerge::kAverage
-                ? ": its TP slices are averaged, which reshard does not compute (it copies "
-                  "bytes; a mean is not exact in float32)"
-                : ": fused sub-params with per-rank shapes (GQA query_key_value) are not "
-                  "supported"));
-      }
+  // A merge ds_to_universal does that is no concatenation is refused rather than approximated;
+  // fused sub-params (GQA query_key_value) are regrouped so that concatenation merges them.
+  for (size_t i = 0; i < model.parts[0].tensors.size(); ++i) {
+    const std::string name = model.parts[0].tensors[i].name;
+    const UcpMerge merge = patterns.Classify(name).merge;
+    if (merge == UcpMerge::kAverage && tp > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          what, ": parameter \"", name, "\" matches universal_checkpoint_info.",
+          UcpMergeName(merge),
+          ": its TP slices are averaged, which reshard does not compute (it copies bytes; a "
+          "mean is not exact in float32)"));
+    }
+    if (merge == UcpMerge::kSubParams) {
+      RETURN_IF_ERROR(RegroupSubParams(model.parts, name, *patterns.SubParamShape(name)), what);
     }
   }
   model.default_rules = patterns.MergeRules();
