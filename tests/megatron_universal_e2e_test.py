@@ -180,7 +180,7 @@ class MegatronUniversalTests(harness.CliTestCase):
                 "deepspeed-universal", "--update-latest")
         return folder, out
 
-    def check(self, model, tp, pp, dp, bf16=False):
+    def check(self, model, tp, pp, dp, bf16=False, new_tps=(1, 2, 4)):
         what = "TP%d x PP%d x DP%d %s%s" % (tp, pp, dp, "SwiGLU" if model.swiglu else "GeLU",
                                              " bf16" if bf16 else "")
         folder, out = self.convert(model, tp, pp, dp, bf16)
@@ -207,7 +207,9 @@ class MegatronUniversalTests(harness.CliTestCase):
                 self.assertEqual(have["param"].dtype, torch.float32)
                 self.assertEqual(tuple(have["param"].shape), tuple(expected["param"].shape),
                                  (what, name, state))
-                self.assertTrue(torch.equal(have["param"], expected["param"]),
+                # Bit for bit (torch.equal takes -0.0 for +0.0).
+                self.assertTrue(torch.equal(have["param"].view(torch.int32),
+                                            expected["param"].view(torch.int32)),
                                 "%s %s %s: values differ" % (what, name, state))
                 saved[(name, state)] = have
             step = load(os.path.join(zero, name, "step.pt"))
@@ -237,9 +239,12 @@ class MegatronUniversalTests(harness.CliTestCase):
             self.assertNotIn(gone, optimizer, what)
         self.assertEqual(optimizer["param_groups"], rank0["base_optimizer_state"]["param_groups"])
         self.assertEqual(optimizer["partition_count"], rank0["partition_count"])
+        averaged = {n for n in names
+                    if any(re.match(p, n) for p in info.get("parameter_to_average_patterns", []))}
+        self.assertEqual(bool(averaged), model.average_norms and tp > 1, what)
         # Loaded back for new TP degrees as DeepSpeed slices it: the fixture's slices of a run
         # with that TP (vocabulary re-padded with zeros).
-        for new_tp in (1, 2, 4):
+        for new_tp in new_tps:
             for state in STATES:
                 target, logical = repadded(model, getattr(mf.PipeZeroState(model),
                                                           WHICH[state]), new_tp)
@@ -249,6 +254,8 @@ class MegatronUniversalTests(harness.CliTestCase):
                         if model.tied and ds_name.startswith("%d." % mf.ds_layer_index(model)[3]):
                             continue
                         name = mf.ds_module_name(model, ds_name)
+                        if name in averaged:
+                            continue  # a mean of the drifted slices, checked above
                         got = load_hp_slice(saved[(name, state)], want.shape, t, new_tp)
                         self.assertTrue(torch.equal(got, want.float()),
                                         "%s -> TP%d rank %d: %s %s" % (what, new_tp, t, name,
@@ -271,6 +278,16 @@ class MegatronUniversalTests(harness.CliTestCase):
                     self.check(model, tp, pp, dp)
                     info = mf.universal_checkpoint_info(model, tp)
                     self.assertIn("parameter_with_sub_params", info)
+
+    def test_averaged_layer_norms(self):
+        """parameter_to_average_patterns: the TP slices (drifted apart, a -0.0 in each) are
+        averaged as ds_to_universal's sum(slices) / len(slices) in float32, bit for bit; TP 3
+        divides by a number that is not a power of two."""
+        for tp, pp, dp, kw, new_tps in ((2, 2, 3, {}, (1, 2, 4)), (4, 1, 1, {}, (1, 2, 4)),
+                                        (3, 1, 2, {"heads": 6, "hidden": 18}, (1, 2, 3))):
+            with self.subTest(tp=tp, pp=pp, dp=dp):
+                model = mf.GPT(train_tp=tp, vocab=50, average_norms=True, **kw)
+                self.check(model, tp, pp, dp, new_tps=new_tps)
 
     def test_untied_output_layer(self):
         self.check(mf.GPT(train_tp=2, vocab=50, tied=False), 2, 2, 3)

@@ -249,6 +249,10 @@ class FileWriter {
   // Writes the tensor's data; `crc32` accumulates its CRC-32 when the framing needs it.
   absl::Status WriteTensor(const TensorCopy& copy, uint32_t* crc32) {
     TensorFiller filler(copy, sources_, source_checksums_);
+    std::vector<std::unique_ptr<TensorFiller>> term_fillers;  // OutputTensor::mean_of
+    for (const TensorCopy& term : copy.mean_terms) {
+      term_fillers.push_back(std::make_unique<TensorFiller>(term, sources_, source_checksums_));
+    }
     const size_t element_size = DTypeSize(copy.dst_dtype);
     int64_t done = 0;
     while (done < copy.num_elements) {
@@ -259,6 +263,10 @@ class FileWriter {
       RETURN_IF_ERROR(filler.Fill(done, done + count,
                                   reinterpret_cast<std::byte*>(pipeline_->buffer() + used_)));
       filler.ReleaseConsumed();  // the data is in the buffer now
+      if (!copy.mean_terms.empty()) {
+        RETURN_IF_ERROR(AverageInPlace(term_fillers, done, count,
+                                       reinterpret_cast<float*>(pipeline_->buffer() + used_)));
+      }
       if (plan_.needs_crc32) {
         *crc32 =
             Crc32(*crc32, pipeline_->buffer() + used_, static_cast<size_t>(count) * element_size);
@@ -268,6 +276,25 @@ class FileWriter {
       done += count;
     }
     bytes_read_ += filler.bytes_read();
+    for (const auto& term : term_fillers) bytes_read_ += term->bytes_read();
+    return absl::OkStatus();
+  }
+
+  // `out` holds elements [begin, begin + count) of a mean's first term: adds the other terms'
+  // and divides, in float32, in PyTorch's order for `sum(slices) / len(slices)`: 0 + t0 (which
+  // makes -0 into +0), + t1, ..., then / n.
+  absl::Status AverageInPlace(const std::vector<std::unique_ptr<TensorFiller>>& terms,
+                              int64_t begin, int64_t count, float* out) {
+    mean_scratch_.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) out[i] = 0.0f + out[i];
+    for (const auto& term : terms) {
+      RETURN_IF_ERROR(
+          term->Fill(begin, begin + count, reinterpret_cast<std::byte*>(mean_scratch_.data())));
+      term->ReleaseConsumed();
+      for (int64_t i = 0; i < count; ++i) out[i] += mean_scratch_[i];
+    }
+    const float n = static_cast<float>(terms.size() + 1);
+    for (int64_t i = 0; i < count; ++i) out[i] /= n;
     return absl::OkStatus();
   }
 
@@ -295,6 +322,7 @@ class FileWriter {
   int64_t pending_tensors_ = 0;
   TensorChecksums checksums_;
   PhaseSeconds phases_;
+  std::vector<float> mean_scratch_;  // another term's elements while averaging
 };
 
 // A file committed by an earlier attempt, when it is intact: planned size, recorded checksum.
@@ -460,13 +488,19 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
       std::max<uint64_t>(1, std::min<uint64_t>(options.threads, plan.files.size()));
   uint64_t largest_file = 0;
   uint64_t plan_bytes = sizeof(CopyPlan);
+  bool means = false;
+  auto add_copy = [&](const TensorCopy& copy) {
+    plan_bytes += sizeof(TensorCopy) + copy.name.size();
+    for (const CopyItem& item : copy.items) {
+      plan_bytes += sizeof(CopyItem) + item.extent.size() * 3 * sizeof(int64_t);
+    }
+  };
   for (const FilePlan& file : plan.files) {
     largest_file = std::max(largest_file, file.bytes);
     for (const TensorCopy& copy : file.tensors) {
-      plan_bytes += sizeof(TensorCopy) + copy.name.size();
-      for (const CopyItem& item : copy.items) {
-        plan_bytes += sizeof(CopyItem) + item.extent.size() * 3 * sizeof(int64_t);
-      }
+      add_copy(copy);
+      for (const TensorCopy& term : copy.mean_terms) add_copy(term);
+      means = means || !copy.mean_terms.empty();
     }
   }
   // Each worker holds its window, and the source pages one window consumed until they are
@@ -475,6 +509,8 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   const uint64_t window = std::min(std::max<uint64_t>(options.window_bytes, 4096), largest_file);
   const uint64_t checksums =
       options.check_source_crc32 ? SourceChecksums::MemoryBound(plan.sources) : 0;
-  return threads * 4 * window + plan_bytes + checksums;
+  // A mean's other terms are read through a scratch buffer of up to half a window.
+  const uint64_t mean_scratch = means ? window / 2 : 0;
+  return threads * (4 * window + mean_scratch) + plan_bytes + checksums;
 }
 }  // namespace reshard

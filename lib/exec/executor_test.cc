@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "lib/exec/dtype_convert.h"
 #include "lib/plan/planner.h"
@@ -241,6 +242,75 @@ TEST(ExecutorTest, ZeroFilledRowsBeyondTheSource) {
       EXPECT_EQ(result->bytes_read, 7u * 53 * 4);
     }
   }
+}
+
+// OutputTensor::mean_of: the element-wise mean of three float32 tensors (one of them split in
+// two column pieces), in PyTorch's order ((0 + a) + b + c) / 3, across window boundaries; a
+// -0.0 in every term comes out +0.0 as in PyTorch (0 + -0.0 is +0.0).
+TEST(ExecutorTest, MeanOfTensorsInTorchOrder) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 37, 53, 20);
+  Catalog& catalog = fixture.catalog;
+  auto term = [](int k, int64_t r, int64_t c) {
+    if (r == 3 && c == 4) return -0.0f;
+    return k == 0 ? Value(r, c) : Value(r, c) * (k == 1 ? -0.7f : 1.3f) + 0.1f * k;
+  };
+  for (int k = 1; k <= 2; ++k) {
+    std::string bytes;
+    for (int64_t r = 0; r < 37; ++r) {
+      for (int64_t c = 0; c < 53; ++c) bytes += EncodeElement(term(k, r, c), DType::kF32);
+    }
+    const std::string path = absl::StrCat(src, "/term", k, ".bin");
+    WriteAll(path, bytes);
+    catalog.files.push_back({path, bytes.size()});
+    CatalogTensor tensor{absl::StrCat("w", k), DType::kF32, {37, 53}, {}};
+    tensor.pieces.push_back(
+        {static_cast<int>(catalog.files.size()) - 1, 0, Box::Full({37, 53}), {53, 1}});
+    catalog.tensors.push_back(tensor);
+  }
+  // Element (3, 4) of the first term is -0.0 too.
+  std::string first = ReadAll(src + "/a.bin");
+  const float negative_zero = -0.0f;
+  std::memcpy(first.data() + 16 + (3 * 20 + 4) * 4, &negative_zero, 4);
+  WriteAll(src + "/a.bin", first);
+  catalog.Reindex();
+  const Box region{{2, 0}, {30, 53}};
+  TargetLayout layout;
+  OutputTensor mean{"mean", 0, region, DType::kF32};
+  mean.mean_of = {0, 1, 2};
+  layout.files.push_back({"mean.bin", {mean}, {}});
+  FileFraming framing;
+  framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
+  auto plan = BuildCopyPlan(catalog, layout, {framing});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::string expected;
+  for (int64_t r = 2; r < 32; ++r) {
+    for (int64_t c = 0; c < 53; ++c) {
+      float sum = 0.0f + term(0, r, c);
+      sum += term(1, r, c);
+      sum += term(2, r, c);
+      expected += EncodeElement(sum / 3.0f, DType::kF32);
+    }
+  }
+  for (uint64_t window : {uint64_t{4096}, uint64_t{1} << 20}) {
+    const std::string out = MakeTempDir("out");
+    ExecutorOptions options;
+    options.window_bytes = window;
+    auto result = Execute(*plan, OutputDir(out), options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const std::string got = ReadAll(out + "/mean.bin");
+    ASSERT_EQ(got.size(), expected.size());
+    EXPECT_TRUE(got == expected) << "window " << window;
+    float zero;
+    std::memcpy(&zero, got.data() + (1 * 53 + 4) * 4, 4);
+    EXPECT_EQ(Bits(zero), 0u) << "-0.0 terms must average to +0.0";
+    EXPECT_EQ(result->bytes_read, 3u * 30 * 53 * 4);
+  }
+  // Terms of another dtype or shape are refused when planning.
+  OutputTensor wrong = mean;
+  wrong.dtype = DType::kBF16;
+  layout.files[0].tensors = {wrong};
+  EXPECT_FALSE(BuildCopyPlan(catalog, layout, {framing}).ok());
 }
 
 TEST(ExecutorTest, CancelledLeavesNoFile) {

@@ -49,6 +49,11 @@ struct OutputTensor {
   // as zeros. (A Megatron vocabulary padded again for another tensor-parallel degree gets zero
   // rows appended.) Without it a region outside the shape is an internal error.
   bool zero_fill = false;
+  // When not empty, the data is the element-wise mean of `region` of these Catalog tensors
+  // (float32, same shape; `source` is the first), computed as PyTorch's
+  // `sum(slices) / len(slices)` does: ((0 + t0) + t1 + ...) / n, each step rounded to float32.
+  // (DeepSpeed's ds_to_universal merges the tensor-parallel slices of some parameters so.)
+  std::vector<int> mean_of;
 
   const Shape& shape() const { return written_shape.empty() ? region.extent : written_shape; }
 
@@ -128,6 +133,9 @@ struct TensorCopy {
   std::vector<CopyItem> items;
   // The items cover only part of the tensor (OutputTensor::zero_fill): every other element is 0.
   bool zero_fill = false;
+  // OutputTensor::mean_of: the copies of the other terms (the first is this one's items); the
+  // executor adds them element by element in order and divides by their count.
+  std::vector<TensorCopy> mean_terms;
 
   uint64_t dst_bytes() const { return num_elements * DTypeSize(dst_dtype); }
 };

@@ -136,6 +136,38 @@ uint64_t ItemSourceBytes(const TensorCopy& copy) {
   return elements * DTypeSize(copy.src_dtype);
 }
 
+// The other terms of an OutputTensor::mean_of (the first is `out.source`): float32 tensors of
+// the first's shape, each read in the same region.
+absl::StatusOr<std::vector<TensorCopy>> PlanMeanTerms(const Catalog& catalog,
+                                                      const OutputTensor& out) {
+  std::vector<TensorCopy> terms;
+  if (out.mean_of.empty()) return terms;
+  if (out.mean_of.front() != out.source || out.dtype != DType::kF32 || out.zero_fill) {
+    return absl::InternalError(
+        absl::StrCat("\"", out.name, "\": a mean starts at its source, in float32"));
+  }
+  const CatalogTensor& first = catalog.tensors[out.source];
+  for (size_t i = 1; i < out.mean_of.size(); ++i) {
+    const int source = out.mean_of[i];
+    if (source < 0 || source >= static_cast<int>(catalog.tensors.size())) {
+      return absl::InternalError(absl::StrCat("\"", out.name, "\": mean term out of range"));
+    }
+    const CatalogTensor& term = catalog.tensors[source];
+    if (term.dtype != DType::kF32 || first.dtype != DType::kF32 || term.shape != first.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", out.name, "\" is the mean of \"", first.name, "\" (", DTypeName(first.dtype), " ",
+          ShapeToString(first.shape), ") and \"", term.name, "\" (", DTypeName(term.dtype), " ",
+          ShapeToString(term.shape), "): a mean needs float32 tensors of one shape"));
+    }
+    OutputTensor term_out = out;
+    term_out.source = source;
+    term_out.mean_of.clear();
+    ASSIGN_OR_RETURN(TensorCopy copy, PlanRegion(catalog, term_out));
+    terms.push_back(std::move(copy));
+  }
+  return terms;
+}
+
 }  // namespace
 
 bool CanConvert(DType from, DType to) {
@@ -157,6 +189,10 @@ absl::StatusOr<CopyPlan> BuildCopyPlan(const Catalog& catalog, const TargetLayou
       ASSIGN_OR_RETURN(TensorCopy copy, PlanRegion(catalog, out),
                        absl::StrCat("planning ", file.name));
       plan.source_bytes_read += ItemSourceBytes(copy);
+      ASSIGN_OR_RETURN(copy.mean_terms, PlanMeanTerms(catalog, out),
+                       absl::StrCat("planning ", file.name));
+      for (const TensorCopy& term : copy.mean_terms)
+        plan.source_bytes_read += ItemSourceBytes(term);
       file_plan.tensors.push_back(std::move(copy));
     }
     std::vector<int> seen(file.tensors.size(), 0);

@@ -155,11 +155,6 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
     // The keys ds_to_universal saves with each state, from how it merged the TP slices (the
     // readers merged them the same way, from the same patterns).
     const UcpParamRule rule = patterns.Classify(tensor.name);
-    if (rule.merge == UcpMerge::kAverage) {
-      return absl::UnimplementedError(
-          absl::StrCat("parameter \"", tensor.name, "\" matches universal_checkpoint_info.",
-                       UcpMergeName(rule.merge), ", which reshard does not write"));
-    }
     if (rule.merge == UcpMerge::kSubParams &&
         patterns.SubParamShape(tensor.name)->shape != tensor.shape) {
       // DeepSpeed views the tensor as that shape to slice it.
@@ -191,6 +186,19 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
       out.source = source;
       out.region = region;
       out.dtype = DType::kF32;
+      if (rule.merge == UcpMerge::kAverage) {
+        // ds_to_universal: sum(slices) / len(slices) of the TP ranks' slices, which the reader
+        // keeps as "deepspeed.tp_slice.<t>.<name>" (none with one TP rank: the slice is whole).
+        for (int t = 0;; ++t) {
+          std::optional<int> slice =
+              state_tensor(absl::StrCat("deepspeed.tp_slice.", t, ".", data.name));
+          if (!slice.has_value()) break;
+          out.mean_of.push_back(*slice);
+        }
+        // One TP rank: still (0 + slice) / 1, which turns -0.0 into +0.0 as upstream does.
+        if (out.mean_of.empty()) out.mean_of.push_back(source);
+        out.source = out.mean_of.front();
+      }
       if (bare_flat) {
         out.written_shape = {NumElementsUnchecked(region.extent)};
         arranged.layout.files.push_back(TorchFile(absl::StrCat(folder, state_name, ".pt"),
@@ -201,7 +209,8 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
       if (rule.merge == UcpMerge::kSubParams) {
         // The SubparamShape object instead of cat_dim: DeepSpeed slices each sub-param.
         dict.Add(Node::String("sub_param_shape"), patterns.SubParamShape(tensor.name)->saved);
-      } else if (rule.merge != UcpMerge::kReplicated) {  // a replicated param has no cat_dim
+      } else if (rule.merge != UcpMerge::kReplicated && rule.merge != UcpMerge::kAverage) {
+        // (replicated and averaged params have no cat_dim)
         dict.Add(Node::String("cat_dim"), Node::Int(rule.merge == UcpMerge::kRowParallel ? 1 : 0));
       }
       if (rule.merge == UcpMerge::kTwoSubParams) {

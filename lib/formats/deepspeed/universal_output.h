@@ -24,9 +24,12 @@
 // The merge keys follow universal_checkpoint_info as ds_to_universal sets them (no cat_dim for
 // tp_replicated, cat_dim 1 for row-parallel, cat_dim 0 + param_n_sub_params 2 for
 // parameter_with_2_sub_params_cat_dim_0, the SubparamShape object as `sub_param_shape` and no
-// cat_dim for parameter_with_sub_params, cat_dim 0 otherwise); averaged parameters are
-// refused. The readers that merge TP parts (the Megatron-DeepSpeed pipeline reader) merge them
-// with rules from the same patterns.
+// cat_dim for parameter_with_sub_params, cat_dim 0 otherwise). Parameters to average
+// (parameter_to_average_patterns) get no cat_dim and the mean of the TP ranks' slices, which
+// the reader keeps as training-state tensors "deepspeed.tp_slice.<t>.<name>", computed as
+// ds_to_universal's `sum(slices) / len(slices)` in float32 (OutputTensor::mean_of). The readers
+// that merge TP parts (the Megatron-DeepSpeed pipeline reader) merge them with rules from the
+// same patterns.
 // Buffers and frozen parameters are not in `zero/`: DeepSpeed loads them from the model-states
 // files. Written by `consolidate` only (a universal checkpoint holds whole tensors; DeepSpeed
 // slices them when it loads); --dtype must keep float32.

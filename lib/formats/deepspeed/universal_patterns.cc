@@ -220,6 +220,9 @@ std::vector<PartitionRule> UniversalPatterns::MergeRules() const {
     }
   };
   add(replicated_, [](PartitionRule& r) { r.replicate = true; });
+  // Averaged params: the merged Catalog holds TP rank 0's slice (what a reader of the weights
+  // gets); the universal output averages the slices the reader keeps in its training state.
+  add(average_, [](PartitionRule& r) { r.replicate = true; });
   add(two_sub_, [](PartitionRule& r) { r.fused = 2; });
   for (const SubParams& entry : sub_params_) {
     add(entry.list, [&](PartitionRule& r) { r.split_dim = entry.shape.partition_dim; });

@@ -85,8 +85,8 @@ class UniversalPatterns {
   // prefix-anchored patterns match too) as ds_to_universal merges slices, in its precedence:
   // replicated, 2 sub-params (fused: 2 on dim 0), sub-param shapes (concatenation on
   // partition_dim, of slices the reader has regrouped: RegroupSubParams), row-parallel (dim 1),
-  // catch-all dim 0. Parameters to average cannot be merged by concatenation: the caller
-  // refuses them (Classify) before using these rules.
+  // catch-all dim 0. Parameters to average are replicated here (TP rank 0's slice, what a
+  // reader of the weights gets); the universal output averages the slices itself.
   std::vector<PartitionRule> MergeRules() const;
 
  private:

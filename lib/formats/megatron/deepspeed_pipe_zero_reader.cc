@@ -272,17 +272,29 @@ absl::StatusOr<std::optional<InputModel>> ReadDeepSpeedPipeZero(const Resolved& 
       model.training_state.verbatim_files.push_back(std::move(path));
     }
   }
-  // A merge ds_to_universal does that is no concatenation is refused rather than approximated;
-  // fused sub-params (GQA query_key_value) are regrouped so that concatenation merges them.
+  // Merges ds_to_universal does that are no concatenation: fused sub-params (GQA
+  // query_key_value) are regrouped so that concatenation merges them; averaged params keep
+  // every TP rank's slice (and moments) in the training state, "deepspeed.tp_slice.<t>.<name>",
+  // for the universal output to average.
+  std::vector<int> slice_file_base(tp, -1);
   for (size_t i = 0; i < model.parts[0].tensors.size(); ++i) {
     const std::string name = model.parts[0].tensors[i].name;
     const UcpMerge merge = patterns.Classify(name).merge;
     if (merge == UcpMerge::kAverage && tp > 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          what, ": parameter \"", name, "\" matches universal_checkpoint_info.",
-          UcpMergeName(merge),
-          ": its TP slices are averaged, which reshard does not compute (it copies bytes; a "
-          "mean is not exact in float32)"));
+      TrainingState& state = model.training_state;
+      for (int t = 0; t < tp; ++t) {
+        const Catalog& part = model.parts[t];
+        const int index = part.Find(name);
+        if (index < 0) continue;  // MergeParts reports a name missing from a part
+        if (slice_file_base[t] < 0) {
+          slice_file_base[t] = static_cast<int>(state.files.size());
+          state.files.insert(state.files.end(), part.files.begin(), part.files.end());
+        }
+        CatalogTensor slice = part.tensors[index];
+        slice.name = absl::StrCat("deepspeed.tp_slice.", t, ".", name);
+        for (SourcePiece& piece : slice.pieces) piece.file += slice_file_base[t];
+        state.tensors.push_back(std::move(slice));
+      }
     }
     if (merge == UcpMerge::kSubParams) {
       RETURN_IF_ERROR(RegroupSubParams(model.parts, name, *patterns.SubParamShape(name)), what);
