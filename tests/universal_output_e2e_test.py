@@ -246,27 +246,26 @@ class UniversalOutputTests(Base):
                                         (state, name, world, rank))
 
     def test_refusals(self):
+        """Refused before anything is written, each with the reason: another dtype, a reshard
+        (a universal checkpoint holds whole tensors), an input without optimizer moments."""
+        import json
         model, ck = self.write(1, 2, "fp32")
-        for extra, phrase in (((), None),
-                              (("--dtype", "bf16"), "--dtype must be keep or fp32")):
-            if phrase is None:
-                continue
-            out = self.p("refused")
-            res = self.ctl("consolidate", ck.dir, out, "--no-progress", "--format",
-                           "deepspeed-universal", *extra)
-            self.assertExit(res, 3)
-            self.assertIn(phrase, res.text)
-            self.assertFalse(os.path.exists(out))
-        res = self.ctl("reshard", ck.dir, self.p("refused"), "--parts", "2", "--rules",
-                       "megatron", "--format", "deepspeed-universal", "--no-progress")
-        self.assertNotEqual(res.returncode, 0)
-        self.assertFalse(os.path.exists(self.p("refused")))
-        # Without optimizer moments there is nothing to resume from.
+        rules = self.p("rules.json")
+        with open(rules, "w") as f:
+            json.dump({"rules": [{"pattern": ".*", "replicate": True}]}, f)
+        out = self.p("refused")
         stage0 = zf.write_stage0_checkpoint(self.p("stage0"), zf.small_model())
-        res = self.ctl("consolidate", stage0.dir, self.p("refused"), "--no-progress", "--format",
-                       "deepspeed-universal")
-        self.assertExit(res, 3)
-        self.assertFalse(os.path.exists(self.p("refused")))
+        for command, phrase in (
+                (("consolidate", ck.dir, out, "--dtype", "bf16"), "--dtype must be keep or fp32"),
+                (("reshard", ck.dir, out, "--parts", "2", "--rules", rules),
+                 "written by `consolidate`"),
+                (("consolidate", stage0.dir, out),
+                 "--format deepspeed-universal reads the optimizer's Adam moments")):
+            with self.subTest(command=command[0], phrase=phrase):
+                res = self.ctl(*command, "--no-progress", "--format", "deepspeed-universal")
+                self.assertExit(res, 3)
+                self.assertIn(phrase, res.text)
+                self.assertFalse(os.path.exists(out))
 
     def test_plan_lists_the_files(self):
         model, ck = self.write(3, 2, "fp32")

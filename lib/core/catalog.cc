@@ -303,6 +303,30 @@ absl::StatusOr<StructureNode> StructureFromJsonValue(const Json& json, int depth
 
 }  // namespace
 
+const StructureNode* StructureNode::Find(absl::string_view key) const {
+  if (kind != Kind::kDict) return nullptr;
+  for (size_t i = 0; i < keys.size() && i < values.size(); ++i) {
+    if (keys[i].kind == Kind::kString && keys[i].text == key) return &values[i];
+  }
+  return nullptr;
+}
+
+StructureNode* StructureNode::Find(absl::string_view key) {
+  return const_cast<StructureNode*>(static_cast<const StructureNode*>(this)->Find(key));
+}
+
+const StructureNode* StructureNode::Attributes() const {
+  if (kind == Kind::kDict) return this;
+  if (kind == Kind::kObject && state.size() == 1 && state[0].kind == Kind::kDict) {
+    return &state[0];
+  }
+  return nullptr;
+}
+
+StructureNode* StructureNode::Attributes() {
+  return const_cast<StructureNode*>(static_cast<const StructureNode*>(this)->Attributes());
+}
+
 std::string StructureToJson(const StructureNode& node) {
   return StructureJson(node).dump(-1, ' ', false, Json::error_handler_t::replace);
 }

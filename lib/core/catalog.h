@@ -140,6 +140,13 @@ struct StructureNode {
     keys.push_back(std::move(key));
     values.push_back(std::move(value));
   }
+  // kDict: the value of the string key `key`; null when absent or not a dict.
+  const StructureNode* Find(absl::string_view key) const;
+  StructureNode* Find(absl::string_view key);
+  // The attributes of an instance: a kDict itself, or a kObject's dict BUILD state (an
+  // argparse.Namespace, a dataclass); null otherwise.
+  const StructureNode* Attributes() const;
+  StructureNode* Attributes();
 };
 
 struct Catalog {
@@ -176,6 +183,14 @@ void AddFlatRangePieces(CatalogTensor& tensor, int file, uint64_t byte_offset, i
 // strides are non-negative and every piece's bytes and checksummed range lie inside its file.
 // DataLoss naming the file, tensor (or range) and byte offset otherwise.
 absl::Status ValidateCatalog(const Catalog& catalog);
+
+// StructureNode::Find on a node that may be null.
+inline const StructureNode* FindKey(const StructureNode* dict, absl::string_view key) {
+  return dict == nullptr ? nullptr : dict->Find(key);
+}
+inline StructureNode* FindKey(StructureNode* dict, absl::string_view key) {
+  return dict == nullptr ? nullptr : dict->Find(key);
+}
 
 // StructureNode as JSON (the form safetensors output carries in `__metadata__`, so that
 // nesting survives a trip through safetensors), and back.

@@ -110,8 +110,14 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   ReadOptions read = spec.read;
   if (planned.writer->needs_optimizer_state()) read.include_optimizer = true;
   ASSIGN_OR_RETURN(PartitionRules user_rules, LoadRules(spec.rules_json, spec.rules_file));
-  ASSIGN_OR_RETURN(planned.input, LoadInput(spec.input, std::move(user_rules),
-                                            /*require_model=*/true, read));
+  auto loaded = LoadInput(spec.input, std::move(user_rules), /*require_model=*/true, read);
+  if (!loaded.ok() && read.include_optimizer && !spec.read.include_optimizer) {
+    // The reader's message speaks of --include-optimizer, which the user did not give.
+    return Annotate(loaded.status(), absl::StrCat("--format ", spec.output_format,
+                                                  " reads the optimizer's Adam moments"));
+  }
+  if (!loaded.ok()) return loaded.status();
+  planned.input = *std::move(loaded);
   const PartitionRules& rules = planned.input.rules;
   const Catalog& catalog = planned.input.catalog;
   // What the plan reads: the input's Catalog, or its fused-block view for a split.

@@ -43,8 +43,10 @@ struct TrainingState {
   // model itself was read; only output formats that need the training state fail with it.
   absl::Status problem;
 
-  bool empty() const {
-    return values.empty() && tensors.empty() && verbatim_files.empty() && problem.ok();
+  // values[name], or null.
+  const StructureNode* Value(absl::string_view name) const {
+    auto it = values.find(std::string(name));
+    return it == values.end() ? nullptr : &it->second;
   }
 };
 

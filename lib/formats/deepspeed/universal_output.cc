@@ -18,21 +18,6 @@ namespace {
 
 using Node = StructureNode;
 
-const Node* DictValue(const Node* dict, absl::string_view key) {
-  if (dict == nullptr || dict->kind != Node::Kind::kDict) return nullptr;
-  for (size_t i = 0; i < dict->keys.size(); ++i) {
-    if (dict->keys[i].kind == Node::Kind::kString && dict->keys[i].text == key) {
-      return &dict->values[i];
-    }
-  }
-  return nullptr;
-}
-
-const Node* StateValue(const TrainingState& state, absl::string_view name) {
-  auto it = state.values.find(std::string(name));
-  return it == state.values.end() ? nullptr : &it->second;
-}
-
 // The names of the tensors `node` holds, each once, in order.
 void TensorNames(const Node& node, std::vector<std::string>& names) {
   if (node.kind == Node::Kind::kTensor) {
@@ -93,10 +78,9 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
         ") carries no DeepSpeed training state (model-states files, optimizer state): a "
         "universal checkpoint is made from a DeepSpeed ZeRO checkpoint with its optimizer files"));
   }
-  ASSIGN_OR_RETURN(
-      const UniversalPatterns patterns,
-      UniversalPatterns::FromInfo(StateValue(state, "deepspeed.universal_checkpoint_info")));
-  const Node* param_groups = StateValue(state, "deepspeed.param_group");
+  ASSIGN_OR_RETURN(const UniversalPatterns patterns,
+                   UniversalPatterns::FromInfo(state.Value("deepspeed.universal_checkpoint_info")));
+  const Node* param_groups = state.Value("deepspeed.param_group");
 
   ArrangedOutput arranged;
   // The step of each flat group (step.pt), as extra source tensors, added once per group.
@@ -135,7 +119,7 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
   // DeepSpeed's ZeRO-3 loader (stage3.py, load_hp_checkpoint_state) reads each state file as
   // one tensor and flattens it, as ds_to_universal's ZeRO-3 path writes it; ZeRO-1/2's
   // (universal_checkpoint.py) reads the dict with the merge keys.
-  const Node* zero_stage = StateValue(state, "deepspeed.zero_stage");
+  const Node* zero_stage = state.Value("deepspeed.zero_stage");
   const bool bare_flat =
       zero_stage != nullptr && zero_stage->kind == Node::Kind::kInt && zero_stage->integer == 3;
 
@@ -221,9 +205,9 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
       arranged.layout.files.push_back(
           TorchFile(absl::StrCat(folder, state_name, ".pt"), {std::move(out)}, std::move(dict)));
     }
-    const Node* group = DictValue(param_groups, tensor.name);
+    const Node* group = FindKey(param_groups, tensor.name);
     if (group != nullptr && group->kind == Node::Kind::kInt) {
-      const Node* step_value = StateValue(state, absl::StrCat("deepspeed.step.", group->integer));
+      const Node* step_value = state.Value(absl::StrCat("deepspeed.step.", group->integer));
       if (step_value != nullptr) {  // saved as a number, not a tensor
         arranged.layout.files.push_back(
             TorchFile(absl::StrCat(folder, "step.pt"), {}, *step_value));
@@ -243,7 +227,7 @@ absl::StatusOr<ArrangedOutput> UniversalOutput::Arrange(TargetLayout /*engine_la
         ") has no parameters with Adam moments (<param>.exp_avg, <param>.exp_avg_sq): a "
         "universal checkpoint is made from a DeepSpeed ZeRO checkpoint with its optimizer files"));
   }
-  const Node* optimizer_state = StateValue(state, "deepspeed.optimizer_state");
+  const Node* optimizer_state = state.Value("deepspeed.optimizer_state");
   if (optimizer_state != nullptr) {
     // Its tensors (ZeRO-3's per-sub-group steps) are training-state tensors.
     std::vector<std::string> names;

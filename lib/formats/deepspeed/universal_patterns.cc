@@ -16,38 +16,17 @@ namespace {
 
 using Node = StructureNode;
 
-const Node* DictValue(const Node* dict, absl::string_view key) {
-  if (dict == nullptr || dict->kind != Node::Kind::kDict) return nullptr;
-  for (size_t i = 0; i < dict->keys.size() && i < dict->values.size(); ++i) {
-    if (dict->keys[i].kind == Node::Kind::kString && dict->keys[i].text == key) {
-      return &dict->values[i];
-    }
-  }
-  return nullptr;
-}
-
-// A SubparamShape entry's fields: the dict itself (dataclasses.asdict, as Megatron-DeepSpeed
-// saves it), or the state of a pickled SubparamShape object.
-const Node* SubParamFields(const Node& entry) {
-  if (entry.kind == Node::Kind::kDict) return &entry;
-  if (entry.kind == Node::Kind::kObject && entry.state.size() == 1 &&
-      entry.state[0].kind == Node::Kind::kDict) {
-    return &entry.state[0];
-  }
-  return nullptr;
-}
-
 // parameter_with_sub_params[index] as a UcpSubParamShape, or InvalidArgument naming the entry.
 absl::StatusOr<UcpSubParamShape> ParseSubParamShape(const Node& entry, size_t index) {
   const std::string where =
       absl::StrCat("universal_checkpoint_info.parameter_with_sub_params[", index, "]");
-  const Node* fields = SubParamFields(entry);
+  const Node* fields = entry.Attributes();
   if (fields == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, " is no SubparamShape (a dict of patterns, shape, partition_dim)"));
   }
-  const Node* shape = DictValue(fields, "shape");
-  const Node* dim = DictValue(fields, "partition_dim");
+  const Node* shape = FindKey(fields, "shape");
+  const Node* dim = FindKey(fields, "partition_dim");
   auto is_sequence = [](const Node* node) {
     return node != nullptr && (node->kind == Node::Kind::kTuple || node->kind == Node::Kind::kList);
   };
@@ -94,7 +73,7 @@ absl::StatusOr<UcpSubParamShape> ParseSubParamShape(const Node& entry, size_t in
     out.saved.construction = Node::Construction::kNewObj;
     Node state = Node::Dict();
     for (const char* key : {"patterns", "shape", "partition_dim"}) {
-      const Node* value = DictValue(fields, key);
+      const Node* value = FindKey(fields, key);
       if (value != nullptr) state.Add(Node::String(key), *value);
     }
     out.saved.state.push_back(std::move(state));
@@ -155,7 +134,7 @@ absl::Status UniversalPatterns::AddList(const Node* node, absl::string_view key,
 absl::StatusOr<UniversalPatterns> UniversalPatterns::FromInfo(const Node* info) {
   UniversalPatterns out;
   if (info == nullptr || info->kind != Node::Kind::kDict) return out;
-  if (const Node* size = DictValue(info, "original_vocab_size");
+  if (const Node* size = FindKey(info, "original_vocab_size");
       size != nullptr && size->kind == Node::Kind::kInt) {
     out.original_vocab_size_ = size->integer;
   }
@@ -166,14 +145,14 @@ absl::StatusOr<UniversalPatterns> UniversalPatterns::FromInfo(const Node* info) 
         {"parameter_with_row_parallelism_patterns", &out.row_},
         {"vocabulary_parameter_patterns", &out.vocab_},
         {"pipeline_replicated_parameter_patterns", &out.pipeline_}}) {
-    RETURN_IF_ERROR(AddList(DictValue(info, key), key, *list));
+    RETURN_IF_ERROR(AddList(FindKey(info, key), key, *list));
   }
   // parameter_with_sub_params: a list of SubparamShape dicts {patterns, shape, partition_dim}.
-  if (const Node* shapes = DictValue(info, "parameter_with_sub_params"); shapes != nullptr) {
+  if (const Node* shapes = FindKey(info, "parameter_with_sub_params"); shapes != nullptr) {
     for (size_t i = 0; i < shapes->items.size(); ++i) {
       SubParams entry;
       ASSIGN_OR_RETURN(entry.shape, ParseSubParamShape(shapes->items[i], i));
-      RETURN_IF_ERROR(AddList(DictValue(SubParamFields(shapes->items[i]), "patterns"),
+      RETURN_IF_ERROR(AddList(FindKey(shapes->items[i].Attributes(), "patterns"),
                               "parameter_with_sub_params", entry.list));
       out.sub_params_.push_back(std::move(entry));
     }

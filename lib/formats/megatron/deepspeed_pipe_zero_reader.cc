@@ -120,11 +120,6 @@ absl::Status AppendStage(Catalog& target, Catalog source, const UniversalPattern
   return absl::OkStatus();
 }
 
-const StructureNode* StateValue(const TrainingState& state, const std::string& name) {
-  auto it = state.values.find(name);
-  return it == state.values.end() ? nullptr : &it->second;
-}
-
 }  // namespace
 
 absl::StatusOr<std::optional<InputModel>> ReadDeepSpeedPipeZero(const Resolved& where,
@@ -248,8 +243,7 @@ absl::StatusOr<std::optional<InputModel>> ReadDeepSpeedPipeZero(const Resolved& 
       RETURN_IF_ERROR(AppendStage(part, std::move(rank.parts[0]), patterns,
                                   absl::StrCat(what, ", pp ", p, " tp ", t)));
       // Which param group each param is in (the step of step.pt), first stage first.
-      if (const StructureNode* stage_groups =
-              StateValue(rank.training_state, "deepspeed.param_group")) {
+      if (const StructureNode* stage_groups = rank.training_state.Value("deepspeed.param_group")) {
         for (size_t i = 0; i < stage_groups->keys.size(); ++i) {
           if (!grouped.insert(stage_groups->keys[i].text).second) continue;
           groups.keys.push_back(stage_groups->keys[i]);

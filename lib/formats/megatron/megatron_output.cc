@@ -30,33 +30,9 @@ constexpr char kOutputLayer[] = "language_model.output_layer.weight";
 
 // ---------------------------------------------------------------------------- args
 
-// The attributes of an argparse.Namespace as the reader carries it (its BUILD state, a dict of
-// attribute name -> value), or null when `args` is no such thing.
-StructureNode* Attributes(StructureNode& args) {
-  if (args.kind == Kind::kDict) return &args;
-  if (args.kind == Kind::kObject && args.state.size() == 1 && args.state[0].kind == Kind::kDict) {
-    return &args.state[0];
-  }
-  return nullptr;
-}
-
-const StructureNode* Attributes(const StructureNode& args) {
-  return Attributes(const_cast<StructureNode&>(args));
-}
-
-StructureNode* Attribute(StructureNode* attributes, absl::string_view key) {
-  if (attributes == nullptr) return nullptr;
-  for (size_t i = 0; i < attributes->keys.size(); ++i) {
-    if (attributes->keys[i].kind == Kind::kString && attributes->keys[i].text == key) {
-      return &attributes->values[i];
-    }
-  }
-  return nullptr;
-}
-
 // An int (or bool) attribute; nullopt when absent, None or another kind.
 std::optional<int64_t> IntArg(const StructureNode* attributes, absl::string_view key) {
-  const StructureNode* value = Attribute(const_cast<StructureNode*>(attributes), key);
+  const StructureNode* value = FindKey(attributes, key);
   if (value == nullptr) return std::nullopt;
   if (value->kind == Kind::kInt) return value->integer;
   if (value->kind == Kind::kBool) return value->boolean ? 1 : 0;
@@ -65,7 +41,7 @@ std::optional<int64_t> IntArg(const StructureNode* attributes, absl::string_view
 
 // Sets an attribute that is present (args of other Megatron versions may lack it).
 void SetIfPresent(StructureNode* attributes, absl::string_view key, StructureNode value) {
-  if (StructureNode* slot = Attribute(attributes, key); slot != nullptr) *slot = std::move(value);
+  if (StructureNode* slot = FindKey(attributes, key); slot != nullptr) *slot = std::move(value);
 }
 
 // ---------------------------------------------------------------------------- names
@@ -248,7 +224,7 @@ absl::Status CheckDivides(const StructureNode* args, absl::string_view key, int 
 // The args of the file of (t, p).
 StructureNode FileArgs(const Plan& plan, int t, int p) {
   StructureNode args = *plan.args;
-  StructureNode* attributes = Attributes(args);
+  StructureNode* attributes = args.Attributes();
   SetIfPresent(attributes, "tensor_model_parallel_size", StructureNode::Int(plan.tp));
   SetIfPresent(attributes, "pipeline_model_parallel_size", StructureNode::Int(plan.pp));
   if (plan.vocab_rows > 0)
@@ -297,18 +273,20 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
         "--dtype with --format megatron: the args (params_dtype, fp16, bf16) would no longer "
         "describe the weights; write the checkpoint with --dtype keep");
   }
-  const auto& values = model.training_state.values;
+  const TrainingState& state = model.training_state;
   Plan plan;
-  if (auto it = values.find("megatron.args"); it != values.end() && Attributes(it->second)) {
-    plan.args = it->second;
+  if (const StructureNode* saved = state.Value("megatron.args");
+      saved != nullptr && saved->Attributes() != nullptr) {
+    plan.args = *saved;
   }
-  const StructureNode* args = plan.args.has_value() ? Attributes(*plan.args) : nullptr;
-  if (auto it = values.find("megatron.iteration"); it != values.end()) {
-    if (it->second.kind == Kind::kInt) plan.iteration = it->second.integer;
+  const StructureNode* args = plan.args.has_value() ? plan.args->Attributes() : nullptr;
+  if (const StructureNode* iteration = state.Value("megatron.iteration");
+      iteration != nullptr && iteration->kind == Kind::kInt) {
+    plan.iteration = iteration->integer;
   }
-  if (auto it = values.find("megatron.checkpoint_version"); it != values.end()) {
-    if (it->second.kind == Kind::kFloat) plan.checkpoint_version = it->second.real;
-    if (it->second.kind == Kind::kInt) plan.checkpoint_version = it->second.integer;
+  if (const StructureNode* version = state.Value("megatron.checkpoint_version")) {
+    if (version->kind == Kind::kFloat) plan.checkpoint_version = version->real;
+    if (version->kind == Kind::kInt) plan.checkpoint_version = version->integer;
   }
   // The tensors of each TP part, in the input's order.
   std::vector<std::vector<OutputTensor>> parts;
@@ -372,10 +350,9 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
       placements[t].push_back(std::move(placement));
     }
   }
-  bool release = false;
-  if (auto it = values.find("megatron.release"); it != values.end()) {
-    release = it->second.kind == Kind::kBool && it->second.boolean;
-  }
+  const StructureNode* release_value = state.Value("megatron.release");
+  const bool release =
+      release_value != nullptr && release_value->kind == Kind::kBool && release_value->boolean;
   if (release) {
     plan.folder = "release";
   } else if (plan.iteration.has_value() && *plan.iteration >= 0) {
