@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Benchmark of `reshardctl consolidate` against a plain `cp -r && sync` of the same checkpoint.
-# See tools/bench/README.md. Usage:
+# Benchmark of reshardctl conversions against a plain `cp -r && sync` of the same checkpoint,
+# run in alternating pairs (cp, X, cp, X, ...). See tools/bench/README.md. Usage:
 #
-#   tools/bench/bench.sh [--size 4GiB] [--sizes 1GiB,4GiB] [--repeat N] [--workdir DIR] [--keep]
-#                        [--verify] [--steps cp,fp32,bf16,torch,universal] [--no-drop-caches]
-#                        [--input-format safetensors|torch|zero1|zero2|zero3] [--zero-ranks N]
-#                        [--zero-moments]
+#   tools/bench/bench.sh [--size 4GiB] [--sizes 1GiB,4GiB [--table-sizes]] [--pairs N]
+#                        [--workdir DIR] [--keep] [--verify] [--no-drop-caches]
+#                        [--steps fp32,bf16,torch,universal,split] [--split-parts M]
+#                        [--input-format safetensors|torch|metaseq|zero1|zero2|zero3]
+#                        [--zero-ranks N] [--zero-moments]
 #                        [--reshardctl PATH]
 #                        [-- EXTRA_ARGS...]
 #
-# EXTRA_ARGS (after --) are appended to both consolidate commands, e.g. -- --threads 2.
+# EXTRA_ARGS (after --) are appended to every reshardctl conversion, e.g. -- --threads 2.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,19 +24,32 @@ usage() {
 Options:
   --size SIZE        checkpoint size for the main table (default 4GiB; KiB/MiB/GiB or KB/MB/GB)
   --sizes S1,S2,...  also measure consolidate (fp32) peak RSS at each of these sizes
-  --repeat N         run every measurement N times, report the best wall time (default 1)
+  --table-sizes      run the whole main table at each size of --sizes instead (one checkpoint
+                     at a time; --size is then ignored), e.g. --sizes 2GiB,16GiB --table-sizes
+  --pairs N          for each step X run `cp -r + sync` and X alternately N times (cp, X, cp, X,
+                     ...) and report medians (default 5)
+  --repeat N         deprecated alias of --pairs
   --workdir DIR      where checkpoints and outputs go (default: a new folder under /tmp)
   --keep             keep the checkpoints and outputs (default: delete every big file at the end)
-  --verify           after each conversion run `reshardctl verify IN OUT` (must exit 0) and an
-                     independent format check of OUT (check_checkpoint.py)
-  --steps LIST       which of cp,fp32,bf16,torch to run in the main table (default
-                     cp,fp32,bf16; with --input-format torch: cp,fp32,bf16,torch).
-                     torch = consolidate --format torch (writes pytorch_model.bin);
-                     universal = consolidate --format deepspeed-universal (zero inputs with
-                     --zero-moments; reads every byte of the checkpoint, like cp -r)
+  --verify           after the first run of each conversion, `reshardctl verify IN OUT` (must
+                     exit 0) and an independent format check of OUT (not timed)
+  --steps LIST       conversions to measure, each paired with its own cp runs:
+                       fp32       consolidate
+                       bf16       consolidate --dtype bf16
+                       torch      consolidate --format torch (pytorch_model.bin)
+                       universal  consolidate --format deepspeed-universal (zero inputs with
+                                  --zero-moments; reads every byte of the checkpoint, like cp -r)
+                       split      reshard --parts M (--split-parts, default 4): safetensors and
+                                  torch inputs 1 -> M with Llama rules (strided boxes),
+                                  metaseq 2 -> M with --rules metaseq --format torch
+                     default: fp32,bf16,split (safetensors), fp32,bf16,torch,split (torch,
+                     metaseq), fp32,bf16,torch (zero1/2/3). `cp` is accepted and ignored.
+  --split-parts M    output parts of the split step (default 4)
   --input-format F   safetensors (default: HF sharded folder from make_checkpoint.py),
                      torch (one torch.save file from make_torch_checkpoint.py; needs
-                     python3-torch and about the checkpoint size in RAM to generate) or
+                     python3-torch and about the checkpoint size in RAM to generate),
+                     metaseq (2 model-parallel parts reshard-model_part-<i>.pt from
+                     make_metaseq_checkpoint.py; about SIZE / 2 in RAM to generate) or
                      zero3 (a DeepSpeed ZeRO-3 save folder from make_zero_checkpoint.py:
                      SIZE bytes of fp32 parameters partitioned over --zero-ranks ranks, no
                      Adam moments, so `cp -r` copies the same bytes reshard reads)
@@ -53,11 +67,13 @@ note() { echo "bench: $*" >&2; }
 
 SIZE_ARG=4GiB
 SIZES_ARG=""
-REPEAT=1
+TABLE_SIZES=0
+PAIRS=5
 WORK=""
 KEEP=0
 VERIFY=0
 STEPS=""
+SPLIT_PARTS=4
 INPUT_FORMAT=safetensors
 ZERO_RANKS=8
 ZERO_MOMENTS=0
@@ -70,8 +86,13 @@ while (($#)); do
     --size=*) SIZE_ARG="${1#*=}"; shift ;;
     --sizes) SIZES_ARG="${2:?--sizes needs a value}"; shift 2 ;;
     --sizes=*) SIZES_ARG="${1#*=}"; shift ;;
-    --repeat) REPEAT="${2:?--repeat needs a value}"; shift 2 ;;
-    --repeat=*) REPEAT="${1#*=}"; shift ;;
+    --table-sizes) TABLE_SIZES=1; shift ;;
+    --pairs) PAIRS="${2:?--pairs needs a value}"; shift 2 ;;
+    --pairs=*) PAIRS="${1#*=}"; shift ;;
+    --repeat) note "--repeat is deprecated: it is --pairs now (alternating cp / conversion pairs, medians)"
+              PAIRS="${2:?--repeat needs a value}"; shift 2 ;;
+    --repeat=*) note "--repeat is deprecated: it is --pairs now (alternating cp / conversion pairs, medians)"
+                PAIRS="${1#*=}"; shift ;;
     --workdir) WORK="${2:?--workdir needs a value}"; shift 2 ;;
     --workdir=*) WORK="${1#*=}"; shift ;;
     --keep) KEEP=1; shift ;;
@@ -79,11 +100,13 @@ while (($#)); do
     --no-drop-caches) DROP=0; shift ;;
     --steps) STEPS="${2:?--steps needs a value}"; shift 2 ;;
     --steps=*) STEPS="${1#*=}"; shift ;;
+    --split-parts) SPLIT_PARTS="${2:?--split-parts needs a value}"; shift 2 ;;
+    --split-parts=*) SPLIT_PARTS="${1#*=}"; shift ;;
     --input-format) INPUT_FORMAT="${2:?--input-format needs a value}"; shift 2 ;;
     --input-format=*) INPUT_FORMAT="${1#*=}"; shift ;;
     --zero-ranks) ZERO_RANKS="${2:?--zero-ranks needs a value}"; shift 2 ;;
-    --zero-moments) ZERO_MOMENTS=1; shift ;;
     --zero-ranks=*) ZERO_RANKS="${1#*=}"; shift ;;
+    --zero-moments) ZERO_MOMENTS=1; shift ;;
     --reshardctl) BIN_ARG="${2:?--reshardctl needs a value}"; shift 2 ;;
     --reshardctl=*) BIN_ARG="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -91,16 +114,27 @@ while (($#)); do
     *) usage >&2; die "unknown argument: $1" ;;
   esac
 done
-[[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || die "--repeat must be a positive integer"
+[[ "$PAIRS" =~ ^[1-9][0-9]*$ ]] || die "--pairs must be a positive integer"
+[[ "$SPLIT_PARTS" =~ ^[1-9][0-9]*$ ]] || die "--split-parts must be a positive integer"
 case "$INPUT_FORMAT" in
-  safetensors) STEPS="${STEPS:-cp,fp32,bf16}" ;;
-  torch|zero1|zero2|zero3) STEPS="${STEPS:-cp,fp32,bf16,torch}" ;;
-  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch, zero1, zero2 or zero3)" ;;
+  safetensors) STEPS="${STEPS:-fp32,bf16,split}" ;;
+  torch|metaseq) STEPS="${STEPS:-fp32,bf16,torch,split}" ;;
+  zero1|zero2|zero3) STEPS="${STEPS:-fp32,bf16,torch}" ;;
+  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch, metaseq, zero1, zero2 or zero3)" ;;
 esac
+STEP_LIST=()
 for s in ${STEPS//,/ }; do
-  case "$s" in cp|fp32|bf16|torch|universal) ;; *) die "--steps: unknown step '$s' (use cp,fp32,bf16,torch,universal)" ;; esac
+  case "$s" in
+    cp) ;;  # every step is paired with its own cp runs
+    fp32|bf16|torch|universal|split) [[ " ${STEP_LIST[*]} " == *" $s "* ]] || STEP_LIST+=("$s") ;;
+    *) die "--steps: unknown step '$s' (use fp32,bf16,torch,universal,split)" ;;
+  esac
 done
-has_step() { [[ ",$STEPS," == *",$1,"* ]]; }
+((${#STEP_LIST[@]})) || die "--steps: no conversion step (cp alone is not measured: it is every step's baseline)"
+if [[ " ${STEP_LIST[*]} " == *" split "* && "$INPUT_FORMAT" == zero? ]]; then
+  die "--steps split: not for ZeRO inputs (use safetensors, torch or metaseq)"
+fi
+if ((TABLE_SIZES)) && [ -z "$SIZES_ARG" ]; then die "--table-sizes needs --sizes S1,S2,..."; fi
 
 [ -x "$TIME" ] || die "$TIME not found (GNU time; run tools/setup.sh or apt-get install time)"
 [ -x "$PY" ] || die "$PY not found (run tools/setup.sh)"
@@ -121,16 +155,37 @@ if [ -n "$SIZES_ARG" ]; then
   IFS=, read -r -a SIZES <<<"$SIZES_ARG"
   for s in "${SIZES[@]}"; do SIZES_BYTES+=("$(to_bytes "$s")"); done
 fi
+# The sizes of the main table: --size, or with --table-sizes every size of --sizes.
+if ((TABLE_SIZES)); then
+  TABLE=("${SIZES[@]}")
+else
+  TABLE=("$SIZE_ARG")
+fi
 MAX_BYTES="$SIZE_BYTES"
+SUM_BYTES=0
 for b in "${SIZES_BYTES[@]}"; do ((b > MAX_BYTES)) && MAX_BYTES=$b; done
+if ((TABLE_SIZES)); then
+  MAX_BYTES=0
+  for b in "${SIZES_BYTES[@]}"; do ((b > MAX_BYTES)) && MAX_BYTES=$b; SUM_BYTES=$((SUM_BYTES + b)); done
+else
+  SUM_BYTES=$SIZE_BYTES
+  for b in "${SIZES_BYTES[@]}"; do ((b != SIZE_BYTES)) && SUM_BYTES=$((SUM_BYTES + b)); done
+fi
 
 # ---------------------------------------------------------------- workdir, free space, cleanup
 # Free space first (on the folder or its nearest existing parent), so a failed check leaves nothing.
 probe="${WORK:-/tmp}"
 while [ ! -d "$probe" ]; do probe="$(dirname "$probe")"; done
 AVAIL="$(df -P -B1 "$probe" | awk 'NR==2 {print $4}')"
-NEED=$((3 * MAX_BYTES))                        # input + output + copy, with room to spare
-((KEEP)) && NEED=$((5 * MAX_BYTES))            # --keep leaves input, copy and every output
+# Input bytes on disk per byte of SIZE, in tenths: ZeRO-1/2 folders also hold the 16-bit weights
+# (1.5x), --zero-moments adds two moments of SIZE each.
+IN_X10=10
+[[ "$INPUT_FORMAT" == zero[12] ]] && IN_X10=15
+((ZERO_MOMENTS)) && [[ "$INPUT_FORMAT" == zero? ]] && IN_X10=$((IN_X10 + 20))
+# One checkpoint at a time: input + its copy or one output (the universal output is as big as
+# the input), with SIZE to spare. --keep leaves every checkpoint, the copy and every output.
+NEED=$(((2 * IN_X10 + 10) * MAX_BYTES / 10))
+((KEEP)) && NEED=$(((2 * IN_X10 + 40) * SUM_BYTES / 10))
 if ((AVAIL < NEED)); then
   die "$probe has $((AVAIL >> 20)) MiB free, need about $((NEED >> 20)) MiB for a $((MAX_BYTES >> 20)) MiB checkpoint"
 fi
@@ -141,6 +196,9 @@ else
   WORK="$(cd "$WORK" && pwd)"
 fi
 mkdir -p "$WORK/logs"
+RUNS="$WORK/logs/runs.tsv"
+printf 'label\tpair\twall_s\tuser_s\tsys_s\trss_kib\tcached_before_kib\tcached_after_kib\tsize\tinput_format\n' >"$RUNS"
+: >"$WORK/results.txt"
 
 BIG=()   # big folders this run created; removed at exit unless --keep
 add_big() { [[ " ${BIG[*]} " == *" $1 "* ]] || BIG+=("$1"); }
@@ -182,6 +240,23 @@ fi
 BIN="$WORK/reshardctl"
 cp -f "$SRC_BIN" "$BIN"
 
+# Partition rules of the split step for the Llama-like inputs (make_checkpoint.py and
+# make_torch_checkpoint.py names): column-parallel q/k/v/gate/up by rows, row-parallel o/down
+# by columns, embed_tokens and lm_head by the hidden dimension (the generated vocabulary need
+# not divide by M), norms replicated. Every part then reads strided boxes of most tensors.
+LLAMA_RULES="$WORK/llama-rules.json"
+cat >"$LLAMA_RULES" <<'EOF'
+{"rules": [
+  {"pattern": "(q|k|v|gate|up)_proj\\.weight$", "split_dim": 0},
+  {"pattern": "(o|down)_proj\\.weight$", "split_dim": 1},
+  {"pattern": "(embed_tokens|lm_head)\\.weight$", "split_dim": 1},
+  {"pattern": ".*", "replicate": true}
+]}
+EOF
+# metaseq parts are merged with the metaseq preset by every command, the rest need no rules.
+IN_RULES=()
+[ "$INPUT_FORMAT" = metaseq ] && IN_RULES=(--rules metaseq)
+
 # ---------------------------------------------------------------- machine
 git_rev() {
   local rev
@@ -192,14 +267,17 @@ git_rev() {
 FS="$(df -P -T "$WORK" | awk 'NR==2 {print $2 " on " $1 " (" $7 ")"}')"
 MEM_KB="$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
 CPU_MODEL="$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)"
-echo "== reshard benchmark"
-echo "date:       $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-echo "git:        $(git_rev)"
-echo "binary:     $SRC_BIN"
-echo "machine:    nproc=$(nproc), memory=$((MEM_KB / 1024)) MiB, cpu=${CPU_MODEL:-?}, kernel=$(uname -r)"
-echo "workdir:    $WORK, filesystem $FS, $((AVAIL >> 30)) GiB free"
-echo "repeat:     $REPEAT (best wall time reported; peak RSS is the max over the repeats)"
-((${#EXTRA[@]})) && echo "extra args: ${EXTRA[*]}"
+{
+  echo "== reshard benchmark"
+  echo "date:       $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "git:        $(git_rev)"
+  echo "binary:     $SRC_BIN"
+  echo "machine:    nproc=$(nproc), memory=$((MEM_KB / 1024)) MiB, cpu=${CPU_MODEL:-?}, kernel=$(uname -r)"
+  echo "workdir:    $WORK, filesystem $FS, $((AVAIL >> 30)) GiB free"
+  echo "pairs:      $PAIRS per step (cp -r + sync, then the step, alternately; medians reported)"
+  echo "steps:      ${STEP_LIST[*]} on ${TABLE[*]} $INPUT_FORMAT input"
+  if ((${#EXTRA[@]})); then echo "extra args: ${EXTRA[*]}"; fi
+} | tee -a "$WORK/results.txt"
 
 # ---------------------------------------------------------------- page cache
 CACHE_MODE=""
@@ -209,12 +287,14 @@ drop_caches() {  # returns 0 if the page cache was dropped
 }
 if drop_caches; then
   CACHE_MODE="cold"
-  echo "page cache: dropped before every measured run (cold reads)"
+  echo "page cache: dropped before every measured run (cold reads)" | tee -a "$WORK/results.txt"
 else
   CACHE_MODE="warm"
   if ((DROP)); then why="/proc/sys/vm/drop_caches not writable"; else why="--no-drop-caches"; fi
-  echo "page cache: NOT dropped ($why); input is read once"
-  echo "            before the baseline so every run sees it cached (warm reads)"
+  {
+    echo "page cache: NOT dropped ($why); input is read once"
+    echo "            before the first run so every run sees it cached (warm reads)"
+  } | tee -a "$WORK/results.txt"
 fi
 prepare_cache() {
   if [ "$CACHE_MODE" = cold ]; then drop_caches || note "warning: drop_caches failed"; else sync; fi
@@ -225,11 +305,13 @@ warm_input() {  # a folder (safetensors) or one file (torch)
   fi
   return 0
 }
+cached_kib() { awk '/^Cached:/ {print $2}' /proc/meminfo; }
 
 # ---------------------------------------------------------------- checkpoint
 dir_bytes() { find "$1" -type f -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}'; }
 
-# The input path for a size: a folder of safetensors shards, or one torch.save file.
+# The input path for a size: a folder (safetensors shards, metaseq parts, a ZeRO save folder),
+# or one torch.save file.
 input_path() {  # SIZE_ARG
   if [ "$INPUT_FORMAT" = torch ]; then echo "$WORK/in-$1.pt"; else echo "$WORK/in-$1"; fi
 }
@@ -244,9 +326,14 @@ make_checkpoint() {  # SIZE_ARG PATH
   if [ "$INPUT_FORMAT" = torch ]; then
     summary="$("$PY" "$HERE/make_torch_checkpoint.py" --quiet --size "$size" "$dir")" ||
       die "make_torch_checkpoint.py failed"
+  elif [ "$INPUT_FORMAT" = metaseq ]; then
+    summary="$("$PY" "$HERE/make_metaseq_checkpoint.py" --quiet --size "$size" --parts 2 "$dir")" ||
+      die "make_metaseq_checkpoint.py failed"
   elif [[ "$INPUT_FORMAT" == zero? ]]; then
+    local moments=()
+    ((ZERO_MOMENTS)) && moments=(--with-moments)
     summary="$("$PY" "$HERE/make_zero_checkpoint.py" --quiet --size "$size" --ranks "$ZERO_RANKS" \
-      --stage "${INPUT_FORMAT#zero}" $( ((ZERO_MOMENTS)) && echo --with-moments) "$dir")" ||
+      --stage "${INPUT_FORMAT#zero}" "${moments[@]}" "$dir")" ||
       die "make_zero_checkpoint.py failed"
   else
     summary="$("$PY" "$HERE/make_checkpoint.py" --quiet --size "$size" "$dir")" ||
@@ -262,9 +349,9 @@ assert any(n.endswith("/data.pkl") for n in names), "no data.pkl"
 assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist()), "compressed record"
 print("%d records" % len(names))' "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "generated torch checkpoint is not a valid torch zip"; }
-  elif [[ "$INPUT_FORMAT" == zero? ]]; then
-    "$BIN" inspect "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
-      { cat "$WORK/logs/check-input-$size.log" >&2; die "reshardctl inspect refused the generated ZeRO checkpoint"; }
+  elif [[ "$INPUT_FORMAT" == zero? || "$INPUT_FORMAT" == metaseq ]]; then
+    "$BIN" inspect "$dir" "${IN_RULES[@]}" >"$WORK/logs/check-input-$size.log" 2>&1 ||
+      { cat "$WORK/logs/check-input-$size.log" >&2; die "reshardctl inspect refused the generated $INPUT_FORMAT checkpoint"; }
   else
     "$PY" "$HERE/check_checkpoint.py" "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "generated checkpoint failed the format check"; }
@@ -275,90 +362,169 @@ line = "%(total_size)d data bytes, %(files)d files, %(tensors)d tensors" % d
 if "stage" in d:
     line += ", DeepSpeed ZeRO-%(stage)d over %(ranks)d ranks, %(bytes_on_disk)d bytes on disk" % d
 else:
+    if "parts" in d:
+        line += " per part, metaseq %(parts)d parts, %(bytes_on_disk)d bytes on disk" % d
     line += (", hidden %(hidden_size)d, intermediate %(intermediate_size)d, layers "
              "%(num_hidden_layers)d, vocab %(vocab_size)d" % d)
-print(line)'); generated in $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s"
+print(line)'); generated in $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s" |
+    tee -a "$WORK/results.txt"
 }
 
-# ---------------------------------------------------------------- one measurement
-# measure LABEL OUT_DIR IN_DIR VERIFY(0|1) SCRIPT [ARGS...]
-# Runs `bash -c SCRIPT _ ARGS...` under /usr/bin/time -v REPEAT times with the cache prepared
-# before each run, and sets R_WALL (best), R_RSS_KB (max over runs), R_CPU (user+sys of the
-# best run), R_OUT_BYTES (size of OUT_DIR). OUT_DIR is removed after each run, except the last
-# one with --keep. With VERIFY=1, `reshardctl verify IN OUT` must exit 0 after each run.
-measure() {
-  local label="$1" out="$2" in="$3" verify="$4" script="$5"
+# ---------------------------------------------------------------- steps
+# step_setup STEP IN OUT: sets STEP_LABEL (file names, runs.tsv), STEP_TITLE (table), STEP_CMD
+# (reshardctl arguments after the binary), STEP_PLAN (`reshardctl plan` arguments for the
+# bytes the step reads), STEP_VERIFY (1: verify/check the output with --verify), STEP_RULES
+# (rules for `reshardctl verify`) and STEP_PARTS (1: the output is model-parallel parts).
+step_setup() {
+  local step="$1" in="$2" out="$3"
+  STEP_VERIFY=1 STEP_PARTS=0 STEP_RULES=("${IN_RULES[@]}")
+  local opts=()
+  case "$step" in
+    fp32) STEP_LABEL=consolidate-fp32; STEP_TITLE="consolidate fp32" ;;
+    bf16) STEP_LABEL=consolidate-bf16; STEP_TITLE="consolidate bf16"; opts=(--dtype bf16) ;;
+    torch) STEP_LABEL=consolidate-torch; STEP_TITLE="consolidate --format torch"; opts=(--format torch) ;;
+    universal) STEP_LABEL=consolidate-universal; STEP_TITLE="consolidate --format deepspeed-universal"
+               opts=(--format deepspeed-universal); STEP_VERIFY=0 ;;
+    split)
+      STEP_LABEL="reshard-split$SPLIT_PARTS" STEP_PARTS=1
+      if [ "$INPUT_FORMAT" = metaseq ]; then
+        STEP_TITLE="reshard 2 -> $SPLIT_PARTS parts (metaseq, torch)"
+        opts=(--parts "$SPLIT_PARTS" --format torch)
+      else
+        STEP_TITLE="reshard 1 -> $SPLIT_PARTS parts"
+        STEP_RULES=(--rules "$LLAMA_RULES")
+        opts=(--parts "$SPLIT_PARTS")
+      fi
+      opts+=("${STEP_RULES[@]}")
+      STEP_CMD=(reshard "$in" "$out" "${opts[@]}" "${EXTRA[@]}")
+      STEP_PLAN=(plan "$in" "${opts[@]}")
+      return 0 ;;
+  esac
+  opts+=("${IN_RULES[@]}")
+  STEP_CMD=(consolidate "$in" "$out" "${opts[@]}" "${EXTRA[@]}")
+  STEP_PLAN=(plan "$in" "${opts[@]}")
+}
+
+# ---------------------------------------------------------------- one run
+# run_one LABEL PAIR SIZE OUT SCRIPT [ARGS...]
+# Removes OUT, prepares the page cache, reads Cached: of /proc/meminfo, runs
+# `bash -c SCRIPT _ ARGS...` under /usr/bin/time -v, reads Cached: again and appends the run to
+# logs/runs.tsv.
+run_one() {
+  local label="$1" pair="$2" size="$3" out="$4" script="$5"
   shift 5
-  R_WALL="" R_RSS_KB=0 R_CPU="" R_OUT_BYTES=0
-  local i tf log rc wall rss cpu
-  for ((i = 1; i <= REPEAT; i++)); do
-    rm_out "$out"
-    add_big "$out"
-    prepare_cache
-    tf="$WORK/logs/$label.$i.time"
-    log="$WORK/logs/$label.$i.log"
-    note "run $label ($i/$REPEAT)"
-    set +e
-    "$TIME" -v -o "$tf" bash -c "$script" _ "$@" >"$log" 2>&1
-    rc=$?
-    set -e
-    if ((rc != 0)); then
-      tail -n 20 "$log" >&2
-      die "$label exited with status $rc (log: $log)"
-    fi
-    wall="$(awk -F': ' '/Elapsed \(wall clock\) time/ {
-              n = split($NF, p, ":"); s = 0; for (k = 1; k <= n; k++) s = s * 60 + p[k]; print s }' "$tf")"
-    rss="$(awk -F': ' '/Maximum resident set size/ {print $NF}' "$tf")"
-    cpu="$(awk -F': ' '/User time \(seconds\)/ {u = $NF} /System time \(seconds\)/ {s = $NF}
-              END {printf "%.2f", u + s}' "$tf")"
-    if [ -z "$wall" ] || [ -z "$rss" ]; then die "could not parse $tf"; fi
-    if [ -z "$R_WALL" ] || awk -v a="$wall" -v b="$R_WALL" 'BEGIN {exit !(a < b)}'; then
-      R_WALL="$wall" R_CPU="$cpu"
-    fi
-    ((rss > R_RSS_KB)) && R_RSS_KB=$rss
-    R_OUT_BYTES="$(dir_bytes "$out")"
-    if ((verify)); then
-      note "verify $label ($i/$REPEAT)"
-      set +e
-      "$BIN" verify "$in" "$out" >"$WORK/logs/$label.$i.verify.log" 2>&1
-      rc=$?
-      set -e
-      if ((rc != 0)); then
-        tail -n 20 "$WORK/logs/$label.$i.verify.log" >&2
-        die "reshardctl verify $in $out exited with $rc after $label (log: $WORK/logs/$label.$i.verify.log)"
-      fi
-      if compgen -G "$out/*.safetensors" >/dev/null; then
-        "$PY" "$HERE/check_checkpoint.py" "$out" >"$WORK/logs/$label.$i.check.log" 2>&1 ||
-          { cat "$WORK/logs/$label.$i.check.log" >&2; die "output of $label failed the independent format check"; }
-      else  # torch output: real torch must load it (weights_only: only tensors in a flat dict)
-        "$PY" -c 'import glob, os, sys, torch, zipfile
-n = 0
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.bin"))):
-    assert zipfile.ZipFile(f).testzip() is None, "bad CRC in " + f
-    sd = torch.load(f, map_location="cpu", weights_only=True)
-    n += len(sd)
-    del sd
-print("%d tensors loaded" % n)' "$out" >"$WORK/logs/$label.$i.check.log" 2>&1 ||
-          { cat "$WORK/logs/$label.$i.check.log" >&2; die "output of $label failed torch.load"; }
-      fi
-    fi
-    # --keep keeps the last run's output; otherwise free the space before the next run.
-    if ((!KEEP || i < REPEAT)); then rm_out "$out"; fi
-  done
+  local tf="$WORK/logs/$label.$size.$pair.time" log="$WORK/logs/$label.$size.$pair.log"
+  local rc cb ca wall user sys rss
+  rm_out "$out"
+  add_big "$out"
+  prepare_cache
+  note "run $label at $size ($pair/$PAIRS)"
+  cb="$(cached_kib)"
+  set +e
+  "$TIME" -v -o "$tf" bash -c "$script" _ "$@" >"$log" 2>&1
+  rc=$?
+  set -e
+  ca="$(cached_kib)"
+  if ((rc != 0)); then
+    tail -n 20 "$log" >&2
+    die "$label exited with status $rc (log: $log)"
+  fi
+  wall="$(awk -F': ' '/Elapsed \(wall clock\) time/ {
+            n = split($NF, p, ":"); s = 0; for (k = 1; k <= n; k++) s = s * 60 + p[k]; print s }' "$tf")"
+  user="$(awk -F': ' '/User time \(seconds\)/ {print $NF}' "$tf")"
+  sys="$(awk -F': ' '/System time \(seconds\)/ {print $NF}' "$tf")"
+  rss="$(awk -F': ' '/Maximum resident set size/ {print $NF}' "$tf")"
+  if [ -z "$wall" ] || [ -z "$user" ] || [ -z "$sys" ] || [ -z "$rss" ]; then die "could not parse $tf"; fi
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$pair" "$wall" "$user" "$sys" "$rss" \
+    "$cb" "$ca" "$size" "$INPUT_FORMAT" >>"$RUNS"
 }
 
-# Both run through `bash -c SCRIPT _ ARGS...`; the quoting is meant for that inner bash.
+# check_output LABEL IN OUT PARTS RULES...: `reshardctl verify IN OUT` must exit 0, then an
+# independent check of OUT: check_checkpoint.py for safetensors, real torch for .bin / .pt.
+check_output() {
+  local label="$1" in="$2" out="$3" parts="$4"
+  shift 4
+  local vlog="$WORK/logs/$label.verify.log" clog="$WORK/logs/$label.check.log" rc
+  note "verify $label"
+  set +e
+  "$BIN" verify "$in" "$out" "$@" >"$vlog" 2>&1
+  rc=$?
+  set -e
+  if ((rc != 0)); then
+    tail -n 20 "$vlog" >&2
+    die "reshardctl verify $in $out exited with $rc after $label (log: $vlog)"
+  fi
+  if compgen -G "$out/*.safetensors" >/dev/null; then
+    local flags=()
+    ((parts)) && flags=(--parts)
+    "$PY" "$HERE/check_checkpoint.py" "$out" "${flags[@]}" >"$clog" 2>&1 ||
+      { cat "$clog" >&2; die "output of $label failed the independent format check"; }
+  else
+    # torch output: real torch must load it, with weights_only (only what torch.load allows)
+    # except for metaseq, whose cfg holds Python floats that torch 1.13's weights_only
+    # unpickler refuses whoever writes them (README.md).
+    local weights_only=1
+    [ "$INPUT_FORMAT" = metaseq ] && weights_only=0
+    "$PY" -c 'import glob, os, sys, torch, zipfile
+n = 0
+files = sorted(glob.glob(os.path.join(sys.argv[1], "*.bin")) + glob.glob(os.path.join(sys.argv[1], "*.pt")))
+assert files, "no .bin or .pt file"
+for f in files:
+    assert zipfile.ZipFile(f).testzip() is None, "bad CRC in " + f
+    sd = torch.load(f, map_location="cpu", weights_only=sys.argv[2] == "1")
+    sd = sd.get("model", sd)
+    n += sum(1 for v in sd.values() if isinstance(v, torch.Tensor))
+    del sd
+print("%d files, %d tensors loaded" % (len(files), n))' "$out" "$weights_only" >"$clog" 2>&1 ||
+      { cat "$clog" >&2; die "output of $label failed torch.load"; }
+  fi
+}
+
+# Both run through `bash -c SCRIPT _ ARGS...`; the quoting is meant for that inner bash. Both end
+# with the data durable: cp by the sync, reshardctl by its own fsyncs (the sync keeps the two
+# symmetric).
 # shellcheck disable=SC2016
 CP_SCRIPT='cp -r -- "$1" "$2" && sync'
 # shellcheck disable=SC2016
-CONS_SCRIPT='bin="$1" in="$2" out="$3"; shift 3; "$bin" consolidate "$in" "$out" "$@" --no-progress && sync'
+CONV_SCRIPT='bin="$1"; shift; "$bin" "$@" --no-progress && sync'
 
-ROWS=()   # "label|wall|mbps|rss_mib|ratio|cpu|out_mib"
-fmt_row() {  # LABEL INPUT_BYTES BASE_WALL(or empty)
-  awk -v l="$1" -v b="$2" -v w="$R_WALL" -v r="$R_RSS_KB" -v base="$3" -v c="$R_CPU" -v o="$R_OUT_BYTES" 'BEGIN {
-    ratio = (base == "" || base == 0) ? "-" : sprintf("%.2fx", w / base)
-    mbps = (w > 0) ? sprintf("%.0f", b / w / 1e6) : "inf"
-    printf "%s|%.2f|%s|%.1f|%s|%.2f|%.1f\n", l, w, mbps, r / 1024, ratio, c, o / 1048576 }'
+# ---------------------------------------------------------------- statistics
+# stats LABEL SIZE: one line "n|wall|user|sys|rss_max_kib|growth_kib" over LABEL's runs at SIZE
+# in runs.tsv (medians, max RSS).
+STATS_AWK='
+function median(a, n,   i, j, t) {
+  for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+  if (n == 0) return 0
+  return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}'
+stats() {
+  awk -F'\t' -v l="$1" -v s="$2" "$STATS_AWK"'
+    NR > 1 && $1 == l && $9 == s {
+      n++; w[n] = $3; u[n] = $4; y[n] = $5; g[n] = $8 - $7; if ($6 > r) r = $6 }
+    END { printf "%d|%.2f|%.2f|%.2f|%d|%d\n", n, median(w, n), median(u, n), median(y, n), r, median(g, n) }' "$RUNS"
+}
+# ratios X_LABEL CP_LABEL SIZE: "median|min|max" of the pair-by-pair wall ratios X_i / cp_i.
+ratios() {
+  awk -F'\t' -v x="$1" -v c="$2" -v s="$3" "$STATS_AWK"'
+    NR > 1 && $9 == s && $1 == x { xw[$2] = $3 }
+    NR > 1 && $9 == s && $1 == c { cw[$2] = $3 }
+    END {
+      for (p in xw) if ((p in cw) && cw[p] > 0) { n++; q[n] = xw[p] / cw[p]; if (n == 1 || q[n] < lo) lo = q[n]; if (n == 1 || q[n] > hi) hi = q[n] }
+      if (n == 0) { print "-|-|-"; exit }
+      m = median(q, n); printf "%.2f|%.2f|%.2f\n", m, lo, hi }' "$RUNS"
+}
+
+# row TITLE STATS RATIOS READ_BYTES OUT_BYTES: a table row.
+row() {
+  awk -v t="$1" -v st="$2" -v ra="$3" -v b="$4" -v o="$5" 'BEGIN {
+    split(st, a, "|"); split(ra, q, "|")
+    ratio = (q[1] == "" || q[1] == "-") ? "-" : sprintf("%.2fx (%.2f-%.2f)", q[1], q[2], q[3])
+    mbps = (a[2] > 0) ? sprintf("%.0f", b / a[2] / 1e6) : "inf"
+    growth = a[6] / 1024
+    pct = (b > 0) ? sprintf("%.0f%%", a[6] * 1024 * 100 / b) : "-"
+    outm = (o == "") ? "-" : sprintf("%.1f", o / 1048576)
+    printf "%s|%d|%.2f|%s|%.0f|%s|%.2f|%.2f|%.1f|%.0f|%s|%s\n",
+      t, a[1], a[2], ratio, b / 1048576, mbps, a[3], a[4], a[5] / 1024, growth, pct, outm }'
 }
 print_table() {  # HEADER ROWS...
   local header="$1"
@@ -371,70 +537,113 @@ print_table() {  # HEADER ROWS...
             print line
             if (r == 1) { s = ""; for (i = 1; i <= length(line); i++) s = s "-"; print s } } }'
 }
+TABLE_HEADER="step|runs|wall s|vs cp (min-max)|read MiB|MB/s|user s|sys s|peak RSS MiB|cache +MiB|cache/read|out MiB"
+
+# plan_read_bytes ARGS...: the source bytes `reshardctl plan ARGS --json` says the step reads.
+plan_read_bytes() {
+  "$BIN" "$@" --json 2>/dev/null | "$PY" -c 'import json, sys; print(int(json.load(sys.stdin)["source_bytes_read"]))' 2>/dev/null
+}
 
 # ---------------------------------------------------------------- main table
-IN="$(input_path "$SIZE_ARG")"
-make_checkpoint "$SIZE_ARG" "$IN"
-IN_BYTES="$(dir_bytes "$IN")"
-warm_input "$IN"
-echo "input:      $IN_BYTES bytes on disk ($((IN_BYTES >> 20)) MiB)"
+# main_table SIZE_ARG: generates the checkpoint, measures every step in pairs, prints the table.
+main_table() {
+  local size="$1" in in_bytes step cp_label out out_bytes read_bytes st ra i rows=()
+  in="$(input_path "$size")"
+  echo | tee -a "$WORK/results.txt"
+  make_checkpoint "$size" "$in"
+  in_bytes="$(dir_bytes "$in")"
+  warm_input "$in"
+  echo "input:      $in ($in_bytes bytes on disk, $((in_bytes >> 20)) MiB)" | tee -a "$WORK/results.txt"
 
-BASE_WALL=""
-MAIN_FP32_ROW=""
-if has_step cp; then
-  measure "cp-sync" "$WORK/copy" "$IN" 0 "$CP_SCRIPT" "$IN" "$WORK/copy"
-  BASE_WALL="$R_WALL"
-  ROWS+=("$(fmt_row "cp -r + sync" "$IN_BYTES" "$BASE_WALL")")
-fi
-if has_step fp32; then
-  measure "consolidate-fp32" "$WORK/out-fp32" "$IN" "$VERIFY" "$CONS_SCRIPT" "$BIN" "$IN" "$WORK/out-fp32" "${EXTRA[@]}"
-  ROWS+=("$(fmt_row "consolidate fp32 + sync" "$IN_BYTES" "$BASE_WALL")")
-  MAIN_FP32_ROW="$(fmt_row "$SIZE_ARG" "$IN_BYTES" "")"
-fi
-if has_step bf16; then
-  measure "consolidate-bf16" "$WORK/out-bf16" "$IN" "$VERIFY" "$CONS_SCRIPT" "$BIN" "$IN" "$WORK/out-bf16" --dtype bf16 "${EXTRA[@]}"
-  ROWS+=("$(fmt_row "consolidate bf16 + sync" "$IN_BYTES" "$BASE_WALL")")
-fi
-if has_step torch; then
-  measure "consolidate-torch" "$WORK/out-torch" "$IN" "$VERIFY" "$CONS_SCRIPT" "$BIN" "$IN" "$WORK/out-torch" --format torch "${EXTRA[@]}"
-  ROWS+=("$(fmt_row "consolidate --format torch + sync" "$IN_BYTES" "$BASE_WALL")")
-fi
+  for step in "${STEP_LIST[@]}"; do
+    out="$WORK/out-$step"
+    step_setup "$step" "$in" "$out"
+    cp_label="cp-sync.$step"
+    read_bytes="$(plan_read_bytes "${STEP_PLAN[@]}")" || read_bytes=""
+    if [ -z "$read_bytes" ]; then
+      note "reshardctl ${STEP_PLAN[*]} failed; the $step step's cache/read uses the input's bytes on disk"
+      read_bytes="$in_bytes"
+    fi
+    out_bytes=""
+    for ((i = 1; i <= PAIRS; i++)); do
+      run_one "$cp_label" "$i" "$size" "$WORK/copy" "$CP_SCRIPT" "$in" "$WORK/copy"
+      if ((!KEEP || i < PAIRS)); then rm_out "$WORK/copy"; fi
+      run_one "$STEP_LABEL" "$i" "$size" "$out" "$CONV_SCRIPT" "$BIN" "${STEP_CMD[@]}"
+      out_bytes="$(dir_bytes "$out")"
+      if ((VERIFY && STEP_VERIFY && i == 1)); then
+        check_output "$STEP_LABEL.$size" "$in" "$out" "$STEP_PARTS" "${STEP_RULES[@]}"
+      fi
+      # --keep keeps the last run's output; otherwise free the space before the next run.
+      if ((!KEEP || i < PAIRS)); then rm_out "$out"; fi
+    done
+    st="$(stats "$STEP_LABEL" "$size")"
+    ra="$(ratios "$STEP_LABEL" "$cp_label" "$size")"
+    rows+=("$(row "$STEP_TITLE + sync" "$st" "$ra" "$read_bytes" "$out_bytes")")
+    st="$(stats "$cp_label" "$size")"
+    rows+=("$(row "  its cp -r + sync" "$st" "-" "$in_bytes" "$in_bytes")")
+    if [ "$step" = fp32 ]; then
+      MAIN_FP32_STATS="$(stats "$STEP_LABEL" "$size")" MAIN_FP32_BYTES="$in_bytes" MAIN_FP32_READ="$read_bytes"
+    fi
+  done
 
-if has_step universal; then
-  measure "consolidate-universal" "$WORK/out-universal" "$IN" 0 "$CONS_SCRIPT" "$BIN" "$IN" "$WORK/out-universal" --format deepspeed-universal "${EXTRA[@]}"
-  ROWS+=("$(fmt_row "consolidate --format deepspeed-universal + sync" "$IN_BYTES" "$BASE_WALL")")
-fi
+  {
+    echo
+    echo "== results: $size F32 $INPUT_FORMAT checkpoint, $in_bytes input bytes, page cache $CACHE_MODE," \
+      "medians of $PAIRS pair$( ((PAIRS > 1)) && echo s) (cp, step, cp, step, ...)$( ((VERIFY)) && echo ", verified")"
+    print_table "$TABLE_HEADER" "${rows[@]}"
+    echo "  wall, user, sys, cache: medians over the runs; vs cp: median of the pair-by-pair ratios step_i / cp_i"
+    echo "  (min-max); peak RSS: the largest over the runs; cache +MiB: growth of Cached: in /proc/meminfo"
+    echo "  (system-wide) from just before the run (after the cache drop or, warm, the sync) to just after it"
+    echo "  (its data synced); cache/read: that growth as a share of the input bytes the step reads (read MiB,"
+    echo "  from reshardctl plan; cp: all of them)"
+  } | tee -a "$WORK/results.txt"
+  if ((!KEEP)); then rm -rf -- "$in"; fi
+}
 
-{
-  echo
-  echo "== results: $SIZE_ARG F32 $INPUT_FORMAT checkpoint, $IN_BYTES input bytes, page cache $CACHE_MODE, best of $REPEAT$( ((VERIFY)) && echo ", verified")"
-  print_table "step|wall s|MB/s|peak RSS MiB|vs cp+sync|cpu s|out MiB" "${ROWS[@]}"
-} | tee "$WORK/results.txt"
+MAIN_FP32_STATS=""
+MAIN_FP32_BYTES=""
+MAIN_FP32_READ=""
+for size in "${TABLE[@]}"; do
+  main_table "$size"
+done
 
 # ---------------------------------------------------------------- memory vs model size
-if ((${#SIZES[@]})); then
-  if ((!KEEP)); then rm -rf -- "$IN"; fi
+if ((${#SIZES[@]})) && ((!TABLE_SIZES)); then
   SROWS=()
   for idx in "${!SIZES[@]}"; do
     s="${SIZES[$idx]}"
-    if [ "${SIZES_BYTES[$idx]}" = "$SIZE_BYTES" ] && [ -n "$MAIN_FP32_ROW" ]; then
-      SROWS+=("$(echo "$MAIN_FP32_ROW" | awk -F'|' -v b="$IN_BYTES" -v l="$s" 'BEGIN {OFS = "|"} {$1 = l; print $1, int(b / 1048576), $2, $3, $4, $6}')")
-      continue
+    if [ "${SIZES_BYTES[$idx]}" = "$SIZE_BYTES" ] && [ -n "$MAIN_FP32_STATS" ]; then
+      st="$MAIN_FP32_STATS" sin_bytes="$MAIN_FP32_BYTES" sread="$MAIN_FP32_READ"
+    else
+      SIN="$(input_path "$s")"
+      echo | tee -a "$WORK/results.txt"
+      make_checkpoint "$s" "$SIN"
+      sin_bytes="$(dir_bytes "$SIN")"
+      warm_input "$SIN"
+      step_setup fp32 "$SIN" "$WORK/out-fp32-$s"
+      sread="$(plan_read_bytes "${STEP_PLAN[@]}")" || sread="$sin_bytes"
+      for ((i = 1; i <= PAIRS; i++)); do
+        run_one "rss.$STEP_LABEL" "$i" "$s" "$WORK/out-fp32-$s" "$CONV_SCRIPT" "$BIN" "${STEP_CMD[@]}"
+        if ((VERIFY && i == 1)); then
+          check_output "rss.$STEP_LABEL.$s" "$SIN" "$WORK/out-fp32-$s" 0 "${STEP_RULES[@]}"
+        fi
+        if ((!KEEP || i < PAIRS)); then rm_out "$WORK/out-fp32-$s"; fi
+      done
+      st="$(stats "rss.$STEP_LABEL" "$s")"
+      if ((!KEEP)); then rm -rf -- "$SIN"; fi
     fi
-    SIN="$(input_path "$s")"
-    echo
-    make_checkpoint "$s" "$SIN"
-    SIN_BYTES="$(dir_bytes "$SIN")"
-    warm_input "$SIN"
-    measure "consolidate-fp32-$s" "$WORK/out-fp32-$s" "$SIN" "$VERIFY" "$CONS_SCRIPT" "$BIN" "$SIN" "$WORK/out-fp32-$s" "${EXTRA[@]}"
-    SROWS+=("$(fmt_row "$s" "$SIN_BYTES" "" | awk -F'|' -v b="$SIN_BYTES" 'BEGIN {OFS = "|"} {print $1, int(b / 1048576), $2, $3, $4, $6}')")
-    if ((!KEEP)); then rm -rf -- "$SIN"; fi
+    SROWS+=("$(awk -v l="$s" -v b="$sin_bytes" -v r="$sread" -v st="$st" 'BEGIN {
+      split(st, a, "|")
+      printf "%s|%d|%d|%d|%.2f|%s|%.1f|%.2f\n", l, b / 1048576, r / 1048576, a[1], a[2],
+        (a[2] > 0) ? sprintf("%.0f", r / a[2] / 1e6) : "inf", a[5] / 1024, a[3] + a[4] }')")
   done
   {
     echo
     echo "== peak RSS of consolidate (fp32, default settings) vs model size, page cache $CACHE_MODE"
-    print_table "size|input MiB|wall s|MB/s|peak RSS MiB|cpu s" "${SROWS[@]}"
+    print_table "size|input MiB|read MiB|runs|wall s|MB/s|peak RSS MiB|cpu s" "${SROWS[@]}"
+    echo "  $PAIRS runs of consolidate alone at each size; wall: median; MB/s: read MiB / wall;"
+    echo "  peak RSS: the largest over the runs; cpu: median user + median sys"
   } | tee -a "$WORK/results.txt"
 fi
 echo
-echo "results saved to $WORK/results.txt"
+echo "results saved to $WORK/results.txt, every run in $RUNS"

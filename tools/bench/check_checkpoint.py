@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent check of a sharded safetensors checkpoint folder (stdlib + numpy only).
 
-    /usr/bin/python3 tools/bench/check_checkpoint.py DIR [--data]
+    /usr/bin/python3 tools/bench/check_checkpoint.py DIR [--data] [--parts]
 
 Checks every *.safetensors file in DIR against the format rules the reference writer follows:
 8-byte little-endian header length; header JSON padded with spaces to a multiple of 8;
@@ -9,6 +9,8 @@ Checks every *.safetensors file in DIR against the format rules the reference wr
 descending then name, with contiguous data_offsets from 0 covering exactly the data section;
 file size = 8 + header + data. If DIR has model.safetensors.index.json, its weight_map must name
 every tensor in the right file and its metadata.total_size must equal the data bytes. With
+--parts, DIR holds model-parallel parts (`reshard --parts M` output, model_part-<i>.safetensors):
+every file must hold the same tensor names instead of disjoint ones. With
 --data, also reads every tensor with numpy and checks the float data is finite. Exits 0 and
 prints a one-line summary when all holds, else prints the first problem and exits 1.
 """
@@ -105,6 +107,7 @@ def check_file(path, check_data):
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     check_data = "--data" in sys.argv[1:]
+    parts = "--parts" in sys.argv[1:]
     if len(args) != 1:
         print(__doc__)
         sys.exit(2)
@@ -113,16 +116,27 @@ def main():
     if not files:
         fail(f"{folder}: no .safetensors files")
     where, total, ntensors = {}, 0, 0
+    first_names = None
     for fname in files:
         tensors, data = check_file(os.path.join(folder, fname), check_data)
+        total += data
+        ntensors += len(tensors)
+        if parts:
+            names = set(tensors)
+            if first_names is None:
+                first_names = names
+            elif names != first_names:
+                fail(f"{fname}: tensor names differ from {files[0]}'s "
+                     f"(e.g. {sorted(names ^ first_names)[:3]})")
+            continue
         for name in tensors:
             if name in where:
                 fail(f"tensor {name} in both {where[name]} and {fname}")
             where[name] = fname
-        total += data
-        ntensors += len(tensors)
+    if parts and sorted(files) != sorted(f"model_part-{i}.safetensors" for i in range(len(files))):
+        fail(f"unexpected part names {files[:5]}")
     index_path = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.exists(index_path):
+    if os.path.exists(index_path) and not parts:
         with open(index_path) as f:
             index = json.load(f)
         if index.get("metadata", {}).get("total_size") != total:
@@ -134,7 +148,8 @@ def main():
         for i, fname in enumerate(files, 1):
             if fname != f"model-{i:05d}-of-{n:05d}.safetensors":
                 fail(f"unexpected shard name {fname}")
-    print(f"check_checkpoint: OK {folder}: {len(files)} files, {ntensors} tensors, "
+    print(f"check_checkpoint: OK {folder}: {len(files)} {'parts' if parts else 'files'}, "
+          f"{ntensors} tensors, "
           f"{total} data bytes" + (", data finite" if check_data else ""))
 
 
