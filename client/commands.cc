@@ -13,6 +13,7 @@
 #include "lib/core/status.h"
 #include "lib/engine/conversion.h"
 #include "lib/engine/verify.h"
+#include "lib/io/io_mode.h"
 
 namespace reshard {
 namespace {
@@ -39,6 +40,7 @@ absl::StatusOr<ConversionSpec> BuildSpec(const ConversionFlags& flags, bool resh
   spec.threads = flags.threads;
   spec.duplicate_tied = flags.duplicate_tied;
   spec.skip_crc_check = flags.no_crc_check;
+  ASSIGN_OR_RETURN(spec.io, ParseIoMode(flags.io));
   spec.output_format = flags.output_format;
   spec.read = ReadOptionsFrom(flags);
   if (reshard && spec.parts < 1) {

@@ -28,6 +28,7 @@ struct ConversionFlags {
   std::string window_size = "32MiB";
   bool duplicate_tied = false;
   bool no_crc_check = false;                  // skip the torch.save CRC-32 check of the data read
+  std::string io = "auto";                    // auto | direct | buffered (lib/io/io_mode.h)
   std::string output_format = "safetensors";  // or "torch"
   // Training checkpoints: DeepSpeed tag to read, and whether to read Adam moments too.
   std::string tag;

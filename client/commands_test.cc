@@ -195,9 +195,13 @@ TEST_F(CommandsTest, ConvertJsonAndRefusesNonEmptyOutput) {
   conversion.output = root_ + "/out";
   ASSERT_EQ(RunConvert(conversion, false, JsonFlags(), nullptr, out_, err_), kExitOk) << err_.str();
   Json doc = ParseJson(out_.str());
-  ExpectFields(doc, {"ok", "output", "files", "tensors", "bytes_read", "bytes_written", "seconds"});
+  ExpectFields(doc, {"ok", "output", "files", "tensors", "bytes_read", "bytes_written", "seconds",
+                     "direct_io_files", "buffered_io_files"});
   EXPECT_EQ(doc["ok"], true);
   EXPECT_EQ(doc["tensors"], 3);
+  // The default --io auto writes the data file with direct I/O (the test folder is on ext4).
+  EXPECT_EQ(doc["direct_io_files"], 1);
+  EXPECT_EQ(doc["buffered_io_files"], 0);
   EXPECT_TRUE(fs::exists(root_ + "/out/model.safetensors"));
   uint64_t total = 0;
   for (const Json& file : doc["files"]) {

@@ -19,6 +19,7 @@
 #include "client/reports.h"
 #include "lib/core/status.h"
 #include "lib/io/file_access.h"
+#include "lib/io/io_mode.h"
 #include "lib/plan/layout_builders.h"
 #include "lib/plan/partition_rules.h"
 
@@ -97,6 +98,8 @@ absl::StatusOr<v1::JobSpec> BuildJobSpec(const ConversionFlags& conversion, bool
   spec.set_threads(conversion.threads);
   spec.set_duplicate_tied(conversion.duplicate_tied);
   spec.set_skip_crc_check(conversion.no_crc_check);
+  RETURN_IF_ERROR(ParseIoMode(conversion.io).status());
+  spec.set_io(conversion.io);
   spec.set_output_format(conversion.output_format);
   spec.set_tag(conversion.tag);
   spec.set_include_optimizer(conversion.include_optimizer);

@@ -142,6 +142,10 @@ Json ConversionDocument(const std::string& input, bool reshard, const Conversion
   doc["bytes_read"] = result.bytes_read;
   doc["bytes_written"] = result.bytes_written;
   doc["seconds"] = result.seconds;
+  // How the data files reached the disk: direct I/O, or buffered (--io buffered, or a
+  // filesystem that refuses direct I/O).
+  doc["direct_io_files"] = result.direct_files;
+  doc["buffered_io_files"] = result.buffered_files;
   return doc;
 }
 
@@ -238,6 +242,10 @@ void PrintConversion(const Json& doc, std::ostream& out) {
     out << absl::StrFormat("  %-48s %12s  xxh3 %s\n", file["name"].get<std::string>(),
                            HumanBytes(file["bytes"].get<double>()),
                            file["xxh3_64"].get<std::string>());
+  }
+  if (doc.contains("direct_io_files") && doc["buffered_io_files"].get<int>() > 0) {
+    out << "  data files written through the page cache: " << doc["buffered_io_files"].get<int>()
+        << " (direct I/O: " << doc["direct_io_files"].get<int>() << ")\n";
   }
 }
 

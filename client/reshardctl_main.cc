@@ -95,6 +95,12 @@ int main(int argc, char** argv) {
     command->add_flag("--no-crc-check", conversion.no_crc_check,
                       "do not check the CRC-32s of the torch.save records read");
     command
+        ->add_option("--io", conversion.io,
+                     "auto: direct I/O where the filesystem takes it, page cache left as it "
+                     "was | direct: direct I/O or fail | buffered: through the page cache")
+        ->check(CLI::IsMember({"auto", "direct", "buffered"}))
+        ->capture_default_str();
+    command
         ->add_option("--format", conversion.output_format,
                      absl::StrCat("output format: ", absl::StrJoin(OutputFormatIds(), " | ")))
         ->check(CLI::IsMember(OutputFormatIds()))

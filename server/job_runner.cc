@@ -29,6 +29,8 @@ ConversionSpec ConversionSpecFromProto(const v1::JobSpec& proto) {
   spec.overwrite = proto.overwrite();
   spec.duplicate_tied = proto.duplicate_tied();
   spec.skip_crc_check = proto.skip_crc_check();
+  // SubmitJob validated it; empty is the default.
+  if (!proto.io().empty()) spec.io = ParseIoMode(proto.io()).value_or(IoMode::kAuto);
   if (!proto.output_format().empty()) spec.output_format = proto.output_format();
   spec.read.tag = proto.tag();
   spec.read.include_optimizer = proto.include_optimizer();

@@ -542,6 +542,11 @@ TEST_F(ServerTest, MalformedRequestsNameTheField) {
     spec.set_tag("../other/global_step1");
     cases.push_back({"tag with a path", spec, "", absl::StatusCode::kInvalidArgument, "spec.tag"});
   }
+  {
+    v1::JobSpec spec = Consolidate("bad");
+    spec.set_io("mmap");
+    cases.push_back({"unknown io mode", spec, "", absl::StatusCode::kInvalidArgument, "spec.io"});
+  }
   for (int parts : {0, -1, 4097}) {
     v1::JobSpec spec = Consolidate("bad");
     spec.set_kind(v1::JOB_KIND_RESHARD);

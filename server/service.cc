@@ -7,6 +7,7 @@
 #include "lib/core/status.h"
 #include "lib/engine/conversion.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/io/io_mode.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/partition_rules.h"
 #include "server/job_runner.h"
@@ -93,6 +94,9 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
   if (spec.window_bytes() != 0 &&
       (spec.window_bytes() < kMinWindowBytes || spec.window_bytes() > kMaxWindowBytes)) {
     return absl::InvalidArgumentError("spec.window_bytes must be 0 or in [4 KiB, 4 GiB]");
+  }
+  if (!spec.io().empty()) {
+    RETURN_IF_ERROR(ParseIoMode(spec.io()).status(), "spec.io");
   }
   return valid;
 }

@@ -188,6 +188,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   options.threads = spec.threads;
   options.window_bytes = spec.window_bytes;
   options.check_source_crc32 = !spec.skip_crc_check;
+  options.io = spec.io;
   planned.memory_bytes = EstimateExecutionMemory(planned.plan, options);
   return planned;
 }
@@ -273,6 +274,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   options.cancelled = control.cancelled;
   options.on_file_committed = control.on_file_committed;
   options.check_source_crc32 = !spec.skip_crc_check;
+  options.io = spec.io;
   if (control.resume) options.completed_files = control.completed_files;
   ASSIGN_OR_RETURN(ExecutionResult executed, Execute(planned.plan, staging.dir(), options));
 
@@ -286,6 +288,8 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   result.bytes_written = executed.bytes_written;
   result.data_phases = executed.phases;
   result.verification_failures = executed.verification_failures;
+  result.direct_files = executed.direct_files;
+  result.buffered_files = executed.buffered_files;
   for (const FilePlan& file : planned.plan.files) result.tensors += file.tensors.size();
   for (const auto& [name, contents] : planned.companion_files) {
     RETURN_IF_ERROR(WriteFileAtomically(staging.dir(), name, contents));

@@ -22,6 +22,7 @@
 #include "lib/core/version.h"
 #include "lib/exec/executor.h"
 #include "lib/formats/format.h"
+#include "lib/io/io_mode.h"
 #include "lib/plan/layout.h"
 #include "lib/plan/layout_builders.h"
 #include "lib/plan/partition_rules.h"
@@ -89,6 +90,9 @@ struct ConversionSpec {
   // Skip checking the CRC-32s that torch.save archives record for their storage records
   // against the bytes read (see ExecutorOptions::check_source_crc32). Default: checked.
   bool skip_crc_check = false;
+  // Direct I/O and the page cache (lib/io/io_mode.h). Default: direct where the filesystem
+  // takes it, nothing left in the page cache.
+  IoMode io = IoMode::kAuto;
 };
 
 struct PlannedConversion {
@@ -129,6 +133,9 @@ struct ConversionResult {
   PhaseSeconds data_phases;
   // Reused files whose checksum no longer matched on resume (they were rewritten).
   int verification_failures = 0;
+  // Data files written with direct I/O, and buffered (see ExecutionResult).
+  int direct_files = 0;
+  int buffered_files = 0;
   // The output had already been published by an earlier attempt of the same job (killed
   // before it could record success); nothing was written, every file was checked.
   bool found_published = false;

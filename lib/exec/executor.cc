@@ -30,6 +30,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Source bytes a worker reads through the mapping before it releases them (see WriteTensor).
+constexpr uint64_t kMappedBytesPerFill = 4 << 20;
+
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -179,7 +182,7 @@ class FileWriter {
         buffers_(buffers) {}
 
   absl::StatusOr<WrittenFile> Run(const Directory& dir) {
-    ASSIGN_OR_RETURN(AtomicFile created, AtomicFile::Create(dir, plan_.name));
+    ASSIGN_OR_RETURN(AtomicFile created, AtomicFile::Create(dir, plan_.name, options_.io));
     // The manifest and resumes need the file's XXH3-64; a framing that promised another size
     // than the plan's is a bug caught before the file gets its final name.
     AtomicFileWriter file(std::move(created));
@@ -223,12 +226,15 @@ class FileWriter {
     written.bytes = exact.pos();
     written.xxh3_64 = digest.xxh3_64();
     written.tensors = static_cast<int>(plan_.tensors.size());
+    direct_ = file.file().direct();
     progress_.Add(0, pending_tensors_, 1);
     pending_tensors_ = 0;
     return written;
   }
 
   uint64_t bytes_read() const { return bytes_read_; }
+  // Whether the file was written with direct I/O to the end.
+  bool direct() const { return direct_; }
   // read, convert, write and fsync time of this file (verify is the caller's).
   const PhaseSeconds& phases() const { return phases_; }
 
@@ -254,11 +260,18 @@ class FileWriter {
       term_fillers.push_back(std::make_unique<TensorFiller>(term, sources_, source_checksums_));
     }
     const size_t element_size = DTypeSize(copy.dst_dtype);
+    // Converted and gathered elements are read through the mapping: fill at most
+    // kMappedBytesPerFill source bytes between releases, so the mapped source pages this
+    // worker holds stay small whatever the window (F32 narrowed to 16 bits reads twice the
+    // bytes it fills).
+    const int64_t max_count =
+        filler.plain_copy() ? INT64_MAX
+                            : std::max<int64_t>(1, kMappedBytesPerFill / DTypeSize(copy.src_dtype));
     int64_t done = 0;
     while (done < copy.num_elements) {
       if (room() < element_size) RETURN_IF_ERROR(Flush());
-      const int64_t count =
-          std::min(static_cast<int64_t>(room() / element_size), copy.num_elements - done);
+      const int64_t count = std::min(
+          {static_cast<int64_t>(room() / element_size), copy.num_elements - done, max_count});
       const Clock::time_point fill_start = Clock::now();
       RETURN_IF_ERROR(filler.Fill(done, done + count,
                                   reinterpret_cast<std::byte*>(pipeline_->buffer() + used_)));
@@ -319,6 +332,7 @@ class FileWriter {
   WindowPipeline* pipeline_ = nullptr;
   size_t used_ = 0;  // bytes filled in the pipeline's current buffer
   uint64_t bytes_read_ = 0;
+  bool direct_ = false;
   int64_t pending_tensors_ = 0;
   TensorChecksums checksums_;
   PhaseSeconds phases_;
@@ -391,9 +405,55 @@ absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>
   return mapped;
 }
 
+std::vector<bool> SourcesReadOnce(const CopyPlan& plan) {
+  // Per source: the byte ranges its items span, and the bytes they read.
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(plan.sources.size());
+  std::vector<uint64_t> bytes_read(plan.sources.size(), 0);
+  auto add_copy = [&](const TensorCopy& copy) {
+    const uint64_t element_size = DTypeSize(copy.src_dtype);
+    for (const CopyItem& item : copy.items) {
+      uint64_t elements = 1;
+      uint64_t last = 0;  // element offset of the last element read, from the first
+      for (size_t d = 0; d < item.extent.size(); ++d) {
+        if (item.extent[d] <= 0) elements = 0;
+        elements *= static_cast<uint64_t>(std::max<int64_t>(item.extent[d], 0));
+        last += static_cast<uint64_t>(std::max<int64_t>(item.extent[d] - 1, 0)) *
+                static_cast<uint64_t>(item.src_strides[d]);
+      }
+      if (elements == 0 || static_cast<size_t>(item.src_file) >= ranges.size()) continue;
+      ranges[item.src_file].emplace_back(item.src_offset,
+                                         item.src_offset + (last + 1) * element_size);
+      bytes_read[item.src_file] += elements * element_size;
+    }
+  };
+  for (const FilePlan& file : plan.files) {
+    for (const TensorCopy& copy : file.tensors) {
+      add_copy(copy);
+      for (const TensorCopy& term : copy.mean_terms) add_copy(term);
+    }
+  }
+  std::vector<bool> read_once(plan.sources.size(), true);
+  for (size_t s = 0; s < ranges.size(); ++s) {
+    std::sort(ranges[s].begin(), ranges[s].end());
+    uint64_t union_bytes = 0;
+    uint64_t covered_to = 0;
+    for (const auto& [begin, end] : ranges[s]) {
+      const uint64_t from = std::max(begin, covered_to);
+      if (end > from) union_bytes += end - from;
+      covered_to = std::max(covered_to, end);
+    }
+    read_once[s] = bytes_read[s] <= union_bytes;
+  }
+  return read_once;
+}
+
 absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& dir,
                                         const ExecutorOptions& options) {
   ASSIGN_OR_RETURN(std::vector<MappedFile> sources, MapSources(plan.sources));
+  if (options.io != IoMode::kBuffered) {
+    const std::vector<bool> read_once = SourcesReadOnce(plan);
+    for (size_t s = 0; s < sources.size(); ++s) sources[s].set_drop_behind(read_once[s]);
+  }
   ProgressTracker progress(plan, options.on_progress);
   std::optional<SourceChecksums> checksums;
   if (options.check_source_crc32) checksums.emplace(plan.sources);
@@ -404,6 +464,8 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
   std::vector<uint64_t> bytes_read(plan.files.size(), 0);
   std::vector<PhaseSeconds> phases(plan.files.size());
   std::vector<char> mismatched(plan.files.size(), 0);
+  std::vector<char> direct(plan.files.size(), 0);
+  std::vector<char> was_reused(plan.files.size(), 0);
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   auto worker = [&] {
@@ -417,6 +479,7 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
       bool mismatch = false;
       auto reused = ReuseCompletedFile(file, dir, options, phases[f].verify, mismatch);
       mismatched[f] = mismatch;
+      was_reused[f] = reused.has_value();
       if (reused.has_value()) {
         progress.Add(file.bytes, file.tensors.size(), 1);
         results[f] = *std::move(reused);
@@ -433,6 +496,7 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
         FileWriter writer(file, sources, options, progress, checked, buffers);
         results[f] = writer.Run(dir);
         bytes_read[f] = writer.bytes_read();
+        direct[f] = writer.direct();
         const double verify = phases[f].verify;
         phases[f] = writer.phases();
         phases[f].verify = verify;
@@ -470,6 +534,7 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
       continue;
     }
     result.bytes_written += file_result->bytes;
+    if (!was_reused[f]) ++(direct[f] ? result.direct_files : result.buffered_files);
     result.bytes_read += bytes_read[f];
     result.files.push_back(*std::move(file_result));
   }
@@ -479,6 +544,15 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
     RETURN_IF_ERROR(checked->Verify(sources));
     result.phases.crc_check = SecondsSince(start);
     result.crc_bytes_reread = checked->bytes_reread();
+  }
+  if (options.io != IoMode::kBuffered) {
+    // What the pass could not drop behind it (sources read more than once, pages shared by
+    // strips of rows that went to different files, the CRC check's reads) goes now: the
+    // conversion leaves no input in the page cache.
+    for (MappedFile& source : sources) {
+      source.set_drop_behind(true);
+      source.DropCached(0, source.size());
+    }
   }
   return result;
 }
@@ -503,14 +577,16 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
       means = means || !copy.mean_terms.empty();
     }
   }
-  // Each worker holds its window, and the source pages one window consumed until they are
-  // released: up to twice the window when narrowing F32 to 16 bits, plus partly used pages at
-  // both ends of every row run, bounded here by one more window.
+  // Each worker holds its window, the stage of a direct-I/O file, and the source pages one fill
+  // consumed until they are released: kMappedBytesPerFill, plus partly used pages at both ends
+  // of every row run, bounded here by one more window.
   const uint64_t window = std::min(std::max<uint64_t>(options.window_bytes, 4096), largest_file);
   const uint64_t checksums =
       options.check_source_crc32 ? SourceChecksums::MemoryBound(plan.sources) : 0;
   // A mean's other terms are read through a scratch buffer of up to half a window.
   const uint64_t mean_scratch = means ? window / 2 : 0;
-  return threads * (4 * window + mean_scratch) + plan_bytes + checksums;
+  const uint64_t mapped = std::min<uint64_t>(kMappedBytesPerFill, 2 * window);
+  const uint64_t stage = options.io == IoMode::kBuffered ? 0 : std::min<uint64_t>(1 << 20, window);
+  return threads * (2 * window + mapped + stage + mean_scratch) + plan_bytes + checksums;
 }
 }  // namespace reshard

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "lib/io/directory.h"
+#include "lib/io/io_mode.h"
 #include "lib/io/mapped_file.h"
 #include "lib/plan/layout.h"
 
@@ -57,6 +58,9 @@ struct ExecutorOptions {
   // records), fused into the read pass; Execute fails with DataLoss on a mismatch, after all
   // files are written and before it returns. Costs a CRC-32 of every byte read.
   bool check_source_crc32 = true;
+  // Direct I/O for data files where the filesystem takes it, and the page cache left as it
+  // was: see lib/io/io_mode.h. Default: kAuto.
+  IoMode io = IoMode::kAuto;
 };
 
 // Where the workers' time went, in seconds summed over worker threads (so with several
@@ -88,10 +92,19 @@ struct ExecutionResult {
   // Source bytes read a second time to complete CRC-32 checks: the parts of checked ranges the
   // pass did not read (see SourceChecksums).
   uint64_t crc_bytes_reread = 0;
+  // Data files written with direct I/O to the end, and files written buffered (IoMode::kBuffered,
+  // or a filesystem that refused direct I/O).
+  int direct_files = 0;
+  int buffered_files = 0;
 };
 
 // Maps every source of the plan read-only (checking sizes against the Catalog).
 absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>& sources);
+
+// For each source of `plan`, whether its pages can be dropped from the page cache once read:
+// no byte of it is read twice (the bytes its items read add up to no more than the union of
+// their ranges; a replicated tensor read once per output part keeps its file cached).
+std::vector<bool> SourcesReadOnce(const CopyPlan& plan);
 
 // Writes all files of `plan` into folder `dir` (through its handle only). On error or
 // cancellation no file is left under a final name by this call's unfinished work (finished

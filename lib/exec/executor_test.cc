@@ -384,5 +384,77 @@ TEST(ExecutorTest, EstimateExecutionMemoryIsBounded) {
   EXPECT_GT(EstimateExecutionMemory(*plan, options), estimate);
 }
 
+// One output file holding the whole tensor "w" of `fixture` in F32.
+absl::StatusOr<CopyPlan> WholeTensorPlan(const Fixture& fixture) {
+  TargetLayout layout;
+  layout.files.push_back(
+      {"whole.bin", {{"w", 0, Box::Full({fixture.rows, fixture.cols}), DType::kF32}}, {}});
+  FileFraming framing;
+  framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
+  return BuildCopyPlan(fixture.catalog, layout, {framing});
+}
+
+TEST(ExecutorTest, SourcesReadOnceSeesRepeatedReads) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 57, 181, 97);
+  // MakeCase reads "w" whole, and parts of it again: both sources are read more than once.
+  Case c = MakeCase(fixture);
+  auto repeated = BuildCopyPlan(fixture.catalog, c.layout, c.framings);
+  ASSERT_TRUE(repeated.ok()) << repeated.status();
+  EXPECT_EQ(SourcesReadOnce(*repeated), std::vector<bool>({false, false}));
+  auto once = WholeTensorPlan(fixture);
+  ASSERT_TRUE(once.ok()) << once.status();
+  EXPECT_EQ(SourcesReadOnce(*once), std::vector<bool>({true, true}));
+
+  // Strips of rows that interleave (a split along the last dimension) are still read once;
+  // a strip read again is not.
+  CopyPlan strips;
+  strips.sources.push_back({"s.bin", 4 * 100});
+  auto strip = [](uint64_t offset) {
+    TensorCopy copy;
+    copy.name = "t";
+    copy.num_elements = 4 * 5;
+    copy.items.push_back({0, offset, {4, 5}, {10, 1}, 0, {5, 1}});
+    return copy;
+  };
+  strips.files.push_back({"left.bin", {}, {strip(0)}, 80, nullptr, false});
+  strips.files.push_back({"right.bin", {}, {strip(5 * 4)}, 80, nullptr, false});
+  EXPECT_EQ(SourcesReadOnce(strips), std::vector<bool>({true}));
+  strips.files.push_back({"again.bin", {}, {strip(0)}, 80, nullptr, false});
+  EXPECT_EQ(SourcesReadOnce(strips), std::vector<bool>({false}));
+}
+
+// IoMode::kAuto writes data files with direct I/O (the test folder is on ext4 or xfs) and
+// leaves neither the output nor the input in the page cache; kBuffered leaves both.
+TEST(ExecutorTest, AutoIoLeavesThePageCacheAsItWas) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 301, 1100, 500);  // 1.3 MB
+  auto plan = WholeTensorPlan(fixture);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string expected = Expected(Box::Full({fixture.rows, fixture.cols}), DType::kF32);
+  ::sync();  // dirty pages cannot be dropped
+  for (IoMode io : {IoMode::kAuto, IoMode::kBuffered}) {
+    SCOPED_TRACE(IoModeName(io));
+    const std::string out = MakeTempDir("out");
+    ExecutorOptions options;
+    options.io = io;
+    options.window_bytes = 64 << 10;  // many windows, an unaligned tail
+    auto result = Execute(*plan, OutputDir(out), options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->direct_files, io == IoMode::kAuto ? 1 : 0);
+    EXPECT_EQ(result->buffered_files, io == IoMode::kAuto ? 0 : 1);
+    const std::string path = out + "/whole.bin";
+    if (io == IoMode::kAuto) {
+      EXPECT_LE(CachedPages(path), 1);
+      EXPECT_EQ(CachedPages(src + "/a.bin"), 0);
+      EXPECT_EQ(CachedPages(src + "/b.bin"), 0);
+    } else {
+      EXPECT_GT(CachedPages(path), 100);
+      EXPECT_GT(CachedPages(src + "/a.bin"), 100);
+    }
+    EXPECT_TRUE(ReadAll(path) == expected);
+  }
+}
+
 }  // namespace
 }  // namespace reshard

@@ -13,6 +13,7 @@ TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>
       sources_(sources),
       checksums_(checksums),
       touched_(sources.size()),
+      read_run_(sources.size()),
       src_element_size_(DTypeSize(copy.src_dtype)),
       dst_element_size_(DTypeSize(copy.dst_dtype)) {
   cursors_.resize(copy.items.size());
@@ -92,6 +93,19 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           touched.begin = std::min(touched.begin, src_byte);
           touched.end = std::max(touched.end, src_byte + src_span);
         }
+        if (src_stride == 1 && source.drop_behind()) {
+          // Bytes read leave the page cache, exactly those: a strip of a row read for one
+          // output part must not drop the bytes beside it that another part reads.
+          Touched& run = read_run_[item.src_file];
+          if (run.end != src_byte) {
+            if (run.end > run.begin) {
+              source.Release(run.begin, run.end - run.begin);  // mapped pages are not dropped
+              source.DropCached(run.begin, run.end - run.begin);
+            }
+            run.begin = src_byte;
+          }
+          run.end = src_byte + src_span;
+        }
       }
       if (row_end > end) break;  // the row continues in the next window
       Advance(item, cursor);
@@ -106,6 +120,10 @@ void TensorFiller::ReleaseConsumed() {
       sources_[f].Release(touched_[f].begin, touched_[f].end - touched_[f].begin);
     }
     touched_[f] = Touched();
+    if (read_run_[f].end > read_run_[f].begin) {
+      sources_[f].DropCached(read_run_[f].begin, read_run_[f].end - read_run_[f].begin);
+    }
+    read_run_[f] = Touched();
   }
 }
 

@@ -30,7 +30,8 @@ class TensorFiller {
   // Precondition: ranges are consecutive, front to back.
   absl::Status Fill(int64_t begin, int64_t end, std::byte* out);
 
-  // Hands back to the kernel the source pages read since the last call (they stay cached).
+  // Hands back to the kernel the source pages read since the last call (MappedFile::Release),
+  // and drops the bytes read from the page cache where the source drops behind (DropCached).
   void ReleaseConsumed();
 
   // Source bytes read so far.
@@ -58,7 +59,8 @@ class TensorFiller {
   const std::vector<MappedFile>& sources_;
   SourceChecksums* const checksums_;
   std::vector<Cursor> cursors_;
-  std::vector<Touched> touched_;  // per source file
+  std::vector<Touched> touched_;   // per source file: mapped bytes since the last release
+  std::vector<Touched> read_run_;  // per source file: the contiguous run of bytes read last
   size_t src_element_size_;
   size_t dst_element_size_;
   bool plain_copy_ = true;

@@ -4,11 +4,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "lib/io/io_mode.h"
+#include "lib/io/page_buffer.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -127,6 +132,82 @@ TEST(AtomicFileTest, CommitsIntoTheFolderNotThePath) {
   EXPECT_EQ(ReadAll(root + "/moved/data.bin"), "payload");
   EXPECT_FALSE(Exists(outside + "/data.bin"));
   EXPECT_FALSE(Exists(outside + "/data.bin.partial"));
+}
+
+// Bytes 0, 1, 2, ... with a period that is no power of two, so a block written at the wrong
+// offset shows.
+std::string Pattern(size_t size) {
+  std::string data(size, '\0');
+  for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>((i * 7 + i / 4093) % 251);
+  return data;
+}
+
+// Writes `data` through an AtomicFile in `io` mode, cut into the pieces `cuts` lists (lengths;
+// the rest in one piece), each piece appended from a page-aligned copy when `aligned_pieces`,
+// else from an odd address. Returns the committed file's path.
+std::string WriteInPieces(IoMode io, const std::string& data, const std::vector<size_t>& cuts,
+                          bool aligned_pieces, bool* direct) {
+  const std::string dir = MakeTempDir("direct");
+  auto file = AtomicFile::Create(OpenDir(dir), "out.bin", io);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return "";
+  PageBuffer scratch(data.size() + 2 * AtomicFile::kDirectAlignment);
+  size_t offset = 0;
+  auto append = [&](size_t length) {
+    char* at = scratch.data() + (aligned_pieces ? 0 : 1);
+    std::memcpy(at, data.data() + offset, length);
+    EXPECT_TRUE(file->Append(absl::string_view(at, length)).ok());
+    offset += length;
+  };
+  for (size_t cut : cuts) append(std::min(cut, data.size() - offset));
+  append(data.size() - offset);
+  EXPECT_EQ(file->bytes_written(), data.size());
+  *direct = file->direct();
+  EXPECT_TRUE(file->Commit().ok());
+  return dir + "/out.bin";
+}
+
+// Every way a stream reaches the file (whole aligned blocks, an unaligned header before them,
+// odd addresses, a tail shorter than a block, more than the stage holds) leaves exactly the
+// bytes appended, with the exact size, in every mode.
+TEST(AtomicFileTest, DirectAndBufferedWritesKeepEveryByte) {
+  const size_t block = AtomicFile::kDirectAlignment;
+  const std::vector<std::vector<size_t>> cuttings = {
+      {},                               // one piece, unaligned tail
+      {1 << 20, 1 << 20},               // whole windows, then the tail
+      {123, 1 << 20, 5000},             // a header first: everything staged
+      {block, 3 * block, 77, 2 << 20},  // aligned, then a stage longer than it holds
+      {1, 1, 1, block - 3, block},      // tiny pieces that fill a block exactly
+  };
+  for (const size_t size : {size_t{0}, size_t{1}, block, 3 * block + 333, size_t{5u << 20} + 777}) {
+    const std::string data = Pattern(size);
+    for (IoMode io : {IoMode::kAuto, IoMode::kDirect, IoMode::kBuffered}) {
+      for (bool aligned : {true, false}) {
+        for (const auto& cuts : cuttings) {
+          SCOPED_TRACE(testing::Message() << "size " << size << " io " << IoModeName(io)
+                                          << " aligned " << aligned << " cuts " << cuts.size());
+          bool direct = false;
+          const std::string path = WriteInPieces(io, data, cuts, aligned, &direct);
+          EXPECT_EQ(direct, io != IoMode::kBuffered) << "the test folder's filesystem takes "
+                                                        "O_DIRECT (ext4, xfs)";
+          EXPECT_TRUE(ReadAll(path) == data) << "content differs";
+        }
+      }
+    }
+  }
+}
+
+// Written with kAuto, neither a direct file nor a buffered one stays in the page cache; with
+// kBuffered it does (what the mode is for).
+TEST(AtomicFileTest, AutoLeavesNothingInThePageCache) {
+  const std::string data = Pattern((8u << 20) + 100);
+  bool direct = false;
+  const std::string auto_path = WriteInPieces(IoMode::kAuto, data, {1 << 20}, true, &direct);
+  ASSERT_TRUE(direct);
+  EXPECT_LE(CachedPages(auto_path), 1) << "direct writes left pages in the page cache";
+  const std::string buffered_path =
+      WriteInPieces(IoMode::kBuffered, data, {1 << 20}, true, &direct);
+  EXPECT_GT(CachedPages(buffered_path), 1024) << "buffered writes are expected to stay cached";
 }
 
 }  // namespace

@@ -45,6 +45,7 @@ class AtomicFileWriter final : public ByteWriter {
   absl::Status Write(absl::string_view data) override { return file_.Append(data); }
   absl::Status Close() override { return file_.Commit(); }
   uint64_t pos() const override { return file_.bytes_written(); }
+  const AtomicFile& file() const { return file_; }
 
  private:
   AtomicFile file_;

@@ -70,7 +70,8 @@ MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
       fd_(std::exchange(other.fd_, -1)),
       data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)),
+      drop_behind_(other.drop_behind_) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
@@ -80,6 +81,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     fd_ = std::exchange(other.fd_, -1);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    drop_behind_ = other.drop_behind_;
   }
   return *this;
 }
@@ -113,6 +115,12 @@ void MappedFile::Release(uint64_t offset, uint64_t length) const {
   uint64_t begin = (offset + page - 1) / page * page;
   uint64_t end = std::min(offset + length, size_) / page * page;
   if (end > begin) ::madvise(data_ + begin, end - begin, MADV_DONTNEED);
+}
+
+void MappedFile::DropCached(uint64_t offset, uint64_t length) const {
+  if (!drop_behind_ || fd_ < 0 || length == 0) return;
+  // The kernel rounds inward: a page shared with bytes not read yet stays.
+  ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_DONTNEED);
 }
 
 void MappedFile::WillNeed(uint64_t offset, uint64_t length) const {

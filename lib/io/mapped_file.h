@@ -4,8 +4,9 @@
 // are written with `ReadAt` (pread into its buffer: the kernel's sequential readahead and no
 // page faults, about three times faster than faulting the mapping in on a cold cache). Mapped
 // pages it has consumed are handed back with `Release` (MADV_DONTNEED), so the process's
-// resident memory stays bounded by the copy window however large the file is; the data stays
-// in the page cache.
+// resident memory stays bounded by the copy window however large the file is. With
+// `set_drop_behind`, `DropCached` drops the pages read from the page cache too (a conversion does
+// not leave its input cached); otherwise the data stays in the page cache.
 
 #ifndef RESHARD_LIB_IO_MAPPED_FILE_H_
 #define RESHARD_LIB_IO_MAPPED_FILE_H_
@@ -49,6 +50,16 @@ class MappedFile {
   // Later reads fault them back in from the page cache. Thread safe.
   void Release(uint64_t offset, uint64_t length) const;
 
+  // With drop_behind, drops the pages fully inside [offset, offset + length) from the page
+  // cache (POSIX_FADV_DONTNEED); call it for bytes that were read and will not be read again.
+  // Without, nothing. Thread safe.
+  void DropCached(uint64_t offset, uint64_t length) const;
+
+  // Whether DropCached drops pages. Set it only when every byte is read once (another read of
+  // a dropped page goes to the disk again).
+  void set_drop_behind(bool drop) { drop_behind_ = drop; }
+  bool drop_behind() const { return drop_behind_; }
+
   // Asks the kernel to read [offset, offset + length) ahead. Thread safe.
   void WillNeed(uint64_t offset, uint64_t length) const;
 
@@ -57,6 +68,7 @@ class MappedFile {
   int fd_ = -1;
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
+  bool drop_behind_ = false;
 };
 
 }  // namespace reshard

@@ -1,5 +1,6 @@
 #include "lib/io/mapped_file.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "lib/testing/test_files.h"
 
 namespace reshard {
 namespace {
@@ -91,6 +93,41 @@ TEST(MappedFileTest, MoveKeepsMapping) {
   MappedFile c;
   c = std::move(b);
   EXPECT_EQ(std::memcmp(c.data(), data.data(), data.size()), 0);
+}
+
+// Dropped with drop_behind, the pages read leave the page cache; without, they stay; and a
+// partly read page stays either way.
+TEST(MappedFileTest, DropBehindEmptiesThePageCache) {
+  const size_t size = 64 * 4096;
+  const std::string data = Pattern(size);
+  for (bool drop : {false, true}) {
+    SCOPED_TRACE(drop ? "drop behind" : "keep");
+    const std::string path = WriteTemp(drop ? "drop.bin" : "keep.bin", data);
+    {  // dirty pages cannot be dropped: write them back first
+      const int fd = ::open(path.c_str(), O_RDONLY);
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(::fsync(fd), 0);
+      ::close(fd);
+    }
+    auto file = MappedFile::Open(path, static_cast<int64_t>(size));
+    ASSERT_TRUE(file.ok()) << file.status();
+    file->set_drop_behind(drop);
+    std::string read(size, '\0');
+    ASSERT_TRUE(file->ReadAt(0, size, reinterpret_cast<std::byte*>(read.data())).ok());
+    ASSERT_TRUE(read == data);
+    ASSERT_GT(CachedPages(path), 32);
+    file->Release(0, size);
+    file->DropCached(0, size);
+    if (drop) {
+      EXPECT_EQ(CachedPages(path), 0);
+    } else {
+      EXPECT_GT(CachedPages(path), 32);
+    }
+    EXPECT_EQ(std::memcmp(file->data(), data.data(), size), 0) << "still readable";
+    file->Release(0, size);            // the memcmp mapped every page again
+    file->DropCached(0, 4096 + 10);    // page 0, and page 1 only partly
+    EXPECT_EQ(CachedPages(path), drop ? 63 : 64) << "only the wholly read page goes";
+  }
 }
 
 }  // namespace

@@ -1,10 +1,15 @@
 #include "lib/testing/test_files.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -28,6 +33,33 @@ void WriteAll(const std::string& path, const std::string& data) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(data.data(), static_cast<std::streamsize>(data.size()));
   if (!out) ADD_FAILURE() << "cannot write " << path;
+}
+
+int64_t CachedPages(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  if (st.st_size == 0) {
+    ::close(fd);
+    return 0;
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* address = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (address == MAP_FAILED) return -1;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((size + page - 1) / page);
+  int64_t cached = -1;
+  if (::mincore(address, size, resident.data()) == 0) {
+    cached = 0;
+    for (unsigned char r : resident) cached += r & 1;
+  }
+  ::munmap(address, size);
+  return cached;
 }
 
 }  // namespace reshard

@@ -4,6 +4,7 @@
 #ifndef RESHARD_LIB_TESTING_TEST_FILES_H_
 #define RESHARD_LIB_TESTING_TEST_FILES_H_
 
+#include <cstdint>
 #include <string>
 
 namespace reshard {
@@ -17,6 +18,10 @@ std::string ReadAll(const std::string& path);
 
 // Replaces `path` with `data`; fails the test when it cannot be written.
 void WriteAll(const std::string& path, const std::string& data);
+
+// How many pages of `path` are in the page cache now (mincore of a fresh mapping); -1 when the
+// file cannot be mapped. An empty file has none.
+int64_t CachedPages(const std::string& path);
 
 }  // namespace reshard
 
