@@ -32,6 +32,8 @@ using Clock = std::chrono::steady_clock;
 
 // Source bytes a worker reads through the mapping before it releases them (see WriteTensor).
 constexpr uint64_t kMappedBytesPerFill = 4 << 20;
+// A worker's scratch for short rows: one pread per span of rows (TensorFiller).
+constexpr size_t kSpanBufferBytes = 1 << 20;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -170,16 +172,18 @@ class WindowPipeline {
 class FileWriter {
  public:
   // `checksums` (may be null) is told every source run read.
-  // `buffers` are the worker thread's window buffers, reused from file to file.
+  // `buffers` are the worker thread's window buffers, reused from file to file, and
+  // `span_buffer` its scratch for short rows (TensorFiller::kShortRowBytes).
   FileWriter(const FilePlan& plan, const std::vector<MappedFile>& sources,
              const ExecutorOptions& options, ProgressTracker& progress, SourceChecksums* checksums,
-             WindowPipeline::Buffers& buffers)
+             WindowPipeline::Buffers& buffers, PageBuffer& span_buffer)
       : plan_(plan),
         sources_(sources),
         options_(options),
         progress_(progress),
         source_checksums_(checksums),
-        buffers_(buffers) {}
+        buffers_(buffers),
+        span_buffer_(span_buffer) {}
 
   absl::StatusOr<WrittenFile> Run(const Directory& dir) {
     ASSIGN_OR_RETURN(AtomicFile created, AtomicFile::Create(dir, plan_.name, options_.io));
@@ -254,7 +258,7 @@ class FileWriter {
 
   // Writes the tensor's data; `crc32` accumulates its CRC-32 when the framing needs it.
   absl::Status WriteTensor(const TensorCopy& copy, uint32_t* crc32) {
-    TensorFiller filler(copy, sources_, source_checksums_);
+    TensorFiller filler(copy, sources_, source_checksums_, &span_buffer_);
     std::vector<std::unique_ptr<TensorFiller>> term_fillers;  // OutputTensor::mean_of
     for (const TensorCopy& term : copy.mean_terms) {
       term_fillers.push_back(std::make_unique<TensorFiller>(term, sources_, source_checksums_));
@@ -329,6 +333,7 @@ class FileWriter {
   ProgressTracker& progress_;
   SourceChecksums* const source_checksums_;
   WindowPipeline::Buffers& buffers_;
+  PageBuffer& span_buffer_;
   WindowPipeline* pipeline_ = nullptr;
   size_t used_ = 0;  // bytes filled in the pipeline's current buffer
   uint64_t bytes_read_ = 0;
@@ -470,6 +475,8 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
   std::atomic<bool> failed{false};
   auto worker = [&] {
     WindowPipeline::Buffers buffers;  // mapped at the first file this worker writes
+    // Short rows are read through it; its pages are touched only when there are any.
+    PageBuffer span_buffer(kSpanBufferBytes);
     for (size_t f = next++; f < plan.files.size(); f = next++) {
       if (failed.load()) {
         results[f] = absl::CancelledError("stopped after another file failed");
@@ -493,7 +500,7 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
           }
         }
       } else {
-        FileWriter writer(file, sources, options, progress, checked, buffers);
+        FileWriter writer(file, sources, options, progress, checked, buffers, span_buffer);
         results[f] = writer.Run(dir);
         bytes_read[f] = writer.bytes_read();
         direct[f] = writer.direct();
@@ -587,6 +594,7 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   const uint64_t mean_scratch = means ? window / 2 : 0;
   const uint64_t mapped = std::min<uint64_t>(kMappedBytesPerFill, 2 * window);
   const uint64_t stage = options.io == IoMode::kBuffered ? 0 : std::min<uint64_t>(1 << 20, window);
-  return threads * (2 * window + mapped + stage + mean_scratch) + plan_bytes + checksums;
+  const uint64_t span = std::min<uint64_t>(kSpanBufferBytes, plan.source_bytes_read);
+  return threads * (2 * window + mapped + stage + span + mean_scratch) + plan_bytes + checksums;
 }
 }  // namespace reshard

@@ -8,12 +8,13 @@
 namespace reshard {
 
 TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources,
-                           SourceChecksums* checksums)
+                           SourceChecksums* checksums, PageBuffer* span_buffer)
     : copy_(copy),
       sources_(sources),
       checksums_(checksums),
       touched_(sources.size()),
       read_run_(sources.size()),
+      span_buffer_(span_buffer),
       src_element_size_(DTypeSize(copy.src_dtype)),
       dst_element_size_(DTypeSize(copy.dst_dtype)) {
   cursors_.resize(copy.items.size());
@@ -22,6 +23,12 @@ TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>
     const CopyItem& item = copy.items[i];
     if (item.src_strides.back() != 1) plain_copy_ = false;
     Cursor& cursor = cursors_[i];
+    uint64_t last = 0;  // element offset of the last element read, from the first
+    for (size_t d = 0; d < item.extent.size(); ++d) {
+      last += static_cast<uint64_t>(std::max<int64_t>(item.extent[d] - 1, 0)) *
+              static_cast<uint64_t>(item.src_strides[d]);
+    }
+    item_src_end_.push_back(item.src_offset + (last + 1) * src_element_size_);
     cursor.index.assign(item.extent.size() - 1, 0);
     cursor.row_dst = item.dst_offset;
     cursor.row_src = item.src_offset;
@@ -71,7 +78,10 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
             static_cast<uint64_t>(((to - from - 1) * src_stride + 1)) * src_element_size_;
         std::byte* destination = out + (from - begin) * dst_element_size_;
         if (same_dtype && src_stride == 1) {
-          absl::Status status = source.ReadAt(src_byte, src_span, destination);
+          absl::Status status = span_buffer_ != nullptr && src_span < kShortRowBytes
+                                    ? ReadThroughSpan(item.src_file, src_byte, src_span,
+                                                      item_src_end_[i], destination)
+                                    : source.ReadAt(src_byte, src_span, destination);
           if (!status.ok()) return status;
           bytes_read_ += src_span;
           // The run's bytes are the ones just copied out.
@@ -111,6 +121,23 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
       Advance(item, cursor);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status TensorFiller::ReadThroughSpan(int file, uint64_t offset, uint64_t length,
+                                           uint64_t item_end, std::byte* out) {
+  if (file != span_file_ || offset < span_begin_ || offset + length > span_end_) {
+    const uint64_t end =
+        std::max(offset + length, std::min<uint64_t>(item_end, offset + span_buffer_->size()));
+    span_file_ = -1;  // until the read succeeds
+    absl::Status status = sources_[file].ReadAt(offset, end - offset,
+                                                reinterpret_cast<std::byte*>(span_buffer_->data()));
+    if (!status.ok()) return status;
+    span_file_ = file;
+    span_begin_ = offset;
+    span_end_ = end;
+  }
+  std::memcpy(out, span_buffer_->data() + (offset - span_begin_), length);
   return absl::OkStatus();
 }
 
