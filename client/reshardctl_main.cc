@@ -88,7 +88,9 @@ int main(int argc, char** argv) {
     command->add_option("--rules", conversion.rules, "partition rules JSON file");
     command->add_option("--threads", conversion.threads, "output files written in parallel")
         ->capture_default_str();
-    command->add_option("--window-size", conversion.window_size, "buffer per thread")
+    command
+        ->add_option("--window-size", conversion.window_size,
+                     "copy buffer of the conversion, shared by its threads")
         ->capture_default_str();
     command->add_flag("--duplicate-tied", conversion.duplicate_tied,
                       "write tied weights under every name instead of once plus aliases");

@@ -89,7 +89,11 @@ absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules ru
 
 uint64_t MemoryUpperBound(const ConversionSpec& spec) {
   constexpr uint64_t kMetadataSlack = 64ull << 20;
-  return static_cast<uint64_t>(std::max(spec.threads, 1)) * 4 * spec.window_bytes + kMetadataSlack;
+  // The window is shared by the threads (ExecutorOptions::window_bytes); each thread adds its
+  // mapped source pages (4 MiB), a direct-I/O stage and a span buffer (1 MiB each).
+  constexpr uint64_t kPerThread = 6ull << 20;
+  return 4 * spec.window_bytes + static_cast<uint64_t>(std::max(spec.threads, 1)) * kPerThread +
+         kMetadataSlack;
 }
 
 absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {

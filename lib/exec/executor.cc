@@ -35,6 +35,16 @@ constexpr uint64_t kMappedBytesPerFill = 4 << 20;
 // A worker's scratch for short rows: one pread per span of rows (TensorFiller).
 constexpr size_t kSpanBufferBytes = 1 << 20;
 
+// The workers that run at once for a plan of `files` files.
+uint64_t ActiveWorkers(const ExecutorOptions& options, size_t files) {
+  return std::max<uint64_t>(1, std::min<uint64_t>(std::max(options.threads, 1), files));
+}
+
+// Each worker's share of the window (ExecutorOptions::window_bytes).
+uint64_t WorkerWindow(const ExecutorOptions& options, size_t files) {
+  return std::max<uint64_t>(options.window_bytes / ActiveWorkers(options, files), 4096);
+}
+
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -173,11 +183,13 @@ class FileWriter {
  public:
   // `checksums` (may be null) is told every source run read.
   // `buffers` are the worker thread's window buffers, reused from file to file, and
-  // `span_buffer` its scratch for short rows (TensorFiller::kShortRowBytes).
-  FileWriter(const FilePlan& plan, const std::vector<MappedFile>& sources,
+  // `span_buffer` its scratch for short rows (TensorFiller::kShortRowBytes). `files` is the
+  // number of files of the plan (the window is shared by the workers that run at once).
+  FileWriter(const FilePlan& plan, size_t files, const std::vector<MappedFile>& sources,
              const ExecutorOptions& options, ProgressTracker& progress, SourceChecksums* checksums,
              WindowPipeline::Buffers& buffers, PageBuffer& span_buffer)
       : plan_(plan),
+        plan_count_(files),
         sources_(sources),
         options_(options),
         progress_(progress),
@@ -193,7 +205,7 @@ class FileWriter {
     DigestingWriter digest(&file, {/*xxh3_64=*/true, /*crc32=*/false});
     ExactSizeWriter exact(&digest, plan_.bytes, plan_.name);
     {
-      WindowPipeline::Prepare(buffers_, std::max<uint64_t>(options_.window_bytes, 8192));
+      WindowPipeline::Prepare(buffers_, WorkerWindow(options_, plan_count_));
       WindowPipeline pipeline(exact, buffers_);
       pipeline_ = &pipeline;
       checksums_.assign(plan_.tensors.size(), 0);
@@ -328,6 +340,7 @@ class FileWriter {
   }
 
   const FilePlan& plan_;
+  const size_t plan_count_;
   const std::vector<MappedFile>& sources_;
   const ExecutorOptions& options_;
   ProgressTracker& progress_;
@@ -500,7 +513,8 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
           }
         }
       } else {
-        FileWriter writer(file, sources, options, progress, checked, buffers, span_buffer);
+        FileWriter writer(file, plan.files.size(), sources, options, progress, checked, buffers,
+                          span_buffer);
         results[f] = writer.Run(dir);
         bytes_read[f] = writer.bytes_read();
         direct[f] = writer.direct();
@@ -565,8 +579,7 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
 }
 
 uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& options) {
-  const uint64_t threads =
-      std::max<uint64_t>(1, std::min<uint64_t>(options.threads, plan.files.size()));
+  const uint64_t threads = ActiveWorkers(options, plan.files.size());
   uint64_t largest_file = 0;
   uint64_t plan_bytes = sizeof(CopyPlan);
   bool means = false;
@@ -587,7 +600,7 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   // Each worker holds its window, the stage of a direct-I/O file, and the source pages one fill
   // consumed until they are released: kMappedBytesPerFill, plus partly used pages at both ends
   // of every row run, bounded here by one more window.
-  const uint64_t window = std::min(std::max<uint64_t>(options.window_bytes, 4096), largest_file);
+  const uint64_t window = std::min(WorkerWindow(options, plan.files.size()), largest_file);
   const uint64_t checksums =
       options.check_source_crc32 ? SourceChecksums::MemoryBound(plan.sources) : 0;
   // A mean's other terms are read through a scratch buffer of up to half a window.

@@ -43,7 +43,9 @@ struct WrittenFile {
 struct ExecutorOptions {
   // Worker threads; each writes one output file at a time. Default: 2.
   int threads = 2;
-  // Bytes buffered per worker before they are written. Default: 32 MiB.
+  // Bytes buffered before they are written, shared by the workers that run at once (each of
+  // min(threads, files) workers gets window_bytes / that many, at least 4 KiB), so that memory
+  // does not grow with the number of output files. Default: 32 MiB.
   uint64_t window_bytes = 32ull << 20;
   // Called after every window and every finished file, from worker threads, serialized.
   std::function<void(const Progress&)> on_progress;

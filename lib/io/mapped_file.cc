@@ -123,6 +123,10 @@ void MappedFile::DropCached(uint64_t offset, uint64_t length) const {
   ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_DONTNEED);
 }
 
+void MappedFile::AdviseRandomAccess() const {
+  if (data_ != nullptr) ::madvise(data_, size_, MADV_RANDOM);
+}
+
 void MappedFile::WillNeed(uint64_t offset, uint64_t length) const {
   if (data_ == nullptr || length == 0 || offset >= size_) return;
   const uint64_t page = PageSize();

@@ -63,6 +63,12 @@ class MappedFile {
   // Asks the kernel to read [offset, offset + length) ahead. Thread safe.
   void WillNeed(uint64_t offset, uint64_t length) const;
 
+  // For parsers that touch a few metadata pages spread over the file (zip local headers before
+  // every tensor record): a page fault reads only its page, not the read-around window
+  // (read_ahead_kb, 8 MiB on this machine's disk, so parsing a torch.save file read most of it
+  // through the page cache before the conversion read it again).
+  void AdviseRandomAccess() const;
+
  private:
   std::string path_;
   int fd_ = -1;

@@ -296,6 +296,7 @@ class DcpReader {
     if (items.empty()) return absl::OkStatus();
     const SourceFile& source = files_[f];
     ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(source.path, source.size));
+    file.AdviseRandomAccess();  // one small archive header per item, spread over the file
     std::sort(items.begin(), items.end(),
               [&](const Item& a, const Item& b) { return Storage(a).offset < Storage(b).offset; });
     absl::Status status;

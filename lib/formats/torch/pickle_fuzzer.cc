@@ -32,8 +32,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   reshard::PickleArena arena;
   reshard::PickleValue* fixed = arena.New(reshard::PickleValue::Kind::kPersistent);
   fixed->text = "0";
-  reshard::PersistentLoad load = [fixed](reshard::PickleValue* pid, reshard::PickleArena&)
-      -> absl::StatusOr<reshard::PickleValue*> {
+  reshard::PersistentLoad load =
+      [fixed](reshard::PickleValue* pid,
+              reshard::PickleArena&) -> absl::StatusOr<reshard::PickleValue*> {
     if (pid == nullptr) std::abort();
     return fixed;
   };

@@ -138,8 +138,8 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_v
     const uint32_t crc = Crc32(0, pickle_bytes.data(), pickle_bytes.size());
     if (crc != pickle->crc32) {
       return absl::DataLossError(absl::StrFormat(
-          "%s: data.pkl fails its CRC-32 (recorded %08x, computed %08x): the file is damaged",
-          path, pickle->crc32, crc));
+          "%s: data.pkl fails its CRC-32 (recorded %08x, computed %08x): the file is damaged", path,
+          pickle->crc32, crc));
     }
   }
   auto result = std::unique_ptr<TorchArchive>(new TorchArchive);
@@ -156,6 +156,7 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_v
 
 absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Open(const std::string& path) {
   ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+  file.AdviseRandomAccess();  // zip local headers are spread over the whole file
   absl::string_view data(reinterpret_cast<const char*>(file.data()), file.size());
   auto archive = Parse(data, path);
   // Only metadata pages were touched; give them back before any conversion runs.

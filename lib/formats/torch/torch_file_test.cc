@@ -548,8 +548,8 @@ TEST(TorchArchiveTest, TorchScriptArchiveIsRefused) {
   const std::string pickle = Pickle(Dict({}));
   const TorchZip zip =
       Zip(TorchSaveEntries(pickle, {},
-                       {{"archive/constants.pkl", Pickle(")")},
-                        {"archive/code/__torch__/m.py", "def forward(self): ..."}}));
+                           {{"archive/constants.pkl", Pickle(")")},
+                            {"archive/code/__torch__/m.py", "def forward(self): ..."}}));
   ExpectError(ParseStatus(zip.bytes()), absl::StatusCode::kUnimplemented, {kPath, "TorchScript"});
 }
 

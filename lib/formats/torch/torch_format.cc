@@ -179,6 +179,7 @@ class TorchFileReader {
 absl::StatusOr<FileCatalog> ReadOneFile(const std::string& dir, const std::string& name) {
   const std::string path = dir.empty() ? name : absl::StrCat(dir, "/", name);
   ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+  file.AdviseRandomAccess();  // zip local headers are spread over the whole file
   absl::string_view data(reinterpret_cast<const char*>(file.data()), file.size());
   FileCatalog result;
   result.name = name;
