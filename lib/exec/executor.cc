@@ -32,8 +32,8 @@ using Clock = std::chrono::steady_clock;
 
 // Source bytes a worker reads through the mapping before it releases them (see WriteTensor).
 constexpr uint64_t kMappedBytesPerFill = 4 << 20;
-// A worker's scratch for short rows: one pread per span of rows (TensorFiller).
-constexpr size_t kSpanBufferBytes = 1 << 20;
+// A worker's spans for direct reads and short rows (SpanReader: two buffers of this).
+constexpr size_t kSpanBytes = 4 << 20;
 
 // The workers that run at once for a plan of `files` files.
 uint64_t ActiveWorkers(const ExecutorOptions& options, size_t files) {
@@ -182,12 +182,12 @@ class WindowPipeline {
 class FileWriter {
  public:
   // `checksums` (may be null) is told every source run read.
-  // `buffers` are the worker thread's window buffers, reused from file to file, and
-  // `span_buffer` its scratch for short rows (TensorFiller::kShortRowBytes). `files` is the
+  // `buffers` are the worker thread's window buffers, reused from file to file, and `spans` its
+  // reader of direct reads and short rows (TensorFiller). `files` is the
   // number of files of the plan (the window is shared by the workers that run at once).
   FileWriter(const FilePlan& plan, size_t files, const std::vector<MappedFile>& sources,
              const ExecutorOptions& options, ProgressTracker& progress, SourceChecksums* checksums,
-             WindowPipeline::Buffers& buffers, PageBuffer& span_buffer)
+             WindowPipeline::Buffers& buffers, SpanReader& spans)
       : plan_(plan),
         plan_count_(files),
         sources_(sources),
@@ -195,7 +195,7 @@ class FileWriter {
         progress_(progress),
         source_checksums_(checksums),
         buffers_(buffers),
-        span_buffer_(span_buffer) {}
+        spans_(spans) {}
 
   absl::StatusOr<WrittenFile> Run(const Directory& dir) {
     ASSIGN_OR_RETURN(AtomicFile created, AtomicFile::Create(dir, plan_.name, options_.io));
@@ -270,7 +270,7 @@ class FileWriter {
 
   // Writes the tensor's data; `crc32` accumulates its CRC-32 when the framing needs it.
   absl::Status WriteTensor(const TensorCopy& copy, uint32_t* crc32) {
-    TensorFiller filler(copy, sources_, source_checksums_, &span_buffer_);
+    TensorFiller filler(copy, sources_, source_checksums_, &spans_);
     std::vector<std::unique_ptr<TensorFiller>> term_fillers;  // OutputTensor::mean_of
     for (const TensorCopy& term : copy.mean_terms) {
       term_fillers.push_back(std::make_unique<TensorFiller>(term, sources_, source_checksums_));
@@ -346,7 +346,7 @@ class FileWriter {
   ProgressTracker& progress_;
   SourceChecksums* const source_checksums_;
   WindowPipeline::Buffers& buffers_;
-  PageBuffer& span_buffer_;
+  SpanReader& spans_;
   WindowPipeline* pipeline_ = nullptr;
   size_t used_ = 0;  // bytes filled in the pipeline's current buffer
   uint64_t bytes_read_ = 0;
@@ -470,7 +470,18 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
   ASSIGN_OR_RETURN(std::vector<MappedFile> sources, MapSources(plan.sources));
   if (options.io != IoMode::kBuffered) {
     const std::vector<bool> read_once = SourcesReadOnce(plan);
-    for (size_t s = 0; s < sources.size(); ++s) sources[s].set_drop_behind(read_once[s]);
+    for (size_t s = 0; s < sources.size(); ++s) {
+      sources[s].set_drop_behind(read_once[s]);
+      // kDirect: contiguous runs are read past the page cache too (strided and gathered
+      // elements still come through the mapping, dropped behind). Not under kAuto: with one
+      // read ahead in flight (SpanReader) it measured 1.33x the wall time of buffered reads,
+      // whose kernel readahead keeps several reads of 8 MiB in flight (docs/benchmarks.md).
+      if (options.io == IoMode::kDirect && !sources[s].EnableDirectReads()) {
+        return absl::FailedPreconditionError(absl::StrCat("--io direct: the filesystem of ",
+                                                          sources[s].path(),
+                                                          " refuses direct I/O; use --io auto"));
+      }
+    }
   }
   ProgressTracker progress(plan, options.on_progress);
   std::optional<SourceChecksums> checksums;
@@ -488,8 +499,8 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
   std::atomic<bool> failed{false};
   auto worker = [&] {
     WindowPipeline::Buffers buffers;  // mapped at the first file this worker writes
-    // Short rows are read through it; its pages are touched only when there are any.
-    PageBuffer span_buffer(kSpanBufferBytes);
+    // Direct reads and short rows go through it; its pages are touched only when there are any.
+    SpanReader spans(kSpanBytes);
     for (size_t f = next++; f < plan.files.size(); f = next++) {
       if (failed.load()) {
         results[f] = absl::CancelledError("stopped after another file failed");
@@ -514,7 +525,7 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
         }
       } else {
         FileWriter writer(file, plan.files.size(), sources, options, progress, checked, buffers,
-                          span_buffer);
+                          spans);
         results[f] = writer.Run(dir);
         bytes_read[f] = writer.bytes_read();
         direct[f] = writer.direct();
@@ -607,7 +618,7 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   const uint64_t mean_scratch = means ? window / 2 : 0;
   const uint64_t mapped = std::min<uint64_t>(kMappedBytesPerFill, 2 * window);
   const uint64_t stage = options.io == IoMode::kBuffered ? 0 : std::min<uint64_t>(1 << 20, window);
-  const uint64_t span = std::min<uint64_t>(kSpanBufferBytes, plan.source_bytes_read);
+  const uint64_t span = 2 * std::min<uint64_t>(kSpanBytes, plan.source_bytes_read);
   return threads * (2 * window + mapped + stage + span + mean_scratch) + plan_bytes + checksums;
 }
 }  // namespace reshard

@@ -148,61 +148,65 @@ void RunAndCompare(int64_t rows, int64_t cols, int64_t split) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   for (uint64_t window : {uint64_t{4096}, uint64_t{1}, uint64_t{32} << 20}) {
     for (int threads : {1, 2}) {
-      SCOPED_TRACE("shape [" + std::to_string(rows) + ", " + std::to_string(cols) + "] window " +
-                   std::to_string(window) + " threads " + std::to_string(threads));
-      const std::string out = MakeTempDir("out");
-      ExecutorOptions options;
-      options.threads = threads;
-      options.window_bytes = window;
-      Progress last;
-      int calls = 0;
-      uint64_t previous_done = 0;
-      bool monotonic = true;
-      options.on_progress = [&](const Progress& p) {
-        if (p.bytes_done < previous_done) monotonic = false;
-        previous_done = p.bytes_done;
-        last = p;
-        ++calls;
-      };
-      auto result = Execute(*plan, OutputDir(out), options);
-      ASSERT_TRUE(result.ok()) << result.status();
-      ASSERT_EQ(result->files.size(), 2u);
-      uint64_t written = 0;
-      for (int f = 0; f < 2; ++f) {
-        const std::string path = out + "/" + c.layout.files[f].name;
-        const std::string data = ReadAll(path);
-        EXPECT_EQ(data.size(), c.expected[f].size()) << path;
-        EXPECT_TRUE(data == c.expected[f]) << path << " differs from the direct computation";
-        EXPECT_EQ(result->files[f].name, c.layout.files[f].name);
-        EXPECT_EQ(result->files[f].bytes, c.expected[f].size());
-        EXPECT_EQ(result->files[f].tensors, 2);
-        auto hash = HashFile(path);
-        ASSERT_TRUE(hash.ok());
-        EXPECT_EQ(result->files[f].xxh3_64, *hash);
-        EXPECT_FALSE(fs::exists(path + ".partial"));
-        written += data.size();
+      for (IoMode io : {IoMode::kAuto, IoMode::kDirect, IoMode::kBuffered}) {
+        SCOPED_TRACE("shape [" + std::to_string(rows) + ", " + std::to_string(cols) + "] window " +
+                     std::to_string(window) + " threads " + std::to_string(threads) + " io " +
+                     std::string(IoModeName(io)));
+        const std::string out = MakeTempDir("out");
+        ExecutorOptions options;
+        options.threads = threads;
+        options.window_bytes = window;
+        options.io = io;
+        Progress last;
+        int calls = 0;
+        uint64_t previous_done = 0;
+        bool monotonic = true;
+        options.on_progress = [&](const Progress& p) {
+          if (p.bytes_done < previous_done) monotonic = false;
+          previous_done = p.bytes_done;
+          last = p;
+          ++calls;
+        };
+        auto result = Execute(*plan, OutputDir(out), options);
+        ASSERT_TRUE(result.ok()) << result.status();
+        ASSERT_EQ(result->files.size(), 2u);
+        uint64_t written = 0;
+        for (int f = 0; f < 2; ++f) {
+          const std::string path = out + "/" + c.layout.files[f].name;
+          const std::string data = ReadAll(path);
+          EXPECT_EQ(data.size(), c.expected[f].size()) << path;
+          EXPECT_TRUE(data == c.expected[f]) << path << " differs from the direct computation";
+          EXPECT_EQ(result->files[f].name, c.layout.files[f].name);
+          EXPECT_EQ(result->files[f].bytes, c.expected[f].size());
+          EXPECT_EQ(result->files[f].tensors, 2);
+          auto hash = HashFile(path);
+          ASSERT_TRUE(hash.ok());
+          EXPECT_EQ(result->files[f].xxh3_64, *hash);
+          EXPECT_FALSE(fs::exists(path + ".partial"));
+          written += data.size();
+        }
+        EXPECT_EQ(result->bytes_written, written);
+        EXPECT_EQ(plan->total_bytes, written);
+        const uint64_t source_elements =
+            rows * cols + (rows - 2) * (cols - 5) + (rows - 1) * cols + rows;
+        EXPECT_EQ(result->bytes_read, source_elements * 4);
+        EXPECT_GT(calls, 0);
+        EXPECT_TRUE(monotonic);
+        EXPECT_EQ(last.bytes_total, plan->total_bytes);
+        EXPECT_EQ(last.bytes_done, last.bytes_total);
+        EXPECT_EQ(last.files_done, 2);
+        EXPECT_EQ(last.files_total, 2);
+        EXPECT_EQ(last.tensors_done, 4);
+        EXPECT_EQ(last.tensors_total, 4);
+        // Phase times: every file was filled, written and committed; nothing was verified.
+        const PhaseSeconds& phases = result->phases;
+        EXPECT_GT(phases.read, 0);     // the F32 tensors "w" and "w_col", copied unchanged
+        EXPECT_GT(phases.convert, 0);  // the BF16 and F16 tensors
+        EXPECT_GT(phases.write, 0);
+        EXPECT_GT(phases.fsync, 0);
+        EXPECT_EQ(phases.verify, 0);
+        EXPECT_EQ(result->verification_failures, 0);
       }
-      EXPECT_EQ(result->bytes_written, written);
-      EXPECT_EQ(plan->total_bytes, written);
-      const uint64_t source_elements =
-          rows * cols + (rows - 2) * (cols - 5) + (rows - 1) * cols + rows;
-      EXPECT_EQ(result->bytes_read, source_elements * 4);
-      EXPECT_GT(calls, 0);
-      EXPECT_TRUE(monotonic);
-      EXPECT_EQ(last.bytes_total, plan->total_bytes);
-      EXPECT_EQ(last.bytes_done, last.bytes_total);
-      EXPECT_EQ(last.files_done, 2);
-      EXPECT_EQ(last.files_total, 2);
-      EXPECT_EQ(last.tensors_done, 4);
-      EXPECT_EQ(last.tensors_total, 4);
-      // Phase times: every file was filled, written and committed; nothing was verified.
-      const PhaseSeconds& phases = result->phases;
-      EXPECT_GT(phases.read, 0);     // the F32 tensors "w" and "w_col", copied unchanged
-      EXPECT_GT(phases.convert, 0);  // the BF16 and F16 tensors
-      EXPECT_GT(phases.write, 0);
-      EXPECT_GT(phases.fsync, 0);
-      EXPECT_EQ(phases.verify, 0);
-      EXPECT_EQ(result->verification_failures, 0);
     }
   }
 }

@@ -151,8 +151,9 @@ absl::Status SourceChecksums::VerifyRange(const MappedFile& source, const Range&
   if (crc == expected.crc32) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
       source.path(), ": ", expected.name, " (", expected.length, " bytes at byte offset ",
-      expected.offset, ") has CRC-32 ", absl::Hex(crc, absl::kZeroPad8), " but the file records ", absl::Hex(expected.crc32, absl::kZeroPad8),
-      ": the data of tensor \"", range.tensor, "\", read from it, is corrupt"));
+      expected.offset, ") has CRC-32 ", absl::Hex(crc, absl::kZeroPad8), " but the file records ",
+      absl::Hex(expected.crc32, absl::kZeroPad8), ": the data of tensor \"", range.tensor,
+      "\", read from it, is corrupt"));
 }
 
 }  // namespace reshard

@@ -3,18 +3,19 @@
 #include <algorithm>
 #include <cstring>
 
+#include "lib/core/status.h"
 #include "lib/exec/dtype_convert.h"
 
 namespace reshard {
 
 TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources,
-                           SourceChecksums* checksums, PageBuffer* span_buffer)
+                           SourceChecksums* checksums, SpanReader* spans)
     : copy_(copy),
       sources_(sources),
       checksums_(checksums),
       touched_(sources.size()),
       read_run_(sources.size()),
-      span_buffer_(span_buffer),
+      spans_(spans),
       src_element_size_(DTypeSize(copy.src_dtype)),
       dst_element_size_(DTypeSize(copy.dst_dtype)) {
   cursors_.resize(copy.items.size());
@@ -77,18 +78,24 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
         const uint64_t src_span =
             static_cast<uint64_t>(((to - from - 1) * src_stride + 1)) * src_element_size_;
         std::byte* destination = out + (from - begin) * dst_element_size_;
-        if (same_dtype && src_stride == 1) {
-          absl::Status status = span_buffer_ != nullptr && src_span < kShortRowBytes
-                                    ? ReadThroughSpan(item.src_file, src_byte, src_span,
-                                                      item_src_end_[i], destination)
-                                    : source.ReadAt(src_byte, src_span, destination);
-          if (!status.ok()) return status;
+        const bool through_span =
+            src_stride == 1 && spans_ != nullptr &&
+            (source.direct_reads() || (same_dtype && src_span < kShortRowBytes));
+        bool mapped = false;
+        if (through_span) {
+          // Direct reads, or short rows: through the span buffer, converted on the way out.
+          RETURN_IF_ERROR(
+              CopyThroughSpan(item.src_file, src_byte, to - from, item_src_end_[i], destination));
+          bytes_read_ += src_span;
+        } else if (same_dtype && src_stride == 1) {
+          RETURN_IF_ERROR(source.ReadAt(src_byte, src_span, destination));
           bytes_read_ += src_span;
           // The run's bytes are the ones just copied out.
           if (checksums_ != nullptr) {
             checksums_->Record(item.src_file, src_byte, src_span, destination, copy_.name);
           }
         } else {
+          mapped = true;
           ConvertElements(source.data() + src_byte, src_stride, copy_.src_dtype, destination,
                           copy_.dst_dtype, to - from);
           bytes_read_ += static_cast<uint64_t>(to - from) * src_element_size_;
@@ -99,11 +106,11 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
                                src_stride == 1 ? source.data() + src_byte : nullptr, copy_.name);
           }
         }
-        if (!(same_dtype && src_stride == 1)) {  // only mapped pages need releasing
+        if (mapped) {  // only mapped pages need releasing
           touched.begin = std::min(touched.begin, src_byte);
           touched.end = std::max(touched.end, src_byte + src_span);
         }
-        if (src_stride == 1 && source.drop_behind()) {
+        if (src_stride == 1 && source.drop_behind() && !source.direct_reads()) {
           // Bytes read leave the page cache, exactly those: a strip of a row read for one
           // output part must not drop the bytes beside it that another part reads.
           Touched& run = read_run_[item.src_file];
@@ -124,20 +131,22 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
   return absl::OkStatus();
 }
 
-absl::Status TensorFiller::ReadThroughSpan(int file, uint64_t offset, uint64_t length,
+absl::Status TensorFiller::CopyThroughSpan(int file, uint64_t offset, int64_t count,
                                            uint64_t item_end, std::byte* out) {
-  if (file != span_file_ || offset < span_begin_ || offset + length > span_end_) {
-    const uint64_t end =
-        std::max(offset + length, std::min<uint64_t>(item_end, offset + span_buffer_->size()));
-    span_file_ = -1;  // until the read succeeds
-    absl::Status status = sources_[file].ReadAt(offset, end - offset,
-                                                reinterpret_cast<std::byte*>(span_buffer_->data()));
-    if (!status.ok()) return status;
-    span_file_ = file;
-    span_begin_ = offset;
-    span_end_ = end;
+  while (count > 0) {
+    // Whatever the span holds from here: the next Get starts where it ends, which is where
+    // the span read ahead begins.
+    ASSIGN_OR_RETURN(SpanReader::Bytes span,
+                     spans_->Get(sources_, file, offset, src_element_size_, item_end));
+    const int64_t n = std::min(count, static_cast<int64_t>(span.size / src_element_size_));
+    const uint64_t bytes = static_cast<uint64_t>(n) * src_element_size_;
+    const std::byte* data = span.data;
+    ConvertElements(data, 1, copy_.src_dtype, out, copy_.dst_dtype, n);
+    if (checksums_ != nullptr) checksums_->Record(file, offset, bytes, data, copy_.name);
+    out += static_cast<uint64_t>(n) * dst_element_size_;
+    offset += bytes;
+    count -= n;
   }
-  std::memcpy(out, span_buffer_->data() + (offset - span_begin_), length);
   return absl::OkStatus();
 }
 

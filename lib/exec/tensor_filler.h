@@ -9,8 +9,8 @@
 
 #include "absl/status/status.h"
 #include "lib/exec/source_checksums.h"
+#include "lib/exec/span_reader.h"
 #include "lib/io/mapped_file.h"
-#include "lib/io/page_buffer.h"
 #include "lib/plan/layout.h"
 
 namespace reshard {
@@ -21,15 +21,16 @@ namespace reshard {
 class TensorFiller {
  public:
   // `sources` must outlive the filler and be indexed like the plan's sources. `checksums`, when
-  // not null, is told every source run the filler reads (see SourceChecksums). `span_buffer`,
-  // when not null, is scratch memory the filler reads short rows through (see kShortRowBytes);
-  // only one filler may use it at a time.
+  // not null, is told every source run the filler reads (see SourceChecksums). `spans`, when
+  // not null, is the worker's SpanReader: short rows are read through it (see kShortRowBytes),
+  // and every contiguous run of a source with direct reads (MappedFile::EnableDirectReads),
+  // converted on the way out; only one filler may use it at a time.
   TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources,
-               SourceChecksums* checksums = nullptr, PageBuffer* span_buffer = nullptr);
+               SourceChecksums* checksums = nullptr, SpanReader* spans = nullptr);
 
-  // Rows copied unchanged that are shorter than this are not read one pread each: one pread
-  // fills the span buffer with the source bytes of the rows that follow (up to the end of the
-  // item's source range), and the rows are copied out of it. A split along the last dimension
+  // Rows copied unchanged that are shorter than this are not read one pread each: one read
+  // fills a span with the source bytes of the rows that follow (up to the end of the item's
+  // source range), and the rows are copied out of it. A split along the last dimension
   // (rows of a few KiB) then costs one system call per span instead of one per row.
   static constexpr uint64_t kShortRowBytes = 64 << 10;
 
@@ -63,9 +64,10 @@ class TensorFiller {
   };
 
   void Advance(const CopyItem& item, Cursor& cursor) const;
-  // Copies `length` bytes at `offset` of source `file` to `out` through the span buffer,
-  // reading the buffer full (up to `item_end`) when they are not in it.
-  absl::Status ReadThroughSpan(int file, uint64_t offset, uint64_t length, uint64_t item_end,
+  // Converts `count` contiguous source elements at `offset` of `file` into `out` through the
+  // SpanReader, a span at a time, telling the checksums what was read; `item_end` bounds the
+  // span read when the bytes are not in one already.
+  absl::Status CopyThroughSpan(int file, uint64_t offset, int64_t count, uint64_t item_end,
                                std::byte* out);
 
   const TensorCopy& copy_;
@@ -75,10 +77,7 @@ class TensorFiller {
   std::vector<Touched> touched_;        // per source file: mapped bytes since the last release
   std::vector<Touched> read_run_;       // per source file: the contiguous run of bytes read last
   std::vector<uint64_t> item_src_end_;  // per item: the end of the source bytes it reads
-  PageBuffer* const span_buffer_;
-  int span_file_ = -1;  // the source bytes span_buffer_ holds: [span_begin_, span_end_)
-  uint64_t span_begin_ = 0;
-  uint64_t span_end_ = 0;
+  SpanReader* const spans_;
   size_t src_element_size_;
   size_t dst_element_size_;
   bool plain_copy_ = true;

@@ -3,8 +3,9 @@
 // The page cache costs a kernel copy of every byte in each direction and, on a fast disk,
 // makes a same-dtype conversion CPU-bound in the kernel; it also evicts what other jobs of the
 // node had cached. So by default outputs are written with direct I/O (O_DIRECT: the device
-// reads the window buffers, no copy, no cached pages) where the filesystem allows it, and the
-// pages a conversion read or wrote through the cache are dropped behind it.
+// reads the window buffers, no copy, no cached pages) where the filesystem allows it, inputs
+// are read buffered (the kernel's readahead keeps the device busy), and the pages a conversion
+// read or wrote through the cache are dropped behind it.
 
 #ifndef RESHARD_LIB_IO_IO_MODE_H_
 #define RESHARD_LIB_IO_IO_MODE_H_
@@ -18,11 +19,11 @@ namespace reshard {
 
 enum class IoMode {
   // Direct I/O for outputs where the filesystem takes it (detected per file: tmpfs and some
-  // network filesystems refuse O_DIRECT), buffered otherwise; input and output pages dropped
-  // from the page cache behind the conversion.
+  // network filesystems refuse O_DIRECT), buffered otherwise; inputs read buffered; input and
+  // output pages dropped from the page cache behind the conversion.
   kAuto,
-  // Direct I/O for outputs, an error (naming the file) where the filesystem refuses it; pages
-  // dropped behind as for kAuto.
+  // Direct I/O for outputs and for contiguous input runs (the least kernel CPU, no page cache
+  // traffic at all), an error naming the file where the filesystem refuses it.
   kDirect,
   // Plain buffered reads and writes; what was read and written stays in the page cache (for an
   // output read again right away).

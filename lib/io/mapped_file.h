@@ -55,6 +55,25 @@ class MappedFile {
   // Without, nothing. Thread safe.
   void DropCached(uint64_t offset, uint64_t length) const;
 
+  // Direct reads (O_DIRECT): the device writes into the caller's buffer, nothing goes through
+  // the page cache (no copy, no pages to drop). Opens a second descriptor of the same file;
+  // false when the filesystem refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE and network
+  // filesystems), and the file is then read buffered. Not thread safe; call before reading.
+  bool EnableDirectReads();
+  bool direct_reads() const { return direct_fd_ >= 0; }
+
+  // Alignment of direct reads: offsets, lengths and buffer addresses.
+  static constexpr uint64_t kDirectAlignment = 4096;
+
+  // Reads the aligned blocks that cover [offset, offset + length) with direct I/O into
+  // `buffer` (kDirectAlignment-aligned, at least DirectReadSpan(offset, length) bytes) and
+  // returns where the byte at `offset` landed in it. DataLoss naming the file and offset when
+  // the file ended early. Requires direct_reads(). Thread safe.
+  absl::StatusOr<const std::byte*> ReadDirect(uint64_t offset, size_t length,
+                                              std::byte* buffer) const;
+  // The bytes ReadDirect(offset, length, ...) writes into its buffer.
+  static uint64_t DirectReadSpan(uint64_t offset, uint64_t length);
+
   // Whether DropCached drops pages. Set it only when every byte is read once (another read of
   // a dropped page goes to the disk again).
   void set_drop_behind(bool drop) { drop_behind_ = drop; }
@@ -75,6 +94,7 @@ class MappedFile {
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
   bool drop_behind_ = false;
+  int direct_fd_ = -1;  // the same file opened with O_DIRECT, when EnableDirectReads succeeded
 };
 
 }  // namespace reshard

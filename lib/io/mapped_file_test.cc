@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "lib/io/page_buffer.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -124,10 +125,47 @@ TEST(MappedFileTest, DropBehindEmptiesThePageCache) {
       EXPECT_GT(CachedPages(path), 32);
     }
     EXPECT_EQ(std::memcmp(file->data(), data.data(), size), 0) << "still readable";
-    file->Release(0, size);            // the memcmp mapped every page again
-    file->DropCached(0, 4096 + 10);    // page 0, and page 1 only partly
+    file->Release(0, size);          // the memcmp mapped every page again
+    file->DropCached(0, 4096 + 10);  // page 0, and page 1 only partly
     EXPECT_EQ(CachedPages(path), drop ? 63 : 64) << "only the wholly read page goes";
   }
+}
+
+// Direct reads return exactly the bytes asked for, wherever they start and end relative to the
+// blocks, up to a file end inside a block; past the end is DataLoss naming the file.
+TEST(MappedFileTest, DirectReadsReturnTheBytesAskedFor) {
+  const size_t size = 3 * 4096 + 123;
+  const std::string data = Pattern(size);
+  const std::string path = WriteTemp("direct.bin", data);
+  {  // out of the page cache, so that what is read comes from the disk
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::fsync(fd), 0);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  auto file = MappedFile::Open(path, static_cast<int64_t>(size));
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE(file->EnableDirectReads()) << "the test folder's filesystem takes O_DIRECT";
+  ASSERT_TRUE(file->direct_reads());
+  PageBuffer buffer(size + 2 * MappedFile::kDirectAlignment);
+  for (uint64_t offset : {0, 1, 4095, 4096, 5000, static_cast<int>(size) - 1}) {
+    for (uint64_t length : {1, 100, 4096, 8000, 20000}) {
+      SCOPED_TRACE(testing::Message() << "offset " << offset << " length " << length);
+      ASSERT_LE(MappedFile::DirectReadSpan(offset, length), buffer.size() + 4096);
+      if (offset + length > size) {
+        if (MappedFile::DirectReadSpan(offset, length) > buffer.size()) continue;
+        auto past = file->ReadDirect(offset, length, reinterpret_cast<std::byte*>(buffer.data()));
+        EXPECT_EQ(past.status().code(), absl::StatusCode::kDataLoss);
+        EXPECT_NE(past.status().message().find(path), std::string::npos);
+        continue;
+      }
+      auto read = file->ReadDirect(offset, length, reinterpret_cast<std::byte*>(buffer.data()));
+      ASSERT_TRUE(read.ok()) << read.status();
+      EXPECT_EQ(std::memcmp(*read, data.data() + offset, length), 0);
+    }
+  }
+  EXPECT_EQ(CachedPages(path), 0) << "direct reads do not fill the page cache";
 }
 
 }  // namespace

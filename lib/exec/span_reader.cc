@@ -1,0 +1,95 @@
+#include "lib/exec/span_reader.h"
+
+#include <algorithm>
+
+#include "lib/core/status.h"
+
+namespace reshard {
+
+SpanReader::SpanReader(size_t span_bytes)
+    : capacity_(std::max<uint64_t>(span_bytes, MappedFile::kDirectAlignment)),
+      buffers_{PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment),
+               PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment)} {
+  helper_ = std::thread([this] { HelperLoop(); });
+}
+
+SpanReader::~SpanReader() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  helper_.join();
+}
+
+absl::StatusOr<SpanReader::Span> SpanReader::Read(const MappedFile& source, uint64_t begin,
+                                                  uint64_t end, int buffer) const {
+  std::byte* into = reinterpret_cast<std::byte*>(buffers_[buffer].data());
+  Span span{&source, begin, end, nullptr, buffer};
+  if (source.direct_reads()) {
+    ASSIGN_OR_RETURN(span.data, source.ReadDirect(begin, end - begin, into));
+  } else {
+    RETURN_IF_ERROR(source.ReadAt(begin, end - begin, into));
+    span.data = into;
+  }
+  return span;
+}
+
+void SpanReader::HelperLoop() {
+  while (true) {
+    Span wanted;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &SpanReader::HelperHasWork));
+      if (stopping_) return;
+      wanted = ahead_;
+    }
+    absl::StatusOr<Span> read = Read(*wanted.source, wanted.begin, wanted.end, wanted.buffer);
+    absl::MutexLock lock(&mu_);
+    ahead_status_ = read.status();
+    if (read.ok()) ahead_ = *read;
+    done_ = true;
+  }
+}
+
+absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>& sources, int file,
+                                                  uint64_t offset, uint64_t length,
+                                                  uint64_t limit) {
+  const MappedFile* const source = &sources[file];
+  if (current_.Holds(source, offset, length)) {
+    return Bytes{current_.data + (offset - current_.begin), current_.end - offset};
+  }
+  bool from_ahead = false;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &SpanReader::AheadIdle));  // its buffer is free after
+    if (requested_ && ahead_status_.ok() && ahead_.Holds(source, offset, length)) {
+      current_ = ahead_;
+      from_ahead = true;
+    }
+    requested_ = false;
+    done_ = false;
+  }
+  if (from_ahead) {
+    ++reads_ahead_used_;
+  } else {
+    const uint64_t end = std::max(offset + length, std::min<uint64_t>(limit, offset + capacity_));
+    current_.data = nullptr;  // until the read succeeds
+    ASSIGN_OR_RETURN(current_, Read(*source, offset, end, current_.buffer));
+    ++reads_waited_;
+  }
+  // The next span of the file, read while this one is consumed (the kernel reads ahead for
+  // buffered sources).
+  if (source->direct_reads() && current_.end < source->size()) {
+    const uint64_t begin =
+        std::max(current_.begin, current_.end - std::min(current_.end, overlap()));
+    absl::MutexLock lock(&mu_);
+    ahead_ = Span{source, begin, std::min(source->size(), begin + capacity_), nullptr,
+                  1 - current_.buffer};
+    ahead_status_ = absl::OkStatus();
+    requested_ = true;
+    done_ = false;
+  }
+  return Bytes{current_.data + (offset - current_.begin), current_.end - offset};
+}
+
+}  // namespace reshard

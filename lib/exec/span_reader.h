@@ -1,0 +1,104 @@
+// Reads source bytes for one worker in spans of a few MiB, the next span read ahead on a helper
+// thread while the current one is consumed.
+//
+// With direct I/O (MappedFile::EnableDirectReads) nothing reads ahead for us: a synchronous
+// read leaves the device idle while the worker converts and copies, and the worker idle while
+// the device reads (measured: 1.4x the wall time of buffered reads on one output file). So the
+// span that follows the one just read, in the same file, is read on a helper thread into the
+// second buffer: a conversion reading a file front to back waits only for the first span of
+// each run. Without direct reads the kernel's readahead does this, and spans are read
+// synchronously (short rows, see TensorFiller::kShortRowBytes).
+
+#ifndef RESHARD_LIB_EXEC_SPAN_READER_H_
+#define RESHARD_LIB_EXEC_SPAN_READER_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "lib/io/mapped_file.h"
+#include "lib/io/page_buffer.h"
+
+namespace reshard {
+
+class SpanReader {
+ public:
+  // Two buffers of `span_bytes` (plus the blocks direct reads need around them). The helper
+  // thread starts with the first read ahead.
+  explicit SpanReader(size_t span_bytes);
+  ~SpanReader();
+  SpanReader(const SpanReader&) = delete;
+  SpanReader& operator=(const SpanReader&) = delete;
+
+  // The most bytes one Get may ask for. Spans are read ahead from overlap() bytes before the
+  // end of the current one, so that a request shorter than that which straddles the end (a
+  // row cut by it) is in the span read ahead; a run read in pieces of capacity() is too.
+  uint64_t capacity() const { return capacity_ - overlap(); }
+  uint64_t overlap() const { return capacity_ / 16; }
+
+  // Source bytes from `offset` on, at least `length`: all that the span holding them has.
+  struct Bytes {
+    const std::byte* data = nullptr;
+    uint64_t size = 0;
+  };
+
+  // The bytes [offset, offset + length) of `sources[file]` (length <= capacity()) and those
+  // that follow them in the same span, valid until the next call. A caller that consumes what
+  // it is given and asks again from there reads a file front to back without waiting for a
+  // read after the first. Unless the current or the read-ahead span holds them, reads the span
+  // [offset, max(offset + length, min(limit, offset + span size))). Then, for a source read
+  // directly, reads the span after the current one ahead (overlapping it by overlap()).
+  // Errors name the file and offset.
+  // `sources` must outlive the reader. Not thread safe: one worker calls it.
+  absl::StatusOr<Bytes> Get(const std::vector<MappedFile>& sources, int file, uint64_t offset,
+                            uint64_t length, uint64_t limit);
+
+  // Spans read on the worker's thread, and spans the helper had read ahead when they were needed.
+  uint64_t reads_waited() const { return reads_waited_; }
+  uint64_t reads_ahead_used() const { return reads_ahead_used_; }
+
+ private:
+  struct Span {
+    const MappedFile* source = nullptr;
+    uint64_t begin = 0;
+    uint64_t end = 0;
+    const std::byte* data = nullptr;  // the byte at `begin`
+    int buffer = 0;
+    bool Holds(const MappedFile* file, uint64_t offset, uint64_t length) const {
+      return source == file && data != nullptr && offset >= begin && offset + length <= end;
+    }
+  };
+
+  // Reads [begin, end) of `source` into buffer `buffer`.
+  absl::StatusOr<Span> Read(const MappedFile& source, uint64_t begin, uint64_t end,
+                            int buffer) const;
+  void HelperLoop();
+  bool HelperHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || (requested_ && !done_);
+  }
+  bool AheadIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !requested_ || done_; }
+
+  const uint64_t capacity_;  // bytes of a span
+  std::array<PageBuffer, 2> buffers_;
+  Span current_;  // the worker's; its buffer is not the read-ahead's
+  uint64_t reads_waited_ = 0;
+  uint64_t reads_ahead_used_ = 0;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool requested_ ABSL_GUARDED_BY(mu_) = false;  // a read ahead was asked for...
+  bool done_ ABSL_GUARDED_BY(mu_) = false;       // ...and has finished
+  Span ahead_ ABSL_GUARDED_BY(mu_);              // what was asked for, then what was read
+  absl::Status ahead_status_ ABSL_GUARDED_BY(mu_);
+  std::thread helper_;
+};
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_EXEC_SPAN_READER_H_

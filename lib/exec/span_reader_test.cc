@@ -1,0 +1,92 @@
+#include "lib/exec/span_reader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "lib/testing/test_files.h"
+
+namespace reshard {
+namespace {
+
+std::string Pattern(size_t size) {
+  std::string data(size, '\0');
+  for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>((i * 13 + i / 4099) % 253);
+  return data;
+}
+
+// Two sources, one read directly and one buffered, read in the ways the executor reads them.
+class SpanReaderTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = MakeTempDir("spans");
+    for (int f = 0; f < 2; ++f) {
+      data_.push_back(Pattern(3 * kSpan + 777 + f * 5000));
+      const std::string path = dir + "/s" + std::to_string(f) + ".bin";
+      WriteAll(path, data_.back());
+      auto file = MappedFile::Open(path);
+      ASSERT_TRUE(file.ok()) << file.status();
+      sources_.push_back(*std::move(file));
+    }
+    ASSERT_TRUE(sources_[0].EnableDirectReads()) << "the test folder's filesystem takes O_DIRECT";
+  }
+
+  void ExpectBytes(SpanReader& reader, int file, uint64_t offset, uint64_t length, uint64_t limit) {
+    auto bytes = reader.Get(sources_, file, offset, length, limit);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    ASSERT_GE(bytes->size, length);
+    ASSERT_LE(offset + bytes->size, data_[file].size());
+    // Everything it hands out is right, not only what was asked for.
+    EXPECT_EQ(std::memcmp(bytes->data, data_[file].data() + offset, bytes->size), 0)
+        << "file " << file << " offset " << offset << " length " << length;
+  }
+
+  static constexpr uint64_t kSpan = 64 << 10;
+  std::vector<std::string> data_;
+  std::vector<MappedFile> sources_;
+};
+
+// Reading a file front to back in pieces: after the first span, every span was read ahead.
+TEST_F(SpanReaderTest, SequentialReadsAreReadAhead) {
+  SpanReader reader(kSpan);
+  const uint64_t size = data_[0].size();
+  for (uint64_t offset = 0; offset < size; offset += 1000) {
+    ExpectBytes(reader, 0, offset, std::min<uint64_t>(1000, size - offset), size);
+  }
+  EXPECT_EQ(reader.reads_waited(), 1u);
+  EXPECT_GE(reader.reads_ahead_used(), 3u);
+}
+
+// Jumps between files and back, pieces that straddle spans, runs up to the file's end, and a
+// `limit` shorter than a span: every byte right, whatever was read ahead.
+TEST_F(SpanReaderTest, RandomReadsReturnTheBytes) {
+  SpanReader reader(kSpan);
+  std::mt19937_64 random(7);
+  for (int i = 0; i < 2000; ++i) {
+    const int file = static_cast<int>(random() % 2);
+    const uint64_t size = data_[file].size();
+    const uint64_t offset = random() % size;
+    const uint64_t length = 1 + random() % std::min<uint64_t>(kSpan, size - offset);
+    const uint64_t limit = offset + length + random() % (2 * kSpan);
+    ExpectBytes(reader, file, offset, length, std::min(limit, size));
+  }
+}
+
+// A file truncated underneath: DataLoss naming it, from the read ahead as from the worker's.
+TEST_F(SpanReaderTest, TruncatedSourceIsDataLoss) {
+  SpanReader reader(kSpan);
+  ExpectBytes(reader, 0, 0, 100, data_[0].size());  // reads the second span ahead
+  const std::string path = sources_[0].path();
+  ASSERT_EQ(::truncate(path.c_str(), 1000), 0);
+  auto past = reader.Get(sources_, 0, 2 * kSpan, 100, data_[0].size());
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kDataLoss) << past.status();
+  EXPECT_NE(past.status().message().find(path), std::string::npos);
+}
+
+}  // namespace
+}  // namespace reshard
