@@ -32,8 +32,9 @@ using Clock = std::chrono::steady_clock;
 
 // Source bytes a worker reads through the mapping before it releases them (see WriteTensor).
 constexpr uint64_t kMappedBytesPerFill = 4 << 20;
-// A worker's spans for direct reads and short rows (SpanReader: two buffers of this).
-constexpr size_t kSpanBytes = 4 << 20;
+// A worker's spans (SpanReader: two buffers of this): for direct reads (IoMode::kDirect), or
+// only for short rows when the kernel reads ahead (buffered reads).
+uint64_t SpanBytes(IoMode io) { return io == IoMode::kDirect ? 4 << 20 : 1 << 20; }
 
 // The workers that run at once for a plan of `files` files.
 uint64_t ActiveWorkers(const ExecutorOptions& options, size_t files) {
@@ -500,7 +501,7 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
   auto worker = [&] {
     WindowPipeline::Buffers buffers;  // mapped at the first file this worker writes
     // Direct reads and short rows go through it; its pages are touched only when there are any.
-    SpanReader spans(kSpanBytes);
+    SpanReader spans(SpanBytes(options.io));
     for (size_t f = next++; f < plan.files.size(); f = next++) {
       if (failed.load()) {
         results[f] = absl::CancelledError("stopped after another file failed");
@@ -618,7 +619,7 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   const uint64_t mean_scratch = means ? window / 2 : 0;
   const uint64_t mapped = std::min<uint64_t>(kMappedBytesPerFill, 2 * window);
   const uint64_t stage = options.io == IoMode::kBuffered ? 0 : std::min<uint64_t>(1 << 20, window);
-  const uint64_t span = 2 * std::min<uint64_t>(kSpanBytes, plan.source_bytes_read);
+  const uint64_t span = 2 * std::min<uint64_t>(SpanBytes(options.io), plan.source_bytes_read);
   return threads * (2 * window + mapped + stage + span + mean_scratch) + plan_bytes + checksums;
 }
 }  // namespace reshard

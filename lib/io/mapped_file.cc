@@ -169,8 +169,16 @@ void MappedFile::Release(uint64_t offset, uint64_t length) const {
 
 void MappedFile::DropCached(uint64_t offset, uint64_t length) const {
   if (!drop_behind_ || fd_ < 0 || length == 0) return;
-  // The kernel rounds inward: a page shared with bytes not read yet stays.
-  ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_DONTNEED);
+  // Whole pages only: a page shared with bytes not read yet stays (the kernel would round
+  // inward too; a strip of a row shorter than a page costs no system call).
+  const uint64_t page = PageSize();
+  const uint64_t begin = (offset + page - 1) / page * page;
+  // The file's last page is whole as far as the file goes.
+  const uint64_t end =
+      offset + length >= size_ ? (size_ + page - 1) / page * page : (offset + length) / page * page;
+  if (end <= begin) return;
+  ::posix_fadvise(fd_, static_cast<off_t>(begin), static_cast<off_t>(end - begin),
+                  POSIX_FADV_DONTNEED);
 }
 
 void MappedFile::AdviseRandomAccess() const {
