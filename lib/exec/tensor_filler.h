@@ -33,6 +33,9 @@ class TensorFiller {
   // source range), and the rows are copied out of it. A split along the last dimension
   // (rows of a few KiB) then costs one system call per span instead of one per row.
   static constexpr uint64_t kShortRowBytes = 64 << 10;
+  // ...unless the rows are strips of longer source rows (other bytes between them) and at
+  // least this long: then one pread each copies only them.
+  static constexpr uint64_t kShortStripBytes = 4 << 10;
 
   // Writes elements [begin, end) of the output tensor, converted to its dtype, to `out`
   // ((end - begin) * element size bytes). Rows stored contiguously in the output dtype are
@@ -74,9 +77,10 @@ class TensorFiller {
   const std::vector<MappedFile>& sources_;
   SourceChecksums* const checksums_;
   std::vector<Cursor> cursors_;
-  std::vector<Touched> touched_;        // per source file: mapped bytes since the last release
-  std::vector<Touched> read_run_;       // per source file: the contiguous run of bytes read last
-  std::vector<uint64_t> item_src_end_;  // per item: the end of the source bytes it reads
+  std::vector<Touched> touched_;          // per source file: mapped bytes since the last release
+  std::vector<Touched> read_run_;         // per source file: the contiguous run of bytes read last
+  std::vector<uint64_t> item_src_end_;    // per item: the end of the source bytes it reads
+  std::vector<bool> item_rows_adjacent_;  // per item: its rows are contiguous in the source
   SpanReader* const spans_;
   size_t src_element_size_;
   size_t dst_element_size_;
