@@ -94,7 +94,7 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
                                   (source.direct_reads() || !same_dtype || short_row);
         bool mapped = false;
         if (through_span) {
-          // Direct reads, or short rows: through the span buffer, converted on the way out.
+          // Direct reads, converted runs, short rows: through a span, converted on the way out.
           RETURN_IF_ERROR(
               CopyThroughSpan(item.src_file, src_byte, to - from, item_src_end_[i], destination));
           bytes_read_ += src_span;
@@ -127,8 +127,7 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           Touched& run = read_run_[item.src_file];
           if (run.end != src_byte) {
             // A strip of rows shorter than kShortRowBytes holds a page or two: one system call
-            // each costs more than the pages are worth (a 16 GiB split along the last
-            // dimension spent 7 s in the kernel on them); Execute drops what is left at the end.
+            // each costs more than the pages are worth; Execute drops what is left at the end.
             if (run.end - run.begin >= kShortRowBytes) {
               source.Release(run.begin, run.end - run.begin);  // mapped pages are not dropped
               source.DropCached(run.begin, run.end - run.begin);
