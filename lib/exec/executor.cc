@@ -431,17 +431,9 @@ std::vector<bool> SourcesReadOnce(const CopyPlan& plan) {
   auto add_copy = [&](const TensorCopy& copy) {
     const uint64_t element_size = DTypeSize(copy.src_dtype);
     for (const CopyItem& item : copy.items) {
-      uint64_t elements = 1;
-      uint64_t last = 0;  // element offset of the last element read, from the first
-      for (size_t d = 0; d < item.extent.size(); ++d) {
-        if (item.extent[d] <= 0) elements = 0;
-        elements *= static_cast<uint64_t>(std::max<int64_t>(item.extent[d], 0));
-        last += static_cast<uint64_t>(std::max<int64_t>(item.extent[d] - 1, 0)) *
-                static_cast<uint64_t>(item.src_strides[d]);
-      }
+      const uint64_t elements = item.num_elements();
       if (elements == 0 || static_cast<size_t>(item.src_file) >= ranges.size()) continue;
-      ranges[item.src_file].emplace_back(item.src_offset,
-                                         item.src_offset + (last + 1) * element_size);
+      ranges[item.src_file].emplace_back(item.src_offset, item.src_end(element_size));
       bytes_read[item.src_file] += elements * element_size;
     }
   };

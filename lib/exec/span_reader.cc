@@ -9,16 +9,14 @@ namespace reshard {
 SpanReader::SpanReader(size_t span_bytes)
     : capacity_(std::max<uint64_t>(span_bytes, MappedFile::kDirectAlignment)),
       buffers_{PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment),
-               PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment)} {
-  helper_ = std::thread([this] { HelperLoop(); });
-}
+               PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment)} {}
 
 SpanReader::~SpanReader() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  helper_.join();
+  if (helper_.joinable()) helper_.join();
 }
 
 absl::StatusOr<SpanReader::Span> SpanReader::Read(const MappedFile& source, uint64_t begin,
@@ -80,6 +78,8 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
   // The next span of the file, read while this one is consumed (the kernel reads ahead for
   // buffered sources).
   if (source->direct_reads() && current_.end < source->size()) {
+    // Started at the first read ahead: buffered sources never need it.
+    if (!helper_.joinable()) helper_ = std::thread([this] { HelperLoop(); });
     const uint64_t begin =
         std::max(current_.begin, current_.end - std::min(current_.end, overlap()));
     absl::MutexLock lock(&mu_);

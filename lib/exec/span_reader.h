@@ -29,8 +29,8 @@ namespace reshard {
 
 class SpanReader {
  public:
-  // Two buffers of `span_bytes` (plus the blocks direct reads need around them). The helper
-  // thread starts with the first read ahead.
+  // Two buffers of `span_bytes` (plus the blocks direct reads need around them), mapped now
+  // and touched when used. The helper thread starts with the first read ahead.
   explicit SpanReader(size_t span_bytes);
   ~SpanReader();
   SpanReader(const SpanReader&) = delete;

@@ -24,12 +24,7 @@ TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>
     const CopyItem& item = copy.items[i];
     if (item.src_strides.back() != 1) plain_copy_ = false;
     Cursor& cursor = cursors_[i];
-    uint64_t last = 0;  // element offset of the last element read, from the first
-    for (size_t d = 0; d < item.extent.size(); ++d) {
-      last += static_cast<uint64_t>(std::max<int64_t>(item.extent[d] - 1, 0)) *
-              static_cast<uint64_t>(item.src_strides[d]);
-    }
-    item_src_end_.push_back(item.src_offset + (last + 1) * src_element_size_);
+    item_src_end_.push_back(item.src_end(src_element_size_));
     // Rows that follow each other in the source: a span read holds only bytes this item reads.
     const size_t n = item.extent.size();
     item_rows_adjacent_.push_back(n < 2 || item.src_strides[n - 2] == item.extent[n - 1]);

@@ -117,44 +117,32 @@ absl::StatusOr<const std::byte*> MappedFile::ReadDirect(uint64_t offset, size_t 
   if (direct_fd_ < 0)
     return absl::FailedPreconditionError(absl::StrCat(path_, ": no direct reads"));
   const uint64_t begin = offset / kDirectAlignment * kDirectAlignment;
-  const uint64_t span = DirectReadSpan(offset, length);
-  const uint64_t needed = offset + length - begin;  // the file may end inside the last block
-  uint64_t done = 0;
-  while (done < needed) {
-    ssize_t n = ::pread(direct_fd_, buffer + done, span - done, static_cast<off_t>(begin + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, absl::StrCat("reading ", path_, " at byte offset ", begin + done,
-                                               " (direct I/O)"));
-    }
-    if (n == 0) {
-      return absl::DataLossError(absl::StrCat(path_, ": file ended at byte offset ", begin + done,
-                                              " while reading; it was truncated underneath"));
-    }
-    done += static_cast<uint64_t>(n);
-    // A short read that is not block aligned is the end of the file.
-    if (done < needed && done % kDirectAlignment != 0) {
-      return absl::DataLossError(absl::StrCat(path_, ": file ended at byte offset ", begin + done,
-                                              " while reading; it was truncated underneath"));
-    }
-  }
+  RETURN_IF_ERROR(ReadFully(direct_fd_, begin, DirectReadSpan(offset, length),
+                            offset + length - begin, buffer));
   return buffer + (offset - begin);
 }
 
 absl::Status MappedFile::ReadAt(uint64_t offset, size_t length, std::byte* out) const {
-  size_t done = 0;
-  while (done < length) {
-    ssize_t n = ::pread(fd_, out + done, length - done, static_cast<off_t>(offset + done));
+  return ReadFully(fd_, offset, length, length, out);
+}
+
+absl::Status MappedFile::ReadFully(int fd, uint64_t offset, uint64_t want, uint64_t need,
+                                   std::byte* out) const {
+  const bool direct = fd == direct_fd_;
+  uint64_t done = 0;
+  while (done < need) {
+    ssize_t n = ::pread(fd, out + done, want - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return ErrnoToStatus(errno,
-                           absl::StrCat("reading ", path_, " at byte offset ", offset + done));
+      return ErrnoToStatus(errno, absl::StrCat("reading ", path_, " at byte offset ", offset + done,
+                                               direct ? " (direct I/O)" : ""));
     }
-    if (n == 0) {
+    done += static_cast<uint64_t>(n);
+    // The end of the file: no bytes, or (direct) a short read that is not block aligned.
+    if (done < need && (n == 0 || (direct && done % kDirectAlignment != 0))) {
       return absl::DataLossError(absl::StrCat(path_, ": file ended at byte offset ", offset + done,
                                               " while reading; it was truncated underneath"));
     }
-    done += static_cast<size_t>(n);
   }
   return absl::OkStatus();
 }

@@ -89,6 +89,11 @@ class MappedFile {
   void AdviseRandomAccess() const;
 
  private:
+  // Reads up to `want` bytes at `offset` of `fd` (fd_ or direct_fd_) into `out`, at least
+  // `need`; DataLoss naming the file and offset when it ends before.
+  absl::Status ReadFully(int fd, uint64_t offset, uint64_t want, uint64_t need,
+                         std::byte* out) const;
+
   std::string path_;
   int fd_ = -1;
   std::byte* data_ = nullptr;

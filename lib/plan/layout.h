@@ -9,6 +9,7 @@
 #ifndef RESHARD_LIB_PLAN_LAYOUT_H_
 #define RESHARD_LIB_PLAN_LAYOUT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -122,6 +123,24 @@ struct CopyItem {
   std::vector<int64_t> src_strides;
   int64_t dst_offset = 0;
   std::vector<int64_t> dst_strides;
+
+  // Elements of the box.
+  uint64_t num_elements() const {
+    uint64_t elements = 1;
+    for (int64_t e : extent) elements *= static_cast<uint64_t>(std::max<int64_t>(e, 0));
+    return elements;
+  }
+  // One past the last source byte the box reads (its elements of `element_size` bytes), for
+  // a box of at least one element: [src_offset, src_end) holds every byte it reads, and the
+  // bytes between its rows when it is strided.
+  uint64_t src_end(uint64_t element_size) const {
+    uint64_t last = 0;  // element offset of the last element, from the first
+    for (size_t d = 0; d < extent.size(); ++d) {
+      last += static_cast<uint64_t>(std::max<int64_t>(extent[d] - 1, 0)) *
+              static_cast<uint64_t>(src_strides[d]);
+    }
+    return src_offset + (last + 1) * element_size;
+  }
 };
 
 // Everything needed to produce the dense data of one output tensor.
