@@ -12,6 +12,8 @@
 #include "client/reports.h"
 #include "lib/core/status.h"
 #include "lib/engine/conversion.h"
+#include "lib/engine/partition_spec.h"
+#include "lib/engine/partitioned_conversion.h"
 #include "lib/engine/verify.h"
 #include "lib/io/io_mode.h"
 
@@ -46,6 +48,11 @@ absl::StatusOr<ConversionSpec> BuildSpec(const ConversionFlags& flags, bool resh
   if (reshard && spec.parts < 1) {
     return absl::InvalidArgumentError("reshard needs --parts M (M >= 1)");
   }
+  if (!flags.partition.empty()) {
+    ASSIGN_OR_RETURN(const PartitionId partition, ParsePartition(flags.partition));
+    spec.partition_index = partition.index;
+    spec.partition_count = partition.count;
+  }
   return spec;
 }
 
@@ -67,10 +74,17 @@ int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::os
   const bool reshard = conversion.parts > 0;
   auto spec = BuildSpec(conversion, reshard);
   if (!spec.ok()) return Fail(spec.status(), flags, flags.result_file, out, err, /*usage=*/true);
+  if (conversion.partitions < 0 || conversion.partitions > kMaxPartitions) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--partitions must be in [1, ", kMaxPartitions, "]")),
+                flags, flags.result_file, out, err, /*usage=*/true);
+  }
   auto planned = PlanConversion(*spec);
   if (!planned.ok()) return Fail(planned.status(), flags, flags.result_file, out, err);
-  return Emit(PlanDocument(conversion.input, reshard, *planned), kExitOk, flags, flags.result_file,
-              PrintPlan, out, err);
+  Json doc = PlanDocument(conversion.input, reshard, *planned);
+  if (conversion.partitions > 0)
+    AddPartitions(doc, planned->plan.files.size(), conversion.partitions);
+  return Emit(doc, kExitOk, flags, flags.result_file, PrintPlan, out, err);
 }
 
 int RunConvert(const ConversionFlags& conversion, bool reshard, const OutputFlags& flags,
@@ -81,11 +95,20 @@ int RunConvert(const ConversionFlags& conversion, bool reshard, const OutputFlag
   RunControl control;
   control.cancelled = cancelled;
   if (flags.progress) control.on_progress = [&bar](const Progress& p) { bar.Update(p); };
-  auto result = RunConversion(*spec, control);
+  auto result = RunAnyConversion(*spec, control);
   if (flags.progress) bar.Finish();
   if (!result.ok()) return Fail(result.status(), flags, flags.result_file, out, err);
   return Emit(ConversionDocument(conversion.input, reshard, *result), kExitOk, flags,
               flags.result_file, PrintConversion, out, err);
+}
+
+int RunCommit(const std::string& output, const OutputFlags& flags, std::ostream& out,
+              std::ostream& err) {
+  auto result = CommitPartitionedConversion(output);
+  if (!result.ok()) return Fail(result.status(), flags, flags.result_file, out, err);
+  Json doc = ConversionDocument("", /*reshard=*/false, *result);
+  doc["kind"] = "commit";
+  return Emit(doc, kExitOk, flags, flags.result_file, PrintConversion, out, err);
 }
 
 namespace {

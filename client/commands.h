@@ -33,6 +33,10 @@ struct ConversionFlags {
   // Training checkpoints: DeepSpeed tag to read, and whether to read Adam moments too.
   std::string tag;
   bool include_optimizer = false;
+  // consolidate/reshard: `--partition I/K | auto | auto/K` (lib/engine/partition_spec.h);
+  // empty: not partitioned. plan: `--partitions K` shows each partition's files.
+  std::string partition;
+  int partitions = 0;
 };
 
 // Options of commands that go through reshardd.
@@ -56,6 +60,10 @@ int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::os
 // `consolidate` (reshard == false) and `reshard`.
 int RunConvert(const ConversionFlags& conversion, bool reshard, const OutputFlags& flags,
                const std::atomic<bool>* cancelled, std::ostream& out, std::ostream& err);
+
+// `commit OUT`: re-checks the records of a partitioned conversion and publishes OUT.
+int RunCommit(const std::string& output, const OutputFlags& flags, std::ostream& out,
+              std::ostream& err);
 
 int RunVerify(const std::string& a, const std::string& b, const ConversionFlags& read,
               const OutputFlags& flags, const std::atomic<bool>* cancelled, std::ostream& out,

@@ -18,6 +18,7 @@
 #include "client/progress_bar.h"
 #include "client/reports.h"
 #include "lib/core/status.h"
+#include "lib/engine/partition_spec.h"
 #include "lib/io/file_access.h"
 #include "lib/io/io_mode.h"
 #include "lib/plan/layout_builders.h"
@@ -107,6 +108,11 @@ absl::StatusOr<v1::JobSpec> BuildJobSpec(const ConversionFlags& conversion, bool
   spec.set_window_bytes(window);
   spec.set_priority(daemon.priority);
   spec.set_overwrite(daemon.overwrite);
+  if (!conversion.partition.empty()) {
+    ASSIGN_OR_RETURN(const PartitionId partition, ParsePartition(conversion.partition));
+    spec.set_partition_index(partition.index);
+    spec.set_partition_count(partition.count);
+  }
   return spec;
 }
 
@@ -215,8 +221,11 @@ int RunRemotePlan(const ConversionFlags& conversion, const DaemonFlags& daemon,
   if (!client.ok()) return Fail(client.status(), flags, flags.result_file, out, err, true);
   auto response = (*client)->Plan(*spec);
   if (!response.ok()) return Fail(response.status(), flags, flags.result_file, out, err);
-  return Emit(PlanDocument(spec->input(), reshard, *response), kExitOk, flags, flags.result_file,
-              PrintPlan, out, err);
+  Json doc = PlanDocument(spec->input(), reshard, *response);
+  if (conversion.partitions > 0) {
+    AddPartitions(doc, response->data_files(), std::min(conversion.partitions, kMaxPartitions));
+  }
+  return Emit(doc, kExitOk, flags, flags.result_file, PrintPlan, out, err);
 }
 
 int RunRemoteConvert(const ConversionFlags& conversion, bool reshard, const DaemonFlags& daemon,

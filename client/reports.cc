@@ -10,6 +10,7 @@
 #include "client/exit_codes.h"
 #include "client/progress_bar.h"
 #include "google/protobuf/util/json_util.h"
+#include "lib/engine/partition_spec.h"
 
 namespace reshard {
 namespace {
@@ -111,6 +112,22 @@ Json PlanDocument(const std::string& input, bool reshard, const PlannedConversio
   return doc;
 }
 
+void AddPartitions(Json& plan_doc, size_t data_files, int count) {
+  std::vector<std::string> names;
+  std::vector<uint64_t> bytes;
+  for (size_t f = 0; f < data_files && f < plan_doc["files"].size(); ++f) {
+    names.push_back(plan_doc["files"][f]["name"].get<std::string>());
+    bytes.push_back(plan_doc["files"][f]["bytes"].get<uint64_t>());
+  }
+  Json partitions = Json::array();
+  int index = 0;
+  for (const PartitionFiles& partition : GroupByPartition(names, bytes, count)) {
+    partitions.push_back(
+        {{"partition", index++}, {"files", partition.files}, {"bytes", partition.bytes}});
+  }
+  plan_doc["partitions"] = std::move(partitions);
+}
+
 Json PlanDocument(const std::string& input, bool reshard, const v1::PlanResponse& response) {
   Json doc;
   doc["kind"] = reshard ? "reshard" : "consolidate";
@@ -146,6 +163,15 @@ Json ConversionDocument(const std::string& input, bool reshard, const Conversion
   // filesystem that refuses direct I/O).
   doc["direct_io_files"] = result.direct_files;
   doc["buffered_io_files"] = result.buffered_files;
+  // Whether the output folder now holds the result: false for a worker of a partitioned
+  // conversion that recorded its files while others had not yet.
+  doc["published"] = result.published;
+  if (result.found_published) doc["found_published"] = true;
+  if (result.partition_count > 0) {
+    doc["partition"] = {{"index", result.partition_index},
+                        {"count", result.partition_count},
+                        {"recorded", result.partitions_recorded}};
+  }
   return doc;
 }
 
@@ -226,6 +252,13 @@ void PrintPlan(const Json& doc, std::ostream& out) {
     out << absl::StrFormat("  %-48s %12s  %d tensors\n", file["name"].get<std::string>(),
                            HumanBytes(file["bytes"].get<double>()), file["tensors"].get<int>());
   }
+  if (doc.contains("partitions")) {
+    for (const Json& partition : doc["partitions"]) {
+      out << absl::StrFormat("  partition %d: %d files, %s\n", partition["partition"].get<int>(),
+                             static_cast<int>(partition["files"].size()),
+                             HumanBytes(partition["bytes"].get<double>()));
+    }
+  }
   out << "reads " << HumanBytes(doc["source_bytes_read"].get<double>())
       << " of source data; needs about " << HumanBytes(doc["memory_bytes"].get<double>())
       << " of memory\n";
@@ -234,6 +267,19 @@ void PrintPlan(const Json& doc, std::ostream& out) {
 void PrintConversion(const Json& doc, std::ostream& out) {
   const double seconds = doc["seconds"].get<double>();
   const double written = doc["bytes_written"].get<double>();
+  if (doc.value("found_published", false)) {
+    out << doc["output"].get<std::string>() << " was already published\n";
+    return;
+  }
+  if (doc.contains("partition")) {
+    const Json& partition = doc["partition"];
+    out << "partition " << partition["index"].get<int>() << "/" << partition["count"].get<int>()
+        << ": " << partition["recorded"].get<int>() << " of " << partition["count"].get<int>()
+        << " partitions recorded; "
+        << (doc["published"].get<bool>()
+                ? "this worker published the output\n"
+                : "the last worker to finish (or `reshardctl commit OUT`) publishes\n");
+  }
   out << "wrote " << doc["output"].get<std::string>() << ": " << doc["files"].size() << " files, "
       << doc["tensors"].get<int64_t>() << " tensors, " << HumanBytes(written) << " in "
       << absl::StrFormat("%.2f", seconds) << " s ("

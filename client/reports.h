@@ -28,6 +28,9 @@ struct OutputFlags {
 Json InspectDocument(const std::string& input, const LoadedInput& loaded);
 Json PlanDocument(const std::string& input, bool reshard, const PlannedConversion& planned);
 Json ConversionDocument(const std::string& input, bool reshard, const ConversionResult& result);
+// Adds "partitions" to a plan document: the first `data_files` of its "files" dealt to `count`
+// partitions as a partitioned conversion deals them, with their bytes.
+void AddPartitions(Json& plan_doc, size_t data_files, int count);
 
 // Documents of daemon results, with the same fields.
 Json InspectDocument(const std::string& input, const v1::InspectResponse& response);

@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
     command->add_option("--priority", daemon.priority, "higher runs first (-100..100)");
     command->add_option("--memory-budget", daemon.memory_budget, "memory the job may use");
     command->add_flag("--overwrite", daemon.overwrite, "replace a non-empty output folder");
+    command->add_option("--partition", conversion.partition,
+                        "write only partition I of K (I/K, 0-based; auto: from the Slurm array "
+                        "task, srun step or Kubernetes Indexed Job; auto/K: K given); the last "
+                        "worker to finish publishes OUT");
   };
   auto add_read_options = [&](CLI::App* command) {
     command->add_option("--tag", conversion.tag,
@@ -130,6 +134,8 @@ int main(int argc, char** argv) {
   plan->add_option("--parts", conversion.parts, "plan a reshard into M parts");
   plan->add_option("--pipeline-parts", conversion.pipeline_parts,
                    "pipeline stages of the output (--format megatron; default 1)");
+  plan->add_option("--partitions", conversion.partitions,
+                   "also show the files each of K partitions writes (--partition I/K)");
   add_server(plan);
 
   CLI::App* consolidate =
@@ -147,6 +153,11 @@ int main(int argc, char** argv) {
                       "pipeline stages of the output (--format megatron; default 1)");
   reshard->add_flag("--no-progress", no_progress, "do not show progress");
   add_job_options(reshard);
+
+  CLI::App* commit = app.add_subcommand(
+      "commit", "check every partition's record of a partitioned conversion and publish OUT");
+  commit->add_option("OUT", conversion.output, "the output folder of the conversion")->required();
+  add_output(commit);
 
   CLI::App* verify = app.add_subcommand("verify", "compare two checkpoints element by element");
   verify->add_option("A", a, "first checkpoint")->required();
@@ -203,6 +214,7 @@ int main(int argc, char** argv) {
                                      err)
                   : RunConvert(conversion, is_reshard, output, &cancel_requested, out, err);
   }
+  if (*commit) return RunCommit(conversion.output, output, out, err);
   if (*verify) return RunVerify(a, b, conversion, output, &cancel_requested, out, err);
   if (!remote) {
     std::cerr

@@ -1,5 +1,7 @@
 #include "server/job_runner.h"
 
+#include "lib/engine/partitioned_conversion.h"
+
 namespace reshard {
 
 ConversionSpec ConversionSpecFromProto(const v1::JobSpec& proto) {
@@ -36,6 +38,8 @@ ConversionSpec ConversionSpecFromProto(const v1::JobSpec& proto) {
   spec.read.include_optimizer = proto.include_optimizer();
   if (proto.threads() > 0) spec.threads = proto.threads();
   if (proto.window_bytes() > 0) spec.window_bytes = proto.window_bytes();
+  spec.partition_index = proto.partition_index();
+  spec.partition_count = proto.partition_count();
   return spec;
 }
 
@@ -48,7 +52,7 @@ absl::StatusOr<ConversionResult> RunJobWithEngine(const v1::Job& job, JobContext
   control.on_progress = context.on_progress;
   control.on_file_committed = context.on_file_committed;
   control.job_id = job.id();
-  return RunConversion(ConversionSpecFromProto(job.spec()), control);
+  return RunAnyConversion(ConversionSpecFromProto(job.spec()), control);
 }
 
 uint64_t EstimateJobMemory(const v1::JobSpec& spec) {

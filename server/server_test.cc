@@ -547,6 +547,13 @@ TEST_F(ServerTest, MalformedRequestsNameTheField) {
     spec.set_io("mmap");
     cases.push_back({"unknown io mode", spec, "", absl::StatusCode::kInvalidArgument, "spec.io"});
   }
+  for (auto [index, count] : {std::pair{2, 2}, {-1, 2}, {0, -1}, {1, 0}, {0, 4097}}) {
+    v1::JobSpec spec = Consolidate("bad");
+    spec.set_partition_index(index);
+    spec.set_partition_count(count);
+    cases.push_back({absl::StrCat("partition ", index, "/", count), spec, "",
+                     absl::StatusCode::kInvalidArgument, "spec.partition_index"});
+  }
   for (int parts : {0, -1, 4097}) {
     v1::JobSpec spec = Consolidate("bad");
     spec.set_kind(v1::JOB_KIND_RESHARD);

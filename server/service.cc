@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/engine/conversion.h"
+#include "lib/engine/partition_spec.h"
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/io/io_mode.h"
 #include "lib/io/staging_dir.h"
@@ -98,6 +99,14 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
   if (!spec.io().empty()) {
     RETURN_IF_ERROR(ParseIoMode(spec.io()).status(), "spec.io");
   }
+  if (spec.partition_count() < 0 || spec.partition_count() > kMaxPartitions ||
+      spec.partition_index() < 0 ||
+      (spec.partition_count() > 0 ? spec.partition_index() >= spec.partition_count()
+                                  : spec.partition_index() != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.partition_index must be below spec.partition_count, which must be in [0, ",
+        kMaxPartitions, "] (0: not partitioned)"));
+  }
   return valid;
 }
 
@@ -108,8 +117,11 @@ grpc::Status ReshardService::SubmitJob(grpc::ServerContext* context,
   }
   // A new job needs a free output; a resubmission (same key) gets its job back whatever the
   // output holds now, so a requeued task re-attaches even after the job finished.
-  const bool needs_free_output =
-      !request->spec().overwrite() && !scheduler_->HasIdempotencyKey(request->idempotency_key());
+  // A partition's output may already be its split's, published by the worker that finished
+  // last: the job itself tells that apart from someone else's folder.
+  const bool needs_free_output = !request->spec().overwrite() &&
+                                 request->spec().partition_count() == 0 &&
+                                 !scheduler_->HasIdempotencyKey(request->idempotency_key());
   // The path checks touch the filesystem: off the gRPC thread, bounded by the deadline. The
   // task owns its copies (it may outlive this call; the policy outlives the pool).
   auto checked = std::make_shared<std::optional<absl::StatusOr<v1::JobSpec>>>();
@@ -220,6 +232,7 @@ grpc::Status ReshardService::Plan(grpc::ServerContext* context, const v1::PlanRe
     out->set_name(name);
     out->set_bytes(contents.size());
   }
+  response->set_data_files(static_cast<uint32_t>(plan_result->plan.files.size()));
   response->set_total_bytes(plan_result->plan.total_bytes);
   response->set_source_bytes_read(plan_result->plan.source_bytes_read);
   response->set_memory_bytes(plan_result->memory_bytes);  // as the local plan reports it

@@ -14,6 +14,8 @@ packages=(
   python3 python3-numpy python3-torch time
   # A real Prometheus (and promtool) for tests/observability; python3-yaml reads the rules.
   prometheus python3-yaml
+  # A real Slurm (slurmctld + slurmd on 127.0.0.1) for the partitioned-job test.
+  slurm-wlm munge
 )
 
 missing=()

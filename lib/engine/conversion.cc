@@ -188,17 +188,55 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   ASSIGN_OR_RETURN(planned.plan, BuildCopyPlan(*plan_catalog, planned.layout, framings),
                    spec.input);
   ASSIGN_OR_RETURN(planned.companion_files, planned.writer->CompanionFiles(planned.layout));
-  ExecutorOptions options;
-  options.threads = spec.threads;
-  options.window_bytes = spec.window_bytes;
-  options.check_source_crc32 = !spec.skip_crc_check;
-  options.io = spec.io;
-  planned.memory_bytes = EstimateExecutionMemory(planned.plan, options);
+  planned.memory_bytes = EstimateExecutionMemory(planned.plan, ExecutorOptionsFor(spec));
   return planned;
 }
 
+ExecutorOptions ExecutorOptionsFor(const ConversionSpec& spec, const RunControl& control) {
+  ExecutorOptions options;
+  options.threads = spec.threads;
+  options.window_bytes = spec.window_bytes;
+  options.on_progress = control.on_progress;
+  options.cancelled = control.cancelled;
+  options.on_file_committed = control.on_file_committed;
+  options.check_source_crc32 = !spec.skip_crc_check;
+  options.io = spec.io;
+  return options;
+}
+
+void RecordExecution(const ExecutionResult& executed, ConversionResult& result) {
+  result.files = executed.files;
+  result.bytes_read = executed.bytes_read;
+  result.bytes_written = executed.bytes_written;
+  result.data_phases = executed.phases;
+  result.verification_failures = executed.verification_failures;
+  result.direct_files = executed.direct_files;
+  result.buffered_files = executed.buffered_files;
+}
+
+absl::Status WriteCompanionsAndManifest(const Directory& dir, const ConversionSpec& spec,
+                                        const PlannedConversion& planned, const RunControl& control,
+                                        const std::string& split_id, ConversionResult& result) {
+  for (const auto& [name, contents] : planned.companion_files) {
+    RETURN_IF_ERROR(WriteFileAtomically(dir, name, contents));
+    result.files.push_back(
+        {name, contents.size(), XXH3_64bits(contents.data(), contents.size()), 0});
+    result.bytes_written += contents.size();
+  }
+  // The manifest is the commit mark: written last, then the folder is published at once.
+  const std::string manifest = BuildManifest(spec, planned, result.files, control.job_id, split_id);
+  RETURN_IF_ERROR(WriteFileAtomically(dir, kManifestName, manifest));
+  result.bytes_written += manifest.size();
+  TestFaultPoint("before-publish", control.cancelled);
+  if (control.cancelled != nullptr && control.cancelled->load()) {
+    return absl::CancelledError("conversion cancelled");
+  }
+  return absl::OkStatus();
+}
+
 std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& planned,
-                          const std::vector<WrittenFile>& files, const std::string& job_id) {
+                          const std::vector<WrittenFile>& files, const std::string& job_id,
+                          const std::string& split_id) {
   OrderedJson manifest;
   manifest["tool"] = "reshard";
   manifest["version"] = kReshardVersion;
@@ -215,6 +253,7 @@ std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& p
   manifest["source"] = source;
   manifest["request"] = RequestJson(spec);
   if (!job_id.empty()) manifest["job_id"] = job_id;
+  if (!split_id.empty()) manifest["split_id"] = split_id;
   OrderedJson file_list = OrderedJson::array();
   for (const WrittenFile& file : files) {
     file_list.push_back({{"name", file.name},
@@ -243,6 +282,10 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   };
   const auto start = Clock::now();
   if (spec.output.empty()) return absl::InvalidArgumentError("no output folder given");
+  if (spec.partition_count > 0) {
+    return absl::InvalidArgumentError(
+        "a partitioned conversion runs through RunAnyConversion (partitioned_conversion.h)");
+  }
   RETURN_IF_ERROR(CheckLocalPath(spec.input, "input"));
   RETURN_IF_ERROR(CheckLocalPath(spec.output, "output"));
   if (control.resume && !control.job_id.empty()) {
@@ -271,14 +314,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   const double plan_seconds = seconds_since(start);
 
   const auto write_start = Clock::now();
-  ExecutorOptions options;
-  options.threads = spec.threads;
-  options.window_bytes = spec.window_bytes;
-  options.on_progress = control.on_progress;
-  options.cancelled = control.cancelled;
-  options.on_file_committed = control.on_file_committed;
-  options.check_source_crc32 = !spec.skip_crc_check;
-  options.io = spec.io;
+  ExecutorOptions options = ExecutorOptionsFor(spec, control);
   if (control.resume) options.completed_files = control.completed_files;
   ASSIGN_OR_RETURN(ExecutionResult executed, Execute(planned.plan, staging.dir(), options));
 
@@ -287,28 +323,10 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   result.plan_seconds = plan_seconds;
   result.data_files_seconds = std::chrono::duration<double>(publish_start - write_start).count();
   result.output = staging.output_dir();
-  result.files = executed.files;
-  result.bytes_read = executed.bytes_read;
-  result.bytes_written = executed.bytes_written;
-  result.data_phases = executed.phases;
-  result.verification_failures = executed.verification_failures;
-  result.direct_files = executed.direct_files;
-  result.buffered_files = executed.buffered_files;
+  RecordExecution(executed, result);
   for (const FilePlan& file : planned.plan.files) result.tensors += file.tensors.size();
-  for (const auto& [name, contents] : planned.companion_files) {
-    RETURN_IF_ERROR(WriteFileAtomically(staging.dir(), name, contents));
-    result.files.push_back(
-        {name, contents.size(), XXH3_64bits(contents.data(), contents.size()), 0});
-    result.bytes_written += contents.size();
-  }
-  // The manifest is the commit mark: written last, then the folder is published at once.
-  const std::string manifest = BuildManifest(spec, planned, result.files, control.job_id);
-  RETURN_IF_ERROR(WriteFileAtomically(staging.dir(), kManifestName, manifest));
-  result.bytes_written += manifest.size();
-  TestFaultPoint("before-publish", control.cancelled);
-  if (control.cancelled != nullptr && control.cancelled->load()) {
-    return absl::CancelledError("conversion cancelled");
-  }
+  RETURN_IF_ERROR(
+      WriteCompanionsAndManifest(staging.dir(), spec, planned, control, /*split_id=*/"", result));
   RETURN_IF_ERROR(staging.Publish());
   TestFaultPoint("after-publish");
   if (spec.update_latest) {

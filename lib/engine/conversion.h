@@ -22,6 +22,7 @@
 #include "lib/core/version.h"
 #include "lib/exec/executor.h"
 #include "lib/formats/format.h"
+#include "lib/io/directory.h"
 #include "lib/io/io_mode.h"
 #include "lib/plan/layout.h"
 #include "lib/plan/layout_builders.h"
@@ -93,6 +94,11 @@ struct ConversionSpec {
   // Direct I/O and the page cache (lib/io/io_mode.h). Default: direct where the filesystem
   // takes it, nothing left in the page cache.
   IoMode io = IoMode::kAuto;
+  // One worker of a conversion split into `partition_count` partitions by output file
+  // (lib/engine/partitioned_conversion.h): this worker writes partition `partition_index`
+  // (0-based). 0: not partitioned.
+  int partition_index = 0;
+  int partition_count = 0;
 };
 
 struct PlannedConversion {
@@ -139,6 +145,13 @@ struct ConversionResult {
   // The output had already been published by an earlier attempt of the same job (killed
   // before it could record success); nothing was written, every file was checked.
   bool found_published = false;
+  // Partitioned conversions (ConversionSpec::partition_count > 0): this worker's partition;
+  // the partitions whose records were in when it finished (its own included); whether this
+  // worker published the output. False when another worker (or `reshardctl commit`) will.
+  int partition_index = 0;
+  int partition_count = 0;
+  int partitions_recorded = 0;
+  bool published = true;
 };
 
 struct RunControl {
@@ -165,10 +178,27 @@ struct RunControl {
 absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
                                                const RunControl& control = {});
 
+// Pieces of RunConversion that partitioned conversions (partitioned_conversion.h) share.
+//
+// The executor's options for `spec` and `control` (progress, cancellation, commit callback);
+// completed_files is the caller's to set.
+ExecutorOptions ExecutorOptionsFor(const ConversionSpec& spec, const RunControl& control = {});
+// Copies what Execute reports (files, bytes, phases, I/O modes) into `result`.
+void RecordExecution(const ExecutionResult& executed, ConversionResult& result);
+// Writes the companion files (index) and then the manifest, the commit mark, into the output
+// folder being assembled (`dir`), adding them to `result` (whose files must hold every data
+// file); then stops at the "before-publish" test fault point and returns Cancelled when the
+// conversion was cancelled meanwhile.
+absl::Status WriteCompanionsAndManifest(const Directory& dir, const ConversionSpec& spec,
+                                        const PlannedConversion& planned, const RunControl& control,
+                                        const std::string& split_id, ConversionResult& result);
+
 // The manifest written as the last file of every output: tool, version, source, request,
-// files with sizes and XXH3-64 checksums, tensors with file, dtype and shape.
+// files with sizes and XXH3-64 checksums, tensors with file, dtype and shape. `split_id`
+// (partitioned conversions) identifies the split that assembled the output.
 std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& planned,
-                          const std::vector<WrittenFile>& files, const std::string& job_id = "");
+                          const std::vector<WrittenFile>& files, const std::string& job_id = "",
+                          const std::string& split_id = "");
 
 // The result of an earlier attempt of job `job_id` that published `spec.output` (see
 // RunControl::job_id), or nullopt when the folder is absent or not that job's. DataLoss when it

@@ -370,8 +370,7 @@ TEST_F(EngineTest, ResumedJobRecognizesItsOwnPublishedOutput) {
   EXPECT_EQ(RunConversion(spec, other).status().code(), absl::StatusCode::kFailedPrecondition);
   ConversionSpec changed = spec;
   changed.dtype = DTypePolicy::kBF16;
-  EXPECT_EQ(RunConversion(changed, resumed).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RunConversion(changed, resumed).status().code(), absl::StatusCode::kFailedPrecondition);
   // Not resuming: refused as before.
   EXPECT_EQ(RunConversion(spec, first).status().code(), absl::StatusCode::kFailedPrecondition);
 

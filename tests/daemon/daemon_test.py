@@ -215,6 +215,35 @@ class CoreTests(DaemonTestCase):
                                "--no-progress"))
         self.assertConsolidated(self.rsrc, back)
 
+    def test_partitioned_jobs_publish_one_output(self):
+        # One reshardd per node would each run one partition; here one daemon runs both jobs.
+        out = self.r("out_partitioned")
+        plan = self.assertOk(self.ctl("plan", self.src, "--max-shard-size", "3MB",
+                                      "--partitions", "2"))
+        self.assertEqual(len(plan["partitions"]), 2)
+        planned = sorted(n for p in plan["partitions"] for n in p["files"])
+        docs = []
+        for i in range(2):
+            doc = self.assertOk(self.ctl("consolidate", self.src, out, "--max-shard-size", "3MB",
+                                         "--partition", "%d/2" % i, "--no-progress"))
+            self.assertEqual(doc["state"], "succeeded")
+            self.assertEqual(doc["job"]["spec"]["partition_index"], i)
+            self.assertEqual(doc["job"]["spec"]["partition_count"], 2)
+            self.assertEqual(os.path.exists(out), i == 1, "published by the second job only")
+            docs.append(doc)
+        written = sorted(f["name"] for d in docs for f in d["files"] if f["name"].startswith("model-"))
+        self.assertEqual(written, planned)
+        self.assertConsolidated(self.src, out)
+        # The same partition again finds the output its split published.
+        again = self.assertOk(self.ctl("consolidate", self.src, out, "--max-shard-size", "3MB",
+                                       "--partition", "0/2", "--no-progress",
+                                       "--idempotency-key", "partition-rerun"))
+        self.assertEqual(again["state"], "succeeded")
+        # An index beyond the count is refused by the daemon too.
+        bad = self.ctl("consolidate", self.src, self.r("out_bad_partition"), "--partition", "2/2",
+                       "--no-progress")
+        self.assertEqual(bad.rc, 2, bad)  # a usage error: nothing was submitted
+
     # -- 7: CLI contract for workflow engines ----------------------------------------------------
 
     def test_result_file_on_success_and_failure(self):

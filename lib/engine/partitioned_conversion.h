@@ -1,0 +1,61 @@
+// One conversion run by K cooperating workers: each writes its share of the output files
+// (lib/engine/partition_spec.h) into one shared staging area beside the output, and the worker
+// that completes the set publishes the output with one rename.
+//
+// The shared area is `<parent>/.<name>.reshard-partitions/`:
+//
+//   split.json                        the conversion and K; created once and never replaced
+//   data/                             the output folder being assembled
+//   partition-IIIII-of-KKKKK.journal  the files worker I committed so far (for its rerun)
+//   partition-IIIII-of-KKKKK.json     worker I's record: its files' names, sizes and XXH3-64
+//   publish.claim                     who publishes
+//
+// The protocol uses only operations that are atomic on NFS and Lustre: creating a file under
+// its final name with link(2) (fails when the name exists) and rename(2); no flock, no
+// appends. A worker (1) plans the conversion and creates split.json, or checks that the one
+// there describes the same conversion split the same way (a worker of another split is
+// refused); (2) writes its files into data/, noting each in its journal; (3) renames its
+// record into place; (4) looks for all K records: the worker that finds them claims
+// publishing by linking publish.claim, writes the index and the manifest (the commit mark)
+// into data/, renames data/ to the output and removes the area. Every worker looks after its
+// own record is in, so the last one to finish always sees the set; two that finish together
+// both see it, and exactly one creates the claim. A killed worker publishes nothing (its files
+// stay `.partial` or unrecorded); rerunning the same I/K reuses the files its journal lists
+// (after checking their XXH3-64) and carries on; a worker killed while publishing finishes
+// publishing when rerun. `reshardctl commit OUT` (CommitPartitionedConversion) re-checks every
+// record against the files and publishes: for pipelines that want an explicit last step, and
+// for filesystems whose directory caches can hide a just-renamed record from another client.
+
+#ifndef RESHARD_LIB_ENGINE_PARTITIONED_CONVERSION_H_
+#define RESHARD_LIB_ENGINE_PARTITIONED_CONVERSION_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "lib/engine/conversion.h"
+#include "lib/plan/layout.h"
+
+namespace reshard {
+
+// The shared area's path for output folder `output_dir`.
+std::string PartitionAreaPathFor(const std::string& output_dir);
+
+// Runs `spec` as RunConversion does, or, when spec.partition_count > 0, as worker
+// spec.partition_index of a partitioned conversion (see above). The CLI and the daemon call
+// this.
+absl::StatusOr<ConversionResult> RunAnyConversion(const ConversionSpec& spec,
+                                                  const RunControl& control = {});
+
+// Re-checks every worker's record against the files in the shared area of `output_dir`
+// (sizes and XXH3-64), then writes the index and manifest and publishes. FailedPrecondition
+// naming the partitions that have not recorded their files yet; DataLoss naming a file that
+// no longer matches its record. An output already published by the split is reported as
+// found_published.
+absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& output_dir,
+                                                             const RunControl& control = {});
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_ENGINE_PARTITIONED_CONVERSION_H_

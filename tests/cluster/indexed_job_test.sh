@@ -1,0 +1,62 @@
+#!/bin/bash
+# deploy/kubernetes/convert-indexed-job.yaml, without a cluster: the manifest is an Indexed Job
+# whose pods run `reshardctl ... --partition auto` with RESHARD_PARTITION_COUNT = completions,
+# and running its container command once per index, with the variables Kubernetes sets
+# (JOB_COMPLETION_INDEX) and the manifest's env, on a local checkpoint, publishes the same
+# output as one worker (the last pod to finish publishes).
+#
+# Args: RESHARDCTL JOB_YAML MAKE_CHECKPOINT_PY
+set -euo pipefail
+reshardctl=$(realpath "$1")
+job_yaml=$(realpath "$2")
+make_checkpoint=$(realpath "$3")
+work=$(mktemp -d "${TEST_TMPDIR:-/tmp}/indexed.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+/usr/bin/python3 "$make_checkpoint" --size 16MiB --quiet "$work/in" >/dev/null
+"$reshardctl" consolidate "$work/in" "$work/ref" --dtype bf16 --no-progress >/dev/null
+
+/usr/bin/python3 - "$job_yaml" "$reshardctl" "$work" <<'PY'
+import json, os, subprocess, sys
+import yaml
+
+job_yaml, reshardctl, work = sys.argv[1:4]
+job = yaml.safe_load(open(job_yaml))
+assert job["kind"] == "Job" and job["apiVersion"] == "batch/v1", job["kind"]
+spec = job["spec"]
+assert spec["completionMode"] == "Indexed", spec.get("completionMode")
+completions = spec["completions"]
+(container,) = spec["template"]["spec"]["containers"]
+command = container["command"]
+env = {e["name"]: e["value"] for e in container.get("env", [])}
+assert command[0] == "reshardctl" and command[1] in ("consolidate", "reshard"), command
+assert command[command.index("--partition") + 1] == "auto", command
+assert int(env["RESHARD_PARTITION_COUNT"]) == completions, (env, completions)
+mounts = {m["mountPath"] for m in container["volumeMounts"]}
+for path in command[2:4]:
+    assert any(path.startswith(m + "/") for m in mounts), f"{path} is not on a mounted volume"
+
+# The pods, one after another, on the local checkpoint.
+args = [reshardctl, command[1], os.path.join(work, "in"), os.path.join(work, "out")] + command[4:]
+published = []
+for index in range(completions):
+    pod_env = dict(os.environ, JOB_COMPLETION_INDEX=str(index), **env)
+    result = json.loads(subprocess.run(args, env=pod_env, check=True, capture_output=True,
+                                       text=True).stdout)
+    assert result["partition"]["index"] == index and result["partition"]["count"] == completions
+    if result["published"]:
+        published.append(index)
+assert published == [completions - 1], published
+
+ref, out = os.path.join(work, "ref"), os.path.join(work, "out")
+names = sorted(os.listdir(ref))
+assert sorted(os.listdir(out)) == names, (os.listdir(out), names)
+for name in names:
+    if name == "reshard-manifest.json":
+        a, b = json.load(open(os.path.join(ref, name))), json.load(open(os.path.join(out, name)))
+        assert a["files"] == b["files"] and a["tensors"] == b["tensors"]
+        continue
+    assert open(os.path.join(ref, name), "rb").read() == open(os.path.join(out, name), "rb").read(), name
+print(f"{completions} indexed pods published {len(names)} files equal to one worker's")
+PY
+echo PASS
