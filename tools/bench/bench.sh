@@ -5,7 +5,7 @@
 #   tools/bench/bench.sh [--size 4GiB] [--sizes 1GiB,4GiB [--table-sizes]] [--pairs N]
 #                        [--workdir DIR] [--keep] [--verify] [--no-drop-caches]
 #                        [--steps fp32,bf16,torch,universal,split,dcp,dcp-split] [--split-parts M]
-#                        [--input-format safetensors|torch|metaseq|zero1|zero2|zero3|dcp]
+#                        [--input-format safetensors|torch|metaseq|zero1|zero2|zero3|dcp|torch-dist]
 #                        [--zero-ranks N] [--zero-moments]
 #                        [--reshardctl PATH]
 #                        [-- EXTRA_ARGS...]
@@ -59,6 +59,8 @@ Options:
                      zero1, zero2: the same with ZeRO-1/2's flat partitions
                      dcp (a PyTorch DCP folder of 4 ranks: the safetensors checkpoint of
                      make_checkpoint.py resharded by reshardctl with the Llama rules)
+                     torch-dist (a Megatron-Core torch_dist save folder, TP 2, 24 layers
+                     stacked, from make_torch_dist_checkpoint.py; streamed, little RAM)
   --zero-ranks N     data-parallel ranks of the zero checkpoint (default 8)
   --zero-moments     the zero checkpoint also holds Adam's moments (SIZE is then the fp32
                      weights; the folder holds about 3 x SIZE)
@@ -126,7 +128,8 @@ case "$INPUT_FORMAT" in
   torch|metaseq) STEPS="${STEPS:-fp32,bf16,torch,split}" ;;
   zero1|zero2|zero3) STEPS="${STEPS:-fp32,bf16,torch}" ;;
   dcp) STEPS="${STEPS:-fp32,bf16,dcp,dcp-split}" ;;
-  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch, metaseq, zero1, zero2, zero3 or dcp)" ;;
+  torch-dist) STEPS="${STEPS:-fp32,bf16,dcp}" ;;
+  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch, metaseq, zero1, zero2, zero3, dcp or torch-dist)" ;;
 esac
 STEP_LIST=()
 for s in ${STEPS//,/ }; do
@@ -143,6 +146,9 @@ if [[ " ${STEP_LIST[*]} " == *" split "* || " ${STEP_LIST[*]} " == *" dcp-split 
 fi
 if [[ " ${STEP_LIST[*]} " == *" dcp-split "* && "$INPUT_FORMAT" == metaseq ]]; then
   die "--steps dcp-split: not for metaseq (its fused qkv_proj split is not one box per rank)"
+fi
+if [[ " ${STEP_LIST[*]} " == *"split "* && "$INPUT_FORMAT" == torch-dist ]]; then
+  die "--steps split, dcp-split: not for torch-dist (the Llama rules do not name its tensors)"
 fi
 if ((TABLE_SIZES)) && [ -z "$SIZES_ARG" ]; then die "--table-sizes needs --sizes S1,S2,..."; fi
 
@@ -345,6 +351,9 @@ make_checkpoint() {  # SIZE_ARG PATH
     summary="$("$PY" "$HERE/make_zero_checkpoint.py" --quiet --size "$size" --ranks "$ZERO_RANKS" \
       --stage "${INPUT_FORMAT#zero}" "${moments[@]}" "$dir")" ||
       die "make_zero_checkpoint.py failed"
+  elif [ "$INPUT_FORMAT" = torch-dist ]; then
+    summary="$("$PY" "$HERE/make_torch_dist_checkpoint.py" --quiet --size "$size" "$dir")" ||
+      die "make_torch_dist_checkpoint.py failed"
   elif [ "$INPUT_FORMAT" = dcp ]; then
     # The safetensors checkpoint, resharded into 4 ranks' DCP files by reshardctl itself.
     add_big "$dir.st"
@@ -368,7 +377,8 @@ assert any(n.endswith("/data.pkl") for n in names), "no data.pkl"
 assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist()), "compressed record"
 print("%d records" % len(names))' "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "generated torch checkpoint is not a valid torch zip"; }
-  elif [[ "$INPUT_FORMAT" == zero? || "$INPUT_FORMAT" == metaseq || "$INPUT_FORMAT" == dcp ]]; then
+  elif [[ "$INPUT_FORMAT" == zero? || "$INPUT_FORMAT" == metaseq || "$INPUT_FORMAT" == dcp ||
+          "$INPUT_FORMAT" == torch-dist ]]; then
     "$BIN" inspect "$dir" "${IN_RULES[@]}" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "reshardctl inspect refused the generated $INPUT_FORMAT checkpoint"; }
   else
