@@ -14,6 +14,7 @@ tests/dcp_output_test.py) and compared element by element.
 
 import json
 import os
+import pickle
 import shutil
 import sys
 
@@ -26,6 +27,7 @@ import st_reference as R  # noqa: E402
 
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import dcp_e2e_test as D  # noqa: E402
+import dcp_fixture as F  # noqa: E402
 import dcp_output_test as O  # noqa: E402
 import torch_dist_fixture as M  # noqa: E402
 from st_torch import TAG_OF, tensor_from_st  # noqa: E402
@@ -81,6 +83,30 @@ class TorchDistReadTests(Base):
                 for name, want in per_layer.items():
                     self.assertTensorEqual(tensor_from_st(got[name]), want, name)
                 self.assertExit(self.ctl("verify", save, out), 0)
+
+    def test_pipeline_stages_hold_their_layers(self):
+        """TP 2 x PP 2 (4 ranks): each stage's ranks store its layers' chunks; the layer axis is
+        global, so consolidation is the same unstacking."""
+        save = self.p("save")
+        per_layer, _, _ = M.write_torch_dist(save, tp=2, pp=2, num_layers=4)
+        folder = M.iteration_folder(save)
+        self.assertEqual(sorted(n for n in os.listdir(folder) if n.endswith(".distcp")),
+                         ["__%d_0.distcp" % r for r in range(4)])
+        F._use_metadata_class("new")
+        with open(os.path.join(folder, ".metadata"), "rb") as f:
+            md = pickle.load(f)  # the fixture's own classes
+        ranks = {info.relative_path for key, info in md.storage_data.items()
+                 if key.fqn == "decoder.layers.mlp.linear_fc1.weight" and key.offset[0] == 3}
+        self.assertEqual(ranks, {"__2_0.distcp", "__3_0.distcp"})
+        doc = self.inspect_json(save)
+        self.assertIn("4 layers unstacked", doc["description"])
+        self.assertIn("4 ranks (__0_0 .. __3_0.distcp)", doc["description"])
+        out = self.p("out")
+        self.ok("consolidate", save, out, "--no-progress")
+        got = R.read_folder(out)
+        self.assertEqual(sorted(got), sorted(per_layer))
+        for name, want in per_layer.items():
+            self.assertTensorEqual(tensor_from_st(got[name]), want, name)
 
     def test_consolidate_to_torch_carries_common_state_and_objects(self):
         for common in ("object", "file"):
@@ -194,8 +220,6 @@ class TorchDistRefusalTests(Base):
         folder = M.iteration_folder(save)
         # Claim 3 layers for one stacked tensor, its layer 2 chunk pointing at layer 0's bytes:
         # the DCP checkpoint itself is consistent, the layer axes are not.
-        import pickle
-        import dcp_fixture as F
         F._use_metadata_class("new")
         with open(os.path.join(folder, ".metadata"), "rb") as f:
             real = pickle.load(f)
