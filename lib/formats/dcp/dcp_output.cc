@@ -108,16 +108,23 @@ absl::StatusOr<std::vector<FlatLeaf>> Flatten(const StructureNode* structure) {
   return leaves;
 }
 
-// The first tensor named inside `node`, or null.
-const std::string* TensorInside(const StructureNode& node) {
-  if (node.kind == StructureNode::Kind::kTensor) return &node.text;
+// Adds the names of the tensors inside `node` to `names`.
+void TensorsInside(const StructureNode& node, absl::flat_hash_set<std::string>& names) {
+  if (node.kind == StructureNode::Kind::kTensor) names.insert(node.text);
   for (const std::vector<StructureNode>* children :
        {&node.keys, &node.values, &node.items, &node.args, &node.state}) {
-    for (const StructureNode& child : *children) {
-      if (const std::string* name = TensorInside(child)) return name;
-    }
+    for (const StructureNode& child : *children) TensorsInside(child, names);
   }
-  return nullptr;
+}
+
+// The tensors that values hold (a tuple of tensors is one leaf of torch's flattening): torch
+// pickles them inside the value's item, not as chunks of their own.
+absl::flat_hash_set<std::string> TensorsInValues(const std::vector<FlatLeaf>& leaves) {
+  absl::flat_hash_set<std::string> names;
+  for (const FlatLeaf& leaf : leaves) {
+    if (leaf.node->kind != StructureNode::Kind::kTensor) TensorsInside(*leaf.node, names);
+  }
+  return names;
 }
 
 // ---- The data files.
@@ -135,28 +142,43 @@ struct LaidOutFile {
   std::vector<DcpItem> items;
 };
 
-// Values first (only the file carrying the nesting has any), then the chunks in file order.
+// Values first (only the file carrying the nesting has any), each with the tensors it holds as
+// the storages of its archive; then the chunks in file order.
 absl::StatusOr<LaidOutFile> LayOutFile(const OutputFileLayout& file) {
   TorchArchiveFramer framer;
   LaidOutFile out;
   ASSIGN_OR_RETURN(std::vector<FlatLeaf> leaves, Flatten(file.structure.get()));
-  const absl::flat_hash_map<std::string, int> no_tensors;
+  // By name; a tensor both a chunk and held by a value has its value's copy last (Arrange).
+  absl::flat_hash_map<std::string, int> tensor_index;
+  for (size_t i = 0; i < file.tensors.size(); ++i) tensor_index[file.tensors[i].name] = i;
+  std::vector<bool> in_value(file.tensors.size(), false);
   for (const FlatLeaf& leaf : leaves) {
     if (leaf.node->kind == StructureNode::Kind::kTensor) continue;
-    if (const std::string* tensor = TensorInside(*leaf.node)) {
-      return absl::UnimplementedError(absl::StrCat(
-          "value \"", leaf.fqn, "\" holds the tensor \"", *tensor,
-          "\" inside a tuple or an object: torch stores such a value as one pickled item with "
-          "its tensors, which reshard does not write; convert to --format torch instead"));
-    }
+    // Storages "0", "1", ... in first-use order; a tensor named twice shares its storage.
+    std::vector<int> storages;
+    std::vector<uint64_t> storage_bytes;
+    absl::flat_hash_map<int, std::string> keys;
     PickleWriter pickle;
-    RETURN_IF_ERROR(PickleStructure(
-                        *leaf.node, no_tensors, [](int) { return absl::OkStatus(); }, pickle),
+    auto write_tensor = [&](int index) -> absl::Status {
+      const OutputTensor& tensor = file.tensors[index];
+      auto [key, added] = keys.emplace(index, absl::StrCat(storages.size()));
+      if (added) {
+        storages.push_back(index);
+        storage_bytes.push_back(tensor.bytes());
+        in_value[index] = true;
+      }
+      ASSIGN_OR_RETURN(std::string storage_class, TorchStorageClass(tensor.dtype, tensor.name));
+      pickle.Tensor(storage_class, key->second, NumElementsUnchecked(tensor.shape()),
+                    tensor.shape(), RowMajorStrides(tensor.shape()));
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(PickleStructure(*leaf.node, tensor_index, write_tensor, pickle),
                     absl::StrCat("value \"", leaf.fqn, "\""));
-    const uint64_t offset = framer.Add(kArchiveTop, pickle.Finish(), {}, {});
+    const uint64_t offset = framer.Add(kArchiveTop, pickle.Finish(), storages, storage_bytes);
     out.items.push_back({leaf.fqn, -1, offset, framer.size() - offset});
   }
   for (size_t i = 0; i < file.tensors.size(); ++i) {
+    if (in_value[i]) continue;
     const OutputTensor& tensor = file.tensors[i];
     ASSIGN_OR_RETURN(std::string storage_class, TorchStorageClass(tensor.dtype, tensor.name));
     PickleWriter pickle;  // the chunk as one bare tensor, as DCP's torch.save(chunk) writes it
@@ -431,6 +453,15 @@ OutputNaming DcpOutput::naming() const {
 absl::StatusOr<ArrangedOutput> DcpOutput::Arrange(TargetLayout engine_layout,
                                                   const ArrangeRequest& request) const {
   const Catalog& catalog = request.catalog;
+  ASSIGN_OR_RETURN(std::vector<FlatLeaf> leaves, Flatten(catalog.structure.get()));
+  const absl::flat_hash_set<std::string> in_values = TensorsInValues(leaves);
+  absl::flat_hash_set<std::string> leaf_tensors;
+  for (const FlatLeaf& leaf : leaves) {
+    if (leaf.node->kind == StructureNode::Kind::kTensor) leaf_tensors.insert(leaf.node->text);
+  }
+  // Tensors held by values, whole, for rank 0's value items.
+  std::vector<OutputTensor> value_tensors;
+  absl::flat_hash_set<std::string> value_tensor_names;
   // Boxes already stored by a lower rank: a replicated tensor is stored once.
   absl::flat_hash_set<std::string> stored;
   for (size_t f = 0; f < engine_layout.files.size(); ++f) {
@@ -446,6 +477,18 @@ absl::StatusOr<ArrangedOutput> DcpOutput::Arrange(TargetLayout engine_layout,
             "\": its partition rule splits fused blocks, so a part holds several boxes of it; "
             "a DCP chunk is one box (use a rule without \"fused\", or another --format)"));
       }
+      if (in_values.contains(tensor.name)) {
+        if (!(tensor.region == Box::Full(catalog.tensors[tensor.source].shape))) {
+          return absl::UnimplementedError(absl::StrCat(
+              "tensor \"", tensor.name,
+              "\" is held by a value (a tuple or an object, which torch pickles whole with its "
+              "tensors) but the partition rules split it; replicate it"));
+        }
+        tensor.alias_of = -1;
+        if (value_tensor_names.insert(tensor.name).second) value_tensors.push_back(tensor);
+        // A tensor that is also a leaf of its own is a chunk too (torch writes both).
+        if (!leaf_tensors.contains(tensor.name)) continue;
+      }
       if (!stored.insert(absl::StrCat(tensor.source, " ", BoxToString(tensor.region))).second) {
         continue;
       }
@@ -455,6 +498,12 @@ absl::StatusOr<ArrangedOutput> DcpOutput::Arrange(TargetLayout engine_layout,
     }
     file.tensors = std::move(kept);
     file.metadata[kGlobalShapesKey] = shapes.dump();
+  }
+  if (!value_tensors.empty()) {
+    if (engine_layout.files.empty()) return absl::InternalError("no output file");
+    std::vector<OutputTensor>& first = engine_layout.files[0].tensors;
+    first.insert(first.end(), std::make_move_iterator(value_tensors.begin()),
+                 std::make_move_iterator(value_tensors.end()));
   }
   ArrangedOutput arranged;
   arranged.layout = std::move(engine_layout);

@@ -31,9 +31,10 @@
 // flattened as torch's flatten_state_dict does (every dict descended, its keys str()-ed; a list
 // descended only when it holds a tensor, a dict or such a list; tuples and other objects are
 // leaves; fqn = the path joined by "."), each non-tensor leaf becomes a BYTE_IO item of rank 0,
-// and planner_data records every path. Refused (Unimplemented, naming the value or tensor): a
-// leaf value that holds tensors (a tuple of tensors; torch would store the tensors inside its
-// BYTE_IO item), a split by a fused rule (a part's slice of K fused blocks is not one box of
+// and planner_data records every path. A leaf value that holds tensors (a tuple of tensors) is
+// pickled with them, as torch.save(value) stores them: the tensors are storages of the value's
+// archive, whole. Refused (Unimplemented, naming the tensor): such a tensor split by the
+// partition rules, a split by a fused rule (a part's slice of K fused blocks is not one box of
 // the tensor), dtypes torch.save writes through UntypedStorage (float8, unsigned > 8 bits).
 // Tied weights are written under each name (DCP has no aliases).
 

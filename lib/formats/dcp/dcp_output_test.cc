@@ -151,25 +151,61 @@ TEST(DcpOutputTest, MetadataDescribesChunksValuesAndKeyPaths) {
   EXPECT_EQ(end, size);
 }
 
-TEST(DcpOutputTest, RefusesFusedSplitsAndValuesHoldingTensors) {
-  Catalog catalog = TrainingCatalog();
+TEST(DcpOutputTest, RefusesFusedSplits) {
+  const Catalog catalog = TrainingCatalog();
   const InputModel model;
   TargetLayout fused = TwoParts(catalog);
   fused.files[0].tensors[0].written_shape = {2, 2};
   auto status = DcpOutput().Arrange(fused, ArrangeRequest{model, catalog}).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(status.message().find("\"model.w\""), absl::string_view::npos) << status;
+}
 
+// {"rng": (model.b, "philox")} beside the nesting: model.b is a chunk of its own and a storage
+// of the value's item too, as torch writes both.
+TEST(DcpOutputTest, ValuesHoldingTensorsPickleThemInTheirItem) {
+  Catalog catalog = TrainingCatalog();
   StructureNode root = *catalog.structure;
   StructureNode rng;
   rng.kind = StructureNode::Kind::kTuple;
   rng.items = {StructureNode::Tensor("model.b"), StructureNode::String("philox")};
   root.Add(StructureNode::String("rng"), std::move(rng));
   catalog.structure = std::make_shared<const StructureNode>(std::move(root));
-  status = DcpOutput().Arrange(TwoParts(catalog), ArrangeRequest{model, catalog}).status();
+  const InputModel model;
+  const DcpOutput output;
+  auto arranged = output.Arrange(TwoParts(catalog), ArrangeRequest{model, catalog});
+  ASSERT_TRUE(arranged.ok()) << arranged.status();
+  const OutputFileLayout& rank0 = arranged->layout.files[0];
+  ASSERT_EQ(rank0.tensors.size(), 4u);
+  EXPECT_EQ(rank0.tensors[3].name, "model.b");  // the value's copy, last
+  auto companions = output.CompanionFiles(arranged->layout);
+  ASSERT_TRUE(companions.ok()) << companions.status();
+  auto metadata = ParseDcpMetadata((*companions)[0].second, ".metadata");
+  ASSERT_TRUE(metadata.ok()) << metadata.status();
+  std::vector<std::string> got;
+  for (const DcpEntry& entry : metadata->entries) {
+    got.push_back(entry.fqn + (entry.is_tensor ? " T" : " V"));
+  }
+  EXPECT_EQ(got,
+            (std::vector<std::string>{"model.w T", "model.b T", "optim.state.0.m T",
+                                      "optim.groups.0.lr V", "optim.ids V", "betas V", "rng V"}));
+  // The rng item holds the 4 bytes of model.b (BF16 [2]) as a storage: one kTensor segment
+  // more than the chunks.
+  auto framing = output.Frame(rank0);
+  ASSERT_TRUE(framing.ok()) << framing.status();
+  int tensor_segments = 0;
+  for (const FramingSegment& segment : framing->segments) {
+    tensor_segments += segment.kind == FramingSegment::Kind::kTensor;
+  }
+  EXPECT_EQ(tensor_segments, 4);
+
+  // Split by the rules, it cannot be pickled whole.
+  TargetLayout split = TwoParts(catalog);
+  for (OutputFileLayout& file : split.files)
+    file.tensors[1].region = Box{{file.name == "__0_0.distcp" ? 0 : 1}, {1}};
+  auto status = output.Arrange(split, ArrangeRequest{model, catalog}).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(status.message().find("value \"rng\" holds the tensor \"model.b\""),
-            absl::string_view::npos)
+  EXPECT_NE(status.message().find("tensor \"model.b\" is held by a value"), absl::string_view::npos)
       << status;
 }
 
