@@ -92,8 +92,9 @@ class InputFormat {
   // checkpoint, which also hold .pt files) are asked before generic ones (a folder of .pt
   // files): higher first. Every format gives its own, distinct priority, so that detection
   // does not depend on registration (static-initialization) order:
-  //   megatron 40, torch-dcp 30, deepspeed-universal 25, deepspeed-zero 20, safetensors 10,
-  //   torch 0.
+  //   megatron-torch-dist 45 (a Megatron-Core torch_dist folder holds DCP files and sits where
+  //   Megatron-LM's iterations do), megatron 40, torch-dcp 30, deepspeed-universal 25,
+  //   deepspeed-zero 20, safetensors 10, torch 0.
   virtual int probe_priority() const = 0;
   // Reads metadata and builds the Catalog(s). Errors name the file and what is wrong.
   virtual absl::StatusOr<InputModel> Read(const std::string& path,

@@ -4,8 +4,8 @@
 #
 #   tools/bench/bench.sh [--size 4GiB] [--sizes 1GiB,4GiB [--table-sizes]] [--pairs N]
 #                        [--workdir DIR] [--keep] [--verify] [--no-drop-caches]
-#                        [--steps fp32,bf16,torch,universal,split] [--split-parts M]
-#                        [--input-format safetensors|torch|metaseq|zero1|zero2|zero3]
+#                        [--steps fp32,bf16,torch,universal,split,dcp,dcp-split] [--split-parts M]
+#                        [--input-format safetensors|torch|metaseq|zero1|zero2|zero3|dcp|torch-dist]
 #                        [--zero-ranks N] [--zero-moments]
 #                        [--reshardctl PATH]
 #                        [-- EXTRA_ARGS...]
@@ -42,6 +42,9 @@ Options:
                        split      reshard --parts M (--split-parts, default 4): safetensors and
                                   torch inputs 1 -> M with Llama rules (strided boxes),
                                   metaseq 2 -> M with --rules metaseq --format torch
+                       dcp        consolidate --format torch-dcp (one chunk per tensor)
+                       dcp-split  reshard --parts M --format torch-dcp (M ranks' .distcp
+                                  files, the split step's rules)
                      default: fp32,bf16,split (safetensors), fp32,bf16,torch,split (torch,
                      metaseq), fp32,bf16,torch (zero1/2/3). `cp` is accepted and ignored.
   --split-parts M    output parts of the split step (default 4)
@@ -54,6 +57,10 @@ Options:
                      SIZE bytes of fp32 parameters partitioned over --zero-ranks ranks, no
                      Adam moments, so `cp -r` copies the same bytes reshard reads)
                      zero1, zero2: the same with ZeRO-1/2's flat partitions
+                     dcp (a PyTorch DCP folder of 4 ranks: the safetensors checkpoint of
+                     make_checkpoint.py resharded by reshardctl with the Llama rules)
+                     torch-dist (a Megatron-Core torch_dist save folder, TP 2, 24 layers
+                     stacked, from make_torch_dist_checkpoint.py; streamed, little RAM)
   --zero-ranks N     data-parallel ranks of the zero checkpoint (default 8)
   --zero-moments     the zero checkpoint also holds Adam's moments (SIZE is then the fp32
                      weights; the folder holds about 3 x SIZE)
@@ -120,19 +127,28 @@ case "$INPUT_FORMAT" in
   safetensors) STEPS="${STEPS:-fp32,bf16,split}" ;;
   torch|metaseq) STEPS="${STEPS:-fp32,bf16,torch,split}" ;;
   zero1|zero2|zero3) STEPS="${STEPS:-fp32,bf16,torch}" ;;
-  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch, metaseq, zero1, zero2 or zero3)" ;;
+  dcp) STEPS="${STEPS:-fp32,bf16,dcp,dcp-split}" ;;
+  torch-dist) STEPS="${STEPS:-fp32,bf16,dcp}" ;;
+  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch, metaseq, zero1, zero2, zero3, dcp or torch-dist)" ;;
 esac
 STEP_LIST=()
 for s in ${STEPS//,/ }; do
   case "$s" in
     cp) ;;  # every step is paired with its own cp runs
-    fp32|bf16|torch|universal|split) [[ " ${STEP_LIST[*]} " == *" $s "* ]] || STEP_LIST+=("$s") ;;
-    *) die "--steps: unknown step '$s' (use fp32,bf16,torch,universal,split)" ;;
+    fp32|bf16|torch|universal|split|dcp|dcp-split) [[ " ${STEP_LIST[*]} " == *" $s "* ]] || STEP_LIST+=("$s") ;;
+    *) die "--steps: unknown step '$s' (use fp32,bf16,torch,universal,split,dcp,dcp-split)" ;;
   esac
 done
 ((${#STEP_LIST[@]})) || die "--steps: no conversion step (cp alone is not measured: it is every step's baseline)"
-if [[ " ${STEP_LIST[*]} " == *" split "* && "$INPUT_FORMAT" == zero? ]]; then
-  die "--steps split: not for ZeRO inputs (use safetensors, torch or metaseq)"
+if [[ " ${STEP_LIST[*]} " == *" split "* || " ${STEP_LIST[*]} " == *" dcp-split "* ]] &&
+  [[ "$INPUT_FORMAT" == zero? ]]; then
+  die "--steps split, dcp-split: not for ZeRO inputs (use safetensors, torch, metaseq or dcp)"
+fi
+if [[ " ${STEP_LIST[*]} " == *" dcp-split "* && "$INPUT_FORMAT" == metaseq ]]; then
+  die "--steps dcp-split: not for metaseq (its fused qkv_proj split is not one box per rank)"
+fi
+if [[ " ${STEP_LIST[*]} " == *"split "* && "$INPUT_FORMAT" == torch-dist ]]; then
+  die "--steps split, dcp-split: not for torch-dist (the Llama rules do not name its tensors)"
 fi
 if ((TABLE_SIZES)) && [ -z "$SIZES_ARG" ]; then die "--table-sizes needs --sizes S1,S2,..."; fi
 
@@ -335,6 +351,18 @@ make_checkpoint() {  # SIZE_ARG PATH
     summary="$("$PY" "$HERE/make_zero_checkpoint.py" --quiet --size "$size" --ranks "$ZERO_RANKS" \
       --stage "${INPUT_FORMAT#zero}" "${moments[@]}" "$dir")" ||
       die "make_zero_checkpoint.py failed"
+  elif [ "$INPUT_FORMAT" = torch-dist ]; then
+    summary="$("$PY" "$HERE/make_torch_dist_checkpoint.py" --quiet --size "$size" "$dir")" ||
+      die "make_torch_dist_checkpoint.py failed"
+  elif [ "$INPUT_FORMAT" = dcp ]; then
+    # The safetensors checkpoint, resharded into 4 ranks' DCP files by reshardctl itself.
+    add_big "$dir.st"
+    summary="$("$PY" "$HERE/make_checkpoint.py" --quiet --size "$size" "$dir.st")" ||
+      die "make_checkpoint.py failed"
+    "$BIN" reshard "$dir.st" "$dir" --parts 4 --rules "$LLAMA_RULES" --format torch-dcp \
+      --no-progress >"$WORK/logs/make-dcp-$size.log" 2>&1 ||
+      { cat "$WORK/logs/make-dcp-$size.log" >&2; die "reshardctl could not write the DCP input"; }
+    rm -rf -- "$dir.st"
   else
     summary="$("$PY" "$HERE/make_checkpoint.py" --quiet --size "$size" "$dir")" ||
       die "make_checkpoint.py failed"
@@ -349,7 +377,8 @@ assert any(n.endswith("/data.pkl") for n in names), "no data.pkl"
 assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist()), "compressed record"
 print("%d records" % len(names))' "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "generated torch checkpoint is not a valid torch zip"; }
-  elif [[ "$INPUT_FORMAT" == zero? || "$INPUT_FORMAT" == metaseq ]]; then
+  elif [[ "$INPUT_FORMAT" == zero? || "$INPUT_FORMAT" == metaseq || "$INPUT_FORMAT" == dcp ||
+          "$INPUT_FORMAT" == torch-dist ]]; then
     "$BIN" inspect "$dir" "${IN_RULES[@]}" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "reshardctl inspect refused the generated $INPUT_FORMAT checkpoint"; }
   else
@@ -385,9 +414,15 @@ step_setup() {
     torch) STEP_LABEL=consolidate-torch; STEP_TITLE="consolidate --format torch"; opts=(--format torch) ;;
     universal) STEP_LABEL=consolidate-universal; STEP_TITLE="consolidate --format deepspeed-universal"
                opts=(--format deepspeed-universal); STEP_VERIFY=0 ;;
-    split)
+    dcp) STEP_LABEL=consolidate-dcp; STEP_TITLE="consolidate --format torch-dcp"; opts=(--format torch-dcp) ;;
+    split|dcp-split)
       STEP_LABEL="reshard-split$SPLIT_PARTS" STEP_PARTS=1
-      if [ "$INPUT_FORMAT" = metaseq ]; then
+      if [ "$step" = dcp-split ]; then
+        STEP_LABEL="reshard-dcp-split$SPLIT_PARTS"
+        STEP_TITLE="reshard -> $SPLIT_PARTS ranks (--format torch-dcp)"
+        STEP_RULES=(--rules "$LLAMA_RULES")
+        opts=(--parts "$SPLIT_PARTS" --format torch-dcp)
+      elif [ "$INPUT_FORMAT" = metaseq ]; then
         STEP_TITLE="reshard 2 -> $SPLIT_PARTS parts (metaseq, torch)"
         opts=(--parts "$SPLIT_PARTS" --format torch)
       else
@@ -454,7 +489,14 @@ check_output() {
     tail -n 20 "$vlog" >&2
     die "reshardctl verify $in $out exited with $rc after $label (log: $vlog)"
   fi
-  if compgen -G "$out/*.safetensors" >/dev/null; then
+  if [ -f "$out/.metadata" ]; then
+    # DCP output: the strict .metadata unpickler and torch.load of every item of
+    # tests/dcp_output_test.py, each tensor reassembled from its chunks (one at a time).
+    "$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import dcp_output_test as T
+n = sum(1 for _ in T.iter_dcp(sys.argv[2]))
+print("%d entries loaded" % n)' "$ROOT/tests" "$out" >"$clog" 2>&1 ||
+      { cat "$clog" >&2; die "output of $label failed the independent DCP check"; }
+  elif compgen -G "$out/*.safetensors" >/dev/null; then
     local flags=()
     ((parts)) && flags=(--parts)
     "$PY" "$HERE/check_checkpoint.py" "$out" "${flags[@]}" >"$clog" 2>&1 ||

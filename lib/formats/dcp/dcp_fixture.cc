@@ -97,13 +97,6 @@ std::string Metadata(const std::string& sdm, const std::string& storage,
                              {Str("storage_data"), storage}})));
 }
 
-}  // namespace dcp_testing
-
-namespace {
-
-using namespace dcp_testing;  // NOLINT: the pickle fragments
-
-// A torch.save archive of one bare tensor, as DCP's FileSystemWriter writes a tensor item.
 TorchSaveFile TensorItem(const std::string& storage_class, int64_t numel,
                          const std::vector<int64_t>& shape, const std::string& bytes) {
   std::vector<int64_t> strides(shape.size(), 1);
@@ -114,6 +107,12 @@ TorchSaveFile TensorItem(const std::string& storage_class, int64_t numel,
   p.Tensor(storage_class, "0", numel, shape, strides);
   return BuildTorchSave(p.Finish(), {{"0", bytes}});
 }
+
+}  // namespace dcp_testing
+
+namespace {
+
+using namespace dcp_testing;  // NOLINT: the pickle fragments
 
 // "torch-dcp": a folder with .metadata, __0_0.distcp (embed.weight F32 [4, 3], ln.weight BF16
 // [3]) and __1_0.distcp (steps I64 [2]), each tensor one whole chunk.

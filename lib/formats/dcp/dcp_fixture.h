@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "lib/formats/torch/torch_fixture.h"
+
 namespace reshard {
 namespace dcp_testing {
 
@@ -43,6 +45,11 @@ std::string Info(const std::string& file, int64_t offset, int64_t length,
                  const std::string& transforms = "");
 std::string Metadata(const std::string& sdm, const std::string& storage,
                      const std::string& planner = None());
+
+// A torch.save archive of one bare tensor (row-major `bytes` of `shape`, `numel` elements of
+// the storage class), as DCP's FileSystemWriter writes a tensor item.
+TorchSaveFile TensorItem(const std::string& storage_class, int64_t numel,
+                         const std::vector<int64_t>& shape, const std::string& bytes);
 
 }  // namespace dcp_testing
 }  // namespace reshard

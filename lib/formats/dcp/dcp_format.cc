@@ -550,15 +550,18 @@ bool DcpInput::Probe(const std::string& path) const {
   return false;
 }
 
-absl::StatusOr<InputModel> DcpInput::Read(const std::string& path,
-                                          const ReadOptions& /*options*/) const {
-  const std::string dir = CheckpointDir(path);
+absl::StatusOr<InputModel> ReadDcpCheckpoint(const std::string& dir) {
   std::error_code error;
   if (!fs::is_directory(dir, error)) {
-    return absl::NotFoundError(absl::StrCat(path, ": not a DCP checkpoint folder"));
+    return absl::NotFoundError(absl::StrCat(dir, ": not a DCP checkpoint folder"));
   }
   DcpReader reader(dir);
   return reader.Read();
+}
+
+absl::StatusOr<InputModel> DcpInput::Read(const std::string& path,
+                                          const ReadOptions& /*options*/) const {
+  return ReadDcpCheckpoint(CheckpointDir(path));
 }
 
 namespace {

@@ -56,6 +56,10 @@ class DcpInput : public InputFormat {
                                   const ReadOptions& options) const override;
 };
 
+// Reads the DCP checkpoint in folder `dir` (its `.metadata` and data files, as DcpInput::Read
+// does) as one model. For readers of layouts built on DCP (Megatron-Core's torch_dist).
+absl::StatusOr<InputModel> ReadDcpCheckpoint(const std::string& dir);
+
 // The data file `relative_path` (a `_StorageInfo.relative_path`) of the checkpoint in folder
 // `dir`, as a path: it must be a relative path without ".." components, and name an existing
 // regular file that, with symlinks resolved, lies inside `dir`. DataLoss naming the path

@@ -1,0 +1,347 @@
+#include "lib/formats/megatron/torch_dist_format.h"
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "lib/core/status.h"
+#include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/dcp/dcp_format.h"
+#include "lib/formats/folder_model.h"
+#include "lib/formats/megatron/megatron_layout.h"
+#include "lib/formats/torch/torch_file.h"
+#include "lib/formats/torch/torch_format.h"
+#include "lib/io/file_access.h"
+#include "nlohmann/json.hpp"
+
+namespace reshard {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kMaxMetadataJsonBytes = 1 << 20;
+
+// ---- Unstacking.
+
+// A layer-stacked name split around its `layers` component: "decoder.layers.mlp.fc1.weight"
+// -> ("decoder.layers.", "mlp.fc1.weight"); nullopt when the name has no `layers` component
+// followed by a non-numeric one.
+std::optional<std::pair<std::string, std::string>> SplitStacked(absl::string_view name) {
+  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (parts[i] != "layers") continue;
+    const absl::string_view next = parts[i + 1];
+    const bool numeric =
+        !next.empty() && std::all_of(next.begin(), next.end(), absl::ascii_isdigit);
+    if (numeric) return std::nullopt;  // per-layer names: not stacked
+    return std::make_pair(
+        absl::StrCat(absl::StrJoin(parts.begin(), parts.begin() + i + 1, "."), "."),
+        std::string(absl::StrJoin(parts.begin() + i + 1, parts.end(), ".")));
+  }
+  return std::nullopt;
+}
+
+// Layer `layer` of the stacked `tensor` (its axis 0), read in place from the same pieces.
+CatalogTensor LayerOf(const CatalogTensor& tensor, const std::string& name, int64_t layer) {
+  CatalogTensor out;
+  out.name = name;
+  out.dtype = tensor.dtype;
+  out.shape.assign(tensor.shape.begin() + 1, tensor.shape.end());
+  for (const SourcePiece& piece : tensor.pieces) {
+    const int64_t first = piece.box.origin[0];
+    if (layer < first || layer >= first + piece.box.extent[0]) continue;
+    SourcePiece sub;
+    sub.file = piece.file;
+    sub.byte_offset =
+        piece.byte_offset +
+        static_cast<uint64_t>((layer - first) * piece.strides[0]) * DTypeSize(tensor.dtype);
+    sub.box.origin.assign(piece.box.origin.begin() + 1, piece.box.origin.end());
+    sub.box.extent.assign(piece.box.extent.begin() + 1, piece.box.extent.end());
+    sub.strides.assign(piece.strides.begin() + 1, piece.strides.end());
+    out.pieces.push_back(std::move(sub));
+  }
+  return out;
+}
+
+// Replaces every leaf naming a stacked tensor by its layers' leaves: in a dict, the entry
+// becomes one entry per layer (keyed by the layer's name when the key was the tensor's name,
+// as in Megatron-Core's flat state dict); elsewhere, a list of them.
+void RenameStackedLeaves(
+    StructureNode& node,
+    const absl::flat_hash_map<std::string, std::vector<std::string>>& layers_of) {
+  using Kind = StructureNode::Kind;
+  auto layer_leaves = [&](const StructureNode& leaf) -> const std::vector<std::string>* {
+    if (leaf.kind != Kind::kTensor) return nullptr;
+    auto it = layers_of.find(leaf.text);
+    return it == layers_of.end() ? nullptr : &it->second;
+  };
+  if (node.kind == Kind::kDict) {
+    std::vector<StructureNode> keys, values;
+    for (size_t i = 0; i < node.keys.size() && i < node.values.size(); ++i) {
+      const std::vector<std::string>* names = layer_leaves(node.values[i]);
+      if (names == nullptr) {
+        RenameStackedLeaves(node.values[i], layers_of);
+        keys.push_back(std::move(node.keys[i]));
+        values.push_back(std::move(node.values[i]));
+        continue;
+      }
+      for (const std::string& name : *names) {
+        keys.push_back(StructureNode::String(name));
+        values.push_back(StructureNode::Tensor(name));
+      }
+    }
+    node.keys = std::move(keys);
+    node.values = std::move(values);
+  } else if (const std::vector<std::string>* names = layer_leaves(node)) {
+    node = StructureNode{};
+    node.kind = Kind::kList;
+    for (const std::string& name : *names) node.items.push_back(StructureNode::Tensor(name));
+    return;
+  }
+  for (std::vector<StructureNode>* children : {&node.items, &node.args, &node.state}) {
+    for (StructureNode& child : *children) RenameStackedLeaves(child, layers_of);
+  }
+  if (node.kind != Kind::kDict) {
+    for (StructureNode& child : node.values) RenameStackedLeaves(child, layers_of);
+  }
+}
+
+// ---- The checkpoint folder.
+
+bool IsIterationFolderName(absl::string_view name) {
+  return name == "release" || (absl::ConsumePrefix(&name, "iter_") && !name.empty() &&
+                               std::all_of(name.begin(), name.end(), absl::ascii_isdigit));
+}
+
+// Whether `dir` is a torch_dist checkpoint folder: it has metadata.json, or it is an iteration
+// folder holding DCP files or common.pt (an unfinished save, refused by Read with a reason).
+bool IsTorchDistFolder(const std::string& dir) {
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) return false;
+  if (fs::exists(JoinPath(dir, kTorchDistMetadataName), error)) return true;
+  if (!IsIterationFolderName(BaseName(dir))) return false;
+  if (fs::exists(JoinPath(dir, kDcpMetadataName), error) ||
+      fs::exists(JoinPath(dir, kTorchDistCommonName), error)) {
+    return true;
+  }
+  return !ListFolder(dir, {".distcp"}).empty();
+}
+
+// The iteration folder inside save folder `path` that --tag or its tracker names, or nullopt
+// when `path` is no save folder.
+absl::StatusOr<std::optional<std::string>> NamedIterationFolder(const std::string& path,
+                                                                const std::string& tag) {
+  std::string name;
+  if (!tag.empty()) {
+    RETURN_IF_ERROR(CheckTag(tag, "from --tag"));
+    name = tag;
+  } else {
+    const std::string tracker = JoinPath(path, kMegatronTrackerName);
+    ASSIGN_OR_RETURN(std::optional<std::string> text, ReadTrackerFile(tracker));
+    if (!text.has_value()) return std::optional<std::string>();
+    std::optional<std::string> folder = IterationFolderFromTracker(*text);
+    if (!folder.has_value()) {
+      return absl::DataLossError(
+          absl::StrCat(tracker, ": \"", *text, "\" is neither an iteration number nor release"));
+    }
+    name = *std::move(folder);
+  }
+  return std::optional<std::string>(JoinPath(path, name));
+}
+
+// Checks metadata.json: present, JSON, and the torch_dist backend. Returns its backend line for
+// the description.
+absl::Status CheckMetadataJson(const std::string& dir) {
+  const std::string path = JoinPath(dir, kTorchDistMetadataName);
+  std::error_code error;
+  if (!fs::exists(path, error)) {
+    return absl::DataLossError(absl::StrCat(
+        path,
+        ": missing. Megatron-Core writes metadata.json last, after every rank's .distcp file "
+        "and the .metadata of the DCP checkpoint, so a folder without it is an unfinished or "
+        "incomplete save; reshard does not guess what it holds"));
+  }
+  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxMetadataJsonBytes), path);
+  nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
+  }
+  auto backend = json.find("sharded_backend");
+  if (backend == json.end() || !backend->is_string()) {
+    return absl::DataLossError(absl::StrCat(path, ": no \"sharded_backend\" string"));
+  }
+  if (backend->get<std::string>() != "torch_dist") {
+    return absl::UnimplementedError(
+        absl::StrCat(path, ": sharded_backend \"", backend->get<std::string>(),
+                     "\"; reshard reads Megatron-Core checkpoints of the torch_dist backend only"));
+  }
+  return absl::OkStatus();
+}
+
+// common.pt's contents under "common": its tensors as "common.<key path>", its values in the
+// structure.
+absl::Status AddCommonState(const std::string& dir, InputModel& model) {
+  const std::string path = JoinPath(dir, kTorchDistCommonName);
+  std::error_code error;
+  if (!fs::exists(path, error)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
+  ASSIGN_OR_RETURN(Catalog common, CatalogFromValue(*archive, archive->root(), "common"), path);
+  Catalog& catalog = model.parts.front();
+  for (const CatalogTensor& tensor : common.tensors) {
+    if (catalog.Find(tensor.name) >= 0) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": tensor \"", tensor.name, "\" is also in the DCP checkpoint"));
+    }
+  }
+  StructureNode root = catalog.structure != nullptr ? *catalog.structure : StructureNode::Dict();
+  if (root.kind != StructureNode::Kind::kDict) {
+    return absl::InternalError("the DCP checkpoint's nesting is not a dict");
+  }
+  root.Add(StructureNode::String("common"),
+           common.structure != nullptr ? *common.structure : StructureNode::Dict());
+  common.structure = nullptr;
+  AppendCatalog(catalog, std::move(common));
+  catalog.structure = std::make_shared<const StructureNode>(std::move(root));
+  catalog.Reindex();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> UnstackLayers(Catalog& catalog, int64_t* stacked_tensors) {
+  int64_t layers = -1;
+  const CatalogTensor* first_stacked = nullptr;
+  std::vector<CatalogTensor> out;
+  std::vector<CatalogTensor> stacked;
+  std::vector<std::pair<std::string, std::string>> splits;
+  size_t insert_at = 0;
+  for (CatalogTensor& tensor : catalog.tensors) {
+    std::optional<std::pair<std::string, std::string>> split = SplitStacked(tensor.name);
+    if (!split.has_value()) {
+      out.push_back(std::move(tensor));
+      continue;
+    }
+    if (tensor.shape.empty()) {
+      return absl::DataLossError(
+          absl::StrCat("tensor \"", tensor.name, "\" is named as layer-stacked but is 0-d"));
+    }
+    if (layers >= 0 && tensor.shape[0] != layers) {
+      return absl::DataLossError(absl::StrCat(
+          "layer-stacked tensors disagree on the number of layers: \"", first_stacked->name,
+          "\" has ", layers, " along its layer axis, \"", tensor.name, "\" has ", tensor.shape[0]));
+    }
+    if (stacked.empty()) insert_at = out.size();
+    layers = tensor.shape[0];
+    stacked.push_back(std::move(tensor));
+    first_stacked = &stacked.front();
+    splits.push_back(*std::move(split));
+  }
+  if (stacked_tensors != nullptr) *stacked_tensors = static_cast<int64_t>(stacked.size());
+  if (stacked.empty()) {
+    catalog.tensors = std::move(out);
+    return 0;
+  }
+  // Layer by layer, each layer's tensors in the checkpoint's order.
+  std::vector<CatalogTensor> unstacked;
+  absl::flat_hash_map<std::string, std::vector<std::string>> layers_of;
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    for (size_t i = 0; i < stacked.size(); ++i) {
+      const std::string name = absl::StrCat(splits[i].first, layer, ".", splits[i].second);
+      layers_of[stacked[i].name].push_back(name);
+      unstacked.push_back(LayerOf(stacked[i], name, layer));
+    }
+  }
+  out.insert(out.begin() + insert_at, std::make_move_iterator(unstacked.begin()),
+             std::make_move_iterator(unstacked.end()));
+  catalog.tensors = std::move(out);
+  catalog.Reindex();
+  absl::flat_hash_map<std::string, int> seen;
+  for (const CatalogTensor& tensor : catalog.tensors) {
+    if (!seen.emplace(tensor.name, 0).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", tensor.name,
+                       "\" is both a layer of a layer-stacked tensor and a tensor of its own"));
+    }
+  }
+  if (catalog.structure != nullptr) {
+    StructureNode structure = *catalog.structure;
+    RenameStackedLeaves(structure, layers_of);
+    catalog.structure = std::make_shared<const StructureNode>(std::move(structure));
+  }
+  return layers;
+}
+
+bool TorchDistInput::Probe(const std::string& path) const {
+  if (IsTorchDistFolder(path)) return true;
+  std::error_code error;
+  if (!fs::is_directory(path, error)) return false;
+  absl::StatusOr<std::optional<std::string>> named = NamedIterationFolder(path, "");
+  if (named.ok() && named->has_value() && IsTorchDistFolder(**named)) return true;
+  // A save folder whose tracker is missing or names a folder that is gone, but that holds
+  // torch_dist iterations: claimed, so that Read can say what is wrong (or --tag pick one).
+  for (const fs::directory_entry& entry : fs::directory_iterator(path, error)) {
+    if (IsIterationFolderName(entry.path().filename().string()) &&
+        IsTorchDistFolder(entry.path().string())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
+                                                const ReadOptions& options) const {
+  std::string dir = path;
+  if (!options.tag.empty() || !IsTorchDistFolder(path)) {
+    ASSIGN_OR_RETURN(std::optional<std::string> named, NamedIterationFolder(path, options.tag));
+    if (!named.has_value()) {
+      return absl::NotFoundError(absl::StrCat(
+          path,
+          ": neither a Megatron-Core torch_dist checkpoint folder (metadata.json) nor a "
+          "save folder with ",
+          kMegatronTrackerName));
+    }
+    std::error_code error;
+    if (!fs::is_directory(*named, error)) {
+      return absl::NotFoundError(
+          absl::StrCat(*named, ": the checkpoint folder ",
+                       options.tag.empty() ? "the tracker names" : "--tag names", " is missing"));
+    }
+    dir = *std::move(named);
+  }
+  const std::string context = absl::StrCat("Megatron-Core torch_dist checkpoint ", dir);
+  RETURN_IF_ERROR(CheckMetadataJson(dir), context);
+  ASSIGN_OR_RETURN(InputModel model, ReadDcpCheckpoint(dir), context);
+  RETURN_IF_ERROR(AddCommonState(dir, model), context);
+  Catalog& catalog = model.parts.front();
+  int64_t stacked = 0;
+  ASSIGN_OR_RETURN(const int64_t layers, UnstackLayers(catalog, &stacked), context);
+  catalog.format = kId;
+  const std::string dcp_description = model.description;
+  model.format = kId;
+  model.description = absl::StrCat("Megatron-Core torch_dist, ", BaseName(dir));
+  if (stacked > 0) {
+    absl::StrAppend(&model.description, ", ", layers, layers == 1 ? " layer" : " layers",
+                    " unstacked from ", stacked, " layer-stacked tensors");
+  }
+  std::error_code error;
+  if (fs::exists(JoinPath(dir, kTorchDistCommonName), error)) {
+    absl::StrAppend(&model.description, ", ", kTorchDistCommonName);
+  }
+  absl::StrAppend(&model.description, "; ", dcp_description);
+  return model;
+}
+
+namespace {
+const InputFormatRegistration<TorchDistInput> register_input;
+}  // namespace
+
+}  // namespace reshard

@@ -1,0 +1,70 @@
+// Megatron-Core distributed checkpoints in the `torch_dist` backend (id "megatron-torch-dist"),
+// as megatron/core/dist_checkpointing saves them, read as one consolidated model.
+//
+// The checkpoint folder (`iter_0000100/` or `release/` in Megatron-LM, `weights/` in NeMo 2):
+//   metadata.json    {"sharded_backend": "torch_dist", "sharded_backend_version": 1, ...};
+//                    written last, so a folder without it is an unfinished save
+//   .metadata        a PyTorch DCP checkpoint (dcp_format.h): each ShardedTensor is one DCP
+//   __R_N.distcp     tensor under its `key`, its shards the chunks; each ShardedObject a bytes
+//                    item `<key>/shard_<offsets>_<shape>`
+//   common.pt        (older versions) torch.save of the common, non-sharded state; newer ones
+//                    keep it as the `common_state` item inside the DCP checkpoint
+// or its save folder, whose latest_checkpointed_iteration.txt (or --tag) names the iteration.
+//
+// Homogeneous transformer layers are saved layer-stacked: TransformerBlock renames
+// `layers.<i>.<rest>` to `layers.<rest>` and prepends an axis over all layers of the model
+// (pipeline stages included), so `decoder.layers.self_attention.linear_qkv.weight` is a
+// [num_layers, 3h, h] tensor whose chunks are one layer's tensor-parallel shards. reshard
+// unstacks that axis: every tensor whose name has a `layers` component followed by a
+// non-numeric one becomes num_layers tensors `<prefix>layers.<i>.<rest>` (the chunks' boxes
+// sliced along it, read in place); all such tensors must agree on num_layers. Per-layer keys
+// (heterogeneous stacks: `layers.<i>.`) and every other tensor keep their names. Axes other
+// than the layer axis (MoE experts' prepended axis) are kept.
+//
+// Non-tensor values are carried as the DCP reader carries them (ShardedObjects and
+// `common_state` under their keys); common.pt's contents under "common". Refused before
+// anything is written, naming what is missing: a folder without metadata.json, a backend other
+// than torch_dist (zarr), a missing `.metadata` or data file, and everything the DCP reader
+// refuses. `inspect` names the layout ("Megatron-Core torch_dist, iter_0000100, 2 layers
+// unstacked from 9 layer-stacked tensors; PyTorch DCP, 2 ranks ...").
+
+#ifndef RESHARD_LIB_FORMATS_MEGATRON_TORCH_DIST_FORMAT_H_
+#define RESHARD_LIB_FORMATS_MEGATRON_TORCH_DIST_FORMAT_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "lib/core/catalog.h"
+#include "lib/formats/format.h"
+
+namespace reshard {
+
+inline constexpr char kTorchDistMetadataName[] = "metadata.json";
+inline constexpr char kTorchDistCommonName[] = "common.pt";
+
+class TorchDistInput : public InputFormat {
+ public:
+  static constexpr char kId[] = "megatron-torch-dist";
+  absl::string_view id() const override { return kId; }
+  // A folder with metadata.json, an iter_* / release folder with DCP files or common.pt but no
+  // metadata.json (an unfinished save, which Read refuses), or a save folder whose tracker
+  // names one.
+  bool Probe(const std::string& path) const override;
+  // Above Megatron-LM (40), whose save folders look the same, and plain DCP (30), whose files
+  // a torch_dist folder holds.
+  int probe_priority() const override { return 45; }
+  // options.tag picks the iteration folder inside a save folder.
+  absl::StatusOr<InputModel> Read(const std::string& path,
+                                  const ReadOptions& options) const override;
+};
+
+// Unstacks the layer axis of `catalog`'s layer-stacked tensors in place (see above), renaming
+// their leaves in its structure. Returns the number of layers (0 when nothing is stacked).
+// DataLoss naming the tensors when two disagree on the number of layers; InvalidArgument when
+// an unstacked name is taken by another tensor.
+absl::StatusOr<int64_t> UnstackLayers(Catalog& catalog, int64_t* stacked_tensors = nullptr);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_MEGATRON_TORCH_DIST_FORMAT_H_
