@@ -92,7 +92,7 @@ class InputFormat {
   // checkpoint, which also hold .pt files) are asked before generic ones (a folder of .pt
   // files): higher first. Every format gives its own, distinct priority, so that detection
   // does not depend on registration (static-initialization) order:
-  //   megatron 40, torch-dcp 30, deepspeed-universal 25, deepspeed-zero 20,
+  //   megatron 40, colossalai-dist 35, torch-dcp 30, deepspeed-universal 25, deepspeed-zero 20,
   //   olmo-safetensors 15 (a safetensors file recognized by its entry names), safetensors 10,
   //   torch 0.
   virtual int probe_priority() const = 0;
