@@ -309,6 +309,10 @@ class ColossalRefusalTests(Base):
         # Rank 0 holds rows [0, 24) of qkv; rank 1 claims [20, 44): rows [44, 48) are missing.
         self.refused_after_edit(1, "layers.0.qkv.weight", "offsets", 20, "[44, 48) x [0, 16)")
 
+    def test_ranks_disagreeing_on_the_global_shape(self):
+        self.refused_after_edit(1, "layers.0.norm.weight", "global_shape", 17,
+                                "global_shape [17] differs from the [16] of dist id 0")
+
     def test_metadata_naming_a_tensor_the_file_lacks(self):
         ck = self.p("ck")
         save_colossal(ck, global_model(17), tp=2, pp=1)

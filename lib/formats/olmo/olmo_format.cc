@@ -189,23 +189,25 @@ absl::StatusOr<OlmoFile> ReadOlmoFile(const std::string& path) {
   return file;
 }
 
-// Whether the safetensors file at `path` names an entry as OLMo does (its first one).
+// Whether the safetensors file at `path` names one of its first entries as OLMo does (one: a
+// name damaged among OLMo's must reach this reader, which refuses it). Only the file's
+// first 64 KiB are read, not parsed: every Hugging Face file is probed too (and a file whose
+// header is damaged still reaches this reader, which says what is wrong). An entry is a JSON
+// string followed by `:{`; base64 names hold no quote, so the string starts at the quote
+// before it.
 bool IsOlmoFile(const std::string& path) {
-  uint64_t size = 0;
-  absl::StatusOr<SafetensorsHeader> header = ReadSafetensorsHeader(path, &size);
-  if (!header.ok()) {
-    // A damaged header still belongs to the OLMo reader when its first name is a key: look at
-    // the JSON's first string.
-    absl::StatusOr<std::string> prefix = ReadFilePrefix(path, 4096);
-    if (!prefix.ok()) return false;
-    const size_t quote = prefix->find('"', 8);
-    if (quote == std::string::npos) return false;
-    const size_t end = prefix->find('"', quote + 1);
-    if (end == std::string::npos) return false;
-    return LooksLikeOlmoKey(absl::string_view(*prefix).substr(quote + 1, end - quote - 1));
-  }
-  for (const SafetensorsTensorEntry& entry : header->tensors) {
-    if (LooksLikeOlmoKey(entry.name)) return true;
+  absl::StatusOr<std::string> prefix = ReadFilePrefix(path, 64 << 10);
+  if (!prefix.ok() || prefix->size() < 9) return false;
+  const absl::string_view json = absl::string_view(*prefix).substr(8);
+  size_t at = 0;
+  for (int entries = 0; entries < 16; ++entries) {
+    const size_t colon = json.find("\":{", at);
+    if (colon == absl::string_view::npos) return false;
+    const size_t quote = json.rfind('"', colon - 1);
+    if (quote == absl::string_view::npos) return false;
+    const absl::string_view name = json.substr(quote + 1, colon - quote - 1);
+    at = colon + 3;
+    if (LooksLikeOlmoKey(name)) return true;
   }
   return false;
 }
