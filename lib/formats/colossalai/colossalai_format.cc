@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "lib/core/catalog.h"
 #include "lib/core/status.h"
 #include "lib/formats/checkpoint_folder.h"
@@ -223,7 +224,11 @@ class ColossalReader {
             "): the checkpoint is incomplete; a rank's files are missing or the "
             "save did not finish"));
       }
-      RETURN_IF_ERROR(CheckChunkTiling(param.shape, boxes), where);
+      std::vector<int64_t> owners;
+      for (const Described& described : param.pieces) owners.push_back(described.dist_id);
+      RETURN_IF_ERROR(CheckChunkTiling(param.shape, boxes),
+                      absl::StrCat(where, " (its boxes, in order, are dist ids ",
+                                   absl::StrJoin(owners, ", "), ")"));
       CatalogTensor tensor;
       tensor.name = param.name;
       tensor.dtype = param.dtype.value_or(DType::kF32);
