@@ -3,6 +3,7 @@ PyTorch interop suites compare reshard's outputs with. Needs torch (Debian pytho
 
 import collections
 
+import numpy as np
 import torch
 
 import st_reference
@@ -34,3 +35,16 @@ def read_folder(folder):
     """A consolidated folder (one file, or shards with an index) as name -> torch tensor."""
     return collections.OrderedDict(
         (name, tensor_from_st(t)) for name, t in st_reference.read_folder(folder).items())
+
+
+def write_file(path, tensors, metadata=None):
+    """safetensors.torch.save_file through st_reference: name -> torch tensor (any strides).
+    `metadata` None writes {"format": "pt"}, {} writes no __metadata__."""
+    out = {}
+    for name, t in tensors.items():
+        t = t.contiguous()
+        tag = TAG_OF[t.dtype]
+        arr = t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+        # st_reference.make_tensor would make a 0-d tensor 1-d (np.ascontiguousarray does).
+        out[name] = st_reference.Tensor(tag, np.asarray(arr, dtype=st_reference.DTYPES[tag][1]))
+    st_reference.write_file(path, out, metadata)

@@ -20,6 +20,8 @@ targets=(
   "//lib/formats/torch:pickle_fuzzer seeds-pickle"
   "//lib/formats/torch:torch_archive_fuzzer seeds-zip"
   "//lib/formats/dcp:dcp_metadata_fuzzer seeds-dcp"
+  "//lib/formats/olmo:olmo_keys_fuzzer seeds-olmo"
+  "//lib/formats/colossalai:colossalai_meta_fuzzer seeds-colossalai"
 )
 
 # Every reshard_fuzzer target must be listed above.
@@ -33,6 +35,7 @@ fi
 /usr/bin/python3 tests/fuzz/make_seeds.py "$work/seeds-safetensors"
 /usr/bin/python3 tests/fuzz/make_torch_seeds.py "$work/seeds-zip" "$work/seeds-pickle"
 /usr/bin/python3 tests/fuzz/make_dcp_seeds.py "$work/seeds-dcp"
+/usr/bin/python3 tests/fuzz/make_key_meta_seeds.py "$work/seeds-olmo" "$work/seeds-colossalai"
 
 bazel build --config=fuzz $listed 2> "$work/build.log" || {
   tail -n 40 "$work/build.log" >&2

@@ -4,8 +4,8 @@
 #
 #   tools/bench/bench.sh [--size 4GiB] [--sizes 1GiB,4GiB [--table-sizes]] [--pairs N]
 #                        [--workdir DIR] [--keep] [--verify] [--no-drop-caches]
-#                        [--steps fp32,bf16,torch,universal,split,dcp,dcp-split] [--split-parts M]
-#                        [--input-format safetensors|torch|metaseq|zero1|zero2|zero3|dcp|torch-dist]
+#                        [--steps fp32,bf16,torch,olmo,universal,split,dcp,dcp-split] [--split-parts M]
+#                        [--input-format safetensors|torch|metaseq|zero1|zero2|zero3|dcp|torch-dist|olmo|colossalai]
 #                        [--zero-ranks N] [--zero-moments]
 #                        [--reshardctl PATH]
 #                        [-- EXTRA_ARGS...]
@@ -37,6 +37,7 @@ Options:
                        fp32       consolidate
                        bf16       consolidate --dtype bf16
                        torch      consolidate --format torch (pytorch_model.bin)
+                       olmo       consolidate --format olmo-safetensors (OLMo's key encoding)
                        universal  consolidate --format deepspeed-universal (zero inputs with
                                   --zero-moments; reads every byte of the checkpoint, like cp -r)
                        split      reshard --parts M (--split-parts, default 4): safetensors and
@@ -46,7 +47,8 @@ Options:
                        dcp-split  reshard --parts M --format torch-dcp (M ranks' .distcp
                                   files, the split step's rules)
                      default: fp32,bf16,split (safetensors), fp32,bf16,torch,split (torch,
-                     metaseq), fp32,bf16,torch (zero1/2/3). `cp` is accepted and ignored.
+                     metaseq), fp32,bf16,torch (zero1/2/3), fp32,bf16,torch,olmo (olmo),
+                     fp32,bf16,torch,split (colossalai). `cp` is accepted and ignored.
   --split-parts M    output parts of the split step (default 4)
   --input-format F   safetensors (default: HF sharded folder from make_checkpoint.py),
                      torch (one torch.save file from make_torch_checkpoint.py; needs
@@ -61,6 +63,12 @@ Options:
                      make_checkpoint.py resharded by reshardctl with the Llama rules)
                      torch-dist (a Megatron-Core torch_dist save folder, TP 2, 24 layers
                      stacked, from make_torch_dist_checkpoint.py; streamed, little RAM)
+                     olmo: one OLMo safetensors file (model.safetensors, keys as OLMo's
+                     safetensors_util encodes them), made by reshardctl from a
+                     make_checkpoint.py checkpoint
+                     colossalai: a ColossalAI distributed checkpoint (PR #6181) of 4
+                     tensor-parallel ranks, safetensors weights + metadata, from
+                     make_colossalai_checkpoint.py (numpy only)
   --zero-ranks N     data-parallel ranks of the zero checkpoint (default 8)
   --zero-moments     the zero checkpoint also holds Adam's moments (SIZE is then the fp32
                      weights; the folder holds about 3 x SIZE)
@@ -129,14 +137,16 @@ case "$INPUT_FORMAT" in
   zero1|zero2|zero3) STEPS="${STEPS:-fp32,bf16,torch}" ;;
   dcp) STEPS="${STEPS:-fp32,bf16,dcp,dcp-split}" ;;
   torch-dist) STEPS="${STEPS:-fp32,bf16,dcp}" ;;
-  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch, metaseq, zero1, zero2, zero3, dcp or torch-dist)" ;;
+  olmo) STEPS="${STEPS:-fp32,bf16,torch,olmo}" ;;
+  colossalai) STEPS="${STEPS:-fp32,bf16,torch,split}" ;;
+  *) die "--input-format: unknown format '$INPUT_FORMAT' (use safetensors, torch, metaseq, zero1, zero2, zero3, dcp, torch-dist, olmo or colossalai)" ;;
 esac
 STEP_LIST=()
 for s in ${STEPS//,/ }; do
   case "$s" in
     cp) ;;  # every step is paired with its own cp runs
-    fp32|bf16|torch|universal|split|dcp|dcp-split) [[ " ${STEP_LIST[*]} " == *" $s "* ]] || STEP_LIST+=("$s") ;;
-    *) die "--steps: unknown step '$s' (use fp32,bf16,torch,universal,split,dcp,dcp-split)" ;;
+    fp32|bf16|torch|olmo|universal|split|dcp|dcp-split) [[ " ${STEP_LIST[*]} " == *" $s "* ]] || STEP_LIST+=("$s") ;;
+    *) die "--steps: unknown step '$s' (use fp32,bf16,torch,olmo,universal,split,dcp,dcp-split)" ;;
   esac
 done
 ((${#STEP_LIST[@]})) || die "--steps: no conversion step (cp alone is not measured: it is every step's baseline)"
@@ -156,7 +166,7 @@ if ((TABLE_SIZES)) && [ -z "$SIZES_ARG" ]; then die "--table-sizes needs --sizes
 [ -x "$PY" ] || die "$PY not found (run tools/setup.sh)"
 "$PY" -c 'import numpy' 2>/dev/null || die "numpy missing for $PY (apt-get install python3-numpy)"
 [[ "$ZERO_RANKS" =~ ^[1-9][0-9]*$ ]] || die "--zero-ranks must be a positive integer"
-if [ "$INPUT_FORMAT" != safetensors ]; then
+if [[ "$INPUT_FORMAT" != safetensors && "$INPUT_FORMAT" != olmo && "$INPUT_FORMAT" != colossalai ]]; then
   "$PY" -c 'import torch' 2>/dev/null || die "torch missing for $PY (apt-get install python3-torch)"
 fi
 
@@ -363,6 +373,19 @@ make_checkpoint() {  # SIZE_ARG PATH
       --no-progress >"$WORK/logs/make-dcp-$size.log" 2>&1 ||
       { cat "$WORK/logs/make-dcp-$size.log" >&2; die "reshardctl could not write the DCP input"; }
     rm -rf -- "$dir.st"
+  elif [ "$INPUT_FORMAT" = colossalai ]; then
+    summary="$("$PY" "$HERE/make_colossalai_checkpoint.py" --quiet --size "$size" --tp 4 "$dir")" ||
+      die "make_colossalai_checkpoint.py failed"
+  elif [ "$INPUT_FORMAT" = olmo ]; then
+    # A Hugging Face checkpoint turned into OLMo's encoding by reshard itself (tested against
+    # OLMo's own reader in tests/olmo_e2e_test.py); the source is deleted at once.
+    add_big "$dir.src"
+    summary="$("$PY" "$HERE/make_checkpoint.py" --quiet --size "$size" "$dir.src")" ||
+      die "make_checkpoint.py failed"
+    "$BIN" consolidate "$dir.src" "$dir" --format olmo-safetensors --no-progress \
+      >"$WORK/logs/make-olmo-$size.log" 2>&1 ||
+      { cat "$WORK/logs/make-olmo-$size.log" >&2; die "reshardctl could not write the OLMo input"; }
+    rm -rf -- "$dir.src"
   else
     summary="$("$PY" "$HERE/make_checkpoint.py" --quiet --size "$size" "$dir")" ||
       die "make_checkpoint.py failed"
@@ -378,7 +401,7 @@ assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist()), "compre
 print("%d records" % len(names))' "$dir" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "generated torch checkpoint is not a valid torch zip"; }
   elif [[ "$INPUT_FORMAT" == zero? || "$INPUT_FORMAT" == metaseq || "$INPUT_FORMAT" == dcp ||
-          "$INPUT_FORMAT" == torch-dist ]]; then
+          "$INPUT_FORMAT" == torch-dist || "$INPUT_FORMAT" == olmo || "$INPUT_FORMAT" == colossalai ]]; then
     "$BIN" inspect "$dir" "${IN_RULES[@]}" >"$WORK/logs/check-input-$size.log" 2>&1 ||
       { cat "$WORK/logs/check-input-$size.log" >&2; die "reshardctl inspect refused the generated $INPUT_FORMAT checkpoint"; }
   else
@@ -393,6 +416,8 @@ if "stage" in d:
 else:
     if "parts" in d:
         line += " per part, metaseq %(parts)d parts, %(bytes_on_disk)d bytes on disk" % d
+    if "tp" in d:
+        line += ", ColossalAI TP %(tp)d, %(bytes_on_disk)d bytes on disk" % d
     line += (", hidden %(hidden_size)d, intermediate %(intermediate_size)d, layers "
              "%(num_hidden_layers)d, vocab %(vocab_size)d" % d)
 print(line)'); generated in $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s" |
@@ -412,6 +437,8 @@ step_setup() {
     fp32) STEP_LABEL=consolidate-fp32; STEP_TITLE="consolidate fp32" ;;
     bf16) STEP_LABEL=consolidate-bf16; STEP_TITLE="consolidate bf16"; opts=(--dtype bf16) ;;
     torch) STEP_LABEL=consolidate-torch; STEP_TITLE="consolidate --format torch"; opts=(--format torch) ;;
+    olmo) STEP_LABEL=consolidate-olmo; STEP_TITLE="consolidate --format olmo-safetensors"
+          opts=(--format olmo-safetensors) ;;
     universal) STEP_LABEL=consolidate-universal; STEP_TITLE="consolidate --format deepspeed-universal"
                opts=(--format deepspeed-universal); STEP_VERIFY=0 ;;
     dcp) STEP_LABEL=consolidate-dcp; STEP_TITLE="consolidate --format torch-dcp"; opts=(--format torch-dcp) ;;
@@ -496,6 +523,22 @@ check_output() {
 n = sum(1 for _ in T.iter_dcp(sys.argv[2]))
 print("%d entries loaded" % n)' "$ROOT/tests" "$out" >"$clog" 2>&1 ||
       { cat "$clog" >&2; die "output of $label failed the independent DCP check"; }
+  elif [[ "$label" == consolidate-olmo* ]]; then
+    # OLMo's encoding: every name decodes to (key tuple, value_is_pickled), as OLMo's
+    # safetensors_util.decode_key does, and the header is a valid safetensors header.
+    "$PY" -c 'import base64, json, pickle, struct, sys
+with open(sys.argv[1] + "/model.safetensors", "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+    size = f.seek(0, 2)
+end = 0
+for name, t in header.items():
+    keys, pickled = pickle.loads(base64.urlsafe_b64decode(name))
+    assert isinstance(keys, tuple) and isinstance(pickled, bool), name
+    end = max(end, t["data_offsets"][1])
+assert 8 + n + end == size, "data does not end at the end of the file"
+print("%d OLMo entries" % len(header))' "$out" >"$clog" 2>&1 ||
+      { cat "$clog" >&2; die "output of $label failed the OLMo format check"; }
   elif compgen -G "$out/*.safetensors" >/dev/null; then
     local flags=()
     ((parts)) && flags=(--parts)

@@ -12,6 +12,19 @@
 
 namespace reshard {
 
+absl::StatusOr<std::string> PickledValueBytes(const StructureNode& node) {
+  PickleWriter pickle;
+  auto no_tensor = [](int) -> absl::Status { return absl::InternalError("no tensor is indexed"); };
+  const absl::flat_hash_map<std::string, int> no_tensors;
+  absl::Status status = PickleStructure(node, no_tensors, no_tensor, pickle);
+  if (!status.ok() && status.code() == absl::StatusCode::kInternal) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the value holds a tensor, which a pickled value cannot: ", status.message()));
+  }
+  RETURN_IF_ERROR(status);
+  return pickle.Finish();
+}
+
 OutputNaming TorchOutput::naming() const {
   OutputNaming naming;
   naming.shard_file = [](int index, int count) {

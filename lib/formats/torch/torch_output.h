@@ -33,6 +33,11 @@ class TorchOutput : public OutputFormat {
       const TargetLayout& layout) const override;
 };
 
+// A pickle (protocol 2) of `node`, a value without tensors (a config, an optimizer's
+// param_groups), as torch output writes the non-tensor values of a checkpoint: pickle.loads
+// gives the value back. InvalidArgument naming the tensor when `node` holds one.
+absl::StatusOr<std::string> PickledValueBytes(const StructureNode& node);
+
 }  // namespace reshard
 
 #endif  // RESHARD_LIB_FORMATS_TORCH_TORCH_OUTPUT_H_
