@@ -6,6 +6,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "lib/core/status.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace {
@@ -21,15 +23,45 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
                         std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)));
 }
 
+// Plaintext without TLS files; else TLS (with a client certificate when given).
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const ClientOptions& options) {
+  if (options.tls_ca.empty() && options.tls_cert.empty() && options.tls_key.empty()) {
+    return grpc::InsecureChannelCredentials();
+  }
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  constexpr uint64_t kMaxPemBytes = 1 << 20;
+  grpc::SslCredentialsOptions ssl;
+  const std::pair<const std::string*, std::string*> files[] = {
+      {&options.tls_ca, &ssl.pem_root_certs},
+      {&options.tls_cert, &ssl.pem_cert_chain},
+      {&options.tls_key, &ssl.pem_private_key}};
+  for (const auto& [path, pem] : files) {
+    if (path->empty()) continue;
+    ASSIGN_OR_RETURN(*pem, ReadSmallFile(*path, kMaxPemBytes), "reading a TLS file");
+  }
+  return grpc::SslCredentials(ssl);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.address.empty()) return absl::InvalidArgumentError("no daemon address given");
+  if (options.token.find_first_of("\r\n") != std::string::npos) {
+    return absl::InvalidArgumentError("the bearer token holds a line break");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   ChannelCredentials(options));
   grpc::ChannelArguments arguments;
   arguments.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
-  auto channel =
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), arguments);
+  auto channel = grpc::CreateCustomChannel(options.address, credentials, arguments);
   return std::unique_ptr<Client>(new Client(options, v1::Reshard::NewStub(channel)));
+}
+
+void Client::Authorize(grpc::ClientContext* context) const {
+  if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
 }
 
 absl::Status Client::Call(bool retry,
@@ -39,6 +71,7 @@ absl::Status Client::Call(bool retry,
   for (int attempt = 1; attempt <= std::max(1, options_.max_attempts); ++attempt) {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
+    Authorize(&context);
     status = FromGrpc(call(&context));
     if (!absl::IsUnavailable(status) || !retry) break;
     if (attempt < options_.max_attempts) {
@@ -137,6 +170,7 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id,
   while (true) {
     if (stop != nullptr && stop->load()) return absl::CancelledError("stopped watching");
     grpc::ClientContext context;  // no deadline: jobs can run for hours
+    Authorize(&context);
     std::atomic<bool> finished{false};
     // Cancels the stream when asked to stop.
     std::thread stopper([&] {

@@ -20,6 +20,14 @@ namespace reshard {
 
 struct ClientOptions {
   std::string address;  // "host:port"
+  // TLS: the CA certificates (PEM file) the daemon's certificate must be signed by; with
+  // tls_cert and tls_key (PEM files), also a client certificate for mutual TLS. All empty:
+  // plaintext.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  // Bearer token sent as `authorization: Bearer TOKEN` on every call; empty: none.
+  std::string token;
   // Deadline of each unary call. Default: 60 s.
   absl::Duration rpc_timeout = absl::Seconds(60);
   // Attempts of a retried call, and the backoff between them (doubling up to max_backoff).
@@ -55,6 +63,8 @@ class Client {
   Client(ClientOptions options, std::unique_ptr<v1::Reshard::Stub> stub)
       : options_(std::move(options)), stub_(std::move(stub)) {}
 
+  // Deadline-free context setup shared by every call: the bearer token.
+  void Authorize(grpc::ClientContext* context) const;
   // Runs `call` with a fresh context per attempt, retrying UNAVAILABLE when `retry`.
   absl::Status Call(bool retry, const std::function<grpc::Status(grpc::ClientContext*)>& call);
 

@@ -41,7 +41,14 @@ struct ConversionFlags {
 
 // Options of commands that go through reshardd.
 struct DaemonFlags {
-  std::string server;           // "host:port"
+  std::string server;  // "host:port"
+  // TLS files (ClientOptions); defaults from RESHARD_TLS_CA, RESHARD_TLS_CERT, RESHARD_TLS_KEY.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  // A file holding the bearer token (first line); else the token from RESHARD_TOKEN.
+  std::string token_file;
+  std::string token;
   bool detach = false;          // submit and return the job id without waiting
   std::string idempotency_key;  // empty: derived from the Slurm / Kubernetes environment
   int priority = 0;

@@ -265,16 +265,16 @@ TEST(ExitCodesTest, EveryStatusCodeFamily) {
   for (const absl::Status& status :
        {absl::InvalidArgumentError("x"), absl::NotFoundError("x"), absl::DataLossError("x"),
         absl::FailedPreconditionError("x"), absl::UnimplementedError("x"),
-        absl::OutOfRangeError("x"), absl::AlreadyExistsError("x"),
-        absl::PermissionDeniedError("x")}) {
+        absl::OutOfRangeError("x"), absl::AlreadyExistsError("x"), absl::PermissionDeniedError("x"),
+        absl::UnauthenticatedError("x")}) {
     EXPECT_EQ(ExitCodeForStatus(status), kExitInvalidInput) << status;
   }
   EXPECT_EQ(ExitCodeForStatus(absl::CancelledError("x")), kExitCancelled);
   EXPECT_EQ(ExitCodeForStatus(absl::ResourceExhaustedError("x")), kExitResourceExhausted);
   EXPECT_EQ(ExitCodeForStatus(absl::UnavailableError("x")), kExitUnavailable);
   EXPECT_EQ(ExitCodeForStatus(absl::DeadlineExceededError("x")), kExitUnavailable);
-  for (const absl::Status& status : {absl::InternalError("x"), absl::UnknownError("x"),
-                                     absl::AbortedError("x"), absl::UnauthenticatedError("x")}) {
+  for (const absl::Status& status :
+       {absl::InternalError("x"), absl::UnknownError("x"), absl::AbortedError("x")}) {
     EXPECT_EQ(ExitCodeForStatus(status), kExitInternal) << status;
   }
   // The documented numbers never change.

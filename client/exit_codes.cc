@@ -14,6 +14,7 @@ ExitCode ExitCodeForStatus(const absl::Status& status) {
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kAlreadyExists:
     case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
       return kExitInvalidInput;
     case absl::StatusCode::kCancelled:
       return kExitCancelled;

@@ -32,6 +32,18 @@ namespace fs = std::filesystem;
 absl::StatusOr<std::unique_ptr<Client>> ConnectTo(const DaemonFlags& daemon) {
   ClientOptions options;
   options.address = daemon.server;
+  options.tls_ca = daemon.tls_ca;
+  options.tls_cert = daemon.tls_cert;
+  options.tls_key = daemon.tls_key;
+  options.token = daemon.token;
+  if (!daemon.token_file.empty()) {
+    ASSIGN_OR_RETURN(std::string text, ReadSmallFile(daemon.token_file, 64 << 10), "--token-file");
+    options.token = std::string(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
+    if (options.token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--token-file ", daemon.token_file, " holds no token on its first line"));
+    }
+  }
   return Client::Connect(options);
 }
 

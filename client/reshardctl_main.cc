@@ -51,7 +51,14 @@ int main(int argc, char** argv) {
   std::string a, b, job_id;
   std::vector<std::string> states;
   int limit = 100;
-  if (const char* server = std::getenv("RESHARD_SERVER")) daemon.server = server;
+  const std::pair<const char*, std::string*> defaults[] = {{"RESHARD_SERVER", &daemon.server},
+                                                           {"RESHARD_TLS_CA", &daemon.tls_ca},
+                                                           {"RESHARD_TLS_CERT", &daemon.tls_cert},
+                                                           {"RESHARD_TLS_KEY", &daemon.tls_key},
+                                                           {"RESHARD_TOKEN", &daemon.token}};
+  for (const auto& [variable, value] : defaults) {
+    if (const char* set = std::getenv(variable)) *value = set;
+  }
 
   auto add_output = [&](CLI::App* command) {
     command->add_flag("--json", output.json, "print one JSON document on stdout");
@@ -60,6 +67,16 @@ int main(int argc, char** argv) {
   };
   auto add_server = [&](CLI::App* command) {
     command->add_option("--server", daemon.server, "reshardd address (default: $RESHARD_SERVER)");
+    command->add_option("--tls-ca", daemon.tls_ca,
+                        "connect with TLS: PEM CA certificates of the daemon (default: "
+                        "$RESHARD_TLS_CA)");
+    command->add_option("--tls-cert", daemon.tls_cert,
+                        "PEM client certificate for mutual TLS (default: $RESHARD_TLS_CERT)");
+    command->add_option("--tls-key", daemon.tls_key,
+                        "PEM private key of --tls-cert (default: $RESHARD_TLS_KEY)");
+    command->add_option("--token-file", daemon.token_file,
+                        "file whose first line is the bearer token (default: the token in "
+                        "$RESHARD_TOKEN)");
   };
   auto add_job_options = [&](CLI::App* command) {
     add_server(command);

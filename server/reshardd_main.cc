@@ -5,6 +5,7 @@
 //       --state-dir /var/lib/reshard --allowed-root /data/checkpoints --memory-budget 16GiB
 //
 // Prints "listening on HOST:PORT" (and "metrics on HOST:PORT") on stdout once serving.
+// SIGHUP reloads the TLS certificates and the token file (see docs/operations.md, Security).
 // SIGTERM/SIGINT drain it (see Server::Shutdown) and it exits 0 within about
 // --shutdown-grace + --shutdown-interrupt-wait + 2 s, whatever a job or request is doing.
 
@@ -53,6 +54,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--retention", retention, "how long finished jobs are kept (e.g. 168h, 30m)")
       ->capture_default_str();
+  app.add_option("--tls-cert", options.tls.cert, "PEM certificate chain: serve gRPC over TLS");
+  app.add_option("--tls-key", options.tls.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", options.tls.client_ca,
+                 "PEM CA certificates: require client certificates signed by them (mTLS)");
+  app.add_option("--auth-tokens", options.auth_tokens,
+                 "JSON file of bearer tokens (mode 0600): scopes and roots per token");
   CLI11_PARSE(app, argc, argv);
 
   auto budget = ParseByteSize(memory_budget);
@@ -74,6 +81,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto server = Server::Start(options);
@@ -92,6 +100,15 @@ int main(int argc, char** argv) {
     while (!stopped.load()) {
       const int signal = sigtimedwait(&signals, nullptr, &slice);
       if (signal < 0) continue;  // EAGAIN: the slice passed; EINTR
+      if (signal == SIGHUP) {
+        const absl::Status reloaded = (*server)->Reload();
+        if (reloaded.ok()) {
+          std::cerr << "reshardd: SIGHUP: reloaded certificates and tokens\n";
+        } else {
+          std::cerr << "reshardd: SIGHUP: " << reloaded.message() << "\n";
+        }
+        continue;
+      }
       std::cerr << "reshardd: signal " << signal << ", draining (grace " << grace_seconds << "s)\n";
       (*server)->Shutdown();
       return;

@@ -89,7 +89,9 @@ absl::Status Scheduler::Start() {
       entry->reservation =
           std::max<uint64_t>(entry->job.reserved_memory_bytes(), estimator_(entry->job.spec()));
       Entry& e = *entry;
-      if (!e.job.idempotency_key().empty()) by_key_[e.job.idempotency_key()] = e.job.id();
+      if (!e.job.idempotency_key().empty()) {
+        by_key_[{e.job.owner(), e.job.idempotency_key()}] = e.job.id();
+      }
       jobs_[e.job.id()] = std::move(entry);
       if (metrics_ != nullptr && e.job.state() == v1::JOB_STATE_SUCCEEDED) {
         // Survives restarts, so "no success in N hours" alerts do not fire after one.
@@ -239,7 +241,9 @@ std::vector<Scheduler::Deletion> Scheduler::PruneLocked() {
   std::vector<Deletion> deletions;
   for (const std::string& id : expired) {
     Entry& entry = *jobs_[id];
-    if (!entry.job.idempotency_key().empty()) by_key_.erase(entry.job.idempotency_key());
+    if (!entry.job.idempotency_key().empty()) {
+      by_key_.erase({entry.job.owner(), entry.job.idempotency_key()});
+    }
     deletions.emplace_back(entry.record, id);
     jobs_.erase(id);
   }
@@ -247,12 +251,13 @@ std::vector<Scheduler::Deletion> Scheduler::PruneLocked() {
 }
 
 absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& spec,
-                                          const std::string& idempotency_key) {
+                                          const std::string& idempotency_key,
+                                          const std::string& owner) {
   const uint64_t reservation = std::max<uint64_t>(spec.memory_budget(), estimator_(spec));
   Snapshot created;
   {
     absl::MutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(created, AdmitLocked(spec, idempotency_key, reservation));
+    ASSIGN_OR_RETURN(created, AdmitLocked(spec, idempotency_key, owner, reservation));
     if (created.slot == nullptr) return created.job;  // the existing job for this key
   }
   // Recorded before it can start: the entry is queued only once the record is durable.
@@ -263,7 +268,7 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& spec,
   if (!persisted.ok()) {
     // Unless it already changed (cancelled meanwhile), the job never existed.
     if (entry != nullptr && entry->snapshots == created.sequence) {
-      by_key_.erase(idempotency_key);
+      by_key_.erase({owner, idempotency_key});
       jobs_.erase(created.job.id());
     }
     return Annotate(persisted, "recording the job");
@@ -277,10 +282,11 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const v1::JobSpec& spec,
 
 absl::StatusOr<Scheduler::Snapshot> Scheduler::AdmitLocked(const v1::JobSpec& spec,
                                                            const std::string& idempotency_key,
+                                                           const std::string& owner,
                                                            uint64_t reservation) {
   if (!accepting_) return absl::UnavailableError("the daemon is shutting down; not accepting jobs");
   if (!idempotency_key.empty()) {
-    auto it = by_key_.find(idempotency_key);
+    auto it = by_key_.find({owner, idempotency_key});
     if (it != by_key_.end()) {
       Entry* existing = FindLocked(it->second);
       if (existing != nullptr) {
@@ -305,6 +311,7 @@ absl::StatusOr<Scheduler::Snapshot> Scheduler::AdmitLocked(const v1::JobSpec& sp
   auto entry = std::make_unique<Entry>();
   entry->job.set_id(NewJobId());
   entry->job.set_idempotency_key(idempotency_key);
+  entry->job.set_owner(owner);
   *entry->job.mutable_spec() = spec;
   entry->job.set_state(v1::JOB_STATE_QUEUED);
   entry->job.set_created_unix(NowUnix());
@@ -313,15 +320,15 @@ absl::StatusOr<Scheduler::Snapshot> Scheduler::AdmitLocked(const v1::JobSpec& sp
   entry->reservation = reservation;
   Entry& e = *entry;
   jobs_[e.job.id()] = std::move(entry);
-  if (!idempotency_key.empty()) by_key_[idempotency_key] = e.job.id();
+  if (!idempotency_key.empty()) by_key_[{owner, idempotency_key}] = e.job.id();
   ++recording_;  // counted against max_queue until queued
   return SnapshotLocked(e);
 }
 
-bool Scheduler::HasIdempotencyKey(const std::string& key) const {
+bool Scheduler::HasIdempotencyKey(const std::string& key, const std::string& owner) const {
   if (key.empty()) return false;
   absl::MutexLock lock(&mu_);
-  return by_key_.contains(key);
+  return by_key_.contains({owner, key});
 }
 
 absl::StatusOr<v1::Job> Scheduler::Get(const std::string& id) {
@@ -332,7 +339,7 @@ absl::StatusOr<v1::Job> Scheduler::Get(const std::string& id) {
 }
 
 absl::StatusOr<JobPage> Scheduler::List(const std::vector<v1::JobState>& states, int page_size,
-                                        const std::string& page_token) {
+                                        const std::string& page_token, const std::string* owner) {
   if (page_size < 0 || page_size > 1000) {
     return absl::InvalidArgumentError("page_size must be in [0, 1000]");
   }
@@ -346,6 +353,7 @@ absl::StatusOr<JobPage> Scheduler::List(const std::vector<v1::JobState>& states,
   std::vector<const Entry*> matching;
   for (const auto& [id, entry] : jobs_) {
     if (entry->sequence >= after_sequence) continue;
+    if (owner != nullptr && entry->job.owner() != *owner) continue;
     if (!states.empty() &&
         std::find(states.begin(), states.end(), entry->job.state()) == states.end()) {
       continue;

@@ -92,12 +92,16 @@ class Scheduler {
   // Loads the store, recovers interrupted jobs and starts the workers.
   absl::Status Start();
 
-  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& idempotency_key);
+  // `owner` (the submitting token's name, recorded on the job) scopes the idempotency key:
+  // the same key from two owners names two jobs.
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& idempotency_key,
+                                 const std::string& owner = "");
   absl::StatusOr<v1::Job> Get(const std::string& id);
   // True when a known job carries this (non-empty) idempotency key.
-  bool HasIdempotencyKey(const std::string& key) const;
+  bool HasIdempotencyKey(const std::string& key, const std::string& owner = "") const;
+  // With `owner`, only the jobs recorded with that owner.
   absl::StatusOr<JobPage> List(const std::vector<v1::JobState>& states, int page_size,
-                               const std::string& page_token);
+                               const std::string& page_token, const std::string* owner = nullptr);
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
 
   // Waits until the job's version exceeds `*version` (then updates it), the job is finished,
@@ -158,7 +162,8 @@ class Scheduler {
   // Checks a submission and adds its entry (not yet queued); returns the entry's first
   // snapshot, or one without a slot holding the existing job for the same idempotency key.
   absl::StatusOr<Snapshot> AdmitLocked(const v1::JobSpec& spec, const std::string& idempotency_key,
-                                       uint64_t reservation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                       const std::string& owner, uint64_t reservation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cancel without the store writes, which it appends to `writes`.
   absl::StatusOr<v1::Job> CancelInMemory(const std::string& id, std::vector<Snapshot>& writes)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -190,7 +195,9 @@ class Scheduler {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Entry>> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::string> by_key_ ABSL_GUARDED_BY(mu_);
+  // (owner, idempotency key) -> job id.
+  absl::flat_hash_map<std::pair<std::string, std::string>, std::string> by_key_
+      ABSL_GUARDED_BY(mu_);
   std::set<QueueKey> queue_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;

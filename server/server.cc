@@ -5,12 +5,14 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <exception>
+#include <iostream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
 #include "prometheus/exposer.h"
+#include "server/auth_tokens.h"
 #include "server/grpc_metrics.h"
 #include "server/job_runner.h"
 #include "server/job_store.h"
@@ -19,8 +21,29 @@
 #include "server/path_policy.h"
 #include "server/process_collector.h"
 #include "server/service.h"
+#include "server/tls_credentials.h"
 
 namespace reshard {
+
+namespace {
+
+bool IsLoopbackHost(const std::string& listen) {
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  return host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+// Anyone who reaches the port may submit jobs that read and write under every root.
+void WarnIfExposed(const ServerOptions& options) {
+  if (IsLoopbackHost(options.listen)) return;
+  if (options.tls.enabled() && !options.auth_tokens.empty()) return;
+  std::cerr << "reshardd: warning: listening on " << options.listen << " beyond loopback"
+            << (options.tls.enabled() ? "" : " without TLS (--tls-cert, --tls-key)")
+            << (options.tls.enabled() || !options.auth_tokens.empty() ? "" : " and")
+            << (options.auth_tokens.empty() ? " without bearer tokens (--auth-tokens)" : "")
+            << ": whoever reaches the port can read and write under every --allowed-root\n";
+}
+
+}  // namespace
 
 struct Server::Impl {
   ServerOptions options;
@@ -31,6 +54,8 @@ struct Server::Impl {
   std::shared_ptr<ProcessCollector> process_metrics = std::make_shared<ProcessCollector>();
   std::unique_ptr<prometheus::Exposer> exposer;
   std::unique_ptr<PathPolicy> paths;
+  std::unique_ptr<ServerTls> tls;
+  std::unique_ptr<Authorizer> auth;
   std::unique_ptr<OffloadPool> offload;
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<ReshardService> service;
@@ -52,6 +77,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   impl->options = options;
   ASSIGN_OR_RETURN(PathPolicy paths, PathPolicy::Create(options.allowed_roots));
   impl->paths = std::make_unique<PathPolicy>(std::move(paths));
+  if (!options.auth_tokens.empty()) {
+    ASSIGN_OR_RETURN(impl->auth, Authorizer::Create(options.auth_tokens, impl->paths.get()));
+  }
   ASSIGN_OR_RETURN(impl->store, JobStore::Open(options.state_dir));
 
   std::string metrics_address;
@@ -71,9 +99,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   // Paths were checked at submit; check the input tree again when the job starts, since it
   // may have changed while the job was queued (or across a restart).
   JobRunner engine = options.runner ? options.runner : RunJobWithEngine;
-  const PathPolicy* policy = impl->paths.get();
-  JobRunner runner = [engine, policy](const v1::Job& job,
-                                      JobContext& context) -> absl::StatusOr<ConversionResult> {
+  // A token's job runs under the token's roots as they are now (a token removed from the
+  // file meanwhile fails its jobs).
+  const PathPolicy* daemon_policy = impl->paths.get();
+  const Authorizer* auth = impl->auth.get();
+  JobRunner runner = [engine, daemon_policy, auth](
+                         const v1::Job& job,
+                         JobContext& context) -> absl::StatusOr<ConversionResult> {
+    std::shared_ptr<const PathPolicy> policy(std::shared_ptr<void>(), daemon_policy);
+    if (auth != nullptr && !job.owner().empty()) {
+      ASSIGN_OR_RETURN(Caller owner, auth->Find(job.owner()), "the job's token");
+      policy = owner.paths;
+    }
     // Everything the job opens from here on stays beneath the allowed roots.
     ScopedPathConfinement confined(policy->confinement());
     absl::StatusOr<std::string> input = policy->CheckInputTree(job.spec().input());
@@ -86,13 +123,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   RETURN_IF_ERROR(impl->scheduler->Start());
   impl->offload = std::make_unique<OffloadPool>(options.offload);
   impl->service = std::make_unique<ReshardService>(impl->scheduler.get(), impl->paths.get(),
-                                                   impl->offload.get());
+                                                   impl->offload.get(), impl->auth.get());
+
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (options.tls.enabled()) {
+    ASSIGN_OR_RETURN(impl->tls, ServerTls::Create(options.tls, options.state_dir + "/tls"));
+    credentials = impl->tls->credentials();
+  }
+  WarnIfExposed(options);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen, credentials, &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxRequestBytes));
   // gRPC sets SO_REUSEPORT by default: a second daemon on the same port would start and
   // silently share clients with the first. Refuse a busy port instead.
@@ -115,6 +159,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   server->metrics_address_ = metrics_address;
   server->scheduler_ = server->impl_->scheduler.get();
   return server;
+}
+
+absl::Status Server::Reload() {
+  absl::Status status;
+  if (impl_->tls != nullptr) status.Update(impl_->tls->Reload());
+  if (impl_->auth != nullptr) status.Update(impl_->auth->Reload());
+  return status;
 }
 
 void Server::Shutdown() {

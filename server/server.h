@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "server/offload_pool.h"
 #include "server/scheduler.h"
+#include "server/tls_credentials.h"
 
 namespace reshard {
 
@@ -25,6 +26,11 @@ struct ServerOptions {
   std::string state_dir;
   // The only folders jobs may read and write. At least one is required.
   std::vector<std::string> allowed_roots;
+  // TLS (cert + key) and mutual TLS (client_ca) on the gRPC port; all empty: plaintext.
+  // The checked copies live in <state_dir>/tls.
+  TlsFiles tls;
+  // Bearer tokens (server/auth_tokens.h); empty: every caller may do everything.
+  std::string auth_tokens;
   SchedulerOptions scheduler;
   // How long running jobs may go on after a shutdown request before they are interrupted.
   absl::Duration shutdown_grace = absl::Seconds(30);
@@ -47,6 +53,10 @@ class Server {
   Scheduler& scheduler() { return *scheduler_; }
   // Tests fill it with blocked tasks.
   OffloadPool& offload_pool();
+
+  // Re-reads the TLS files and the token file (SIGHUP). Each part that fails to load keeps
+  // its previous contents; the error names the file.
+  absl::Status Reload();
 
   // Drains: health NOT_SERVING, new submissions refused, running jobs get the grace period,
   // then are interrupted to resume at the next start; then the gRPC server stops. Idempotent.

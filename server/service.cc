@@ -1,8 +1,10 @@
 #include "server/service.h"
 
+#include <iostream>
 #include <optional>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/engine/conversion.h"
@@ -34,7 +36,51 @@ absl::Status RunOffloaded(OffloadPool& pool, grpc::ServerContext& context,
   return pool.Run(std::move(work), until, [&context] { return context.IsCancelled(); });
 }
 
+// A path for a log line: quoted, control characters escaped.
+std::string Quoted(absl::string_view path) {
+  return absl::StrCat("\"", absl::CHexEscape(path), "\"");
+}
+
 }  // namespace
+
+absl::StatusOr<Caller> ReshardService::Authenticate(const grpc::ServerContext& context) const {
+  if (auth_ == nullptr) {
+    Caller anyone;
+    anyone.scopes = ~0u;
+    anyone.paths = std::shared_ptr<const PathPolicy>(std::shared_ptr<void>(), paths_);
+    return anyone;
+  }
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  absl::string_view header;
+  if (it != metadata.end()) header = absl::string_view(it->second.data(), it->second.size());
+  return auth_->Authenticate(header);
+}
+
+absl::StatusOr<Caller> ReshardService::Authorize(const grpc::ServerContext& context,
+                                                 Scope scope) const {
+  ASSIGN_OR_RETURN(Caller caller, Authenticate(context));
+  RETURN_IF_ERROR(RequireScope(caller, scope));
+  return caller;
+}
+
+absl::StatusOr<v1::Job> ReshardService::VisibleJob(const Caller& caller,
+                                                   const std::string& id) const {
+  ASSIGN_OR_RETURN(v1::Job job, scheduler_->Get(id));
+  if (!caller.Owns(job.owner())) return absl::NotFoundError(absl::StrCat("no job \"", id, "\""));
+  return job;
+}
+
+void ReshardService::Audit(const grpc::ServerContext& context, const absl::StatusOr<Caller>& caller,
+                           absl::string_view call, absl::string_view details,
+                           const absl::Status& result) const {
+  if (auth_ == nullptr) return;
+  const std::string line =
+      absl::StrCat("reshardd: audit: token=", caller.ok() ? caller->name : "-", " call=", call,
+                   " peer=", context.peer(), details.empty() ? "" : " ", details,
+                   " result=", absl::StatusCodeToString(result.code()), "\n");
+  std::cerr << line << std::flush;
+}
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -112,50 +158,68 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
 
 grpc::Status ReshardService::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request, v1::Job* response) {
-  if (request->idempotency_key().size() > kMaxIdempotencyKeyBytes) {
-    return ToGrpcStatus(absl::InvalidArgumentError("idempotency_key is longer than 256 bytes"));
+  // Authenticated first, so that the audit line names a token that lacks the scope.
+  const absl::StatusOr<Caller> caller = Authenticate(*context);
+  absl::StatusOr<v1::Job> job =
+      caller.ok() ? Submit(*context, *caller, *request) : absl::StatusOr<v1::Job>(caller.status());
+  Audit(*context, caller, "SubmitJob",
+        absl::StrCat("input=", Quoted(request->spec().input()),
+                     " output=", Quoted(request->spec().output()),
+                     job.ok() ? absl::StrCat(" job=", job->id()) : ""),
+        job.status());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = *std::move(job);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<v1::Job> ReshardService::Submit(grpc::ServerContext& context, const Caller& caller,
+                                               const v1::SubmitJobRequest& request) {
+  RETURN_IF_ERROR(RequireScope(caller, Scope::kSubmit));
+  if (request.idempotency_key().size() > kMaxIdempotencyKeyBytes) {
+    return absl::InvalidArgumentError("idempotency_key is longer than 256 bytes");
   }
   // A new job needs a free output; a resubmission (same key) gets its job back whatever the
   // output holds now, so a requeued task re-attaches even after the job finished.
   // A partition's output may already be its split's, published by the worker that finished
   // last: the job itself tells that apart from someone else's folder.
-  const bool needs_free_output = !request->spec().overwrite() &&
-                                 request->spec().partition_count() == 0 &&
-                                 !scheduler_->HasIdempotencyKey(request->idempotency_key());
+  const bool needs_free_output =
+      !request.spec().overwrite() && request.spec().partition_count() == 0 &&
+      !scheduler_->HasIdempotencyKey(request.idempotency_key(), caller.name);
   // The path checks touch the filesystem: off the gRPC thread, bounded by the deadline. The
   // task owns its copies (it may outlive this call; the policy outlives the pool).
   auto checked = std::make_shared<std::optional<absl::StatusOr<v1::JobSpec>>>();
-  absl::Status waited = RunOffloaded(
-      *offload_, *context, [checked, spec = request->spec(), needs_free_output, paths = paths_] {
-        absl::StatusOr<v1::JobSpec> valid = ValidateJobSpec(spec, *paths);
-        if (valid.ok() && needs_free_output) {
-          absl::Status free = CheckOutputDirUsable(valid->output());
-          if (!free.ok()) valid = free;
-        }
-        *checked = std::move(valid);
-      });
-  if (!waited.ok()) return ToGrpcStatus(waited);
-  if (!checked->has_value()) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is stopping; not checked");
-  }
+  absl::Status waited =
+      RunOffloaded(*offload_, context,
+                   [checked, spec = request.spec(), needs_free_output, paths = caller.paths] {
+                     absl::StatusOr<v1::JobSpec> valid = ValidateJobSpec(spec, *paths);
+                     if (valid.ok() && needs_free_output) {
+                       absl::Status free = CheckOutputDirUsable(valid->output());
+                       if (!free.ok()) valid = free;
+                     }
+                     *checked = std::move(valid);
+                   });
+  if (!waited.ok()) return waited;
+  if (!checked->has_value()) return absl::UnavailableError("the daemon is stopping; not checked");
   const absl::StatusOr<v1::JobSpec>& spec = **checked;
-  if (!spec.ok()) return ToGrpcStatus(spec.status());
-  auto job = scheduler_->Submit(*spec, request->idempotency_key());
-  if (!job.ok()) return ToGrpcStatus(job.status());
-  *response = *std::move(job);
-  return grpc::Status::OK;
+  if (!spec.ok()) return spec.status();
+  return scheduler_->Submit(*spec, request.idempotency_key(), caller.name);
 }
 
-grpc::Status ReshardService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+grpc::Status ReshardService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                     v1::Job* response) {
-  auto job = scheduler_->Get(request->id());
+  const absl::StatusOr<Caller> caller = Authorize(*context, Scope::kRead);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  auto job = VisibleJob(*caller, request->id());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = *std::move(job);
   return grpc::Status::OK;
 }
 
-grpc::Status ReshardService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+grpc::Status ReshardService::ListJobs(grpc::ServerContext* context,
+                                      const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
+  const absl::StatusOr<Caller> caller = Authorize(*context, Scope::kRead);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   std::vector<v1::JobState> states;
   for (int i = 0; i < request->states_size(); ++i) {
     const int state = request->states(i);
@@ -167,16 +231,29 @@ grpc::Status ReshardService::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
     }
     states.push_back(static_cast<v1::JobState>(state));
   }
-  auto page = scheduler_->List(states, request->page_size(), request->page_token());
+  auto page = scheduler_->List(states, request->page_size(), request->page_token(),
+                               caller->Has(Scope::kAdmin) ? nullptr : &caller->name);
   if (!page.ok()) return ToGrpcStatus(page.status());
   for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
   response->set_next_page_token(page->next_page_token);
   return grpc::Status::OK;
 }
 
-grpc::Status ReshardService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
-                                       v1::Job* response) {
-  auto job = scheduler_->Cancel(request->id());
+grpc::Status ReshardService::CancelJob(grpc::ServerContext* context,
+                                       const v1::CancelJobRequest* request, v1::Job* response) {
+  const absl::StatusOr<Caller> caller = Authenticate(*context);
+  absl::StatusOr<v1::Job> job = [&]() -> absl::StatusOr<v1::Job> {
+    if (!caller.ok()) return caller.status();
+    RETURN_IF_ERROR(RequireScope(*caller, Scope::kCancel));
+    RETURN_IF_ERROR(VisibleJob(*caller, request->id()).status());
+    return scheduler_->Cancel(request->id());
+  }();
+  Audit(*context, caller, "CancelJob",
+        absl::StrCat("job=", Quoted(request->id()),
+                     job.ok() ? absl::StrCat(" input=", Quoted(job->spec().input()),
+                                             " output=", Quoted(job->spec().output()))
+                              : ""),
+        job.status());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = *std::move(job);
   return grpc::Status::OK;
@@ -185,6 +262,12 @@ grpc::Status ReshardService::CancelJob(grpc::ServerContext*, const v1::CancelJob
 grpc::Status ReshardService::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
+  const absl::StatusOr<Caller> caller = Authorize(*context, Scope::kRead);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  // Ownership never changes: checked once.
+  if (auto visible = VisibleJob(*caller, request->id()); !visible.ok()) {
+    return ToGrpcStatus(visible.status());
+  }
   int64_t version = -1;
   while (!context->IsCancelled()) {
     auto job = scheduler_->WaitForChange(request->id(), &version, absl::Seconds(1));
@@ -202,11 +285,13 @@ grpc::Status ReshardService::WatchJob(grpc::ServerContext* context,
 
 grpc::Status ReshardService::Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
                                   v1::PlanResponse* response) {
+  const absl::StatusOr<Caller> caller = Authorize(*context, Scope::kRead);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   v1::JobSpec spec = request->spec();
   spec.set_overwrite(true);  // a dry run does not care whether the output exists yet
   // Shared with the task, which may outlive this call (the policy outlives the pool).
   auto planned = std::make_shared<std::optional<absl::StatusOr<PlannedConversion>>>();
-  absl::Status waited = RunOffloaded(*offload_, *context, [planned, spec, paths = paths_] {
+  absl::Status waited = RunOffloaded(*offload_, *context, [planned, spec, paths = caller->paths] {
     absl::StatusOr<v1::JobSpec> valid = ValidateJobSpec(spec, *paths);
     if (!valid.ok()) {
       *planned = valid.status();
@@ -242,6 +327,8 @@ grpc::Status ReshardService::Plan(grpc::ServerContext* context, const v1::PlanRe
 grpc::Status ReshardService::Inspect(grpc::ServerContext* context,
                                      const v1::InspectRequest* request,
                                      v1::InspectResponse* response) {
+  const absl::StatusOr<Caller> caller = Authorize(*context, Scope::kRead);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (request->rules_json().size() > kMaxRulesJsonBytes) {
     return ToGrpcStatus(absl::InvalidArgumentError("rules_json is larger than 1 MiB"));
   }
@@ -254,7 +341,7 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext* context,
   };
   auto answer = std::make_shared<Answer>();
   answer->request = *request;
-  absl::Status waited = RunOffloaded(*offload_, *context, [answer, paths = paths_] {
+  absl::Status waited = RunOffloaded(*offload_, *context, [answer, paths = caller->paths] {
     const v1::InspectRequest* request = &answer->request;
     v1::InspectResponse* response = &answer->response;
     absl::Status& status = answer->status;

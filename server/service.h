@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/reshard/v1/reshard.grpc.pb.h"
+#include "server/auth_tokens.h"
 #include "server/offload_pool.h"
 #include "server/path_policy.h"
 #include "server/scheduler.h"
@@ -25,10 +26,16 @@ inline constexpr size_t kMaxIdempotencyKeyBytes = 256;
 // (CheckOutputDirUsable), since a resubmission of a finished job must still find that job.
 absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathPolicy& paths);
 
+// With an Authorizer, every call first authorizes its bearer token (scope per call, see
+// server/auth_tokens.h), paths are checked against the token's roots, jobs are recorded with
+// the token's name and other tokens' jobs answer NOT_FOUND (unless admin), and SubmitJob and
+// CancelJob write an audit line to stderr (token name, call, peer, paths, job, result).
 class ReshardService final : public v1::Reshard::Service {
  public:
-  ReshardService(Scheduler* scheduler, const PathPolicy* paths, OffloadPool* offload)
-      : scheduler_(scheduler), paths_(paths), offload_(offload) {}
+  // `auth` may be null: then every caller may do everything under the daemon's roots.
+  ReshardService(Scheduler* scheduler, const PathPolicy* paths, OffloadPool* offload,
+                 const Authorizer* auth = nullptr)
+      : scheduler_(scheduler), paths_(paths), offload_(offload), auth_(auth) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::Job* response) override;
@@ -46,9 +53,22 @@ class ReshardService final : public v1::Reshard::Service {
                        v1::InspectResponse* response) override;
 
  private:
+  // The caller of `context` (its bearer token).
+  absl::StatusOr<Caller> Authenticate(const grpc::ServerContext& context) const;
+  // The caller of `context` if it may use `scope`.
+  absl::StatusOr<Caller> Authorize(const grpc::ServerContext& context, Scope scope) const;
+  absl::StatusOr<v1::Job> Submit(grpc::ServerContext& context, const Caller& caller,
+                                 const v1::SubmitJobRequest& request);
+  // The job `id` if `caller` may see it (NotFound otherwise, as for an unknown id).
+  absl::StatusOr<v1::Job> VisibleJob(const Caller& caller, const std::string& id) const;
+  // One audit line for a mutating call (with tokens only).
+  void Audit(const grpc::ServerContext& context, const absl::StatusOr<Caller>& caller,
+             absl::string_view call, absl::string_view details, const absl::Status& result) const;
+
   Scheduler* const scheduler_;
   const PathPolicy* const paths_;
   OffloadPool* const offload_;
+  const Authorizer* const auth_;
 };
 
 // absl::Status -> grpc::Status (same code numbers; message truncated to 1 KiB).

@@ -9,13 +9,15 @@ packages=(
   # Libraries linked through third_party/system.BUILD.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-  libsqlite3-dev libxxhash-dev libcli11-dev libre2-dev zlib1g-dev libisal-dev
+  libsqlite3-dev libxxhash-dev libcli11-dev libre2-dev zlib1g-dev libisal-dev libssl-dev
   # Independent readers for the tests and the benchmark's peak-RSS figures.
   python3 python3-numpy python3-torch time
   # A real Prometheus (and promtool) for tests/observability; python3-yaml reads the rules.
   prometheus python3-yaml
   # A real Slurm (slurmctld + slurmd on 127.0.0.1) for the partitioned-job test.
   slurm-wlm munge
+  # openssl(1) makes the CA and certificates of the TLS tests at test time.
+  openssl
 )
 
 missing=()
