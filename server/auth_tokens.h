@@ -94,7 +94,8 @@ class Authorizer {
   // Authenticate, then RequireScope.
   absl::StatusOr<Caller> Authorize(absl::string_view authorization, Scope scope) const;
 
-  // The current entry of the token `name` (jobs run under their owner's roots).
+  // The current entry of the token `name` (jobs run under their owner's roots); NotFound
+  // naming the file when the token is no longer in it.
   absl::StatusOr<Caller> Find(const std::string& name) const;
 
   const std::string& file() const { return file_; }

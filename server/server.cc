@@ -108,8 +108,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
                          JobContext& context) -> absl::StatusOr<ConversionResult> {
     std::shared_ptr<const PathPolicy> policy(std::shared_ptr<void>(), daemon_policy);
     if (auth != nullptr && !job.owner().empty()) {
-      ASSIGN_OR_RETURN(Caller owner, auth->Find(job.owner()), "the job's token");
-      policy = owner.paths;
+      absl::StatusOr<Caller> owner = auth->Find(job.owner());
+      if (!owner.ok()) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("the token \"", job.owner(), "\" that submitted the job is no longer in ",
+                         auth->file()));
+      }
+      policy = owner->paths;
     }
     // Everything the job opens from here on stays beneath the allowed roots.
     ScopedPathConfinement confined(policy->confinement());
