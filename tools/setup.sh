@@ -16,6 +16,9 @@ packages=(
   prometheus python3-yaml
   # A real Slurm (slurmctld + slurmd on 127.0.0.1) for the partitioned-job test.
   slurm-wlm munge
+  # The Python client (clients/python; stubs from protobuf-compiler-grpc's grpc_python_plugin)
+  # and a real workflow engine for tests/workflows.
+  python3-grpcio python3-protobuf snakemake
 )
 
 missing=()
