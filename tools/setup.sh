@@ -18,6 +18,9 @@ packages=(
   slurm-wlm munge
   # openssl(1) makes the CA and certificates of the TLS tests at test time.
   openssl
+  # The Python client (clients/python; stubs from protobuf-compiler-grpc's grpc_python_plugin)
+  # and a real workflow engine for tests/workflows.
+  python3-grpcio python3-protobuf snakemake
 )
 
 missing=()
