@@ -38,6 +38,7 @@ from daemon_harness import (R, RULES, Daemon, DaemonTestCase, make_checkpoint,  
 
 import reshard_client  # noqa: E402
 from reshard_client import Client, JobFailedError, ReshardError  # noqa: E402
+from daemon_auth_test import make_pki, token_entry  # noqa: E402
 
 
 class ClientTests(DaemonTestCase):
@@ -485,6 +486,84 @@ class ClientTests(DaemonTestCase):
         merged = self.client.inspect(self.r("out_planned"))
         self.assertEqual(len(merged.tensors), len(info.tensors))
         self.assertTrue(all(t.dtype == "BF16" for t in merged.tensors))
+
+
+class SecureClientTests(dh.OwnDaemonsTestCase):
+    """The client against a daemon with mutual TLS and bearer tokens (certificates from a CA
+    made with openssl at test time, tests/daemon/daemon_auth_test.py's make_pki)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.pki = make_pki(os.path.join(cls.tmp, "pki"))
+        cls.team_a = os.path.join(cls.root, "team-a")
+        cls.team_b = os.path.join(cls.root, "team-b")
+        cls.src_a = small_checkpoint(os.path.join(cls.team_a, "src"), seed=1)
+        cls.src_b = small_checkpoint(os.path.join(cls.team_b, "src"), seed=2)
+        cls.tokens = {"alice": "tok-alice-5f1d", "bob": "tok-bob-9a2c", "reader": "tok-reader-77e0"}
+        entries = [
+            token_entry("alice", cls.tokens["alice"], ["read", "submit", "cancel"], [cls.team_a]),
+            token_entry("bob", cls.tokens["bob"], ["read", "submit", "cancel"], [cls.team_b]),
+            token_entry("reader", cls.tokens["reader"], ["read"], [cls.team_a]),
+        ]
+        token_file = os.path.join(cls.tmp, "tokens.json")
+        with open(token_file, "w") as f:
+            json.dump({"tokens": entries}, f)
+        os.chmod(token_file, 0o600)
+        cls.secure = Daemon(cls.logs, os.path.join(cls.tmp, "state-secure"), [cls.root],
+                            ("--tls-cert", cls.pki.path("server"), "--tls-key",
+                             cls.pki.path("server", "key"), "--tls-client-ca", cls.pki.path("ca"),
+                             "--auth-tokens", token_file)).start()
+        cls.extra_daemons.append(cls.secure)
+
+    def client(self, who=None, ca="ca", cert="client", **kw):
+        return Client(self.secure.addr, token=self.tokens[who] if who else None,
+                      tls_ca=self.pki.path(ca), tls_cert=self.pki.path(cert) if cert else None,
+                      tls_key=self.pki.path(cert, "key") if cert else None, max_attempts=1, **kw)
+
+    def assertRaisesCode(self, code, call, *args, **kw):
+        with self.assertRaises(ReshardError) as raised:
+            call(*args, **kw)
+        self.assertEqual(raised.exception.code, code, raised.exception)
+        return raised.exception
+
+    def test_job_over_mutual_tls_with_a_token(self):
+        out = os.path.join(self.team_a, "out")
+        with self.client("alice") as alice:
+            job = alice.wait(alice.consolidate(self.src_a, out, dtype="bf16"), timeout=120)
+            self.assertEqual(job.state, "SUCCEEDED")
+            self.assertEqual(job.owner, "alice")
+            self.assertIn(job.id, [j.id for j in alice.list()])
+        self.assertConsolidated(self.src_a, out, dtype="bf16")
+        # Another team's token neither sees the job nor reads the team's folder.
+        with self.client("bob") as bob:
+            self.assertNotIn(job.id, [j.id for j in bob.list()])
+            self.assertRaisesCode("NOT_FOUND", bob.get, job.id)
+            self.assertRaisesCode("PERMISSION_DENIED", bob.consolidate, self.src_a,
+                                  os.path.join(self.team_b, "stolen"))
+
+    def test_refusals(self):
+        with self.client(None) as anonymous:
+            self.assertRaisesCode("UNAUTHENTICATED", anonymous.list)
+        with Client(self.secure.addr, token="not-a-known-token", tls_ca=self.pki.path("ca"),
+                    tls_cert=self.pki.path("client"), tls_key=self.pki.path("client", "key"),
+                    max_attempts=1) as unknown:
+            self.assertRaisesCode("UNAUTHENTICATED", unknown.list)
+        with self.client("reader") as reader:
+            error = self.assertRaisesCode("PERMISSION_DENIED", reader.consolidate, self.src_a,
+                                          os.path.join(self.team_a, "by_reader"))
+            self.assertIn("submit", error.message)
+            reader.list()  # read is enough to list
+        # No client certificate under mutual TLS, and a server certificate from another CA:
+        # the handshake fails, the call is UNAVAILABLE.
+        with self.client("alice", cert=None, rpc_timeout=10) as no_cert:
+            self.assertRaisesCode("UNAVAILABLE", no_cert.list)
+        with self.client("alice", ca="other-ca", rpc_timeout=10) as wrong_ca:
+            self.assertRaisesCode("UNAVAILABLE", wrong_ca.list)
+        log = self.secure.read_log()
+        self.assertIn("audit:", log)
+        for token in self.tokens.values():
+            self.assertNotIn(token, log)
 
 
 if __name__ == "__main__":

@@ -207,7 +207,8 @@ class Job:
     ``kind`` "CONSOLIDATE" or "RESHARD". ``spec`` is the JobSpec as a dict of its set fields
     (proto JSON names, e.g. {"kind": "JOB_KIND_CONSOLIDATE", "input": ..., "dtype":
     "DTYPE_BF16"}); ``timings`` the seconds per phase (plan, write, publish, ...). Times are Unix
-    seconds (0.0 when not reached). ``proto`` is the reshard.v1.Job message itself.
+    seconds (0.0 when not reached). ``owner`` is the name of the bearer token that submitted
+    the job ("" on a daemon without tokens). ``proto`` is the reshard.v1.Job message itself.
     """
 
     id: str
@@ -230,6 +231,7 @@ class Job:
     output_files: List[OutputFile]
     attempts: int
     note: str
+    owner: str
     proto: Any = dataclasses.field(repr=False, compare=False)
 
     @property
@@ -283,6 +285,7 @@ class Job:
             output_files=[OutputFile(f.name, f.bytes, f.xxh3_64) for f in j.output_files],
             attempts=j.attempts,
             note=j.note,
+            owner=j.owner,
             proto=j,
         )
 
