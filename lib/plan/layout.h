@@ -55,6 +55,10 @@ struct OutputTensor {
   // `sum(slices) / len(slices)` does: ((0 + t0) + t1 + ...) / n, each step rounded to float32.
   // (DeepSpeed's ds_to_universal merges the tensor-parallel slices of some parameters so.)
   std::vector<int> mean_of;
+  // The shape of the whole tensor `region` is a box of, for formats whose files record each
+  // chunk's place in it (PyTorch DCP's `.metadata`). Set by such a format's Arrange; empty
+  // otherwise.
+  Shape global_shape;
 
   const Shape& shape() const { return written_shape.empty() ? region.extent : written_shape; }
 

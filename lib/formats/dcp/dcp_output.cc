@@ -15,7 +15,6 @@
 #include "lib/formats/dcp/dcp_metadata.h"
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_archive_writer.h"
-#include "nlohmann/json.hpp"
 
 namespace reshard {
 namespace {
@@ -26,7 +25,6 @@ constexpr char kFilesystemModule[] = "torch.distributed.checkpoint.filesystem";
 constexpr char kArchiveTop[] = "archive";
 // OutputFileLayout::metadata key under which Arrange records the global shape of every tensor
 // of the file (a JSON object name -> dims), for `.metadata`.
-constexpr char kGlobalShapesKey[] = "torch-dcp.global_shapes";
 
 // ---- torch's flatten_state_dict on the input's nesting.
 
@@ -374,11 +372,6 @@ absl::StatusOr<std::vector<std::pair<std::string, MetadataEntry>>> CollectEntrie
   };
   for (const OutputFileLayout& file : layout.files) {
     ASSIGN_OR_RETURN(LaidOutFile laid_out, LayOutFile(file), file.name);
-    auto shapes_text = file.metadata.find(kGlobalShapesKey);
-    if (shapes_text == file.metadata.end()) {
-      return absl::InternalError(absl::StrCat(file.name, ": no global shapes were arranged"));
-    }
-    const nlohmann::json shapes = nlohmann::json::parse(shapes_text->second);
     for (const DcpItem& item : laid_out.items) {
       const bool is_tensor = item.tensor >= 0;
       const bool known = index.contains(item.fqn);
@@ -395,7 +388,11 @@ absl::StatusOr<std::vector<std::pair<std::string, MetadataEntry>>> CollectEntrie
         continue;
       }
       const OutputTensor& tensor = file.tensors[item.tensor];
-      const Shape size = shapes.at(tensor.name).get<Shape>();
+      if (tensor.global_shape.empty() && !tensor.region.extent.empty()) {
+        return absl::InternalError(
+            absl::StrCat(file.name, ": \"", tensor.name, "\" has no global shape (not arranged)"));
+      }
+      const Shape& size = tensor.global_shape;
       if (known && (entry.dtype != tensor.dtype || entry.size != size)) {
         return absl::InternalError(
             absl::StrCat("tensor \"", tensor.name, "\": chunks disagree on dtype or global shape"));
@@ -468,9 +465,9 @@ absl::StatusOr<ArrangedOutput> DcpOutput::Arrange(TargetLayout engine_layout,
     OutputFileLayout& file = engine_layout.files[f];
     file.structure = f == 0 ? catalog.structure : nullptr;  // values go to rank 0
     file.metadata.clear();
-    nlohmann::json shapes = nlohmann::json::object();
     std::vector<OutputTensor> kept;
     for (OutputTensor& tensor : file.tensors) {
+      tensor.global_shape = catalog.tensors[tensor.source].shape;
       if (!tensor.written_shape.empty()) {
         return absl::UnimplementedError(absl::StrCat(
             "tensor \"", tensor.name,
@@ -493,11 +490,9 @@ absl::StatusOr<ArrangedOutput> DcpOutput::Arrange(TargetLayout engine_layout,
         continue;
       }
       tensor.alias_of = -1;  // DCP stores every name's data
-      shapes[tensor.name] = catalog.tensors[tensor.source].shape;
       kept.push_back(std::move(tensor));
     }
     file.tensors = std::move(kept);
-    file.metadata[kGlobalShapesKey] = shapes.dump();
   }
   if (!value_tensors.empty()) {
     if (engine_layout.files.empty()) return absl::InternalError("no output file");
