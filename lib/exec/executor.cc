@@ -32,9 +32,14 @@ using Clock = std::chrono::steady_clock;
 
 // Source bytes a worker reads through the mapping before it releases them (see WriteTensor).
 constexpr uint64_t kMappedBytesPerFill = 4 << 20;
-// A worker's spans (SpanReader: two buffers of this): for direct reads (IoMode::kDirect), or
-// only for short rows when the kernel reads ahead (buffered reads).
-uint64_t SpanBytes(IoMode io) { return io == IoMode::kDirect ? 4 << 20 : 1 << 20; }
+// A worker's spans (SpanReader: two buffers of this): 4 MiB when sources are read with direct
+// I/O (kDirect; kAuto for dense sources, see SourcesReadDense), 1 MiB for the short rows of
+// buffered reads. SpanBytes(io) is the most a mode may use (for the memory estimate).
+constexpr uint64_t kDirectSpanBytes = 4 << 20;
+constexpr uint64_t kBufferedSpanBytes = 1 << 20;
+uint64_t SpanBytes(IoMode io) {
+  return io == IoMode::kBuffered ? kBufferedSpanBytes : kDirectSpanBytes;
+}
 
 // The workers that run at once for a plan of `files` files.
 uint64_t ActiveWorkers(const ExecutorOptions& options, size_t files) {
@@ -424,6 +429,28 @@ absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>
   return mapped;
 }
 
+std::vector<bool> SourcesReadDense(const CopyPlan& plan) {
+  std::vector<bool> dense(plan.sources.size(), true);
+  auto add_copy = [&](const TensorCopy& copy) {
+    const uint64_t element_size = DTypeSize(copy.src_dtype);
+    for (const CopyItem& item : copy.items) {
+      const uint64_t elements = item.num_elements();
+      if (elements == 0 || static_cast<size_t>(item.src_file) >= dense.size()) continue;
+      // Dense: the box reads every byte between its first and its last.
+      if (item.src_end(element_size) - item.src_offset != elements * element_size) {
+        dense[item.src_file] = false;
+      }
+    }
+  };
+  for (const FilePlan& file : plan.files) {
+    for (const TensorCopy& copy : file.tensors) {
+      add_copy(copy);
+      for (const TensorCopy& term : copy.mean_terms) add_copy(term);
+    }
+  }
+  return dense;
+}
+
 std::vector<bool> SourcesReadOnce(const CopyPlan& plan) {
   // Per source: the byte ranges its items span, and the bytes they read.
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(plan.sources.size());
@@ -463,13 +490,19 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
   ASSIGN_OR_RETURN(std::vector<MappedFile> sources, MapSources(plan.sources));
   if (options.io != IoMode::kBuffered) {
     const std::vector<bool> read_once = SourcesReadOnce(plan);
+    const std::vector<bool> dense = SourcesReadDense(plan);
     for (size_t s = 0; s < sources.size(); ++s) {
       sources[s].set_drop_behind(read_once[s]);
       // kDirect: contiguous runs are read past the page cache too (strided and gathered
-      // elements still come through the mapping, dropped behind). Not under kAuto: with one
-      // read ahead in flight (SpanReader) it measured 1.33x the wall time of buffered reads,
-      // whose kernel readahead keeps several reads of 8 MiB in flight (docs/benchmarks.md).
-      if (options.io == IoMode::kDirect && !sources[s].EnableDirectReads()) {
+      // elements still come through the mapping, dropped behind). kAuto does the same for
+      // sources read once in whole boxes (a consolidation of whole tensors), where the filesystem
+      // takes it: buffered reads that jump from tensor to tensor restart the kernel's readahead
+      // at small page-cache folios, and cost 1.27x the wall time and 1.6x the CPU of direct
+      // reads into huge-page spans (2 GiB torch.save input). Strided sources (the strips of a
+      // split or a TP merge) stay buffered: read directly they cost 1.30x the wall time.
+      if (options.io == IoMode::kAuto && read_once[s] && dense[s]) {
+        sources[s].EnableDirectReads();  // buffered where the filesystem refuses
+      } else if (options.io == IoMode::kDirect && !sources[s].EnableDirectReads()) {
         return absl::FailedPreconditionError(absl::StrCat("--io direct: the filesystem of ",
                                                           sources[s].path(),
                                                           " refuses direct I/O; use --io auto"));
@@ -488,12 +521,14 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
   std::vector<char> mismatched(plan.files.size(), 0);
   std::vector<char> direct(plan.files.size(), 0);
   std::vector<char> was_reused(plan.files.size(), 0);
+  const bool any_direct_reads = std::any_of(sources.begin(), sources.end(),
+                                            [](const MappedFile& s) { return s.direct_reads(); });
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   auto worker = [&] {
     WindowPipeline::Buffers buffers;  // mapped at the first file this worker writes
     // Direct reads and short rows go through it; its pages are touched only when there are any.
-    SpanReader spans(SpanBytes(options.io));
+    SpanReader spans(any_direct_reads ? kDirectSpanBytes : kBufferedSpanBytes);
     for (size_t f = next++; f < plan.files.size(); f = next++) {
       if (failed.load()) {
         results[f] = absl::CancelledError("stopped after another file failed");

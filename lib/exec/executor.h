@@ -108,6 +108,11 @@ absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>
 // their ranges; a replicated tensor read once per output part keeps its file cached).
 std::vector<bool> SourcesReadOnce(const CopyPlan& plan);
 
+// For each source of `plan`, whether every box read from it is dense (reads all the bytes from
+// its first to its last, as a whole tensor does; the strips of a split do not). IoMode::kAuto
+// reads dense sources read once with direct I/O.
+std::vector<bool> SourcesReadDense(const CopyPlan& plan);
+
 // Writes all files of `plan` into folder `dir` (through its handle only). On error or
 // cancellation no file is left under a final name by this call's unfinished work (finished
 // files stay; the caller's staging folder owns them).

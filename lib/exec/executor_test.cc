@@ -428,6 +428,30 @@ TEST(ExecutorTest, SourcesReadOnceSeesRepeatedReads) {
   EXPECT_EQ(SourcesReadOnce(strips), std::vector<bool>({false}));
 }
 
+TEST(ExecutorTest, SourcesReadDenseTellsWholeBoxesFromStrips) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 57, 181, 97);
+  auto whole = WholeTensorPlan(fixture);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(SourcesReadDense(*whole), std::vector<bool>({true, true}));
+
+  // The strips of a split along the last dimension skip bytes between their rows; a box of
+  // whole rows does not.
+  CopyPlan plan;
+  plan.sources.push_back({"strips.bin", 4 * 100});
+  plan.sources.push_back({"rows.bin", 4 * 100});
+  TensorCopy strip;
+  strip.name = "strip";
+  strip.num_elements = 4 * 5;
+  strip.items.push_back({0, 0, {4, 5}, {10, 1}, 0, {5, 1}});
+  TensorCopy rows;
+  rows.name = "rows";
+  rows.num_elements = 4 * 10;
+  rows.items.push_back({1, 40, {4, 10}, {10, 1}, 0, {10, 1}});
+  plan.files.push_back({"out.bin", {}, {strip, rows}, 240, nullptr, false});
+  EXPECT_EQ(SourcesReadDense(plan), std::vector<bool>({false, true}));
+}
+
 // IoMode::kAuto writes data files with direct I/O (the test folder is on ext4 or xfs) and
 // leaves neither the output nor the input in the page cache; kBuffered leaves both.
 TEST(ExecutorTest, AutoIoLeavesThePageCacheAsItWas) {

@@ -4,8 +4,9 @@
 // makes a same-dtype conversion CPU-bound in the kernel; it also evicts what other jobs of the
 // node had cached. So by default outputs are written with direct I/O (O_DIRECT: the device
 // reads the window buffers, no copy, no cached pages) where the filesystem allows it, inputs
-// are read buffered (the kernel's readahead keeps the device busy), and the pages a conversion
-// read or wrote through the cache are dropped behind it.
+// read in whole tensors are read with direct I/O too, strided inputs (splits) are read buffered
+// (the kernel's readahead keeps the device busy), and the pages a conversion read or wrote
+// through the cache are dropped behind it.
 
 #ifndef RESHARD_LIB_IO_IO_MODE_H_
 #define RESHARD_LIB_IO_IO_MODE_H_
@@ -18,9 +19,10 @@
 namespace reshard {
 
 enum class IoMode {
-  // Direct I/O for outputs where the filesystem takes it (detected per file: tmpfs and some
-  // network filesystems refuse O_DIRECT), buffered otherwise; inputs read buffered; input and
-  // output pages dropped from the page cache behind the conversion.
+  // Direct I/O where the filesystem takes it (detected per file: tmpfs and some network
+  // filesystems refuse O_DIRECT), buffered otherwise: for outputs, and for inputs read once in
+  // whole boxes (SourcesReadDense); strided inputs read buffered; pages read or written through
+  // the page cache dropped from it behind the conversion.
   kAuto,
   // Direct I/O for outputs and for contiguous input runs (the least kernel CPU, no page cache
   // traffic at all), an error naming the file where the filesystem refuses it.
