@@ -32,8 +32,9 @@ using Clock = std::chrono::steady_clock;
 
 // Source bytes a worker reads through the mapping before it releases them (see WriteTensor).
 constexpr uint64_t kMappedBytesPerFill = 4 << 20;
-// A worker's spans (SpanReader: two buffers of this): 4 MiB when sources are read with direct
-// I/O (kDirect; kAuto for dense sources, see SourcesReadDense), 1 MiB for the short rows of
+// A worker's spans (SpanReader: two buffers of this): 4 MiB shared by the active workers when
+// sources are read with direct I/O (kDirect; kAuto for dense sources, see SourcesReadDense), as
+// the window is, so that two workers stay within the memory of one; 1 MiB for the short rows of
 // buffered reads. SpanBytes(io) is the most a mode may use (for the memory estimate).
 constexpr uint64_t kDirectSpanBytes = 4 << 20;
 constexpr uint64_t kBufferedSpanBytes = 1 << 20;
@@ -528,7 +529,10 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
   auto worker = [&] {
     WindowPipeline::Buffers buffers;  // mapped at the first file this worker writes
     // Direct reads and short rows go through it; its pages are touched only when there are any.
-    SpanReader spans(any_direct_reads ? kDirectSpanBytes : kBufferedSpanBytes);
+    SpanReader spans(any_direct_reads
+                         ? std::max(kBufferedSpanBytes,
+                                    kDirectSpanBytes / ActiveWorkers(options, plan.files.size()))
+                         : kBufferedSpanBytes);
     for (size_t f = next++; f < plan.files.size(); f = next++) {
       if (failed.load()) {
         results[f] = absl::CancelledError("stopped after another file failed");

@@ -32,8 +32,10 @@ PageBuffer::PageBuffer(size_t size) : size_(size) {
     data_ = static_cast<char*>(address);
     return;
   }
-  // Huge pages need 2 MiB alignment: map one huge page more and trim both ends.
-  mapped_size_ = RoundUp(size, kHugePage);
+  // Huge pages need 2 MiB alignment: map one huge page more and trim both ends. Only the whole
+  // huge pages of the buffer get the advice: a tail of a few KiB (a span's alignment slack)
+  // stays in small pages instead of costing a whole 2 MiB page of resident memory.
+  mapped_size_ = RoundUp(size, 4096);
   const size_t reserve = mapped_size_ + kHugePage;
   void* address =
       ::mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -45,7 +47,7 @@ PageBuffer::PageBuffer(size_t size) : size_(size) {
   char* const end = aligned + mapped_size_;
   if (base + reserve > end) ::munmap(end, static_cast<size_t>(base + reserve - end));
   // Advice only: without THP the buffer is ordinary pages.
-  ::madvise(aligned, mapped_size_, MADV_HUGEPAGE);
+  ::madvise(aligned, size / kHugePage * kHugePage, MADV_HUGEPAGE);
   data_ = aligned;
 }
 

@@ -29,7 +29,7 @@ class PageBuffer {
  private:
   char* data_ = nullptr;
   size_t size_ = 0;
-  size_t mapped_size_ = 0;  // size_ rounded up to pages (huge pages for large buffers)
+  size_t mapped_size_ = 0;  // size_ rounded up to pages
 };
 
 }  // namespace reshard
