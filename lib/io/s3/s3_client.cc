@@ -222,8 +222,7 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
 
     curl_slist* headers = nullptr;
     headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    headers = curl_slist_append(headers, "Expect:");
-    headers = curl_slist_append(headers, "Content-Type:");
+    headers = curl_slist_append(headers, "Content-Type: application/octet-stream");
     if (!options_.config.credentials.session_token.empty()) {
       headers = curl_slist_append(
           headers, absl::StrCat("x-amz-security-token: ", options_.config.credentials.session_token)
@@ -237,6 +236,8 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4_.c_str());
     curl_easy_setopt(curl, CURLOPT_USERPWD, userpwd_.c_str());
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    // No "Expect:" header to suppress 100-continue: libcurl would sign the empty header.
+    curl_easy_setopt(curl, CURLOPT_EXPECT_100_TIMEOUT_MS, 200L);
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
                      static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
@@ -485,7 +486,13 @@ absl::StatusOr<std::string> S3Client::CompleteMultipartUpload(
   if (XmlText(response->body, "Code").has_value()) {
     return S3ErrorToStatus(ParseS3Error(200, response->body), what);
   }
-  return XmlText(response->body, "ETag").value_or("");
+  std::string etag = XmlText(response->body, "ETag").value_or("");
+  if (etag.empty()) {
+    // Ceph radosgw 16 answers <ETag></ETag>; the object's HEAD has it.
+    ASSIGN_OR_RETURN(S3ObjectInfo info, Head(bucket, key), what);
+    etag = info.etag;
+  }
+  return etag;
 }
 
 absl::Status S3Client::AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
