@@ -21,6 +21,8 @@ packages=(
   # The Python client (clients/python; stubs from protobuf-compiler-grpc's grpc_python_plugin)
   # and a real workflow engine for tests/workflows.
   python3-grpcio python3-protobuf snakemake
+  # S3: libcurl for lib/io/s3 and a real single-host Ceph radosgw for //lib/io/s3:s3_client_rgw_test.
+  libcurl4-openssl-dev ceph-mon ceph-osd radosgw ceph-common uuid-runtime
 )
 
 missing=()

@@ -1,0 +1,31 @@
+#include "lib/io/s3/retry_policy.h"
+
+#include <algorithm>
+
+#include "absl/random/distributions.h"
+
+namespace reshard {
+
+absl::Duration RetryPolicy::BackoffCap(int retry) const {
+  absl::Duration cap = initial_backoff;
+  for (int i = 1; i < retry && cap < max_backoff; ++i) cap *= 2;
+  return std::min(cap, max_backoff);
+}
+
+absl::Duration RetryPolicy::Backoff(int retry, absl::BitGen& gen) const {
+  const double cap_seconds = absl::ToDoubleSeconds(BackoffCap(retry));
+  if (cap_seconds <= 0) return absl::ZeroDuration();
+  return absl::Seconds(absl::Uniform(gen, 0.0, cap_seconds));
+}
+
+bool IsRetryable(const AttemptOutcome& outcome) {
+  if (outcome.transport_error) return true;
+  if (outcome.s3_code == "SlowDown" || outcome.s3_code == "RequestTimeout" ||
+      outcome.s3_code == "InternalError" || outcome.s3_code == "ServiceUnavailable" ||
+      outcome.s3_code == "RequestTimeTooSkewed") {
+    return true;
+  }
+  return outcome.http_status == 429 || outcome.http_status >= 500;
+}
+
+}  // namespace reshard

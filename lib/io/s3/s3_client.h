@@ -1,0 +1,173 @@
+// A thread-safe S3 client over libcurl, signed with libcurl's SigV4 (CURLOPT_AWS_SIGV4).
+//
+// Debian packages no S3 SDK for C++, so this is the small subset reshard needs: object HEAD,
+// range GET into a caller buffer, small PUT, LIST (v2, paginated), DELETE, bucket creation, and
+// multipart uploads. Every call is synchronous; call from several threads to have several
+// requests in flight. Easy handles are pooled so connections and DNS results are reused.
+//
+// Retries: every request is retried (RetryPolicy) on 5xx, 429/SlowDown, timeouts and dropped or
+// truncated connections. All calls here are idempotent or harmless to repeat: GET/HEAD/LIST,
+// PUT of the same bytes, DELETE, UploadPart (per part number), CreateMultipartUpload (a
+// repeat leaves an extra empty upload, which stale-upload cleanup removes), and
+// CompleteMultipartUpload (a repeat after a lost success answers NoSuchUpload, reported as
+// FailedPrecondition "may have completed").
+//
+// Signing pitfalls (see docs/s3.md): the payload is sent unsigned (x-amz-content-sha256:
+// UNSIGNED-PAYLOAD, set here, not by libcurl), and query parameters are written sorted and with
+// a value ("?uploads="), because libcurl 7.88 signs the query string as written.
+//
+// Errors name the operation, the s3:// URL and the S3 error code (S3ErrorToStatus).
+// Sizes from the server are bounded: XML responses are capped (Options), a range GET never
+// writes past the caller's buffer, and a Content-Length beyond S3's 5 TiB limit is DataLoss.
+
+#ifndef RESHARD_LIB_IO_S3_S3_CLIENT_H_
+#define RESHARD_LIB_IO_S3_S3_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "lib/io/s3/retry_policy.h"
+#include "lib/io/s3/s3_config.h"
+
+namespace reshard {
+
+struct S3ObjectInfo {
+  std::string key;
+  uint64_t size = 0;
+  // As the server sent it, quotes included ("\"9b2c...-3\"" for a multipart object).
+  std::string etag;
+};
+
+struct S3UploadInfo {
+  std::string key;
+  std::string upload_id;
+  // ISO 8601, as the server sent it.
+  std::string initiated;
+};
+
+struct S3CompletedPart {
+  int part_number = 0;
+  std::string etag;
+};
+
+// Counters for tests and metrics. Thread safe.
+struct S3ClientStats {
+  uint64_t requests = 0;  // Attempts sent, retries included.
+  uint64_t retries = 0;   // Attempts after the first.
+};
+
+class S3Client {
+ public:
+  struct Options {
+    S3Config config;
+    RetryPolicy retry;
+    // Default: 10 s.
+    absl::Duration connect_timeout = absl::Seconds(10);
+    // A transfer slower than 1 KiB/s for this long is aborted (and retried). Default: 60 s.
+    absl::Duration stall_timeout = absl::Seconds(60);
+    // Cap of XML response bodies (LIST pages, errors, multipart answers). Default: 16 MiB.
+    size_t max_xml_bytes = 16 << 20;
+  };
+
+  // S3 limits for multipart uploads.
+  static constexpr uint64_t kMinPartBytes = 5ull << 20;  // All parts but the last (S3).
+  static constexpr int kMaxParts = 10000;
+  static constexpr uint64_t kMaxObjectBytes = 5ull << 40;
+
+  static absl::StatusOr<std::unique_ptr<S3Client>> Create(Options options);
+  ~S3Client();
+
+  S3Client(const S3Client&) = delete;
+  S3Client& operator=(const S3Client&) = delete;
+
+  // PUT bucket. AlreadyExists when it exists.
+  absl::Status CreateBucket(absl::string_view bucket);
+
+  // Size and ETag of an object. NotFound naming the key when it does not exist.
+  absl::StatusOr<S3ObjectInfo> Head(absl::string_view bucket, absl::string_view key);
+
+  // Reads exactly out.size() bytes at `offset` into `out`. OutOfRange when the range is not
+  // inside the object; DataLoss naming bucket, key and range when the server sent fewer or more
+  // bytes than asked for. An empty `out` sends nothing.
+  absl::Status GetRange(absl::string_view bucket, absl::string_view key, uint64_t offset,
+                        absl::Span<char> out);
+
+  // Uploads a whole (small, at most 5 GiB) object. Returns its ETag.
+  absl::StatusOr<std::string> Put(absl::string_view bucket, absl::string_view key,
+                                  absl::string_view data);
+
+  // Every object whose key starts with `prefix`, in key order, following continuation tokens.
+  // `page_size` (max-keys, 1..1000) is the number of keys per LIST request.
+  absl::StatusOr<std::vector<S3ObjectInfo>> List(absl::string_view bucket, absl::string_view prefix,
+                                                 int page_size = 1000);
+
+  // Deletes an object; deleting a missing key succeeds (as S3 does).
+  absl::Status Delete(absl::string_view bucket, absl::string_view key);
+
+  // Starts a multipart upload; `metadata` becomes x-amz-meta-<name> headers of the finished
+  // object (e.g. {"reshard-job": id} so a rerun can recognize outputs it made). Returns the
+  // upload id.
+  absl::StatusOr<std::string> CreateMultipartUpload(
+      absl::string_view bucket, absl::string_view key,
+      const std::map<std::string, std::string>& metadata = {});
+
+  // Uploads part `part_number` (1..10000). Returns the part's ETag. Retried like any call.
+  absl::StatusOr<std::string> UploadPart(absl::string_view bucket, absl::string_view key,
+                                         absl::string_view upload_id, int part_number,
+                                         absl::string_view data);
+
+  // Completes an upload from its parts (ascending part numbers). Returns the object's ETag.
+  absl::StatusOr<std::string> CompleteMultipartUpload(absl::string_view bucket,
+                                                      absl::string_view key,
+                                                      absl::string_view upload_id,
+                                                      const std::vector<S3CompletedPart>& parts);
+
+  absl::Status AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
+                                    absl::string_view upload_id);
+
+  // Unfinished multipart uploads whose key starts with `prefix` (paginated internally).
+  absl::StatusOr<std::vector<S3UploadInfo>> ListMultipartUploads(absl::string_view bucket,
+                                                                 absl::string_view prefix);
+
+  S3ClientStats stats() const;
+
+  struct Request;
+  struct Response;
+
+ private:
+  explicit S3Client(Options options);
+
+  // Sends `request` with retries; a non-2xx final answer becomes a status naming `what`.
+  absl::StatusOr<Response> Send(const Request& request, absl::string_view what);
+  std::string Url(absl::string_view bucket, absl::string_view key, absl::string_view query) const;
+
+  void* TakeHandle();
+  void ReturnHandle(void* handle);
+
+  const Options options_;
+  const std::string userpwd_;
+  const std::string sigv4_;
+  absl::Mutex mu_;
+  std::vector<void*> idle_handles_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> requests_{0};
+  std::atomic<uint64_t> retries_{0};
+};
+
+// Percent-encodes `text` for a URL path (keep_slash) or a query value, per SigV4 (unreserved
+// characters A-Z a-z 0-9 - _ . ~ kept, everything else %XX uppercase).
+std::string S3UriEncode(absl::string_view text, bool keep_slash);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_IO_S3_S3_CLIENT_H_
