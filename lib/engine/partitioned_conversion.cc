@@ -28,6 +28,7 @@
 #include "lib/io/atomic_file.h"
 #include "lib/io/directory.h"
 #include "lib/io/file_access.h"
+#include "lib/io/mapped_file.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/layout_builders.h"
 #include "nlohmann/json.hpp"
@@ -50,17 +51,11 @@ double SecondsSince(Clock::time_point start) {
 
 namespace fs = std::filesystem;
 
-std::string NormalizePath(const std::string& path) {
-  std::string result = fs::path(path).lexically_normal().string();
-  while (result.size() > 1 && result.back() == '/') result.pop_back();
-  return result;
-}
-
 // Every worker must name the same folders, wherever it was started from.
 std::string AbsolutePath(const std::string& path) {
   std::error_code error;
   const fs::path absolute = fs::absolute(path, error);
-  return NormalizePath(error ? path : absolute.string());
+  return NormalizeOutputPath(error ? path : absolute.string());
 }
 
 struct OutputPlace {
@@ -70,17 +65,13 @@ struct OutputPlace {
 };
 
 absl::StatusOr<OutputPlace> PlaceOf(const std::string& output_dir) {
-  const fs::path out(NormalizePath(output_dir));
-  OutputPlace place;
-  place.parent = out.parent_path().string();
-  if (place.parent.empty()) place.parent = ".";
-  place.name = out.filename().string();
-  if (!CheckPlainName(place.name).ok()) {
+  const OutputLocation location = SplitOutputPath(output_dir);
+  if (!CheckPlainName(location.name).ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("output ", output_dir, " does not end in a folder name"));
   }
-  place.area_name = absl::StrCat(".", place.name, ".reshard-partitions");
-  return place;
+  return OutputPlace{location.parent, location.name,
+                     absl::StrCat(".", location.name, ".reshard-partitions")};
 }
 
 std::string RecordName(int index, int count) {
@@ -93,7 +84,7 @@ std::string JournalName(int index, int count) {
 std::string Hex(uint64_t value) { return absl::StrFormat("%016x", value); }
 
 // Writes `contents` under `name` in `dir` unless the name exists (AlreadyExists then): written
-// under a unique temporary name, synced, then link(2)ed to `name`, which is atomic on local
+// and synced under a unique temporary name, then link(2)ed to `name`, which is atomic on local
 // filesystems, NFS and Lustre alike, and never replaces an existing file.
 absl::Status CreateExclusively(const Directory& dir, const std::string& name,
                                absl::string_view contents) {
@@ -102,25 +93,7 @@ absl::Status CreateExclusively(const Directory& dir, const std::string& name,
   ::gethostname(host, sizeof(host) - 1);
   const std::string temp = absl::StrCat(name, ".", host, ".", ::getpid(), ".", counter.fetch_add(1),
                                         ".", std::random_device()(), ".tmp");
-  ASSIGN_OR_RETURN(int fd, dir.OpenFile(temp, O_WRONLY | O_CREAT | O_EXCL, 0644));
-  absl::Status written = absl::OkStatus();
-  for (size_t done = 0; done < contents.size();) {
-    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      written = ErrnoToStatus(errno, absl::StrCat("writing ", dir.PathOf(temp)));
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (written.ok() && ::fsync(fd) != 0) {
-    written = ErrnoToStatus(errno, absl::StrCat("syncing ", dir.PathOf(temp)));
-  }
-  ::close(fd);
-  if (!written.ok()) {
-    dir.RemoveFile(temp).IgnoreError();
-    return written;
-  }
+  RETURN_IF_ERROR(WriteFileAtomically(dir, temp, contents));
   const int linked = ::linkat(dir.fd(), temp.c_str(), dir.fd(), name.c_str(), 0);
   const int link_error = errno;
   RETURN_IF_ERROR(dir.RemoveFile(temp));
@@ -133,33 +106,17 @@ absl::Status CreateExclusively(const Directory& dir, const std::string& name,
   return dir.Sync();
 }
 
-absl::StatusOr<std::string> ReadSmallFileIn(const Directory& dir, const std::string& name) {
-  ASSIGN_OR_RETURN(int fd, dir.OpenFile(name, O_RDONLY | O_NONBLOCK));
-  std::string contents;
-  char buffer[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      return ErrnoToStatus(error, absl::StrCat("reading ", dir.PathOf(name)));
-    }
-    if (n == 0) break;
-    contents.append(buffer, static_cast<size_t>(n));
-    if (contents.size() > kMaxRecordBytes) {
-      ::close(fd);
-      return absl::DataLossError(absl::StrCat(dir.PathOf(name), " is larger than ", kMaxRecordBytes,
-                                              " bytes; not a reshard record"));
-    }
-  }
-  ::close(fd);
-  return contents;
-}
-
 absl::StatusOr<OrderedJson> ReadJsonIn(const Directory& dir, const std::string& name) {
-  ASSIGN_OR_RETURN(std::string text, ReadSmallFileIn(dir, name));
-  OrderedJson json = OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  ASSIGN_OR_RETURN(int fd, dir.OpenFile(name, O_RDONLY | O_NONBLOCK));
+  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Adopt(fd, dir.PathOf(name)));
+  if (file.size() > kMaxRecordBytes) {
+    return absl::DataLossError(absl::StrCat(dir.PathOf(name), " is larger than ", kMaxRecordBytes,
+                                            " bytes; not a reshard record"));
+  }
+  const char* text = reinterpret_cast<const char*>(file.data());
+  OrderedJson json = file.size() == 0 ? OrderedJson()
+                                      : OrderedJson::parse(text, text + file.size(), nullptr,
+                                                           /*allow_exceptions=*/false);
   if (!json.is_object()) {
     return absl::DataLossError(absl::StrCat(dir.PathOf(name), " is not a JSON object"));
   }
@@ -362,7 +319,7 @@ absl::StatusOr<ConversionResult> Publish(const Area& area, const Split& split,
                      absl::StrCat("partition ", i, "'s record"));
   }
   ConversionResult result;
-  result.output = NormalizePath(spec.output);
+  result.output = NormalizeOutputPath(spec.output);
   for (size_t f = 0; f < planned.plan.files.size(); ++f) {
     const FilePlan& file = planned.plan.files[f];
     const FileRecords& record = records[assignment[f]];
@@ -438,7 +395,7 @@ absl::StatusOr<ConversionResult> Publish(const Area& area, const Split& split,
 // The result of a worker that finds the output already published by its split.
 ConversionResult AlreadyPublished(const ConversionSpec& spec, int count) {
   ConversionResult result;
-  result.output = NormalizePath(spec.output);
+  result.output = NormalizeOutputPath(spec.output);
   result.found_published = true;
   result.published = true;
   result.partition_index = spec.partition_index;
@@ -543,7 +500,7 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   TestFaultPoint("partition-recorded", control.cancelled);
 
   ConversionResult result;
-  result.output = NormalizePath(spec.output);
+  result.output = NormalizeOutputPath(spec.output);
   result.plan_seconds = plan_seconds;
   result.data_files_seconds = SecondsSince(write_start);
   RecordExecution(executed, result);

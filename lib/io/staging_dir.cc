@@ -39,26 +39,9 @@ absl::Status RemovePartialFiles(const Directory& dir, int depth) {
 
 namespace fs = std::filesystem;
 
-std::string Normalize(const std::string& path) {
-  std::string result = fs::path(path).lexically_normal().string();
-  while (result.size() > 1 && result.back() == '/') result.pop_back();
-  return result;
-}
-
 // The staging folder's name for output folder `output_name`.
 std::string StagingName(const std::string& output_name) {
   return absl::StrCat(".", output_name, ".reshard-staging");
-}
-
-// An output folder split into its parent ("." when none) and its name.
-struct OutputLocation {
-  std::string parent;
-  std::string name;
-};
-OutputLocation SplitOutput(const std::string& output_dir) {
-  const fs::path out(Normalize(output_dir));
-  std::string parent = out.parent_path().string();
-  return {parent.empty() ? "." : parent, out.filename().string()};
 }
 
 // flock of an open folder; false with errno EWOULDBLOCK when another process holds it.
@@ -86,24 +69,36 @@ absl::Status CheckOutputUsableAt(const Directory& parent, const std::string& nam
 
 }  // namespace
 
+std::string NormalizeOutputPath(const std::string& path) {
+  std::string result = fs::path(path).lexically_normal().string();
+  while (result.size() > 1 && result.back() == '/') result.pop_back();
+  return result;
+}
+
+OutputLocation SplitOutputPath(const std::string& output_dir) {
+  const fs::path out(NormalizeOutputPath(output_dir));
+  std::string parent = out.parent_path().string();
+  return {parent.empty() ? "." : parent, out.filename().string()};
+}
+
 std::string StagingPathFor(const std::string& output_dir) {
-  const OutputLocation out = SplitOutput(output_dir);
+  const OutputLocation out = SplitOutputPath(output_dir);
   return (fs::path(out.parent) / StagingName(out.name)).string();
 }
 
 absl::Status CheckOutputDirUsable(const std::string& output_dir) {
-  const OutputLocation out = SplitOutput(output_dir);
+  const OutputLocation out = SplitOutputPath(output_dir);
   absl::StatusOr<Directory> parent = OpenExistingFolder(out.parent);
   if (absl::IsNotFound(parent.status())) return absl::OkStatus();  // created when publishing
   if (!parent.ok()) return parent.status();
-  return CheckOutputUsableAt(*parent, out.name, Normalize(output_dir));
+  return CheckOutputUsableAt(*parent, out.name, NormalizeOutputPath(output_dir));
 }
 
 absl::StatusOr<StagingDir> StagingDir::Create(const std::string& output_dir,
                                               const StagingOptions& options) {
   if (output_dir.empty()) return absl::InvalidArgumentError("empty output folder name");
-  const std::string out = Normalize(output_dir);
-  const OutputLocation location = SplitOutput(out);
+  const std::string out = NormalizeOutputPath(output_dir);
+  const OutputLocation location = SplitOutputPath(out);
   StagingDir staging;
   staging.output_dir_ = out;
   staging.output_name_ = location.name;

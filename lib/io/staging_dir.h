@@ -85,6 +85,17 @@ class StagingDir {
 // The staging folder name used for `output_dir`.
 std::string StagingPathFor(const std::string& output_dir);
 
+// `path` lexically normalized ("a/./b/" -> "a/b"), without trailing slashes.
+std::string NormalizeOutputPath(const std::string& path);
+
+// An output folder split into its parent ("." when none) and its name (the last component,
+// which may be empty or "..": callers check it with CheckPlainName).
+struct OutputLocation {
+  std::string parent;
+  std::string name;
+};
+OutputLocation SplitOutputPath(const std::string& output_dir);
+
 }  // namespace reshard
 
 #endif  // RESHARD_LIB_IO_STAGING_DIR_H_
