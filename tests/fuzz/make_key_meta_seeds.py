@@ -37,6 +37,15 @@ def main(olmo_dir, colossal_dir):
         doc = {"checkpoint_version": "1.0", "total_size": None, "metadata": meta}
         with open(os.path.join(colossal_dir, "meta-%d.json" % tp_rank), "w") as f:
             json.dump(doc, f, indent=4)
+    # An uneven split leaves the last of three ranks no rows: a box with a zero length, which
+    # covers nothing (a crash the fuzzer found once, in its own invariant check).
+    doc = {"checkpoint_version": "1.0", "total_size": None,
+           "metadata": {"tiny.weight": {"offsets": [2, 0], "lengths": [0, 16],
+                                        "global_shape": [2, 16],
+                                        "file": "/ckpt/pytorch_model-dist-00002.bin",
+                                        "rank": 2}}}
+    with open(os.path.join(colossal_dir, "meta-empty.json"), "w") as f:
+        json.dump(doc, f, indent=4)
 
 
 if __name__ == "__main__":

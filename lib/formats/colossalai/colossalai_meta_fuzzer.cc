@@ -25,7 +25,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto hole = reshard::FindUncoveredBox(param.global_shape, {box}, 4096);
     if (!hole.has_value()) continue;
     if (hole->rank() != box.rank()) std::abort();
+    // A box with no elements (a zero length, as an uneven split can give a rank) is disjoint
+    // from every hole; a 0-d box holds the one element and leaves no hole.
     bool disjoint = box.rank() == 0;
+    for (size_t d = 0; d < box.rank(); ++d) disjoint |= box.extent[d] == 0;
     for (size_t d = 0; d < box.rank(); ++d) {
       if (hole->origin[d] < 0 || hole->extent[d] <= 0 ||
           hole->origin[d] + hole->extent[d] > param.global_shape[d]) {

@@ -75,6 +75,13 @@ TEST(ColossalMetaTest, FindsTheHoleAMissingRankLeaves) {
   hole = FindUncoveredBox({4, 4}, {B({0, 0}, {2, 2}), B({0, 2}, {2, 2}), B({2, 0}, {2, 2})});
   ASSERT_TRUE(hole.has_value());
   EXPECT_EQ(BoxRanges(*hole), "[2, 4) x [2, 4)");
+  // A box of zero length (a rank that holds no rows) covers nothing: the hole is the rest.
+  hole = FindUncoveredBox({16, 16}, {B({0, 8}, {16, 0})});
+  ASSERT_TRUE(hole.has_value());
+  EXPECT_EQ(BoxRanges(*hole), "[0, 16) x [0, 16)");
+  hole = FindUncoveredBox({16, 16}, {B({0, 0}, {16, 8}), B({0, 8}, {16, 0})});
+  ASSERT_TRUE(hole.has_value());
+  EXPECT_EQ(BoxRanges(*hole), "[0, 16) x [8, 16)");
   // Complete tilings, overlapping ones, empty tensors, 0-d tensors.
   EXPECT_FALSE(FindUncoveredBox({4, 4}, {B({0, 0}, {2, 4}), B({2, 0}, {2, 4})}).has_value());
   EXPECT_FALSE(FindUncoveredBox({4}, {B({0}, {3}), B({1}, {3})}).has_value());
