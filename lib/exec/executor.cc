@@ -216,7 +216,8 @@ class FileWriter {
       WindowPipeline pipeline(exact, buffers_);
       pipeline_ = &pipeline;
       checksums_.assign(plan_.tensors.size(), 0);
-      for (const FramingSegment& segment : plan_.segments) {
+      for (size_t s = 0; s < plan_.segments.size(); ++s) {
+        const FramingSegment& segment = plan_.segments[s];
         if (segment.kind == FramingSegment::Kind::kBytes) {
           RETURN_IF_ERROR(AppendBytes(segment.bytes));
           continue;
@@ -232,7 +233,14 @@ class FileWriter {
           continue;
         }
         const TensorCopy& copy = plan_.tensors[segment.tensor];
-        RETURN_IF_ERROR(WriteTensor(copy, &checksums_[segment.tensor]),
+        // The next tensor's first run is read ahead while this one's last is copied.
+        SpanReader::Run following;
+        for (size_t n = s + 1; n < plan_.segments.size(); ++n) {
+          if (plan_.segments[n].kind != FramingSegment::Kind::kTensor) continue;
+          following = TensorFiller::FirstRun(plan_.tensors[plan_.segments[n].tensor]);
+          break;
+        }
+        RETURN_IF_ERROR(WriteTensor(copy, following, &checksums_[segment.tensor]),
                         absl::StrCat("writing tensor \"", copy.name, "\""));
         ++pending_tensors_;
       }
@@ -276,8 +284,10 @@ class FileWriter {
   }
 
   // Writes the tensor's data; `crc32` accumulates its CRC-32 when the framing needs it.
-  absl::Status WriteTensor(const TensorCopy& copy, uint32_t* crc32) {
+  absl::Status WriteTensor(const TensorCopy& copy, const SpanReader::Run& following,
+                           uint32_t* crc32) {
     TensorFiller filler(copy, sources_, source_checksums_, &spans_);
+    filler.set_following(following);
     std::vector<std::unique_ptr<TensorFiller>> term_fillers;  // OutputTensor::mean_of
     for (const TensorCopy& term : copy.mean_terms) {
       term_fillers.push_back(std::make_unique<TensorFiller>(term, sources_, source_checksums_));

@@ -50,8 +50,8 @@ void SpanReader::HelperLoop() {
 }
 
 absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>& sources, int file,
-                                                  uint64_t offset, uint64_t length,
-                                                  uint64_t limit) {
+                                                  uint64_t offset, uint64_t length, uint64_t limit,
+                                                  const Run* next) {
   const MappedFile* const source = &sources[file];
   if (current_.Holds(source, offset, length)) {
     return Bytes{current_.data + (offset - current_.begin), current_.end - offset};
@@ -63,6 +63,8 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
     if (requested_ && ahead_status_.ok() && ahead_.Holds(source, offset, length)) {
       current_ = ahead_;
       from_ahead = true;
+    } else if (requested_) {
+      ++reads_ahead_unused_;
     }
     requested_ = false;
     done_ = false;
@@ -75,16 +77,28 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
     ASSIGN_OR_RETURN(current_, Read(*source, offset, end, current_.buffer));
     ++reads_waited_;
   }
-  // The next span of the file, read while this one is consumed (the kernel reads ahead for
+  // What the caller reads next, read while this span is consumed (the kernel reads ahead for
   // buffered sources).
-  if (source->direct_reads() && current_.end < source->size()) {
+  const MappedFile* ahead_source = source;
+  uint64_t ahead_begin = std::max(current_.begin, current_.end - std::min(current_.end, overlap()));
+  uint64_t ahead_end = std::min(source->size(), ahead_begin + capacity_);
+  if (next != nullptr) {
+    if (current_.end < limit) {
+      ahead_end = std::min(ahead_end, limit);
+    } else if (next->file >= 0 && static_cast<size_t>(next->file) < sources.size()) {
+      ahead_source = &sources[next->file];
+      ahead_begin = next->offset;
+      ahead_end = std::min({ahead_source->size(), next->limit, next->offset + capacity_});
+    } else {
+      ahead_end = ahead_begin;  // nothing follows
+    }
+  }
+  if (ahead_source->direct_reads() && ahead_begin < ahead_end &&
+      !(ahead_source == source && ahead_end <= current_.end)) {
     // Started at the first read ahead: buffered sources never need it.
     if (!helper_.joinable()) helper_ = std::thread([this] { HelperLoop(); });
-    const uint64_t begin =
-        std::max(current_.begin, current_.end - std::min(current_.end, overlap()));
     absl::MutexLock lock(&mu_);
-    ahead_ = Span{source, begin, std::min(source->size(), begin + capacity_), nullptr,
-                  1 - current_.buffer};
+    ahead_ = Span{ahead_source, ahead_begin, ahead_end, nullptr, 1 - current_.buffer};
     ahead_status_ = absl::OkStatus();
     requested_ = true;
     done_ = false;

@@ -12,6 +12,7 @@
 #ifndef RESHARD_LIB_EXEC_SPAN_READER_H_
 #define RESHARD_LIB_EXEC_SPAN_READER_H_
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -37,10 +38,14 @@ class SpanReader {
   SpanReader& operator=(const SpanReader&) = delete;
 
   // The most bytes one Get may ask for. Spans are read ahead from overlap() bytes before the
-  // end of the current one, so that a request shorter than that which straddles the end (a
-  // row cut by it) is in the span read ahead; a run read in pieces of capacity() is too.
+  // end of the current one, so that a request shorter than that which straddles the end (an
+  // element cut by it) is in the span read ahead; a run read in pieces of capacity() is too.
+  // One direct-read block: a direct read starts at a block boundary anyway, so the overlap
+  // costs at most that block again (a sixteenth of every span was read twice before).
   uint64_t capacity() const { return capacity_ - overlap(); }
-  uint64_t overlap() const { return capacity_ / 16; }
+  uint64_t overlap() const {
+    return std::min<uint64_t>(capacity_ / 16, MappedFile::kDirectAlignment);
+  }
 
   // Source bytes from `offset` on, at least `length`: all that the span holding them has.
   struct Bytes {
@@ -48,20 +53,36 @@ class SpanReader {
     uint64_t size = 0;
   };
 
+  // Source bytes a caller will ask for next: [offset, limit) of sources[file].
+  struct Run {
+    int file = -1;  // none
+    uint64_t offset = 0;
+    uint64_t limit = 0;
+  };
+
   // The bytes [offset, offset + length) of `sources[file]` (length <= capacity()) and those
   // that follow them in the same span, valid until the next call. A caller that consumes what
   // it is given and asks again from there reads a file front to back without waiting for a
   // read after the first. Unless the current or the read-ahead span holds them, reads the span
   // [offset, max(offset + length, min(limit, offset + span size))). Then, for a source read
-  // directly, reads the span after the current one ahead (overlapping it by overlap()).
+  // directly, reads ahead:
+  //   * without `next`, the span after the current one in the same file (overlapping it by
+  //     overlap()), whatever `limit` says;
+  //   * with `next` (the run the caller reads once it reaches `limit`), the span after the
+  //     current one up to `limit` while the current one ends before it, then the first span of
+  //     `next`. A caller gathering runs from several files (a ZeRO-3 parameter is one run in
+  //     each rank's file) thus has the next run read while it copies this one, and no span is
+  //     read that it will not use.
   // Errors name the file and offset.
   // `sources` must outlive the reader. Not thread safe: one worker calls it.
   absl::StatusOr<Bytes> Get(const std::vector<MappedFile>& sources, int file, uint64_t offset,
-                            uint64_t length, uint64_t limit);
+                            uint64_t length, uint64_t limit, const Run* next = nullptr);
 
   // Spans read on the worker's thread, and spans the helper had read ahead when they were needed.
   uint64_t reads_waited() const { return reads_waited_; }
   uint64_t reads_ahead_used() const { return reads_ahead_used_; }
+  // Spans read ahead that the next Get did not ask for (read for nothing).
+  uint64_t reads_ahead_unused() const { return reads_ahead_unused_; }
 
  private:
   struct Span {
@@ -89,6 +110,7 @@ class SpanReader {
   Span current_;  // the worker's; its buffer is not the read-ahead's
   uint64_t reads_waited_ = 0;
   uint64_t reads_ahead_used_ = 0;
+  uint64_t reads_ahead_unused_ = 0;
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -77,6 +77,54 @@ TEST_F(SpanReaderTest, RandomReadsReturnTheBytes) {
   }
 }
 
+// A ZeRO-3 parameter: one run in each rank's file, the runs of the next parameter following
+// them in the same files. Told the run that follows, the reader reads each next run while the
+// current one is copied: one read waited for in all, none read for nothing.
+TEST_F(SpanReaderTest, GatheredRunsAreReadAheadAcrossFiles) {
+  ASSERT_TRUE(sources_[1].EnableDirectReads());
+  SpanReader reader(kSpan);
+  // (file, begin, end) in the order they are copied.
+  const uint64_t half = 3 * kSpan / 2 + 40;
+  const std::vector<SpanReader::Run> runs = {
+      {0, 0, half}, {1, 0, half}, {0, half, 3 * kSpan}, {1, half, 3 * kSpan}};
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const SpanReader::Run next = r + 1 < runs.size() ? runs[r + 1] : SpanReader::Run{};
+    for (uint64_t offset = runs[r].offset; offset < runs[r].limit; offset += 4) {
+      auto bytes = reader.Get(sources_, runs[r].file, offset, 4, runs[r].limit, &next);
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      ASSERT_GE(bytes->size, 4u);
+      ASSERT_EQ(std::memcmp(bytes->data, data_[runs[r].file].data() + offset, 4), 0)
+          << "run " << r << " offset " << offset;
+      offset += (std::min(bytes->size, runs[r].limit - offset) - 4) & ~uint64_t{3};
+    }
+  }
+  EXPECT_EQ(reader.reads_waited(), 1u);
+  EXPECT_EQ(reader.reads_ahead_unused(), 0u);
+  EXPECT_GE(reader.reads_ahead_used(), 7u);
+}
+
+// Hints that are wrong (another file, another offset, past the end) cost reads, never bytes.
+TEST_F(SpanReaderTest, WrongHintsReturnTheBytes) {
+  ASSERT_TRUE(sources_[1].EnableDirectReads());
+  SpanReader reader(kSpan);
+  std::mt19937_64 random(11);
+  for (int i = 0; i < 2000; ++i) {
+    const int file = static_cast<int>(random() % 2);
+    const uint64_t size = data_[file].size();
+    const uint64_t offset = random() % size;
+    const uint64_t length = 1 + random() % std::min<uint64_t>(kSpan, size - offset);
+    const uint64_t limit = std::min(size, offset + length + random() % (2 * kSpan));
+    const int next_file = static_cast<int>(random() % 3) - 1;  // -1: nothing follows
+    const uint64_t next_offset = random() % (size + 100);
+    const SpanReader::Run next{next_file, next_offset, next_offset + random() % (2 * kSpan)};
+    auto bytes = reader.Get(sources_, file, offset, length, limit, &next);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    ASSERT_GE(bytes->size, length);
+    ASSERT_LE(offset + bytes->size, size);
+    EXPECT_EQ(std::memcmp(bytes->data, data_[file].data() + offset, bytes->size), 0);
+  }
+}
+
 // A file truncated underneath: DataLoss naming it, from the read ahead as from the worker's.
 TEST_F(SpanReaderTest, TruncatedSourceIsDataLoss) {
   SpanReader reader(kSpan);

@@ -90,8 +90,14 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
         bool mapped = false;
         if (through_span) {
           // Direct reads, converted runs, short rows: through a span, converted on the way out.
-          RETURN_IF_ERROR(
-              CopyThroughSpan(item.src_file, src_byte, to - from, item_src_end_[i], destination));
+          // The item after this one is read next (items are filled in order), then the
+          // next tensor.
+          SpanReader::Run next = following_;
+          if (i + 1 < copy_.items.size() && !cursors_[i + 1].done) {
+            next = {copy_.items[i + 1].src_file, cursors_[i + 1].row_src, item_src_end_[i + 1]};
+          }
+          RETURN_IF_ERROR(CopyThroughSpan(item.src_file, src_byte, to - from, item_src_end_[i],
+                                          next, destination));
           bytes_read_ += src_span;
         } else if (same_dtype && src_stride == 1) {
           RETURN_IF_ERROR(source.ReadAt(src_byte, src_span, destination));
@@ -140,12 +146,13 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
 }
 
 absl::Status TensorFiller::CopyThroughSpan(int file, uint64_t offset, int64_t count,
-                                           uint64_t item_end, std::byte* out) {
+                                           uint64_t item_end, const SpanReader::Run& next,
+                                           std::byte* out) {
   while (count > 0) {
     // Whatever the span holds from here: the next Get starts where it ends, which is where
     // the span read ahead begins.
     ASSIGN_OR_RETURN(SpanReader::Bytes span,
-                     spans_->Get(sources_, file, offset, src_element_size_, item_end));
+                     spans_->Get(sources_, file, offset, src_element_size_, item_end, &next));
     const int64_t n = std::min(count, static_cast<int64_t>(span.size / src_element_size_));
     const uint64_t bytes = static_cast<uint64_t>(n) * src_element_size_;
     const std::byte* data = span.data;
@@ -156,6 +163,15 @@ absl::Status TensorFiller::CopyThroughSpan(int file, uint64_t offset, int64_t co
     count -= n;
   }
   return absl::OkStatus();
+}
+
+SpanReader::Run TensorFiller::FirstRun(const TensorCopy& copy) {
+  const size_t element_size = DTypeSize(copy.src_dtype);
+  for (const CopyItem& item : copy.items) {
+    if (std::find(item.extent.begin(), item.extent.end(), 0) != item.extent.end()) continue;
+    return {item.src_file, item.src_offset, item.src_end(element_size)};
+  }
+  return {};
 }
 
 void TensorFiller::ReleaseConsumed() {

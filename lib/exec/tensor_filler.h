@@ -43,6 +43,13 @@ class TensorFiller {
   // Precondition: ranges are consecutive, front to back.
   absl::Status Fill(int64_t begin, int64_t end, std::byte* out);
 
+  // The first source run a filler of `copy` reads (its first item's), for a SpanReader to read
+  // ahead; file -1 when it reads nothing.
+  static SpanReader::Run FirstRun(const TensorCopy& copy);
+  // The run read after this tensor's last (the next tensor's FirstRun): read ahead while the
+  // last run of this one is copied.
+  void set_following(SpanReader::Run run) { following_ = run; }
+
   // Hands back to the kernel the source pages read since the last call (MappedFile::Release),
   // and drops the bytes read from the page cache where the source drops behind (DropCached).
   void ReleaseConsumed();
@@ -70,13 +77,15 @@ class TensorFiller {
   // Converts `count` contiguous source elements at `offset` of `file` into `out` through the
   // SpanReader, a span at a time, telling the checksums what was read; `item_end` bounds the
   // span read when the bytes are not in one already.
+  // `next` is the run read after this item's (SpanReader::Get).
   absl::Status CopyThroughSpan(int file, uint64_t offset, int64_t count, uint64_t item_end,
-                               std::byte* out);
+                               const SpanReader::Run& next, std::byte* out);
 
   const TensorCopy& copy_;
   const std::vector<MappedFile>& sources_;
   SourceChecksums* const checksums_;
   std::vector<Cursor> cursors_;
+  SpanReader::Run following_;
   std::vector<Touched> touched_;          // per source file: mapped bytes since the last release
   std::vector<Touched> read_run_;         // per source file: the contiguous run of bytes read last
   std::vector<uint64_t> item_src_end_;    // per item: the end of the source bytes it reads
