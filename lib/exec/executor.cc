@@ -511,8 +511,11 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
       // at small page-cache folios, and cost 1.27x the wall time and 1.6x the CPU of direct
       // reads into huge-page spans (2 GiB torch.save input). Strided sources (the strips of a
       // split or a TP merge) stay buffered: read directly they cost 1.30x the wall time.
-      if (options.io == IoMode::kAuto && read_once[s] && dense[s]) {
+      // A source read once but not all in whole boxes (a split: tensors cut by rows and by
+      // columns) has its dense boxes read directly and its strips buffered.
+      if (options.io == IoMode::kAuto && read_once[s]) {
         sources[s].EnableDirectReads();  // buffered where the filesystem refuses
+        sources[s].set_direct_reads_dense_only(!dense[s]);
       } else if (options.io == IoMode::kDirect && !sources[s].EnableDirectReads()) {
         return absl::FailedPreconditionError(absl::StrCat("--io direct: the filesystem of ",
                                                           sources[s].path(),

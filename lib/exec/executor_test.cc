@@ -452,6 +452,56 @@ TEST(ExecutorTest, SourcesReadDenseTellsWholeBoxesFromStrips) {
   EXPECT_EQ(SourcesReadDense(plan), std::vector<bool>({false, true}));
 }
 
+// A split under --io auto: the sources are read once, but in boxes of whole rows (read
+// directly) and in strips of rows (buffered, MappedFile::set_direct_reads_dense_only). Every
+// output is the box it asked for, whatever the window and the number of workers.
+TEST(ExecutorTest, SplitReadsRowBoxesDirectlyAndStripsBuffered) {
+  const std::string src = MakeTempDir("src");
+  const int64_t rows = 300, cols = 181, split = 97;
+  Fixture fixture = MakeSource(src, rows, cols, split);
+  const int64_t half = rows / 2;
+  const Box top{{0, 0}, {half, cols}};  // whole rows of both sources
+  // Strips: of a.bin; of a.bin and b.bin; of b.bin.
+  const Box bottom_left{{half, 0}, {rows - half, 3}};
+  const Box bottom_mid{{half, 3}, {rows - half, split}};
+  const Box bottom_right{{half, split + 3}, {rows - half, cols - split - 3}};
+  TargetLayout layout;
+  std::vector<FileFraming> framings;
+  std::vector<std::string> expected;
+  for (const auto& [name, box] : {std::pair<std::string, Box>{"top.bin", top},
+                                  {"bottom_left.bin", bottom_left},
+                                  {"bottom_mid.bin", bottom_mid},
+                                  {"bottom_right.bin", bottom_right}}) {
+    layout.files.push_back({name, {{"w", 0, box, DType::kF32}}, {}});
+    FileFraming framing;
+    framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
+    framings.push_back(framing);
+    expected.push_back(Expected(box, DType::kF32));
+  }
+  auto plan = BuildCopyPlan(fixture.catalog, layout, framings);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // The path under test: read once, not all in whole boxes.
+  ASSERT_EQ(SourcesReadOnce(*plan), std::vector<bool>({true, true}));
+  ASSERT_EQ(SourcesReadDense(*plan), std::vector<bool>({false, false}));
+  for (uint64_t window : {uint64_t{4096}, uint64_t{32} << 20}) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(absl::StrCat("window ", window, " threads ", threads));
+      const std::string out = MakeTempDir("out");
+      ExecutorOptions options;
+      options.threads = threads;
+      options.window_bytes = window;
+      options.io = IoMode::kAuto;
+      auto result = Execute(*plan, OutputDir(out), options);
+      ASSERT_TRUE(result.ok()) << result.status();
+      for (size_t f = 0; f < expected.size(); ++f) {
+        EXPECT_TRUE(ReadAll(out + "/" + layout.files[f].name) == expected[f])
+            << layout.files[f].name << " differs from the direct computation";
+      }
+      EXPECT_EQ(result->bytes_read, static_cast<uint64_t>(rows * cols * 4));
+    }
+  }
+}
+
 // IoMode::kAuto writes data files with direct I/O (the test folder is on ext4 or xfs) and
 // leaves neither the output nor the input in the page cache; kBuffered leaves both.
 TEST(ExecutorTest, AutoIoLeavesThePageCacheAsItWas) {

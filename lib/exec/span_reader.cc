@@ -20,10 +20,10 @@ SpanReader::~SpanReader() {
 }
 
 absl::StatusOr<SpanReader::Span> SpanReader::Read(const MappedFile& source, uint64_t begin,
-                                                  uint64_t end, int buffer) const {
+                                                  uint64_t end, int buffer, bool direct) const {
   std::byte* into = reinterpret_cast<std::byte*>(buffers_[buffer].data());
-  Span span{&source, begin, end, nullptr, buffer};
-  if (source.direct_reads()) {
+  Span span{&source, begin, end, nullptr, buffer, direct};
+  if (direct && source.direct_reads()) {
     ASSIGN_OR_RETURN(span.data, source.ReadDirect(begin, end - begin, into));
   } else {
     RETURN_IF_ERROR(source.ReadAt(begin, end - begin, into));
@@ -41,7 +41,8 @@ void SpanReader::HelperLoop() {
       if (stopping_) return;
       wanted = ahead_;
     }
-    absl::StatusOr<Span> read = Read(*wanted.source, wanted.begin, wanted.end, wanted.buffer);
+    absl::StatusOr<Span> read =
+        Read(*wanted.source, wanted.begin, wanted.end, wanted.buffer, wanted.direct);
     absl::MutexLock lock(&mu_);
     ahead_status_ = read.status();
     if (read.ok()) ahead_ = *read;
@@ -51,7 +52,7 @@ void SpanReader::HelperLoop() {
 
 absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>& sources, int file,
                                                   uint64_t offset, uint64_t length, uint64_t limit,
-                                                  const Run* next) {
+                                                  const Run* next, bool direct) {
   const MappedFile* const source = &sources[file];
   if (current_.Holds(source, offset, length)) {
     return Bytes{current_.data + (offset - current_.begin), current_.end - offset};
@@ -74,12 +75,13 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
   } else {
     const uint64_t end = std::max(offset + length, std::min<uint64_t>(limit, offset + capacity_));
     current_.data = nullptr;  // until the read succeeds
-    ASSIGN_OR_RETURN(current_, Read(*source, offset, end, current_.buffer));
+    ASSIGN_OR_RETURN(current_, Read(*source, offset, end, current_.buffer, direct));
     ++reads_waited_;
   }
   // What the caller reads next, read while this span is consumed (the kernel reads ahead for
   // buffered sources).
   const MappedFile* ahead_source = source;
+  bool ahead_direct = direct;
   uint64_t ahead_begin = std::max(current_.begin, current_.end - std::min(current_.end, overlap()));
   uint64_t ahead_end = std::min(source->size(), ahead_begin + capacity_);
   if (next != nullptr) {
@@ -87,18 +89,19 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
       ahead_end = std::min(ahead_end, limit);
     } else if (next->file >= 0 && static_cast<size_t>(next->file) < sources.size()) {
       ahead_source = &sources[next->file];
+      ahead_direct = ahead_source->ReadsDirectly(next->dense);
       ahead_begin = next->offset;
       ahead_end = std::min({ahead_source->size(), next->limit, next->offset + capacity_});
     } else {
       ahead_end = ahead_begin;  // nothing follows
     }
   }
-  if (ahead_source->direct_reads() && ahead_begin < ahead_end &&
+  if (ahead_direct && ahead_source->direct_reads() && ahead_begin < ahead_end &&
       !(ahead_source == source && ahead_end <= current_.end)) {
     // Started at the first read ahead: buffered sources never need it.
     if (!helper_.joinable()) helper_ = std::thread([this] { HelperLoop(); });
     absl::MutexLock lock(&mu_);
-    ahead_ = Span{ahead_source, ahead_begin, ahead_end, nullptr, 1 - current_.buffer};
+    ahead_ = Span{ahead_source, ahead_begin, ahead_end, nullptr, 1 - current_.buffer, true};
     ahead_status_ = absl::OkStatus();
     requested_ = true;
     done_ = false;

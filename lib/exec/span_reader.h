@@ -58,6 +58,8 @@ class SpanReader {
     int file = -1;  // none
     uint64_t offset = 0;
     uint64_t limit = 0;
+    // The run reads every byte of its box (MappedFile::ReadsDirectly): read ahead directly.
+    bool dense = true;
   };
 
   // The bytes [offset, offset + length) of `sources[file]` (length <= capacity()) and those
@@ -73,10 +75,13 @@ class SpanReader {
   //     `next`. A caller gathering runs from several files (a ZeRO-3 parameter is one run in
   //     each rank's file) thus has the next run read while it copies this one, and no span is
   //     read that it will not use.
+  // `direct` false reads a source that has direct reads through the page cache all the same
+  // (MappedFile::ReadsDirectly), and nothing is read ahead for it.
   // Errors name the file and offset.
   // `sources` must outlive the reader. Not thread safe: one worker calls it.
   absl::StatusOr<Bytes> Get(const std::vector<MappedFile>& sources, int file, uint64_t offset,
-                            uint64_t length, uint64_t limit, const Run* next = nullptr);
+                            uint64_t length, uint64_t limit, const Run* next = nullptr,
+                            bool direct = true);
 
   // Spans read on the worker's thread, and spans the helper had read ahead when they were needed.
   uint64_t reads_waited() const { return reads_waited_; }
@@ -91,14 +96,16 @@ class SpanReader {
     uint64_t end = 0;
     const std::byte* data = nullptr;  // the byte at `begin`
     int buffer = 0;
+    bool direct = true;
     bool Holds(const MappedFile* file, uint64_t offset, uint64_t length) const {
       return source == file && data != nullptr && offset >= begin && offset + length <= end;
     }
   };
 
-  // Reads [begin, end) of `source` into buffer `buffer`.
-  absl::StatusOr<Span> Read(const MappedFile& source, uint64_t begin, uint64_t end,
-                            int buffer) const;
+  // Reads [begin, end) of `source` into buffer `buffer`, directly when `direct` and the
+  // source has direct reads.
+  absl::StatusOr<Span> Read(const MappedFile& source, uint64_t begin, uint64_t end, int buffer,
+                            bool direct) const;
   void HelperLoop();
   bool HelperHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || (requested_ && !done_);

@@ -28,6 +28,9 @@ TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>
     // Rows that follow each other in the source: a span read holds only bytes this item reads.
     const size_t n = item.extent.size();
     item_rows_adjacent_.push_back(n < 2 || item.src_strides[n - 2] == item.extent[n - 1]);
+    item_dense_.push_back(item.num_elements() > 0 &&
+                          item_src_end_.back() - item.src_offset ==
+                              static_cast<uint64_t>(item.num_elements()) * src_element_size_);
     cursor.index.assign(item.extent.size() - 1, 0);
     cursor.row_dst = item.dst_offset;
     cursor.row_src = item.src_offset;
@@ -85,8 +88,9 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
         // also holds the other parts' strips, copied out of the page cache for nothing.
         const bool short_row =
             src_span < kShortRowBytes && (item_rows_adjacent_[i] || src_span < kShortStripBytes);
-        const bool through_span = src_stride == 1 && spans_ != nullptr &&
-                                  (source.direct_reads() || !same_dtype || short_row);
+        const bool direct = source.ReadsDirectly(item_dense_[i]);
+        const bool through_span =
+            src_stride == 1 && spans_ != nullptr && (direct || !same_dtype || short_row);
         bool mapped = false;
         if (through_span) {
           // Direct reads, converted runs, short rows: through a span, converted on the way out.
@@ -94,10 +98,11 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           // next tensor.
           SpanReader::Run next = following_;
           if (i + 1 < copy_.items.size() && !cursors_[i + 1].done) {
-            next = {copy_.items[i + 1].src_file, cursors_[i + 1].row_src, item_src_end_[i + 1]};
+            next = {copy_.items[i + 1].src_file, cursors_[i + 1].row_src, item_src_end_[i + 1],
+                    item_dense_[i + 1]};
           }
           RETURN_IF_ERROR(CopyThroughSpan(item.src_file, src_byte, to - from, item_src_end_[i],
-                                          next, destination));
+                                          next, direct, destination));
           bytes_read_ += src_span;
         } else if (same_dtype && src_stride == 1) {
           RETURN_IF_ERROR(source.ReadAt(src_byte, src_span, destination));
@@ -122,7 +127,7 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           touched.begin = std::min(touched.begin, src_byte);
           touched.end = std::max(touched.end, src_byte + src_span);
         }
-        if (src_stride == 1 && source.drop_behind() && !source.direct_reads()) {
+        if (src_stride == 1 && source.drop_behind() && !direct) {
           // Bytes read leave the page cache, exactly those: a strip of a row read for one
           // output part must not drop the bytes beside it that another part reads.
           Touched& run = read_run_[item.src_file];
@@ -147,12 +152,12 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
 
 absl::Status TensorFiller::CopyThroughSpan(int file, uint64_t offset, int64_t count,
                                            uint64_t item_end, const SpanReader::Run& next,
-                                           std::byte* out) {
+                                           bool direct, std::byte* out) {
   while (count > 0) {
     // Whatever the span holds from here: the next Get starts where it ends, which is where
     // the span read ahead begins.
-    ASSIGN_OR_RETURN(SpanReader::Bytes span,
-                     spans_->Get(sources_, file, offset, src_element_size_, item_end, &next));
+    ASSIGN_OR_RETURN(SpanReader::Bytes span, spans_->Get(sources_, file, offset, src_element_size_,
+                                                         item_end, &next, direct));
     const int64_t n = std::min(count, static_cast<int64_t>(span.size / src_element_size_));
     const uint64_t bytes = static_cast<uint64_t>(n) * src_element_size_;
     const std::byte* data = span.data;
@@ -169,7 +174,9 @@ SpanReader::Run TensorFiller::FirstRun(const TensorCopy& copy) {
   const size_t element_size = DTypeSize(copy.src_dtype);
   for (const CopyItem& item : copy.items) {
     if (std::find(item.extent.begin(), item.extent.end(), 0) != item.extent.end()) continue;
-    return {item.src_file, item.src_offset, item.src_end(element_size)};
+    const uint64_t end = item.src_end(element_size);
+    return {item.src_file, item.src_offset, end,
+            end - item.src_offset == static_cast<uint64_t>(item.num_elements()) * element_size};
   }
   return {};
 }

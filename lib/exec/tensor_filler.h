@@ -77,9 +77,10 @@ class TensorFiller {
   // Converts `count` contiguous source elements at `offset` of `file` into `out` through the
   // SpanReader, a span at a time, telling the checksums what was read; `item_end` bounds the
   // span read when the bytes are not in one already.
-  // `next` is the run read after this item's (SpanReader::Get).
+  // `next` is the run read after this item's (SpanReader::Get); `direct`: read the item's
+  // bytes directly (MappedFile::ReadsDirectly).
   absl::Status CopyThroughSpan(int file, uint64_t offset, int64_t count, uint64_t item_end,
-                               const SpanReader::Run& next, std::byte* out);
+                               const SpanReader::Run& next, bool direct, std::byte* out);
 
   const TensorCopy& copy_;
   const std::vector<MappedFile>& sources_;
@@ -90,6 +91,7 @@ class TensorFiller {
   std::vector<Touched> read_run_;         // per source file: the contiguous run of bytes read last
   std::vector<uint64_t> item_src_end_;    // per item: the end of the source bytes it reads
   std::vector<bool> item_rows_adjacent_;  // per item: its rows are contiguous in the source
+  std::vector<bool> item_dense_;          // per item: it reads every byte of [src, src_end)
   SpanReader* const spans_;
   size_t src_element_size_;
   size_t dst_element_size_;

@@ -72,6 +72,7 @@ MappedFile::MappedFile(MappedFile&& other) noexcept
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
       drop_behind_(other.drop_behind_),
+      direct_dense_only_(other.direct_dense_only_),
       direct_fd_(std::exchange(other.direct_fd_, -1)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
@@ -84,6 +85,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     drop_behind_ = other.drop_behind_;
+    direct_dense_only_ = other.direct_dense_only_;
     direct_fd_ = std::exchange(other.direct_fd_, -1);
   }
   return *this;

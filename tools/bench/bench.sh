@@ -223,7 +223,7 @@ else
 fi
 mkdir -p "$WORK/logs"
 RUNS="$WORK/logs/runs.tsv"
-printf 'label\tpair\twall_s\tuser_s\tsys_s\trss_kib\tcached_before_kib\tcached_after_kib\tsize\tinput_format\n' >"$RUNS"
+printf 'label\tpair\twall_s\tuser_s\tsys_s\trss_kib\tcached_before_kib\tcached_after_kib\tsize\tinput_format\tdisk_read_blocks\n' >"$RUNS"
 : >"$WORK/results.txt"
 
 BIG=()   # big folders this run created; removed at exit unless --keep
@@ -476,7 +476,7 @@ run_one() {
   local label="$1" pair="$2" size="$3" out="$4" script="$5"
   shift 5
   local tf="$WORK/logs/$label.$size.$pair.time" log="$WORK/logs/$label.$size.$pair.log"
-  local rc cb ca wall user sys rss
+  local rc cb ca wall user sys rss disk
   rm_out "$out"
   add_big "$out"
   prepare_cache
@@ -496,9 +496,14 @@ run_one() {
   user="$(awk -F': ' '/User time \(seconds\)/ {print $NF}' "$tf")"
   sys="$(awk -F': ' '/System time \(seconds\)/ {print $NF}' "$tf")"
   rss="$(awk -F': ' '/Maximum resident set size/ {print $NF}' "$tf")"
-  if [ -z "$wall" ] || [ -z "$user" ] || [ -z "$sys" ] || [ -z "$rss" ]; then die "could not parse $tf"; fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$pair" "$wall" "$user" "$sys" "$rss" \
-    "$cb" "$ca" "$size" "$INPUT_FORMAT" >>"$RUNS"
+  # 512-byte blocks the kernel read from the device for the run (buffered and direct reads;
+  # page-cache hits not counted): shows a step that reads its input more than once.
+  disk="$(awk -F': ' '/File system inputs/ {print $NF}' "$tf")"
+  if [ -z "$wall" ] || [ -z "$user" ] || [ -z "$sys" ] || [ -z "$rss" ] || [ -z "$disk" ]; then
+    die "could not parse $tf"
+  fi
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$pair" "$wall" "$user" "$sys" "$rss" \
+    "$cb" "$ca" "$size" "$INPUT_FORMAT" "$disk" >>"$RUNS"
 }
 
 # check_output LABEL IN OUT PARTS RULES...: `reshardctl verify IN OUT` must exit 0, then an
@@ -585,8 +590,8 @@ function median(a, n,   i, j, t) {
 stats() {
   awk -F'\t' -v l="$1" -v s="$2" "$STATS_AWK"'
     NR > 1 && $1 == l && $9 == s {
-      n++; w[n] = $3; u[n] = $4; y[n] = $5; g[n] = $8 - $7; if ($6 > r) r = $6 }
-    END { printf "%d|%.2f|%.2f|%.2f|%d|%d\n", n, median(w, n), median(u, n), median(y, n), r, median(g, n) }' "$RUNS"
+      n++; w[n] = $3; u[n] = $4; y[n] = $5; g[n] = $8 - $7; d[n] = $11; if ($6 > r) r = $6 }
+    END { printf "%d|%.2f|%.2f|%.2f|%d|%d|%d\n", n, median(w, n), median(u, n), median(y, n), r, median(g, n), median(d, n) }' "$RUNS"
 }
 # ratios X_LABEL CP_LABEL SIZE: "median|min|max" of the pair-by-pair wall ratios X_i / cp_i.
 ratios() {
@@ -608,8 +613,8 @@ row() {
     growth = a[6] / 1024
     pct = (b > 0) ? sprintf("%.0f%%", a[6] * 1024 * 100 / b) : "-"
     outm = (o == "") ? "-" : sprintf("%.1f", o / 1048576)
-    printf "%s|%d|%.2f|%s|%.0f|%s|%.2f|%.2f|%.1f|%.0f|%s|%s\n",
-      t, a[1], a[2], ratio, b / 1048576, mbps, a[3], a[4], a[5] / 1024, growth, pct, outm }'
+    printf "%s|%d|%.2f|%s|%.0f|%.0f|%s|%.2f|%.2f|%.1f|%.0f|%s|%s\n",
+      t, a[1], a[2], ratio, b / 1048576, a[7] * 512 / 1048576, mbps, a[3], a[4], a[5] / 1024, growth, pct, outm }'
 }
 print_table() {  # HEADER ROWS...
   local header="$1"
@@ -622,7 +627,7 @@ print_table() {  # HEADER ROWS...
             print line
             if (r == 1) { s = ""; for (i = 1; i <= length(line); i++) s = s "-"; print s } } }'
 }
-TABLE_HEADER="step|runs|wall s|vs cp (min-max)|read MiB|MB/s|user s|sys s|peak RSS MiB|cache +MiB|cache/read|out MiB"
+TABLE_HEADER="step|runs|wall s|vs cp (min-max)|read MiB|disk read MiB|MB/s|user s|sys s|peak RSS MiB|cache +MiB|cache/read|out MiB"
 
 # plan_read_bytes ARGS...: the source bytes `reshardctl plan ARGS --json` says the step reads.
 plan_read_bytes() {
@@ -680,7 +685,8 @@ main_table() {
     echo "  (min-max); peak RSS: the largest over the runs; cache +MiB: growth of Cached: in /proc/meminfo"
     echo "  (system-wide) from just before the run (after the cache drop or, warm, the sync) to just after it"
     echo "  (its data synced); cache/read: that growth as a share of the input bytes the step reads (read MiB,"
-    echo "  from reshardctl plan; cp: all of them)"
+    echo "  from reshardctl plan; cp: all of them); disk read MiB: median of what the kernel read from the"
+    echo "  device during the run (GNU time's File system inputs; more than read MiB = bytes read twice)"
   } | tee -a "$WORK/results.txt"
   if ((!KEEP)); then rm -rf -- "$in"; fi
 }
