@@ -28,6 +28,12 @@ TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>
     // Rows that follow each other in the source: a span read holds only bytes this item reads.
     const size_t n = item.extent.size();
     item_rows_adjacent_.push_back(n < 2 || item.src_strides[n - 2] == item.extent[n - 1]);
+    item_row_gap_.push_back(
+        item_rows_adjacent_.back()
+            ? 0
+            : static_cast<uint64_t>(std::max<int64_t>(
+                  0, item.src_strides[n - 2] - item.extent[n - 1] * item.src_strides[n - 1])) *
+                  src_element_size_);
     item_dense_.push_back(item.num_elements() > 0 &&
                           item_src_end_.back() - item.src_offset ==
                               static_cast<uint64_t>(item.num_elements()) * src_element_size_);
@@ -84,10 +90,10 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
         // file pages count in the process's resident memory (a bf16 conversion of a ZeRO-3
         // save peaked at 68 MiB against 47 MiB for fp32).
         // Short rows go through a span when they follow each other in the source, or are
-        // shorter than kShortStripBytes: a span of strips (a split along the last dimension)
-        // also holds the other parts' strips, copied out of the page cache for nothing.
-        const bool short_row =
-            src_span < kShortRowBytes && (item_rows_adjacent_[i] || src_span < kShortStripBytes);
+        // strips with less than kStripGapBytes between them: a span of strips (a split along
+        // the last dimension) also holds the other parts' strips, copied out of the page cache
+        // for nothing, which costs less than a system call per strip only while they are few.
+        const bool short_row = src_span < kShortRowBytes && item_row_gap_[i] < kStripGapBytes;
         const bool direct = source.ReadsDirectly(item_dense_[i]);
         const bool through_span =
             src_stride == 1 && spans_ != nullptr && (direct || !same_dtype || short_row);
