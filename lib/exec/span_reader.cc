@@ -77,6 +77,7 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
     current_.data = nullptr;  // until the read succeeds
     ASSIGN_OR_RETURN(current_, Read(*source, offset, end, current_.buffer, direct));
     ++reads_waited_;
+    bytes_read_ += end - offset;
   }
   // What the caller reads next, read while this span is consumed (the kernel reads ahead for
   // buffered sources).
@@ -105,6 +106,7 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
     ahead_status_ = absl::OkStatus();
     requested_ = true;
     done_ = false;
+    bytes_read_ += ahead_end - ahead_begin;
   }
   return Bytes{current_.data + (offset - current_.begin), current_.end - offset};
 }

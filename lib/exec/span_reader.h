@@ -88,6 +88,8 @@ class SpanReader {
   uint64_t reads_ahead_used() const { return reads_ahead_used_; }
   // Spans read ahead that the next Get did not ask for (read for nothing).
   uint64_t reads_ahead_unused() const { return reads_ahead_unused_; }
+  // Bytes of every span read, waited for or ahead (before rounding to direct-read blocks).
+  uint64_t bytes_read() const { return bytes_read_; }
 
  private:
   struct Span {
@@ -118,6 +120,7 @@ class SpanReader {
   uint64_t reads_waited_ = 0;
   uint64_t reads_ahead_used_ = 0;
   uint64_t reads_ahead_unused_ = 0;
+  uint64_t bytes_read_ = 0;
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

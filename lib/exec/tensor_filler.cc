@@ -62,6 +62,45 @@ void TensorFiller::Advance(const CopyItem& item, Cursor& cursor) const {
   cursor.done = true;
 }
 
+uint64_t TensorFiller::FillLimit(size_t i, int64_t end) const {
+  const CopyItem& item = copy_.items[i];
+  const Cursor& cursor = cursors_[i];
+  if (copy_.items.size() == 1 || cursor.done || cursor.row_dst >= end) return item_src_end_[i];
+  const size_t n = item.extent.size();
+  const int64_t remaining = end - cursor.row_dst;  // output elements from the cursor's row on
+  uint64_t bytes;
+  if (n == 1) {
+    bytes = static_cast<uint64_t>(remaining) * item.src_strides.back() * src_element_size_;
+  } else {
+    // Rows that start before `end`, at the innermost row stride (an estimate across outer
+    // dimensions: reading more or less there costs a read, never a byte).
+    const int64_t row_stride = std::max<int64_t>(item.dst_strides[n - 2], 1);
+    const int64_t rows = (remaining + row_stride - 1) / row_stride;
+    bytes = static_cast<uint64_t>(rows) * item.src_strides[n - 2] * src_element_size_;
+  }
+  return std::min(item_src_end_[i], cursor.row_src + bytes);
+}
+
+SpanReader::Run TensorFiller::NextRun(size_t i, int64_t begin, int64_t end) const {
+  const size_t items = copy_.items.size();
+  // Another item with rows in this window: it is filled next.
+  for (size_t j = i + 1; j < items; ++j) {
+    if (!cursors_[j].done && cursors_[j].row_dst < end) {
+      return {copy_.items[j].src_file, cursors_[j].row_src, FillLimit(j, end), item_dense_[j]};
+    }
+  }
+  // The next window's first item (assumed as large as this one); item i itself continues
+  // where this window's part of it ends.
+  const int64_t next_end = end + (end - begin);
+  for (size_t k = 0; k < items; ++k) {
+    if (cursors_[k].done) continue;
+    const uint64_t from = k == i ? FillLimit(i, end) : cursors_[k].row_src;
+    if (from >= item_src_end_[k]) continue;
+    return {copy_.items[k].src_file, from, std::max(from, FillLimit(k, next_end)), item_dense_[k]};
+  }
+  return following_;
+}
+
 absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
   const bool same_dtype = copy_.src_dtype == copy_.dst_dtype;
   // The items leave gaps (elements beyond the source): those are zeros. All-zero bits are 0 in
@@ -102,12 +141,12 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           // Direct reads, converted runs, short rows: through a span, converted on the way out.
           // The item after this one is read next (items are filled in order), then the
           // next tensor.
-          SpanReader::Run next = following_;
-          if (i + 1 < copy_.items.size() && !cursors_[i + 1].done) {
-            next = {copy_.items[i + 1].src_file, cursors_[i + 1].row_src, item_src_end_[i + 1],
-                    item_dense_[i + 1]};
-          }
-          RETURN_IF_ERROR(CopyThroughSpan(item.src_file, src_byte, to - from, item_src_end_[i],
+          // Items that take turns within a window (the chunks of a tensor cut by columns)
+          // read only what this window needs of them: a span of one would otherwise read
+          // ahead of the window, and the next item's span would evict it before the next window
+          // came back for it (a DCP consolidation read 3x its input).
+          const SpanReader::Run next = NextRun(i, begin, end);
+          RETURN_IF_ERROR(CopyThroughSpan(item.src_file, src_byte, to - from, FillLimit(i, end),
                                           next, direct, destination));
           bytes_read_ += src_span;
         } else if (same_dtype && src_stride == 1) {

@@ -77,6 +77,13 @@ class TensorFiller {
   };
 
   void Advance(const CopyItem& item, Cursor& cursor) const;
+  // One past the last source byte item `i` reads for output elements before `end`, from its
+  // cursor on (an estimate for items of more than two dimensions); the item's end when the
+  // tensor has one item, which then streams through spans across windows.
+  uint64_t FillLimit(size_t i, int64_t end) const;
+  // The run read after item i's part of the window [begin, end): the next item with rows in
+  // it, else the first item of the next window, else the next tensor (set_following).
+  SpanReader::Run NextRun(size_t i, int64_t begin, int64_t end) const;
   // Converts `count` contiguous source elements at `offset` of `file` into `out` through the
   // SpanReader, a span at a time, telling the checksums what was read; `item_end` bounds the
   // span read when the bytes are not in one already.
