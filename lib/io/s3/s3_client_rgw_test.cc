@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/io/s3/s3_client.h"
+#include "lib/io/s3/s3_object_writer.h"
 
 namespace reshard {
 namespace {
@@ -309,6 +310,124 @@ TEST_F(RgwTest, RetriesThroughFlakyProxy) {
   EXPECT_THAT(stats, ::testing::ContainsRegex("\"failed_503\": [1-9]"));
   EXPECT_THAT(stats, ::testing::ContainsRegex("\"dropped\": [1-9]"));
   EXPECT_GE(flaky->stats().retries, 5u);
+}
+
+// S3ObjectWriter: odd-sized writes become 8 MiB parts, 4 in flight; the object is invisible
+// until Close, then equal to what was written.
+TEST_F(RgwTest, ObjectWriterStreamsPartsAndCompletesOnClose) {
+  const std::string data = Pattern((50 << 20) + 321, 11);
+  const std::string key = "writer/model-00001-of-00002.safetensors";
+  S3ObjectWriter::Options options;
+  options.metadata = {{"reshard-job", "job-7"}};
+  absl::StatusOr<std::unique_ptr<S3ObjectWriter>> writer =
+      S3ObjectWriter::Create(client_, kBucket, key, options);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (size_t at = 0; at < data.size(); at += (1 << 20) + 7) {
+    const size_t n = std::min<size_t>((1 << 20) + 7, data.size() - at);
+    ASSERT_TRUE((*writer)->Write(absl::string_view(data).substr(at, n)).ok());
+  }
+  EXPECT_EQ((*writer)->pos(), data.size());
+  EXPECT_TRUE(absl::IsNotFound(client_->Head(kBucket, key).status()))
+      << "a multipart object must not be visible before it is completed";
+  ASSERT_TRUE((*writer)->Close().ok());
+  EXPECT_EQ((*writer)->parts_uploaded(), 7);
+  writer->reset();
+  absl::StatusOr<S3ObjectInfo> info = client_->Head(kBucket, key);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->size, data.size());
+  EXPECT_THAT(info->etag, HasSubstr("-7"));
+  std::string whole(data.size(), '\0');
+  ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(whole)).ok());
+  EXPECT_TRUE(whole == data);
+  absl::StatusOr<std::vector<S3UploadInfo>> left =
+      client_->ListMultipartUploads(kBucket, "writer/");
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_TRUE(left->empty());
+}
+
+// A writer given up before Close (an error upstream, a cancelled job) leaves no object and no
+// unfinished upload.
+TEST_F(RgwTest, ObjectWriterDestroyedUnclosedLeavesNothing) {
+  const std::string key = "abandoned/model.safetensors";
+  {
+    absl::StatusOr<std::unique_ptr<S3ObjectWriter>> writer =
+        S3ObjectWriter::Create(client_, kBucket, key, {});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->Write(Pattern((20 << 20) + 5, 12)).ok());
+  }
+  EXPECT_TRUE(absl::IsNotFound(client_->Head(kBucket, key).status()));
+  absl::StatusOr<std::vector<S3UploadInfo>> left =
+      client_->ListMultipartUploads(kBucket, "abandoned/");
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_TRUE(left->empty()) << left->size() << " unfinished uploads left";
+}
+
+// Empty objects, a missing bucket, options out of range, writes after Close.
+TEST_F(RgwTest, ObjectWriterEdgesAndErrors) {
+  absl::StatusOr<std::unique_ptr<S3ObjectWriter>> empty =
+      S3ObjectWriter::Create(client_, kBucket, "edges/empty.json", {});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  ASSERT_TRUE((*empty)->Close().ok());
+  absl::StatusOr<S3ObjectInfo> info = client_->Head(kBucket, "edges/empty.json");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->size, 0u);
+  EXPECT_EQ((*empty)->Write("x").code(), absl::StatusCode::kFailedPrecondition);
+
+  absl::StatusOr<std::unique_ptr<S3ObjectWriter>> missing =
+      S3ObjectWriter::Create(client_, "no-such-bucket-here", "k", {});
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("s3://no-such-bucket-here/k"));
+
+  S3ObjectWriter::Options small;
+  small.part_bytes = 1 << 20;
+  EXPECT_EQ(S3ObjectWriter::Create(client_, kBucket, "edges/k", small).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  S3ObjectWriter::Options many;
+  many.parts_in_flight = 0;
+  EXPECT_EQ(S3ObjectWriter::Create(client_, kBucket, "edges/k", many).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// What a killed run leaves (uploads started, never completed or aborted) is found by prefix and
+// aborted on the rerun; uploads under other prefixes are left alone.
+TEST_F(RgwTest, AbortStaleUploadsFindsAKilledRunsUploads) {
+  for (const char* key : {"killed/a.safetensors", "killed/sub/b.safetensors"}) {
+    absl::StatusOr<std::string> id = client_->CreateMultipartUpload(kBucket, key);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ASSERT_TRUE(client_->UploadPart(kBucket, key, *id, 1, Pattern(1000, 3)).ok());
+  }
+  absl::StatusOr<std::string> other = client_->CreateMultipartUpload(kBucket, "kept/c");
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::StatusOr<int> aborted = AbortStaleUploads(*client_, kBucket, "killed/");
+  ASSERT_TRUE(aborted.ok()) << aborted.status();
+  EXPECT_EQ(*aborted, 2);
+  absl::StatusOr<std::vector<S3UploadInfo>> killed =
+      client_->ListMultipartUploads(kBucket, "killed/");
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  EXPECT_TRUE(killed->empty());
+  absl::StatusOr<std::vector<S3UploadInfo>> kept = client_->ListMultipartUploads(kBucket, "kept/");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->size(), 1u);
+  EXPECT_TRUE(client_->AbortMultipartUpload(kBucket, "kept/c", *other).ok());
+}
+
+// Through the proxy that answers 503 or drops connections: every part is retried until it is
+// in, and the object is whole.
+TEST_F(RgwTest, ObjectWriterRetriesThroughFlakyProxy) {
+  std::unique_ptr<S3Client> flaky = MakeClient(RequiredEnv("S3_TEST_PROXY_ENDPOINT"));
+  ASSERT_NE(flaky, nullptr);
+  const std::string data = Pattern((30 << 20) + 99, 13);
+  const std::string key = "flaky-writer/model.safetensors";
+  absl::StatusOr<std::unique_ptr<S3ObjectWriter>> writer =
+      S3ObjectWriter::Create(flaky.get(), kBucket, key, {});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Write(data).ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  writer->reset();
+  std::string whole(data.size(), '\0');
+  ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(whole)).ok());
+  EXPECT_TRUE(whole == data);
+  EXPECT_GT(flaky->stats().retries, 0u);
 }
 
 }  // namespace

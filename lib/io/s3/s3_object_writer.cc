@@ -1,0 +1,187 @@
+#include "lib/io/s3/s3_object_writer.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "lib/core/status.h"
+
+namespace reshard {
+
+absl::StatusOr<std::unique_ptr<S3ObjectWriter>> S3ObjectWriter::Create(S3Client* client,
+                                                                       std::string bucket,
+                                                                       std::string key,
+                                                                       Options options) {
+  const std::string url = absl::StrCat("s3://", bucket, "/", key);
+  if (options.part_bytes < S3Client::kMinPartBytes || options.part_bytes > (5ull << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(url, ": part size ", options.part_bytes, " is outside S3's 5 MiB..5 GiB"));
+  }
+  if (options.parts_in_flight < 1 || options.parts_in_flight > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(url, ": ", options.parts_in_flight, " parts in flight is outside 1..64"));
+  }
+  ASSIGN_OR_RETURN(std::string upload_id,
+                   client->CreateMultipartUpload(bucket, key, options.metadata),
+                   absl::StrCat("starting the upload of ", url));
+  return std::unique_ptr<S3ObjectWriter>(new S3ObjectWriter(
+      client, std::move(bucket), std::move(key), std::move(options), std::move(upload_id)));
+}
+
+S3ObjectWriter::S3ObjectWriter(S3Client* client, std::string bucket, std::string key,
+                               Options options, std::string upload_id)
+    : client_(client),
+      bucket_(std::move(bucket)),
+      key_(std::move(key)),
+      url_(absl::StrCat("s3://", bucket_, "/", key_)),
+      options_(std::move(options)),
+      upload_id_(std::move(upload_id)) {
+  for (int i = 0; i < options_.parts_in_flight; ++i) {
+    uploaders_.emplace_back([this] { UploaderLoop(); });
+  }
+}
+
+S3ObjectWriter::~S3ObjectWriter() {
+  if (!completed_) {
+    absl::MutexLock lock(&mu_);
+    // Parts still queued are not uploaded: the upload is going away.
+    if (error_.ok()) error_ = absl::AbortedError(absl::StrCat(url_, ": writer abandoned"));
+  }
+  StopUploaders();
+  if (!completed_) {
+    // Best effort: a failed abort leaves the upload for AbortStaleUploads on the rerun.
+    client_->AbortMultipartUpload(bucket_, key_, upload_id_).IgnoreError();
+  }
+}
+
+void S3ObjectWriter::StopUploaders() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& thread : uploaders_) {
+    if (thread.joinable()) thread.join();
+  }
+  uploaders_.clear();
+}
+
+void S3ObjectWriter::UploaderLoop() {
+  while (true) {
+    Part part;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &S3ObjectWriter::HasWorkOrStopping));
+      if (queue_.empty()) return;  // stopping, nothing left
+      part = std::move(queue_.front());
+      queue_.pop_front();
+      if (!error_.ok()) {  // an earlier part failed: the upload will be aborted
+        --pending_;
+        continue;
+      }
+    }
+    absl::StatusOr<std::string> etag =
+        client_->UploadPart(bucket_, key_, upload_id_, part.number, part.data);
+    absl::MutexLock lock(&mu_);
+    if (etag.ok()) {
+      completed_parts_.push_back({part.number, *std::move(etag)});
+    } else if (error_.ok()) {
+      error_ = Annotate(etag.status(), absl::StrCat("uploading part ", part.number, " (",
+                                                    part.data.size(), " bytes) of ", url_));
+    }
+    --pending_;
+  }
+}
+
+absl::Status S3ObjectWriter::SubmitPart() {
+  if (next_part_ > S3Client::kMaxParts) {
+    return absl::ResourceExhaustedError(absl::StrCat(url_, ": more than ", S3Client::kMaxParts,
+                                                     " parts of ", options_.part_bytes,
+                                                     " bytes; use a larger part size"));
+  }
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &S3ObjectWriter::HasRoom));
+  RETURN_IF_ERROR(error_);
+  queue_.push_back(Part{next_part_++, std::move(buffer_)});
+  ++pending_;
+  buffer_ = std::string();
+  return absl::OkStatus();
+}
+
+absl::Status S3ObjectWriter::Write(absl::string_view data) {
+  if (closed_) return absl::FailedPreconditionError(absl::StrCat(url_, ": write after Close"));
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(error_);
+  }
+  while (!data.empty()) {
+    if (buffer_.capacity() < options_.part_bytes) buffer_.reserve(options_.part_bytes);
+    const size_t n = std::min<size_t>(data.size(), options_.part_bytes - buffer_.size());
+    buffer_.append(data.data(), n);
+    data.remove_prefix(n);
+    pos_ += n;
+    if (buffer_.size() == options_.part_bytes) RETURN_IF_ERROR(SubmitPart());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status S3ObjectWriter::Close() {
+  if (closed_) return absl::FailedPreconditionError(absl::StrCat(url_, ": closed twice"));
+  closed_ = true;
+  if (pos_ == 0) {
+    // S3 refuses to complete an upload without parts: an empty object is a plain PUT.
+    RETURN_IF_ERROR(client_->AbortMultipartUpload(bucket_, key_, upload_id_),
+                    absl::StrCat("replacing the upload of empty ", url_));
+    completed_ = true;  // nothing left to abort
+    RETURN_IF_ERROR(client_->Put(bucket_, key_, "").status(), absl::StrCat("writing ", url_));
+    StopUploaders();
+    return absl::OkStatus();
+  }
+  if (!buffer_.empty()) RETURN_IF_ERROR(SubmitPart());
+  std::vector<S3CompletedPart> parts;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &S3ObjectWriter::AllDone));
+    RETURN_IF_ERROR(error_);
+    parts = completed_parts_;
+  }
+  StopUploaders();
+  std::sort(parts.begin(), parts.end(), [](const S3CompletedPart& a, const S3CompletedPart& b) {
+    return a.part_number < b.part_number;
+  });
+  absl::StatusOr<std::string> etag =
+      client_->CompleteMultipartUpload(bucket_, key_, upload_id_, parts);
+  if (absl::IsFailedPrecondition(etag.status())) {
+    // A retried completion after a lost success answer: the object is there if its size is.
+    absl::StatusOr<S3ObjectInfo> info = client_->Head(bucket_, key_);
+    if (info.ok() && info->size == pos_) {
+      completed_ = true;
+      return absl::OkStatus();
+    }
+  }
+  RETURN_IF_ERROR(etag.status(), absl::StrCat("completing the upload of ", url_, " (", parts.size(),
+                                              " parts, ", pos_, " bytes)"));
+  completed_ = true;
+  return absl::OkStatus();
+}
+
+int S3ObjectWriter::parts_uploaded() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(completed_parts_.size());
+}
+
+absl::StatusOr<int> AbortStaleUploads(S3Client& client, absl::string_view bucket,
+                                      absl::string_view prefix) {
+  ASSIGN_OR_RETURN(std::vector<S3UploadInfo> uploads, client.ListMultipartUploads(bucket, prefix),
+                   absl::StrCat("listing unfinished uploads under s3://", bucket, "/", prefix));
+  int aborted = 0;
+  for (const S3UploadInfo& upload : uploads) {
+    absl::Status status = client.AbortMultipartUpload(bucket, upload.key, upload.upload_id);
+    if (absl::IsNotFound(status)) continue;  // gone meanwhile
+    RETURN_IF_ERROR(status, absl::StrCat("aborting the unfinished upload ", upload.upload_id,
+                                         " of s3://", bucket, "/", upload.key));
+    ++aborted;
+  }
+  return aborted;
+}
+
+}  // namespace reshard
