@@ -11,7 +11,9 @@
 //               cannot reach it (as in a hung system call)
 //
 // Points: "before-publish" (output complete in the staging folder, not yet renamed) and
-// "after-publish" (output renamed into place, the caller not yet told).
+// "after-publish" (output renamed into place, the caller not yet told); for partitioned
+// conversions "partition-file-committed", "partition-recorded" and "partition-before-claim"
+// (every record seen, publishing not yet claimed).
 
 #ifndef RESHARD_LIB_CORE_TEST_FAULTS_H_
 #define RESHARD_LIB_CORE_TEST_FAULTS_H_

@@ -514,6 +514,7 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
     if (area.dir.StatChild(RecordName(i, count)).ok()) ++result.partitions_recorded;
   }
   if (result.partitions_recorded == count) {
+    TestFaultPoint("partition-before-claim", control.cancelled);
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     OrderedJson claim = {{"partition", index}, {"host", host}, {"pid", ::getpid()}};
@@ -521,8 +522,24 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
     if (absl::IsAlreadyExists(claimed)) {
       // Another worker publishes, unless the claim is this partition's own from an attempt
       // killed while publishing.
-      ASSIGN_OR_RETURN(OrderedJson holder, ReadJsonIn(area.dir, kClaimName));
-      if (holder.value("partition", -1) == index) claimed = absl::OkStatus();
+      absl::StatusOr<OrderedJson> holder = ReadJsonIn(area.dir, kClaimName);
+      if (holder.ok()) {
+        if (holder->value("partition", -1) == index) claimed = absl::OkStatus();
+      } else {
+        claimed = holder.status();
+      }
+    }
+    // The worker that claimed may publish and remove the area while this one is still
+    // claiming or reading its claim: once this split's output is out, that is no error.
+    if (!claimed.ok() && !absl::IsAlreadyExists(claimed) &&
+        PublishedSplitId(result.output) == split.id) {
+      claimed = absl::AlreadyExistsError("published by another worker of this split");
+    }
+    if (claimed.ok() && PublishedSplitId(result.output) == split.id) {
+      // Claimed in the moment between another worker publishing and its removing the area
+      // (whose claim was already gone): the output is out; clean up what this claim left.
+      area.parent.RemoveTree(area.place.area_name).IgnoreError();
+      claimed = absl::AlreadyExistsError("published by another worker of this split");
     }
     if (claimed.ok()) {
       ASSIGN_OR_RETURN(ConversionResult published,
