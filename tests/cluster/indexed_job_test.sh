@@ -5,11 +5,12 @@
 # (JOB_COMPLETION_INDEX) and the manifest's env, on a local checkpoint, publishes the same
 # output as one worker (the last pod to finish publishes).
 #
-# Args: RESHARDCTL JOB_YAML MAKE_CHECKPOINT_PY
+# Args: RESHARDCTL JOB_YAML MAKE_CHECKPOINT_PY SAME_OUTPUT_PY
 set -euo pipefail
 reshardctl=$(realpath "$1")
 job_yaml=$(realpath "$2")
 make_checkpoint=$(realpath "$3")
+same_output=$(realpath "$4")
 work=$(mktemp -d "${TEST_TMPDIR:-/tmp}/indexed.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
@@ -48,15 +49,7 @@ for index in range(completions):
         published.append(index)
 assert published == [completions - 1], published
 
-ref, out = os.path.join(work, "ref"), os.path.join(work, "out")
-names = sorted(os.listdir(ref))
-assert sorted(os.listdir(out)) == names, (os.listdir(out), names)
-for name in names:
-    if name == "reshard-manifest.json":
-        a, b = json.load(open(os.path.join(ref, name))), json.load(open(os.path.join(out, name)))
-        assert a["files"] == b["files"] and a["tensors"] == b["tensors"]
-        continue
-    assert open(os.path.join(ref, name), "rb").read() == open(os.path.join(out, name), "rb").read(), name
-print(f"{completions} indexed pods published {len(names)} files equal to one worker's")
+print(f"{completions} indexed pods published; the last one")
 PY
+/usr/bin/python3 "$same_output" "$work/ref" "$work/out"
 echo PASS

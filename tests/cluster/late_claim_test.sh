@@ -7,10 +7,11 @@
 # The late worker is held at the fault point "partition-before-claim" until the other has
 # published, so the interleaving is the same on every run.
 #
-# Args: RESHARDCTL MAKE_CHECKPOINT_PY
+# Args: RESHARDCTL MAKE_CHECKPOINT_PY SAME_OUTPUT_PY
 set -euo pipefail
 reshardctl=$(realpath "$1")
 make_checkpoint=$(realpath "$2")
+same_output=$(realpath "$3")
 work=$(mktemp -d "${TEST_TMPDIR:-/tmp}/late_claim.XXXXXX")
 late_pid=
 trap '[ -z "$late_pid" ] || kill "$late_pid" 2>/dev/null || true; rm -rf "$work"' EXIT
@@ -52,16 +53,7 @@ late = json.load(open(os.path.join(work, "w1.json")))
 assert not first["published"], first
 assert again["published"], again
 assert not late["published"] and late["partition"]["recorded"] == 2, late
-ref, out = os.path.join(work, "ref"), os.path.join(work, "out")
-names = sorted(os.listdir(ref))
-assert sorted(os.listdir(out)) == names, (os.listdir(out), names)
-for name in names:
-    if name == "reshard-manifest.json":
-        a, b = json.load(open(os.path.join(ref, name))), json.load(open(os.path.join(out, name)))
-        assert a["files"] == b["files"] and a["tensors"] == b["tensors"]
-        continue
-    with open(os.path.join(ref, name), "rb") as a, open(os.path.join(out, name), "rb") as b:
-        assert a.read() == b.read(), name
-print(f"late worker finished unpublished; {len(names)} files equal to one worker's")
+print("the late worker finished without publishing")
 PY
+/usr/bin/python3 "$same_output" "$work/ref" "$work/out"
 echo PASS
