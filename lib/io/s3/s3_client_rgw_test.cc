@@ -17,6 +17,7 @@
 #include "lib/io/s3/s3_client.h"
 #include "lib/io/s3/s3_object_writer.h"
 #include "lib/io/s3/s3_range_reader.h"
+#include "openssl/evp.h"
 
 namespace reshard {
 namespace {
@@ -315,6 +316,22 @@ TEST_F(RgwTest, RetriesThroughFlakyProxy) {
 
 // S3ObjectWriter: odd-sized writes become 8 MiB parts, 4 in flight; the object is invisible
 // until Close, then equal to what was written.
+// The ETags S3 gives the parts `data` is cut into (hex MD5 of each `part_bytes` slice).
+std::vector<S3CompletedPart> PartETagsOf(absl::string_view data, size_t part_bytes) {
+  std::vector<S3CompletedPart> parts;
+  for (size_t at = 0; at < data.size(); at += part_bytes) {
+    const absl::string_view part = data.substr(at, part_bytes);
+    unsigned char md5[EVP_MAX_MD_SIZE];
+    unsigned int size = 0;
+    EVP_Digest(part.data(), part.size(), md5, &size, EVP_md5(), nullptr);
+    std::string hex;
+    for (unsigned int i = 0; i < size; ++i)
+      absl::StrAppend(&hex, absl::Hex(md5[i], absl::kZeroPad2));
+    parts.push_back({static_cast<int>(parts.size()) + 1, hex});
+  }
+  return parts;
+}
+
 TEST_F(RgwTest, ObjectWriterStreamsPartsAndCompletesOnClose) {
   const std::string data = Pattern((50 << 20) + 321, 11);
   const std::string key = "writer/model-00001-of-00002.safetensors";
@@ -337,6 +354,11 @@ TEST_F(RgwTest, ObjectWriterStreamsPartsAndCompletesOnClose) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->size, data.size());
   EXPECT_THAT(info->etag, HasSubstr("-7"));
+  // The ETag the writer expects of its object when a completion answer was lost is the one
+  // radosgw gives it.
+  absl::StatusOr<std::string> expected = MultipartETag(PartETagsOf(data, options.part_bytes));
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_EQ(info->etag, absl::StrCat("\"", *expected, "\"")) << "or unquoted:" << *expected;
   std::string whole(data.size(), '\0');
   ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(whole)).ok());
   EXPECT_TRUE(whole == data);
@@ -361,6 +383,30 @@ TEST_F(RgwTest, ObjectWriterDestroyedUnclosedLeavesNothing) {
       client_->ListMultipartUploads(kBucket, "abandoned/");
   ASSERT_TRUE(left.ok()) << left.status();
   EXPECT_TRUE(left->empty()) << left->size() << " unfinished uploads left";
+}
+
+// An upload aborted by someone else (a concurrent rerun's AbortStaleUploads) before Close: Close
+// fails, and an older object of the same size under the key is not taken for the new one.
+TEST_F(RgwTest, ObjectWriterUploadAbortedFromOutsideFailsClose) {
+  const std::string key = "aborted-outside/model.safetensors";
+  const std::string older = Pattern((12 << 20) + 9, 21);
+  ASSERT_TRUE(client_->Put(kBucket, key, older).ok());
+  absl::StatusOr<std::unique_ptr<S3ObjectWriter>> writer =
+      S3ObjectWriter::Create(client_, kBucket, key, {});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Write(Pattern(older.size(), 22)).ok());
+  absl::StatusOr<std::vector<S3UploadInfo>> uploads =
+      client_->ListMultipartUploads(kBucket, "aborted-outside/");
+  ASSERT_TRUE(uploads.ok()) << uploads.status();
+  ASSERT_EQ(uploads->size(), 1u);
+  ASSERT_TRUE(client_->AbortMultipartUpload(kBucket, key, (*uploads)[0].upload_id).ok());
+  absl::Status closed = (*writer)->Close();
+  EXPECT_FALSE(closed.ok()) << "an aborted upload was taken for a completed one";
+  EXPECT_THAT(std::string(closed.message()), HasSubstr(key));
+  writer->reset();
+  std::string now(older.size(), '\0');
+  ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(now)).ok());
+  EXPECT_TRUE(now == older) << "the older object changed";
 }
 
 // Empty objects, a missing bucket, options out of range, writes after Close.

@@ -3,16 +3,58 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "lib/core/status.h"
+#include "openssl/evp.h"
 
 namespace reshard {
+namespace {
+
+// An ETag without its quotes, in lower case.
+std::string BareETag(absl::string_view etag) {
+  etag = absl::StripAsciiWhitespace(etag);
+  if (etag.size() >= 2 && etag.front() == '"' && etag.back() == '"') {
+    etag = etag.substr(1, etag.size() - 2);
+  }
+  return absl::AsciiStrToLower(etag);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> MultipartETag(const std::vector<S3CompletedPart>& parts) {
+  if (parts.empty()) return absl::InvalidArgumentError("a multipart upload has parts");
+  std::string digests;
+  for (const S3CompletedPart& part : parts) {
+    const std::string hex = BareETag(part.etag);
+    if (hex.size() != 32 || !std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit)) {
+      // Not an MD5 (SSE-KMS and some stores' ETags are not): nothing to compare with.
+      return absl::FailedPreconditionError(
+          absl::StrCat("part ", part.part_number, " has ETag \"", part.etag, "\", not an MD5"));
+    }
+    digests += absl::HexStringToBytes(hex);
+  }
+  unsigned char md5[EVP_MAX_MD_SIZE];
+  unsigned int md5_size = 0;
+  if (EVP_Digest(digests.data(), digests.size(), md5, &md5_size, EVP_md5(), nullptr) != 1) {
+    return absl::InternalError("OpenSSL's MD5 failed");
+  }
+  return absl::StrCat(
+      absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(md5), md5_size)), "-",
+      parts.size());
+}
 
 absl::StatusOr<std::unique_ptr<S3ObjectWriter>> S3ObjectWriter::Create(S3Client* client,
                                                                        std::string bucket,
                                                                        std::string key,
                                                                        Options options) {
   const std::string url = absl::StrCat("s3://", bucket, "/", key);
+  if (bucket.empty() || key.empty() || key.back() == '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat(url, ": an object needs a bucket and a key that does not end in '/'"));
+  }
   if (options.part_bytes < S3Client::kMinPartBytes || options.part_bytes > (5ull << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat(url, ": part size ", options.part_bytes, " is outside S3's 5 MiB..5 GiB"));
@@ -151,9 +193,13 @@ absl::Status S3ObjectWriter::Close() {
   absl::StatusOr<std::string> etag =
       client_->CompleteMultipartUpload(bucket_, key_, upload_id_, parts);
   if (absl::IsFailedPrecondition(etag.status())) {
-    // A retried completion after a lost success answer: the object is there if its size is.
+    // NoSuchUpload: a retried completion after a lost success answer, or an upload aborted by
+    // someone else (AbortStaleUploads of a concurrent rerun). Only the first leaves the object
+    // these parts make: its size, and the ETag S3 gives a multipart object (the MD5 of the
+    // parts' MD5s, "-N"). An older object of the same size under the key is not taken for it.
     absl::StatusOr<S3ObjectInfo> info = client_->Head(bucket_, key_);
-    if (info.ok() && info->size == pos_) {
+    absl::StatusOr<std::string> expected = MultipartETag(parts);
+    if (info.ok() && info->size == pos_ && expected.ok() && BareETag(info->etag) == *expected) {
       completed_ = true;
       return absl::OkStatus();
     }

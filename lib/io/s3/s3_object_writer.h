@@ -38,6 +38,11 @@
 
 namespace reshard {
 
+// The ETag S3 gives the object completed from `parts` (their ETags, the MD5s of their bytes):
+// the hex MD5 of the concatenated binary MD5s, "-", the number of parts. FailedPrecondition
+// when a part's ETag is not an MD5 (encrypted uploads, some stores).
+absl::StatusOr<std::string> MultipartETag(const std::vector<S3CompletedPart>& parts);
+
 class S3ObjectWriter final : public ByteWriter {
  public:
   struct Options {
@@ -51,8 +56,9 @@ class S3ObjectWriter final : public ByteWriter {
   };
 
   // Starts the multipart upload of `key` in `bucket`. `client` must outlive the writer.
-  // InvalidArgument for options out of range; the client's error when the upload cannot start
-  // (a missing bucket is NotFound naming it).
+  // InvalidArgument for options out of range, an empty bucket, or a key that is empty or ends
+  // in '/' (not an object S3 tools can download to a file); the client's error when the upload
+  // cannot start (a missing bucket is NotFound naming it).
   static absl::StatusOr<std::unique_ptr<S3ObjectWriter>> Create(S3Client* client,
                                                                 std::string bucket, std::string key,
                                                                 Options options);
