@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "lib/core/status.h"
+#include "lib/io/s3/s3_location.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
@@ -160,9 +161,9 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view json, const std::
     ASSIGN_OR_RETURN(std::vector<std::string> roots, StringList(entry, "allowed_roots", where));
     std::vector<std::string> resolved;
     for (const std::string& root : roots) {
-      if (root.empty() || root[0] != '/') {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": allowed root \"", root, "\" is not an absolute path"));
+      if (root.empty() || (root[0] != '/' && !IsS3Url(root))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": allowed root \"", root, "\" is neither an absolute path nor an s3:// URL"));
       }
       ASSIGN_OR_RETURN(
           std::string inside, daemon_paths.CheckInput(root),

@@ -96,6 +96,32 @@ TEST_F(AuthTokensTest, AuthenticatesByHashWithScopesAndRoots) {
   }
 }
 
+// Tokens can be given s3:// prefixes within the daemon's s3:// roots.
+TEST_F(AuthTokensTest, S3RootsWithinTheDaemonsS3Roots) {
+  auto daemon = PathPolicy::Create({root_, "s3://shared/teams"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto table = TokenTable::Parse(
+      absl::StrCat(R"({"tokens": [)",
+                   Entry("alice", "alice-secret", R"("submit")", "s3://shared/teams/a"), "]}"),
+      "tokens.json", *daemon);
+  ASSERT_TRUE(table.ok()) << table.status();
+  auto alice = table->Authenticate("alice-secret");
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  EXPECT_TRUE(alice->paths->CheckOutput("s3://shared/teams/a/out").ok());
+  EXPECT_EQ(alice->paths->CheckOutput("s3://shared/teams/b/out").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(alice->paths->CheckInput(root_ + "/team-a").status().code(),
+            absl::StatusCode::kPermissionDenied)
+      << "a token with only an s3:// root reads no local folder";
+
+  auto outside = TokenTable::Parse(
+      absl::StrCat(R"({"tokens": [)",
+                   Entry("bob", "bob-secret", R"("submit")", "s3://shared/other"), "]}"),
+      "tokens.json", *daemon);
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kPermissionDenied) << outside.status();
+  EXPECT_THAT(std::string(outside.status().message()), HasSubstr("s3://shared/other"));
+}
+
 TEST_F(AuthTokensTest, UppercaseHashIsAccepted) {
   std::string json = TwoTokens();
   const std::string hex = Sha256Hex("alice-secret");
@@ -129,7 +155,7 @@ TEST_F(AuthTokensTest, ErrorsNameTheFileTheEntryAndTheProblem) {
       {One(R"("name": "a", "sha256": ")" + hash + R"(", "scopes": [])", a),
        "\"scopes\" must be a non-empty list"},
       {One(R"("name": "a", "sha256": ")" + hash + R"(", "scopes": ["read"])", "relative"),
-       "allowed root \"relative\" is not an absolute path"},
+       "allowed root \"relative\" is neither an absolute path nor an s3:// URL"},
       {One(R"("name": "a", "sha256": ")" + hash + R"(", "scopes": ["read"])", base_ + "/outside"),
        "must be a folder within the daemon's --allowed-root folders"},
       {One(R"("name": "a", "sha256": ")" + hash + R"(", "scopes": ["read"])", a + "/missing"),

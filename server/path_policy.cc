@@ -8,12 +8,14 @@
 #include <filesystem>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "lib/core/status.h"
 #include "lib/io/directory.h"
 #include "lib/io/file_access.h"
+#include "lib/io/s3/s3_location.h"
 
 namespace reshard {
 namespace {
@@ -44,14 +46,46 @@ absl::Status CheckSyntax(const std::string& path, absl::string_view what) {
   return absl::OkStatus();
 }
 
+// "s3://bucket/prefix" without a trailing '/', validated.
+absl::StatusOr<std::string> NormalizeS3Url(const std::string& url, absl::string_view what) {
+  if (url.size() > kMaxPathLength) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " URL is longer than ", kMaxPathLength));
+  }
+  ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url), what);
+  while (!location.key.empty() && location.key.back() == '/') location.key.pop_back();
+  return location.key.empty() ? absl::StrCat("s3://", location.bucket) : location.ToString();
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> PathPolicy::CheckS3(const std::string& url, absl::string_view what,
+                                                bool allow_root_itself) const {
+  ASSIGN_OR_RETURN(const std::string normalized, NormalizeS3Url(url, what));
+  for (const std::string& root : s3_roots_) {
+    if (normalized == root ? allow_root_itself : absl::StartsWith(normalized, root + "/")) {
+      return normalized;
+    }
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat(what, " ", url, " is not ", allow_root_itself ? "in" : "strictly inside",
+                   " an allowed s3:// root (",
+                   s3_roots_.empty() ? "none" : absl::StrJoin(s3_roots_, ", "), ")"));
+}
 
 absl::StatusOr<PathPolicy> PathPolicy::Create(const std::vector<std::string>& roots) {
   if (roots.empty()) {
     return absl::InvalidArgumentError("at least one --allowed-root is required");
   }
   PathPolicy policy;
+  std::vector<std::string> local_roots;
   for (const std::string& root : roots) {
+    if (IsS3Url(root)) {
+      ASSIGN_OR_RETURN(std::string normalized, NormalizeS3Url(root, "allowed root"));
+      policy.s3_roots_.push_back(normalized);
+      policy.roots_.push_back(std::move(normalized));
+      continue;
+    }
+    RETURN_IF_ERROR(CheckLocalPath(root, "allowed root"));
     ASSIGN_OR_RETURN(const std::string resolved, RealPath(root), "allowed root");
     struct stat st;
     if (::stat(resolved.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -60,13 +94,16 @@ absl::StatusOr<PathPolicy> PathPolicy::Create(const std::vector<std::string>& ro
     std::string normalized = resolved;
     while (normalized.size() > 1 && normalized.back() == '/') normalized.pop_back();
     policy.roots_.push_back(normalized);
+    local_roots.push_back(normalized);
   }
-  ASSIGN_OR_RETURN(policy.confinement_, PathConfinement::Create(policy.roots_));
+  // With s3:// roots only, the confinement has no roots: every local open is refused.
+  ASSIGN_OR_RETURN(policy.confinement_, PathConfinement::Create(local_roots));
   return policy;
 }
 
 bool PathPolicy::Inside(const std::string& resolved, bool allow_root_itself) const {
   for (const std::string& root : roots_) {
+    if (IsS3Url(root)) continue;
     if (resolved == root) {
       if (allow_root_itself) return true;
       continue;
@@ -78,6 +115,7 @@ bool PathPolicy::Inside(const std::string& resolved, bool allow_root_itself) con
 }
 
 absl::StatusOr<std::string> PathPolicy::CheckInput(const std::string& path) const {
+  if (IsS3Url(path)) return CheckS3(path, "input", /*allow_root_itself=*/true);
   RETURN_IF_ERROR(CheckSyntax(path, "input"));
   auto resolved = RealPath(path);
   if (!resolved.ok()) {
@@ -103,6 +141,7 @@ absl::StatusOr<std::string> PathPolicy::CheckInput(const std::string& path) cons
 
 absl::StatusOr<std::string> PathPolicy::CheckInputTree(const std::string& path) const {
   ASSIGN_OR_RETURN(std::string resolved, CheckInput(path));
+  if (IsS3Url(resolved)) return resolved;  // keys have no symlinks, FIFOs or devices
   namespace fs = std::filesystem;
   std::error_code error;
   if (!fs::is_directory(resolved, error)) return resolved;
@@ -137,6 +176,7 @@ absl::StatusOr<std::string> PathPolicy::CheckInputTree(const std::string& path) 
 }
 
 absl::StatusOr<std::string> PathPolicy::CheckOutput(const std::string& path) const {
+  if (IsS3Url(path)) return CheckS3(path, "output", /*allow_root_itself=*/false);
   RETURN_IF_ERROR(CheckSyntax(path, "output"));
   // Split into the deepest existing ancestor and the plain names below it.
   std::vector<std::string> missing;

@@ -4,8 +4,13 @@
 // lead outside a root are refused (PERMISSION_DENIED). An output folder that does not exist yet
 // is resolved through its deepest existing ancestor; the components below it must be plain
 // names. Outputs must lie strictly inside a root, because the staging folder is a sibling.
-// Inputs that are FIFOs, sockets or devices (or folders holding one) are refused, and remote
-// URLs ("s3://...") are refused until remote storage is supported.
+// Inputs that are FIFOs, sockets or devices (or folders holding one) are refused.
+//
+// Roots may also be object-store prefixes, "s3://bucket" or "s3://bucket/prefix": an s3:// path
+// is allowed when it is such a root or lies below it by whole key segments ("s3://b/team-a"
+// does not hold "s3://b/team-ab"). URLs are validated (ParseS3Url: no "." or ".." or empty
+// segments), never resolved: a key has no symlinks. Whether an input object exists is found when
+// the job reads it. Other remote schemes are refused.
 //
 // These checks are made at submit; what a job then opens goes through `confinement()`
 // (lib/io/file_access.h), which re-checks every open against the same roots.
@@ -38,6 +43,7 @@ class PathPolicy {
   // The resolved path of an output folder (existing or not) strictly inside a root.
   absl::StatusOr<std::string> CheckOutput(const std::string& path) const;
 
+  // Every root, local ones resolved, s3:// ones normalized ("s3://bucket/prefix").
   const std::vector<std::string>& roots() const { return roots_; }
   // The same roots as a PathConfinement: jobs and Inspect/Plan calls run under it, so that
   // what they open after these checks stays beneath the roots even if paths change meanwhile.
@@ -45,8 +51,12 @@ class PathPolicy {
 
  private:
   bool Inside(const std::string& resolved, bool allow_root_itself) const;
+  // The normalized `url` when it lies in an s3:// root (or is one, with allow_root_itself).
+  absl::StatusOr<std::string> CheckS3(const std::string& url, absl::string_view what,
+                                      bool allow_root_itself) const;
 
-  std::vector<std::string> roots_;  // resolved, without trailing slash
+  std::vector<std::string> roots_;     // all, local ones resolved, without trailing slash
+  std::vector<std::string> s3_roots_;  // the s3:// ones, normalized, without trailing slash
   std::shared_ptr<const PathConfinement> confinement_;
 };
 

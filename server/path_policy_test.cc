@@ -1,8 +1,9 @@
 #include "server/path_policy.h"
 
+#include <fcntl.h>
 #include <limits.h>
-#include <sys/stat.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -227,11 +228,58 @@ TEST_F(PathPolicyTest, SpecialFilesAreRefused) {
             absl::StatusCode::kPermissionDenied);  // outside first
 }
 
-TEST_F(PathPolicyTest, RemoteUrlsAreRefusedClearly) {
+TEST_F(PathPolicyTest, S3UrlsNeedAnS3Root) {
   auto output = policy_->CheckOutput("s3://bucket/out");
-  EXPECT_EQ(output.status().code(), absl::StatusCode::kInvalidArgument) << output.status();
-  EXPECT_NE(output.status().message().find("s3://"), absl::string_view::npos) << output.status();
+  EXPECT_EQ(output.status().code(), absl::StatusCode::kPermissionDenied) << output.status();
+  EXPECT_NE(output.status().message().find("s3://bucket/out"), absl::string_view::npos)
+      << output.status();
   EXPECT_EQ(policy_->CheckInput("s3://bucket/model").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(policy_->CheckInput("gs://bucket/model").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PathPolicyS3Test, S3RootsHoldWholeKeySegmentsBelowThem) {
+  const std::string local = MakeTempDir("s3_roots_local");
+  auto policy = PathPolicy::Create({local, "s3://bucket/team-a/", "s3://whole-bucket"});
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_EQ(policy->roots()[1], "s3://bucket/team-a");
+  EXPECT_EQ(policy->roots()[2], "s3://whole-bucket");
+
+  auto input = policy->CheckInputTree("s3://bucket/team-a/models/llama/");
+  ASSERT_TRUE(input.ok()) << input.status();
+  EXPECT_EQ(*input, "s3://bucket/team-a/models/llama");
+  EXPECT_TRUE(policy->CheckInput("s3://bucket/team-a").ok()) << "a root is an input";
+  EXPECT_TRUE(policy->CheckInput("s3://whole-bucket/x").ok());
+  EXPECT_EQ(policy->CheckInput("s3://bucket/team-ab/x").status().code(),
+            absl::StatusCode::kPermissionDenied)
+      << "a prefix of a segment is not inside";
+  EXPECT_EQ(policy->CheckInput("s3://bucket/x").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(policy->CheckInput("s3://bucket/team-a/../team-b/x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(policy->CheckInput("s3://Bad_Bucket/team-a/x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto output = policy->CheckOutput("s3://bucket/team-a/out/");
+  ASSERT_TRUE(output.ok()) << output.status();
+  EXPECT_EQ(*output, "s3://bucket/team-a/out");
+  EXPECT_EQ(policy->CheckOutput("s3://bucket/team-a").status().code(),
+            absl::StatusCode::kPermissionDenied)
+      << "outputs lie strictly inside a root";
+  // Local paths still go by the local roots only.
+  EXPECT_EQ(policy->CheckInput("/etc/passwd").status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST(PathPolicyS3Test, OnlyS3RootsConfineEveryLocalOpen) {
+  auto policy = PathPolicy::Create({"s3://bucket/jobs"});
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  ASSERT_NE(policy->confinement(), nullptr);
+  EXPECT_EQ(policy->confinement()->Open("/etc/passwd", O_RDONLY).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(policy->CheckInput("/etc/passwd").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(policy->CheckOutput("/tmp/out").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(PathPolicy::Create({"s3://bucket/a/../b"}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

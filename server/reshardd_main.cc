@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
                  "Prometheus /metrics address (empty: off)");
   app.add_option("--state-dir", options.state_dir, "job store folder")->required();
   app.add_option("--allowed-root", options.allowed_roots,
-                 "folder jobs may read and write (repeatable)")
+                 "folder or s3://bucket/prefix jobs may read and write (repeatable)")
       ->required();
   app.add_option("--memory-budget", memory_budget, "memory shared by running jobs")
       ->capture_default_str();

@@ -11,6 +11,7 @@
 #include "lib/engine/partition_spec.h"
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/io/io_mode.h"
+#include "lib/io/s3/s3_location.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/partition_rules.h"
 #include "server/job_runner.h"
@@ -192,7 +193,8 @@ absl::StatusOr<v1::Job> ReshardService::Submit(grpc::ServerContext& context, con
       RunOffloaded(*offload_, context,
                    [checked, spec = request.spec(), needs_free_output, paths = caller.paths] {
                      absl::StatusOr<v1::JobSpec> valid = ValidateJobSpec(spec, *paths);
-                     if (valid.ok() && needs_free_output) {
+                     // An s3:// output prefix is checked for objects by the job itself.
+                     if (valid.ok() && needs_free_output && !IsS3Url(valid->output())) {
                        absl::Status free = CheckOutputDirUsable(valid->output());
                        if (!free.ok()) valid = free;
                      }

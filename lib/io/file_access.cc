@@ -90,7 +90,7 @@ absl::Status ChangedUnderneath(const std::string& path, const std::string& resol
 
 absl::StatusOr<std::shared_ptr<const PathConfinement>> PathConfinement::Create(
     const std::vector<std::string>& roots) {
-  if (roots.empty()) return absl::InvalidArgumentError("no allowed root given");
+  // No roots (a daemon whose roots are all s3:// prefixes): every open is refused.
   std::shared_ptr<PathConfinement> confinement(new PathConfinement());
   for (const std::string& root : roots) {
     ASSIGN_OR_RETURN(const std::string resolved, RealPath(root), "allowed root");
@@ -139,9 +139,9 @@ absl::StatusOr<int> PathConfinement::Open(const std::string& path, int flags) co
   std::string relative;
   const Root* root = Find(*resolved, &relative);
   if (root == nullptr) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(path, " resolves to ", *resolved, ", outside the allowed roots (",
-                     absl::StrJoin(roots_, ", "), ")"));
+    return absl::PermissionDeniedError(absl::StrCat(path, " resolves to ", *resolved,
+                                                    ", outside the allowed roots (",
+                                                    absl::StrJoin(roots_, ", "), ")"));
   }
   const int fd = OpenBeneath(root->fd, relative, flags);
   if (fd < 0) {
@@ -189,13 +189,14 @@ absl::Status CheckInputFileType(const std::string& path) {
     ::close(fd);
     if (result != 0) return ErrnoToStatus(error, absl::StrCat("stat ", path));
   } else if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("input ", path, " does not exist"));
+    if (errno == ENOENT)
+      return absl::NotFoundError(absl::StrCat("input ", path, " does not exist"));
     return ErrnoToStatus(errno, absl::StrCat("stat ", path));
   }
   if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "input ", path, " is ", DescribeFileType(st.st_mode),
-        "; reshard reads regular files and folders only"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("input ", path, " is ", DescribeFileType(st.st_mode),
+                     "; reshard reads regular files and folders only"));
   }
   return absl::OkStatus();
 }
@@ -218,9 +219,9 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " is ", DescribeFileType(st.st_mode), ", not a regular file; reshard reads "
-        "regular files only"));
+    return absl::InvalidArgumentError(absl::StrCat(path, " is ", DescribeFileType(st.st_mode),
+                                                   ", not a regular file; reshard reads "
+                                                   "regular files only"));
   }
   const int status_flags = ::fcntl(fd, F_GETFL);
   if (status_flags < 0 || ::fcntl(fd, F_SETFL, status_flags & ~O_NONBLOCK) != 0) {

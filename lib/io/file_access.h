@@ -33,7 +33,7 @@ namespace reshard {
 class PathConfinement {
  public:
   // Resolves and opens every root. NotFound/InvalidArgument when one is missing or not a
-  // folder.
+  // folder. With no roots, every open is PermissionDenied.
   static absl::StatusOr<std::shared_ptr<const PathConfinement>> Create(
       const std::vector<std::string>& roots);
 
