@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -37,6 +38,78 @@ absl::StatusOr<std::string> NormalizeEndpoint(std::string endpoint) {
   return endpoint;
 }
 
+// The keys (lower case) and values of section `section` of an INI-style AWS file; NotFound
+// when the file has no such section. `path` is only used in messages.
+absl::StatusOr<std::map<std::string, std::string>> ParseIniSection(absl::string_view text,
+                                                                   absl::string_view section,
+                                                                   absl::string_view path) {
+  std::map<std::string, std::string> values;
+  bool in_section = false;
+  bool found = false;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line.front() == '#' || line.front() == ';') continue;
+    if (line.front() == '[') {
+      if (line.back() != ']') {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ":", line_number, ": malformed section header"));
+      }
+      absl::string_view name = absl::StripAsciiWhitespace(line.substr(1, line.size() - 2));
+      in_section = name == section;
+      found = found || in_section;
+      continue;
+    }
+    if (!in_section) continue;
+    const size_t eq = line.find('=');
+    // A nested block ("s3 =" then indented "key = value" lines) reads as keys of the section;
+    // reshard uses none of them.
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line_number, ": expected key = value"));
+    }
+    values[absl::AsciiStrToLower(absl::StripAsciiWhitespace(line.substr(0, eq)))] =
+        std::string(absl::StripAsciiWhitespace(line.substr(eq + 1)));
+  }
+  if (!found) {
+    return absl::NotFoundError(absl::StrCat(path, " has no section [", section, "]"));
+  }
+  return values;
+}
+
+// Reads a whole AWS file of at most kMaxCredentialsFileBytes; NotFound when it cannot be opened.
+absl::StatusOr<std::string> ReadAwsFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", what, " ", path));
+  std::string text(kMaxCredentialsFileBytes + 1, '\0');
+  in.read(text.data(), text.size());
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxCredentialsFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is larger than 1 MiB"));
+  }
+  return text;
+}
+
+// Profile `profile` of the AWS config file (AWS_CONFIG_FILE, default ~/.aws/config): section
+// [default] or [profile NAME]. Empty when the file or the profile does not exist.
+absl::StatusOr<std::map<std::string, std::string>> ConfigFileProfile(const EnvLookup& env,
+                                                                     const std::string& profile) {
+  std::string path = NonEmpty(env, "AWS_CONFIG_FILE");
+  if (path.empty()) {
+    const std::string home = NonEmpty(env, "HOME");
+    if (home.empty()) return std::map<std::string, std::string>();
+    path = absl::StrCat(home, "/.aws/config");
+  }
+  absl::StatusOr<std::string> text = ReadAwsFile(path, "AWS config file");
+  if (absl::IsNotFound(text.status())) return std::map<std::string, std::string>();
+  RETURN_IF_ERROR(text.status());
+  auto values = ParseIniSection(
+      *text, profile == "default" ? profile : absl::StrCat("profile ", profile), path);
+  if (absl::IsNotFound(values.status())) return std::map<std::string, std::string>();
+  return values;
+}
+
 }  // namespace
 
 EnvLookup ProcessEnv() {
@@ -50,45 +123,17 @@ EnvLookup ProcessEnv() {
 absl::StatusOr<S3Credentials> ParseSharedCredentials(absl::string_view text,
                                                      absl::string_view profile,
                                                      absl::string_view path) {
-  S3Credentials credentials;
-  credentials.source = absl::StrCat(path, " [", profile, "]");
-  bool in_profile = false;
-  bool found = false;
-  int line_number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++line_number;
-    line = absl::StripAsciiWhitespace(line);
-    if (line.empty() || line.front() == '#' || line.front() == ';') continue;
-    if (line.front() == '[') {
-      if (line.back() != ']') {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ":", line_number, ": malformed section header"));
-      }
-      absl::string_view name = absl::StripAsciiWhitespace(line.substr(1, line.size() - 2));
-      in_profile = name == profile;
-      found = found || in_profile;
-      continue;
-    }
-    if (!in_profile) continue;
-    const size_t eq = line.find('=');
-    if (eq == absl::string_view::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", line_number, ": expected key = value"));
-    }
-    const std::string key = absl::AsciiStrToLower(absl::StripAsciiWhitespace(line.substr(0, eq)));
-    const std::string value(absl::StripAsciiWhitespace(line.substr(eq + 1)));
-    if (key == "aws_access_key_id") {
-      credentials.access_key_id = value;
-    } else if (key == "aws_secret_access_key") {
-      credentials.secret_access_key = value;
-    } else if (key == "aws_session_token") {
-      credentials.session_token = value;
-    }
-  }
-  if (!found) {
+  auto values = ParseIniSection(text, profile, path);
+  if (absl::IsNotFound(values.status())) {
     return absl::NotFoundError(
         absl::StrCat("shared credentials file ", path, " has no profile [", profile, "]"));
   }
+  RETURN_IF_ERROR(values.status());
+  S3Credentials credentials;
+  credentials.source = absl::StrCat(path, " [", profile, "]");
+  credentials.access_key_id = (*values)["aws_access_key_id"];
+  credentials.secret_access_key = (*values)["aws_secret_access_key"];
+  credentials.session_token = (*values)["aws_session_token"];
   if (credentials.access_key_id.empty() || credentials.secret_access_key.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("shared credentials file ", path, " profile [", profile,
@@ -99,26 +144,23 @@ absl::StatusOr<S3Credentials> ParseSharedCredentials(absl::string_view text,
 
 absl::StatusOr<S3Credentials> ReadSharedCredentials(const std::string& path,
                                                     absl::string_view profile) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open shared credentials file ", path));
-  std::string text(kMaxCredentialsFileBytes + 1, '\0');
-  in.read(text.data(), text.size());
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kMaxCredentialsFileBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shared credentials file ", path, " is larger than 1 MiB"));
-  }
+  ASSIGN_OR_RETURN(std::string text, ReadAwsFile(path, "shared credentials file"));
   return ParseSharedCredentials(text, profile, path);
 }
 
 absl::StatusOr<S3Config> S3ConfigFromEnv(const EnvLookup& env) {
   S3Config config;
+  const std::string profile_env = NonEmpty(env, "AWS_PROFILE");
+  const std::string profile = profile_env.empty() ? "default" : profile_env;
+  ASSIGN_OR_RETURN(auto profile_config, ConfigFileProfile(env, profile));
   const std::string region = NonEmpty(env, "AWS_REGION");
   const std::string default_region = NonEmpty(env, "AWS_DEFAULT_REGION");
   if (!region.empty()) {
     config.region = region;
   } else if (!default_region.empty()) {
     config.region = default_region;
+  } else if (!profile_config["region"].empty()) {
+    config.region = profile_config["region"];
   }
   for (char c : config.region) {
     if (!absl::ascii_isalnum(c) && c != '-') {
@@ -126,7 +168,8 @@ absl::StatusOr<S3Config> S3ConfigFromEnv(const EnvLookup& env) {
     }
   }
 
-  const std::string endpoint = NonEmpty(env, "AWS_ENDPOINT_URL");
+  std::string endpoint = NonEmpty(env, "AWS_ENDPOINT_URL");
+  if (endpoint.empty()) endpoint = profile_config["endpoint_url"];
   if (!endpoint.empty()) {
     ASSIGN_OR_RETURN(config.endpoint, NormalizeEndpoint(endpoint));
     config.path_style = true;
@@ -149,8 +192,6 @@ absl::StatusOr<S3Config> S3ConfigFromEnv(const EnvLookup& env) {
     return config;
   }
 
-  const std::string profile_env = NonEmpty(env, "AWS_PROFILE");
-  const std::string profile = profile_env.empty() ? "default" : profile_env;
   std::string path = NonEmpty(env, "AWS_SHARED_CREDENTIALS_FILE");
   if (path.empty()) {
     const std::string home = NonEmpty(env, "HOME");

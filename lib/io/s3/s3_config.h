@@ -4,12 +4,15 @@
 //   - credentials: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN) when set;
 //     otherwise the profile AWS_PROFILE (default "default") of the shared credentials file
 //     AWS_SHARED_CREDENTIALS_FILE (default ~/.aws/credentials, ~ from HOME);
-//   - region: AWS_REGION, then AWS_DEFAULT_REGION, then "us-east-1";
-//   - endpoint: AWS_ENDPOINT_URL (e.g. http://127.0.0.1:7480 for Ceph radosgw or MinIO), sent
-//     path-style (http://host/bucket/key); without it, https://s3.REGION.amazonaws.com with
+//   - region: AWS_REGION, then AWS_DEFAULT_REGION, then `region` of the profile in the config
+//     file AWS_CONFIG_FILE (default ~/.aws/config; section [default] or [profile NAME]), then
+//     "us-east-1";
+//   - endpoint: AWS_ENDPOINT_URL, then the profile's `endpoint_url` in the config file (e.g.
+//     http://127.0.0.1:7480 for Ceph radosgw or MinIO), sent path-style
+//     (http://host/bucket/key); without either, https://s3.REGION.amazonaws.com with
 //     virtual-hosted buckets (https://bucket.s3.REGION.amazonaws.com/key).
-// Not supported (yet): ~/.aws/config (region, role assumption, SSO), instance metadata and web
-// identity credentials.
+// Not supported (yet): role assumption, SSO and credential processes of the config file,
+// instance metadata and web identity credentials.
 //
 // The environment is read through an injectable lookup so tests need not touch the process
 // environment.

@@ -144,5 +144,66 @@ TEST(S3ConfigTest, MalformedFile) {
   EXPECT_THAT(credentials.status().message(), HasSubstr("/f:1"));
 }
 
+// ~/.aws/config: region and endpoint_url of the profile, below the environment.
+TEST(S3ConfigTest, ConfigFileRegionAndEndpointOfTheProfile) {
+  const std::string dir = ::testing::TempDir();
+  const std::string config = dir + "/aws_config";
+  std::ofstream(config) << R"([default]
+region = eu-west-1
+[profile ceph]
+region = us-west-2
+endpoint_url = http://127.0.0.1:7480/
+s3 =
+  addressing_style = path
+)";
+  const std::string credentials = WriteCredentials(dir);
+  auto base = [&](std::map<std::string, std::string> extra) {
+    std::map<std::string, std::string> env = {{"AWS_CONFIG_FILE", config},
+                                              {"AWS_SHARED_CREDENTIALS_FILE", credentials}};
+    env.insert(extra.begin(), extra.end());
+    return FakeEnv(env);
+  };
+  auto by_default = S3ConfigFromEnv(base({}));
+  ASSERT_TRUE(by_default.ok()) << by_default.status();
+  EXPECT_EQ(by_default->region, "eu-west-1");
+  EXPECT_EQ(by_default->endpoint, "https://s3.eu-west-1.amazonaws.com");
+  EXPECT_FALSE(by_default->path_style);
+
+  auto ceph = S3ConfigFromEnv(base({{"AWS_PROFILE", "other"}}));
+  ASSERT_TRUE(ceph.ok()) << ceph.status();
+  EXPECT_EQ(ceph->region, "us-east-1") << "profile [other] has no section in the config file";
+
+  // The config section of profile "ceph" is "[profile ceph]"; its credentials are in "other".
+  std::ofstream(dir + "/credentials2")
+      << "[ceph]\naws_access_key_id = K\naws_secret_access_key = S\n";
+  auto named = S3ConfigFromEnv(FakeEnv({{"AWS_CONFIG_FILE", config},
+                                        {"AWS_SHARED_CREDENTIALS_FILE", dir + "/credentials2"},
+                                        {"AWS_PROFILE", "ceph"}}));
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->region, "us-west-2");
+  EXPECT_EQ(named->endpoint, "http://127.0.0.1:7480");
+  EXPECT_TRUE(named->path_style);
+
+  auto env_wins = S3ConfigFromEnv(
+      base({{"AWS_REGION", "ap-south-1"}, {"AWS_ENDPOINT_URL", "http://localhost:9000"}}));
+  ASSERT_TRUE(env_wins.ok()) << env_wins.status();
+  EXPECT_EQ(env_wins->region, "ap-south-1");
+  EXPECT_EQ(env_wins->endpoint, "http://localhost:9000");
+}
+
+TEST(S3ConfigTest, MissingConfigFileIsFineMalformedIsNot) {
+  const std::string dir = ::testing::TempDir();
+  const std::string credentials = WriteCredentials(dir);
+  auto missing = S3ConfigFromEnv(FakeEnv({{"AWS_CONFIG_FILE", dir + "/no-such-config"},
+                                          {"AWS_SHARED_CREDENTIALS_FILE", credentials}}));
+  ASSERT_TRUE(missing.ok()) << missing.status();
+  EXPECT_EQ(missing->region, "us-east-1");
+  std::ofstream(dir + "/bad_config") << "[default]\nregion eu-west-1\n";
+  auto bad = S3ConfigFromEnv(FakeEnv(
+      {{"AWS_CONFIG_FILE", dir + "/bad_config"}, {"AWS_SHARED_CREDENTIALS_FILE", credentials}}));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("bad_config:2"));
+}
+
 }  // namespace
 }  // namespace reshard

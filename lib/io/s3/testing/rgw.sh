@@ -1,6 +1,7 @@
 #!/bin/bash
 # Starts or stops a single-host Ceph 16.2 cluster for S3 tests: one monitor, one memstore OSD
-# (data in RAM, at most 2 GiB) and radosgw on 127.0.0.1, with user TESTKEY/TESTSECRET.
+# (data in RAM, at most 2 GiB or RGW_MEMSTORE_BYTES) and radosgw on 127.0.0.1, with user
+# TESTKEY/TESTSECRET.
 #   rgw.sh start BASE RGW_PORT MON_PORT   (about 15 s)
 #   rgw.sh stop BASE                      (about 6 s)
 # BASE must be short: Ceph's admin sockets live under it and Unix socket paths are limited to
@@ -61,7 +62,7 @@ mon data = $C/mon
 [osd]
 osd data = $C/osd\$id
 osd objectstore = memstore
-memstore device bytes = 2147483648
+memstore device bytes = ${RGW_MEMSTORE_BYTES:-2147483648}
 [client.rgw.a]
 rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT
 rgw data = $C/rgw
