@@ -63,22 +63,6 @@ int64_t MaxFds(const std::string& pid_dir) {
   return -1;
 }
 
-prometheus::MetricFamily Family(const std::string& name, const std::string& help,
-                                prometheus::MetricType type, double value) {
-  prometheus::MetricFamily family;
-  family.name = name;
-  family.help = help;
-  family.type = type;
-  prometheus::ClientMetric metric;
-  if (type == prometheus::MetricType::Counter) {
-    metric.counter.value = value;
-  } else {
-    metric.gauge.value = value;
-  }
-  family.metric.push_back(metric);
-  return family;
-}
-
 }  // namespace
 
 std::optional<ProcessStats> ReadProcessStats(const std::string& pid_dir) {
@@ -112,6 +96,22 @@ std::optional<ProcessStats> ReadProcessStats(const std::string& pid_dir) {
   return stats;
 }
 
+prometheus::MetricFamily SingleValueFamily(const std::string& name, const std::string& help,
+                                           prometheus::MetricType type, double value) {
+  prometheus::MetricFamily family;
+  family.name = name;
+  family.help = help;
+  family.type = type;
+  prometheus::ClientMetric metric;
+  if (type == prometheus::MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
+  family.metric.push_back(metric);
+  return family;
+}
+
 ProcessCollector::ProcessCollector() { ResetBaseline(); }
 
 void ProcessCollector::ResetBaseline() {
@@ -124,31 +124,35 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   std::vector<prometheus::MetricFamily> families;
   auto stats = ReadProcessStats();
   if (!stats.has_value()) return families;  // a scrape without them beats a failed scrape
-  families.push_back(Family("process_cpu_seconds_total",
-                            "Total user and system CPU time spent in seconds.", MetricType::Counter,
-                            stats->cpu_seconds));
-  families.push_back(Family("process_resident_memory_bytes", "Resident memory size in bytes.",
-                            MetricType::Gauge, static_cast<double>(stats->resident_bytes)));
-  families.push_back(Family("process_virtual_memory_bytes", "Virtual memory size in bytes.",
-                            MetricType::Gauge, static_cast<double>(stats->virtual_bytes)));
-  families.push_back(Family("process_start_time_seconds",
-                            "Start time of the process since unix epoch in seconds.",
-                            MetricType::Gauge, stats->start_time_seconds));
-  families.push_back(Family("process_threads", "Number of OS threads in the process.",
-                            MetricType::Gauge, static_cast<double>(stats->threads)));
+  families.push_back(SingleValueFamily("process_cpu_seconds_total",
+                                       "Total user and system CPU time spent in seconds.",
+                                       MetricType::Counter, stats->cpu_seconds));
+  families.push_back(SingleValueFamily("process_resident_memory_bytes",
+                                       "Resident memory size in bytes.", MetricType::Gauge,
+                                       static_cast<double>(stats->resident_bytes)));
+  families.push_back(SingleValueFamily("process_virtual_memory_bytes",
+                                       "Virtual memory size in bytes.", MetricType::Gauge,
+                                       static_cast<double>(stats->virtual_bytes)));
+  families.push_back(SingleValueFamily("process_start_time_seconds",
+                                       "Start time of the process since unix epoch in seconds.",
+                                       MetricType::Gauge, stats->start_time_seconds));
+  families.push_back(SingleValueFamily("process_threads", "Number of OS threads in the process.",
+                                       MetricType::Gauge, static_cast<double>(stats->threads)));
   if (stats->open_fds >= 0) {
-    families.push_back(Family("process_open_fds", "Number of open file descriptors.",
-                              MetricType::Gauge, static_cast<double>(stats->open_fds)));
+    families.push_back(SingleValueFamily("process_open_fds", "Number of open file descriptors.",
+                                         MetricType::Gauge, static_cast<double>(stats->open_fds)));
   }
   if (stats->max_fds >= 0) {
-    families.push_back(Family("process_max_fds", "Maximum number of open file descriptors.",
-                              MetricType::Gauge, static_cast<double>(stats->max_fds)));
+    families.push_back(SingleValueFamily("process_max_fds",
+                                         "Maximum number of open file descriptors.",
+                                         MetricType::Gauge, static_cast<double>(stats->max_fds)));
   }
   const uint64_t baseline = baseline_resident_bytes_.load();
   const uint64_t in_use = stats->resident_bytes > baseline ? stats->resident_bytes - baseline : 0;
-  families.push_back(Family("reshard_memory_in_use_bytes",
-                            "Resident memory of the daemon above its idle baseline at start.",
-                            MetricType::Gauge, static_cast<double>(in_use)));
+  families.push_back(
+      SingleValueFamily("reshard_memory_in_use_bytes",
+                        "Resident memory of the daemon above its idle baseline at start.",
+                        MetricType::Gauge, static_cast<double>(in_use)));
   return families;
 }
 

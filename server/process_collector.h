@@ -42,6 +42,10 @@ struct ProcessStats {
 // stat file cannot be read or parsed.
 std::optional<ProcessStats> ReadProcessStats(const std::string& pid_dir = "/proc/self");
 
+// A metric family of one unlabelled counter or gauge.
+prometheus::MetricFamily SingleValueFamily(const std::string& name, const std::string& help,
+                                           prometheus::MetricType type, double value);
+
 class ProcessCollector : public prometheus::Collectable {
  public:
   ProcessCollector();

@@ -20,6 +20,7 @@
 #include "server/offload_pool.h"
 #include "server/path_policy.h"
 #include "server/process_collector.h"
+#include "server/s3_collector.h"
 #include "server/service.h"
 #include "server/tls_credentials.h"
 
@@ -52,6 +53,7 @@ struct Server::Impl {
   GrpcServerMetrics grpc_metrics{*metrics.registry(), {"reshard.v1.Reshard"}};
   // Its idle baseline (reshard_memory_in_use_bytes) is taken once the server is serving.
   std::shared_ptr<ProcessCollector> process_metrics = std::make_shared<ProcessCollector>();
+  std::shared_ptr<S3Collector> s3_metrics = std::make_shared<S3Collector>();
   std::unique_ptr<prometheus::Exposer> exposer;
   std::unique_ptr<PathPolicy> paths;
   std::unique_ptr<ServerTls> tls;
@@ -92,6 +94,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     }
     impl->exposer->RegisterCollectable(impl->metrics.registry());
     impl->exposer->RegisterCollectable(impl->process_metrics);
+    impl->exposer->RegisterCollectable(impl->s3_metrics);
     const std::string host = options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));
     metrics_address = absl::StrCat(host, ":", impl->exposer->GetListeningPorts().at(0));
   }

@@ -5,6 +5,8 @@
 #ifndef RESHARD_LIB_IO_S3_DEFAULT_CLIENT_H_
 #define RESHARD_LIB_IO_S3_DEFAULT_CLIENT_H_
 
+#include <optional>
+
 #include "absl/status/statusor.h"
 #include "lib/io/s3/s3_client.h"
 
@@ -14,6 +16,10 @@ namespace reshard {
 // AWS_ENDPOINT_URL, the shared credentials file); its error (no credentials, a malformed
 // endpoint) is returned by every later call too, naming what was missing. Thread safe.
 absl::StatusOr<S3Client*> DefaultS3Client();
+
+// The shared client's request counters; nullopt until a first DefaultS3Client call has made
+// one (metrics read it without creating a client). Thread safe.
+std::optional<S3ClientStats> DefaultS3ClientStats();
 
 }  // namespace reshard
 
