@@ -415,7 +415,7 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
                                                    kMaxPartitions, "]"));
   }
   if (spec.output.empty()) return absl::InvalidArgumentError("no output folder given");
-  RETURN_IF_ERROR(CheckLocalPath(spec.input, "input"));
+  RETURN_IF_ERROR(CheckInputPath(spec.input, "input"));
   RETURN_IF_ERROR(CheckLocalPath(spec.output, "output"));
   // A non-empty output is refused before reading anything, unless it is this split's own
   // (a worker rerun after another one published).

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -21,7 +20,6 @@
 namespace reshard {
 namespace {
 
-namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
 
@@ -48,8 +46,7 @@ absl::StatusOr<InputModel> ReadIndexedFolder(const std::string& dir) {
   std::sort(names.begin(), names.end(), NaturalLess);
   std::vector<FileCatalog> files;
   for (const std::string& name : names) {
-    std::error_code error;
-    if (!fs::exists(absl::StrCat(dir, "/", name), error)) {
+    if (!InputExists(absl::StrCat(dir, "/", name))) {
       return absl::NotFoundError(
           absl::StrCat(index_path, " lists ", name, ", which does not exist in ", dir));
     }
@@ -88,9 +85,8 @@ void AddSafetensorsFileToCatalog(const std::string& path, uint64_t file_size,
 }
 
 bool SafetensorsInput::Probe(const std::string& path) const {
-  std::error_code error;
-  if (fs::is_directory(path, error)) {
-    return fs::exists(absl::StrCat(path, "/", kSafetensorsIndexName), error) ||
+  if (IsInputFolder(path)) {
+    return InputExists(absl::StrCat(path, "/", kSafetensorsIndexName)) ||
            !ListFolder(path, {".safetensors"}).empty();
   }
   if (absl::EndsWith(path, ".safetensors")) return true;
@@ -136,9 +132,8 @@ absl::StatusOr<InputModel> SafetensorsInput::Read(const std::string& path,
 }
 
 absl::StatusOr<InputModel> SafetensorsInput::ReadWithoutAliases(const std::string& path) const {
-  std::error_code error;
-  if (fs::is_directory(path, error)) {
-    if (fs::exists(absl::StrCat(path, "/", kSafetensorsIndexName), error)) {
+  if (IsInputFolder(path)) {
+    if (InputExists(absl::StrCat(path, "/", kSafetensorsIndexName))) {
       return ReadIndexedFolder(path);
     }
     return ReadPlainFolder(path);
