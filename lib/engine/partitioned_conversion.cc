@@ -53,6 +53,7 @@ namespace fs = std::filesystem;
 
 // Every worker must name the same folders, wherever it was started from.
 std::string AbsolutePath(const std::string& path) {
+  if (IsRemotePath(path)) return path;  // s3://bucket/key is absolute already
   std::error_code error;
   const fs::path absolute = fs::absolute(path, error);
   return NormalizeOutputPath(error ? path : absolute.string());

@@ -205,6 +205,19 @@ class S3InputTests(harness.TempDirTestCase):
         self.consolidate_both("s3://%s/small/" % BUCKET, os.path.join(STATE["local"], "small"),
                               "--max-shard-size", "2MiB")
 
+    def test_partitioned_consolidation(self):
+        # Two workers write a share each; the second to finish publishes OUT. `commit` re-plans
+        # from the request's input, which stays the s3:// URL.
+        out = self.p("partitioned")
+        for i in range(2):
+            self.ok("consolidate", "s3://%s/small" % BUCKET, out, "--max-shard-size", "2MiB",
+                    "--partition", "%d/2" % i, "--no-progress")
+        self.ok("commit", out)
+        local_out = self.p("local")
+        self.ok("consolidate", os.path.join(STATE["local"], "small"), local_out,
+                "--max-shard-size", "2MiB", "--no-progress")
+        self.assertSameFolder(out, local_out)
+
     def test_single_file(self):
         self.consolidate_both("s3://%s/single/model.safetensors" % BUCKET,
                               os.path.join(STATE["local"], "single", "model.safetensors"),
