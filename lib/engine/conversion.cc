@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -60,10 +61,19 @@ absl::StatusOr<PartitionRules> LoadRules(const std::string& rules_json,
 
 absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules rules,
                                       bool require_model, const ReadOptions& options) {
+  RETURN_IF_ERROR(CheckInputPath(path, "input"));
   LoadedInput loaded;
   loaded.path = path;
-  ASSIGN_OR_RETURN(const InputFormat* format, DetectInputFormat(path));
-  ASSIGN_OR_RETURN(loaded.model, format->Read(path, options));
+  // A remote folder is named without its trailing '/' (s3://b/model/ reads as s3://b/model):
+  // formats join "folder/name", and a key with an empty segment is refused.
+  std::string read_path = path;
+  if (IsRemotePath(read_path)) {
+    while (absl::EndsWith(read_path, "/") && !absl::EndsWith(read_path, "://")) {
+      read_path.pop_back();
+    }
+  }
+  ASSIGN_OR_RETURN(const InputFormat* format, DetectInputFormat(read_path));
+  ASSIGN_OR_RETURN(loaded.model, format->Read(read_path, options));
   if (loaded.model.description.empty()) {
     loaded.model.description = DescribeInputModel(loaded.model);
   }
@@ -286,7 +296,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
     return absl::InvalidArgumentError(
         "a partitioned conversion runs through RunAnyConversion (partitioned_conversion.h)");
   }
-  RETURN_IF_ERROR(CheckLocalPath(spec.input, "input"));
+  RETURN_IF_ERROR(CheckInputPath(spec.input, "input"));
   RETURN_IF_ERROR(CheckLocalPath(spec.output, "output"));
   if (control.resume && !control.job_id.empty()) {
     ASSIGN_OR_RETURN(std::optional<ConversionResult> published,

@@ -53,6 +53,7 @@ namespace fs = std::filesystem;
 
 // Every worker must name the same folders, wherever it was started from.
 std::string AbsolutePath(const std::string& path) {
+  if (IsRemotePath(path)) return path;  // s3://bucket/key is absolute already
   std::error_code error;
   const fs::path absolute = fs::absolute(path, error);
   return NormalizeOutputPath(error ? path : absolute.string());
@@ -415,7 +416,7 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
                                                    kMaxPartitions, "]"));
   }
   if (spec.output.empty()) return absl::InvalidArgumentError("no output folder given");
-  RETURN_IF_ERROR(CheckLocalPath(spec.input, "input"));
+  RETURN_IF_ERROR(CheckInputPath(spec.input, "input"));
   RETURN_IF_ERROR(CheckLocalPath(spec.output, "output"));
   // A non-empty output is refused before reading anything, unless it is this split's own
   // (a worker rerun after another one published).

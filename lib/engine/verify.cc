@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "lib/core/status.h"
 #include "lib/engine/conversion.h"
 #include "lib/exec/executor.h"
+#include "lib/exec/span_reader.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/plan/planner.h"
 
@@ -16,6 +18,8 @@ namespace reshard {
 namespace {
 
 constexpr int64_t kChunkBytes = 16 << 20;
+// Span of the SpanReader of a side with remote sources (two buffers of it).
+constexpr size_t kRemoteSpanBytes = 8 << 20;
 
 int MantissaBits(DType dtype) {
   switch (dtype) {
@@ -78,6 +82,15 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
   const Catalog& cb = input_b.catalog;
   ASSIGN_OR_RETURN(std::vector<MappedFile> sources_a, MapSources(ca.files));
   ASSIGN_OR_RETURN(std::vector<MappedFile> sources_b, MapSources(cb.files));
+  // Remote sources are read span by span, the next span fetched while one is compared (local
+  // ones through pread and the mapping, with the kernel's readahead).
+  auto any_remote = [](const std::vector<MappedFile>& sources) {
+    return std::any_of(sources.begin(), sources.end(),
+                       [](const MappedFile& source) { return source.remote(); });
+  };
+  std::optional<SpanReader> spans_a, spans_b;
+  if (any_remote(sources_a)) spans_a.emplace(kRemoteSpanBytes);
+  if (any_remote(sources_b)) spans_b.emplace(kRemoteSpanBytes);
 
   VerifyResult result;
   result.tolerance =
@@ -113,8 +126,10 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     }
     ASSIGN_OR_RETURN(TensorCopy copy_a, PlanWholeTensor(ca, ia, *dtype));
     ASSIGN_OR_RETURN(TensorCopy copy_b, PlanWholeTensor(cb, ib, *dtype));
-    TensorFiller fill_a(copy_a, sources_a);
-    TensorFiller fill_b(copy_b, sources_b);
+    RETURN_IF_ERROR(TensorFiller::CheckReadable(copy_a, sources_a));
+    RETURN_IF_ERROR(TensorFiller::CheckReadable(copy_b, sources_b));
+    TensorFiller fill_a(copy_a, sources_a, nullptr, spans_a.has_value() ? &*spans_a : nullptr);
+    TensorFiller fill_b(copy_b, sources_b, nullptr, spans_b.has_value() ? &*spans_b : nullptr);
     const size_t size = DTypeSize(*dtype);
     const int64_t chunk = std::max<int64_t>(1, kChunkBytes / static_cast<int64_t>(size));
     buffer_a.resize(std::min<int64_t>(chunk, copy_a.num_elements) * size);

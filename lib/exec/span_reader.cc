@@ -70,10 +70,18 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
     requested_ = false;
     done_ = false;
   }
+  // A remote source whose next run continues this one in the same file is read in whole spans,
+  // not cut at the run's limit: every read is a request with a round trip, and a consolidation
+  // reads its files front to back, so short tensors share one request. Runs that take turns
+  // with other files' (the chunks of a tensor merged by columns) are still cut, as they would
+  // otherwise be read again for every window.
+  const bool continues = next != nullptr && next->file == file && next->offset == limit;
+  const uint64_t read_limit = source->remote() && continues ? source->size() : limit;
   if (from_ahead) {
     ++reads_ahead_used_;
   } else {
-    const uint64_t end = std::max(offset + length, std::min<uint64_t>(limit, offset + capacity_));
+    const uint64_t end =
+        std::max(offset + length, std::min<uint64_t>(read_limit, offset + capacity_));
     current_.data = nullptr;  // until the read succeeds
     ASSIGN_OR_RETURN(current_, Read(*source, offset, end, current_.buffer, direct));
     ++reads_waited_;
@@ -86,9 +94,13 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
   uint64_t ahead_begin = std::max(current_.begin, current_.end - std::min(current_.end, overlap()));
   uint64_t ahead_end = std::min(source->size(), ahead_begin + capacity_);
   if (next != nullptr) {
+    const bool next_known = next->file >= 0 && static_cast<size_t>(next->file) < sources.size();
     if (current_.end < limit) {
-      ahead_end = std::min(ahead_end, limit);
-    } else if (next->file >= 0 && static_cast<size_t>(next->file) < sources.size()) {
+      ahead_end = std::min(ahead_end, read_limit);
+    } else if (next_known && &sources[next->file] == source && source->remote() &&
+               next->offset >= current_.begin && next->offset <= current_.end) {
+      // The next run starts in this (whole) span: the span after it, as without `next`.
+    } else if (next_known) {
       ahead_source = &sources[next->file];
       ahead_direct = ahead_source->ReadsDirectly(next->dense);
       ahead_begin = next->offset;

@@ -8,6 +8,11 @@
 // second buffer: a conversion reading a file front to back waits only for the first span of
 // each run. Without direct reads the kernel's readahead does this, and spans are read
 // synchronously (short rows, see TensorFiller::kShortRowBytes).
+//
+// A remote source (MappedFile::remote) is always read directly, and in whole spans when the
+// next run continues the current one in the same file: the span is not cut at the run's
+// `limit`, so the short tensors that follow come with one request instead of one each, and
+// the span read ahead continues the file while the next run starts inside the current span.
 
 #ifndef RESHARD_LIB_EXEC_SPAN_READER_H_
 #define RESHARD_LIB_EXEC_SPAN_READER_H_

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "lib/io/remote_store.h"
+#include "lib/io/testing/memory_store.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -134,6 +136,39 @@ TEST_F(SpanReaderTest, TruncatedSourceIsDataLoss) {
   auto past = reader.Get(sources_, 0, 2 * kSpan, 100, data_[0].size());
   EXPECT_EQ(past.status().code(), absl::StatusCode::kDataLoss) << past.status();
   EXPECT_NE(past.status().message().find(path), std::string::npos);
+}
+
+// A remote source is read in whole spans: short runs that follow each other in the file come
+// with the first one's request, and the span after them is read ahead while they are used.
+TEST(SpanReaderRemoteTest, ShortRunsShareWholeSpans) {
+  auto* store = new MemoryStore;  // registered stores are never destroyed
+  RegisterRemoteStore("mem", store);
+  constexpr uint64_t kSpan = 64 << 10;
+  const std::string data = Pattern(3 * kSpan);
+  store->Put("mem://b/f", data);
+  std::vector<MappedFile> sources;
+  auto file = MappedFile::Open("mem://b/f");
+  ASSERT_TRUE(file.ok()) << file.status();
+  sources.push_back(*std::move(file));
+  SpanReader reader(kSpan);
+  // Runs of 100 bytes (a layer norm's weights), each followed by the next.
+  for (uint64_t offset = 0; offset + 200 <= kSpan; offset += 100) {
+    const SpanReader::Run next{0, offset + 100, offset + 200, /*dense=*/true};
+    auto bytes = reader.Get(sources, 0, offset, 4, offset + 100, &next);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    ASSERT_GE(bytes->size, 100u);
+    EXPECT_EQ(std::memcmp(bytes->data, data.data() + offset, bytes->size), 0) << offset;
+  }
+  EXPECT_EQ(reader.reads_waited(), 1u);
+  // Reading on from the end of the first span takes the span read ahead.
+  auto ahead = reader.Get(sources, 0, kSpan - 8, 16, 3 * kSpan);
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  EXPECT_EQ(std::memcmp(ahead->data, data.data() + kSpan - 8, 16), 0);
+  EXPECT_EQ(reader.reads_waited(), 1u);
+  EXPECT_EQ(reader.reads_ahead_used(), 1u);
+  // The first span and the one after it, each one request (and a third is being read ahead).
+  EXPECT_GE(store->reads(), 2);
+  EXPECT_LE(store->reads(), 3);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/exec/dtype_convert.h"
 
@@ -156,6 +157,17 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           if (checksums_ != nullptr) {
             checksums_->Record(item.src_file, src_byte, src_span, destination, copy_.name);
           }
+        } else if (source.remote()) {
+          // No mapping: the run into the scratch buffer (CheckReadable refused strided ones).
+          if (src_stride != 1) RETURN_IF_ERROR(CheckReadable(copy_, sources_));
+          scratch_.resize(src_span);
+          RETURN_IF_ERROR(source.ReadAt(src_byte, src_span, scratch_.data()));
+          ConvertElements(scratch_.data(), 1, copy_.src_dtype, destination, copy_.dst_dtype,
+                          to - from);
+          bytes_read_ += src_span;
+          if (checksums_ != nullptr) {
+            checksums_->Record(item.src_file, src_byte, src_span, scratch_.data(), copy_.name);
+          }
         } else {
           mapped = true;
           ConvertElements(source.data() + src_byte, src_stride, copy_.src_dtype, destination,
@@ -212,6 +224,23 @@ absl::Status TensorFiller::CopyThroughSpan(int file, uint64_t offset, int64_t co
     offset += bytes;
     count -= n;
   }
+  return absl::OkStatus();
+}
+
+absl::Status TensorFiller::CheckReadable(const TensorCopy& copy,
+                                         const std::vector<MappedFile>& sources) {
+  for (const CopyItem& item : copy.items) {
+    if (item.src_strides.back() == 1 || item.num_elements() == 0) continue;
+    if (item.src_file < 0 || static_cast<size_t>(item.src_file) >= sources.size()) continue;
+    const MappedFile& source = sources[item.src_file];
+    if (!source.remote()) continue;
+    return absl::UnimplementedError(
+        absl::StrCat("tensor \"", copy.name, "\" reads strided elements (stride ",
+                     item.src_strides.back(), ") of ", source.path(),
+                     "; a remote input is read in contiguous runs only (copy it to a "
+                     "local folder first)"));
+  }
+  for (const TensorCopy& term : copy.mean_terms) RETURN_IF_ERROR(CheckReadable(term, sources));
   return absl::OkStatus();
 }
 

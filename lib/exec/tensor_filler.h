@@ -40,9 +40,15 @@ class TensorFiller {
   // took 0.95x the wall time and 0.87x the CPU read through spans as one pread each.
   static constexpr uint64_t kStripGapBytes = 16 << 10;
 
+  // OK when a filler of `copy` can read every item from `sources`: Unimplemented naming the
+  // tensor and the file for strided elements (src_strides.back() != 1) of a remote file,
+  // which has no mapping to gather them from. Call before writing anything.
+  static absl::Status CheckReadable(const TensorCopy& copy, const std::vector<MappedFile>& sources);
+
   // Writes elements [begin, end) of the output tensor, converted to its dtype, to `out`
   // ((end - begin) * element size bytes). Rows stored contiguously in the output dtype are
-  // read with pread, the others through the mapping. Errors name the file and offset.
+  // read with pread, the others through the mapping (a remote file's contiguous rows into a
+  // scratch buffer, when there is no SpanReader). Errors name the file and offset.
   // Precondition: ranges are consecutive, front to back.
   absl::Status Fill(int64_t begin, int64_t end, std::byte* out);
 
@@ -94,6 +100,7 @@ class TensorFiller {
 
   const TensorCopy& copy_;
   const std::vector<MappedFile>& sources_;
+  std::vector<std::byte> scratch_;  // a remote file's run to convert, read without spans
   SourceChecksums* const checksums_;
   std::vector<Cursor> cursors_;
   SpanReader::Run following_;

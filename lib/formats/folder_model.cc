@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -18,7 +17,6 @@
 namespace reshard {
 namespace {
 
-namespace fs = std::filesystem;
 constexpr uint64_t kMaxIndexBytes = 256u << 20;
 
 std::vector<std::string> SortedNames(const Catalog& catalog) {
@@ -57,13 +55,13 @@ bool NaturalLess(const std::string& a, const std::string& b) {
 std::vector<std::string> ListFolder(const std::string& dir,
                                     const std::vector<std::string>& suffixes) {
   std::vector<std::string> names;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name[0] == '.' || !entry.is_regular_file(error)) continue;
+  absl::StatusOr<std::vector<std::string>> listed = ListInputFolder(dir);
+  if (!listed.ok()) return names;
+  for (std::string& name : *listed) {
+    if (name.empty() || name[0] == '.') continue;
     for (const std::string& suffix : suffixes) {
       if (absl::EndsWith(name, suffix)) {
-        names.push_back(name);
+        names.push_back(std::move(name));
         break;
       }
     }

@@ -103,9 +103,18 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
                      return a->probe_priority() > b->probe_priority();
                    });
   std::vector<std::string> ids;
+  const bool remote = IsRemotePath(path);
   for (const InputFormat* format : by_priority) {
+    if (remote && !format->reads_remote()) continue;
     if (format->Probe(path)) return format;
     ids.emplace_back(format->id());
+  }
+  if (remote) {
+    return absl::UnimplementedError(absl::StrCat(
+        "input ", path, " is in no format reshard reads from remote storage (",
+        absl::StrJoin(ids, ", "),
+        ": a file, a folder of them, or a folder with its index); copy other formats to a "
+        "local folder first"));
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "input ", path, " is in no format reshard reads (known: ", absl::StrJoin(ids, ", "), ")"));

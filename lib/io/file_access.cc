@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "lib/core/status.h"
+#include "lib/io/remote_store.h"
 
 namespace reshard {
 namespace {
@@ -32,6 +33,26 @@ absl::StatusOr<std::string> RealPath(const std::string& path) {
     return ErrnoToStatus(errno, absl::StrCat("resolving ", path));
   }
   return std::string(resolved);
+}
+
+// The store's Stat of remote path `path`.
+absl::StatusOr<RemoteStat> StatRemote(const std::string& path) {
+  ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(path));
+  return store->Stat(path);
+}
+
+// Up to `max_bytes` + 1 bytes from the start of remote file `path` (+1 to tell a longer file,
+// as ReadUpTo does).
+absl::StatusOr<std::string> ReadRemotePrefix(const std::string& path, uint64_t max_bytes) {
+  ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(path));
+  ASSIGN_OR_RETURN(RemoteStat stat, store->Stat(path));
+  if (stat.is_folder) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a folder, not a file"));
+  }
+  std::string contents(static_cast<size_t>(stat.size > max_bytes ? max_bytes + 1 : stat.size),
+                       '\0');
+  RETURN_IF_ERROR(store->ReadRange(path, 0, absl::MakeSpan(contents)));
+  return contents;
 }
 
 std::string StripTrailingSlashes(std::string path) {
@@ -179,7 +200,7 @@ ScopedPathConfinement::~ScopedPathConfinement() { current_confinement = previous
 const PathConfinement* CurrentPathConfinement() { return current_confinement; }
 
 absl::Status CheckInputFileType(const std::string& path) {
-  RETURN_IF_ERROR(CheckLocalPath(path, "input"));
+  if (IsRemotePath(path)) return StatRemote(path).status();
   struct stat st;
   if (const PathConfinement* confinement = CurrentPathConfinement()) {
     // O_PATH: nothing is really opened, so a FIFO or device is only looked at.
@@ -255,18 +276,23 @@ absl::StatusOr<std::string> ReadUpTo(int fd, const std::string& path, uint64_t m
   return contents;
 }
 
+// Up to `max_bytes` + 1 bytes from the start of input file `path`, local or remote.
+absl::StatusOr<std::string> ReadInputUpTo(const std::string& path, uint64_t max_bytes) {
+  if (IsRemotePath(path)) return ReadRemotePrefix(path, max_bytes);
+  ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
+  return ReadUpTo(fd, path, max_bytes);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ReadFilePrefix(const std::string& path, size_t max_bytes) {
-  ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
-  ASSIGN_OR_RETURN(std::string contents, ReadUpTo(fd, path, max_bytes));
+  ASSIGN_OR_RETURN(std::string contents, ReadInputUpTo(path, max_bytes));
   if (contents.size() > max_bytes) contents.resize(max_bytes);
   return contents;
 }
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes) {
-  ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
-  ASSIGN_OR_RETURN(std::string contents, ReadUpTo(fd, path, max_bytes));
+  ASSIGN_OR_RETURN(std::string contents, ReadInputUpTo(path, max_bytes));
   if (contents.size() > max_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is larger than ", max_bytes, " bytes; not a file reshard reads"));
@@ -328,6 +354,45 @@ absl::Status CheckLocalPath(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(
       what, " ", path, " is a remote storage URL (", path.substr(0, path.find("://") + 3),
       "); reshard reads and writes local (or mounted) paths only for now"));
+}
+
+absl::Status CheckInputPath(const std::string& path, const std::string& what) {
+  if (!IsRemotePath(path)) return absl::OkStatus();
+  return Annotate(RemoteStoreFor(path).status(), what);
+}
+
+bool IsInputFolder(const std::string& path) {
+  if (IsRemotePath(path)) {
+    absl::StatusOr<RemoteStat> stat = StatRemote(path);
+    return stat.ok() && stat->is_folder;
+  }
+  std::error_code error;
+  return std::filesystem::is_directory(path, error);
+}
+
+bool InputExists(const std::string& path) {
+  if (IsRemotePath(path)) return StatRemote(path).ok();
+  std::error_code error;
+  return std::filesystem::exists(path, error);
+}
+
+absl::StatusOr<std::vector<std::string>> ListInputFolder(const std::string& dir) {
+  std::vector<std::string> names;
+  if (IsRemotePath(dir)) {
+    ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(dir));
+    ASSIGN_OR_RETURN(std::vector<RemoteEntry> entries, store->List(dir));
+    for (RemoteEntry& entry : entries) names.push_back(std::move(entry.name));
+    return names;
+  }
+  namespace fs = std::filesystem;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    if (entry.is_regular_file(error)) names.push_back(entry.path().filename().string());
+  }
+  if (error) {
+    return ErrnoToStatus(error.value(), absl::StrCat("listing folder ", dir));
+  }
+  return names;
 }
 
 void DisableOpenat2ForTesting(bool disable) { openat2_unavailable.store(disable); }

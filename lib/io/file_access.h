@@ -114,6 +114,26 @@ bool IsRemotePath(const std::string& path);
 // InvalidArgument for a remote path (not supported yet), naming `what` and the path.
 absl::Status CheckLocalPath(const std::string& path, const std::string& what);
 
+// Remote inputs. An input path may name a file or folder of an object store registered for
+// its scheme (lib/io/remote_store.h): ReadSmallFile, ReadFilePrefix and CheckInputFileType
+// read those through the store, and the functions below dispatch local and remote paths, so
+// that a format reads either without knowing which. OpenRegularFile refuses remote paths;
+// MappedFile::Open reads them.
+
+// OK for a local path and for a remote one whose scheme has a store in this binary;
+// Unimplemented naming `what`, the path and the schemes read otherwise. Nothing is accessed.
+absl::Status CheckInputPath(const std::string& path, const std::string& what);
+
+// Whether input `path` is a folder. False when it is a file, is absent, or cannot be checked
+// (the read that follows reports why).
+bool IsInputFolder(const std::string& path);
+// Whether input `path` exists (file or folder), with the same caveat.
+bool InputExists(const std::string& path);
+
+// The names of the files directly inside input folder `dir`, hidden ones (".x") included,
+// unsorted; regular files only for a local folder (symlinks followed). Errors name `dir`.
+absl::StatusOr<std::vector<std::string>> ListInputFolder(const std::string& dir);
+
 // For tests: use the O_NOFOLLOW walk even where openat2 exists.
 void DisableOpenat2ForTesting(bool disable);
 

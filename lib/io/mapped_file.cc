@@ -5,8 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
@@ -24,6 +27,7 @@ uint64_t PageSize() {
 }  // namespace
 
 absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path, int64_t expected_size) {
+  if (IsRemotePath(path)) return OpenRemote(path, expected_size);
   ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
   return Adopt(fd, path, expected_size);
 }
@@ -66,8 +70,55 @@ absl::StatusOr<MappedFile> MappedFile::Adopt(int fd, const std::string& path,
   return file;
 }
 
+absl::StatusOr<MappedFile> MappedFile::OpenRemote(const std::string& path, int64_t expected_size) {
+  ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(path));
+  ASSIGN_OR_RETURN(RemoteStat stat, store->Stat(path));
+  if (stat.is_folder) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a folder, not a file"));
+  }
+  if (expected_size >= 0 && stat.size != static_cast<uint64_t>(expected_size)) {
+    return absl::DataLossError(absl::StrCat(path, ": object is ", stat.size, " bytes but was ",
+                                            expected_size,
+                                            " bytes when it was read; it changed underneath"));
+  }
+  MappedFile file;
+  file.path_ = path;
+  file.remote_ = store;
+  file.size_ = stat.size;
+  return file;
+}
+
+absl::Status MappedFile::ReadRemote(uint64_t offset, uint64_t length, std::byte* out) const {
+  if (offset > size_ || length > size_ - offset) {
+    return absl::DataLossError(absl::StrCat(path_, ": read of ", length, " bytes at byte offset ",
+                                            offset, " passes the end of the object (", size_,
+                                            " bytes)"));
+  }
+  const uint64_t pieces =
+      std::clamp<uint64_t>(length / kRemotePieceBytes, 1, kRemotePiecesInFlight);
+  const uint64_t piece = (length + pieces - 1) / pieces;
+  auto read_piece = [&](uint64_t i) {
+    const uint64_t begin = i * piece;
+    const uint64_t end = std::min(length, begin + piece);
+    return remote_->ReadRange(
+        path_, offset + begin,
+        absl::Span<char>(reinterpret_cast<char*>(out + begin), static_cast<size_t>(end - begin)));
+  };
+  // Piece 0 on this thread, the others on their own; the first error in piece order.
+  std::vector<absl::Status> status(pieces);
+  std::vector<std::thread> threads;
+  for (uint64_t i = 1; i < pieces; ++i) {
+    threads.emplace_back([&, i] { status[i] = read_piece(i); });
+  }
+  status[0] = read_piece(0);
+  for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& piece_status : status) RETURN_IF_ERROR(piece_status);
+  return absl::OkStatus();
+}
+
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
+      remote_(std::exchange(other.remote_, nullptr)),
       fd_(std::exchange(other.fd_, -1)),
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
@@ -81,6 +132,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     if (fd_ >= 0) ::close(fd_);
     if (direct_fd_ >= 0) ::close(direct_fd_);
     path_ = std::move(other.path_);
+    remote_ = std::exchange(other.remote_, nullptr);
     fd_ = std::exchange(other.fd_, -1);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
@@ -98,7 +150,7 @@ MappedFile::~MappedFile() {
 }
 
 bool MappedFile::EnableDirectReads() {
-  if (direct_fd_ >= 0) return true;
+  if (direct_fd_ >= 0 || remote()) return true;
   if (fd_ < 0) return false;
   // Reopened through the descriptor, not the path: the very file that was opened (and
   // confined beneath the allowed roots), whatever happened to its name since.
@@ -116,6 +168,10 @@ uint64_t MappedFile::DirectReadSpan(uint64_t offset, uint64_t length) {
 
 absl::StatusOr<const std::byte*> MappedFile::ReadDirect(uint64_t offset, size_t length,
                                                         std::byte* buffer) const {
+  if (remote()) {
+    RETURN_IF_ERROR(ReadRemote(offset, length, buffer));
+    return buffer;
+  }
   if (direct_fd_ < 0)
     return absl::FailedPreconditionError(absl::StrCat(path_, ": no direct reads"));
   const uint64_t begin = offset / kDirectAlignment * kDirectAlignment;
@@ -125,6 +181,7 @@ absl::StatusOr<const std::byte*> MappedFile::ReadDirect(uint64_t offset, size_t 
 }
 
 absl::Status MappedFile::ReadAt(uint64_t offset, size_t length, std::byte* out) const {
+  if (remote()) return ReadRemote(offset, length, out);
   return ReadFully(fd_, offset, length, length, out);
 }
 

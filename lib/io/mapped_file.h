@@ -7,6 +7,13 @@
 // resident memory stays bounded by the copy window however large the file is. With
 // `set_drop_behind`, `DropCached` drops the pages read from the page cache too (a conversion does
 // not leave its input cached); otherwise the data stays in the page cache.
+//
+// A remote path ("s3://bucket/key", lib/io/remote_store.h) opens a remote file instead: no
+// mapping (`data()` is null), its size from the store, and every read a range read from the
+// store into the caller's buffer. It counts as read directly (`direct_reads()`), so the
+// executor reads it span by span through a SpanReader, the next span fetched ahead on its
+// helper thread; the page-cache hints do nothing. Callers that need `data()` must refuse
+// remote files up front (`remote()`).
 
 #ifndef RESHARD_LIB_IO_MAPPED_FILE_H_
 #define RESHARD_LIB_IO_MAPPED_FILE_H_
@@ -17,13 +24,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "lib/io/remote_store.h"
 
 namespace reshard {
 
 class MappedFile {
  public:
   // Maps `path` read-only. `expected_size`, when given, must equal the file's size (it changed
-  // since it was cataloged otherwise: DataLoss).
+  // since it was cataloged otherwise: DataLoss). A remote path opens a remote file (above);
+  // InvalidArgument when it names a folder.
   // The file is opened with OpenRegularFile (lib/io/file_access.h): FIFOs and devices are
   // refused, and under a PathConfinement it is opened beneath the allowed roots.
   static absl::StatusOr<MappedFile> Open(const std::string& path, int64_t expected_size = -1);
@@ -38,7 +47,10 @@ class MappedFile {
   MappedFile& operator=(const MappedFile&) = delete;
   ~MappedFile();
 
+  // The mapping; null for a remote file (and an empty one).
   const std::byte* data() const { return data_; }
+  // Whether this is a remote file, read with range reads (no mapping).
+  bool remote() const { return remote_ != nullptr; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
@@ -59,8 +71,9 @@ class MappedFile {
   // the page cache (no copy, no pages to drop). Opens a second descriptor of the same file;
   // false when the filesystem refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE and network
   // filesystems), and the file is then read buffered. Not thread safe; call before reading.
+  // A remote file is always read directly.
   bool EnableDirectReads();
-  bool direct_reads() const { return direct_fd_ >= 0; }
+  bool direct_reads() const { return direct_fd_ >= 0 || remote(); }
 
   // With direct reads: whether only dense runs (a box whose bytes are all read, e.g. the rows of
   // a tensor split by rows) are read directly, and strips of rows (a split by columns, whose
@@ -68,15 +81,22 @@ class MappedFile {
   // Read one strip at a time, direct reads cost 1.30x the wall time of buffered ones.
   void set_direct_reads_dense_only(bool dense_only) { direct_dense_only_ = dense_only; }
   // Whether a run of a box that reads `dense` (all its bytes) or not is read directly.
-  bool ReadsDirectly(bool dense) const { return direct_reads() && (dense || !direct_dense_only_); }
+  bool ReadsDirectly(bool dense) const {
+    return remote() || (direct_reads() && (dense || !direct_dense_only_));
+  }
 
   // Alignment of direct reads: offsets, lengths and buffer addresses.
   static constexpr uint64_t kDirectAlignment = 4096;
 
+  // How a remote file's long reads are split (ReadRemote).
+  static constexpr uint64_t kRemotePieceBytes = 1 << 20;
+  static constexpr int kRemotePiecesInFlight = 8;
+
   // Reads the aligned blocks that cover [offset, offset + length) with direct I/O into
   // `buffer` (kDirectAlignment-aligned, at least DirectReadSpan(offset, length) bytes) and
   // returns where the byte at `offset` landed in it. DataLoss naming the file and offset when
-  // the file ended early. Requires direct_reads(). Thread safe.
+  // the file ended early. Requires direct_reads(). Thread safe. A remote file reads exactly
+  // [offset, offset + length) to the start of `buffer` (no alignment needed).
   absl::StatusOr<const std::byte*> ReadDirect(uint64_t offset, size_t length,
                                               std::byte* buffer) const;
   // The bytes ReadDirect(offset, length, ...) writes into its buffer.
@@ -102,7 +122,16 @@ class MappedFile {
   absl::Status ReadFully(int fd, uint64_t offset, uint64_t want, uint64_t need,
                          std::byte* out) const;
 
+  // Opens remote file `path` through its store.
+  static absl::StatusOr<MappedFile> OpenRemote(const std::string& path, int64_t expected_size);
+  // Reads [offset, offset + length) of a remote file into `out`: DataLoss naming the file when
+  // the range passes its end; a long range in pieces of at least kRemotePieceBytes, up to
+  // kRemotePiecesInFlight of them read at once (one request is bounded by one connection's
+  // throughput).
+  absl::Status ReadRemote(uint64_t offset, uint64_t length, std::byte* out) const;
+
   std::string path_;
+  RemoteStore* remote_ = nullptr;  // the store of a remote file, else null
   int fd_ = -1;
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;

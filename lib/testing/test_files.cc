@@ -62,4 +62,14 @@ int64_t CachedPages(const std::string& path) {
   return cached;
 }
 
+std::string TestPattern(size_t size, uint32_t seed) {
+  std::string out(size, '\0');
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < size; ++i) {
+    x = x * 1664525u + 1013904223u;
+    out[i] = static_cast<char>(x >> 24);
+  }
+  return out;
+}
+
 }  // namespace reshard

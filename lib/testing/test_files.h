@@ -4,6 +4,7 @@
 #ifndef RESHARD_LIB_TESTING_TEST_FILES_H_
 #define RESHARD_LIB_TESTING_TEST_FILES_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -18,6 +19,10 @@ std::string ReadAll(const std::string& path);
 
 // Replaces `path` with `data`; fails the test when it cannot be written.
 void WriteAll(const std::string& path, const std::string& data);
+
+// `size` deterministic, position-dependent bytes (a linear congruential sequence from `seed`),
+// so that data read from a misplaced range shows up.
+std::string TestPattern(size_t size, uint32_t seed = 0);
 
 // How many pages of `path` are in the page cache now (mincore of a fresh mapping); -1 when the
 // file cannot be mapped. An empty file has none.

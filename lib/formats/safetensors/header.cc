@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 #include "lib/io/file_access.h"
+#include "lib/io/mapped_file.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
@@ -198,8 +199,38 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view file_
   return ParseSafetensorsHeaderJson(file_prefix.substr(8, length), file_size);
 }
 
+namespace {
+
+// The first read of a remote file's header: most headers fit (a 7B model's shard has about
+// 30 KiB), so one range read usually fetches all of it.
+constexpr uint64_t kRemoteHeaderProbeBytes = 256 << 10;
+
+// ReadSafetensorsHeader of a remote file (lib/io/remote_store.h): its size from the store,
+// then kRemoteHeaderProbeBytes, then the rest of the header when it is longer. The length
+// prefix is validated (at most kSafetensorsMaxHeaderBytes, inside the object) before anything
+// is allocated for it.
+absl::StatusOr<SafetensorsHeader> ReadRemoteSafetensorsHeader(const std::string& path,
+                                                              uint64_t* file_size) {
+  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+  *file_size = file.size();
+  std::string prefix(static_cast<size_t>(std::min(file.size(), kRemoteHeaderProbeBytes)), '\0');
+  RETURN_IF_ERROR(file.ReadAt(0, prefix.size(), reinterpret_cast<std::byte*>(prefix.data())));
+  ASSIGN_OR_RETURN(const uint64_t length, ParseSafetensorsHeaderLength(prefix, file.size()), path);
+  if (8 + length > prefix.size()) {
+    const size_t have = prefix.size();
+    prefix.resize(static_cast<size_t>(8 + length));
+    RETURN_IF_ERROR(file.ReadAt(have, prefix.size() - have,
+                                reinterpret_cast<std::byte*>(prefix.data() + have)));
+  }
+  ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(prefix, file.size()), path);
+  return header;
+}
+
+}  // namespace
+
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
                                                         uint64_t* file_size) {
+  if (IsRemotePath(path)) return ReadRemoteSafetensorsHeader(path, file_size);
   ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   struct Closer {
     int fd;

@@ -1,10 +1,12 @@
 #include "lib/formats/safetensors/safetensors_format.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_map.h"
@@ -21,7 +23,6 @@
 namespace reshard {
 namespace {
 
-namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
 
@@ -38,6 +39,48 @@ absl::StatusOr<FileCatalog> ReadOne(const std::string& dir, const std::string& n
   return file;
 }
 
+// Header reads of a remote folder's files in flight at once.
+constexpr int kRemoteHeaderReads = 8;
+
+// The headers of files `names` of folder `dir`, in that order. `index_path`, when not empty,
+// is the index that lists them (a missing file is NotFound naming it). A remote folder's files
+// are read up to kRemoteHeaderReads at a time (each costs two or three requests); a local
+// folder's one by one, on this thread, which holds the path confinement they are opened under.
+absl::StatusOr<std::vector<FileCatalog>> ReadFiles(const std::string& dir,
+                                                   const std::vector<std::string>& names,
+                                                   const std::string& index_path) {
+  auto read = [&](const std::string& name) -> absl::StatusOr<FileCatalog> {
+    if (!index_path.empty() && !InputExists(absl::StrCat(dir, "/", name))) {
+      return absl::NotFoundError(
+          absl::StrCat(index_path, " lists ", name, ", which does not exist in ", dir));
+    }
+    return ReadOne(dir, name);
+  };
+  std::vector<absl::StatusOr<FileCatalog>> read_files(names.size(), absl::UnknownError(""));
+  if (IsRemotePath(dir)) {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> threads;
+    const size_t count = std::min<size_t>(kRemoteHeaderReads, names.size());
+    for (size_t t = 0; t < count; ++t) {
+      threads.emplace_back([&] {
+        for (size_t i = next++; i < names.size(); i = next++) read_files[i] = read(names[i]);
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+  } else {
+    for (size_t i = 0; i < names.size(); ++i) {
+      read_files[i] = read(names[i]);
+      if (!read_files[i].ok()) break;
+    }
+  }
+  std::vector<FileCatalog> files;
+  for (absl::StatusOr<FileCatalog>& file : read_files) {
+    if (!file.ok()) return file.status();  // the first failure in file order
+    files.push_back(*std::move(file));
+  }
+  return files;
+}
+
 absl::StatusOr<InputModel> ReadIndexedFolder(const std::string& dir) {
   const std::string index_path = absl::StrCat(dir, "/", kSafetensorsIndexName);
   ASSIGN_OR_RETURN(auto weight_map, ReadWeightMap(index_path));
@@ -46,26 +89,14 @@ absl::StatusOr<InputModel> ReadIndexedFolder(const std::string& dir) {
     if (std::find(names.begin(), names.end(), file) == names.end()) names.push_back(file);
   }
   std::sort(names.begin(), names.end(), NaturalLess);
-  std::vector<FileCatalog> files;
-  for (const std::string& name : names) {
-    std::error_code error;
-    if (!fs::exists(absl::StrCat(dir, "/", name), error)) {
-      return absl::NotFoundError(
-          absl::StrCat(index_path, " lists ", name, ", which does not exist in ", dir));
-    }
-    ASSIGN_OR_RETURN(FileCatalog file, ReadOne(dir, name));
-    files.push_back(std::move(file));
-  }
+  ASSIGN_OR_RETURN(std::vector<FileCatalog> files, ReadFiles(dir, names, index_path));
   return AssembleIndexedFolder(SafetensorsInput::kId, dir, index_path, weight_map,
                                std::move(files));
 }
 
 absl::StatusOr<InputModel> ReadPlainFolder(const std::string& dir) {
-  std::vector<FileCatalog> files;
-  for (const std::string& name : ListFolder(dir, {".safetensors"})) {
-    ASSIGN_OR_RETURN(FileCatalog file, ReadOne(dir, name));
-    files.push_back(std::move(file));
-  }
+  ASSIGN_OR_RETURN(std::vector<FileCatalog> files,
+                   ReadFiles(dir, ListFolder(dir, {".safetensors"}), ""));
   return AssembleFolder(SafetensorsInput::kId, dir, std::move(files));
 }
 
@@ -88,9 +119,8 @@ void AddSafetensorsFileToCatalog(const std::string& path, uint64_t file_size,
 }
 
 bool SafetensorsInput::Probe(const std::string& path) const {
-  std::error_code error;
-  if (fs::is_directory(path, error)) {
-    return fs::exists(absl::StrCat(path, "/", kSafetensorsIndexName), error) ||
+  if (IsInputFolder(path)) {
+    return InputExists(absl::StrCat(path, "/", kSafetensorsIndexName)) ||
            !ListFolder(path, {".safetensors"}).empty();
   }
   if (absl::EndsWith(path, ".safetensors")) return true;
@@ -136,9 +166,8 @@ absl::StatusOr<InputModel> SafetensorsInput::Read(const std::string& path,
 }
 
 absl::StatusOr<InputModel> SafetensorsInput::ReadWithoutAliases(const std::string& path) const {
-  std::error_code error;
-  if (fs::is_directory(path, error)) {
-    if (fs::exists(absl::StrCat(path, "/", kSafetensorsIndexName), error)) {
+  if (IsInputFolder(path)) {
+    if (InputExists(absl::StrCat(path, "/", kSafetensorsIndexName))) {
       return ReadIndexedFolder(path);
     }
     return ReadPlainFolder(path);

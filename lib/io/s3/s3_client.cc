@@ -2,6 +2,7 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <utility>
@@ -363,16 +364,33 @@ absl::StatusOr<std::vector<S3ObjectInfo>> S3Client::List(absl::string_view bucke
     return absl::InvalidArgumentError(
         absl::StrCat("List: page size ", page_size, " not in 1..1000"));
   }
+  ASSIGN_OR_RETURN(Folder listed, ListPages(bucket, prefix, /*delimit=*/false,
+                                            static_cast<size_t>(page_size), /*max_entries=*/0));
+  return std::move(listed.objects);
+}
+
+absl::StatusOr<S3Client::Folder> S3Client::ListFolder(absl::string_view bucket,
+                                                      absl::string_view prefix,
+                                                      size_t max_entries) {
+  return ListPages(bucket, prefix, /*delimit=*/true, 1000, max_entries);
+}
+
+absl::StatusOr<S3Client::Folder> S3Client::ListPages(absl::string_view bucket,
+                                                     absl::string_view prefix, bool delimit,
+                                                     size_t page_size, size_t max_entries) {
   const std::string what = absl::StrCat("LIST ", S3Url(bucket, prefix));
-  std::vector<S3ObjectInfo> objects;
+  Folder folder;
+  const auto listed = [&] { return folder.objects.size() + folder.subfolders.size(); };
   std::string token;
-  while (true) {
+  while (max_entries == 0 || listed() < max_entries) {
     Request request;
     request.bucket = std::string(bucket);
     if (!token.empty()) {
       absl::StrAppend(&request.query, "continuation-token=", S3UriEncode(token, false), "&");
     }
-    absl::StrAppend(&request.query, "list-type=2&max-keys=", page_size,
+    // Parameters in sorted order, as they are signed (see the header).
+    const size_t page = max_entries == 0 ? page_size : std::min(page_size, max_entries - listed());
+    absl::StrAppend(&request.query, delimit ? "delimiter=%2F&" : "", "list-type=2&max-keys=", page,
                     "&prefix=", S3UriEncode(prefix, false));
     ASSIGN_OR_RETURN(Response response, Send(request, what));
     for (absl::string_view contents : XmlElements(response.body, "Contents")) {
@@ -380,7 +398,10 @@ absl::StatusOr<std::vector<S3ObjectInfo>> S3Client::List(absl::string_view bucke
       info.key = XmlText(contents, "Key").value_or("");
       ASSIGN_OR_RETURN(info.size, ParseSize(XmlText(contents, "Size").value_or(""), what));
       info.etag = XmlText(contents, "ETag").value_or("");
-      objects.push_back(std::move(info));
+      folder.objects.push_back(std::move(info));
+    }
+    for (absl::string_view common : XmlElements(response.body, "CommonPrefixes")) {
+      folder.subfolders.push_back(XmlText(common, "Prefix").value_or(""));
     }
     if (XmlText(response.body, "IsTruncated").value_or("false") != "true") break;
     std::string next = XmlText(response.body, "NextContinuationToken").value_or("");
@@ -389,7 +410,7 @@ absl::StatusOr<std::vector<S3ObjectInfo>> S3Client::List(absl::string_view bucke
     }
     token = std::move(next);
   }
-  return objects;
+  return folder;
 }
 
 absl::Status S3Client::Delete(absl::string_view bucket, absl::string_view key) {

@@ -112,6 +112,17 @@ class S3Client {
   absl::StatusOr<std::vector<S3ObjectInfo>> List(absl::string_view bucket, absl::string_view prefix,
                                                  int page_size = 1000);
 
+  // What lies directly inside "folder" `prefix` (empty, or ending in '/'): the objects whose
+  // keys have no further '/' and the sub-prefixes ("a/b/") of the deeper ones, in key order
+  // (ListObjectsV2 with delimiter '/', following continuation tokens). Stops once
+  // `max_entries` (objects plus sub-prefixes) are listed; 0 lists all.
+  struct Folder {
+    std::vector<S3ObjectInfo> objects;
+    std::vector<std::string> subfolders;
+  };
+  absl::StatusOr<Folder> ListFolder(absl::string_view bucket, absl::string_view prefix,
+                                    size_t max_entries = 0);
+
   // Deletes an object; deleting a missing key succeeds (as S3 does).
   absl::Status Delete(absl::string_view bucket, absl::string_view key);
 
@@ -150,6 +161,10 @@ class S3Client {
 
   // Sends `request` with retries; a non-2xx final answer becomes a status naming `what`.
   absl::StatusOr<Response> Send(const Request& request, absl::string_view what);
+  // ListObjectsV2 pages of `page_size` keys (with delimiter '/' when `delimit`) until the
+  // listing ends or `max_entries` (when not 0) objects and sub-prefixes are listed.
+  absl::StatusOr<Folder> ListPages(absl::string_view bucket, absl::string_view prefix, bool delimit,
+                                   size_t page_size, size_t max_entries);
   std::string Url(absl::string_view bucket, absl::string_view key, absl::string_view query) const;
 
   void* TakeHandle();

@@ -17,6 +17,7 @@
 #include "lib/io/s3/s3_client.h"
 #include "lib/io/s3/s3_object_writer.h"
 #include "lib/io/s3/s3_range_reader.h"
+#include "lib/testing/test_files.h"
 #include "openssl/evp.h"
 
 namespace reshard {
@@ -49,15 +50,7 @@ std::unique_ptr<S3Client> MakeClient(const std::string& endpoint,
 }
 
 // Deterministic, position-dependent bytes, so a misplaced range shows up.
-std::string Pattern(size_t size, uint32_t seed) {
-  std::string out(size, '\0');
-  uint32_t x = seed * 2654435761u + 1;
-  for (size_t i = 0; i < size; ++i) {
-    x = x * 1664525u + 1013904223u;
-    out[i] = static_cast<char>(x >> 24);
-  }
-  return out;
-}
+std::string Pattern(size_t size, uint32_t seed) { return TestPattern(size, seed); }
 
 class RgwTest : public ::testing::Test {
  protected:

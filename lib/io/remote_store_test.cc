@@ -1,0 +1,103 @@
+#include "lib/io/remote_store.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lib/io/file_access.h"
+#include "lib/io/mapped_file.h"
+#include "lib/io/testing/memory_store.h"
+#include "lib/testing/test_files.h"
+
+namespace reshard {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+class RemoteStoreTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = new MemoryStore;  // registered stores are never destroyed
+    RegisterRemoteStore("mem", store_);
+    store_->Put("mem://b/model/a.safetensors", TestPattern(100));
+    store_->Put("mem://b/model/b.bin", "bb");
+    store_->Put("mem://b/model/sub/c", "c");
+    store_->Put("mem://b/big.bin", TestPattern(5 * MappedFile::kRemotePieceBytes + 3));
+  }
+  MemoryStore* store_;
+};
+
+TEST_F(RemoteStoreTest, UnknownSchemeIsUnimplemented) {
+  absl::StatusOr<RemoteStore*> store = RemoteStoreFor("gs://bucket/key");
+  ASSERT_TRUE(absl::IsUnimplemented(store.status())) << store.status();
+  EXPECT_THAT(store.status().message(), HasSubstr("gs://bucket/key"));
+  EXPECT_THAT(store.status().message(), HasSubstr("mem://"));
+  EXPECT_TRUE(absl::IsUnimplemented(CheckInputPath("gs://bucket/key", "input")));
+  EXPECT_TRUE(CheckInputPath("/local/path", "input").ok());
+  EXPECT_TRUE(CheckInputPath("mem://b/model", "input").ok());
+  ASSERT_TRUE(RemoteStoreFor("mem://b").ok());
+  EXPECT_EQ(*RemoteStoreFor("mem://b"), store_);
+}
+
+TEST_F(RemoteStoreTest, FileAccessDispatchesRemotePaths) {
+  EXPECT_TRUE(IsInputFolder("mem://b/model"));
+  EXPECT_FALSE(IsInputFolder("mem://b/model/b.bin"));
+  EXPECT_TRUE(InputExists("mem://b/model/b.bin"));
+  EXPECT_FALSE(InputExists("mem://b/nothing"));
+  EXPECT_TRUE(CheckInputFileType("mem://b/model").ok());
+  EXPECT_TRUE(absl::IsNotFound(CheckInputFileType("mem://b/nothing")));
+  absl::StatusOr<std::vector<std::string>> names = ListInputFolder("mem://b/model");
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_THAT(*names, UnorderedElementsAre("a.safetensors", "b.bin"));
+  EXPECT_EQ(*ReadSmallFile("mem://b/model/b.bin", 2), "bb");
+  EXPECT_TRUE(absl::IsInvalidArgument(ReadSmallFile("mem://b/model/b.bin", 1).status()));
+  EXPECT_EQ(*ReadFilePrefix("mem://b/model/a.safetensors", 9), TestPattern(9));
+  EXPECT_EQ(*ReadFilePrefix("mem://b/model/b.bin", 9), "bb");
+  // Opening a remote path as a local file descriptor is refused.
+  EXPECT_FALSE(OpenRegularFile("mem://b/model/b.bin").ok());
+}
+
+TEST_F(RemoteStoreTest, MappedFileReadsInParallelPieces) {
+  const std::string expected = TestPattern(5 * MappedFile::kRemotePieceBytes + 3);
+  absl::StatusOr<MappedFile> file = MappedFile::Open("mem://b/big.bin", expected.size());
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(file->remote());
+  EXPECT_EQ(file->data(), nullptr);
+  EXPECT_TRUE(file->EnableDirectReads());
+  EXPECT_TRUE(file->ReadsDirectly(/*dense=*/false));
+  std::vector<std::byte> out(expected.size());
+  const int before = store_->reads();
+  ASSERT_TRUE(file->ReadAt(1, expected.size() - 1, out.data()).ok());
+  EXPECT_EQ(std::memcmp(out.data(), expected.data() + 1, expected.size() - 1), 0);
+  // Five pieces' worth: as many requests as fit in flight, each at least a piece.
+  EXPECT_EQ(store_->reads() - before, 5);
+  absl::StatusOr<const std::byte*> direct = file->ReadDirect(7, 100, out.data());
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(*direct, out.data());
+  EXPECT_EQ(std::memcmp(out.data(), expected.data() + 7, 100), 0);
+}
+
+TEST_F(RemoteStoreTest, MappedFileErrors) {
+  EXPECT_TRUE(absl::IsDataLoss(MappedFile::Open("mem://b/model/b.bin", 3).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(MappedFile::Open("mem://b/model").status()));
+  EXPECT_TRUE(absl::IsNotFound(MappedFile::Open("mem://b/none").status()));
+  absl::StatusOr<MappedFile> file = MappedFile::Open("mem://b/model/a.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<std::byte> out(200);
+  // Past the end: refused before any request, naming the file and the offset.
+  const int before = store_->reads();
+  absl::Status past = file->ReadAt(90, 20, out.data());
+  EXPECT_TRUE(absl::IsDataLoss(past)) << past;
+  EXPECT_THAT(past.message(), HasSubstr("mem://b/model/a.safetensors"));
+  EXPECT_THAT(past.message(), HasSubstr("offset 90"));
+  EXPECT_EQ(store_->reads(), before);
+  // The store's error comes back as it is.
+  store_->Fail("mem://b/model/a.safetensors", absl::UnavailableError("mem: slow down"));
+  EXPECT_TRUE(absl::IsUnavailable(file->ReadAt(0, 10, out.data())));
+}
+
+}  // namespace
+}  // namespace reshard

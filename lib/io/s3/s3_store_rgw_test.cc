@@ -1,0 +1,202 @@
+// The "s3" RemoteStore, and the s3:// paths of MappedFile and lib/io/file_access.h that go
+// through it, against a real Ceph radosgw. Run by //tests/s3:s3_input_test, which starts
+// radosgw and sets the AWS environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) that
+// DefaultS3Client reads, plus S3_TEST_ENDPOINT.
+
+#include <stdlib.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lib/io/file_access.h"
+#include "lib/io/mapped_file.h"
+#include "lib/io/remote_store.h"
+#include "lib/io/s3/default_client.h"
+#include "lib/io/s3/s3_client.h"
+#include "lib/io/s3/s3_store.h"
+#include "lib/testing/test_files.h"
+
+namespace reshard {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kBucket[] = "reshard-store-test";
+
+std::string Url(const std::string& key) { return absl::StrCat("s3://", kBucket, "/", key); }
+
+class S3StoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<S3Client*> client = DefaultS3Client();
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *client;
+    absl::Status created = client_->CreateBucket(kBucket);
+    ASSERT_TRUE(created.ok() || absl::IsAlreadyExists(created)) << created;
+    big_ = new std::string(TestPattern(10 << 20, 7));
+    for (const auto& [key, data] : std::vector<std::pair<std::string, std::string>>{
+             {"m/a.safetensors", TestPattern(1000, 1)},
+             {"m/b.bin", TestPattern(10, 2)},
+             {"m/.hidden", "x"},
+             {"m/sub/deep.safetensors", TestPattern(5, 3)},
+             {"m/big.bin", *big_},
+             {"only-sub/x/y", "y"},
+             {"marker/", ""},
+             {"marker/f", "f"},
+             {"empty.bin", ""},
+         }) {
+      absl::StatusOr<std::string> etag = client_->Put(kBucket, key, data);
+      ASSERT_TRUE(etag.ok()) << etag.status();
+    }
+    absl::StatusOr<RemoteStore*> store = RemoteStoreFor("s3://x");
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *store;
+  }
+  static void TearDownTestSuite() { delete big_; }
+
+  static S3Client* client_;
+  static RemoteStore* store_;
+  static std::string* big_;
+};
+S3Client* S3StoreTest::client_ = nullptr;
+RemoteStore* S3StoreTest::store_ = nullptr;
+std::string* S3StoreTest::big_ = nullptr;
+
+TEST_F(S3StoreTest, StatFilesAndFolders) {
+  absl::StatusOr<RemoteStat> file = store_->Stat(Url("m/a.safetensors"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_FALSE(file->is_folder);
+  EXPECT_EQ(file->size, 1000u);
+  absl::StatusOr<RemoteStat> empty = store_->Stat(Url("empty.bin"));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_FALSE(empty->is_folder);
+  EXPECT_EQ(empty->size, 0u);
+  for (const std::string& folder :
+       {Url("m"), Url("m/"), Url("only-sub"), Url("marker"), absl::StrCat("s3://", kBucket)}) {
+    absl::StatusOr<RemoteStat> stat = store_->Stat(folder);
+    ASSERT_TRUE(stat.ok()) << folder << ": " << stat.status();
+    EXPECT_TRUE(stat->is_folder) << folder;
+  }
+}
+
+TEST_F(S3StoreTest, StatMissingNamesKeyAndBucket) {
+  absl::StatusOr<RemoteStat> missing = store_->Stat(Url("m/nothing.safetensors"));
+  ASSERT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+  EXPECT_THAT(missing.status().message(), HasSubstr("\"m/nothing.safetensors\""));
+  EXPECT_THAT(missing.status().message(), HasSubstr(kBucket));
+  // A prefix of a key is not a folder: "m/a" is neither an object nor "m/a/...".
+  EXPECT_TRUE(absl::IsNotFound(store_->Stat(Url("m/a")).status()));
+  absl::StatusOr<RemoteStat> no_bucket = store_->Stat("s3://reshard-no-such-bucket/k");
+  ASSERT_TRUE(absl::IsNotFound(no_bucket.status())) << no_bucket.status();
+  EXPECT_THAT(no_bucket.status().message(), HasSubstr("NoSuchBucket"));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Stat("s3://Bad_Bucket/k").status()));
+}
+
+TEST_F(S3StoreTest, WrongSecretNamesTheS3Code) {
+  S3Client::Options options;
+  options.config.endpoint = ::getenv("S3_TEST_ENDPOINT");
+  options.config.credentials.access_key_id = "TESTKEY";
+  options.config.credentials.secret_access_key = "WRONGSECRET";
+  absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  S3Store store(client->get());
+  absl::StatusOr<RemoteStat> stat = store.Stat(Url("m/a.safetensors"));
+  ASSERT_TRUE(absl::IsUnauthenticated(stat.status())) << stat.status();
+  EXPECT_THAT(stat.status().message(), HasSubstr("SignatureDoesNotMatch"));
+}
+
+TEST_F(S3StoreTest, ListsFilesDirectlyInside) {
+  absl::StatusOr<std::vector<RemoteEntry>> entries = store_->List(Url("m"));
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  std::vector<std::string> names;
+  for (const RemoteEntry& entry : *entries) names.push_back(entry.name);
+  EXPECT_THAT(names, ElementsAre(".hidden", "a.safetensors", "b.bin", "big.bin"));
+  EXPECT_EQ((*entries)[1].size, 1000u);
+  // The "marker/" object is the folder, not a file in it.
+  absl::StatusOr<std::vector<RemoteEntry>> marker = store_->List(Url("marker/"));
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  ASSERT_EQ(marker->size(), 1u);
+  EXPECT_EQ((*marker)[0].name, "f");
+  absl::StatusOr<std::vector<std::string>> listed = ListInputFolder(Url("m"));
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->size(), 4u);
+}
+
+TEST_F(S3StoreTest, ListFolderStopsAtMaxEntries) {
+  absl::StatusOr<S3Client::Folder> folder = client_->ListFolder(kBucket, "m/", 2);
+  ASSERT_TRUE(folder.ok()) << folder.status();
+  EXPECT_EQ(folder->objects.size() + folder->subfolders.size(), 2u);
+  absl::StatusOr<S3Client::Folder> all = client_->ListFolder(kBucket, "m/");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->objects.size(), 4u);
+  EXPECT_THAT(all->subfolders, ElementsAre("m/sub/"));
+}
+
+TEST_F(S3StoreTest, MappedFileReadsRanges) {
+  absl::StatusOr<MappedFile> file = MappedFile::Open(Url("m/big.bin"), big_->size());
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(file->remote());
+  EXPECT_EQ(file->data(), nullptr);
+  EXPECT_TRUE(file->direct_reads());
+  EXPECT_TRUE(file->ReadsDirectly(/*dense=*/false));
+  EXPECT_EQ(file->size(), big_->size());
+  // A short range, and one long enough to be read in pieces at once.
+  for (const auto& [offset, length] : std::vector<std::pair<uint64_t, uint64_t>>{
+           {12345, 100}, {1, (9 << 20) + 17}, {big_->size() - 1, 1}}) {
+    std::vector<std::byte> out(length);
+    ASSERT_TRUE(file->ReadAt(offset, length, out.data()).ok());
+    EXPECT_EQ(std::memcmp(out.data(), big_->data() + offset, length), 0) << offset;
+    absl::StatusOr<const std::byte*> direct = file->ReadDirect(offset, length, out.data());
+    ASSERT_TRUE(direct.ok()) << direct.status();
+    EXPECT_EQ(std::memcmp(*direct, big_->data() + offset, length), 0) << offset;
+  }
+  std::vector<std::byte> out(10);
+  absl::Status past = file->ReadAt(big_->size() - 5, 10, out.data());
+  EXPECT_TRUE(absl::IsDataLoss(past)) << past;
+  EXPECT_THAT(past.message(), HasSubstr(Url("m/big.bin")));
+  EXPECT_THAT(past.message(), HasSubstr(absl::StrCat("offset ", big_->size() - 5)));
+  // Page-cache hints do nothing on a remote file.
+  file->Release(0, 4096);
+  file->DropCached(0, 4096);
+  file->WillNeed(0, 4096);
+  file->AdviseRandomAccess();
+}
+
+TEST_F(S3StoreTest, MappedFileChecksSizeAndKind) {
+  absl::StatusOr<MappedFile> changed = MappedFile::Open(Url("m/a.safetensors"), 999);
+  EXPECT_TRUE(absl::IsDataLoss(changed.status())) << changed.status();
+  EXPECT_THAT(changed.status().message(), HasSubstr("1000 bytes"));
+  EXPECT_TRUE(absl::IsInvalidArgument(MappedFile::Open(Url("m")).status()));
+  EXPECT_TRUE(absl::IsNotFound(MappedFile::Open(Url("m/missing")).status()));
+}
+
+TEST_F(S3StoreTest, FileAccessDispatches) {
+  EXPECT_TRUE(IsInputFolder(Url("m")));
+  EXPECT_FALSE(IsInputFolder(Url("m/a.safetensors")));
+  EXPECT_TRUE(InputExists(Url("m/a.safetensors")));
+  EXPECT_FALSE(InputExists(Url("m/missing")));
+  EXPECT_TRUE(CheckInputFileType(Url("m")).ok());
+  EXPECT_TRUE(absl::IsNotFound(CheckInputFileType(Url("m/missing"))));
+  EXPECT_TRUE(CheckInputPath(Url("m"), "input").ok());
+  absl::StatusOr<std::string> prefix = ReadFilePrefix(Url("m/a.safetensors"), 9);
+  ASSERT_TRUE(prefix.ok()) << prefix.status();
+  EXPECT_EQ(*prefix, TestPattern(1000, 1).substr(0, 9));
+  absl::StatusOr<std::string> small = ReadSmallFile(Url("m/b.bin"), 10);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(*small, TestPattern(10, 2));
+  absl::StatusOr<std::string> too_big = ReadSmallFile(Url("m/a.safetensors"), 999);
+  EXPECT_TRUE(absl::IsInvalidArgument(too_big.status())) << too_big.status();
+  EXPECT_TRUE(absl::IsInvalidArgument(ReadSmallFile(Url("m"), 10).status()));
+  absl::StatusOr<std::string> empty = ReadSmallFile(Url("empty.bin"), 10);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(*empty, "");
+}
+
+}  // namespace
+}  // namespace reshard

@@ -1,0 +1,69 @@
+#include "lib/io/testing/memory_store.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace reshard {
+
+void MemoryStore::Put(const std::string& url, std::string data) {
+  absl::MutexLock lock(&mu_);
+  files_[url] = std::move(data);
+}
+
+void MemoryStore::Fail(const std::string& url, absl::Status error) {
+  absl::MutexLock lock(&mu_);
+  failures_[url] = std::move(error);
+}
+
+int MemoryStore::reads() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(ranges_.size());
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> MemoryStore::ranges() const {
+  absl::MutexLock lock(&mu_);
+  return ranges_;
+}
+
+absl::StatusOr<RemoteStat> MemoryStore::Stat(const std::string& url) {
+  absl::MutexLock lock(&mu_);
+  auto it = files_.find(url);
+  if (it != files_.end()) return RemoteStat{false, it->second.size()};
+  const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
+  auto next = files_.lower_bound(prefix);
+  if (next != files_.end() && absl::StartsWith(next->first, prefix)) return RemoteStat{true, 0};
+  return absl::NotFoundError(absl::StrCat(url, " does not exist"));
+}
+
+absl::StatusOr<std::vector<RemoteEntry>> MemoryStore::List(const std::string& url) {
+  absl::MutexLock lock(&mu_);
+  const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
+  std::vector<RemoteEntry> entries;
+  for (auto it = files_.lower_bound(prefix);
+       it != files_.end() && absl::StartsWith(it->first, prefix); ++it) {
+    const std::string name = it->first.substr(prefix.size());
+    if (!name.empty() && name.find('/') == std::string::npos) {
+      entries.push_back(RemoteEntry{name, it->second.size()});
+    }
+  }
+  return entries;
+}
+
+absl::Status MemoryStore::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) {
+  absl::MutexLock lock(&mu_);
+  ranges_.emplace_back(offset, out.size());
+  auto failure = failures_.find(url);
+  if (failure != failures_.end()) return failure->second;
+  auto it = files_.find(url);
+  if (it == files_.end()) return absl::NotFoundError(absl::StrCat(url, " does not exist"));
+  if (offset > it->second.size() || out.size() > it->second.size() - offset) {
+    return absl::OutOfRangeError(absl::StrCat(url, ": range past the end"));
+  }
+  std::memcpy(out.data(), it->second.data() + offset, out.size());
+  return absl::OkStatus();
+}
+
+}  // namespace reshard

@@ -1,0 +1,46 @@
+// An in-memory RemoteStore for tests of the code above the stores (MappedFile's remote mode,
+// file_access's dispatch, SpanReader's whole spans), which must not need a server. The S3
+// store itself is tested against radosgw (lib/io/s3/s3_store_rgw_test.cc).
+
+#ifndef RESHARD_LIB_IO_TESTING_MEMORY_STORE_H_
+#define RESHARD_LIB_IO_TESTING_MEMORY_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "lib/io/remote_store.h"
+
+namespace reshard {
+
+// Files by full URL ("mem://b/f"); a folder is any prefix followed by '/'. Thread safe.
+class MemoryStore : public RemoteStore {
+ public:
+  void Put(const std::string& url, std::string data);
+  // ReadRange of `url` fails with `error` from now on.
+  void Fail(const std::string& url, absl::Status error);
+
+  // Requests served so far, and the ranges read (offset, length) in the order they came.
+  int reads() const;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges() const;
+
+  absl::StatusOr<RemoteStat> Stat(const std::string& url) override;
+  absl::StatusOr<std::vector<RemoteEntry>> List(const std::string& url) override;
+  absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) override;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, uint64_t>> ranges_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_IO_TESTING_MEMORY_STORE_H_

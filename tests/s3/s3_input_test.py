@@ -1,0 +1,333 @@
+#!/usr/bin/python3
+"""reshardctl with s3:// inputs (safetensors) against a real Ceph radosgw.
+
+The module starts radosgw (lib/io/s3/testing/rgw.sh, ports chosen at run time, cluster under a
+short /tmp/rgw.XXXXXX) and testing/flaky_proxy.py in front of it, uploads checkpoints written
+by tools/bench/make_checkpoint.py with boto3, and checks that reading them from S3 gives the
+same bytes as reading the local copies: a Hugging Face sharded folder (fp32 and bf16), a single
+file, a folder without an index, through the flaky proxy (retries), within bounded memory.
+It also checks inspect, plan and verify on s3:// paths, and the errors: wrong secret, missing
+key and bucket, malformed URL, no credentials, a layout reshard does not read from S3. Finally
+it runs the S3Store gtest binary (lib/io/s3/s3_store_rgw_test.cc) against the same radosgw.
+
+Usage: s3_input_test.py --reshardctl PATH --rgw-sh PATH --proxy PATH --make-checkpoint PATH
+                        --store-test PATH [unittest args]
+"""
+
+import filecmp
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import harness  # noqa: E402
+
+BUCKET = "models"
+KEY, SECRET = "TESTKEY", "TESTSECRET"
+# Peak RSS allowed for a consolidation of the 256 MiB model read from S3.
+MAX_RSS = 100 << 20
+
+# Filled by setUpModule.
+ENV = {}
+STATE = {}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def s3_client(endpoint):
+    import boto3
+    from botocore.config import Config
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY,
+                        aws_secret_access_key=SECRET, region_name="us-east-1",
+                        config=Config(s3={"addressing_style": "path"}))
+
+
+def upload_folder(s3, folder, prefix, skip=()):
+    for name in sorted(os.listdir(folder)):
+        if name not in skip:
+            s3.upload_file(os.path.join(folder, name), BUCKET, "%s/%s" % (prefix, name))
+
+
+def make_checkpoint(out, size, max_shard, dtype_seed=0):
+    subprocess.run(["/usr/bin/python3", harness.BINARIES["make-checkpoint"], out, "--size", size,
+                    "--max-shard-size", max_shard, "--block-size", "8MiB", "--seed",
+                    str(dtype_seed), "--quiet"], check=True, stdout=subprocess.DEVNULL)
+
+
+def setUpModule():
+    base = tempfile.mkdtemp(prefix="rgw.", dir="/tmp")
+    STATE["base"] = base
+    rgw_port, mon_port = free_port(), free_port()
+    while mon_port == rgw_port:
+        mon_port = free_port()
+    start = time.time()
+    subprocess.run([harness.BINARIES["rgw-sh"], "start", base, str(rgw_port), str(mon_port)],
+                   check=True, stdout=subprocess.DEVNULL)
+    sys.stderr.write("radosgw up on 127.0.0.1:%d after %.0f s\n" % (rgw_port, time.time() - start))
+    endpoint = "http://127.0.0.1:%d" % rgw_port
+    # 503 SlowDown for every 10th request, every 13th dropped without an answer: about one in six
+    # fails, each retried (6 attempts), so a run through it fails only by a bug.
+    STATE["proxy"] = subprocess.Popen(
+        ["/usr/bin/python3", harness.BINARIES["proxy"], str(rgw_port),
+         os.path.join(base, "proxy.port"), os.path.join(base, "proxy.stats"), "10", "13"])
+    for _ in range(50):
+        if os.path.exists(os.path.join(base, "proxy.port")) and os.path.getsize(
+                os.path.join(base, "proxy.port")):
+            break
+        time.sleep(0.1)
+    with open(os.path.join(base, "proxy.port")) as f:
+        STATE["proxy_endpoint"] = "http://127.0.0.1:%s" % f.read().strip()
+    STATE["endpoint"] = endpoint
+    ENV.update({k: v for k, v in os.environ.items() if not k.startswith("AWS_")})
+    ENV.update({"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+                "AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1",
+                # No ~/.aws/credentials of the machine's user.
+                "AWS_SHARED_CREDENTIALS_FILE": os.path.join(base, "no-credentials")})
+
+    local = os.path.join(base, "local")
+    os.makedirs(local)
+    STATE["local"] = local
+    s3 = s3_client(endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    # A 256 MiB Hugging Face sharded folder (5 shards and the index).
+    big = os.path.join(local, "big")
+    make_checkpoint(big, "256MiB", "64MiB")
+    upload_folder(s3, big, "big")
+    # An 8 MiB one in 3 shards: the single file, the folder without index, the proxy runs.
+    small = os.path.join(local, "small")
+    make_checkpoint(small, "8MiB", "3MiB", 1)
+    upload_folder(s3, small, "small")
+    upload_folder(s3, small, "noindex", skip=("model.safetensors.index.json",))
+    single = os.path.join(local, "single")
+    subprocess.run([harness.BINARIES["reshardctl"], "consolidate", small, single, "--no-progress"],
+                   check=True, stdout=subprocess.DEVNULL)
+    s3.upload_file(os.path.join(single, "model.safetensors"), BUCKET, "single/model.safetensors")
+    # Layouts reshard does not read from S3: a torch.save-named file in a folder, an empty name.
+    s3.put_object(Bucket=BUCKET, Key="torch/pytorch_model.bin", Body=b"PK\x03\x04" + b"\0" * 60)
+    # A shard the index names is missing.
+    upload_folder(s3, small, "broken", skip=("model-00002-of-00003.safetensors",))
+
+
+def tearDownModule():
+    proxy = STATE.get("proxy")
+    if proxy is not None:
+        proxy.kill()
+        proxy.wait()
+    base = STATE.get("base")
+    if base:
+        subprocess.run([harness.BINARIES["rgw-sh"], "stop", base], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        logs = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR")
+        if logs and os.path.isdir(os.path.join(base, "log")):
+            shutil.copytree(os.path.join(base, "log"), os.path.join(logs, "ceph-logs"),
+                            dirs_exist_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+class S3InputTests(harness.TempDirTestCase):
+    TIMEOUT = 120
+
+    def ctl(self, *args, env=None):
+        cmd = [harness.BINARIES["reshardctl"]] + [str(a) for a in args]
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             timeout=self.TIMEOUT, env=env or ENV)
+        res.text = (res.stdout + res.stderr).decode("utf-8", "replace")
+        res.cmd = cmd
+        return res
+
+    def ok(self, *args, env=None):
+        res = self.ctl(*args, env=env)
+        self.assertEqual(res.returncode, 0, "%s\n%s" % (" ".join(res.cmd), res.text[-3000:]))
+        return res
+
+    def fails(self, code, *args, env=None):
+        res = self.ctl(*args, env=env)
+        self.assertGreaterEqual(res.returncode, 0, "crashed: %s\n%s" % (res.cmd, res.text))
+        self.assertEqual(res.returncode, code, "%s\n%s" % (" ".join(res.cmd), res.text[-3000:]))
+        return res.text
+
+    def assertSameFolder(self, a, b):
+        for name in ("model.safetensors", "model.safetensors.index.json"):
+            if os.path.exists(os.path.join(b, name)) or os.path.exists(os.path.join(a, name)):
+                self.assertTrue(filecmp.cmp(os.path.join(a, name), os.path.join(b, name),
+                                            shallow=False), name)
+        data = sorted(n for n in os.listdir(b) if n.endswith(".safetensors"))
+        self.assertEqual(sorted(n for n in os.listdir(a) if n.endswith(".safetensors")), data)
+        for name in data:
+            self.assertTrue(filecmp.cmp(os.path.join(a, name), os.path.join(b, name),
+                                        shallow=False), name)
+
+    def consolidate_both(self, url, local, *args):
+        """Consolidates `url` and its local copy `local`; the outputs must be byte-equal."""
+        remote_out, local_out = self.p("from-s3"), self.p("from-local")
+        self.ok("consolidate", url, remote_out, "--no-progress", *args)
+        self.ok("consolidate", local, local_out, "--no-progress", *args)
+        self.assertSameFolder(remote_out, local_out)
+        return remote_out
+
+    def test_sharded_folder_fp32_and_bf16_byte_equal_in_bounded_memory(self):
+        big = os.path.join(STATE["local"], "big")
+        for dtype in ("f32", "bf16"):
+            remote_out, local_out = self.p("s3-" + dtype), self.p("local-" + dtype)
+            cmd = [harness.BINARIES["reshardctl"], "consolidate", "s3://%s/big" % BUCKET,
+                   remote_out, "--no-progress", "--dtype", dtype]
+            saved = dict(os.environ)
+            os.environ.clear()
+            os.environ.update(ENV)
+            try:
+                start = time.time()
+                code, out, err, rss = harness.run_peak_rss(cmd, self.TIMEOUT)
+                seconds = time.time() - start
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            self.assertEqual(code, 0, err.decode("utf-8", "replace")[-3000:])
+            sys.stderr.write("s3 -> local %s: 256 MiB in %.2f s, peak RSS %.1f MiB\n" % (
+                dtype, seconds, rss / 2**20))
+            self.assertLess(rss, MAX_RSS, "peak RSS %.1f MiB" % (rss / 2**20))
+            self.ok("consolidate", big, local_out, "--no-progress", "--dtype", dtype)
+            self.assertSameFolder(remote_out, local_out)
+        # The manifest names the s3:// source.
+        with open(os.path.join(self.p("s3-f32"), "reshard-manifest.json")) as f:
+            self.assertEqual(json.load(f)["source"]["path"], "s3://%s/big" % BUCKET)
+
+    def test_sharded_output_and_trailing_slash(self):
+        self.consolidate_both("s3://%s/small/" % BUCKET, os.path.join(STATE["local"], "small"),
+                              "--max-shard-size", "2MiB")
+
+    def test_partitioned_consolidation(self):
+        # Two workers write a share each; the second to finish publishes OUT. `commit` re-plans
+        # from the request's input, which stays the s3:// URL.
+        out = self.p("partitioned")
+        for i in range(2):
+            self.ok("consolidate", "s3://%s/small" % BUCKET, out, "--max-shard-size", "2MiB",
+                    "--partition", "%d/2" % i, "--no-progress")
+        self.ok("commit", out)
+        local_out = self.p("local")
+        self.ok("consolidate", os.path.join(STATE["local"], "small"), local_out,
+                "--max-shard-size", "2MiB", "--no-progress")
+        self.assertSameFolder(out, local_out)
+
+    def test_single_file(self):
+        self.consolidate_both("s3://%s/single/model.safetensors" % BUCKET,
+                              os.path.join(STATE["local"], "single", "model.safetensors"),
+                              "--dtype", "bf16")
+
+    def test_folder_without_index(self):
+        out = self.consolidate_both("s3://%s/noindex" % BUCKET,
+                                    os.path.join(STATE["local"], "small"))
+        self.assertTrue(os.path.exists(os.path.join(out, "model.safetensors")))
+
+    def test_reshard_and_merge_parts(self):
+        # Split into 2 parts (rows and columns), then merge parts read from S3: the chunks of a
+        # column-split tensor take turns between the part files.
+        rules = self.p("rules.json")
+        with open(rules, "w") as f:
+            json.dump({"rules": [
+                {"pattern": "(q|k|v|gate|up)_proj\\.weight$", "split_dim": 0},
+                {"pattern": "(o|down)_proj\\.weight$", "split_dim": 1},
+                {"pattern": ".*", "replicate": True}]}, f)
+        parts = self.p("parts")
+        self.ok("reshard", "s3://%s/small" % BUCKET, parts, "--parts", "2", "--rules", rules,
+                "--no-progress")
+        local_parts = self.p("local-parts")
+        self.ok("reshard", os.path.join(STATE["local"], "small"), local_parts, "--parts", "2",
+                "--rules", rules, "--no-progress")
+        self.assertSameFolder(parts, local_parts)
+        s3 = s3_client(STATE["endpoint"])
+        upload_folder(s3, parts, "parts-%d" % os.getpid(), skip=("reshard-manifest.json",))
+        self.consolidate_both("s3://%s/parts-%d" % (BUCKET, os.getpid()), parts, "--rules", rules)
+
+    def test_through_flaky_proxy_same_bytes(self):
+        env = dict(ENV, AWS_ENDPOINT_URL=STATE["proxy_endpoint"])
+        stats = os.path.join(STATE["base"], "proxy.stats")
+        with open(stats) as f:
+            before = json.load(f)
+        remote_out, local_out = self.p("via-proxy"), self.p("local")
+        self.ok("consolidate", "s3://%s/small" % BUCKET, remote_out, "--no-progress", env=env)
+        self.ok("consolidate", os.path.join(STATE["local"], "small"), local_out, "--no-progress")
+        self.assertSameFolder(remote_out, local_out)
+        with open(stats) as f:
+            after = json.load(f)
+        # Requests went through the proxy, and some failed and were retried.
+        self.assertGreater(after["forwarded"], before["forwarded"])
+        self.assertGreater(after["failed_503"] + after["dropped"],
+                           before["failed_503"] + before["dropped"])
+
+    def test_inspect_plan_verify(self):
+        url = "s3://%s/big" % BUCKET
+        doc = json.loads(self.ok("inspect", url, "--json").stdout)
+        self.assertEqual(doc["format"], "safetensors")
+        self.assertEqual(doc["tensor_count"], 138)
+        self.assertIn(url, self.ok("inspect", url).stdout.decode())
+        plan = json.loads(self.ok("plan", url, "--dtype", "bf16", "--json").stdout)
+        self.assertTrue(plan["ok"], plan)
+        local = os.path.join(STATE["local"], "big")
+        self.assertEqual(self.ctl("verify", url, local).returncode, 0)
+        # A bf16 copy compares equal (rounded), a changed tensor does not.
+        self.ok("consolidate", local, self.p("bf16"), "--dtype", "bf16", "--no-progress")
+        self.ok("verify", url, self.p("bf16"))
+        small = os.path.join(STATE["local"], "small")
+        self.fails(4, "verify", "s3://%s/small" % BUCKET, os.path.join(STATE["local"], "big"))
+        self.ok("verify", "s3://%s/small" % BUCKET, "s3://%s/noindex" % BUCKET)
+        self.ok("verify", "s3://%s/single/model.safetensors" % BUCKET, small)
+
+    def test_wrong_secret(self):
+        env = dict(ENV, AWS_SECRET_ACCESS_KEY="not-the-secret")
+        text = self.fails(3, "inspect", "s3://%s/big" % BUCKET, env=env)
+        self.assertIn("SignatureDoesNotMatch", text)
+        text = self.fails(3, "consolidate", "s3://%s/big" % BUCKET, self.p("o"), env=env)
+        self.assertIn("SignatureDoesNotMatch", text)
+        self.assertFalse(os.path.exists(self.p("o", "model.safetensors")))
+
+    def test_missing_key_bucket_and_malformed_url(self):
+        text = self.fails(3, "consolidate", "s3://%s/nothing/model.safetensors" % BUCKET,
+                          self.p("o"))
+        self.assertIn("nothing/model.safetensors", text)
+        self.assertIn("does not exist", text)
+        text = self.fails(3, "inspect", "s3://reshard-no-such-bucket/model")
+        self.assertIn("NoSuchBucket", text)
+        text = self.fails(3, "inspect", "s3://Not_A_Bucket/model")
+        self.assertIn("Not_A_Bucket", text)
+        # A shard the index lists is missing.
+        text = self.fails(3, "inspect", "s3://%s/broken" % BUCKET)
+        self.assertIn("model-00002-of-00003.safetensors", text)
+
+    def test_no_credentials(self):
+        env = {k: v for k, v in ENV.items() if k not in (
+            "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SHARED_CREDENTIALS_FILE")}
+        env["HOME"] = self.tmp
+        text = self.fails(3, "inspect", "s3://%s/big" % BUCKET, env=env)
+        self.assertIn("AWS_ACCESS_KEY_ID", text)
+        self.assertIn("s3://%s/big" % BUCKET, text)
+
+    def test_other_layouts_refused_unimplemented(self):
+        res = self.ctl("inspect", "s3://%s/torch" % BUCKET, "--json")
+        self.assertEqual(res.returncode, 3, res.text)
+        self.assertIn("s3://%s/torch" % BUCKET, res.text)
+        self.assertIn("safetensors", res.text)
+        self.assertIn("UNIMPLEMENTED", res.text.upper())
+        text = self.fails(3, "consolidate", "s3://%s/torch/pytorch_model.bin" % BUCKET,
+                          self.p("o"))
+        self.assertIn("remote storage", text)
+
+    def test_store_gtest(self):
+        env = dict(ENV, S3_TEST_ENDPOINT=STATE["endpoint"])
+        res = subprocess.run([harness.BINARIES["store-test"]], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, timeout=self.TIMEOUT)
+        self.assertEqual(res.returncode, 0, res.stdout.decode("utf-8", "replace")[-5000:])
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main(globals(), "reshardctl", "rgw-sh", "proxy", "make-checkpoint",
+                          "store-test"))
