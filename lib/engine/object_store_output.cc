@@ -65,8 +65,10 @@ absl::StatusOr<OutputPrefix> ParseOutput(const std::string& url) {
 // Writes each data file as a multipart upload of `prefix/name`.
 class S3OutputSink final : public OutputSink {
  public:
-  S3OutputSink(S3Client& client, const OutputPrefix& out, std::map<std::string, std::string> meta)
-      : client_(client), out_(out), metadata_(std::move(meta)) {}
+  // `cancelled` (may be null) ends a test fault point's wait.
+  S3OutputSink(S3Client& client, const OutputPrefix& out, std::map<std::string, std::string> meta,
+               const std::atomic<bool>* cancelled)
+      : client_(client), out_(out), metadata_(std::move(meta)), cancelled_(cancelled) {}
 
   absl::StatusOr<std::unique_ptr<ByteWriter>> Open(const std::string& name,
                                                    uint64_t bytes) override {
@@ -79,7 +81,7 @@ class S3OutputSink final : public OutputSink {
     ASSIGN_OR_RETURN(std::unique_ptr<S3ObjectWriter> writer,
                      S3ObjectWriter::Create(&client_, out_.bucket, out_.Key(name), options));
     // A kill here leaves finished objects and an unfinished upload (crash tests).
-    if (committed_.load() > 0) TestFaultPoint("object-upload-started");
+    if (committed_.load() > 0) TestFaultPoint("object-upload-started", cancelled_);
     return std::unique_ptr<ByteWriter>(std::move(writer));
   }
 
@@ -90,6 +92,7 @@ class S3OutputSink final : public OutputSink {
   S3Client& client_;
   const OutputPrefix& out_;
   const std::map<std::string, std::string> metadata_;
+  const std::atomic<bool>* const cancelled_;
   std::atomic<int> committed_{0};
 };
 
@@ -109,6 +112,18 @@ absl::StatusOr<ExistingObjects> ListExisting(S3Client& client, const OutputPrefi
     existing.marker = existing.marker || object.key == out.Key(kInProgressMarkerName);
   }
   return existing;
+}
+
+// InvalidArgument when the input is an object or prefix inside the output prefix: preparing
+// the prefix would delete it.
+absl::Status CheckInputOutside(const ConversionSpec& spec, const OutputPrefix& out) {
+  if (!IsS3Url(spec.input)) return absl::OkStatus();
+  absl::StatusOr<S3Location> input = ParseS3Url(spec.input);
+  if (!input.ok() || input->bucket != out.bucket) return absl::OkStatus();
+  if (!absl::StartsWith(absl::StrCat(input->key, "/"), out.prefix)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("output ", out.Root(), " contains the input ",
+                                                 spec.input,
+                                                 ": writing it would delete the input"));
 }
 
 // Refuses a prefix with objects unless overwriting, or unless they are an unfinished run's.
@@ -189,6 +204,7 @@ absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec
                      " is a whole bucket: there is no place beside it for the tracker "
                      "file of --update-latest"));
   }
+  RETURN_IF_ERROR(CheckInputOutside(spec, out));
   // Refuse a non-empty output before reading anything.
   ASSIGN_OR_RETURN(const ExistingObjects existing, ListExisting(client, out));
   RETURN_IF_ERROR(CheckUsable(spec, out, existing));
@@ -200,7 +216,7 @@ absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec
   const Clock::time_point write_start = Clock::now();
   std::map<std::string, std::string> metadata;
   if (!control.job_id.empty()) metadata["reshard-job"] = control.job_id;
-  S3OutputSink sink(client, out, std::move(metadata));
+  S3OutputSink sink(client, out, std::move(metadata), control.cancelled);
   ExecutorOptions options = ExecutorOptionsFor(spec, control);
   options.on_file_committed = [&sink, &control](const WrittenFile& file) {
     sink.Committed();

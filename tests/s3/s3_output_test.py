@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -157,8 +158,11 @@ class S3OutputTest(unittest.TestCase):
     def get(self, prefix, name):
         return self.s3.get_object(Bucket=BUCKET, Key=prefix + "/" + name)["Body"].read()
 
-    def assertSameAsLocal(self, prefix, dtype):
-        ref = self.refs[dtype]
+    def assertSameAsLocal(self, prefix, dtype_or_files):
+        """The objects under `prefix` are the local output (self.refs[dtype], or files)."""
+        ref = dtype_or_files
+        if isinstance(ref, str):
+            ref = self.refs[ref]
         self.assertEqual(self.keys(prefix), sorted(ref))
         for name, data in ref.items():
             got = self.get(prefix, name)
@@ -241,6 +245,12 @@ class S3OutputTest(unittest.TestCase):
         self.assertEqual(doc["error"]["code"], "NOT_FOUND")
         self.assertIn("NoSuchBucket", doc["error"]["message"])
         self.assertIn("no-such-bucket-here", doc["error"]["message"])
+        # An input inside the output prefix would be deleted by writing it (s3:// inputs are
+        # refused as such for now, but never this way).
+        code, doc, err = reshardctl("consolidate", "s3://%s/same/model" % BUCKET,
+                                    "s3://%s/same" % BUCKET, "--overwrite")
+        self.assertEqual(code, 3, err)
+        self.assertIn("contains the input", doc["error"]["message"])
         # Partitioned conversions stay local.
         code, doc, err = reshardctl("consolidate", self.src, "s3://%s/split" % BUCKET,
                                     "--partition", "0/2")
@@ -270,6 +280,46 @@ class S3OutputTest(unittest.TestCase):
                                   "--threads", "1")
         self.assertEqual(code, 0, err)
         self.assertSameAsLocal(prefix, "keep")
+
+    def test_cancelled_run_aborts_its_uploads(self):
+        prefix = "cancelled"
+        url = "s3://%s/%s" % (BUCKET, prefix)
+        env = s3_env()
+        # Held once the second data object's upload has started, until SIGINT cancels the run.
+        env["RESHARD_TEST_FAULTS"] = "object-upload-started=wait:%s" % os.path.join(
+            ARGS.work, "never-created")
+        proc = subprocess.Popen([ARGS.reshardctl, "consolidate", self.src, url, "--max-shard-size",
+                                 SHARD, "--threads", "1", "--no-progress"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while not self.uploads(prefix) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        self.assertNotEqual(self.uploads(prefix), [])
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 5, err)
+        self.assertIn("cancelled", err)
+        self.assertEqual(self.uploads(prefix), [])
+        keys = self.keys(prefix)
+        self.assertNotIn(MANIFEST, keys)
+        self.assertNotIn(INDEX, keys)
+
+    def test_reshard_to_s3(self):
+        rules = os.path.join(ARGS.work, "rules.json")
+        with open(rules, "w") as f:
+            json.dump({"rules": [
+                {"pattern": "(q|k|v|gate|up)_proj\\.weight$", "split_dim": 0},
+                {"pattern": "(o|down)_proj\\.weight$", "split_dim": 1},
+                {"pattern": ".*", "replicate": True}]}, f)
+        local = os.path.join(ARGS.work, "parts-local")
+        code, _, err = reshardctl("reshard", self.src, local, "--parts", "2", "--rules", rules,
+                                  env=dict(os.environ))
+        self.assertEqual(code, 0, err)
+        code, doc, err = reshardctl("reshard", self.src, "s3://%s/parts" % BUCKET, "--parts", "2",
+                                    "--rules", rules)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(doc["output"], "s3://%s/parts" % BUCKET)
+        self.assertSameAsLocal("parts", local_files(local))
 
     def test_through_a_flaky_proxy(self):
         prefix = "flaky"
