@@ -38,6 +38,7 @@ absl::StatusOr<ConversionSpec> BuildSpec(const ConversionFlags& flags, bool resh
   spec.parts = flags.parts;
   spec.pipeline_parts = flags.pipeline_parts;
   spec.update_latest = flags.update_latest;
+  spec.overwrite = flags.overwrite;
   spec.rules_file = flags.rules;
   spec.threads = flags.threads;
   spec.duplicate_tied = flags.duplicate_tied;

@@ -37,6 +37,8 @@ struct ConversionFlags {
   // empty: not partitioned. plan: `--partitions K` shows each partition's files.
   std::string partition;
   int partitions = 0;
+  // consolidate/reshard: replace a non-empty output folder or s3:// prefix (`--overwrite`).
+  bool overwrite = false;
 };
 
 // Options of commands that go through reshardd.

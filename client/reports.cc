@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -289,7 +290,9 @@ void PrintConversion(const Json& doc, std::ostream& out) {
                            HumanBytes(file["bytes"].get<double>()),
                            file["xxh3_64"].get<std::string>());
   }
-  if (doc.contains("direct_io_files") && doc["buffered_io_files"].get<int>() > 0) {
+  // Object storage has no page cache to speak of: data files went up as multipart uploads.
+  const bool object_store = absl::StartsWith(doc.value("output", ""), "s3://");
+  if (!object_store && doc.contains("direct_io_files") && doc["buffered_io_files"].get<int>() > 0) {
     out << "  data files written through the page cache: " << doc["buffered_io_files"].get<int>()
         << " (direct I/O: " << doc["direct_io_files"].get<int>() << ")\n";
   }

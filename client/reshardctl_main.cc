@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
                         "SLURM_ARRAY_JOB_ID/SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX)");
     command->add_option("--priority", daemon.priority, "higher runs first (-100..100)");
     command->add_option("--memory-budget", daemon.memory_budget, "memory the job may use");
-    command->add_flag("--overwrite", daemon.overwrite, "replace a non-empty output folder");
+    command->add_flag("--overwrite", daemon.overwrite,
+                      "replace a non-empty output folder or s3:// prefix");
     command->add_option("--partition", conversion.partition,
                         "write only partition I of K (I/K, 0-based; auto: from the Slurm array "
                         "task, srun step or Kubernetes Indexed Job; auto/K: K given); the last "
@@ -101,7 +102,9 @@ int main(int argc, char** argv) {
   auto add_conversion = [&](CLI::App* command, bool with_output_dir) {
     command->add_option("IN", conversion.input, "input .safetensors file or folder")->required();
     if (with_output_dir) {
-      command->add_option("OUT", conversion.output, "output folder (must not exist or be empty)")
+      command
+          ->add_option("OUT", conversion.output,
+                       "output folder or s3://bucket/prefix (must not exist or be empty)")
           ->required();
     }
     command->add_option("--dtype", conversion.dtype, "keep | fp32 | bf16 | fp16 (floating tensors)")
@@ -217,6 +220,7 @@ int main(int argc, char** argv) {
   std::ostream& out = std::cout;
   std::ostream& err = std::cerr;
   const bool remote = !daemon.server.empty();
+  conversion.overwrite = daemon.overwrite;  // in-process runs honour it too
   if (*inspect) {
     return remote ? RunRemoteInspect(conversion, daemon, output, out, err)
                   : RunInspect(conversion, output, out, err);

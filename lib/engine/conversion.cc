@@ -19,6 +19,7 @@
 #include "lib/core/test_faults.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/file_access.h"
+#include "lib/io/s3/s3_location.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/planner.h"
 #include "nlohmann/json.hpp"
@@ -224,15 +225,26 @@ void RecordExecution(const ExecutionResult& executed, ConversionResult& result) 
   result.buffered_files = executed.buffered_files;
 }
 
-absl::Status WriteCompanionsAndManifest(const Directory& dir, const ConversionSpec& spec,
-                                        const PlannedConversion& planned, const RunControl& control,
-                                        const std::string& split_id, ConversionResult& result) {
+absl::Status WriteCompanions(const PlannedConversion& planned, const PutOutputFile& put,
+                             ConversionResult& result) {
   for (const auto& [name, contents] : planned.companion_files) {
-    RETURN_IF_ERROR(WriteFileAtomically(dir, name, contents));
+    RETURN_IF_ERROR(put(name, contents));
     result.files.push_back(
         {name, contents.size(), XXH3_64bits(contents.data(), contents.size()), 0});
     result.bytes_written += contents.size();
   }
+  return absl::OkStatus();
+}
+
+absl::Status WriteCompanionsAndManifest(const Directory& dir, const ConversionSpec& spec,
+                                        const PlannedConversion& planned, const RunControl& control,
+                                        const std::string& split_id, ConversionResult& result) {
+  RETURN_IF_ERROR(WriteCompanions(
+      planned,
+      [&dir](const std::string& name, absl::string_view contents) {
+        return WriteFileAtomically(dir, name, contents);
+      },
+      result));
   // The manifest is the commit mark: written last, then the folder is published at once.
   const std::string manifest = BuildManifest(spec, planned, result.files, control.job_id, split_id);
   RETURN_IF_ERROR(WriteFileAtomically(dir, kManifestName, manifest));
@@ -297,6 +309,11 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
         "a partitioned conversion runs through RunAnyConversion (partitioned_conversion.h)");
   }
   RETURN_IF_ERROR(CheckInputPath(spec.input, "input"));
+  if (IsS3Url(spec.output)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output ", spec.output,
+                     ": s3:// outputs run through RunAnyConversion (partitioned_conversion.h)"));
+  }
   RETURN_IF_ERROR(CheckLocalPath(spec.output, "output"));
   if (control.resume && !control.job_id.empty()) {
     ASSIGN_OR_RETURN(std::optional<ConversionResult> published,

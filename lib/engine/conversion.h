@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 #include "lib/core/version.h"
 #include "lib/exec/executor.h"
@@ -174,7 +175,9 @@ struct RunControl {
   std::string job_id;
 };
 
-// Plans and runs a conversion, publishing the output folder only when complete.
+// Plans and runs a conversion, publishing the output folder only when complete. Local outputs
+// only: s3:// outputs run through RunAnyConversion (partitioned_conversion.h), which sends them
+// to RunConversionToObjectStore (object_store_output.h).
 absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
                                                const RunControl& control = {});
 
@@ -185,6 +188,14 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
 ExecutorOptions ExecutorOptionsFor(const ConversionSpec& spec, const RunControl& control = {});
 // Copies what Execute reports (files, bytes, phases, I/O modes) into `result`.
 void RecordExecution(const ExecutionResult& executed, ConversionResult& result);
+// Writes one file of the output (name relative to the output, contents): into a folder, or
+// as an object under an s3:// prefix.
+using PutOutputFile =
+    std::function<absl::Status(const std::string& name, absl::string_view contents)>;
+// Writes the companion files (index) with `put`, adding them to `result` (size, XXH3-64) and
+// to its bytes_written.
+absl::Status WriteCompanions(const PlannedConversion& planned, const PutOutputFile& put,
+                             ConversionResult& result);
 // Writes the companion files (index) and then the manifest, the commit mark, into the output
 // folder being assembled (`dir`), adding them to `result` (whose files must hold every data
 // file); then stops at the "before-publish" test fault point and returns Cancelled when the

@@ -23,12 +23,14 @@
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
 #include "lib/core/test_faults.h"
+#include "lib/engine/object_store_output.h"
 #include "lib/engine/partition_spec.h"
 #include "lib/exec/executor.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/directory.h"
 #include "lib/io/file_access.h"
 #include "lib/io/mapped_file.h"
+#include "lib/io/s3/s3_location.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/layout_builders.h"
 #include "nlohmann/json.hpp"
@@ -50,6 +52,15 @@ double SecondsSince(Clock::time_point start) {
 }
 
 namespace fs = std::filesystem;
+
+// Partitioned conversions coordinate through a shared folder (link, rename); s3:// outputs
+// have neither.
+absl::Status ObjectStoreUnsupported(const std::string& output) {
+  return absl::UnimplementedError(absl::StrCat(
+      "output ", output,
+      ": partitioned conversions (--partition) write local or mounted folders only; run an "
+      "s3:// output as one conversion"));
+}
 
 // Every worker must name the same folders, wherever it was started from.
 std::string AbsolutePath(const std::string& path) {
@@ -570,6 +581,10 @@ std::string PartitionAreaPathFor(const std::string& output_dir) {
 
 absl::StatusOr<ConversionResult> RunAnyConversion(const ConversionSpec& spec,
                                                   const RunControl& control) {
+  if (IsS3Url(spec.output)) {
+    if (spec.partition_count > 0) return ObjectStoreUnsupported(spec.output);
+    return RunConversionToObjectStore(spec, control);
+  }
   if (spec.partition_count > 0) return RunPartition(spec, control);
   return RunConversion(spec, control);
 }
@@ -577,6 +592,7 @@ absl::StatusOr<ConversionResult> RunAnyConversion(const ConversionSpec& spec,
 absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& output_dir,
                                                              const RunControl& control) {
   const Clock::time_point start = Clock::now();
+  if (IsS3Url(output_dir)) return ObjectStoreUnsupported(output_dir);
   RETURN_IF_ERROR(CheckLocalPath(output_dir, "output"));
   absl::StatusOr<Area> area = OpenArea(output_dir, /*create=*/false);
   if (!area.ok()) {

@@ -216,11 +216,32 @@ class FileWriter {
         buffers_(buffers),
         spans_(spans) {}
 
+  // Writes the file into `dir` as an AtomicFile (direct I/O where options.io allows).
   absl::StatusOr<WrittenFile> Run(const Directory& dir) {
     ASSIGN_OR_RETURN(AtomicFile created, AtomicFile::Create(dir, plan_.name, options_.io));
+    AtomicFileWriter file(std::move(created));
+    ASSIGN_OR_RETURN(WrittenFile written, WriteThrough(file));
+    direct_ = file.file().direct();
+    return written;
+  }
+
+  // Writes the file through the writer `sink` opens for it; destroyed unclosed on an error.
+  absl::StatusOr<WrittenFile> Run(OutputSink& sink) {
+    ASSIGN_OR_RETURN(std::unique_ptr<ByteWriter> file, sink.Open(plan_.name, plan_.bytes));
+    return WriteThrough(*file);
+  }
+
+  uint64_t bytes_read() const { return bytes_read_; }
+  // Whether the file was written with direct I/O to the end.
+  bool direct() const { return direct_; }
+  // read, convert, write and fsync time of this file (verify is the caller's).
+  const PhaseSeconds& phases() const { return phases_; }
+
+ private:
+  // Fills the file front to back into `file`, the end of the chain, and closes it.
+  absl::StatusOr<WrittenFile> WriteThrough(ByteWriter& file) {
     // The manifest and resumes need the file's XXH3-64; a framing that promised another size
     // than the plan's is a bug caught before the file gets its final name.
-    AtomicFileWriter file(std::move(created));
     DigestingWriter digest(&file, {/*xxh3_64=*/true, /*crc32=*/false});
     ExactSizeWriter exact(&digest, plan_.bytes, plan_.name);
     {
@@ -262,26 +283,19 @@ class FileWriter {
       pipeline_ = nullptr;
     }
     const Clock::time_point commit_start = Clock::now();
-    RETURN_IF_ERROR(exact.Close());  // size checked, then fsync, rename, fsync of the folder
+    // Size checked, then fsync, rename, fsync of the folder (a sink: the upload completed).
+    RETURN_IF_ERROR(exact.Close());
     phases_.fsync += SecondsSince(commit_start);
     WrittenFile written;
     written.name = plan_.name;
     written.bytes = exact.pos();
     written.xxh3_64 = digest.xxh3_64();
     written.tensors = static_cast<int>(plan_.tensors.size());
-    direct_ = file.file().direct();
     progress_.Add(0, pending_tensors_, 1);
     pending_tensors_ = 0;
     return written;
   }
 
-  uint64_t bytes_read() const { return bytes_read_; }
-  // Whether the file was written with direct I/O to the end.
-  bool direct() const { return direct_; }
-  // read, convert, write and fsync time of this file (verify is the caller's).
-  const PhaseSeconds& phases() const { return phases_; }
-
- private:
   size_t room() const { return pipeline_->capacity() - used_; }
 
   absl::Status AppendBytes(absl::string_view bytes) {
@@ -511,8 +525,11 @@ std::vector<bool> SourcesReadOnce(const CopyPlan& plan) {
   return read_once;
 }
 
-absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& dir,
-                                        const ExecutorOptions& options) {
+namespace {
+
+// Execute into a local folder (`dir`) or through a sink (`sink`): exactly one is set.
+absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Directory* dir,
+                                            OutputSink* sink, const ExecutorOptions& options) {
   ASSIGN_OR_RETURN(std::vector<MappedFile> sources, MapSources(plan.sources));
   // What a remote source cannot give (strided elements) fails before any file is written.
   for (const FilePlan& file : plan.files) {
@@ -577,7 +594,10 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
       }
       const FilePlan& file = plan.files[f];
       bool mismatch = false;
-      auto reused = ReuseCompletedFile(file, dir, options, phases[f].verify, mismatch);
+      std::optional<WrittenFile> reused;
+      if (dir != nullptr) {
+        reused = ReuseCompletedFile(file, *dir, options, phases[f].verify, mismatch);
+      }
       mismatched[f] = mismatch;
       was_reused[f] = reused.has_value();
       if (reused.has_value()) {
@@ -595,7 +615,7 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
       } else {
         FileWriter writer(file, plan.files.size(), sources, options, progress, checked, buffers,
                           spans);
-        results[f] = writer.Run(dir);
+        results[f] = dir != nullptr ? writer.Run(*dir) : writer.Run(*sink);
         bytes_read[f] = writer.bytes_read();
         direct[f] = writer.direct();
         const double verify = phases[f].verify;
@@ -656,6 +676,22 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
     }
   }
   return result;
+}
+
+}  // namespace
+
+absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& dir,
+                                        const ExecutorOptions& options) {
+  return ExecuteInto(plan, &dir, nullptr, options);
+}
+
+absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, OutputSink& sink,
+                                        const ExecutorOptions& options) {
+  if (!options.completed_files.empty()) {
+    return absl::InvalidArgumentError(
+        "files of an earlier attempt cannot be reused when writing through an output sink");
+  }
+  return ExecuteInto(plan, nullptr, &sink, options);
 }
 
 uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& options) {

@@ -1,6 +1,7 @@
 // The Executor runs a CopyPlan: it writes every output file front to back through a bounded
 // window, filling tensor data from memory-mapped sources with the dtype conversion fused into
-// the copy, and commits each file atomically (temporary name, fsync, rename).
+// the copy, and commits each file atomically (temporary name, fsync, rename), or streams it
+// through an OutputSink (object storage: an upload completed when the file is whole).
 //
 // Memory stays bounded whatever the model size: each worker owns one window buffer, and the
 // source pages a window consumed are released as soon as it is written. Independent output
@@ -13,10 +14,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "lib/io/byte_writer.h"
 #include "lib/io/directory.h"
 #include "lib/io/io_mode.h"
 #include "lib/io/mapped_file.h"
@@ -100,6 +103,19 @@ struct ExecutionResult {
   int buffered_files = 0;
 };
 
+// Where Execute writes data files when they do not go to a local folder (object storage):
+// each file is streamed front to back into the ByteWriter that Open returns, behind the same
+// digest and size check as a local file, and its Close commits it (the object exists only
+// then). A writer destroyed unclosed (error, cancellation) must leave nothing under the file's
+// name. Open is called from worker threads, concurrently for different files.
+class OutputSink {
+ public:
+  virtual ~OutputSink() = default;
+  // A writer for data file `name` (a relative path of the plan), `bytes` long.
+  virtual absl::StatusOr<std::unique_ptr<ByteWriter>> Open(const std::string& name,
+                                                           uint64_t bytes) = 0;
+};
+
 // Maps every source of the plan read-only (checking sizes against the Catalog).
 absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>& sources);
 
@@ -117,6 +133,13 @@ std::vector<bool> SourcesReadDense(const CopyPlan& plan);
 // cancellation no file is left under a final name by this call's unfinished work (finished
 // files stay; the caller's staging folder owns them).
 absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& dir,
+                                        const ExecutorOptions& options);
+
+// The same with every data file written through `sink` (object storage). Direct I/O applies to
+// the sources only; options.completed_files must be empty (a sink has no files to reuse), else
+// InvalidArgument. The sink's files count as buffered in the result; PhaseSeconds::fsync is
+// the time Close took (completing an upload).
+absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, OutputSink& sink,
                                         const ExecutorOptions& options);
 
 // XXH3-64 of a whole file, read through a mapping released as it goes.

@@ -7,11 +7,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "lib/exec/dtype_convert.h"
 #include "lib/plan/planner.h"
@@ -138,6 +142,23 @@ Case MakeCase(const Fixture& fixture) {
   c.expected.push_back(Expected(column, DType::kF32) + std::string(5000, 'h') +
                        Expected(tail, DType::kF16));
   return c;
+}
+
+// MakeCase over a fresh [rows, cols] source split by columns at `split`, and its plan.
+struct PlannedCase {
+  std::string src;
+  Case c;
+  CopyPlan plan;
+};
+PlannedCase PlanCase(int64_t rows, int64_t cols, int64_t split) {
+  PlannedCase planned;
+  planned.src = MakeTempDir("src");
+  const Fixture fixture = MakeSource(planned.src, rows, cols, split);
+  planned.c = MakeCase(fixture);
+  auto plan = BuildCopyPlan(fixture.catalog, planned.c.layout, planned.c.framings);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (plan.ok()) planned.plan = *std::move(plan);
+  return planned;
 }
 
 void RunAndCompare(int64_t rows, int64_t cols, int64_t split) {
@@ -318,11 +339,9 @@ TEST(ExecutorTest, MeanOfTensorsInTorchOrder) {
 }
 
 TEST(ExecutorTest, CancelledLeavesNoFile) {
-  const std::string src = MakeTempDir("src");
-  Fixture fixture = MakeSource(src, 6, 10, 4);
-  Case c = MakeCase(fixture);
-  auto plan = BuildCopyPlan(fixture.catalog, c.layout, c.framings);
-  ASSERT_TRUE(plan.ok()) << plan.status();
+  const PlannedCase planned = PlanCase(6, 10, 4);
+  const Case& c = planned.c;
+  const CopyPlan* plan = &planned.plan;
   const std::string out = MakeTempDir("out");
   std::atomic<bool> cancelled{true};
   ExecutorOptions options;
@@ -352,11 +371,9 @@ TEST(ExecutorTest, ChangedSourceIsDataLoss) {
 // On resume, files recorded as committed are checksummed (the verify phase); one whose
 // checksum no longer matches is a verification failure and is written again.
 TEST(ExecutorTest, ResumeVerifiesCommittedFiles) {
-  const std::string src = MakeTempDir("src");
-  Fixture fixture = MakeSource(src, 57, 181, 97);
-  Case c = MakeCase(fixture);
-  auto plan = BuildCopyPlan(fixture.catalog, c.layout, c.framings);
-  ASSERT_TRUE(plan.ok()) << plan.status();
+  const PlannedCase planned = PlanCase(57, 181, 97);
+  const Case& c = planned.c;
+  const CopyPlan* plan = &planned.plan;
   const std::string out = MakeTempDir("out");
   auto first = Execute(*plan, OutputDir(out), ExecutorOptions());
   ASSERT_TRUE(first.ok()) << first.status();
@@ -369,6 +386,152 @@ TEST(ExecutorTest, ResumeVerifiesCommittedFiles) {
   EXPECT_EQ(resumed->verification_failures, 1);
   EXPECT_GT(resumed->phases.verify, 0);
   EXPECT_EQ(ReadAll(out + "/" + c.layout.files[1].name), c.expected[1]);
+}
+
+// An OutputSink that keeps files in memory: a file appears in `committed` only when its
+// writer is closed, and writers destroyed unclosed are counted as abandoned.
+class MemorySink final : public OutputSink {
+ public:
+  // Writers fail their Write once `fail_after_bytes` bytes went into the sink (0: never).
+  explicit MemorySink(uint64_t fail_after_bytes = 0) : fail_after_bytes_(fail_after_bytes) {}
+
+  absl::StatusOr<std::unique_ptr<ByteWriter>> Open(const std::string& name,
+                                                   uint64_t bytes) override {
+    absl::MutexLock lock(&mu_);
+    opened_[name] = bytes;
+    return std::unique_ptr<ByteWriter>(new Writer(this, name));
+  }
+
+  std::map<std::string, std::string> committed() {
+    absl::MutexLock lock(&mu_);
+    return committed_;
+  }
+  std::map<std::string, uint64_t> opened() {
+    absl::MutexLock lock(&mu_);
+    return opened_;
+  }
+  int abandoned() {
+    absl::MutexLock lock(&mu_);
+    return abandoned_;
+  }
+
+ private:
+  class Writer final : public ByteWriter {
+   public:
+    Writer(MemorySink* sink, std::string name) : sink_(sink), name_(std::move(name)) {}
+    ~Writer() override {
+      if (closed_) return;
+      absl::MutexLock lock(&sink_->mu_);
+      ++sink_->abandoned_;
+    }
+    absl::Status Write(absl::string_view data) override {
+      absl::MutexLock lock(&sink_->mu_);
+      sink_->total_ += data.size();
+      if (sink_->fail_after_bytes_ > 0 && sink_->total_ > sink_->fail_after_bytes_) {
+        return absl::UnavailableError(absl::StrCat("sink failed writing ", name_));
+      }
+      data_.append(data.data(), data.size());
+      pos_ += data.size();
+      return absl::OkStatus();
+    }
+    absl::Status Close() override {
+      closed_ = true;
+      absl::MutexLock lock(&sink_->mu_);
+      sink_->committed_[name_] = std::move(data_);
+      return absl::OkStatus();
+    }
+    uint64_t pos() const override { return pos_; }
+
+   private:
+    MemorySink* const sink_;
+    const std::string name_;
+    std::string data_;
+    uint64_t pos_ = 0;  // stays after Close, as a file's size does
+    bool closed_ = false;
+  };
+
+  const uint64_t fail_after_bytes_;
+  absl::Mutex mu_;
+  std::map<std::string, std::string> committed_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> opened_ ABSL_GUARDED_BY(mu_);
+  uint64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  int abandoned_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Through a sink, every file gets the same bytes and XXH3-64 as written into a folder.
+TEST(ExecutorTest, SinkGetsTheSameBytesAsAFolder) {
+  const PlannedCase planned = PlanCase(57, 181, 97);
+  const Case& c = planned.c;
+  const std::string out = MakeTempDir("out");
+  auto local = Execute(planned.plan, OutputDir(out), ExecutorOptions());
+  ASSERT_TRUE(local.ok()) << local.status();
+  for (int threads : {1, 2}) {
+    for (uint64_t window : {uint64_t{4096}, uint64_t{32} << 20}) {
+      SCOPED_TRACE(absl::StrCat("threads ", threads, " window ", window));
+      MemorySink sink;
+      ExecutorOptions options;
+      options.threads = threads;
+      options.window_bytes = window;
+      std::vector<std::string> committed_names;
+      options.on_file_committed = [&](const WrittenFile& file) {
+        committed_names.push_back(file.name);
+      };
+      auto result = Execute(planned.plan, sink, options);
+      ASSERT_TRUE(result.ok()) << result.status();
+      ASSERT_EQ(result->files.size(), 2u);
+      EXPECT_EQ(committed_names.size(), 2u);
+      const std::map<std::string, std::string> committed = sink.committed();
+      for (int f = 0; f < 2; ++f) {
+        const std::string& name = c.layout.files[f].name;
+        ASSERT_EQ(committed.count(name), 1u) << name;
+        EXPECT_EQ(committed.at(name), c.expected[f]) << name;
+        EXPECT_EQ(sink.opened().at(name), c.expected[f].size()) << name;
+        EXPECT_EQ(result->files[f].xxh3_64, local->files[f].xxh3_64) << name;
+        EXPECT_EQ(result->files[f].bytes, local->files[f].bytes) << name;
+      }
+      EXPECT_EQ(result->bytes_written, local->bytes_written);
+      EXPECT_EQ(result->direct_files, 0);
+      EXPECT_EQ(result->buffered_files, 2);
+      EXPECT_EQ(sink.abandoned(), 0);
+    }
+  }
+}
+
+// A failing or cancelled sink writer is destroyed unclosed: nothing is committed through it.
+TEST(ExecutorTest, SinkErrorsAndCancellationCommitNothingPartial) {
+  const PlannedCase planned = PlanCase(57, 181, 97);
+  const Case& c = planned.c;
+  {
+    MemorySink sink(/*fail_after_bytes=*/10000);
+    ExecutorOptions options;
+    options.threads = 1;
+    options.window_bytes = 4096;
+    auto result = Execute(planned.plan, sink, options);
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable) << result.status();
+    EXPECT_NE(result.status().message().find("sink failed writing full.bin"),
+              absl::string_view::npos)
+        << result.status();
+    EXPECT_TRUE(sink.committed().empty());
+    EXPECT_EQ(sink.abandoned(), 1);
+  }
+  {
+    MemorySink sink;
+    std::atomic<bool> cancelled{true};
+    ExecutorOptions options;
+    options.window_bytes = 4096;
+    options.cancelled = &cancelled;
+    auto result = Execute(planned.plan, sink, options);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+    EXPECT_TRUE(sink.committed().empty());
+  }
+  {
+    MemorySink sink;
+    ExecutorOptions options;
+    options.completed_files["full.bin"] = 1;
+    EXPECT_EQ(Execute(planned.plan, sink, options).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(ExecutorTest, EstimateExecutionMemoryIsBounded) {

@@ -62,7 +62,7 @@ absl::Status CheckOutputUsableAt(const Directory& parent, const std::string& nam
   if (!entries.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "output folder ", output_dir,
-        " is not empty; choose a new folder (reshard never overwrites existing output)"));
+        " is not empty; choose a new folder, or pass --overwrite to replace its contents"));
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,59 @@
+// Conversions whose output is an S3 key prefix (`s3://bucket/prefix`) instead of a folder.
+//
+// S3 has no rename, so the output cannot be staged and published in one step as a folder is
+// (lib/io/staging_dir.h). Instead the objects are written in an order that makes the manifest
+// the commit mark, as it is locally:
+//
+//   1. The prefix (`prefix/`, whole segments) is listed before anything is read. A prefix with
+//      objects is refused (FailedPrecondition) unless `overwrite` is set, or unless it holds
+//      the leftovers of an unfinished run: the in-progress marker and no manifest.
+//   2. The conversion is planned (nothing written yet; a bad input changes nothing).
+//   3. The old manifest is deleted first, so that from here on nothing under the prefix is
+//      taken for a finished output; then the in-progress marker `reshard-in-progress.json` is
+//      written, then every other old object is deleted (the old output is gone before the new
+//      one is written: no mix of old and new files, no doubled storage), and unfinished
+//      multipart uploads under the prefix (a killed run's) are aborted.
+//   4. Every data file is streamed as a multipart upload (S3ObjectWriter) through the
+//      executor's digest and size check; an object exists only once complete.
+//   5. The companion files (index), then the manifest `reshard-manifest.json` are written with
+//      PUT. The manifest lists every file with its size and XXH3-64, as locally.
+//   6. The marker is removed (best effort: a marker beside a manifest means nothing).
+//
+// A run killed anywhere before 5 leaves no manifest and no index; before 3 it changes nothing.
+// Rerunning the same command takes the unfinished prefix over (its marker says it is
+// reshard's): stale uploads are aborted and every data object is written again (finished
+// objects are not reused). A run killed between deleting the old manifest and writing the
+// marker leaves old objects without either, which only `overwrite` replaces.
+//
+// Not detected: two runs writing the same prefix at once (S3 has no lock; the second aborts the
+// first's uploads and deletes its objects, and the first then fails).
+
+#ifndef RESHARD_LIB_ENGINE_OBJECT_STORE_OUTPUT_H_
+#define RESHARD_LIB_ENGINE_OBJECT_STORE_OUTPUT_H_
+
+#include "absl/status/statusor.h"
+#include "lib/engine/conversion.h"
+
+namespace reshard {
+
+class S3Client;  // lib/io/s3/s3_client.h
+
+// The object that marks an s3:// output prefix as being written by a run of reshard.
+inline constexpr char kInProgressMarkerName[] = "reshard-in-progress.json";
+
+// Runs the conversion `spec` into the s3:// prefix spec.output (see above) with the process's
+// S3 client (DefaultS3Client: credentials and endpoint from the AWS environment). The result
+// lists the data files and the index as RunConversion's does; its `output` is the URL.
+// Partitioned conversions and resuming with completed_files are not supported: Unimplemented.
+// Errors name the bucket, the key and the S3 error code.
+absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec& spec,
+                                                            const RunControl& control = {});
+
+// The same with the given client.
+absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec& spec,
+                                                            const RunControl& control,
+                                                            S3Client& client);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_ENGINE_OBJECT_STORE_OUTPUT_H_

@@ -1,0 +1,372 @@
+"""reshardctl consolidations into s3:// prefixes, against a real radosgw.
+
+The test starts a one-host Ceph with radosgw (lib/io/s3/testing/rgw.sh, ports chosen here, the
+cluster under a short /tmp/rgw.XXXXXX) and the flaky proxy in front of it (answers every 4th
+request 503 SlowDown, drops every 5th connection). Every s3:// output is downloaded with boto3
+and compared byte for byte with the same consolidation into a local folder; manifests are
+compared without their timestamps. Missing Ceph packages fail the test (tools/setup.sh
+installs them).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import boto3
+import botocore.config
+
+ARGS = None
+BUCKET = "reshard-out-%d" % os.getpid()  # fresh for every run
+MANIFEST = "reshard-manifest.json"
+MARKER = "reshard-in-progress.json"
+INDEX = "model.safetensors.index.json"
+# Several output files, the largest above one 8 MiB upload part (64 MiB of fp32 input).
+SHARD = "20MB"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Radosgw:
+    """radosgw and the flaky proxy, from start() to stop(); sets S3_TEST_* in os.environ."""
+
+    def start(self):
+        for tool in ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "monmaptool",
+                     "uuidgen", "curl"):
+            if shutil.which(tool) is None:
+                raise RuntimeError("%s not found. Run tools/setup.sh (installs ceph-mon ceph-osd "
+                                   "radosgw ceph-common uuid-runtime) to run the radosgw tests."
+                                   % tool)
+        # Short: Ceph's admin sockets live under it.
+        self.base = tempfile.mkdtemp(prefix="rgw.", dir="/tmp")
+        self.proxy = None
+        rgw_port = free_port()
+        mon_port = free_port()
+        while mon_port == rgw_port:
+            mon_port = free_port()
+        start = time.time()
+        subprocess.run([ARGS.rgw, "start", self.base, str(rgw_port), str(mon_port)], check=True,
+                       stdout=subprocess.DEVNULL)
+        print("radosgw up on 127.0.0.1:%d after %.0f s" % (rgw_port, time.time() - start))
+        port_file = os.path.join(self.base, "proxy.port")
+        self.proxy = subprocess.Popen([sys.executable, ARGS.flaky_proxy, str(rgw_port), port_file,
+                                       os.path.join(self.base, "proxy.stats"), "4", "5"])
+        for _ in range(50):
+            if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
+                break
+            time.sleep(0.1)
+        with open(port_file) as f:
+            proxy_port = int(f.read())
+        os.environ["S3_TEST_ENDPOINT"] = "http://127.0.0.1:%d" % rgw_port
+        os.environ["S3_TEST_PROXY_ENDPOINT"] = "http://127.0.0.1:%d" % proxy_port
+        os.environ["S3_TEST_PROXY_STATS"] = os.path.join(self.base, "proxy.stats")
+
+    def stop(self):
+        if self.proxy is not None:
+            self.proxy.kill()
+            self.proxy.wait()
+        subprocess.run([ARGS.rgw, "stop", self.base], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        logs = os.path.join(self.base, "log")
+        outputs = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR")
+        if outputs and os.path.isdir(logs):
+            shutil.copytree(logs, os.path.join(outputs, "ceph-logs"), dirs_exist_ok=True)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def s3_env(endpoint=None, secret="TESTSECRET"):
+    env = dict(os.environ)
+    env.update({
+        "AWS_ACCESS_KEY_ID": "TESTKEY",
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint or os.environ["S3_TEST_ENDPOINT"],
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    })
+    env.pop("AWS_SESSION_TOKEN", None)
+    env.pop("RESHARD_TEST_FAULTS", None)
+    return env
+
+
+def reshardctl(*args, env=None):
+    """Runs reshardctl with --json; returns (exit code, parsed stdout or None, stderr)."""
+    proc = subprocess.run([ARGS.reshardctl, *args, "--json", "--no-progress"],
+                          env=env if env is not None else s3_env(), capture_output=True,
+                          text=True, timeout=600)
+    doc = None
+    if proc.stdout.strip():
+        doc = json.loads(proc.stdout)
+    return proc.returncode, doc, proc.stderr
+
+
+def local_files(folder):
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def comparable_manifest(data):
+    manifest = json.loads(data)
+    return {key: manifest[key] for key in ("tool", "request", "files", "tensors")}
+
+
+class S3OutputTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.s3 = boto3.client(
+            "s3", endpoint_url=os.environ["S3_TEST_ENDPOINT"], aws_access_key_id="TESTKEY",
+            aws_secret_access_key="TESTSECRET", region_name="us-east-1",
+            config=botocore.config.Config(s3={"addressing_style": "path"}))
+        cls.s3.create_bucket(Bucket=BUCKET)
+        cls.src = os.path.join(ARGS.work, "src")
+        subprocess.run([sys.executable, ARGS.make_checkpoint, "--size", "64MiB",
+                        "--max-shard-size", "24MiB", "--quiet", cls.src], check=True,
+                       stdout=subprocess.DEVNULL)
+        cls.refs = {}
+        for dtype in ("keep", "bf16"):
+            out = os.path.join(ARGS.work, "ref-" + dtype)
+            code, _, err = reshardctl("consolidate", cls.src, out, "--dtype", dtype,
+                                      "--max-shard-size", SHARD, env=dict(os.environ))
+            assert code == 0, err
+            cls.refs[dtype] = local_files(out)
+
+    def keys(self, prefix):
+        paginator = self.s3.get_paginator("list_objects_v2")
+        keys = []
+        for page in paginator.paginate(Bucket=BUCKET, Prefix=prefix + "/"):
+            keys += [o["Key"][len(prefix) + 1:] for o in page.get("Contents", [])]
+        return sorted(keys)
+
+    def uploads(self, prefix):
+        answer = self.s3.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix + "/")
+        return answer.get("Uploads", [])
+
+    def get(self, prefix, name):
+        return self.s3.get_object(Bucket=BUCKET, Key=prefix + "/" + name)["Body"].read()
+
+    def assertSameAsLocal(self, prefix, dtype_or_files):
+        """The objects under `prefix` are the local output (self.refs[dtype], or files)."""
+        ref = dtype_or_files
+        if isinstance(ref, str):
+            ref = self.refs[ref]
+        self.assertEqual(self.keys(prefix), sorted(ref))
+        for name, data in ref.items():
+            got = self.get(prefix, name)
+            if name == MANIFEST:
+                self.assertEqual(comparable_manifest(got), comparable_manifest(data))
+            else:
+                self.assertEqual(len(got), len(data), name)
+                self.assertTrue(got == data, "%s/%s differs from the local output" % (prefix, name))
+        self.assertEqual(self.uploads(prefix), [])
+
+    def test_consolidate_fp32_and_bf16(self):
+        for dtype in ("keep", "bf16"):
+            with self.subTest(dtype=dtype):
+                prefix = "model-" + dtype
+                result_file = os.path.join(ARGS.work, "result-%s.json" % dtype)
+                code, doc, err = reshardctl("consolidate", self.src, "s3://%s/%s" % (BUCKET, prefix),
+                                            "--dtype", dtype, "--max-shard-size", SHARD,
+                                            "--result-file", result_file)
+                self.assertEqual(code, 0, err)
+                self.assertEqual(doc["output"], "s3://%s/%s" % (BUCKET, prefix))
+                with open(result_file) as f:
+                    self.assertEqual(json.load(f)["output"], doc["output"])
+                data_files = [n for n in self.refs[dtype] if n.endswith(".safetensors")]
+                self.assertGreater(len(data_files), 1)
+                self.assertGreater(max(len(self.refs[dtype][n]) for n in data_files), 8 << 20)
+                self.assertEqual(sorted(f["name"] for f in doc["files"]),
+                                 sorted(n for n in self.refs[dtype] if n != MANIFEST))
+                self.assertSameAsLocal(prefix, dtype)
+        # The independent safetensors reader loads the downloaded output as the source's
+        # tensors, bit for bit.
+        import st_reference
+        folder = os.path.join(ARGS.work, "downloaded")
+        os.makedirs(folder)
+        for name in self.keys("model-keep"):
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(self.get("model-keep", name))
+        got = st_reference.read_folder(folder)
+        want = st_reference.read_folder(self.src)
+        self.assertEqual(sorted(got), sorted(want))
+        for name, tensor in want.items():
+            self.assertEqual(got[name].raw(), tensor.raw(), name)
+
+    def test_non_empty_prefix_is_refused_and_overwrite_replaces_it(self):
+        prefix = "busy"
+        self.s3.put_object(Bucket=BUCKET, Key=prefix + "/notes.txt", Body=b"keep me")
+        code, doc, err = reshardctl("consolidate", self.src, "s3://%s/%s" % (BUCKET, prefix),
+                                    "--max-shard-size", SHARD)
+        self.assertEqual(code, 3, err)
+        self.assertEqual(doc["error"]["code"], "FAILED_PRECONDITION")
+        self.assertIn("not empty", doc["error"]["message"])
+        self.assertIn("s3://%s/%s/notes.txt" % (BUCKET, prefix), doc["error"]["message"])
+        self.assertEqual(self.keys(prefix), ["notes.txt"])
+        self.assertEqual(self.uploads(prefix), [])
+        # A prefix "busy2" is not inside "busy".
+        self.s3.put_object(Bucket=BUCKET, Key="busy2/other", Body=b"x")
+
+        # --overwrite: the fp32 output replaces the notes, then a bf16 output (fewer files)
+        # replaces the fp32 one without leaving any of its files behind.
+        for dtype in ("keep", "bf16"):
+            code, _, err = reshardctl("consolidate", self.src, "s3://%s/%s" % (BUCKET, prefix),
+                                      "--dtype", dtype, "--max-shard-size", SHARD, "--overwrite")
+            self.assertEqual(code, 0, err)
+            self.assertSameAsLocal(prefix, dtype)
+        # A finished output is refused without --overwrite, and stays as it was.
+        code, doc, err = reshardctl("consolidate", self.src, "s3://%s/%s" % (BUCKET, prefix),
+                                    "--max-shard-size", SHARD)
+        self.assertEqual(code, 3, err)
+        self.assertIn("finished output", doc["error"]["message"])
+        self.assertSameAsLocal(prefix, "bf16")
+        self.assertEqual(self.s3.get_object(Bucket=BUCKET, Key="busy2/other")["Body"].read(), b"x")
+
+    def test_errors_name_the_s3_error(self):
+        code, doc, err = reshardctl("consolidate", self.src, "s3://%s/denied" % BUCKET,
+                                    env=s3_env(secret="WRONGSECRET"))
+        self.assertNotEqual(code, 0)
+        self.assertIn("SignatureDoesNotMatch", doc["error"]["message"])
+        self.assertIn("s3://%s/denied" % BUCKET, doc["error"]["message"])
+        code, doc, err = reshardctl("consolidate", self.src, "s3://no-such-bucket-here/out")
+        self.assertNotEqual(code, 0)
+        self.assertEqual(doc["error"]["code"], "NOT_FOUND")
+        self.assertIn("NoSuchBucket", doc["error"]["message"])
+        self.assertIn("no-such-bucket-here", doc["error"]["message"])
+        # An input inside the output prefix would be deleted by writing it (s3:// inputs are
+        # refused as such for now, but never this way).
+        code, doc, err = reshardctl("consolidate", "s3://%s/same/model" % BUCKET,
+                                    "s3://%s/same" % BUCKET, "--overwrite")
+        self.assertEqual(code, 3, err)
+        self.assertIn("contains the input", doc["error"]["message"])
+        # Partitioned conversions stay local.
+        code, doc, err = reshardctl("consolidate", self.src, "s3://%s/split" % BUCKET,
+                                    "--partition", "0/2")
+        self.assertNotEqual(code, 0)
+        self.assertEqual(doc["error"]["code"], "UNIMPLEMENTED")
+        self.assertEqual(self.keys("denied") + self.keys("split"), [])
+
+    def test_kill_mid_upload_then_rerun(self):
+        prefix = "killed"
+        url = "s3://%s/%s" % (BUCKET, prefix)
+        env = s3_env()
+        # Killed when the second data object's upload has started: the first is complete.
+        env["RESHARD_TEST_FAULTS"] = "object-upload-started=kill"
+        code, _, err = reshardctl("consolidate", self.src, url, "--max-shard-size", SHARD,
+                                  "--threads", "1", env=env)
+        self.assertEqual(code, -9, err)
+        keys = self.keys(prefix)
+        self.assertNotIn(MANIFEST, keys)
+        self.assertNotIn(INDEX, keys)
+        self.assertIn(MARKER, keys)
+        self.assertTrue(any(k.endswith(".safetensors") for k in keys), keys)
+        self.assertNotEqual(self.uploads(prefix), [])
+
+        # The rerun takes the unfinished prefix over (no --overwrite needed), aborts the stale
+        # upload and completes.
+        code, _, err = reshardctl("consolidate", self.src, url, "--max-shard-size", SHARD,
+                                  "--threads", "1")
+        self.assertEqual(code, 0, err)
+        self.assertSameAsLocal(prefix, "keep")
+
+    def test_cancelled_run_aborts_its_uploads(self):
+        prefix = "cancelled"
+        url = "s3://%s/%s" % (BUCKET, prefix)
+        env = s3_env()
+        # Held once the second data object's upload has started, until SIGINT cancels the run.
+        env["RESHARD_TEST_FAULTS"] = "object-upload-started=wait:%s" % os.path.join(
+            ARGS.work, "never-created")
+        proc = subprocess.Popen([ARGS.reshardctl, "consolidate", self.src, url, "--max-shard-size",
+                                 SHARD, "--threads", "1", "--no-progress"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while not self.uploads(prefix) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        self.assertNotEqual(self.uploads(prefix), [])
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 5, err)
+        self.assertIn("cancelled", err)
+        self.assertEqual(self.uploads(prefix), [])
+        keys = self.keys(prefix)
+        self.assertNotIn(MANIFEST, keys)
+        self.assertNotIn(INDEX, keys)
+
+    def test_reshard_to_s3(self):
+        rules = os.path.join(ARGS.work, "rules.json")
+        with open(rules, "w") as f:
+            json.dump({"rules": [
+                {"pattern": "(q|k|v|gate|up)_proj\\.weight$", "split_dim": 0},
+                {"pattern": "(o|down)_proj\\.weight$", "split_dim": 1},
+                {"pattern": ".*", "replicate": True}]}, f)
+        local = os.path.join(ARGS.work, "parts-local")
+        code, _, err = reshardctl("reshard", self.src, local, "--parts", "2", "--rules", rules,
+                                  env=dict(os.environ))
+        self.assertEqual(code, 0, err)
+        code, doc, err = reshardctl("reshard", self.src, "s3://%s/parts" % BUCKET, "--parts", "2",
+                                    "--rules", rules)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(doc["output"], "s3://%s/parts" % BUCKET)
+        self.assertSameAsLocal("parts", local_files(local))
+
+    def test_through_a_flaky_proxy(self):
+        prefix = "flaky"
+        before = {"failed_503": 0, "dropped": 0}
+        if os.path.exists(os.environ["S3_TEST_PROXY_STATS"]):
+            with open(os.environ["S3_TEST_PROXY_STATS"]) as f:
+                before = json.load(f)
+        code, _, err = reshardctl("consolidate", self.src, "s3://%s/%s" % (BUCKET, prefix),
+                                  "--max-shard-size", SHARD,
+                                  env=s3_env(endpoint=os.environ["S3_TEST_PROXY_ENDPOINT"]))
+        self.assertEqual(code, 0, err)
+        with open(os.environ["S3_TEST_PROXY_STATS"]) as f:
+            after = json.load(f)
+        self.assertGreater(after["failed_503"], before["failed_503"])
+        self.assertGreater(after["dropped"], before["dropped"])
+        self.assertSameAsLocal(prefix, "keep")
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reshardctl", required=True)
+    parser.add_argument("--make-checkpoint", required=True)
+    parser.add_argument("--rgw", required=True)
+    parser.add_argument("--flaky-proxy", required=True)
+    parser.add_argument("--st-reference", required=True)
+    parser.add_argument("--work", help="scratch folder (default: a new one, removed after)")
+    ARGS, rest = parser.parse_known_args()
+    for name in ("reshardctl", "make_checkpoint", "rgw", "flaky_proxy", "st_reference"):
+        setattr(ARGS, name, os.path.abspath(getattr(ARGS, name)))
+    sys.path.insert(0, os.path.dirname(ARGS.st_reference))
+    work = ARGS.work
+    if work is None:
+        ARGS.work = tempfile.mkdtemp(prefix="s3_output.", dir=os.environ.get("TEST_TMPDIR"))
+    rgw = None
+    if "S3_TEST_ENDPOINT" not in os.environ:  # else: a radosgw the caller started
+        rgw = Radosgw()
+        rgw.start()
+    try:
+        program = unittest.main(argv=[sys.argv[0]] + rest, verbosity=2, exit=False)
+    finally:
+        if rgw is not None:
+            rgw.stop()
+        if work is None:
+            shutil.rmtree(ARGS.work, ignore_errors=True)
+    sys.exit(0 if program.result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()
