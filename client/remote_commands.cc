@@ -47,8 +47,8 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectTo(const DaemonFlags& daemon) {
   return Client::Connect(options);
 }
 
-// Paths become absolute here; remote URLs stay as they are so the daemon can refuse them
-// clearly (they are not supported yet) instead of seeing "/cwd/s3:/bucket/...".
+// Paths become absolute here; remote URLs (s3://bucket/key) stay as they are: the daemon checks
+// them against its s3:// roots (and refuses other schemes by name, not as "/cwd/gs:/...").
 std::string Absolute(const std::string& path) {
   if (path.empty() || IsRemotePath(path)) return path;
   std::error_code error;

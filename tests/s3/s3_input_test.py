@@ -17,19 +17,16 @@ Usage: s3_input_test.py --reshardctl PATH --rgw-sh PATH --proxy PATH --make-chec
 import filecmp
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import rgw_fixture  # noqa: E402
 
 BUCKET = "models"
-KEY, SECRET = "TESTKEY", "TESTSECRET"
 # Peak RSS allowed for a consolidation of the 256 MiB model read from S3.
 MAX_RSS = 100 << 20
 
@@ -38,18 +35,8 @@ ENV = {}
 STATE = {}
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def s3_client(endpoint):
-    import boto3
-    from botocore.config import Config
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY,
-                        aws_secret_access_key=SECRET, region_name="us-east-1",
-                        config=Config(s3={"addressing_style": "path"}))
+def s3_client():
+    return STATE["rgw"].boto3()
 
 
 def upload_folder(s3, folder, prefix, skip=()):
@@ -65,39 +52,25 @@ def make_checkpoint(out, size, max_shard, dtype_seed=0):
 
 
 def setUpModule():
-    base = tempfile.mkdtemp(prefix="rgw.", dir="/tmp")
-    STATE["base"] = base
-    rgw_port, mon_port = free_port(), free_port()
-    while mon_port == rgw_port:
-        mon_port = free_port()
-    start = time.time()
-    subprocess.run([harness.BINARIES["rgw-sh"], "start", base, str(rgw_port), str(mon_port)],
-                   check=True, stdout=subprocess.DEVNULL)
-    sys.stderr.write("radosgw up on 127.0.0.1:%d after %.0f s\n" % (rgw_port, time.time() - start))
-    endpoint = "http://127.0.0.1:%d" % rgw_port
     # 503 SlowDown for every 10th request, every 13th dropped without an answer: about one in six
     # fails, each retried (6 attempts), so a run through it fails only by a bug.
-    STATE["proxy"] = subprocess.Popen(
-        ["/usr/bin/python3", harness.BINARIES["proxy"], str(rgw_port),
-         os.path.join(base, "proxy.port"), os.path.join(base, "proxy.stats"), "10", "13"])
-    for _ in range(50):
-        if os.path.exists(os.path.join(base, "proxy.port")) and os.path.getsize(
-                os.path.join(base, "proxy.port")):
-            break
-        time.sleep(0.1)
-    with open(os.path.join(base, "proxy.port")) as f:
-        STATE["proxy_endpoint"] = "http://127.0.0.1:%s" % f.read().strip()
+    rgw = rgw_fixture.Radosgw(harness.BINARIES["rgw-sh"], harness.BINARIES["proxy"],
+                              fail_every=10, drop_every=13)
+    STATE["rgw"] = rgw
+    rgw.start()
+    base = rgw.base
+    endpoint = rgw.endpoint
+    STATE["base"] = base
+    STATE["proxy_endpoint"] = rgw.proxy_endpoint
     STATE["endpoint"] = endpoint
-    ENV.update({k: v for k, v in os.environ.items() if not k.startswith("AWS_")})
-    ENV.update({"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
-                "AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1",
-                # No ~/.aws/credentials of the machine's user.
-                "AWS_SHARED_CREDENTIALS_FILE": os.path.join(base, "no-credentials")})
+    ENV.update(rgw.env())
+    # No ~/.aws/credentials of the machine's user.
+    ENV["AWS_SHARED_CREDENTIALS_FILE"] = os.path.join(base, "no-credentials")
 
     local = os.path.join(base, "local")
     os.makedirs(local)
     STATE["local"] = local
-    s3 = s3_client(endpoint)
+    s3 = s3_client()
     s3.create_bucket(Bucket=BUCKET)
     # A 256 MiB Hugging Face sharded folder (5 shards and the index).
     big = os.path.join(local, "big")
@@ -119,19 +92,8 @@ def setUpModule():
 
 
 def tearDownModule():
-    proxy = STATE.get("proxy")
-    if proxy is not None:
-        proxy.kill()
-        proxy.wait()
-    base = STATE.get("base")
-    if base:
-        subprocess.run([harness.BINARIES["rgw-sh"], "stop", base], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-        logs = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR")
-        if logs and os.path.isdir(os.path.join(base, "log")):
-            shutil.copytree(os.path.join(base, "log"), os.path.join(logs, "ceph-logs"),
-                            dirs_exist_ok=True)
-        shutil.rmtree(base, ignore_errors=True)
+    if "rgw" in STATE:
+        STATE["rgw"].stop()
 
 
 class S3InputTests(harness.TempDirTestCase):
@@ -244,7 +206,7 @@ class S3InputTests(harness.TempDirTestCase):
         self.ok("reshard", os.path.join(STATE["local"], "small"), local_parts, "--parts", "2",
                 "--rules", rules, "--no-progress")
         self.assertSameFolder(parts, local_parts)
-        s3 = s3_client(STATE["endpoint"])
+        s3 = s3_client()
         upload_folder(s3, parts, "parts-%d" % os.getpid(), skip=("reshard-manifest.json",))
         self.consolidate_both("s3://%s/parts-%d" % (BUCKET, os.getpid()), parts, "--rules", rules)
 

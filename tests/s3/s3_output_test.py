@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,9 @@ import unittest
 import boto3
 import botocore.config
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rgw_fixture  # noqa: E402
+
 ARGS = None
 BUCKET = "reshard-out-%d" % os.getpid()  # fresh for every run
 MANIFEST = "reshard-manifest.json"
@@ -30,59 +32,6 @@ MARKER = "reshard-in-progress.json"
 INDEX = "model.safetensors.index.json"
 # Several output files, the largest above one 8 MiB upload part (64 MiB of fp32 input).
 SHARD = "20MB"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Radosgw:
-    """radosgw and the flaky proxy, from start() to stop(); sets S3_TEST_* in os.environ."""
-
-    def start(self):
-        for tool in ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "monmaptool",
-                     "uuidgen", "curl"):
-            if shutil.which(tool) is None:
-                raise RuntimeError("%s not found. Run tools/setup.sh (installs ceph-mon ceph-osd "
-                                   "radosgw ceph-common uuid-runtime) to run the radosgw tests."
-                                   % tool)
-        # Short: Ceph's admin sockets live under it.
-        self.base = tempfile.mkdtemp(prefix="rgw.", dir="/tmp")
-        self.proxy = None
-        rgw_port = free_port()
-        mon_port = free_port()
-        while mon_port == rgw_port:
-            mon_port = free_port()
-        start = time.time()
-        subprocess.run([ARGS.rgw, "start", self.base, str(rgw_port), str(mon_port)], check=True,
-                       stdout=subprocess.DEVNULL)
-        print("radosgw up on 127.0.0.1:%d after %.0f s" % (rgw_port, time.time() - start))
-        port_file = os.path.join(self.base, "proxy.port")
-        self.proxy = subprocess.Popen([sys.executable, ARGS.flaky_proxy, str(rgw_port), port_file,
-                                       os.path.join(self.base, "proxy.stats"), "4", "5"])
-        for _ in range(50):
-            if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
-                break
-            time.sleep(0.1)
-        with open(port_file) as f:
-            proxy_port = int(f.read())
-        os.environ["S3_TEST_ENDPOINT"] = "http://127.0.0.1:%d" % rgw_port
-        os.environ["S3_TEST_PROXY_ENDPOINT"] = "http://127.0.0.1:%d" % proxy_port
-        os.environ["S3_TEST_PROXY_STATS"] = os.path.join(self.base, "proxy.stats")
-
-    def stop(self):
-        if self.proxy is not None:
-            self.proxy.kill()
-            self.proxy.wait()
-        subprocess.run([ARGS.rgw, "stop", self.base], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-        logs = os.path.join(self.base, "log")
-        outputs = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR")
-        if outputs and os.path.isdir(logs):
-            shutil.copytree(logs, os.path.join(outputs, "ceph-logs"), dirs_exist_ok=True)
-        shutil.rmtree(self.base, ignore_errors=True)
 
 
 def s3_env(endpoint=None, secret="TESTSECRET"):
@@ -128,8 +77,8 @@ class S3OutputTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.s3 = boto3.client(
-            "s3", endpoint_url=os.environ["S3_TEST_ENDPOINT"], aws_access_key_id="TESTKEY",
-            aws_secret_access_key="TESTSECRET", region_name="us-east-1",
+            "s3", endpoint_url=os.environ["S3_TEST_ENDPOINT"], aws_access_key_id=rgw_fixture.KEY,
+            aws_secret_access_key=rgw_fixture.SECRET, region_name="us-east-1",
             config=botocore.config.Config(s3={"addressing_style": "path"}))
         cls.s3.create_bucket(Bucket=BUCKET)
         cls.src = os.path.join(ARGS.work, "src")
@@ -356,8 +305,11 @@ def main():
         ARGS.work = tempfile.mkdtemp(prefix="s3_output.", dir=os.environ.get("TEST_TMPDIR"))
     rgw = None
     if "S3_TEST_ENDPOINT" not in os.environ:  # else: a radosgw the caller started
-        rgw = Radosgw()
+        rgw = rgw_fixture.Radosgw(ARGS.rgw, ARGS.flaky_proxy, fail_every=4, drop_every=5)
         rgw.start()
+        os.environ["S3_TEST_ENDPOINT"] = rgw.endpoint
+        os.environ["S3_TEST_PROXY_ENDPOINT"] = rgw.proxy_endpoint
+        os.environ["S3_TEST_PROXY_STATS"] = rgw.proxy_stats
     try:
         program = unittest.main(argv=[sys.argv[0]] + rest, verbosity=2, exit=False)
     finally:
