@@ -142,14 +142,19 @@ class HostilePathTests(DaemonTestCase):
         self.assertFalse(os.path.exists(os.path.join(self.outside, "nowhere")))
 
     def test_remote_url_output_is_refused(self):
+        # This daemon has no s3:// root: an s3:// output is outside its roots; another scheme is
+        # refused by name. Neither becomes a local path under the current folder.
         cwd = os.getcwd()
         os.chdir(self.root)
         try:
             r = self.ctl("consolidate", self.src, "s3://bucket/out", "--detach")
+            other = self.ctl("consolidate", self.src, "gs://bucket/out", "--detach")
         finally:
             os.chdir(cwd)
-        self.assertError(r, 3, "INVALID_ARGUMENT", "s3://bucket/out")
+        self.assertError(r, 3, "PERMISSION_DENIED", "s3://bucket/out")
+        self.assertError(other, 3, "INVALID_ARGUMENT", "gs://bucket/out")
         self.assertFalse(os.path.exists(self.r("s3:")))
+        self.assertFalse(os.path.exists(self.r("gs:")))
 
 
 class PublishRecordTests(OwnDaemonsTestCase):
