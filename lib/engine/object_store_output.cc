@@ -193,10 +193,9 @@ absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec
     return absl::UnimplementedError(
         absl::StrCat("output ", spec.output, ": partitioned conversions write local folders only"));
   }
-  if (control.resume && !control.completed_files.empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "output ", spec.output, ": resuming with finished files is not supported for s3://"));
-  }
+  // A resumed job (reshardd restarted mid-run) lists the files its first run finished
+  // (control.completed_files). They are not reused here: the prefix holds that run's marker, so
+  // this run takes it over like a rerun and writes every data object again.
   ASSIGN_OR_RETURN(const OutputPrefix out, ParseOutput(spec.output));
   if (spec.update_latest && out.prefix.empty()) {
     return absl::InvalidArgumentError(

@@ -44,7 +44,8 @@ inline constexpr char kInProgressMarkerName[] = "reshard-in-progress.json";
 // Runs the conversion `spec` into the s3:// prefix spec.output (see above) with the process's
 // S3 client (DefaultS3Client: credentials and endpoint from the AWS environment). The result
 // lists the data files and the index as RunConversion's does; its `output` is the URL.
-// Partitioned conversions and resuming with completed_files are not supported: Unimplemented.
+// Partitioned conversions are not supported (Unimplemented). A resumed run's completed_files are
+// not reused: every data object is written again.
 // Errors name the bucket, the key and the S3 error code.
 absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec& spec,
                                                             const RunControl& control = {});

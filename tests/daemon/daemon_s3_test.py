@@ -113,6 +113,38 @@ class S3DaemonTests(H.DaemonTestCase):
         listed = self.s3.list_objects_v2(Bucket=BUCKET, Prefix="team-b/").get("KeyCount", 0)
         self.assertEqual(listed, 0)
 
+    def test_daemon_killed_mid_upload_resumes_the_job(self):
+        """reshardd killed while uploading (after one data object completed): restarted on the
+        same state, it resumes the job, takes the prefix over and completes it."""
+        state = os.path.join(self.tmp, "state-killed")
+        args = ("--allowed-root", ROOT)
+        killed = H.Daemon(self.logs, state, [self.root], args,
+                          env={"RESHARD_TEST_FAULTS": "object-upload-started=kill"}).start()
+        self.extra_daemons.append(killed)
+        doc = self.assertOk(self.ctl("consolidate", self.src, ROOT + "/out-resumed",
+                                     "--max-shard-size", "6MB", "--threads", "1", "--detach",
+                                     daemon=killed))
+        job_id = doc["job_id"]
+        killed.wait(60)
+        self.assertFalse(killed.alive(), "the fault point did not kill the daemon")
+        listed = [o["Key"] for o in self.s3.list_objects_v2(
+            Bucket=BUCKET, Prefix="team-a/out-resumed/").get("Contents", [])]
+        self.assertNotIn("team-a/out-resumed/" + H.MANIFEST, listed)
+        self.assertNotIn("team-a/out-resumed/" + H.INDEX, listed)
+        self.assertTrue(self.s3.list_multipart_uploads(
+            Bucket=BUCKET, Prefix="team-a/out-resumed/").get("Uploads"), "no upload in flight")
+
+        restarted = H.Daemon(self.logs, state, [self.root], args).start()
+        self.extra_daemons.append(restarted)
+        done = self.wait_terminal(job_id, daemon=restarted)
+        self.assertEqual(done["state"], "succeeded", done)
+        self.download("team-a/out-resumed", self.r("downloaded-resumed"))
+        self.assertConsolidated(self.src, self.r("downloaded-resumed"))
+        self.assertSameDataFiles(self.r("downloaded-resumed"),
+                                 self.in_process(self.src, "ref-6mb", "--max-shard-size", "6MB"))
+        self.assertFalse(self.s3.list_multipart_uploads(
+            Bucket=BUCKET, Prefix="team-a/out-resumed/").get("Uploads"))
+
     def test_z_s3_requests_are_counted(self):
         self.assertOk(self.ctl("inspect", ROOT + "/in"))
         metrics = self.daemon.metrics()
