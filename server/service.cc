@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/engine/conversion.h"
+#include "lib/engine/object_store_output.h"
 #include "lib/engine/partition_spec.h"
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/io/io_mode.h"
@@ -189,17 +190,19 @@ absl::StatusOr<v1::Job> ReshardService::Submit(grpc::ServerContext& context, con
   // The path checks touch the filesystem: off the gRPC thread, bounded by the deadline. The
   // task owns its copies (it may outlive this call; the policy outlives the pool).
   auto checked = std::make_shared<std::optional<absl::StatusOr<v1::JobSpec>>>();
-  absl::Status waited =
-      RunOffloaded(*offload_, context,
-                   [checked, spec = request.spec(), needs_free_output, paths = caller.paths] {
-                     absl::StatusOr<v1::JobSpec> valid = ValidateJobSpec(spec, *paths);
-                     // An s3:// output prefix is checked for objects by the job itself.
-                     if (valid.ok() && needs_free_output && !IsS3Url(valid->output())) {
-                       absl::Status free = CheckOutputDirUsable(valid->output());
-                       if (!free.ok()) valid = free;
-                     }
-                     *checked = std::move(valid);
-                   });
+  absl::Status waited = RunOffloaded(
+      *offload_, context,
+      [checked, spec = request.spec(), needs_free_output, paths = caller.paths] {
+        absl::StatusOr<v1::JobSpec> valid = ValidateJobSpec(spec, *paths);
+        if (valid.ok() && needs_free_output) {
+          // An s3:// prefix: one LIST with the daemon's credentials.
+          absl::Status free = IsS3Url(valid->output())
+                                  ? CheckObjectStoreOutputUsable(ConversionSpecFromProto(*valid))
+                                  : CheckOutputDirUsable(valid->output());
+          if (!free.ok()) valid = free;
+        }
+        *checked = std::move(valid);
+      });
   if (!waited.ok()) return waited;
   if (!checked->has_value()) return absl::UnavailableError("the daemon is stopping; not checked");
   const absl::StatusOr<v1::JobSpec>& spec = **checked;

@@ -179,6 +179,14 @@ absl::Status Cancelled(const RunControl& control) {
 
 }  // namespace
 
+absl::Status CheckObjectStoreOutputUsable(const ConversionSpec& spec) {
+  ASSIGN_OR_RETURN(S3Client * client, DefaultS3Client(), spec.output);
+  ASSIGN_OR_RETURN(const OutputPrefix out, ParseOutput(spec.output));
+  RETURN_IF_ERROR(CheckInputOutside(spec, out));
+  ASSIGN_OR_RETURN(const ExistingObjects existing, ListExisting(*client, out));
+  return CheckUsable(spec, out, existing);
+}
+
 absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec& spec,
                                                             const RunControl& control) {
   ASSIGN_OR_RETURN(S3Client * client, DefaultS3Client(), spec.output);

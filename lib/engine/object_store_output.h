@@ -50,6 +50,11 @@ inline constexpr char kInProgressMarkerName[] = "reshard-in-progress.json";
 absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec& spec,
                                                             const RunControl& control = {});
 
+// The checks RunConversionToObjectStore makes before reading anything (the input is not inside
+// the output prefix; the prefix is empty, or overwriting is asked for, or it is an unfinished
+// run's), with the process's client: for reshardd to refuse at submit what the job would.
+absl::Status CheckObjectStoreOutputUsable(const ConversionSpec& spec);
+
 // The same with the given client.
 absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec& spec,
                                                             const RunControl& control,

@@ -86,13 +86,16 @@ class S3DaemonTests(H.DaemonTestCase):
         self.assertEqual(doc["state"], "succeeded", doc)
         self.download("team-a/out-s3-in", self.r("downloaded-2"))
         self.assertConsolidated(self.src, self.r("downloaded-2"))
-        # A second submission to the finished prefix fails (the job lists the prefix: the
-        # daemon does not at submit), naming it; the output stays.
-        r = self.ctl("consolidate", ROOT + "/in", ROOT + "/out-s3-in")
-        self.assertExit(r, 3)
-        self.assertEqual(r.doc["state"], "failed", repr(r))
-        self.assertEqual(r.doc["job"]["error"]["code_name"], "FAILED_PRECONDITION", repr(r))
-        self.assertIn(ROOT + "/out-s3-in", r.doc["job"]["error"]["message"], repr(r))
+        # A second submission to the finished prefix is refused at submit (the daemon lists
+        # the prefix as for a local folder), naming it; the output stays.
+        self.assertError(self.ctl("consolidate", ROOT + "/in", ROOT + "/out-s3-in"), 3,
+                         "FAILED_PRECONDITION", "s3://jobs/team-a/out-s3-in")
+        # So is an input inside the output prefix (writing would delete it).
+        self.assertError(self.ctl("consolidate", ROOT + "/in", ROOT, "--overwrite"), 3,
+                         "PERMISSION_DENIED")
+        self.assertError(self.ctl("consolidate", ROOT + "/out-s3-in/sub",
+                                  ROOT + "/out-s3-in", "--overwrite"), 3, "INVALID_ARGUMENT",
+                         "must not be, contain or lie inside the input")
         self.assertConsolidated(self.src, self.r("downloaded-2"))
 
     def test_inspect_and_plan_s3_input(self):
