@@ -37,7 +37,7 @@ absl::StatusOr<int> ParseIndex(absl::string_view text, absl::string_view what) {
 // RESHARD_PARTITION_COUNT, when set, is the count whatever the engine says (a rerun of some
 // tasks of an array is an array of its own, with its own task count).
 // `count_given`: the caller has the count (auto/K); only the index is wanted.
-absl::StatusOr<PartitionId> FromEnvironment(const EnvLookup& env, bool count_given) {
+absl::StatusOr<PartitionId> FromEnvironment(const PartitionEnvLookup& env, bool count_given) {
   auto get = [&](const char* name) -> const char* {
     const char* value = env(name);
     return value != nullptr && *value != '\0' ? value : nullptr;
@@ -84,9 +84,9 @@ absl::StatusOr<PartitionId> FromEnvironment(const EnvLookup& env, bool count_giv
 
 }  // namespace
 
-absl::StatusOr<PartitionId> ParsePartition(absl::string_view text, const EnvLookup& env) {
-  const EnvLookup lookup =
-      env ? env : EnvLookup([](const char* name) { return std::getenv(name); });
+absl::StatusOr<PartitionId> ParsePartition(absl::string_view text, const PartitionEnvLookup& env) {
+  const PartitionEnvLookup lookup =
+      env ? env : PartitionEnvLookup([](const char* name) { return std::getenv(name); });
   PartitionId id;
   if (text == "auto" || absl::StartsWith(text, "auto/")) {
     ASSIGN_OR_RETURN(id, FromEnvironment(lookup, absl::StartsWith(text, "auto/")));

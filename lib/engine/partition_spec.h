@@ -28,7 +28,7 @@ struct PartitionId {
 
 // Looks up an environment variable: null when unset (std::getenv by default; tests pass their
 // own).
-using EnvLookup = std::function<const char*(const char*)>;
+using PartitionEnvLookup = std::function<const char*(const char*)>;
 
 // Parses `--partition`:
 //   "I/K"     worker I (0-based) of K
@@ -40,7 +40,8 @@ using EnvLookup = std::function<const char*(const char*)>;
 //   "auto/K"  the index from the environment as above, the count K: what a rerun of some tasks
 //             of an array needs (`sbatch --array=2` is an array of one task)
 // Errors say which variable is missing or inconsistent.
-absl::StatusOr<PartitionId> ParsePartition(absl::string_view text, const EnvLookup& env = nullptr);
+absl::StatusOr<PartitionId> ParsePartition(absl::string_view text,
+                                           const PartitionEnvLookup& env = nullptr);
 
 // "I/K", for messages and file names.
 std::string PartitionName(const PartitionId& partition);

@@ -9,7 +9,7 @@
 namespace reshard {
 namespace {
 
-EnvLookup FakeEnv(std::map<std::string, std::string> vars) {
+PartitionEnvLookup FakeEnv(std::map<std::string, std::string> vars) {
   return [vars = std::move(vars)](const char* name) -> const char* {
     auto it = vars.find(name);
     return it == vars.end() ? nullptr : it->second.c_str();
