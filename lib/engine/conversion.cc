@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "lib/core/status.h"
+#include "lib/core/stopwatch.h"
 #include "lib/core/test_faults.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/file_access.h"
@@ -298,10 +299,6 @@ std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& p
 
 absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
                                                const RunControl& control) {
-  using Clock = std::chrono::steady_clock;
-  auto seconds_since = [](Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  };
   const auto start = Clock::now();
   if (spec.output.empty()) return absl::InvalidArgumentError("no output folder given");
   if (spec.partition_count > 0) {
@@ -319,7 +316,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
     ASSIGN_OR_RETURN(std::optional<ConversionResult> published,
                      FindPublishedOutput(spec, control.job_id));
     if (published.has_value()) {
-      published->seconds = seconds_since(start);
+      published->seconds = SecondsSince(start);
       return *std::move(published);
     }
   }
@@ -338,7 +335,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
       if (preserve != nullptr && preserve->load()) staging.Keep();
     }
   } keep_for_resume{staging, control.preserve_staging};
-  const double plan_seconds = seconds_since(start);
+  const double plan_seconds = SecondsSince(start);
 
   const auto write_start = Clock::now();
   ExecutorOptions options = ExecutorOptionsFor(spec, control);
@@ -363,8 +360,8 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
                       "the output was published; updating the tracker file beside it");
     }
   }
-  result.publish_seconds = seconds_since(publish_start);
-  result.seconds = seconds_since(start);
+  result.publish_seconds = SecondsSince(publish_start);
+  result.seconds = SecondsSince(start);
   return result;
 }
 

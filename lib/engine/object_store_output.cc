@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "lib/core/status.h"
+#include "lib/core/stopwatch.h"
 #include "lib/core/test_faults.h"
 #include "lib/core/version.h"
 #include "lib/exec/executor.h"
@@ -28,12 +29,6 @@
 
 namespace reshard {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // The output: a bucket and the key prefix of its objects.
 struct OutputPrefix {

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
+#include "lib/core/stopwatch.h"
 #include "lib/core/test_faults.h"
 #include "lib/engine/object_store_output.h"
 #include "lib/engine/partition_spec.h"
@@ -39,17 +40,12 @@ namespace reshard {
 namespace {
 
 using OrderedJson = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
 
 constexpr char kSplitName[] = "split.json";
 constexpr char kDataName[] = "data";
 constexpr char kClaimName[] = "publish.claim";
 // Records, journals, split.json and the claim are small; a larger one is not ours.
 constexpr uint64_t kMaxRecordBytes = 64ull << 20;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 namespace fs = std::filesystem;
 

@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
+#include "lib/core/stopwatch.h"
 #include "lib/exec/source_checksums.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/io/atomic_file.h"
@@ -28,8 +29,6 @@
 
 namespace reshard {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Source bytes a worker reads through the mapping before it releases them (see WriteTensor).
 constexpr uint64_t kMappedBytesPerFill = 4 << 20;
@@ -62,10 +61,6 @@ uint64_t ActiveWorkers(const ExecutorOptions& options, size_t files) {
 // Each worker's share of the window (ExecutorOptions::window_bytes).
 uint64_t WorkerWindow(const ExecutorOptions& options, size_t files) {
   return std::max<uint64_t>(options.window_bytes / ActiveWorkers(options, files), 4096);
-}
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 // Shared progress of all workers.

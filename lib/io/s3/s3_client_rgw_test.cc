@@ -16,7 +16,6 @@
 #include "gtest/gtest.h"
 #include "lib/io/s3/s3_client.h"
 #include "lib/io/s3/s3_object_writer.h"
-#include "lib/io/s3/s3_range_reader.h"
 #include "lib/testing/test_files.h"
 #include "openssl/evp.h"
 
@@ -468,105 +467,6 @@ TEST_F(RgwTest, ObjectWriterRetriesThroughFlakyProxy) {
   ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(whole)).ok());
   EXPECT_TRUE(whole == data);
   EXPECT_GT(flaky->stats().retries, 0u);
-}
-
-// Reads every piece of `ranges` through an S3RangeReader and checks each against `data`.
-void ExpectRanges(S3Client* client, const std::string& key, const std::string& data,
-                  const std::vector<S3RangeReader::Range>& ranges, S3RangeReader::Options options) {
-  absl::StatusOr<std::unique_ptr<S3RangeReader>> reader =
-      S3RangeReader::Create(client, "reshard-test", key, ranges, options);
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  size_t range = 0;
-  uint64_t done = 0;  // bytes of ranges[range] handed out
-  while (true) {
-    absl::StatusOr<S3RangeReader::Piece> piece = (*reader)->Next();
-    ASSERT_TRUE(piece.ok()) << piece.status();
-    if (piece->data.empty()) break;
-    while (range < ranges.size() && ranges[range].length == 0) ++range;
-    ASSERT_LT(range, ranges.size());
-    ASSERT_EQ(piece->offset, ranges[range].offset + done);
-    ASSERT_LE(piece->data.size(), options.max_range_bytes);
-    ASSERT_TRUE(piece->data == absl::string_view(data).substr(piece->offset, piece->data.size()))
-        << "bytes at " << piece->offset;
-    done += piece->data.size();
-    if (done == ranges[range].length) {
-      ++range;
-      done = 0;
-    }
-  }
-  while (range < ranges.size() && ranges[range].length == 0) ++range;
-  EXPECT_EQ(range, ranges.size()) << "ranges not handed out";
-}
-
-// Ranges in the caller's order (backwards, overlapping, empty, the last byte, a whole 20 MiB
-// object in 1 MiB pieces), with 1 and 6 reads in flight, directly and through the flaky proxy.
-TEST_F(RgwTest, RangeReaderHandsOutRangesInOrder) {
-  const std::string data = Pattern((20 << 20) + 777, 21);
-  const std::string key = "ranges/model.safetensors";
-  ASSERT_TRUE(client_->Put(kBucket, key, data).ok());
-  const std::vector<S3RangeReader::Range> scattered = {
-      {data.size() - 1, 1},     {5 << 20, 3 << 20}, {0, 8}, {100, 0},
-      {4 << 20, (2 << 20) + 3}, {7, 100000}};
-  const std::vector<S3RangeReader::Range> whole = {{0, data.size()}};
-  std::unique_ptr<S3Client> flaky = MakeClient(RequiredEnv("S3_TEST_PROXY_ENDPOINT"));
-  ASSERT_NE(flaky, nullptr);
-  for (S3Client* client : {client_, flaky.get()}) {
-    for (int in_flight : {1, 6}) {
-      SCOPED_TRACE(absl::StrCat(client == client_ ? "direct" : "flaky proxy", ", ", in_flight,
-                                " in flight"));
-      S3RangeReader::Options options;
-      options.in_flight = in_flight;
-      options.max_range_bytes = 1 << 20;
-      ExpectRanges(client, key, data, scattered, options);
-      ExpectRanges(client, key, data, whole, options);
-    }
-  }
-  EXPECT_GT(flaky->stats().retries, 0u);
-}
-
-// A range past the object's end is OutOfRange naming the URL and the range, after the pieces
-// before it; a missing key is NotFound; options out of range are refused.
-TEST_F(RgwTest, RangeReaderErrors) {
-  const std::string data = Pattern(3 << 20, 22);
-  const std::string key = "ranges/short.bin";
-  ASSERT_TRUE(client_->Put(kBucket, key, data).ok());
-  S3RangeReader::Options options;
-  options.max_range_bytes = 1 << 20;
-  absl::StatusOr<std::unique_ptr<S3RangeReader>> reader =
-      S3RangeReader::Create(client_, kBucket, key, {{0, 2 << 20}, {(3 << 20) - 10, 100}}, options);
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<S3RangeReader::Piece> piece = (*reader)->Next();
-    ASSERT_TRUE(piece.ok()) << piece.status();
-    EXPECT_EQ(piece->data.size(), 1u << 20);
-  }
-  absl::StatusOr<S3RangeReader::Piece> past = (*reader)->Next();
-  EXPECT_EQ(past.status().code(), absl::StatusCode::kOutOfRange) << past.status();
-  EXPECT_THAT(std::string(past.status().message()),
-              HasSubstr("s3://reshard-test/ranges/short.bin"));
-  EXPECT_THAT(std::string(past.status().message()), HasSubstr("3145718"));
-  EXPECT_EQ((*reader)->Next().status().code(), absl::StatusCode::kOutOfRange);
-
-  absl::StatusOr<std::unique_ptr<S3RangeReader>> missing =
-      S3RangeReader::Create(client_, kBucket, "ranges/nothing-here", {{0, 10}}, {});
-  ASSERT_TRUE(missing.ok());
-  EXPECT_TRUE(absl::IsNotFound((*missing)->Next().status()));
-
-  S3RangeReader::Options none;
-  none.in_flight = 0;
-  EXPECT_EQ(S3RangeReader::Create(client_, kBucket, key, {}, none).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  S3RangeReader::Options tiny;
-  tiny.max_range_bytes = 100;
-  EXPECT_EQ(S3RangeReader::Create(client_, kBucket, key, {}, tiny).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  // Nothing to read: the end at once.
-  absl::StatusOr<std::unique_ptr<S3RangeReader>> empty =
-      S3RangeReader::Create(client_, kBucket, key, {{5, 0}}, {});
-  ASSERT_TRUE(empty.ok());
-  absl::StatusOr<S3RangeReader::Piece> end = (*empty)->Next();
-  ASSERT_TRUE(end.ok());
-  EXPECT_TRUE(end->data.empty());
 }
 
 }  // namespace
