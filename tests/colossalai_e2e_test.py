@@ -11,8 +11,8 @@ create_model_metadata does (the tensor-parallel dim is the first whose global si
 local one; the last rank's `lengths` drop the vocabulary padding). Unsharded saves record the
 saving machine's absolute path as `file`. Buffers are saved but not described, as in the PR.
 reshardctl consolidates and reshards them; every tensor is compared element by element with
-torch.equal against the global model the test sharded. Incomplete and hostile checkpoints must
-exit 3 naming the problem and never create OUT.
+torch.equal against the global model the test sharded; `verify` compares the replicated copies.
+Incomplete and hostile checkpoints must exit 3 naming the problem and never create OUT.
 """
 
 import json
@@ -253,6 +253,31 @@ class ColossalReadTests(Base):
         out = self.p("out")
         self.convert("consolidate", ck, out)
         assert_equal_tensors(self, model, st_torch.read_folder(out))
+
+
+    def test_replicated_copies_are_read_once_and_compared_by_verify(self):
+        model = global_model(6)
+        ck = self.p("ck")
+        files = save_colossal(ck, model, tp=2, pp=1)
+        out = self.p("out")
+        self.convert("consolidate", ck, out)
+        self.assertExit(self.ctl("verify", ck, out), 0)
+        # Rank 1's copy of a replicated norm changed (saved again: its CRC-32s are right).
+        path = os.path.join(ck, files[1][0])
+        weights = torch.load(path)
+        weights["layers.1.norm.weight"][5] += 1
+        torch.save(weights, path)
+        out2 = self.p("out2")
+        self.convert("consolidate", ck, out2)
+        assert_equal_tensors(self, model, st_torch.read_folder(out2))  # rank 0's copy, read once
+        for a, b in ((ck, out2), (out2, ck)):
+            res = self.ctl("verify", a, b, "--json")
+            self.assertExit(res, 4)
+            doc = json.loads(res.stdout_text)
+            self.assertEqual([(m["name"], m["mismatches"], m["first_index"])
+                              for m in doc["mismatched"]],
+                             [("layers.1.norm.weight (replicated copy in %s)" % path, 1, 5)])
+            self.assertIn(files[0][0], doc["mismatched"][0]["reason"])
 
 
 class ColossalRefusalTests(Base):

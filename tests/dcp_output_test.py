@@ -8,8 +8,10 @@ by an independent reader written here, the way torch's FileSystemReader reads it
 is unpickled by an Unpickler that resolves only the DCP classes current torch writes (mapped
 to small stand-ins below) and torch's own Size / dtype / layout globals, and refuses every
 other global; each chunk and value is torch.load-ed from its byte range [offset, offset +
-length) of its `.distcp` file. Tensors are compared element by element (torch.equal) with the
-tensors the inputs were written from.
+length) of its `.distcp` file (chunks with weights_only=True, as current torch loads them).
+Tensors are compared element by element (torch.equal) with the tensors the inputs were written
+from, whole and, as torch's load planner reads a rank's shard at another world size, box by box
+from the chunks that overlap the box.
 """
 
 import enum
@@ -119,12 +121,14 @@ def load_metadata(folder):
         return StrictUnpickler(f).load()
 
 
-def read_item(folder, info):
+def read_item(folder, info, chunk=False):
+    """The item at [offset, offset + length): a tensor chunk is loaded with weights_only=True,
+    as current torch's FileSystemReader loads it; a value (BYTE_IO) with the full unpickler."""
     with open(os.path.join(folder, info.relative_path), "rb") as f:
         f.seek(info.offset)
         data = f.read(info.length)
     assert len(data) == info.length, info
-    return torch.load(io.BytesIO(data), map_location="cpu")
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=chunk)
 
 
 def iter_dcp(folder, md=None):
@@ -141,7 +145,7 @@ def iter_dcp(folder, md=None):
         full = torch.zeros(tuple(entry.size), dtype=entry.properties.dtype)
         seen = torch.zeros(tuple(entry.size), dtype=torch.int32)
         for chunk in entry.chunks:
-            piece = read_item(folder, md.storage_data[MetadataIndex_(fqn, chunk.offsets)])
+            piece = read_item(folder, md.storage_data[MetadataIndex_(fqn, chunk.offsets)], True)
             assert isinstance(piece, torch.Tensor), fqn
             assert piece.dtype == entry.properties.dtype, (fqn, piece.dtype)
             assert tuple(piece.shape) == tuple(chunk.sizes), (fqn, piece.shape, chunk.sizes)
@@ -152,6 +156,31 @@ def iter_dcp(folder, md=None):
             count += 1
         assert bool((seen == 1).all()), "%s: chunks do not tile the tensor" % fqn
         yield fqn, full
+
+
+def load_box(folder, md, fqn, offsets, sizes):
+    """The box [offsets, offsets + sizes) of tensor `fqn`, read as torch's load planner reads a
+    rank's shard at any world size (_create_read_items): from the saved chunks that overlap the
+    box only, each narrowed to the overlap; every element of the box exactly once."""
+    entry = md.state_dict_metadata[fqn]
+    box = torch.zeros(tuple(sizes), dtype=entry.properties.dtype)
+    seen = torch.zeros(tuple(sizes), dtype=torch.int32)
+    for chunk in entry.chunks:
+        lo = [max(o, c) for o, c in zip(offsets, chunk.offsets)]
+        hi = [min(o + s, c + n) for o, s, c, n in zip(offsets, sizes, chunk.offsets, chunk.sizes)]
+        if any(h <= l for l, h in zip(lo, hi)):
+            continue
+        piece = read_item(folder, md.storage_data[MetadataIndex_(fqn, chunk.offsets)], True)
+        view, count = box, seen
+        for d, (l, h) in enumerate(zip(lo, hi)):
+            piece = piece.narrow(d, l - chunk.offsets[d], h - l)
+            at = l - offsets[d]
+            view, count = view.narrow(d, at, h - l), count.narrow(d, at, h - l)
+        view.copy_(piece)
+        count += 1
+    assert bool((seen == 1).all()), "%s: the chunks do not tile the box %s + %s" % (
+        fqn, offsets, sizes)
+    return box
 
 
 def read_dcp(folder):
@@ -346,7 +375,8 @@ class DcpWriteTests(Base):
                 self.assertEqual(tuple(chunk.sizes), tuple(want[rank].shape), fqn)
                 info = md.storage_data[MetadataIndex_(fqn, chunk.offsets)]
                 self.assertEqual(info.relative_path, "__%d_0.distcp" % rank, fqn)
-                self.assertTensorEqual(read_item(out, info), want[rank], "%s rank %d" % (fqn, rank))
+                self.assertTensorEqual(read_item(out, info, True), want[rank],
+                                       "%s rank %d" % (fqn, rank))
         self.assertExit(self.ctl("verify", src, out), 0)
         return out
 
@@ -357,6 +387,30 @@ class DcpWriteTests(Base):
         for parts in (2, 3):
             with self.subTest(parts=parts):
                 self.reshard_and_check(src, sd, parts)
+
+    def test_loads_at_any_world_size(self):
+        """A checkpoint written for 2 ranks (and one for 3), loaded as torch loads a rank's shard
+        at world sizes 1 to 5 cut along every dim (empty shards included)."""
+        sd = model_state(7)
+        src = self.p("in.pt")
+        torch.save(sd, src)
+        for parts in (2, 3):
+            out = self.reshard_and_check(src, sd, parts)
+            md = load_metadata(out)
+            for name, t in sd.items():
+                if t.dim() == 0:
+                    self.assertTensorEqual(load_box(out, md, name, [], []), t, name)
+                for dim in range(t.dim()):
+                    for world in (1, 2, 3, 4, 5):
+                        at = 0
+                        for rank, want in enumerate(torch.tensor_split(t, world, dim)):
+                            offsets = [0] * t.dim()
+                            offsets[dim] = at
+                            what = "%s from %d ranks: dim %d, rank %d of %d" % (
+                                name, parts, dim, rank, world)
+                            self.assertTensorEqual(
+                                load_box(out, md, name, offsets, list(want.shape)), want, what)
+                            at += want.shape[dim]
 
     def test_reshard_dcp_to_new_world_size_and_back(self):
         """DCP at 4 ranks -> DCP at 2 ranks -> DCP at 3 ranks, each read back exactly; the

@@ -56,6 +56,10 @@ struct CatalogTensor {
   DType dtype = DType::kF32;
   Shape shape;
   std::vector<SourcePiece> pieces;
+  // Further copies of pieces that the input stores more than once (ColossalAI's replicated
+  // parameters, one in every tensor-parallel rank's file): conversions never read them;
+  // `verify` compares each with the piece of the same box.
+  std::vector<SourcePiece> replicas;
 };
 
 // The nesting of a checkpoint whose tensors sit in containers among other values (a torch

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -100,6 +101,47 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     if (ca.Find(tensor.name) < 0) result.only_in_b.push_back(tensor.name);
   }
   std::vector<std::byte> buffer_a, buffer_b;
+  // What one side of a comparison reads, and from where.
+  struct Side {
+    const TensorCopy& copy;
+    const std::vector<MappedFile>& sources;
+    std::optional<SpanReader>& spans;
+  };
+  // Reads both sides window by window and counts the elements that differ (compared as
+  // `dtype`) into `mismatch`.
+  auto compare = [&](const Side& a, const Side& b, DType dtype,
+                     TensorMismatch& mismatch) -> absl::Status {
+    RETURN_IF_ERROR(TensorFiller::CheckReadable(a.copy, a.sources));
+    RETURN_IF_ERROR(TensorFiller::CheckReadable(b.copy, b.sources));
+    TensorFiller fill_a(a.copy, a.sources, nullptr, a.spans.has_value() ? &*a.spans : nullptr);
+    TensorFiller fill_b(b.copy, b.sources, nullptr, b.spans.has_value() ? &*b.spans : nullptr);
+    const size_t size = DTypeSize(dtype);
+    const int64_t chunk = std::max<int64_t>(1, kChunkBytes / static_cast<int64_t>(size));
+    buffer_a.resize(std::min<int64_t>(chunk, a.copy.num_elements) * size);
+    buffer_b.resize(buffer_a.size());
+    for (int64_t begin = 0; begin < a.copy.num_elements; begin += chunk) {
+      if (options.cancelled != nullptr && options.cancelled->load()) {
+        return absl::CancelledError("verify cancelled");
+      }
+      const int64_t end = std::min(a.copy.num_elements, begin + chunk);
+      RETURN_IF_ERROR(fill_a.Fill(begin, end, buffer_a.data()));
+      RETURN_IF_ERROR(fill_b.Fill(begin, end, buffer_b.data()));
+      fill_a.ReleaseConsumed();
+      fill_b.ReleaseConsumed();
+      if (std::memcmp(buffer_a.data(), buffer_b.data(), (end - begin) * size) == 0) continue;
+      for (int64_t i = 0; i < end - begin; ++i) {
+        const uint64_t x = LoadBits(buffer_a.data() + i * size, size);
+        const uint64_t y = LoadBits(buffer_b.data() + i * size, size);
+        if (x == y || (IsNaN(dtype, x) && IsNaN(dtype, y))) continue;
+        if (mismatch.mismatches++ == 0) {
+          mismatch.first_index = begin + i;
+          mismatch.a_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), x);
+          mismatch.b_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), y);
+        }
+      }
+    }
+    return absl::OkStatus();
+  };
   for (int ia = 0; ia < static_cast<int>(ca.tensors.size()); ++ia) {
     const CatalogTensor& ta = ca.tensors[ia];
     const int ib = cb.Find(ta.name);
@@ -126,39 +168,50 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     }
     ASSIGN_OR_RETURN(TensorCopy copy_a, PlanWholeTensor(ca, ia, *dtype));
     ASSIGN_OR_RETURN(TensorCopy copy_b, PlanWholeTensor(cb, ib, *dtype));
-    RETURN_IF_ERROR(TensorFiller::CheckReadable(copy_a, sources_a));
-    RETURN_IF_ERROR(TensorFiller::CheckReadable(copy_b, sources_b));
-    TensorFiller fill_a(copy_a, sources_a, nullptr, spans_a.has_value() ? &*spans_a : nullptr);
-    TensorFiller fill_b(copy_b, sources_b, nullptr, spans_b.has_value() ? &*spans_b : nullptr);
-    const size_t size = DTypeSize(*dtype);
-    const int64_t chunk = std::max<int64_t>(1, kChunkBytes / static_cast<int64_t>(size));
-    buffer_a.resize(std::min<int64_t>(chunk, copy_a.num_elements) * size);
-    buffer_b.resize(buffer_a.size());
-    for (int64_t begin = 0; begin < copy_a.num_elements; begin += chunk) {
-      if (options.cancelled != nullptr && options.cancelled->load()) {
-        return absl::CancelledError("verify cancelled");
-      }
-      const int64_t end = std::min(copy_a.num_elements, begin + chunk);
-      RETURN_IF_ERROR(fill_a.Fill(begin, end, buffer_a.data()));
-      RETURN_IF_ERROR(fill_b.Fill(begin, end, buffer_b.data()));
-      fill_a.ReleaseConsumed();
-      fill_b.ReleaseConsumed();
-      if (std::memcmp(buffer_a.data(), buffer_b.data(), (end - begin) * size) == 0) continue;
-      for (int64_t i = 0; i < end - begin; ++i) {
-        const uint64_t x = LoadBits(buffer_a.data() + i * size, size);
-        const uint64_t y = LoadBits(buffer_b.data() + i * size, size);
-        if (x == y || (IsNaN(*dtype, x) && IsNaN(*dtype, y))) continue;
-        if (mismatch.mismatches++ == 0) {
-          mismatch.first_index = begin + i;
-          mismatch.a_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), x);
-          mismatch.b_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), y);
-        }
-      }
-    }
+    RETURN_IF_ERROR(
+        compare({copy_a, sources_a, spans_a}, {copy_b, sources_b, spans_b}, *dtype, mismatch));
     result.elements_compared += copy_a.num_elements;
     if (mismatch.mismatches > 0) {
       mismatch.reason = absl::StrCat("values differ (compared as ", DTypeName(*dtype), ")");
       result.mismatched.push_back(std::move(mismatch));
+    }
+  }
+  // The copies an input keeps of its replicated pieces (ColossalAI), each against the piece
+  // of its box that conversions read (not counted in tensors_ or elements_compared).
+  for (auto [catalog, sources, spans] :
+       {std::tie(ca, sources_a, spans_a), std::tie(cb, sources_b, spans_b)}) {
+    Catalog pair;  // the two copies as tensors of the box's shape
+    pair.files = catalog.files;
+    for (const CatalogTensor& tensor : catalog.tensors) {
+      for (const SourcePiece& replica : tensor.replicas) {
+        auto read =
+            std::find_if(tensor.pieces.begin(), tensor.pieces.end(), [&](const SourcePiece& piece) {
+              return piece.box.origin == replica.box.origin &&
+                     piece.box.extent == replica.box.extent;
+            });
+        if (read == tensor.pieces.end()) {
+          return absl::InternalError(
+              absl::StrCat("tensor \"", tensor.name, "\": a replicated copy of no box it reads"));
+        }
+        pair.tensors.clear();
+        for (const SourcePiece* piece : {&*read, &replica}) {
+          pair.tensors.push_back(
+              CatalogTensor{tensor.name, tensor.dtype, piece->box.extent, {*piece}, {}});
+          pair.tensors.back().pieces[0].box.origin.assign(piece->box.extent.size(), 0);
+        }
+        ASSIGN_OR_RETURN(TensorCopy first, PlanWholeTensor(pair, 0, tensor.dtype));
+        ASSIGN_OR_RETURN(TensorCopy copy, PlanWholeTensor(pair, 1, tensor.dtype));
+        TensorMismatch mismatch;
+        mismatch.name = absl::StrCat(tensor.name, " (replicated copy in ",
+                                     catalog.files[replica.file].path, ")");
+        RETURN_IF_ERROR(
+            compare({first, sources, spans}, {copy, sources, spans}, tensor.dtype, mismatch));
+        if (mismatch.mismatches > 0) {
+          mismatch.reason =
+              absl::StrCat("values differ from the copy read, in ", catalog.files[read->file].path);
+          result.mismatched.push_back(std::move(mismatch));
+        }
+      }
     }
   }
   result.equal = result.mismatched.empty() && result.only_in_a.empty() && result.only_in_b.empty();

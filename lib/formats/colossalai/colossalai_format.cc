@@ -68,6 +68,7 @@ struct Param {
   std::optional<DType> dtype;
   std::vector<Described> pieces;
   int64_t first_dist_id = 0;
+  std::vector<SourcePiece> replicas;  // later ranks' copies of a box already in `pieces`
 };
 
 class ColossalReader {
@@ -192,16 +193,18 @@ class ColossalReader {
                                       "'s copy (", DTypeName(*global.dtype), ")"));
     }
     global.dtype = local.dtype;
-    // Replicated parameters: the same box in several ranks' files; the first is read.
-    for (const Described& seen : global.pieces) {
-      if (seen.piece.box.origin == param.box.origin && seen.piece.box.extent == param.box.extent) {
-        ++replicated_copies_;
-        return absl::OkStatus();
-      }
-    }
     SourcePiece piece = local.pieces[0];
     piece.file = f;
     piece.box = param.box;
+    // Replicated parameters: the same box in several ranks' files; the first is read, the
+    // others kept for `verify` to compare.
+    for (const Described& seen : global.pieces) {
+      if (seen.piece.box.origin == param.box.origin && seen.piece.box.extent == param.box.extent) {
+        ++replicated_copies_;
+        global.replicas.push_back(std::move(piece));
+        return absl::OkStatus();
+      }
+    }
     global.pieces.push_back(Described{std::move(piece), meta.dist_id});
     return absl::OkStatus();
   }
@@ -234,6 +237,7 @@ class ColossalReader {
       tensor.dtype = param.dtype.value_or(DType::kF32);
       tensor.shape = param.shape;
       for (Described& described : param.pieces) tensor.pieces.push_back(std::move(described.piece));
+      tensor.replicas = std::move(param.replicas);
       pieces += tensor.pieces.size();
       catalog.tensors.push_back(std::move(tensor));
     }

@@ -13,7 +13,8 @@
 // (a torch.save archive, whose CRC-32s the executor checks, or a safetensors file). The last
 // tensor-parallel rank's `lengths` may be shorter than its local tensor (vocabulary padding):
 // the piece is the leading part of that tensor. Replicated parameters (the same box in every
-// tensor-parallel rank's file) are read from the first.
+// tensor-parallel rank's file) are read from the first; the other copies are kept as the
+// tensor's replicas, which `verify` compares with it.
 //
 // `file` is the saving machine's full path in unsharded mode: an absolute path is taken as its
 // last component inside the checkpoint folder; a relative one must stay inside the folder

@@ -23,8 +23,6 @@ constexpr char kMetadataModule[] = "torch.distributed.checkpoint.metadata";
 constexpr char kFilesystemModule[] = "torch.distributed.checkpoint.filesystem";
 // What torch.save onto a stream names the archive's top folder.
 constexpr char kArchiveTop[] = "archive";
-// OutputFileLayout::metadata key under which Arrange records the global shape of every tensor
-// of the file (a JSON object name -> dims), for `.metadata`.
 
 // ---- torch's flatten_state_dict on the input's nesting.
 
