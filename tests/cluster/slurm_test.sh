@@ -2,7 +2,8 @@
 # A partitioned conversion on a real Slurm (slurmctld + slurmd + munged on 127.0.0.1, started
 # here with a configuration generated for this run): deploy/slurm/convert.sbatch as a 4-task
 # array must publish an output equal, byte for byte, to a single-worker run; a task cancelled
-# mid-way (scancel) leaves nothing published, and rerunning that index completes it.
+# mid-way (scancel) leaves nothing published, and rerunning that index completes it, reusing
+# the files the task had committed.
 #
 # Args: RESHARDCTL CONVERT_SBATCH MAKE_CHECKPOINT_PY SAME_OUTPUT_PY
 set -euo pipefail
@@ -183,9 +184,23 @@ fi
 grep -q "partitions 2 of 4 have not recorded" "$base/commit.txt" || { cat "$base/commit.txt"; exit 1; }
 echo "task 2 cancelled: nothing published, commit refuses ($(head -c 120 "$base/commit.txt"))"
 
+# The files the cancelled task had committed, marked with a modification time in 2001: its rerun
+# must reuse them (a file written again gets the current time).
+committed=$(/usr/bin/python3 -c '
+import json, sys
+print(" ".join(f["name"] for f in json.load(open(sys.argv[1]))["files"]))' \
+  "$area/partition-00002-of-00004.journal")
+[ -n "$committed" ] || { echo "FAIL: the cancelled task's journal lists no file"; exit 1; }
+for name in $committed; do touch -m -d @1000000000 "$area/data/$name"; done
+
 RESHARD_OUT=$base/out2 RESHARD_PARTITION_COUNT=4 RESHARD_RESULT_DIR=$base/results \
   sbatch --wait --array=2 --output="$base/logs/%A_%a.out" "$sbatch_script" >/dev/null
 same_as_reference "$base/out2"
+for name in $committed; do
+  [ "$(stat -c %Y "$base/out2/$name")" = 1000000000 ] ||
+    { echo "FAIL: $name was rewritten by the rerun of task 2 instead of reused"; exit 1; }
+done
+echo "rerun of task 2 reused its committed $committed"
 /usr/bin/python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))

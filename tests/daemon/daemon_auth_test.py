@@ -271,13 +271,15 @@ class TokenTests(OwnDaemonsTestCase):
         cls.src_a = small_checkpoint(os.path.join(cls.team_a, "src"), seed=1)
         cls.src_b = small_checkpoint(os.path.join(cls.team_b, "src"), seed=2)
         cls.tokens = {n: "tok-%s-%s" % (n, secrets.token_hex(16))
-                      for n in ("alice", "bob", "reader", "nocancel", "admin", "carol")}
+                      for n in ("alice", "bob", "reader", "nocancel", "writer", "admin",
+                                "carol")}
         all_scopes = ["read", "submit", "cancel"]
         cls.entries = [
             token_entry("alice", cls.tokens["alice"], all_scopes, [cls.team_a]),
             token_entry("bob", cls.tokens["bob"], all_scopes, [cls.team_b]),
             token_entry("reader", cls.tokens["reader"], ["read"], [cls.team_a]),
             token_entry("nocancel", cls.tokens["nocancel"], ["read", "submit"], [cls.team_a]),
+            token_entry("writer", cls.tokens["writer"], ["submit"], [cls.team_a]),
             token_entry("admin", cls.tokens["admin"], all_scopes + ["admin"], [cls.root]),
         ]
         cls.token_file = os.path.join(cls.tmp, "tokens.json")
@@ -351,6 +353,15 @@ class TokenTests(OwnDaemonsTestCase):
         self.assertError(self.as_("nocancel", "cancel", job), EXIT_INVALID, "PERMISSION_DENIED",
                          r'"nocancel" lacks the scope "cancel"')
         self.assertOk(self.as_("nocancel", "status", job))
+
+    def test_read_scope_covers_get_list_watch_inspect_plan(self):
+        # A token that may submit but not read: every reading call is PERMISSION_DENIED.
+        job = self.submit_as("writer", self.src_a, os.path.join(self.team_a, "out_writer"))
+        for args in (("list",), ("status", job), ("watch", job), ("inspect", self.src_a),
+                     ("plan", self.src_a)):
+            self.assertError(self.as_("writer", *args), EXIT_INVALID, "PERMISSION_DENIED",
+                             r'"writer" lacks the scope "read"')
+        self.assertOk(self.as_("admin", "status", job))
 
     def test_paths_outside_token_roots(self):
         for who, foreign_src, foreign_dir, own_dir in (
@@ -537,13 +548,15 @@ class TokenStartTests(OwnDaemonsTestCase):
         self.assertRegex(err, r'tokens\[0\] \("a"\): allowed root %s must be a folder within' %
                          self.outside)
 
-    def test_warning_beyond_loopback(self):
+    def exposed_daemon_log(self, name, extra=()):
+        """Starts reshardd on 0.0.0.0 with `extra` flags, stops it once it listens: its stderr."""
         state = tempfile.mkdtemp(prefix="state-", dir=self.tmp)
-        log_path = os.path.join(self.logs, "exposed.log")
+        log_path = os.path.join(self.logs, name + ".log")
         with open(log_path, "w") as log:
             proc = subprocess.Popen([H.RESHARDD, "--listen", "0.0.0.0:0", "--state-dir", state,
-                                     "--allowed-root", self.root], stdout=subprocess.PIPE,
-                                    stderr=log, text=True, stdin=subprocess.DEVNULL)
+                                     "--allowed-root", self.root] + list(extra),
+                                    stdout=subprocess.PIPE, stderr=log, text=True,
+                                    stdin=subprocess.DEVNULL)
         H._DAEMONS.append(proc)
         try:
             line = proc.stdout.readline()
@@ -552,10 +565,26 @@ class TokenStartTests(OwnDaemonsTestCase):
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
         with open(log_path) as f:
-            text = f.read()
+            return f.read()
+
+    def test_warning_beyond_loopback(self):
+        text = self.exposed_daemon_log("exposed")
         self.assertIn("warning: listening on 0.0.0.0:0 beyond loopback without TLS", text)
         self.assertIn("without bearer tokens", text)
-
+        # Tokens without TLS: the warning names what is missing; TLS and tokens: no warning.
+        os.makedirs(self.r("team"), exist_ok=True)
+        tokens = os.path.join(self.tmp, "exposed-tokens.json")
+        with open(tokens, "w") as f:
+            json.dump({"tokens": [token_entry("a", "t", ["read"], [self.r("team")])]}, f)
+        os.chmod(tokens, 0o600)
+        text = self.exposed_daemon_log("exposed-tokens", ["--auth-tokens", tokens])
+        self.assertIn("beyond loopback without TLS", text)
+        self.assertNotIn("without bearer tokens", text)
+        pki = make_pki(os.path.join(self.tmp, "exposed-pki"))
+        text = self.exposed_daemon_log("exposed-secured", [
+            "--auth-tokens", tokens, "--tls-cert", pki.path("server"), "--tls-key",
+            pki.path("server", "key")])
+        self.assertNotIn("warning: listening", text)
 
 if __name__ == "__main__":
     H.main()

@@ -244,6 +244,29 @@ class CoreTests(DaemonTestCase):
                        "--no-progress")
         self.assertEqual(bad.rc, 2, bad)  # a usage error: nothing was submitted
 
+    def test_partition_auto_keys_follow_the_partition(self):
+        # `--partition auto` in the tasks of a Slurm array: each task's job carries its own
+        # partition and default idempotency key, and a requeued task gets its job back.
+        out = self.r("out_partition_auto")
+        keys = []
+        for task in range(2):
+            env = {"SLURM_ARRAY_JOB_ID": "31", "SLURM_ARRAY_TASK_ID": str(task),
+                   "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "0",
+                   "SLURM_ARRAY_TASK_MAX": "1"}
+            args = ("consolidate", self.src, out, "--max-shard-size", "3MB", "--partition",
+                    "auto", "--no-progress")
+            doc = self.assertOk(self.ctl(*args, env=env))
+            self.assertEqual(doc["state"], "succeeded", doc)
+            self.assertEqual(doc["job"]["spec"]["partition_index"], task)
+            self.assertEqual(doc["job"]["spec"]["partition_count"], 2)
+            self.assertEqual(os.path.exists(out), task == 1, "published by the last task only")
+            keys.append(doc["job"]["idempotency_key"])
+            self.assertTrue(keys[-1].startswith("slurm-31-%d:" % task), keys[-1])
+            again = self.assertOk(self.ctl(*args, env=env))
+            self.assertEqual(again["job_id"], doc["job_id"], "the requeued task re-attaches")
+        self.assertNotEqual(keys[0], keys[1])
+        self.assertConsolidated(self.src, out)
+
     # -- 7: CLI contract for workflow engines ----------------------------------------------------
 
     def test_result_file_on_success_and_failure(self):

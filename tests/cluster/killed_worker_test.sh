@@ -1,0 +1,63 @@
+#!/bin/bash
+# A partition worker killed with SIGKILL mid-way (no chance to clean up, unlike scancel's
+# SIGTERM in slurm_test) publishes nothing and records nothing; rerunning the same index reuses
+# the files its journal lists (they keep the old modification time this test gives them; a
+# rewritten file would not) and publishes an output equal to a single worker's.
+#
+# Args: RESHARDCTL MAKE_CHECKPOINT_PY SAME_OUTPUT_PY
+set -euo pipefail
+reshardctl=$(realpath "$1")
+make_checkpoint=$(realpath "$2")
+same_output=$(realpath "$3")
+work=$(mktemp -d "${TEST_TMPDIR:-/tmp}/killed.XXXXXX")
+victim_pid=
+trap '[ -z "$victim_pid" ] || kill -9 "$victim_pid" 2>/dev/null || true; rm -rf "$work"' EXIT
+
+/usr/bin/python3 "$make_checkpoint" --size 8MiB --quiet "$work/in" >/dev/null
+"$reshardctl" consolidate "$work/in" "$work/ref" --max-shard-size 1MiB --no-progress >/dev/null
+run() {  # run INDEX RESULT_FILE [env...]
+  local index=$1 result=$2
+  shift 2
+  env "$@" "$reshardctl" consolidate "$work/in" "$work/out" --max-shard-size 1MiB \
+    --partition "$index/2" --no-progress --json >"$result"
+}
+
+# Worker 1 stops after its first committed file (the fault point never releases) and is killed.
+run 1 "$work/killed.json" "RESHARD_TEST_FAULTS=partition-file-committed=wait:$work/never" &
+victim_pid=$!
+area=$work/.out.reshard-partitions
+journal=$area/partition-00001-of-00002.journal
+for _ in $(seq 600); do
+  [ -e "$journal" ] && break
+  sleep 0.1
+done
+[ -e "$journal" ] || { echo "FAIL: worker 1 committed no file"; exit 1; }
+kill -9 "$victim_pid"
+wait "$victim_pid" 2>/dev/null || true
+victim_pid=
+[ ! -e "$area/partition-00001-of-00002.json" ] || { echo "FAIL: the killed worker recorded"; exit 1; }
+[ ! -e "$work/out" ] || { echo "FAIL: the output was published by a killed worker"; exit 1; }
+committed=$(/usr/bin/python3 -c '
+import json, sys
+print(" ".join(f["name"] for f in json.load(open(sys.argv[1]))["files"]))' "$journal")
+[ -n "$committed" ] || { echo "FAIL: the journal lists no file"; exit 1; }
+# Marked with a modification time in 2001: a file written again gets the current time.
+for name in $committed; do touch -m -d @1000000000 "$area/data/$name"; done
+
+# Worker 0 records its files; partition 1 is missing, so nothing is published.
+run 0 "$work/w0.json"
+[ ! -e "$work/out" ] || { echo "FAIL: published without partition 1"; exit 1; }
+# The rerun of worker 1 reuses its committed files, records and publishes.
+run 1 "$work/rerun.json"
+/usr/bin/python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["published"] and r["partition"] == {"index": 1, "count": 2, "recorded": 2}, r' \
+  "$work/rerun.json"
+for name in $committed; do
+  [ "$(stat -c %Y "$work/out/$name")" = 1000000000 ] ||
+    { echo "FAIL: $name was rewritten by the rerun instead of reused"; exit 1; }
+done
+/usr/bin/python3 "$same_output" "$work/ref" "$work/out"
+echo "killed worker: nothing published; the rerun reused $committed and published"
+echo PASS
