@@ -136,10 +136,9 @@ TEST_F(TorchRemoteTest, ShardedFolderMetadataTakesFewReadsWhateverTheTensorCount
     absl::StatusOr<InputModel> remote = Read("mem://b/" + name);
     ASSERT_TRUE(remote.ok()) << remote.status();
     const int reads = store_->reads() - before;
-    // The index; per shard the tail and one window over the headers and data.pkl, which
-    // MappedFile splits into parallel pieces of at least 1 MiB (3 for the 3.8 MB shards).
-    if (per_shard == 300) EXPECT_EQ(reads, 1 + 2 * 2);
-    EXPECT_LE(reads, 1 + 2 * (1 + 3));
+    // The index; per shard the tail and the headers with data.pkl in windows of at most 1 MiB
+    // (one for the 400 KB shards, four for the 3.8 MB ones).
+    EXPECT_EQ(reads, 1 + 2 * (1 + (per_shard == 300 ? 1 : 4)));
     absl::StatusOr<InputModel> local = Read(local_ + "/" + name);
     ASSERT_TRUE(local.ok()) << local.status();
     ExpectSameModel(*remote, *local);
