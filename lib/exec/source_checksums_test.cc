@@ -22,6 +22,8 @@
 #include "lib/exec/executor.h"
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_file.h"
+#include "lib/io/remote_store.h"
+#include "lib/io/testing/memory_store.h"
 #include "lib/plan/planner.h"
 #include "lib/testing/test_files.h"
 #include "lib/testing/zip_builder.h"
@@ -251,6 +253,33 @@ TEST(SourceChecksumsTest, TensorSplitAcrossTwoFilesAndThreads) {
       EXPECT_EQ(result->crc_bytes_reread, kTail * 4);  // the runs of both threads combined
       ExpectDataLoss(Convert(corrupt, *files, Options(2, window)), corrupt, "archive/data/0", "w");
     }
+  }
+}
+
+TEST(SourceChecksumsTest, RemoteSourceIsCheckedAsItIsRead) {
+  // A torch.save file read by range reads (no mapping): the runs are checksummed as they
+  // arrive, and the part of the record no tensor reads is range-read to complete the check.
+  auto* store = new MemoryStore;  // registered stores are never destroyed
+  RegisterRemoteStore("mem", store);
+  const TorchFixture fixture = MakeArchive();
+  store->Put("mem://b/intact.pt", fixture.built.bytes);
+  std::string damaged = fixture.built.bytes;
+  const uint64_t at = fixture.Payload("0") + 4 * (kRows * kCols / 2) + 1;
+  damaged[at] = static_cast<char>(~damaged[at]);
+  store->Put("mem://b/damaged.pt", damaged);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const OutFiles files = {{"a.bin", {{"w", kW, dtype}}},
+                            {"b.bin", {{"b", Box::Full({10}), dtype}}}};
+    auto result = Convert("mem://b/intact.pt", files, Options(1, 4096));
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->crc_bytes_reread, kTail * 4);
+    ExpectDataLoss(Convert("mem://b/damaged.pt", files, Options(2, 4096)), "mem://b/damaged.pt",
+                   "archive/data/0", "w");
+    // Without the check the damaged file converts.
+    ExecutorOptions unchecked = Options(1, 4096);
+    unchecked.check_source_crc32 = false;
+    EXPECT_TRUE(Convert("mem://b/damaged.pt", files, unchecked).ok());
   }
 }
 

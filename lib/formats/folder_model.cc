@@ -1,9 +1,11 @@
 #include "lib/formats/folder_model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -68,6 +70,42 @@ std::vector<std::string> ListFolder(const std::string& dir,
   }
   std::sort(names.begin(), names.end(), NaturalLess);
   return names;
+}
+
+absl::StatusOr<std::vector<FileCatalog>> ReadFolderFiles(const std::string& dir,
+                                                         const std::vector<std::string>& names,
+                                                         const std::string& index_path,
+                                                         const ReadFolderFile& read_one) {
+  auto read = [&](const std::string& name) -> absl::StatusOr<FileCatalog> {
+    if (!index_path.empty() && !InputExists(absl::StrCat(dir, "/", name))) {
+      return absl::NotFoundError(
+          absl::StrCat(index_path, " lists ", name, ", which does not exist in ", dir));
+    }
+    return read_one(dir, name);
+  };
+  std::vector<absl::StatusOr<FileCatalog>> read_files(names.size(), absl::UnknownError(""));
+  if (IsRemotePath(dir)) {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> threads;
+    const size_t count = std::min<size_t>(kRemoteFileReads, names.size());
+    for (size_t t = 0; t < count; ++t) {
+      threads.emplace_back([&] {
+        for (size_t i = next++; i < names.size(); i = next++) read_files[i] = read(names[i]);
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+  } else {
+    for (size_t i = 0; i < names.size(); ++i) {
+      read_files[i] = read(names[i]);
+      if (!read_files[i].ok()) break;
+    }
+  }
+  std::vector<FileCatalog> files;
+  for (absl::StatusOr<FileCatalog>& file : read_files) {
+    if (!file.ok()) return file.status();  // the first failure in file order
+    files.push_back(*std::move(file));
+  }
+  return files;
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadWeightMap(

@@ -8,6 +8,7 @@
 #ifndef RESHARD_LIB_FORMATS_FOLDER_MODEL_H_
 #define RESHARD_LIB_FORMATS_FOLDER_MODEL_H_
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,23 @@ bool NaturalLess(const std::string& a, const std::string& b);
 // natural order.
 std::vector<std::string> ListFolder(const std::string& dir,
                                     const std::vector<std::string>& suffixes);
+
+// Reads file `name` of folder `dir` (the Catalog of that one file).
+using ReadFolderFile =
+    std::function<absl::StatusOr<FileCatalog>(const std::string& dir, const std::string& name)>;
+
+// Files of a remote folder read at once by ReadFolderFiles.
+inline constexpr int kRemoteFileReads = 8;
+
+// Files `names` of folder `dir`, each read with `read_one`, in that order. `index_path`, when
+// not empty, is the index that lists them (a missing file is NotFound naming it and the
+// index). A remote folder's files are read up to kRemoteFileReads at a time (each costs a few
+// requests); a local folder's one by one, on this thread, which holds the path confinement
+// they are opened under. The first failure in file order is returned.
+absl::StatusOr<std::vector<FileCatalog>> ReadFolderFiles(const std::string& dir,
+                                                         const std::vector<std::string>& names,
+                                                         const std::string& index_path,
+                                                         const ReadFolderFile& read_one);
 
 // The weight_map of a Hugging Face index file, in file order: (tensor, file name). File names
 // must be plain names in the index's folder. DataLoss naming the index otherwise.

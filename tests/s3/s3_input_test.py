@@ -7,8 +7,13 @@ by tools/bench/make_checkpoint.py with boto3, and checks that reading them from 
 same bytes as reading the local copies: a Hugging Face sharded folder (fp32 and bf16), a single
 file, a folder without an index, through the flaky proxy (retries), within bounded memory.
 It also checks inspect, plan and verify on s3:// paths, and the errors: wrong secret, missing
-key and bucket, malformed URL, no credentials, a layout reshard does not read from S3. Finally
-it runs the S3Store gtest binary (lib/io/s3/s3_store_rgw_test.cc) against the same radosgw.
+key and bucket, malformed URL, no credentials, a layout reshard does not read from S3. Then
+torch.save inputs written by Debian's torch (/usr/bin/python3): a single file and a sharded
+pytorch_model-*.bin folder with its index, consolidated in fp32 and bf16 byte-equal to the local
+copies, inspect and verify, the range GETs their metadata costs (counted by a second proxy that
+fails nothing), and damaged objects (a flipped byte in a storage record: its CRC-32; a cut
+central directory) refused naming the object. Finally it runs the S3Store gtest binary
+(lib/io/s3/s3_store_rgw_test.cc) against the same radosgw.
 
 Usage: s3_input_test.py --reshardctl PATH --rgw-sh PATH --proxy PATH --make-checkpoint PATH
                         --store-test PATH [unittest args]
@@ -17,6 +22,7 @@ Usage: s3_input_test.py --reshardctl PATH --rgw-sh PATH --proxy PATH --make-chec
 import filecmp
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -49,6 +55,54 @@ def make_checkpoint(out, size, max_shard, dtype_seed=0):
     subprocess.run(["/usr/bin/python3", harness.BINARIES["make-checkpoint"], out, "--size", size,
                     "--max-shard-size", max_shard, "--block-size", "8MiB", "--seed",
                     str(dtype_seed), "--quiet"], check=True, stdout=subprocess.DEVNULL)
+
+
+# Writes DIR/single/model.pt (torch.save of a state dict: 24 layers of fp32 weights, biases
+# and norms, an int64 step) and DIR/sharded (the same tensors in 3 pytorch_model-*.bin shards and
+# pytorch_model.bin.index.json), as transformers' save_pretrained lays them out.
+MAKE_TORCH = r"""
+import collections, json, os, sys, torch
+out = sys.argv[1]
+torch.manual_seed(0)
+sd = collections.OrderedDict()
+sd["embed.weight"] = torch.randn(512, 256)
+for i in range(24):
+    sd["layers.%d.attn.weight" % i] = torch.randn(256, 256)
+    sd["layers.%d.attn.bias" % i] = torch.randn(256)
+    sd["layers.%d.norm.weight" % i] = torch.randn(256)
+    sd["layers.%d.mlp.weight" % i] = torch.randn(512, 256)
+sd["head.weight"] = torch.randn(512, 256)
+sd["step"] = torch.tensor([7, 8], dtype=torch.int64)
+os.makedirs(os.path.join(out, "single"))
+torch.save(sd, os.path.join(out, "single", "model.pt"))
+os.makedirs(os.path.join(out, "sharded"))
+names = list(sd)
+shards = [names[:35], names[35:70], names[70:]]
+weight_map = {}
+for n, keys in enumerate(shards):
+    file = "pytorch_model-%05d-of-%05d.bin" % (n + 1, len(shards))
+    torch.save(collections.OrderedDict((k, sd[k]) for k in keys),
+               os.path.join(out, "sharded", file))
+    weight_map.update({k: file for k in keys})
+total = sum(t.numel() * t.element_size() for t in sd.values())
+with open(os.path.join(out, "sharded", "pytorch_model.bin.index.json"), "w") as f:
+    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+"""
+
+
+def STATE_TORCH_FLIP(torch_dir):
+    """The byte in the middle of the largest storage record of single/model.pt."""
+    import struct
+    import zipfile
+    path = os.path.join(torch_dir, "single", "model.pt")
+    with zipfile.ZipFile(path) as zf:
+        info = max((i for i in zf.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        header = f.read(30)
+    name_length, extra_length = struct.unpack("<HH", header[26:30])
+    STATE["torch_flipped_entry"] = info.filename
+    return info.header_offset + 30 + name_length + extra_length + info.file_size // 2
 
 
 def setUpModule():
@@ -85,8 +139,21 @@ def setUpModule():
     subprocess.run([harness.BINARIES["reshardctl"], "consolidate", small, single, "--no-progress"],
                    check=True, stdout=subprocess.DEVNULL)
     s3.upload_file(os.path.join(single, "model.safetensors"), BUCKET, "single/model.safetensors")
-    # Layouts reshard does not read from S3: a torch.save-named file in a folder, an empty name.
-    s3.put_object(Bucket=BUCKET, Key="torch/pytorch_model.bin", Body=b"PK\x03\x04" + b"\0" * 60)
+    # torch.save checkpoints (Debian's torch), their damaged copies, and a DeepSpeed layout.
+    torch_dir = os.path.join(local, "torch")
+    subprocess.run(["/usr/bin/python3", "-c", MAKE_TORCH, torch_dir], check=True)
+    s3.upload_file(os.path.join(torch_dir, "single", "model.pt"), BUCKET, "torch1/model.pt")
+    upload_folder(s3, os.path.join(torch_dir, "sharded"), "torchsharded")
+    with open(os.path.join(torch_dir, "single", "model.pt"), "rb") as f:
+        model_pt = f.read()
+    flipped = bytearray(model_pt)
+    flipped[STATE_TORCH_FLIP(torch_dir)] ^= 0x10
+    s3.put_object(Bucket=BUCKET, Key="torchbad/flipped.pt", Body=bytes(flipped))
+    s3.put_object(Bucket=BUCKET, Key="torchbad/cut.pt", Body=model_pt[:-200])
+    # Layouts reshard does not read from S3: DeepSpeed's (a tracker and *_model_states.pt).
+    s3.put_object(Bucket=BUCKET, Key="deepspeed/latest", Body=b"global_step1")
+    s3.put_object(Bucket=BUCKET, Key="deepspeed/global_step1/mp_rank_00_model_states.pt",
+                  Body=model_pt)
     # A shard the index names is missing.
     upload_folder(s3, small, "broken", skip=("model-00002-of-00003.safetensors",))
 
@@ -274,14 +341,91 @@ class S3InputTests(harness.TempDirTestCase):
         self.assertIn("s3://%s/big" % BUCKET, text)
 
     def test_other_layouts_refused_unimplemented(self):
-        res = self.ctl("inspect", "s3://%s/torch" % BUCKET, "--json")
+        res = self.ctl("inspect", "s3://%s/deepspeed" % BUCKET, "--json")
         self.assertEqual(res.returncode, 3, res.text)
-        self.assertIn("s3://%s/torch" % BUCKET, res.text)
+        self.assertIn("s3://%s/deepspeed" % BUCKET, res.text)
         self.assertIn("safetensors", res.text)
         self.assertIn("UNIMPLEMENTED", res.text.upper())
-        text = self.fails(3, "consolidate", "s3://%s/torch/pytorch_model.bin" % BUCKET,
+        text = self.fails(3, "consolidate", "s3://%s/deepspeed/global_step1" % BUCKET,
                           self.p("o"))
         self.assertIn("remote storage", text)
+        self.assertFalse(os.path.exists(self.p("o")))
+
+    def test_torch_single_file_fp32_and_bf16(self):
+        local = os.path.join(STATE["local"], "torch", "single", "model.pt")
+        for dtype in ("f32", "bf16"):
+            with self.subTest(dtype=dtype):
+                out = self.consolidate_both("s3://%s/torch1/model.pt" % BUCKET, local,
+                                            "--dtype", dtype)
+                self.assertTrue(os.path.exists(os.path.join(out, "model.safetensors")))
+                shutil.rmtree(out)
+                shutil.rmtree(self.p("from-local"))
+
+    def test_torch_sharded_folder_fp32_and_bf16(self):
+        local = os.path.join(STATE["local"], "torch", "sharded")
+        for dtype in ("f32", "bf16"):
+            with self.subTest(dtype=dtype):
+                self.consolidate_both("s3://%s/torchsharded" % BUCKET, local, "--dtype", dtype,
+                                      "--max-shard-size", "8MiB")
+                shutil.rmtree(self.p("from-s3"))
+                shutil.rmtree(self.p("from-local"))
+
+    def test_torch_inspect_verify_and_metadata_requests(self):
+        url = "s3://%s/torchsharded" % BUCKET
+        doc = json.loads(self.ok("inspect", url, "--json").stdout)
+        self.assertEqual(doc["format"], "torch")
+        self.assertEqual(doc["tensor_count"], 99)
+        local_doc = json.loads(self.ok("inspect", os.path.join(STATE["local"], "torch", "sharded"),
+                                       "--json").stdout)
+        self.assertEqual(doc["tensor_count"], local_doc["tensor_count"])
+        self.ok("verify", url, os.path.join(STATE["local"], "torch", "single", "model.pt"))
+        self.ok("verify", url, "s3://%s/torch1/model.pt" % BUCKET)
+        self.fails(4, "verify", url, os.path.join(STATE["local"], "big"))
+        # The range GETs of the metadata, counted by a proxy that fails nothing: the index, per
+        # shard the tail (end records and central directory), then the local headers with
+        # data.pkl in windows of at most 1 MiB; the headers of a layer lie within 258 KiB, the
+        # next layer's more than 512 KiB further (the 512 KiB mlp record): about one window
+        # per layer (8-9 per shard), never one GET per tensor (99).
+        port = STATE["endpoint"].rsplit(":", 1)[1]
+        stats = self.p("count.stats")
+        proxy = subprocess.Popen(["/usr/bin/python3", harness.BINARIES["proxy"], port,
+                                  self.p("count.port"), stats, "1000000000", "1000000000"])
+        try:
+            for _ in range(100):
+                if os.path.exists(self.p("count.port")):
+                    break
+                time.sleep(0.05)
+            with open(self.p("count.port")) as f:
+                env = dict(ENV, AWS_ENDPOINT_URL="http://127.0.0.1:%s" % f.read())
+            # Requests 1 and 2 fail (n % N == 1, 2): spend them on a HEAD of nothing.
+            self.ctl("inspect", "s3://%s/nothing" % BUCKET, env=env)
+            self.ctl("inspect", "s3://%s/nothing" % BUCKET, env=env)
+            with open(stats) as f:
+                before = json.load(f)
+            self.ok("inspect", url, "--json", env=env)
+            with open(stats) as f:
+                after = json.load(f)
+        finally:
+            proxy.kill()
+            proxy.wait()
+        gets = after["forwarded_range_gets"] - before["forwarded_range_gets"]
+        requests = after["forwarded"] - before["forwarded"]
+        sys.stderr.write("torch sharded folder (3 shards, 99 tensors) metadata: %d range GETs, "
+                         "%d requests in all\n" % (gets, requests))
+        self.assertLessEqual(gets, 1 + 3 * (1 + 10))
+
+    def test_torch_damaged_objects_refused_naming_them(self):
+        url = "s3://%s/torchbad/flipped.pt" % BUCKET
+        text = self.fails(3, "consolidate", url, self.p("o"), "--no-progress")
+        self.assertIn(url, text)
+        self.assertIn("CRC-32", text)
+        self.assertIn(STATE["torch_flipped_entry"], text)
+        self.assertFalse(os.path.exists(self.p("o", "model.safetensors")))
+        url = "s3://%s/torchbad/cut.pt" % BUCKET
+        text = self.fails(3, "inspect", url)
+        self.assertIn(url, text)
+        self.assertIn("zip archive", text)
+        self.assertIn("byte offset", text)
 
     def test_store_gtest(self):
         env = dict(ENV, S3_TEST_ENDPOINT=STATE["endpoint"])

@@ -1,11 +1,9 @@
 #include "lib/formats/safetensors/safetensors_format.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <fstream>
 #include <sstream>
-#include <thread>
 #include <vector>
 
 #include "absl/base/internal/endian.h"
@@ -39,48 +37,6 @@ absl::StatusOr<FileCatalog> ReadOne(const std::string& dir, const std::string& n
   return file;
 }
 
-// Header reads of a remote folder's files in flight at once.
-constexpr int kRemoteHeaderReads = 8;
-
-// The headers of files `names` of folder `dir`, in that order. `index_path`, when not empty,
-// is the index that lists them (a missing file is NotFound naming it). A remote folder's files
-// are read up to kRemoteHeaderReads at a time (each costs two or three requests); a local
-// folder's one by one, on this thread, which holds the path confinement they are opened under.
-absl::StatusOr<std::vector<FileCatalog>> ReadFiles(const std::string& dir,
-                                                   const std::vector<std::string>& names,
-                                                   const std::string& index_path) {
-  auto read = [&](const std::string& name) -> absl::StatusOr<FileCatalog> {
-    if (!index_path.empty() && !InputExists(absl::StrCat(dir, "/", name))) {
-      return absl::NotFoundError(
-          absl::StrCat(index_path, " lists ", name, ", which does not exist in ", dir));
-    }
-    return ReadOne(dir, name);
-  };
-  std::vector<absl::StatusOr<FileCatalog>> read_files(names.size(), absl::UnknownError(""));
-  if (IsRemotePath(dir)) {
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> threads;
-    const size_t count = std::min<size_t>(kRemoteHeaderReads, names.size());
-    for (size_t t = 0; t < count; ++t) {
-      threads.emplace_back([&] {
-        for (size_t i = next++; i < names.size(); i = next++) read_files[i] = read(names[i]);
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
-  } else {
-    for (size_t i = 0; i < names.size(); ++i) {
-      read_files[i] = read(names[i]);
-      if (!read_files[i].ok()) break;
-    }
-  }
-  std::vector<FileCatalog> files;
-  for (absl::StatusOr<FileCatalog>& file : read_files) {
-    if (!file.ok()) return file.status();  // the first failure in file order
-    files.push_back(*std::move(file));
-  }
-  return files;
-}
-
 absl::StatusOr<InputModel> ReadIndexedFolder(const std::string& dir) {
   const std::string index_path = absl::StrCat(dir, "/", kSafetensorsIndexName);
   ASSIGN_OR_RETURN(auto weight_map, ReadWeightMap(index_path));
@@ -89,14 +45,15 @@ absl::StatusOr<InputModel> ReadIndexedFolder(const std::string& dir) {
     if (std::find(names.begin(), names.end(), file) == names.end()) names.push_back(file);
   }
   std::sort(names.begin(), names.end(), NaturalLess);
-  ASSIGN_OR_RETURN(std::vector<FileCatalog> files, ReadFiles(dir, names, index_path));
+  ASSIGN_OR_RETURN(std::vector<FileCatalog> files,
+                   ReadFolderFiles(dir, names, index_path, ReadOne));
   return AssembleIndexedFolder(SafetensorsInput::kId, dir, index_path, weight_map,
                                std::move(files));
 }
 
 absl::StatusOr<InputModel> ReadPlainFolder(const std::string& dir) {
   ASSIGN_OR_RETURN(std::vector<FileCatalog> files,
-                   ReadFiles(dir, ListFolder(dir, {".safetensors"}), ""));
+                   ReadFolderFiles(dir, ListFolder(dir, {".safetensors"}), "", ReadOne));
   return AssembleFolder(SafetensorsInput::kId, dir, std::move(files));
 }
 

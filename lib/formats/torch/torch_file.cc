@@ -104,14 +104,29 @@ bool IsLegacyTorchSave(absl::string_view head) {
 
 absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_view bytes,
                                                                   const std::string& path) {
-  if (IsLegacyTorchSave(bytes.substr(0, 32))) {
-    return absl::UnimplementedError(absl::StrCat(
-        path,
-        ": the legacy torch.save format (torch < 1.6, _use_new_zipfile_serialization=False, or "
-        "DeepSpeed's checkpoint_serialization: false), whose storages cannot be read in place; "
-        "load and save it again with a current torch"));
+  ViewByteSource source(bytes, path);
+  return Parse(source);
+}
+
+absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(ByteSource& source) {
+  const std::string& path = source.path();
+  ZipArchive::ParseOptions zip_options;
+  zip_options.prefetch_payloads = {"data.pkl", "byteorder"};
+  absl::StatusOr<ZipArchive> parsed = ZipArchive::Parse(source, zip_options);
+  if (!parsed.ok()) {
+    // Not a zip: say so when it is the legacy format (its first bytes, read only now, so that
+    // a remote file's metadata starts with the tail).
+    auto head = source.Read(0, std::min<uint64_t>(32, source.size()), "first bytes");
+    if (head.ok() && IsLegacyTorchSave(*head)) {
+      return absl::UnimplementedError(absl::StrCat(
+          path,
+          ": the legacy torch.save format (torch < 1.6, _use_new_zipfile_serialization=False, "
+          "or DeepSpeed's checkpoint_serialization: false), whose storages cannot be read in "
+          "place; load and save it again with a current torch"));
+    }
+    return parsed.status();
   }
-  ASSIGN_OR_RETURN(ZipArchive archive, ZipArchive::Parse(bytes, path));
+  const ZipArchive& archive = *parsed;
   const ZipEntry* pickle = archive.Find("data.pkl");
   if (pickle == nullptr) {
     return absl::DataLossError(absl::StrCat(path, ": zip archive has no ", archive.top(),
@@ -122,7 +137,9 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_v
         absl::StrCat(path, ": a TorchScript archive (torch.jit.save), not a state dict"));
   }
   if (const ZipEntry* order = archive.Find("byteorder"); order != nullptr && order->size <= 16) {
-    if (bytes.substr(order->data_offset, order->size) == "big") {
+    ASSIGN_OR_RETURN(absl::string_view byteorder,
+                     source.Read(order->data_offset, order->size, "byteorder"));
+    if (byteorder == "big") {
       return absl::UnimplementedError(
           absl::StrCat(path, ": saved on a big-endian machine (byteorder \"big\")"));
     }
@@ -133,7 +150,8 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_v
   // data.pkl names the tensors and gives their shapes and offsets: a damaged byte there reads as
   // a different model, so its CRC-32 is checked here, when the archive records one (torch.save
   // with set_crc32_options(False) writes 0; storage records are checked when converting).
-  const absl::string_view pickle_bytes = bytes.substr(pickle->data_offset, pickle->size);
+  ASSIGN_OR_RETURN(const absl::string_view pickle_bytes,
+                   source.Read(pickle->data_offset, pickle->size, "data.pkl"));
   if (pickle->crc32 != 0) {
     const uint32_t crc = Crc32(0, pickle_bytes.data(), pickle_bytes.size());
     if (crc != pickle->crc32) {
@@ -144,7 +162,7 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_v
   }
   auto result = std::unique_ptr<TorchArchive>(new TorchArchive);
   result->path_ = path;
-  result->size_ = bytes.size();
+  result->size_ = source.size();
   TorchArchive* self = result.get();
   PersistentLoad load = [self, &archive](PickleValue* pid, PickleArena& arena) {
     return self->LoadStorage(pid, arena, archive);
@@ -157,8 +175,7 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_v
 absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Open(const std::string& path) {
   ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
   file.AdviseRandomAccess();  // zip local headers are spread over the whole file
-  absl::string_view data(reinterpret_cast<const char*>(file.data()), file.size());
-  auto archive = Parse(data, path);
+  auto archive = Parse(*ByteSourceFor(file));
   // Only metadata pages were touched; give them back before any conversion runs.
   file.Release(0, file.size());
   return archive;

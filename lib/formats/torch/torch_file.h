@@ -23,6 +23,7 @@
 #include "lib/core/dtype.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/zip_archive.h"
+#include "lib/io/byte_source.h"
 
 namespace reshard {
 
@@ -44,7 +45,12 @@ class TorchArchive {
   // (pre-1.6, non-zip) format is refused as Unimplemented with the reason.
   static absl::StatusOr<std::unique_ptr<TorchArchive>> Parse(absl::string_view bytes,
                                                              const std::string& path);
-  // Maps the file at `path`, parses it, and gives the mapped pages back.
+  // The same for the whole file `source` (a mapped local file, or range reads of a remote
+  // one: the zip's end records and central directory, the local headers, and data.pkl; see
+  // ZipArchive). Its path names it in errors.
+  static absl::StatusOr<std::unique_ptr<TorchArchive>> Parse(ByteSource& source);
+  // Opens the file at `path` (local: mapped; remote: range reads), parses it, and gives the
+  // mapped pages back.
   static absl::StatusOr<std::unique_ptr<TorchArchive>> Open(const std::string& path);
 
   const PickleValue* root() const { return root_; }

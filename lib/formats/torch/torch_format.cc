@@ -1,7 +1,6 @@
 #include "lib/formats/torch/torch_format.h"
 
-#include <filesystem>
-#include <fstream>
+#include <algorithm>
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
@@ -19,7 +18,6 @@
 namespace reshard {
 namespace {
 
-namespace fs = std::filesystem;
 using Kind = PickleValue::Kind;
 
 constexpr int kMaxNameDepth = 64;
@@ -178,15 +176,31 @@ class TorchFileReader {
 
 absl::StatusOr<FileCatalog> ReadOneFile(const std::string& dir, const std::string& name) {
   const std::string path = dir.empty() ? name : absl::StrCat(dir, "/", name);
-  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
-  file.AdviseRandomAccess();  // zip local headers are spread over the whole file
-  absl::string_view data(reinterpret_cast<const char*>(file.data()), file.size());
+  ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
   FileCatalog result;
   result.name = name;
-  ASSIGN_OR_RETURN(result.catalog, ReadTorchFile(data, path));
-  // Only metadata pages were touched; give them back before the conversion runs.
-  file.Release(0, file.size());
+  ASSIGN_OR_RETURN(result.catalog, CatalogFromArchive(*archive));
   return result;
+}
+
+// A file of a checkpoint layout that other formats read (DeepSpeed, DCP, Megatron,
+// ColossalAI), among the names in a remote folder; empty when there is none. Those formats do
+// not read remote folders, so the torch reader must not take their .pt files for a model.
+std::string OtherLayoutFile(const std::vector<std::string>& names) {
+  static const char* const kNames[] = {
+      "latest",    "latest_universal", "latest_checkpointed_iteration.txt",
+      ".metadata", "metadata.json",    "common.pt"};
+  static const char* const kSuffixes[] = {".distcp", "_model_states.pt", "_optim_states.pt"};
+  for (const std::string& name : names) {
+    for (const char* marker : kNames) {
+      if (name == marker) return name;
+    }
+    for (const char* suffix : kSuffixes) {
+      if (absl::EndsWith(name, suffix)) return name;
+    }
+    if (absl::StartsWith(name, "pytorch_model-meta-dist-")) return name;
+  }
+  return "";
 }
 
 bool LooksLikeTorchFile(const std::string& path) {
@@ -217,9 +231,12 @@ absl::StatusOr<Catalog> CatalogFromValue(const TorchArchive& archive, const Pick
 }
 
 bool TorchInput::Probe(const std::string& path) const {
-  std::error_code error;
-  if (fs::is_directory(path, error)) {
-    if (fs::exists(absl::StrCat(path, "/", kTorchIndexName), error)) return true;
+  if (IsInputFolder(path)) {
+    if (IsRemotePath(path)) {
+      absl::StatusOr<std::vector<std::string>> names = ListInputFolder(path);
+      if (!names.ok() || !OtherLayoutFile(*names).empty()) return false;
+    }
+    if (InputExists(absl::StrCat(path, "/", kTorchIndexName))) return true;
     std::vector<std::string> names = ListFolder(path, kTorchSuffixes);
     return !names.empty() && LooksLikeTorchFile(absl::StrCat(path, "/", names[0]));
   }
@@ -230,8 +247,7 @@ namespace {
 
 // The files at `path` as one model or model-parallel parts, without a description.
 absl::StatusOr<InputModel> ReadTorchModel(const std::string& path) {
-  std::error_code error;
-  if (!fs::is_directory(path, error)) {
+  if (!IsInputFolder(path)) {
     ASSIGN_OR_RETURN(FileCatalog file, ReadOneFile("", path));
     InputModel model;
     model.format = TorchInput::kId;
@@ -241,25 +257,19 @@ absl::StatusOr<InputModel> ReadTorchModel(const std::string& path) {
     return model;
   }
   const std::string index_path = absl::StrCat(path, "/", kTorchIndexName);
-  if (fs::exists(index_path, error)) {
+  if (InputExists(index_path)) {
     ASSIGN_OR_RETURN(auto weight_map, ReadWeightMap(index_path));
     std::vector<std::string> names;
     for (const auto& [tensor, file] : weight_map) {
       if (std::find(names.begin(), names.end(), file) == names.end()) names.push_back(file);
     }
     std::sort(names.begin(), names.end(), NaturalLess);
-    std::vector<FileCatalog> files;
-    for (const std::string& name : names) {
-      ASSIGN_OR_RETURN(FileCatalog file, ReadOneFile(path, name));
-      files.push_back(std::move(file));
-    }
+    ASSIGN_OR_RETURN(std::vector<FileCatalog> files,
+                     ReadFolderFiles(path, names, index_path, ReadOneFile));
     return AssembleIndexedFolder(TorchInput::kId, path, index_path, weight_map, std::move(files));
   }
-  std::vector<FileCatalog> files;
-  for (const std::string& name : ListFolder(path, kTorchSuffixes)) {
-    ASSIGN_OR_RETURN(FileCatalog file, ReadOneFile(path, name));
-    files.push_back(std::move(file));
-  }
+  ASSIGN_OR_RETURN(std::vector<FileCatalog> files,
+                   ReadFolderFiles(path, ListFolder(path, kTorchSuffixes), "", ReadOneFile));
   return AssembleFolder(TorchInput::kId, path, std::move(files));
 }
 

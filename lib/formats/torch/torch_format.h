@@ -9,6 +9,13 @@
 // same way (tied weights) appear once per name. A folder of torch files is read like a folder of
 // safetensors files (index `pytorch_model.bin.index.json`, shards, or model-parallel parts).
 // The pre-1.6 (legacy pickle) format is recognized and refused with an explanation.
+//
+// Remote inputs (s3://): a file, a folder of them or an indexed folder is read like a local
+// one, its metadata by a few range reads per file (TorchArchive over a RangeReadSource; a
+// folder's files several at a time) and its storages by the executor's range reads. A remote
+// folder holding files of layouts other formats read (DeepSpeed's `latest` or
+// `*_model_states.pt`, DCP's `.metadata`, Megatron's tracker, ColossalAI's metadata) is not
+// claimed: those formats do not read remote paths yet, and their .pt files are no model.
 
 #ifndef RESHARD_LIB_FORMATS_TORCH_TORCH_FORMAT_H_
 #define RESHARD_LIB_FORMATS_TORCH_TORCH_FORMAT_H_
@@ -34,6 +41,7 @@ class TorchInput : public InputFormat {
   bool Probe(const std::string& path) const override;
   // Generic: asked after every format that recognizes a specific arrangement of files.
   int probe_priority() const override { return 0; }
+  bool reads_remote() const override { return true; }
   // The model, described as "torch.save, ..." (metaseq's model-parallel parts named so).
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;

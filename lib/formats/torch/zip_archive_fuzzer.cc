@@ -1,19 +1,46 @@
 // libFuzzer target: the torch.save zip container reader must never crash, hang or read out of
-// bounds, and every entry it accepts must lie inside the input.
+// bounds, and every entry it accepts must lie inside the input. The same input is parsed a
+// second time by range reads (RangeReadSource, as for a remote file, with small windows so that
+// the prefetch merges and splits): both must agree, errors included.
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/string_view.h"
 #include "lib/formats/torch/zip_archive.h"
+#include "lib/io/byte_source.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::string_view bytes(reinterpret_cast<const char*>(data), size);
   auto archive = reshard::ZipArchive::Parse(bytes, "fuzz.pt");
-  if (!archive.ok()) return 0;
+
+  reshard::RangeReadOptions options;
+  options.merge_gap = 64;
+  options.max_read = 256;
+  options.reads_in_flight = 2;
+  reshard::RangeReadSource source(
+      "fuzz.pt", size,
+      [&](uint64_t offset, absl::Span<char> out) {
+        if (offset > size || out.size() > size - offset) std::abort();  // a read past the end
+        if (!out.empty()) std::memcpy(out.data(), data + offset, out.size());
+        return absl::OkStatus();
+      },
+      options);
+  reshard::ZipArchive::ParseOptions parse_options;
+  parse_options.prefetch_payloads = {"data.pkl"};
+  auto sparse = reshard::ZipArchive::Parse(source, parse_options);
+  if (archive.ok() != sparse.ok()) std::abort();
+  if (!archive.ok()) {
+    if (archive.status() != sparse.status()) std::abort();
+    return 0;
+  }
   if (archive->entries().empty()) std::abort();  // (top may be "" for "/data.pkl")
-  for (const reshard::ZipEntry& entry : archive->entries()) {
+  if (archive->entries().size() != sparse->entries().size()) std::abort();
+  for (size_t i = 0; i < archive->entries().size(); ++i) {
+    const reshard::ZipEntry& entry = archive->entries()[i];
+    if (entry.data_offset != sparse->entries()[i].data_offset) std::abort();
     if (entry.data_offset > size || entry.compressed_size > size - entry.data_offset) std::abort();
     if (entry.method == 0 && entry.size != entry.compressed_size) std::abort();
     // Touch the payload: ASan reports any byte outside the input.

@@ -7,7 +7,8 @@ Requests are counted in arrival order (1, 2, ...). Request n is
   - otherwise forwarded to the upstream on a fresh connection with "Connection: close", and the
     answer relayed back; the client connection is closed after each answer.
 The proxy writes its port to PORT_FILE once listening and, after every request, the counts
-{"requests", "failed_503", "dropped", "forwarded"} as JSON to STATS_FILE.
+{"requests", "failed_503", "dropped", "forwarded", "forwarded_range_gets"} as JSON to
+STATS_FILE (the last: forwarded GETs with a Range header, i.e. the client's range reads).
 
 Usage: flaky_proxy.py UPSTREAM_PORT PORT_FILE STATS_FILE [FAIL_EVERY] [DROP_EVERY]
 """
@@ -24,7 +25,7 @@ FAIL_EVERY = int(sys.argv[4]) if len(sys.argv) > 4 else 4
 DROP_EVERY = int(sys.argv[5]) if len(sys.argv) > 5 else 5
 
 lock = threading.Lock()
-stats = {"requests": 0, "failed_503": 0, "dropped": 0, "forwarded": 0}
+stats = {"requests": 0, "failed_503": 0, "dropped": 0, "forwarded": 0, "forwarded_range_gets": 0}
 
 SLOW_DOWN = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code>"
              b"<Message>Please reduce your request rate.</Message></Error>")
@@ -79,6 +80,9 @@ def handle(conn):
             else:
                 action = "forwarded"
             stats[action] += 1
+            head = request.split(b"\r\n\r\n", 1)[0].lower()
+            if action == "forwarded" and head.startswith(b"get ") and b"\r\nrange:" in head:
+                stats["forwarded_range_gets"] += 1
             write_stats()
         if action == "dropped":
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
