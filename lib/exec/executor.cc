@@ -9,9 +9,11 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -486,17 +488,18 @@ std::vector<bool> SourcesReadDense(const CopyPlan& plan) {
   return dense;
 }
 
-std::vector<bool> SourcesReadOnce(const CopyPlan& plan) {
-  // Per source: the byte ranges its items span, and the bytes they read.
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(plan.sources.size());
-  std::vector<uint64_t> bytes_read(plan.sources.size(), 0);
+std::vector<SourceReads> AnalyzeSourceReads(const CopyPlan& plan) {
+  // Per source: each distinct box (offset, extent, strides, element size) and how often it
+  // is read.
+  using Box = std::tuple<uint64_t, std::vector<int64_t>, std::vector<int64_t>, uint64_t>;
+  std::vector<std::map<Box, int>> boxes(plan.sources.size());
   auto add_copy = [&](const TensorCopy& copy) {
     const uint64_t element_size = DTypeSize(copy.src_dtype);
     for (const CopyItem& item : copy.items) {
-      const uint64_t elements = item.num_elements();
-      if (elements == 0 || static_cast<size_t>(item.src_file) >= ranges.size()) continue;
-      ranges[item.src_file].emplace_back(item.src_offset, item.src_end(element_size));
-      bytes_read[item.src_file] += elements * element_size;
+      if (item.num_elements() == 0 || static_cast<size_t>(item.src_file) >= boxes.size()) {
+        continue;
+      }
+      ++boxes[item.src_file][{item.src_offset, item.extent, item.src_strides, element_size}];
     }
   };
   for (const FilePlan& file : plan.files) {
@@ -505,19 +508,39 @@ std::vector<bool> SourcesReadOnce(const CopyPlan& plan) {
       for (const TensorCopy& term : copy.mean_terms) add_copy(term);
     }
   }
-  std::vector<bool> read_once(plan.sources.size(), true);
-  for (size_t s = 0; s < ranges.size(); ++s) {
-    std::sort(ranges[s].begin(), ranges[s].end());
+  std::vector<SourceReads> reads(plan.sources.size());
+  for (size_t s = 0; s < boxes.size(); ++s) {
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    std::vector<std::pair<uint64_t, uint64_t>> repeated;
+    uint64_t bytes_read = 0;
+    for (const auto& [box, times] : boxes[s]) {
+      const auto& [offset, extent, strides, element_size] = box;
+      CopyItem item;
+      item.src_offset = offset;
+      item.extent = extent;
+      item.src_strides = strides;
+      ranges.emplace_back(offset, item.src_end(element_size));
+      bytes_read += item.num_elements() * element_size;
+      if (times > 1) repeated.push_back(ranges.back());
+    }
+    // The map is ordered by offset first, so both lists are sorted by their begins.
     uint64_t union_bytes = 0;
     uint64_t covered_to = 0;
-    for (const auto& [begin, end] : ranges[s]) {
+    for (const auto& [begin, end] : ranges) {
       const uint64_t from = std::max(begin, covered_to);
       if (end > from) union_bytes += end - from;
       covered_to = std::max(covered_to, end);
     }
-    read_once[s] = bytes_read[s] <= union_bytes;
+    reads[s].read_once = bytes_read <= union_bytes;
+    for (const auto& range : repeated) {
+      if (!reads[s].repeated.empty() && range.first <= reads[s].repeated.back().second) {
+        reads[s].repeated.back().second = std::max(reads[s].repeated.back().second, range.second);
+      } else {
+        reads[s].repeated.push_back(range);
+      }
+    }
   }
-  return read_once;
+  return reads;
 }
 
 namespace {
@@ -533,10 +556,11 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
     }
   }
   if (options.io != IoMode::kBuffered) {
-    const std::vector<bool> read_once = SourcesReadOnce(plan);
+    const std::vector<SourceReads> reads = AnalyzeSourceReads(plan);
     const std::vector<bool> dense = SourcesReadDense(plan);
     for (size_t s = 0; s < sources.size(); ++s) {
-      sources[s].set_drop_behind(read_once[s]);
+      sources[s].set_drop_behind(reads[s].read_once);
+      sources[s].set_repeated_ranges(reads[s].repeated);
       // kDirect: contiguous runs are read past the page cache too (strided and gathered
       // elements still come through the mapping, dropped behind). kAuto does the same for
       // sources read once in whole boxes (a consolidation of whole tensors), where the filesystem
@@ -545,10 +569,14 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
       // reads into huge-page spans (2 GiB torch.save input). Strided sources (the strips of a
       // split or a TP merge) stay buffered: read directly they cost 1.30x the wall time.
       // A source read once but not all in whole boxes (a split: tensors cut by rows and by
-      // columns) has its dense boxes read directly and its strips buffered.
-      if (options.io == IoMode::kAuto && read_once[s]) {
+      // columns) has its dense boxes read directly and its strips buffered; so has one whose
+      // boxes read some ranges several times (tensors replicated into every part: those
+      // ranges stay in the page cache for the parts that read them after the first). Before,
+      // such a source was read all buffered: a 2 GiB split into 4 parts with Llama rules,
+      // whose norms are replicated, copied every byte through the page cache.
+      if (options.io == IoMode::kAuto && reads[s].read_once) {
         sources[s].EnableDirectReads();  // buffered where the filesystem refuses
-        sources[s].set_direct_reads_dense_only(!dense[s]);
+        sources[s].set_direct_reads_dense_only(!dense[s] || !reads[s].repeated.empty());
       } else if (options.io == IoMode::kDirect && !sources[s].EnableDirectReads()) {
         return absl::FailedPreconditionError(absl::StrCat("--io direct: the filesystem of ",
                                                           sources[s].path(),
@@ -666,6 +694,7 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
     // strips of rows that went to different files, the CRC check's reads) goes now: the
     // conversion leaves no input in the page cache.
     for (MappedFile& source : sources) {
+      source.set_repeated_ranges({});
       source.set_drop_behind(true);
       source.DropCached(0, source.size());
     }

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -119,10 +120,19 @@ class OutputSink {
 // Maps every source of the plan read-only (checking sizes against the Catalog).
 absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>& sources);
 
-// For each source of `plan`, whether its pages can be dropped from the page cache once read:
-// no byte of it is read twice (the bytes its items read add up to no more than the union of
-// their ranges; a replicated tensor read once per output part keeps its file cached).
-std::vector<bool> SourcesReadOnce(const CopyPlan& plan);
+// How the boxes of a plan read one source.
+struct SourceReads {
+  // No byte is read twice once the boxes read the same way several times count once (the
+  // bytes the distinct boxes read add up to no more than the union of their ranges): its
+  // pages can be dropped from the page cache as they are read, outside `repeated`.
+  bool read_once = true;
+  // The byte ranges of the boxes read the same way several times (a tensor replicated into
+  // every output part, read once per part), sorted and merged: they are read through the page
+  // cache and kept there (MappedFile::set_repeated_ranges), the rest of the file is read
+  // directly where the mode allows.
+  std::vector<std::pair<uint64_t, uint64_t>> repeated;
+};
+std::vector<SourceReads> AnalyzeSourceReads(const CopyPlan& plan);
 
 // For each source of `plan`, whether every box read from it is dense (reads all the bytes from
 // its first to its last, as a whole tensor does; the strips of a split do not). IoMode::kAuto

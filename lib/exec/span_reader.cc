@@ -102,7 +102,7 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
       // The next run starts in this (whole) span: the span after it, as without `next`.
     } else if (next_known) {
       ahead_source = &sources[next->file];
-      ahead_direct = ahead_source->ReadsDirectly(next->dense);
+      ahead_direct = ahead_source->ReadsDirectly(next->dense, next->offset, next->limit);
       ahead_begin = next->offset;
       ahead_end = std::min({ahead_source->size(), next->limit, next->offset + capacity_});
     } else {

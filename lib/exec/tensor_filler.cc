@@ -134,7 +134,7 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
         // the last dimension) also holds the other parts' strips, copied out of the page cache
         // for nothing, which costs less than a system call per strip only while they are few.
         const bool short_row = src_span < kShortRowBytes && item_row_gap_[i] < kStripGapBytes;
-        const bool direct = source.ReadsDirectly(item_dense_[i]);
+        const bool direct = source.ReadsDirectly(item_dense_[i], item.src_offset, item_src_end_[i]);
         const bool through_span =
             src_stride == 1 && spans_ != nullptr && (direct || !same_dtype || short_row);
         bool mapped = false;
