@@ -9,7 +9,8 @@ namespace reshard {
 SpanReader::SpanReader(size_t span_bytes)
     : capacity_(std::max<uint64_t>(span_bytes, MappedFile::kDirectAlignment)),
       buffers_{PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment),
-               PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment)} {}
+               PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment),
+               PageBuffer(kSideBytes + 2 * MappedFile::kDirectAlignment)} {}
 
 SpanReader::~SpanReader() {
   {
@@ -52,11 +53,30 @@ void SpanReader::HelperLoop() {
 
 absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>& sources, int file,
                                                   uint64_t offset, uint64_t length, uint64_t limit,
-                                                  const Run* next, bool direct) {
+                                                  const Run* next, bool direct, uint64_t lead) {
   const MappedFile* const source = &sources[file];
   if (current_.Holds(source, offset, length)) {
     return Bytes{current_.data + (offset - current_.begin), current_.end - offset};
   }
+  if (previous_.Holds(source, offset, length)) {
+    // Output files written in turns (executor.cc, WriteInLockstep) come back to the span before
+    // the one the first of them moved on to: the other parts' strips of the same rows.
+    return Bytes{previous_.data + (offset - previous_.begin), previous_.end - offset};
+  }
+  if (in_turns_) {
+    if (side_.Holds(source, offset, length)) {
+      return Bytes{side_.data + (offset - side_.begin), side_.end - offset};
+    }
+    const uint64_t end = std::max(offset + length, std::min(limit, source->size()));
+    if (end - offset <= kSideBytes) {
+      side_ = Span();
+      ASSIGN_OR_RETURN(side_, Read(*source, offset, end, /*buffer=*/2, direct));
+      ++reads_waited_;
+      bytes_read_ += end - offset;
+      return Bytes{side_.data, side_.end - offset};
+    }
+  }
+  const Span last = current_;
   bool from_ahead = false;
   {
     absl::MutexLock lock(&mu_);
@@ -80,13 +100,18 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
   if (from_ahead) {
     ++reads_ahead_used_;
   } else {
+    // The lead is kept short of the whole span: the request must fit behind it.
+    const uint64_t begin = offset - std::min({offset, lead, capacity_ / 2});
     const uint64_t end =
-        std::max(offset + length, std::min<uint64_t>(read_limit, offset + capacity_));
+        std::max(offset + length, std::min<uint64_t>(read_limit, begin + capacity_));
+    // Into the other buffer: the read ahead, if one was asked for, is over and unused.
     current_.data = nullptr;  // until the read succeeds
-    ASSIGN_OR_RETURN(current_, Read(*source, offset, end, current_.buffer, direct));
+    previous_ = Span();
+    ASSIGN_OR_RETURN(current_, Read(*source, begin, end, 1 - last.buffer, direct));
     ++reads_waited_;
-    bytes_read_ += end - offset;
+    bytes_read_ += end - begin;
   }
+  previous_ = last;  // until a read ahead takes its buffer
   // What the caller reads next, read while this span is consumed (the kernel reads ahead for
   // buffered sources).
   const MappedFile* ahead_source = source;
@@ -113,6 +138,7 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
       !(ahead_source == source && ahead_end <= current_.end)) {
     // Started at the first read ahead: buffered sources never need it.
     if (!helper_.joinable()) helper_ = std::thread([this] { HelperLoop(); });
+    previous_ = Span();
     absl::MutexLock lock(&mu_);
     ahead_ = Span{ahead_source, ahead_begin, ahead_end, nullptr, 1 - current_.buffer, true};
     ahead_status_ = absl::OkStatus();

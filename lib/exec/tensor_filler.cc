@@ -64,6 +64,7 @@ void TensorFiller::Advance(const CopyItem& item, Cursor& cursor) const {
 }
 
 uint64_t TensorFiller::FillLimit(size_t i, int64_t end) const {
+  end = std::max(end, read_to_);
   const CopyItem& item = copy_.items[i];
   const Cursor& cursor = cursors_[i];
   if (copy_.items.size() == 1 || cursor.done || cursor.row_dst >= end) return item_src_end_[i];
@@ -147,8 +148,9 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           // ahead of the window, and the next item's span would evict it before the next window
           // came back for it (a DCP consolidation read 3x its input).
           const SpanReader::Run next = NextRun(i, begin, end);
+          // A span of strips starts with the other strips of its first row (SpanReader::Get).
           RETURN_IF_ERROR(CopyThroughSpan(item.src_file, src_byte, to - from, FillLimit(i, end),
-                                          next, direct, destination));
+                                          next, direct, item_row_gap_[i], destination));
           bytes_read_ += src_span;
         } else if (same_dtype && src_stride == 1) {
           RETURN_IF_ERROR(source.ReadAt(src_byte, src_span, destination));
@@ -209,12 +211,12 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
 
 absl::Status TensorFiller::CopyThroughSpan(int file, uint64_t offset, int64_t count,
                                            uint64_t item_end, const SpanReader::Run& next,
-                                           bool direct, std::byte* out) {
+                                           bool direct, uint64_t lead, std::byte* out) {
   while (count > 0) {
     // Whatever the span holds from here: the next Get starts where it ends, which is where
     // the span read ahead begins.
     ASSIGN_OR_RETURN(SpanReader::Bytes span, spans_->Get(sources_, file, offset, src_element_size_,
-                                                         item_end, &next, direct));
+                                                         item_end, &next, direct, lead));
     const int64_t n = std::min(count, static_cast<int64_t>(span.size / src_element_size_));
     const uint64_t bytes = static_cast<uint64_t>(n) * src_element_size_;
     const std::byte* data = span.data;
