@@ -139,12 +139,13 @@ std::vector<SourceReads> AnalyzeSourceReads(const CopyPlan& plan);
 // reads dense sources read once with direct I/O.
 std::vector<bool> SourcesReadDense(const CopyPlan& plan);
 
-// How the workers take the files of `plan`: units of one file, or of files written in turns
-// by one worker (up to 8), in plan order. Files with the same tensors in the same order, one
-// of which reads strips of rows (the parts of a split along a later dimension), are written
-// in turns so that the rows their strips come from are read once for all of them: a 2 GiB
-// Llama split into 4 parts read every such row 4 times through the page cache before.
-std::vector<std::vector<size_t>> WorkUnits(const CopyPlan& plan);
+// How `threads` workers take the files of `plan`: units of one file, or of files written in
+// turns by one worker (up to 8). Files with the same tensors in the same order, one of which
+// reads strips of rows (the parts of a split along a later dimension), are dealt into as many
+// units as there are workers, each written in turns so that the rows its files' strips come
+// from are read once for the unit: a 2 GiB Llama split into 4 parts read every such row 4
+// times through the page cache before, and reads it twice with 2 workers.
+std::vector<std::vector<size_t>> WorkUnits(const CopyPlan& plan, int threads);
 
 // Writes all files of `plan` into folder `dir` (through its handle only). On error or
 // cancellation no file is left under a final name by this call's unfinished work (finished
