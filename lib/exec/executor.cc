@@ -243,8 +243,10 @@ class FileWriter {
   // tensor, its first `elements` elements (at most all of them). `following` is set when files
   // take turns (WriteInLockstep): the source run read after this step's last one, another
   // file's; null: the file is written alone, and this file's next tensor follows.
-  absl::Status Advance(size_t segment, int64_t elements,
-                       const SpanReader::Run* following = nullptr) {
+  // `strips_whole`: every file that reads the other strips of this one's rows takes its turn
+  // (TensorFiller::set_strips_whole).
+  absl::Status Advance(size_t segment, int64_t elements, const SpanReader::Run* following = nullptr,
+                       bool strips_whole = false) {
     while (segment_ < plan_.segments.size() && segment_ <= segment) {
       const FramingSegment& current = plan_.segments[segment_];
       if (current.kind == FramingSegment::Kind::kTensor) {
@@ -254,8 +256,9 @@ class FileWriter {
         if (segment_ == segment && target <= tensor_done_ && target < copy.num_elements) {
           return absl::OkStatus();  // nothing of it yet
         }
-        RETURN_IF_ERROR(FillTensor(copy, target, following, &checksums_[current.tensor]),
-                        absl::StrCat("writing tensor \"", copy.name, "\""));
+        RETURN_IF_ERROR(
+            FillTensor(copy, target, following, strips_whole, &checksums_[current.tensor]),
+            absl::StrCat("writing tensor \"", copy.name, "\""));
         if (tensor_done_ < copy.num_elements) return absl::OkStatus();
         EndTensor();
       } else if (segment_ == segment) {
@@ -335,7 +338,7 @@ class FileWriter {
   // Fills the tensor's data up to element `target`, creating its fillers at its first
   // element; `crc32` accumulates its CRC-32 when the framing needs it.
   absl::Status FillTensor(const TensorCopy& copy, int64_t target, const SpanReader::Run* following,
-                          uint32_t* crc32) {
+                          bool strips_whole, uint32_t* crc32) {
     if (filler_ == nullptr) {
       filler_ = std::make_unique<TensorFiller>(copy, sources_, source_checksums_, &spans_);
       for (const TensorCopy& term : copy.mean_terms) {  // OutputTensor::mean_of
@@ -356,8 +359,13 @@ class FileWriter {
       }
     }
     filler_->set_following(next);
-    // Files written in turns: this step's rows are read at once (TensorFiller::set_read_to).
-    if (following != nullptr) filler_->set_read_to(target);
+    // Files written in turns: the tensor's rows are read in whole spans, not cut at each
+    // window (TensorFiller::set_read_to), and its strips as whole rows when every file that
+    // reads them takes its turn.
+    if (following != nullptr) {
+      filler_->set_read_to(copy.num_elements);
+      filler_->set_strips_whole(strips_whole);
+    }
     const size_t element_size = DTypeSize(copy.dst_dtype);
     // Converted and gathered elements are read through the mapping: fill at most
     // kMappedBytesPerFill source bytes between releases, so the mapped source pages this
@@ -526,7 +534,7 @@ constexpr size_t kMaxLockstepFiles = 8;
 
 }  // namespace
 
-std::vector<std::vector<size_t>> WorkUnits(const CopyPlan& plan, int threads) {
+std::vector<WorkUnit> WorkUnits(const CopyPlan& plan) {
   // Files with the same tensors in the same order, one of which reads strips of rows.
   std::map<std::vector<std::string>, std::vector<size_t>> alike;
   std::vector<std::vector<std::string>> names(plan.files.size());
@@ -539,26 +547,27 @@ std::vector<std::vector<size_t>> WorkUnits(const CopyPlan& plan, int threads) {
       alike[names[f]].push_back(f);
     }
   }
-  std::vector<std::vector<size_t>> units;
+  std::vector<WorkUnit> units;
   std::vector<bool> placed(plan.files.size(), false);
   for (size_t f = 0; f < plan.files.size(); ++f) {
     if (placed[f]) continue;
     auto group = alike.find(names[f]);
     if (group == alike.end() || group->second.front() != f || group->second.size() < 2) {
-      units.push_back({f});
+      units.push_back({{f}, false});
       placed[f] = true;
       continue;
     }
-    // As many units as workers (each row is then read once per unit: one worker alone leaves
-    // the disk waiting, measured 1.07x the wall time of two units of 2 for a split into 4),
-    // of at most kMaxLockstepFiles, as even as can be.
     const std::vector<size_t>& files = group->second;
     const size_t n = files.size();
-    const size_t count = std::max((n + kMaxLockstepFiles - 1) / kMaxLockstepFiles,
-                                  std::min<size_t>(std::max(threads, 1), n));
+    // One unit when it can hold them all: it reads every row once, directly, with the span
+    // after the current one read ahead. Dealt into a unit per worker instead (rows read once
+    // per unit, through the page cache) the split into 4 of docs/benchmarks.md took 1.22x the
+    // wall time and 2.1x the CPU (9 alternating pairs).
+    const size_t count = (n + kMaxLockstepFiles - 1) / kMaxLockstepFiles;
     for (size_t u = 0; u < count; ++u) {
-      std::vector<size_t> unit(files.begin() + u * n / count, files.begin() + (u + 1) * n / count);
-      for (size_t member : unit) placed[member] = true;
+      WorkUnit unit{{files.begin() + u * n / count, files.begin() + (u + 1) * n / count},
+                    count == 1};
+      for (size_t member : unit.files) placed[member] = true;
       units.push_back(std::move(unit));
     }
   }
@@ -576,7 +585,7 @@ namespace {
 // the other, each reading ahead the next file's first run. On error: the index of the writer
 // that failed and its error.
 std::pair<size_t, absl::Status> WriteInLockstep(const std::vector<FileWriter*>& writers,
-                                                uint64_t round_bytes) {
+                                                uint64_t round_bytes, bool strips_whole) {
   std::vector<std::vector<size_t>> segments;
   for (FileWriter* writer : writers) segments.push_back(TensorSegments(writer->plan()));
   auto copy_of = [&](size_t k, size_t j) -> const TensorCopy& {
@@ -611,7 +620,7 @@ std::pair<size_t, absl::Status> WriteInLockstep(const std::vector<FileWriter*>& 
             round == rounds
                 ? elements
                 : static_cast<int64_t>(static_cast<__int128>(elements) * round / rounds);
-        absl::Status status = writers[k]->Advance(segments[k][j], upto, &following);
+        absl::Status status = writers[k]->Advance(segments[k][j], upto, &following, strips_whole);
         if (!status.ok()) return {k, std::move(status)};
       }
     }
@@ -782,8 +791,11 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
   const bool any_remote =
       std::any_of(sources.begin(), sources.end(), [](const MappedFile& s) { return s.remote(); });
   // One file, or files written in turns (WriteInLockstep); the workers take them in order.
-  const std::vector<std::vector<size_t>> units = WorkUnits(plan, options.threads);
+  const std::vector<WorkUnit> units = WorkUnits(plan);
   const uint64_t active_workers = ActiveWorkers(options, units.size());
+  // Spans are sized as if every file had its worker: files written in turns use three span
+  // buffers (SpanReader::set_files_in_turns), so one worker then holds no more than two did.
+  const uint64_t span_workers = ActiveWorkers(options, plan.files.size());
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   auto worker = [&] {
@@ -792,11 +804,11 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
     // Direct reads and short rows go through it; its pages are touched only when there are any.
     SpanReader spans(any_remote ? RemoteSpanBytes(active_workers)
                      : any_direct_reads
-                         ? std::max(kBufferedSpanBytes, kDirectSpanBytes / active_workers)
+                         ? std::max(kBufferedSpanBytes, kDirectSpanBytes / span_workers)
                          : kBufferedSpanBytes);
     for (size_t u = next++; u < units.size(); u = next++) {
       std::vector<size_t> to_write;
-      for (size_t f : units[u]) {
+      for (size_t f : units[u].files) {
         if (failed.load()) {
           results[f] = absl::CancelledError("stopped after another file failed");
           continue;
@@ -870,7 +882,7 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
               for (const auto& writer : writers) raw.push_back(writer.get());
               return raw;
             }(),
-            spans.capacity() / 2);
+            spans.capacity() / 2, units[u].whole_rows);
         spans.set_files_in_turns(false);
       }
       for (size_t i = 0; i < writers.size(); ++i) {
@@ -951,10 +963,10 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, OutputSink& sink,
 }
 
 uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& options) {
-  const std::vector<std::vector<size_t>> units = WorkUnits(plan, options.threads);
+  const std::vector<WorkUnit> units = WorkUnits(plan);
   const uint64_t threads = ActiveWorkers(options, units.size());
   size_t files_at_once = 1;  // by one worker
-  for (const auto& unit : units) files_at_once = std::max(files_at_once, unit.size());
+  for (const WorkUnit& unit : units) files_at_once = std::max(files_at_once, unit.files.size());
   uint64_t largest_file = 0;
   uint64_t plan_bytes = sizeof(CopyPlan);
   bool means = false;

@@ -139,13 +139,20 @@ std::vector<SourceReads> AnalyzeSourceReads(const CopyPlan& plan);
 // reads dense sources read once with direct I/O.
 std::vector<bool> SourcesReadDense(const CopyPlan& plan);
 
-// How `threads` workers take the files of `plan`: units of one file, or of files written in
-// turns by one worker (up to 8). Files with the same tensors in the same order, one of which
-// reads strips of rows (the parts of a split along a later dimension), are dealt into as many
-// units as there are workers, each written in turns so that the rows its files' strips come
-// from are read once for the unit: a 2 GiB Llama split into 4 parts read every such row 4
-// times through the page cache before, and reads it twice with 2 workers.
-std::vector<std::vector<size_t>> WorkUnits(const CopyPlan& plan, int threads);
+// How the workers take the files of `plan`: units of one file, or of files written in turns
+// by one worker (up to 8). Files with the same tensors in the same order, one of which reads
+// strips of rows (the parts of a split along a later dimension), are written in turns, so that
+// the rows their strips come from are read once for all of them, as whole rows, directly: a
+// 2 GiB Llama split into 4 parts read every such row 4 times through the page cache before.
+// More than 8 such files go in units as even as can be, each reading the rows through the page
+// cache.
+struct WorkUnit {
+  std::vector<size_t> files;  // indexes into plan.files
+  // Written in turns, and these are all the files that read strips of the same rows: the
+  // strips are read as whole rows (TensorFiller::set_strips_whole).
+  bool whole_rows = false;
+};
+std::vector<WorkUnit> WorkUnits(const CopyPlan& plan);
 
 // Writes all files of `plan` into folder `dir` (through its handle only). On error or
 // cancellation no file is left under a final name by this call's unfinished work (finished

@@ -761,32 +761,39 @@ std::pair<TargetLayout, std::vector<FileFraming>> ColumnParts(const Fixture& fix
 TEST(ExecutorTest, WorkUnitsGroupThePartsOfASplit) {
   const std::string src = MakeTempDir("src");
   Fixture fixture = MakeSource(src, 20, 100, 60);
-  using Units = std::vector<std::vector<size_t>>;
-  const std::map<std::pair<int, int>, Units> cases = {
-      {{2, 1}, {{0, 1}}},
-      {{4, 1}, {{0, 1, 2, 3}}},
-      {{4, 2}, {{0, 1}, {2, 3}}},
-      {{5, 2}, {{0, 1}, {2, 3, 4}}},
-      {{10, 1}, {{0, 1, 2, 3, 4}, {5, 6, 7, 8, 9}}},
-      {{17, 2}, {{0, 1, 2, 3, 4}, {5, 6, 7, 8, 9, 10}, {11, 12, 13, 14, 15, 16}}},
-      {{3, 8}, {{0}, {1}, {2}}},
+  using Files = std::vector<std::vector<size_t>>;
+  // Up to 8 parts in one unit, which reads their rows whole; more in units as even as can be.
+  const std::map<int, std::pair<Files, bool>> cases = {
+      {2, {{{0, 1}}, true}},
+      {4, {{{0, 1, 2, 3}}, true}},
+      {8, {{{0, 1, 2, 3, 4, 5, 6, 7}}, true}},
+      {10, {{{0, 1, 2, 3, 4}, {5, 6, 7, 8, 9}}, false}},
+      {17, {{{0, 1, 2, 3, 4}, {5, 6, 7, 8, 9, 10}, {11, 12, 13, 14, 15, 16}}, false}},
   };
-  for (const auto& [parts_threads, expected] : cases) {
-    const auto [parts, threads] = parts_threads;
-    SCOPED_TRACE(absl::StrCat(parts, " parts, ", threads, " threads"));
+  for (const auto& [parts, expected] : cases) {
+    SCOPED_TRACE(absl::StrCat(parts, " parts"));
     auto [layout, framings] = ColumnParts(fixture, parts);
     auto plan = BuildCopyPlan(fixture.catalog, layout, framings);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    EXPECT_EQ(WorkUnits(*plan, threads), expected);
+    const std::vector<WorkUnit> units = WorkUnits(*plan);
+    Files files;
+    for (const WorkUnit& unit : units) {
+      files.push_back(unit.files);
+      EXPECT_EQ(unit.whole_rows, expected.second);
+    }
+    EXPECT_EQ(files, expected.first);
   }
   auto whole = WholeTensorPlan(fixture);
   ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_EQ(WorkUnits(*whole, 1), (Units{{0}}));
+  const std::vector<WorkUnit> units = WorkUnits(*whole);
+  ASSERT_EQ(units.size(), 1u);
+  EXPECT_EQ(units[0].files, std::vector<size_t>{0});
+  EXPECT_FALSE(units[0].whole_rows);
 }
 
-// The parts of a column split written in turns read each source row once per worker, not
-// once per part (which the same plan took before: 4x the source), and write the right bytes
-// whatever the window and the number of workers.
+// The parts of a column split written in turns read each source row once, not once per part
+// (which the same plan took before: 4x the source), and write the right bytes whatever the
+// window and the number of workers.
 TEST(ExecutorTest, PartsWrittenInTurnsReadTheRowsOnce) {
   const std::string src = MakeTempDir("src");
   // Rows of 16 KiB in a.bin, cut into strips of 4 KiB (and the last column from b.bin).
@@ -813,8 +820,8 @@ TEST(ExecutorTest, PartsWrittenInTurnsReadTheRowsOnce) {
                       "HEADER" + Expected(layout.files[f].tensors[0].region, DType::kF32))
               << layout.files[f].name;
         }
-        // Each unit of files written in turns (one per worker) reads the rows once.
-        EXPECT_LT(read, source_bytes * threads * 5 / 4) << "read " << read << " bytes";
+        // One unit writes the four parts in turns, and reads every row once.
+        EXPECT_LT(read, source_bytes * 5 / 4) << "read " << read << " bytes";
       }
     }
   }

@@ -10,7 +10,8 @@ SpanReader::SpanReader(size_t span_bytes)
     : capacity_(std::max<uint64_t>(span_bytes, MappedFile::kDirectAlignment)),
       buffers_{PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment),
                PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment),
-               PageBuffer(kSideBytes + 2 * MappedFile::kDirectAlignment)} {}
+               PageBuffer(kSideBytes + 2 * MappedFile::kDirectAlignment),
+               PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment)} {}
 
 SpanReader::~SpanReader() {
   {
@@ -49,6 +50,21 @@ void SpanReader::HelperLoop() {
     if (read.ok()) ahead_ = *read;
     done_ = true;
   }
+}
+
+int SpanReader::FreeBuffer() {
+  // Spans take turns in buffers 0 and 1, and 3 too for files written in turns, where the
+  // previous span then survives a read ahead. Buffer 2 is the side buffer.
+  for (int buffer : {0, 1, kThirdBuffer}) {
+    if (buffer == kThirdBuffer && !in_turns_) break;
+    if (buffer == current_.buffer) continue;
+    if (buffer == previous_.buffer && previous_.data != nullptr) {
+      if (in_turns_) continue;
+      previous_ = Span();
+    }
+    return buffer;
+  }
+  return 1 - current_.buffer;  // not reached: one of three is neither
 }
 
 absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>& sources, int file,
@@ -104,14 +120,14 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
     const uint64_t begin = offset - std::min({offset, lead, capacity_ / 2});
     const uint64_t end =
         std::max(offset + length, std::min<uint64_t>(read_limit, begin + capacity_));
-    // Into the other buffer: the read ahead, if one was asked for, is over and unused.
+    // Into a free buffer: the read ahead, if one was asked for, is over and unused.
+    const int buffer = FreeBuffer();
     current_.data = nullptr;  // until the read succeeds
-    previous_ = Span();
-    ASSIGN_OR_RETURN(current_, Read(*source, begin, end, 1 - last.buffer, direct));
+    ASSIGN_OR_RETURN(current_, Read(*source, begin, end, buffer, direct));
     ++reads_waited_;
     bytes_read_ += end - begin;
   }
-  previous_ = last;  // until a read ahead takes its buffer
+  previous_ = last;  // until a read takes its buffer (FreeBuffer)
   // What the caller reads next, read while this span is consumed (the kernel reads ahead for
   // buffered sources).
   const MappedFile* ahead_source = source;
@@ -138,9 +154,9 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
       !(ahead_source == source && ahead_end <= current_.end)) {
     // Started at the first read ahead: buffered sources never need it.
     if (!helper_.joinable()) helper_ = std::thread([this] { HelperLoop(); });
-    previous_ = Span();
+    const int buffer = FreeBuffer();
     absl::MutexLock lock(&mu_);
-    ahead_ = Span{ahead_source, ahead_begin, ahead_end, nullptr, 1 - current_.buffer, true};
+    ahead_ = Span{ahead_source, ahead_begin, ahead_end, nullptr, buffer, true};
     ahead_status_ = absl::OkStatus();
     requested_ = true;
     done_ = false;

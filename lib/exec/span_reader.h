@@ -96,8 +96,9 @@ class SpanReader {
 
   // For output files written in turns (WriteInLockstep in executor.cc): a short request (its
   // run, up to `limit`, at most kSideBytes) that no span holds is read into a side buffer, so
-  // that it does not push out of the two buffers the spans the other files come back to (a
-  // column of one file beside the strips of another). Not thread safe; set between Gets.
+  // that it does not push out the spans the other files come back to (a column of one file
+  // beside the strips of another), and spans take turns in three buffers, so that the previous
+  // span survives a read ahead. Not thread safe; set between Gets.
   void set_files_in_turns(bool in_turns) { in_turns_ = in_turns; }
   static constexpr uint64_t kSideBytes = 64 << 10;
 
@@ -133,12 +134,18 @@ class SpanReader {
   bool AheadIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !requested_ || done_; }
 
   const uint64_t capacity_;  // bytes of a span
-  // The two spans' buffers, and the side buffer (set_files_in_turns), mapped when first used.
-  std::array<PageBuffer, 3> buffers_;
+  // A buffer for the next read that holds neither the current span nor, for files written in
+  // turns, the previous one (which is dropped otherwise when it is in the buffer returned).
+  int FreeBuffer();
+
+  // The spans' buffers 0 and 1, the side buffer 2 and, for files written in turns, a third
+  // span buffer (set_files_in_turns); each mapped now and touched when first used.
+  static constexpr int kThirdBuffer = 3;
+  std::array<PageBuffer, 4> buffers_;
   bool in_turns_ = false;
   Span side_;      // what the side buffer holds
   Span current_;   // the worker's; its buffer is not the read-ahead's
-  Span previous_;  // the span before current_, in the other buffer, until a read ahead
+  Span previous_;  // the span before current_, until a read takes its buffer (FreeBuffer)
   uint64_t reads_waited_ = 0;
   uint64_t reads_ahead_used_ = 0;
   uint64_t reads_ahead_unused_ = 0;

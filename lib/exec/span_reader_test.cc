@@ -91,6 +91,32 @@ TEST_F(SpanReaderTest, CallersTakingTurnsFindThePreviousSpanAndTheLead) {
   EXPECT_EQ(reader.reads_waited(), 4u);
 }
 
+// Files written in turns over a source read directly: the span after the current one is read
+// ahead, and the previous one still serves the files that come back to it (a third buffer); a
+// short run of another file goes to the side buffer and pushes no span out.
+TEST_F(SpanReaderTest, FilesInTurnsKeepThePreviousSpanWhileReadingAhead) {
+  SpanReader reader(kSpan);
+  reader.set_files_in_turns(true);
+  const uint64_t size = data_[0].size();
+  const SpanReader::Run none;
+  auto get = [&](int file, uint64_t offset, uint64_t limit) {
+    auto bytes = reader.Get(sources_, file, offset, 100, limit, &none, /*direct=*/true);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    EXPECT_EQ(std::memcmp(bytes->data, data_[file].data() + offset, 100), 0) << offset;
+  };
+  get(0, 0, size);      // span 0, the next one read ahead
+  get(0, kSpan, size);  // from the read ahead; the next one read ahead
+  EXPECT_EQ(reader.reads_waited(), 1u);
+  EXPECT_GE(reader.reads_ahead_used(), 1u);
+  get(0, 1000, size);  // the previous span, kept while the third buffer was read into
+  EXPECT_EQ(reader.reads_waited(), 1u);
+  get(1, 5000, 5000 + 3000);  // a short run of the other file: the side buffer
+  EXPECT_EQ(reader.reads_waited(), 2u);
+  get(0, 2000, size);        // the previous span is still there
+  get(0, kSpan + 10, size);  // and the current one
+  EXPECT_EQ(reader.reads_waited(), 2u);
+}
+
 // Jumps between files and back, pieces that straddle spans, runs up to the file's end, and a
 // `limit` shorter than a span: every byte right, whatever was read ahead.
 TEST_F(SpanReaderTest, RandomReadsReturnTheBytes) {

@@ -88,7 +88,7 @@ SpanReader::Run TensorFiller::NextRun(size_t i, int64_t begin, int64_t end) cons
   // Another item with rows in this window: it is filled next.
   for (size_t j = i + 1; j < items; ++j) {
     if (!cursors_[j].done && cursors_[j].row_dst < end) {
-      return {copy_.items[j].src_file, cursors_[j].row_src, FillLimit(j, end), item_dense_[j]};
+      return {copy_.items[j].src_file, cursors_[j].row_src, FillLimit(j, end), ReadsWhole(j)};
     }
   }
   // The next window's first item (assumed as large as this one); item i itself continues
@@ -98,7 +98,7 @@ SpanReader::Run TensorFiller::NextRun(size_t i, int64_t begin, int64_t end) cons
     if (cursors_[k].done) continue;
     const uint64_t from = k == i ? FillLimit(i, end) : cursors_[k].row_src;
     if (from >= item_src_end_[k]) continue;
-    return {copy_.items[k].src_file, from, std::max(from, FillLimit(k, next_end)), item_dense_[k]};
+    return {copy_.items[k].src_file, from, std::max(from, FillLimit(k, next_end)), ReadsWhole(k)};
   }
   return following_;
 }
@@ -135,7 +135,7 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
         // the last dimension) also holds the other parts' strips, copied out of the page cache
         // for nothing, which costs less than a system call per strip only while they are few.
         const bool short_row = src_span < kShortRowBytes && item_row_gap_[i] < kStripGapBytes;
-        const bool direct = source.ReadsDirectly(item_dense_[i], item.src_offset, item_src_end_[i]);
+        const bool direct = source.ReadsDirectly(ReadsWhole(i), item.src_offset, item_src_end_[i]);
         const bool through_span =
             src_stride == 1 && spans_ != nullptr && (direct || !same_dtype || short_row);
         bool mapped = false;
