@@ -5,7 +5,8 @@
 //
 // Memory stays bounded whatever the model size: each worker owns one window buffer, and the
 // source pages a window consumed are released as soon as it is written. Independent output
-// files run in parallel on `threads` workers.
+// files run in parallel on `threads` workers; the parts of a split, whose strips come from the
+// same rows, are written in turns by one worker, which reads each row once (WorkUnits).
 
 #ifndef RESHARD_LIB_EXEC_EXECUTOR_H_
 #define RESHARD_LIB_EXEC_EXECUTOR_H_
@@ -45,7 +46,8 @@ struct WrittenFile {
 };
 
 struct ExecutorOptions {
-  // Worker threads; each writes one output file at a time. Default: 2.
+  // Worker threads; each writes one output file, or one unit of files written in turns
+  // (WorkUnits), at a time. Default: 2.
   int threads = 2;
   // Bytes buffered before they are written, shared by the workers that run at once (each of
   // min(threads, files) workers gets window_bytes / that many, at least 4 KiB), so that memory
