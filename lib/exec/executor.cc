@@ -9,9 +9,11 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -193,17 +195,21 @@ class WindowPipeline {
 // Writes one output file front to back: segments are copied or filled into the pipeline's
 // current buffer, which is handed to the writer thread whenever it is full. Source pages are
 // released as soon as their data is in the buffer.
+//
+// A file is written in one go (Run), or in steps (Start, Advance, Finish) when several files
+// are written in turns by one worker (WriteInLockstep): the writer keeps its place, down to
+// the element of the tensor it is filling.
 class FileWriter {
  public:
   // `checksums` (may be null) is told every source run read.
   // `buffers` are the worker thread's window buffers, reused from file to file, and `spans` its
-  // reader of direct reads and short rows (TensorFiller). `files` is the
-  // number of files of the plan (the window is shared by the workers that run at once).
-  FileWriter(const FilePlan& plan, size_t files, const std::vector<MappedFile>& sources,
+  // reader of direct reads and short rows (TensorFiller). `window_bytes` is this file's share
+  // of the window (both buffers).
+  FileWriter(const FilePlan& plan, uint64_t window_bytes, const std::vector<MappedFile>& sources,
              const ExecutorOptions& options, ProgressTracker& progress, SourceChecksums* checksums,
              WindowPipeline::Buffers& buffers, SpanReader& spans)
       : plan_(plan),
-        plan_count_(files),
+        window_bytes_(window_bytes),
         sources_(sources),
         options_(options),
         progress_(progress),
@@ -211,21 +217,91 @@ class FileWriter {
         buffers_(buffers),
         spans_(spans) {}
 
-  // Writes the file into `dir` as an AtomicFile (direct I/O where options.io allows).
-  absl::StatusOr<WrittenFile> Run(const Directory& dir) {
+  // Writes the file into `dir` as an AtomicFile (direct I/O where options.io allows), or
+  // through the writer `sink` opens for it; destroyed unclosed on an error.
+  template <typename Destination>
+  absl::StatusOr<WrittenFile> Run(Destination& destination) {
+    RETURN_IF_ERROR(Start(destination));
+    RETURN_IF_ERROR(Advance(plan_.segments.size(), 0));
+    return Finish();
+  }
+
+  // Opens the file in `dir` (an AtomicFile, direct I/O where options.io allows).
+  absl::Status Start(const Directory& dir) {
     ASSIGN_OR_RETURN(AtomicFile created, AtomicFile::Create(dir, plan_.name, options_.io));
-    AtomicFileWriter file(std::move(created));
-    ASSIGN_OR_RETURN(WrittenFile written, WriteThrough(file));
-    direct_ = file.file().direct();
+    auto file = std::make_unique<AtomicFileWriter>(std::move(created));
+    local_file_ = file.get();
+    return StartChain(std::move(file));
+  }
+  // Opens the file through `sink`.
+  absl::Status Start(OutputSink& sink) {
+    ASSIGN_OR_RETURN(std::unique_ptr<ByteWriter> file, sink.Open(plan_.name, plan_.bytes));
+    return StartChain(std::move(file));
+  }
+
+  // Writes every segment before `segment` that is not written yet and, when `segment` is a
+  // tensor, its first `elements` elements (at most all of them). `following` is set when files
+  // take turns (WriteInLockstep): the source run read after this step's last one, another
+  // file's; null: the file is written alone, and this file's next tensor follows.
+  // `strips_whole`: every file that reads the other strips of this one's rows takes its turn
+  // (TensorFiller::set_strips_whole).
+  absl::Status Advance(size_t segment, int64_t elements, const SpanReader::Run* following = nullptr,
+                       bool strips_whole = false) {
+    while (segment_ < plan_.segments.size() && segment_ <= segment) {
+      const FramingSegment& current = plan_.segments[segment_];
+      if (current.kind == FramingSegment::Kind::kTensor) {
+        const TensorCopy& copy = plan_.tensors[current.tensor];
+        const int64_t target =
+            segment_ < segment ? copy.num_elements : std::min(elements, copy.num_elements);
+        if (segment_ == segment && target <= tensor_done_ && target < copy.num_elements) {
+          return absl::OkStatus();  // nothing of it yet
+        }
+        RETURN_IF_ERROR(
+            FillTensor(copy, target, following, strips_whole, &checksums_[current.tensor]),
+            absl::StrCat("writing tensor \"", copy.name, "\""));
+        if (tensor_done_ < copy.num_elements) return absl::OkStatus();
+        EndTensor();
+      } else if (segment_ == segment) {
+        return absl::OkStatus();  // written with the segments before the next step's
+      } else if (current.kind == FramingSegment::Kind::kBytes) {
+        RETURN_IF_ERROR(AppendBytes(current.bytes));
+      } else {  // kDeferred
+        const std::string bytes = plan_.deferred(current.deferred, checksums_);
+        if (bytes.size() != current.size) {
+          return absl::InternalError(absl::StrCat(plan_.name, ": deferred segment ",
+                                                  current.deferred, " is ", bytes.size(),
+                                                  " bytes, the framing promised ", current.size));
+        }
+        RETURN_IF_ERROR(AppendBytes(bytes));
+      }
+      ++segment_;
+    }
+    return absl::OkStatus();
+  }
+
+  // Writes what is left, then commits the file (size checked, then fsync and rename, or the
+  // upload completed).
+  absl::StatusOr<WrittenFile> Finish() {
+    RETURN_IF_ERROR(Advance(plan_.segments.size(), 0));
+    RETURN_IF_ERROR(Flush());
+    RETURN_IF_ERROR(pipeline_->Finish());
+    phases_.write += pipeline_->sink_seconds();
+    pipeline_.reset();
+    const Clock::time_point commit_start = Clock::now();
+    RETURN_IF_ERROR(exact_->Close());
+    phases_.fsync += SecondsSince(commit_start);
+    direct_ = local_file_ != nullptr && local_file_->file().direct();
+    WrittenFile written;
+    written.name = plan_.name;
+    written.bytes = exact_->pos();
+    written.xxh3_64 = digest_->xxh3_64();
+    written.tensors = static_cast<int>(plan_.tensors.size());
+    progress_.Add(0, pending_tensors_, 1);
+    pending_tensors_ = 0;
     return written;
   }
 
-  // Writes the file through the writer `sink` opens for it; destroyed unclosed on an error.
-  absl::StatusOr<WrittenFile> Run(OutputSink& sink) {
-    ASSIGN_OR_RETURN(std::unique_ptr<ByteWriter> file, sink.Open(plan_.name, plan_.bytes));
-    return WriteThrough(*file);
-  }
-
+  const FilePlan& plan() const { return plan_; }
   uint64_t bytes_read() const { return bytes_read_; }
   // Whether the file was written with direct I/O to the end.
   bool direct() const { return direct_; }
@@ -233,62 +309,17 @@ class FileWriter {
   const PhaseSeconds& phases() const { return phases_; }
 
  private:
-  // Fills the file front to back into `file`, the end of the chain, and closes it.
-  absl::StatusOr<WrittenFile> WriteThrough(ByteWriter& file) {
-    // The manifest and resumes need the file's XXH3-64; a framing that promised another size
-    // than the plan's is a bug caught before the file gets its final name.
-    DigestingWriter digest(&file, {/*xxh3_64=*/true, /*crc32=*/false});
-    ExactSizeWriter exact(&digest, plan_.bytes, plan_.name);
-    {
-      WindowPipeline::Prepare(buffers_, WorkerWindow(options_, plan_count_));
-      WindowPipeline pipeline(exact, buffers_);
-      pipeline_ = &pipeline;
-      checksums_.assign(plan_.tensors.size(), 0);
-      for (size_t s = 0; s < plan_.segments.size(); ++s) {
-        const FramingSegment& segment = plan_.segments[s];
-        if (segment.kind == FramingSegment::Kind::kBytes) {
-          RETURN_IF_ERROR(AppendBytes(segment.bytes));
-          continue;
-        }
-        if (segment.kind == FramingSegment::Kind::kDeferred) {
-          const std::string bytes = plan_.deferred(segment.deferred, checksums_);
-          if (bytes.size() != segment.size) {
-            return absl::InternalError(absl::StrCat(plan_.name, ": deferred segment ",
-                                                    segment.deferred, " is ", bytes.size(),
-                                                    " bytes, the framing promised ", segment.size));
-          }
-          RETURN_IF_ERROR(AppendBytes(bytes));
-          continue;
-        }
-        const TensorCopy& copy = plan_.tensors[segment.tensor];
-        // The next tensor's first run is read ahead while this one's last is copied.
-        SpanReader::Run following;
-        for (size_t n = s + 1; n < plan_.segments.size(); ++n) {
-          if (plan_.segments[n].kind != FramingSegment::Kind::kTensor) continue;
-          following = TensorFiller::FirstRun(plan_.tensors[plan_.segments[n].tensor]);
-          break;
-        }
-        RETURN_IF_ERROR(WriteTensor(copy, following, &checksums_[segment.tensor]),
-                        absl::StrCat("writing tensor \"", copy.name, "\""));
-        ++pending_tensors_;
-      }
-      RETURN_IF_ERROR(Flush());
-      RETURN_IF_ERROR(pipeline.Finish());
-      phases_.write += pipeline.sink_seconds();
-      pipeline_ = nullptr;
-    }
-    const Clock::time_point commit_start = Clock::now();
-    // Size checked, then fsync, rename, fsync of the folder (a sink: the upload completed).
-    RETURN_IF_ERROR(exact.Close());
-    phases_.fsync += SecondsSince(commit_start);
-    WrittenFile written;
-    written.name = plan_.name;
-    written.bytes = exact.pos();
-    written.xxh3_64 = digest.xxh3_64();
-    written.tensors = static_cast<int>(plan_.tensors.size());
-    progress_.Add(0, pending_tensors_, 1);
-    pending_tensors_ = 0;
-    return written;
+  // The file, then the chain in front of it: the manifest and resumes need the file's
+  // XXH3-64; a framing that promised another size than the plan's is a bug caught before the
+  // file gets its final name.
+  absl::Status StartChain(std::unique_ptr<ByteWriter> file) {
+    file_ = std::move(file);
+    digest_ = std::make_unique<DigestingWriter>(file_.get(), DigestingWriter::Digests{true, false});
+    exact_ = std::make_unique<ExactSizeWriter>(digest_.get(), plan_.bytes, plan_.name);
+    WindowPipeline::Prepare(buffers_, window_bytes_);
+    pipeline_ = std::make_unique<WindowPipeline>(*exact_, buffers_);
+    checksums_.assign(plan_.tensors.size(), 0);
+    return absl::OkStatus();
   }
 
   size_t room() const { return pipeline_->capacity() - used_; }
@@ -304,14 +335,36 @@ class FileWriter {
     return absl::OkStatus();
   }
 
-  // Writes the tensor's data; `crc32` accumulates its CRC-32 when the framing needs it.
-  absl::Status WriteTensor(const TensorCopy& copy, const SpanReader::Run& following,
-                           uint32_t* crc32) {
-    TensorFiller filler(copy, sources_, source_checksums_, &spans_);
-    filler.set_following(following);
-    std::vector<std::unique_ptr<TensorFiller>> term_fillers;  // OutputTensor::mean_of
-    for (const TensorCopy& term : copy.mean_terms) {
-      term_fillers.push_back(std::make_unique<TensorFiller>(term, sources_, source_checksums_));
+  // Fills the tensor's data up to element `target`, creating its fillers at its first
+  // element; `crc32` accumulates its CRC-32 when the framing needs it.
+  absl::Status FillTensor(const TensorCopy& copy, int64_t target, const SpanReader::Run* following,
+                          bool strips_whole, uint32_t* crc32) {
+    if (filler_ == nullptr) {
+      filler_ = std::make_unique<TensorFiller>(copy, sources_, source_checksums_, &spans_);
+      for (const TensorCopy& term : copy.mean_terms) {  // OutputTensor::mean_of
+        term_fillers_.push_back(std::make_unique<TensorFiller>(term, sources_, source_checksums_));
+      }
+      tensor_done_ = 0;
+    }
+    // The run read after this tensor's (or this step's) last is read ahead while that one is
+    // copied: the next tensor's first.
+    SpanReader::Run next;
+    if (following != nullptr) {
+      next = *following;
+    } else {
+      for (size_t n = segment_ + 1; n < plan_.segments.size(); ++n) {
+        if (plan_.segments[n].kind != FramingSegment::Kind::kTensor) continue;
+        next = TensorFiller::FirstRun(plan_.tensors[plan_.segments[n].tensor]);
+        break;
+      }
+    }
+    filler_->set_following(next);
+    // Files written in turns: the tensor's rows are read in whole spans, not cut at each
+    // window (TensorFiller::set_read_to), and its strips as whole rows when every file that
+    // reads them takes its turn.
+    if (following != nullptr) {
+      filler_->set_read_to(copy.num_elements);
+      filler_->set_strips_whole(strips_whole);
     }
     const size_t element_size = DTypeSize(copy.dst_dtype);
     // Converted and gathered elements are read through the mapping: fill at most
@@ -319,48 +372,55 @@ class FileWriter {
     // worker holds stay small whatever the window (F32 narrowed to 16 bits reads twice the
     // bytes it fills).
     const int64_t max_count =
-        filler.plain_copy() ? INT64_MAX
-                            : std::max<int64_t>(1, kMappedBytesPerFill / DTypeSize(copy.src_dtype));
-    int64_t done = 0;
-    while (done < copy.num_elements) {
+        filler_->plain_copy()
+            ? INT64_MAX
+            : std::max<int64_t>(1, kMappedBytesPerFill / DTypeSize(copy.src_dtype));
+    while (tensor_done_ < target) {
       if (room() < element_size) RETURN_IF_ERROR(Flush());
-      const int64_t count = std::min(
-          {static_cast<int64_t>(room() / element_size), copy.num_elements - done, max_count});
+      const int64_t count =
+          std::min({static_cast<int64_t>(room() / element_size), target - tensor_done_, max_count});
       const Clock::time_point fill_start = Clock::now();
-      RETURN_IF_ERROR(filler.Fill(done, done + count,
-                                  reinterpret_cast<std::byte*>(pipeline_->buffer() + used_)));
-      filler.ReleaseConsumed();  // the data is in the buffer now
+      std::byte* out = reinterpret_cast<std::byte*>(pipeline_->buffer() + used_);
+      RETURN_IF_ERROR(filler_->Fill(tensor_done_, tensor_done_ + count, out));
+      filler_->ReleaseConsumed();  // the data is in the buffer now
       if (!copy.mean_terms.empty()) {
-        RETURN_IF_ERROR(AverageInPlace(term_fillers, done, count,
-                                       reinterpret_cast<float*>(pipeline_->buffer() + used_)));
+        RETURN_IF_ERROR(AverageInPlace(tensor_done_, count, reinterpret_cast<float*>(out)));
       }
       if (plan_.needs_crc32) {
-        *crc32 =
-            Crc32(*crc32, pipeline_->buffer() + used_, static_cast<size_t>(count) * element_size);
+        *crc32 = Crc32(*crc32, out, static_cast<size_t>(count) * element_size);
       }
-      (filler.plain_copy() ? phases_.read : phases_.convert) += SecondsSince(fill_start);
+      (filler_->plain_copy() ? phases_.read : phases_.convert) += SecondsSince(fill_start);
       used_ += static_cast<size_t>(count) * element_size;
-      done += count;
+      tensor_done_ += count;
     }
-    bytes_read_ += filler.bytes_read();
-    for (const auto& term : term_fillers) bytes_read_ += term->bytes_read();
     return absl::OkStatus();
+  }
+
+  // The tensor is written: its fillers go.
+  void EndTensor() {
+    if (filler_ != nullptr) {
+      bytes_read_ += filler_->bytes_read();
+      for (const auto& term : term_fillers_) bytes_read_ += term->bytes_read();
+    }
+    filler_.reset();
+    term_fillers_.clear();
+    tensor_done_ = 0;
+    ++pending_tensors_;
   }
 
   // `out` holds elements [begin, begin + count) of a mean's first term: adds the other terms'
   // and divides, in float32, in PyTorch's order for `sum(slices) / len(slices)`: 0 + t0 (which
   // makes -0 into +0), + t1, ..., then / n.
-  absl::Status AverageInPlace(const std::vector<std::unique_ptr<TensorFiller>>& terms,
-                              int64_t begin, int64_t count, float* out) {
+  absl::Status AverageInPlace(int64_t begin, int64_t count, float* out) {
     mean_scratch_.resize(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) out[i] = 0.0f + out[i];
-    for (const auto& term : terms) {
+    for (const auto& term : term_fillers_) {
       RETURN_IF_ERROR(
           term->Fill(begin, begin + count, reinterpret_cast<std::byte*>(mean_scratch_.data())));
       term->ReleaseConsumed();
       for (int64_t i = 0; i < count; ++i) out[i] += mean_scratch_[i];
     }
-    const float n = static_cast<float>(terms.size() + 1);
+    const float n = static_cast<float>(term_fillers_.size() + 1);
     for (int64_t i = 0; i < count; ++i) out[i] /= n;
     return absl::OkStatus();
   }
@@ -378,15 +438,25 @@ class FileWriter {
   }
 
   const FilePlan& plan_;
-  const size_t plan_count_;
+  const uint64_t window_bytes_;
   const std::vector<MappedFile>& sources_;
   const ExecutorOptions& options_;
   ProgressTracker& progress_;
   SourceChecksums* const source_checksums_;
   WindowPipeline::Buffers& buffers_;
   SpanReader& spans_;
-  WindowPipeline* pipeline_ = nullptr;
-  size_t used_ = 0;  // bytes filled in the pipeline's current buffer
+  // The chain, file first; destroyed unclosed (an error), the file leaves nothing under its
+  // name. The pipeline is declared last so that its writer thread stops first.
+  std::unique_ptr<ByteWriter> file_;
+  AtomicFileWriter* local_file_ = nullptr;  // file_ when it is a local AtomicFile
+  std::unique_ptr<DigestingWriter> digest_;
+  std::unique_ptr<ExactSizeWriter> exact_;
+  std::unique_ptr<WindowPipeline> pipeline_;
+  size_t segment_ = 0;                    // the next segment to write (or the tensor being filled)
+  std::unique_ptr<TensorFiller> filler_;  // of the tensor being filled
+  std::vector<std::unique_ptr<TensorFiller>> term_fillers_;
+  int64_t tensor_done_ = 0;  // its elements filled
+  size_t used_ = 0;          // bytes filled in the pipeline's current buffer
   uint64_t bytes_read_ = 0;
   bool direct_ = false;
   int64_t pending_tensors_ = 0;
@@ -434,6 +504,128 @@ absl::StatusOr<uint64_t> HashMappedFile(const MappedFile& file) {
   const uint64_t hash = XXH3_64bits_digest(state);
   XXH3_freeState(state);
   return hash;
+}
+
+// Whether `copy` reads strips of rows: rows of its source that it reads only part of, whose
+// other bytes other boxes (the other parts of a split along a later dimension) read.
+bool ReadsStrips(const TensorCopy& copy) {
+  for (const CopyItem& item : copy.items) {
+    const size_t n = item.extent.size();
+    if (n >= 2 && item.num_elements() > 0 && item.src_strides[n - 1] == 1 &&
+        item.src_strides[n - 2] != item.extent[n - 1]) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The indices of `file`'s tensor segments, in order.
+std::vector<size_t> TensorSegments(const FilePlan& file) {
+  std::vector<size_t> segments;
+  for (size_t s = 0; s < file.segments.size(); ++s) {
+    if (file.segments[s].kind == FramingSegment::Kind::kTensor) segments.push_back(s);
+  }
+  return segments;
+}
+
+// Files written in turns by one worker share the reads of the rows their strips come from:
+// at most this many (each has its own window share, pipeline and writer thread).
+constexpr size_t kMaxLockstepFiles = 8;
+
+}  // namespace
+
+std::vector<WorkUnit> WorkUnits(const CopyPlan& plan) {
+  // Files with the same tensors in the same order, one of which reads strips of rows.
+  std::map<std::vector<std::string>, std::vector<size_t>> alike;
+  std::vector<std::vector<std::string>> names(plan.files.size());
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    const FilePlan& file = plan.files[f];
+    for (size_t s : TensorSegments(file)) {
+      names[f].push_back(file.tensors[file.segments[s].tensor].name);
+    }
+    if (std::any_of(file.tensors.begin(), file.tensors.end(), ReadsStrips)) {
+      alike[names[f]].push_back(f);
+    }
+  }
+  std::vector<WorkUnit> units;
+  std::vector<bool> placed(plan.files.size(), false);
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    if (placed[f]) continue;
+    auto group = alike.find(names[f]);
+    if (group == alike.end() || group->second.front() != f || group->second.size() < 2) {
+      units.push_back({{f}, false});
+      placed[f] = true;
+      continue;
+    }
+    const std::vector<size_t>& files = group->second;
+    const size_t n = files.size();
+    // One unit when it can hold them all: it reads every row once, directly, with the span
+    // after the current one read ahead. Dealt into a unit per worker instead (rows read once
+    // per unit, through the page cache) the split into 4 of docs/benchmarks.md took 1.22x the
+    // wall time and 2.1x the CPU (9 alternating pairs).
+    const size_t count = (n + kMaxLockstepFiles - 1) / kMaxLockstepFiles;
+    for (size_t u = 0; u < count; ++u) {
+      WorkUnit unit{{files.begin() + u * n / count, files.begin() + (u + 1) * n / count},
+                    count == 1};
+      for (size_t member : unit.files) placed[member] = true;
+      units.push_back(std::move(unit));
+    }
+  }
+  return units;
+}
+
+namespace {
+
+// Writes the started `writers` (files with the same tensors in the same order, WorkUnits) in
+// turns, tensor by tensor: each file writes its part of a tensor before the next file writes
+// its own. A tensor read in strips goes in rounds of about `round_bytes` of its source, every
+// file filling the same share of it, so that the files read the strips of the same rows one
+// after the other, out of the worker's current or previous span (SpanReader): the rows come
+// from the page cache once, not once per file. Other tensors are written whole, one file after
+// the other, each reading ahead the next file's first run. On error: the index of the writer
+// that failed and its error.
+std::pair<size_t, absl::Status> WriteInLockstep(const std::vector<FileWriter*>& writers,
+                                                uint64_t round_bytes, bool strips_whole) {
+  std::vector<std::vector<size_t>> segments;
+  for (FileWriter* writer : writers) segments.push_back(TensorSegments(writer->plan()));
+  auto copy_of = [&](size_t k, size_t j) -> const TensorCopy& {
+    const FilePlan& plan = writers[k]->plan();
+    return plan.tensors[plan.segments[segments[k][j]].tensor];
+  };
+  const size_t tensors = segments[0].size();
+  for (size_t j = 0; j < tensors; ++j) {
+    bool strips = false;
+    uint64_t source_bytes = 0;
+    for (size_t k = 0; k < writers.size(); ++k) {
+      const TensorCopy& copy = copy_of(k, j);
+      strips = strips || ReadsStrips(copy);
+      for (const CopyItem& item : copy.items) {
+        source_bytes += item.num_elements() * DTypeSize(copy.src_dtype);
+      }
+    }
+    const uint64_t rounds =
+        strips ? std::max<uint64_t>(1, (source_bytes + round_bytes - 1) / round_bytes) : 1;
+    for (uint64_t round = 1; round <= rounds; ++round) {
+      for (size_t k = 0; k < writers.size(); ++k) {
+        // What is read next: the next file's part of this tensor, else the first file's next
+        // tensor.
+        SpanReader::Run following;
+        if (k + 1 < writers.size()) {
+          following = TensorFiller::FirstRun(copy_of(k + 1, j));
+        } else if (j + 1 < tensors) {
+          following = TensorFiller::FirstRun(copy_of(0, j + 1));
+        }
+        const int64_t elements = copy_of(k, j).num_elements;
+        const int64_t upto =
+            round == rounds
+                ? elements
+                : static_cast<int64_t>(static_cast<__int128>(elements) * round / rounds);
+        absl::Status status = writers[k]->Advance(segments[k][j], upto, &following, strips_whole);
+        if (!status.ok()) return {k, std::move(status)};
+      }
+    }
+  }
+  return {0, absl::OkStatus()};
 }
 
 }  // namespace
@@ -486,17 +678,18 @@ std::vector<bool> SourcesReadDense(const CopyPlan& plan) {
   return dense;
 }
 
-std::vector<bool> SourcesReadOnce(const CopyPlan& plan) {
-  // Per source: the byte ranges its items span, and the bytes they read.
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(plan.sources.size());
-  std::vector<uint64_t> bytes_read(plan.sources.size(), 0);
+std::vector<SourceReads> AnalyzeSourceReads(const CopyPlan& plan) {
+  // Per source: each distinct box (offset, extent, strides, element size) and how often it
+  // is read.
+  using Box = std::tuple<uint64_t, std::vector<int64_t>, std::vector<int64_t>, uint64_t>;
+  std::vector<std::map<Box, int>> boxes(plan.sources.size());
   auto add_copy = [&](const TensorCopy& copy) {
     const uint64_t element_size = DTypeSize(copy.src_dtype);
     for (const CopyItem& item : copy.items) {
-      const uint64_t elements = item.num_elements();
-      if (elements == 0 || static_cast<size_t>(item.src_file) >= ranges.size()) continue;
-      ranges[item.src_file].emplace_back(item.src_offset, item.src_end(element_size));
-      bytes_read[item.src_file] += elements * element_size;
+      if (item.num_elements() == 0 || static_cast<size_t>(item.src_file) >= boxes.size()) {
+        continue;
+      }
+      ++boxes[item.src_file][{item.src_offset, item.extent, item.src_strides, element_size}];
     }
   };
   for (const FilePlan& file : plan.files) {
@@ -505,19 +698,39 @@ std::vector<bool> SourcesReadOnce(const CopyPlan& plan) {
       for (const TensorCopy& term : copy.mean_terms) add_copy(term);
     }
   }
-  std::vector<bool> read_once(plan.sources.size(), true);
-  for (size_t s = 0; s < ranges.size(); ++s) {
-    std::sort(ranges[s].begin(), ranges[s].end());
+  std::vector<SourceReads> reads(plan.sources.size());
+  for (size_t s = 0; s < boxes.size(); ++s) {
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    std::vector<std::pair<uint64_t, uint64_t>> repeated;
+    uint64_t bytes_read = 0;
+    for (const auto& [box, times] : boxes[s]) {
+      const auto& [offset, extent, strides, element_size] = box;
+      CopyItem item;
+      item.src_offset = offset;
+      item.extent = extent;
+      item.src_strides = strides;
+      ranges.emplace_back(offset, item.src_end(element_size));
+      bytes_read += item.num_elements() * element_size;
+      if (times > 1) repeated.push_back(ranges.back());
+    }
+    // The map is ordered by offset first, so both lists are sorted by their begins.
     uint64_t union_bytes = 0;
     uint64_t covered_to = 0;
-    for (const auto& [begin, end] : ranges[s]) {
+    for (const auto& [begin, end] : ranges) {
       const uint64_t from = std::max(begin, covered_to);
       if (end > from) union_bytes += end - from;
       covered_to = std::max(covered_to, end);
     }
-    read_once[s] = bytes_read[s] <= union_bytes;
+    reads[s].read_once = bytes_read <= union_bytes;
+    for (const auto& range : repeated) {
+      if (!reads[s].repeated.empty() && range.first <= reads[s].repeated.back().second) {
+        reads[s].repeated.back().second = std::max(reads[s].repeated.back().second, range.second);
+      } else {
+        reads[s].repeated.push_back(range);
+      }
+    }
   }
-  return read_once;
+  return reads;
 }
 
 namespace {
@@ -533,10 +746,11 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
     }
   }
   if (options.io != IoMode::kBuffered) {
-    const std::vector<bool> read_once = SourcesReadOnce(plan);
+    const std::vector<SourceReads> reads = AnalyzeSourceReads(plan);
     const std::vector<bool> dense = SourcesReadDense(plan);
     for (size_t s = 0; s < sources.size(); ++s) {
-      sources[s].set_drop_behind(read_once[s]);
+      sources[s].set_drop_behind(reads[s].read_once);
+      sources[s].set_repeated_ranges(reads[s].repeated);
       // kDirect: contiguous runs are read past the page cache too (strided and gathered
       // elements still come through the mapping, dropped behind). kAuto does the same for
       // sources read once in whole boxes (a consolidation of whole tensors), where the filesystem
@@ -545,10 +759,14 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
       // reads into huge-page spans (2 GiB torch.save input). Strided sources (the strips of a
       // split or a TP merge) stay buffered: read directly they cost 1.30x the wall time.
       // A source read once but not all in whole boxes (a split: tensors cut by rows and by
-      // columns) has its dense boxes read directly and its strips buffered.
-      if (options.io == IoMode::kAuto && read_once[s]) {
+      // columns) has its dense boxes read directly and its strips buffered; so has one whose
+      // boxes read some ranges several times (tensors replicated into every part: those
+      // ranges stay in the page cache for the parts that read them after the first). Before,
+      // such a source was read all buffered: a 2 GiB split into 4 parts with Llama rules,
+      // whose norms are replicated, copied every byte through the page cache.
+      if (options.io == IoMode::kAuto && reads[s].read_once) {
         sources[s].EnableDirectReads();  // buffered where the filesystem refuses
-        sources[s].set_direct_reads_dense_only(!dense[s]);
+        sources[s].set_direct_reads_dense_only(!dense[s] || !reads[s].repeated.empty());
       } else if (options.io == IoMode::kDirect && !sources[s].EnableDirectReads()) {
         return absl::FailedPreconditionError(absl::StrCat("--io direct: the filesystem of ",
                                                           sources[s].path(),
@@ -572,32 +790,44 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
                                             [](const MappedFile& s) { return s.direct_reads(); });
   const bool any_remote =
       std::any_of(sources.begin(), sources.end(), [](const MappedFile& s) { return s.remote(); });
-  const uint64_t active_workers = ActiveWorkers(options, plan.files.size());
+  // One file, or files written in turns (WriteInLockstep); the workers take them in order.
+  const std::vector<WorkUnit> units = WorkUnits(plan);
+  const uint64_t active_workers = ActiveWorkers(options, units.size());
+  // Spans are sized as if every file had its worker: files written in turns use three span
+  // buffers (SpanReader::set_files_in_turns), so one worker then holds no more than two did.
+  const uint64_t span_workers = ActiveWorkers(options, plan.files.size());
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   auto worker = [&] {
-    WindowPipeline::Buffers buffers;  // mapped at the first file this worker writes
+    // Per file written at once; mapped at the first file this worker writes.
+    std::vector<WindowPipeline::Buffers> buffers(1);
     // Direct reads and short rows go through it; its pages are touched only when there are any.
     SpanReader spans(any_remote ? RemoteSpanBytes(active_workers)
                      : any_direct_reads
-                         ? std::max(kBufferedSpanBytes, kDirectSpanBytes / active_workers)
+                         ? std::max(kBufferedSpanBytes, kDirectSpanBytes / span_workers)
                          : kBufferedSpanBytes);
-    for (size_t f = next++; f < plan.files.size(); f = next++) {
-      if (failed.load()) {
-        results[f] = absl::CancelledError("stopped after another file failed");
-        continue;
-      }
-      const FilePlan& file = plan.files[f];
-      bool mismatch = false;
-      std::optional<WrittenFile> reused;
-      if (dir != nullptr) {
-        reused = ReuseCompletedFile(file, *dir, options, phases[f].verify, mismatch);
-      }
-      mismatched[f] = mismatch;
-      was_reused[f] = reused.has_value();
-      if (reused.has_value()) {
+    for (size_t u = next++; u < units.size(); u = next++) {
+      std::vector<size_t> to_write;
+      for (size_t f : units[u].files) {
+        if (failed.load()) {
+          results[f] = absl::CancelledError("stopped after another file failed");
+          continue;
+        }
+        const FilePlan& file = plan.files[f];
+        bool mismatch = false;
+        std::optional<WrittenFile> reused;
+        if (dir != nullptr) {
+          reused = ReuseCompletedFile(file, *dir, options, phases[f].verify, mismatch);
+        }
+        mismatched[f] = mismatch;
+        was_reused[f] = reused.has_value();
+        if (!reused.has_value()) {
+          to_write.push_back(f);
+          continue;
+        }
         progress.Add(file.bytes, file.tensors.size(), 1);
         results[f] = *std::move(reused);
+        progress.Committed(options.on_file_committed, **results[f]);
         // Its sources were not read in this pass, but their checks still have to hold (the
         // earlier attempt may have failed on one): Verify reads the ranges it reads from.
         if (checked != nullptr) {
@@ -607,25 +837,67 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
             }
           }
         }
-      } else {
-        FileWriter writer(file, plan.files.size(), sources, options, progress, checked, buffers,
-                          spans);
-        results[f] = dir != nullptr ? writer.Run(*dir) : writer.Run(*sink);
-        bytes_read[f] = writer.bytes_read();
-        direct[f] = writer.direct();
-        const double verify = phases[f].verify;
-        phases[f] = writer.phases();
-        phases[f].verify = verify;
       }
-      if (results[f]->ok()) {
-        progress.Committed(options.on_file_committed, **results[f]);
-      } else {
-        failed.store(true);
+      if (to_write.empty()) continue;
+      // The worker's window, shared by the files it writes at once.
+      if (buffers.size() < to_write.size()) buffers.resize(to_write.size());
+      const uint64_t window = WorkerWindow(options, units.size()) / to_write.size();
+      std::vector<std::unique_ptr<FileWriter>> writers;
+      for (size_t i = 0; i < to_write.size(); ++i) {
+        writers.push_back(std::make_unique<FileWriter>(plan.files[to_write[i]], window, sources,
+                                                       options, progress, checked, buffers[i],
+                                                       spans));
+      }
+      auto record = [&](size_t i) {
+        const size_t f = to_write[i];
+        bytes_read[f] = writers[i]->bytes_read();
+        direct[f] = writers[i]->direct();
+        const double verify = phases[f].verify;
+        phases[f] = writers[i]->phases();
+        phases[f].verify = verify;
+        if (results[f]->ok()) {
+          progress.Committed(options.on_file_committed, **results[f]);
+        } else {
+          failed.store(true);
+        }
+      };
+      if (writers.size() == 1) {
+        results[to_write[0]] = dir != nullptr ? writers[0]->Run(*dir) : writers[0]->Run(*sink);
+        record(0);
+        continue;
+      }
+      // Files written in turns: started together, advanced in rounds, finished together.
+      // Whatever fails first fails the unit; the others stop unfinished (no final name).
+      absl::Status unit_status;
+      size_t failing = 0;
+      for (size_t i = 0; i < writers.size() && unit_status.ok(); ++i) {
+        unit_status = dir != nullptr ? writers[i]->Start(*dir) : writers[i]->Start(*sink);
+        failing = i;
+      }
+      if (unit_status.ok()) {
+        spans.set_files_in_turns(true);
+        std::tie(failing, unit_status) = WriteInLockstep(
+            [&] {
+              std::vector<FileWriter*> raw;
+              for (const auto& writer : writers) raw.push_back(writer.get());
+              return raw;
+            }(),
+            spans.capacity() / 2, units[u].whole_rows);
+        spans.set_files_in_turns(false);
+      }
+      for (size_t i = 0; i < writers.size(); ++i) {
+        const size_t f = to_write[i];
+        if (unit_status.ok()) {
+          results[f] = writers[i]->Finish();
+        } else {
+          results[f] = i == failing ? unit_status
+                                    : absl::CancelledError("stopped after another file failed");
+        }
+        record(i);
       }
     }
   };
-  const int threads =
-      std::max(1, std::min<int>(options.threads, static_cast<int>(plan.files.size())));
+  const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(units.size())));
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
   worker();
@@ -666,6 +938,7 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
     // strips of rows that went to different files, the CRC check's reads) goes now: the
     // conversion leaves no input in the page cache.
     for (MappedFile& source : sources) {
+      source.set_repeated_ranges({});
       source.set_drop_behind(true);
       source.DropCached(0, source.size());
     }
@@ -690,7 +963,10 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, OutputSink& sink,
 }
 
 uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& options) {
-  const uint64_t threads = ActiveWorkers(options, plan.files.size());
+  const std::vector<WorkUnit> units = WorkUnits(plan);
+  const uint64_t threads = ActiveWorkers(options, units.size());
+  size_t files_at_once = 1;  // by one worker
+  for (const WorkUnit& unit : units) files_at_once = std::max(files_at_once, unit.files.size());
   uint64_t largest_file = 0;
   uint64_t plan_bytes = sizeof(CopyPlan);
   bool means = false;
@@ -711,13 +987,15 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   // Each worker holds its window, the stage of a direct-I/O file, and the source pages one fill
   // consumed until they are released: kMappedBytesPerFill, plus partly used pages at both ends
   // of every row run, bounded here by one more window.
-  const uint64_t window = std::min(WorkerWindow(options, plan.files.size()), largest_file);
+  const uint64_t window = std::min(WorkerWindow(options, units.size()), largest_file);
   const uint64_t checksums =
       options.check_source_crc32 ? SourceChecksums::MemoryBound(plan.sources) : 0;
   // A mean's other terms are read through a scratch buffer of up to half a window.
   const uint64_t mean_scratch = means ? window / 2 : 0;
   const uint64_t mapped = std::min<uint64_t>(kMappedBytesPerFill, 2 * window);
-  const uint64_t stage = options.io == IoMode::kBuffered ? 0 : std::min<uint64_t>(1 << 20, window);
+  // A direct-I/O file's stage, for each file a worker writes at once.
+  const uint64_t stage =
+      options.io == IoMode::kBuffered ? 0 : files_at_once * std::min<uint64_t>(1 << 20, window);
   const bool remote = std::any_of(plan.sources.begin(), plan.sources.end(),
                                   [](const SourceFile& s) { return IsRemotePath(s.path); });
   const uint64_t span =

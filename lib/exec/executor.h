@@ -5,7 +5,8 @@
 //
 // Memory stays bounded whatever the model size: each worker owns one window buffer, and the
 // source pages a window consumed are released as soon as it is written. Independent output
-// files run in parallel on `threads` workers.
+// files run in parallel on `threads` workers; the parts of a split, whose strips come from the
+// same rows, are written in turns by one worker, which reads each row once (WorkUnits).
 
 #ifndef RESHARD_LIB_EXEC_EXECUTOR_H_
 #define RESHARD_LIB_EXEC_EXECUTOR_H_
@@ -16,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -44,7 +46,8 @@ struct WrittenFile {
 };
 
 struct ExecutorOptions {
-  // Worker threads; each writes one output file at a time. Default: 2.
+  // Worker threads; each writes one output file, or one unit of files written in turns
+  // (WorkUnits), at a time. Default: 2.
   int threads = 2;
   // Bytes buffered before they are written, shared by the workers that run at once (each of
   // min(threads, files) workers gets window_bytes / that many, at least 4 KiB), so that memory
@@ -119,15 +122,39 @@ class OutputSink {
 // Maps every source of the plan read-only (checking sizes against the Catalog).
 absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>& sources);
 
-// For each source of `plan`, whether its pages can be dropped from the page cache once read:
-// no byte of it is read twice (the bytes its items read add up to no more than the union of
-// their ranges; a replicated tensor read once per output part keeps its file cached).
-std::vector<bool> SourcesReadOnce(const CopyPlan& plan);
+// How the boxes of a plan read one source.
+struct SourceReads {
+  // No byte is read twice once the boxes read the same way several times count once (the
+  // bytes the distinct boxes read add up to no more than the union of their ranges): its
+  // pages can be dropped from the page cache as they are read, outside `repeated`.
+  bool read_once = true;
+  // The byte ranges of the boxes read the same way several times (a tensor replicated into
+  // every output part, read once per part), sorted and merged: they are read through the page
+  // cache and kept there (MappedFile::set_repeated_ranges), the rest of the file is read
+  // directly where the mode allows.
+  std::vector<std::pair<uint64_t, uint64_t>> repeated;
+};
+std::vector<SourceReads> AnalyzeSourceReads(const CopyPlan& plan);
 
 // For each source of `plan`, whether every box read from it is dense (reads all the bytes from
 // its first to its last, as a whole tensor does; the strips of a split do not). IoMode::kAuto
 // reads dense sources read once with direct I/O.
 std::vector<bool> SourcesReadDense(const CopyPlan& plan);
+
+// How the workers take the files of `plan`: units of one file, or of files written in turns
+// by one worker (up to 8). Files with the same tensors in the same order, one of which reads
+// strips of rows (the parts of a split along a later dimension), are written in turns, so that
+// the rows their strips come from are read once for all of them, as whole rows, directly: a
+// 2 GiB Llama split into 4 parts read every such row 4 times through the page cache before.
+// More than 8 such files go in units as even as can be, each reading the rows through the page
+// cache.
+struct WorkUnit {
+  std::vector<size_t> files;  // indexes into plan.files
+  // Written in turns, and these are all the files that read strips of the same rows: the
+  // strips are read as whole rows (TensorFiller::set_strips_whole).
+  bool whole_rows = false;
+};
+std::vector<WorkUnit> WorkUnits(const CopyPlan& plan);
 
 // Writes all files of `plan` into folder `dir` (through its handle only). On error or
 // cancellation no file is left under a final name by this call's unfinished work (finished

@@ -561,34 +561,47 @@ absl::StatusOr<CopyPlan> WholeTensorPlan(const Fixture& fixture) {
   return BuildCopyPlan(fixture.catalog, layout, {framing});
 }
 
-TEST(ExecutorTest, SourcesReadOnceSeesRepeatedReads) {
+TEST(ExecutorTest, AnalyzeSourceReadsSeesRepeatedReads) {
   const std::string src = MakeTempDir("src");
   Fixture fixture = MakeSource(src, 57, 181, 97);
-  // MakeCase reads "w" whole, and parts of it again: both sources are read more than once.
+  // MakeCase reads "w" whole, and parts of it again in other boxes: both sources are read
+  // more than once.
   Case c = MakeCase(fixture);
   auto repeated = BuildCopyPlan(fixture.catalog, c.layout, c.framings);
   ASSERT_TRUE(repeated.ok()) << repeated.status();
-  EXPECT_EQ(SourcesReadOnce(*repeated), std::vector<bool>({false, false}));
+  for (const SourceReads& reads : AnalyzeSourceReads(*repeated)) {
+    EXPECT_FALSE(reads.read_once);
+  }
   auto once = WholeTensorPlan(fixture);
   ASSERT_TRUE(once.ok()) << once.status();
-  EXPECT_EQ(SourcesReadOnce(*once), std::vector<bool>({true, true}));
+  for (const SourceReads& reads : AnalyzeSourceReads(*once)) {
+    EXPECT_TRUE(reads.read_once);
+    EXPECT_TRUE(reads.repeated.empty());
+  }
 
-  // Strips of rows that interleave (a split along the last dimension) are still read once;
-  // a strip read again is not.
+  // Strips of rows that interleave (a split along the last dimension) are still read once.
+  // The same strip read again (a replicated tensor) is a repeated range of a source that is
+  // otherwise read once; a strip that overlaps another without being the same box is not.
   CopyPlan strips;
   strips.sources.push_back({"s.bin", 4 * 100});
-  auto strip = [](uint64_t offset) {
+  auto strip = [](uint64_t offset, int64_t width) {
     TensorCopy copy;
     copy.name = "t";
-    copy.num_elements = 4 * 5;
-    copy.items.push_back({0, offset, {4, 5}, {10, 1}, 0, {5, 1}});
+    copy.num_elements = 4 * width;
+    copy.items.push_back({0, offset, {4, width}, {10, 1}, 0, {width, 1}});
     return copy;
   };
-  strips.files.push_back({"left.bin", {}, {strip(0)}, 80, nullptr, false});
-  strips.files.push_back({"right.bin", {}, {strip(5 * 4)}, 80, nullptr, false});
-  EXPECT_EQ(SourcesReadOnce(strips), std::vector<bool>({true}));
-  strips.files.push_back({"again.bin", {}, {strip(0)}, 80, nullptr, false});
-  EXPECT_EQ(SourcesReadOnce(strips), std::vector<bool>({false}));
+  strips.files.push_back({"left.bin", {}, {strip(0, 5)}, 80, nullptr, false});
+  strips.files.push_back({"right.bin", {}, {strip(5 * 4, 5)}, 80, nullptr, false});
+  std::vector<SourceReads> reads = AnalyzeSourceReads(strips);
+  EXPECT_TRUE(reads[0].read_once);
+  EXPECT_TRUE(reads[0].repeated.empty());
+  strips.files.push_back({"again.bin", {}, {strip(0, 5)}, 80, nullptr, false});
+  reads = AnalyzeSourceReads(strips);
+  EXPECT_TRUE(reads[0].read_once);
+  EXPECT_EQ(reads[0].repeated, (std::vector<std::pair<uint64_t, uint64_t>>{{0, (3 * 10 + 5) * 4}}));
+  strips.files.push_back({"wider.bin", {}, {strip(0, 6)}, 96, nullptr, false});
+  EXPECT_FALSE(AnalyzeSourceReads(strips)[0].read_once);
 }
 
 TEST(ExecutorTest, SourcesReadDenseTellsWholeBoxesFromStrips) {
@@ -644,7 +657,7 @@ TEST(ExecutorTest, SplitReadsRowBoxesDirectlyAndStripsBuffered) {
   auto plan = BuildCopyPlan(fixture.catalog, layout, framings);
   ASSERT_TRUE(plan.ok()) << plan.status();
   // The path under test: read once, not all in whole boxes.
-  ASSERT_EQ(SourcesReadOnce(*plan), std::vector<bool>({true, true}));
+  for (const SourceReads& reads : AnalyzeSourceReads(*plan)) ASSERT_TRUE(reads.read_once);
   ASSERT_EQ(SourcesReadDense(*plan), std::vector<bool>({false, false}));
   for (uint64_t window : {uint64_t{4096}, uint64_t{32} << 20}) {
     for (int threads : {1, 2}) {
@@ -661,6 +674,155 @@ TEST(ExecutorTest, SplitReadsRowBoxesDirectlyAndStripsBuffered) {
             << layout.files[f].name << " differs from the direct computation";
       }
       EXPECT_EQ(result->bytes_read, static_cast<uint64_t>(rows * cols * 4));
+    }
+  }
+}
+
+// A split whose parts also carry a replicated box (the same box in two files, as norms are in
+// every part): the source stays read once with that box as a repeated range, buffered and
+// kept cached for the second read while the rest is read directly; every output is right, and
+// nothing of the input is left in the page cache at the end.
+TEST(ExecutorTest, SplitWithReplicatedBoxKeepsOnlyItBuffered) {
+  const std::string src = MakeTempDir("src");
+  const int64_t rows = 300, cols = 181, split = 97;
+  Fixture fixture = MakeSource(src, rows, cols, split);
+  const int64_t half = rows / 2;
+  const Box top{{0, 0}, {half, cols}};
+  const Box bottom{{half, 3}, {rows - half, cols - 3}};
+  const Box replicated{{half, 0}, {rows - half, 3}};  // strips of a.bin, twice
+  TargetLayout layout;
+  std::vector<FileFraming> framings;
+  std::vector<std::string> expected;
+  for (const auto& [name, box] : {std::pair<std::string, Box>{"top.bin", top},
+                                  {"bottom.bin", bottom},
+                                  {"replica_0.bin", replicated},
+                                  {"replica_1.bin", replicated}}) {
+    layout.files.push_back({name, {{"w", 0, box, DType::kF32}}, {}});
+    FileFraming framing;
+    framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
+    framings.push_back(framing);
+    expected.push_back(Expected(box, DType::kF32));
+  }
+  auto plan = BuildCopyPlan(fixture.catalog, layout, framings);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::vector<SourceReads> reads = AnalyzeSourceReads(*plan);
+  ASSERT_TRUE(reads[0].read_once);
+  ASSERT_EQ(reads[0].repeated.size(), 1u);
+  EXPECT_TRUE(reads[1].repeated.empty());
+  ::sync();  // dirty pages cannot be dropped
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("threads ", threads));
+    const std::string out = MakeTempDir("out");
+    ExecutorOptions options;
+    options.threads = threads;
+    options.window_bytes = 8192;
+    options.io = IoMode::kAuto;
+    auto result = Execute(*plan, OutputDir(out), options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    for (size_t f = 0; f < expected.size(); ++f) {
+      EXPECT_TRUE(ReadAll(out + "/" + layout.files[f].name) == expected[f])
+          << layout.files[f].name << " differs from the direct computation";
+    }
+    EXPECT_EQ(CachedPages(src + "/a.bin"), 0);
+    EXPECT_EQ(CachedPages(src + "/b.bin"), 0);
+  }
+}
+
+// Bytes this process has read with read(2) and pread(2) so far (/proc/self/io "rchar").
+uint64_t BytesReadByProcess() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return 0;
+}
+
+// The parts of a tensor split along its columns into `parts` files of one tensor each.
+std::pair<TargetLayout, std::vector<FileFraming>> ColumnParts(const Fixture& fixture, int parts) {
+  TargetLayout layout;
+  std::vector<FileFraming> framings;
+  for (int p = 0; p < parts; ++p) {
+    const int64_t begin = fixture.cols * p / parts, end = fixture.cols * (p + 1) / parts;
+    layout.files.push_back({absl::StrCat("part", p, ".bin"),
+                            {{"w", 0, Box{{0, begin}, {fixture.rows, end - begin}}, DType::kF32}},
+                            {}});
+    FileFraming framing;
+    framing.segments.push_back({FramingSegment::Kind::kBytes, "HEADER", 0});
+    framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
+    framings.push_back(framing);
+  }
+  return {layout, framings};
+}
+
+// Files with the same tensors, read in strips, are written in turns by one worker (up to 8 at
+// once); files of whole tensors each on their own.
+TEST(ExecutorTest, WorkUnitsGroupThePartsOfASplit) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 20, 100, 60);
+  using Files = std::vector<std::vector<size_t>>;
+  // Up to 8 parts in one unit, which reads their rows whole; more in units as even as can be.
+  const std::map<int, std::pair<Files, bool>> cases = {
+      {2, {{{0, 1}}, true}},
+      {4, {{{0, 1, 2, 3}}, true}},
+      {8, {{{0, 1, 2, 3, 4, 5, 6, 7}}, true}},
+      {10, {{{0, 1, 2, 3, 4}, {5, 6, 7, 8, 9}}, false}},
+      {17, {{{0, 1, 2, 3, 4}, {5, 6, 7, 8, 9, 10}, {11, 12, 13, 14, 15, 16}}, false}},
+  };
+  for (const auto& [parts, expected] : cases) {
+    SCOPED_TRACE(absl::StrCat(parts, " parts"));
+    auto [layout, framings] = ColumnParts(fixture, parts);
+    auto plan = BuildCopyPlan(fixture.catalog, layout, framings);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const std::vector<WorkUnit> units = WorkUnits(*plan);
+    Files files;
+    for (const WorkUnit& unit : units) {
+      files.push_back(unit.files);
+      EXPECT_EQ(unit.whole_rows, expected.second);
+    }
+    EXPECT_EQ(files, expected.first);
+  }
+  auto whole = WholeTensorPlan(fixture);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const std::vector<WorkUnit> units = WorkUnits(*whole);
+  ASSERT_EQ(units.size(), 1u);
+  EXPECT_EQ(units[0].files, std::vector<size_t>{0});
+  EXPECT_FALSE(units[0].whole_rows);
+}
+
+// The parts of a column split written in turns read each source row once, not once per part
+// (which the same plan took before: 4x the source), and write the right bytes whatever the
+// window and the number of workers.
+TEST(ExecutorTest, PartsWrittenInTurnsReadTheRowsOnce) {
+  const std::string src = MakeTempDir("src");
+  // Rows of 16 KiB in a.bin, cut into strips of 4 KiB (and the last column from b.bin).
+  Fixture fixture = MakeSource(src, 256, 4096, 4095);
+  auto [layout, framings] = ColumnParts(fixture, 4);
+  auto plan = BuildCopyPlan(fixture.catalog, layout, framings);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const uint64_t source_bytes = 256 * 4096 * 4;
+  for (IoMode io : {IoMode::kBuffered, IoMode::kAuto}) {
+    for (uint64_t window : {uint64_t{64} << 10, uint64_t{32} << 20}) {
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(absl::StrCat(IoModeName(io), " window ", window, " threads ", threads));
+        const std::string out = MakeTempDir("out");
+        ExecutorOptions options;
+        options.threads = threads;
+        options.window_bytes = window;
+        options.io = io;
+        const uint64_t before = BytesReadByProcess();
+        auto result = Execute(*plan, OutputDir(out), options);
+        const uint64_t read = BytesReadByProcess() - before;
+        ASSERT_TRUE(result.ok()) << result.status();
+        for (size_t f = 0; f < layout.files.size(); ++f) {
+          EXPECT_TRUE(ReadAll(out + "/" + layout.files[f].name) ==
+                      "HEADER" + Expected(layout.files[f].tensors[0].region, DType::kF32))
+              << layout.files[f].name;
+        }
+        // One unit writes the four parts in turns, and reads every row once.
+        EXPECT_LT(read, source_bytes * 5 / 4) << "read " << read << " bytes";
+      }
     }
   }
 }

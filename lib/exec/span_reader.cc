@@ -9,6 +9,8 @@ namespace reshard {
 SpanReader::SpanReader(size_t span_bytes)
     : capacity_(std::max<uint64_t>(span_bytes, MappedFile::kDirectAlignment)),
       buffers_{PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment),
+               PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment),
+               PageBuffer(kSideBytes + 2 * MappedFile::kDirectAlignment),
                PageBuffer(capacity_ + 2 * MappedFile::kDirectAlignment)} {}
 
 SpanReader::~SpanReader() {
@@ -50,13 +52,47 @@ void SpanReader::HelperLoop() {
   }
 }
 
+int SpanReader::FreeBuffer() {
+  // Spans take turns in buffers 0 and 1, and 3 too for files written in turns, where the
+  // previous span then survives a read ahead. Buffer 2 is the side buffer.
+  for (int buffer : {0, 1, kThirdBuffer}) {
+    if (buffer == kThirdBuffer && !in_turns_) break;
+    if (buffer == current_.buffer) continue;
+    if (buffer == previous_.buffer && previous_.data != nullptr) {
+      if (in_turns_) continue;
+      previous_ = Span();
+    }
+    return buffer;
+  }
+  return 1 - current_.buffer;  // not reached: one of three is neither
+}
+
 absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>& sources, int file,
                                                   uint64_t offset, uint64_t length, uint64_t limit,
-                                                  const Run* next, bool direct) {
+                                                  const Run* next, bool direct, uint64_t lead) {
   const MappedFile* const source = &sources[file];
   if (current_.Holds(source, offset, length)) {
     return Bytes{current_.data + (offset - current_.begin), current_.end - offset};
   }
+  if (previous_.Holds(source, offset, length)) {
+    // Output files written in turns (executor.cc, WriteInLockstep) come back to the span before
+    // the one the first of them moved on to: the other parts' strips of the same rows.
+    return Bytes{previous_.data + (offset - previous_.begin), previous_.end - offset};
+  }
+  if (in_turns_) {
+    if (side_.Holds(source, offset, length)) {
+      return Bytes{side_.data + (offset - side_.begin), side_.end - offset};
+    }
+    const uint64_t end = std::max(offset + length, std::min(limit, source->size()));
+    if (end - offset <= kSideBytes) {
+      side_ = Span();
+      ASSIGN_OR_RETURN(side_, Read(*source, offset, end, /*buffer=*/2, direct));
+      ++reads_waited_;
+      bytes_read_ += end - offset;
+      return Bytes{side_.data, side_.end - offset};
+    }
+  }
+  const Span last = current_;
   bool from_ahead = false;
   {
     absl::MutexLock lock(&mu_);
@@ -80,13 +116,18 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
   if (from_ahead) {
     ++reads_ahead_used_;
   } else {
+    // The lead is kept short of the whole span: the request must fit behind it.
+    const uint64_t begin = offset - std::min({offset, lead, capacity_ / 2});
     const uint64_t end =
-        std::max(offset + length, std::min<uint64_t>(read_limit, offset + capacity_));
+        std::max(offset + length, std::min<uint64_t>(read_limit, begin + capacity_));
+    // Into a free buffer: the read ahead, if one was asked for, is over and unused.
+    const int buffer = FreeBuffer();
     current_.data = nullptr;  // until the read succeeds
-    ASSIGN_OR_RETURN(current_, Read(*source, offset, end, current_.buffer, direct));
+    ASSIGN_OR_RETURN(current_, Read(*source, begin, end, buffer, direct));
     ++reads_waited_;
-    bytes_read_ += end - offset;
+    bytes_read_ += end - begin;
   }
+  previous_ = last;  // until a read takes its buffer (FreeBuffer)
   // What the caller reads next, read while this span is consumed (the kernel reads ahead for
   // buffered sources).
   const MappedFile* ahead_source = source;
@@ -102,7 +143,7 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
       // The next run starts in this (whole) span: the span after it, as without `next`.
     } else if (next_known) {
       ahead_source = &sources[next->file];
-      ahead_direct = ahead_source->ReadsDirectly(next->dense);
+      ahead_direct = ahead_source->ReadsDirectly(next->dense, next->offset, next->limit);
       ahead_begin = next->offset;
       ahead_end = std::min({ahead_source->size(), next->limit, next->offset + capacity_});
     } else {
@@ -113,8 +154,9 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
       !(ahead_source == source && ahead_end <= current_.end)) {
     // Started at the first read ahead: buffered sources never need it.
     if (!helper_.joinable()) helper_ = std::thread([this] { HelperLoop(); });
+    const int buffer = FreeBuffer();
     absl::MutexLock lock(&mu_);
-    ahead_ = Span{ahead_source, ahead_begin, ahead_end, nullptr, 1 - current_.buffer, true};
+    ahead_ = Span{ahead_source, ahead_begin, ahead_end, nullptr, buffer, true};
     ahead_status_ = absl::OkStatus();
     requested_ = true;
     done_ = false;

@@ -70,7 +70,9 @@ class SpanReader {
   // The bytes [offset, offset + length) of `sources[file]` (length <= capacity()) and those
   // that follow them in the same span, valid until the next call. A caller that consumes what
   // it is given and asks again from there reads a file front to back without waiting for a
-  // read after the first. Unless the current or the read-ahead span holds them, reads the span
+  // read after the first. Unless the current span, the one before it (while no read ahead has
+  // taken its buffer: callers taking turns over the same rows, see WriteInLockstep in
+  // executor.cc) or the read-ahead span holds them, reads the span
   // [offset, max(offset + length, min(limit, offset + span size))). Then, for a source read
   // directly, reads ahead:
   //   * without `next`, the span after the current one in the same file (overlapping it by
@@ -84,9 +86,21 @@ class SpanReader {
   // (MappedFile::ReadsDirectly), and nothing is read ahead for it.
   // Errors name the file and offset.
   // `sources` must outlive the reader. Not thread safe: one worker calls it.
+  // `lead`: a span read for this request starts up to that many bytes before `offset` (within
+  // the file): a strip of rows passes `lead` = the bytes between its strips, so that a span it
+  // reads also holds the strips before it in the same row, which other output files written
+  // in turns read (WriteInLockstep in executor.cc).
   absl::StatusOr<Bytes> Get(const std::vector<MappedFile>& sources, int file, uint64_t offset,
                             uint64_t length, uint64_t limit, const Run* next = nullptr,
-                            bool direct = true);
+                            bool direct = true, uint64_t lead = 0);
+
+  // For output files written in turns (WriteInLockstep in executor.cc): a short request (its
+  // run, up to `limit`, at most kSideBytes) that no span holds is read into a side buffer, so
+  // that it does not push out the spans the other files come back to (a column of one file
+  // beside the strips of another), and spans take turns in three buffers, so that the previous
+  // span survives a read ahead. Not thread safe; set between Gets.
+  void set_files_in_turns(bool in_turns) { in_turns_ = in_turns; }
+  static constexpr uint64_t kSideBytes = 64 << 10;
 
   // Spans read on the worker's thread, and spans the helper had read ahead when they were needed.
   uint64_t reads_waited() const { return reads_waited_; }
@@ -120,8 +134,18 @@ class SpanReader {
   bool AheadIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !requested_ || done_; }
 
   const uint64_t capacity_;  // bytes of a span
-  std::array<PageBuffer, 2> buffers_;
-  Span current_;  // the worker's; its buffer is not the read-ahead's
+  // A buffer for the next read that holds neither the current span nor, for files written in
+  // turns, the previous one (which is dropped otherwise when it is in the buffer returned).
+  int FreeBuffer();
+
+  // The spans' buffers 0 and 1, the side buffer 2 and, for files written in turns, a third
+  // span buffer (set_files_in_turns); each mapped now and touched when first used.
+  static constexpr int kThirdBuffer = 3;
+  std::array<PageBuffer, 4> buffers_;
+  bool in_turns_ = false;
+  Span side_;      // what the side buffer holds
+  Span current_;   // the worker's; its buffer is not the read-ahead's
+  Span previous_;  // the span before current_, until a read takes its buffer (FreeBuffer)
   uint64_t reads_waited_ = 0;
   uint64_t reads_ahead_used_ = 0;
   uint64_t reads_ahead_unused_ = 0;

@@ -64,6 +64,59 @@ TEST_F(SpanReaderTest, SequentialReadsAreReadAhead) {
   EXPECT_GE(reader.reads_ahead_used(), 3u);
 }
 
+// Output files written in turns read the strips of the same rows one after the other: a
+// buffered span that another caller moved past is still there (the previous span), and a
+// span read with a lead holds the strips before the one asked for.
+TEST_F(SpanReaderTest, CallersTakingTurnsFindThePreviousSpanAndTheLead) {
+  SpanReader reader(kSpan);
+  const uint64_t size = data_[1].size();
+  auto get = [&](uint64_t offset, uint64_t lead) {
+    auto bytes = reader.Get(sources_, 1, offset, 100, size, nullptr, /*direct=*/false, lead);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    EXPECT_EQ(std::memcmp(bytes->data, data_[1].data() + offset, 100), 0) << offset;
+  };
+  get(1000, 0);  // span [1000, 1000 + kSpan)
+  EXPECT_EQ(reader.reads_waited(), 1u);
+  get(kSpan + 2000, 0);  // the next one
+  EXPECT_EQ(reader.reads_waited(), 2u);
+  get(5000, 0);  // back in the previous span: no read
+  get(kSpan + 900, 0);
+  EXPECT_EQ(reader.reads_waited(), 2u);
+  get(3 * kSpan, 500);  // a third span, from 500 bytes before
+  EXPECT_EQ(reader.reads_waited(), 3u);
+  get(3 * kSpan - 400, 0);  // inside the lead
+  get(kSpan + 3000, 0);     // the span before it is still there
+  EXPECT_EQ(reader.reads_waited(), 3u);
+  get(100, 0);  // two spans back: read again
+  EXPECT_EQ(reader.reads_waited(), 4u);
+}
+
+// Files written in turns over a source read directly: the span after the current one is read
+// ahead, and the previous one still serves the files that come back to it (a third buffer); a
+// short run of another file goes to the side buffer and pushes no span out.
+TEST_F(SpanReaderTest, FilesInTurnsKeepThePreviousSpanWhileReadingAhead) {
+  SpanReader reader(kSpan);
+  reader.set_files_in_turns(true);
+  const uint64_t size = data_[0].size();
+  const SpanReader::Run none;
+  auto get = [&](int file, uint64_t offset, uint64_t limit) {
+    auto bytes = reader.Get(sources_, file, offset, 100, limit, &none, /*direct=*/true);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    EXPECT_EQ(std::memcmp(bytes->data, data_[file].data() + offset, 100), 0) << offset;
+  };
+  get(0, 0, size);      // span 0, the next one read ahead
+  get(0, kSpan, size);  // from the read ahead; the next one read ahead
+  EXPECT_EQ(reader.reads_waited(), 1u);
+  EXPECT_GE(reader.reads_ahead_used(), 1u);
+  get(0, 1000, size);  // the previous span, kept while the third buffer was read into
+  EXPECT_EQ(reader.reads_waited(), 1u);
+  get(1, 5000, 5000 + 3000);  // a short run of the other file: the side buffer
+  EXPECT_EQ(reader.reads_waited(), 2u);
+  get(0, 2000, size);        // the previous span is still there
+  get(0, kSpan + 10, size);  // and the current one
+  EXPECT_EQ(reader.reads_waited(), 2u);
+}
+
 // Jumps between files and back, pieces that straddle spans, runs up to the file's end, and a
 // `limit` shorter than a span: every byte right, whatever was read ahead.
 TEST_F(SpanReaderTest, RandomReadsReturnTheBytes) {

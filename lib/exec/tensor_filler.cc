@@ -64,6 +64,7 @@ void TensorFiller::Advance(const CopyItem& item, Cursor& cursor) const {
 }
 
 uint64_t TensorFiller::FillLimit(size_t i, int64_t end) const {
+  end = std::max(end, read_to_);
   const CopyItem& item = copy_.items[i];
   const Cursor& cursor = cursors_[i];
   if (copy_.items.size() == 1 || cursor.done || cursor.row_dst >= end) return item_src_end_[i];
@@ -87,7 +88,7 @@ SpanReader::Run TensorFiller::NextRun(size_t i, int64_t begin, int64_t end) cons
   // Another item with rows in this window: it is filled next.
   for (size_t j = i + 1; j < items; ++j) {
     if (!cursors_[j].done && cursors_[j].row_dst < end) {
-      return {copy_.items[j].src_file, cursors_[j].row_src, FillLimit(j, end), item_dense_[j]};
+      return {copy_.items[j].src_file, cursors_[j].row_src, FillLimit(j, end), ReadsWhole(j)};
     }
   }
   // The next window's first item (assumed as large as this one); item i itself continues
@@ -97,7 +98,7 @@ SpanReader::Run TensorFiller::NextRun(size_t i, int64_t begin, int64_t end) cons
     if (cursors_[k].done) continue;
     const uint64_t from = k == i ? FillLimit(i, end) : cursors_[k].row_src;
     if (from >= item_src_end_[k]) continue;
-    return {copy_.items[k].src_file, from, std::max(from, FillLimit(k, next_end)), item_dense_[k]};
+    return {copy_.items[k].src_file, from, std::max(from, FillLimit(k, next_end)), ReadsWhole(k)};
   }
   return following_;
 }
@@ -134,7 +135,7 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
         // the last dimension) also holds the other parts' strips, copied out of the page cache
         // for nothing, which costs less than a system call per strip only while they are few.
         const bool short_row = src_span < kShortRowBytes && item_row_gap_[i] < kStripGapBytes;
-        const bool direct = source.ReadsDirectly(item_dense_[i]);
+        const bool direct = source.ReadsDirectly(ReadsWhole(i), item.src_offset, item_src_end_[i]);
         const bool through_span =
             src_stride == 1 && spans_ != nullptr && (direct || !same_dtype || short_row);
         bool mapped = false;
@@ -147,8 +148,9 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           // ahead of the window, and the next item's span would evict it before the next window
           // came back for it (a DCP consolidation read 3x its input).
           const SpanReader::Run next = NextRun(i, begin, end);
+          // A span of strips starts with the other strips of its first row (SpanReader::Get).
           RETURN_IF_ERROR(CopyThroughSpan(item.src_file, src_byte, to - from, FillLimit(i, end),
-                                          next, direct, destination));
+                                          next, direct, item_row_gap_[i], destination));
           bytes_read_ += src_span;
         } else if (same_dtype && src_stride == 1) {
           RETURN_IF_ERROR(source.ReadAt(src_byte, src_span, destination));
@@ -209,12 +211,12 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
 
 absl::Status TensorFiller::CopyThroughSpan(int file, uint64_t offset, int64_t count,
                                            uint64_t item_end, const SpanReader::Run& next,
-                                           bool direct, std::byte* out) {
+                                           bool direct, uint64_t lead, std::byte* out) {
   while (count > 0) {
     // Whatever the span holds from here: the next Get starts where it ends, which is where
     // the span read ahead begins.
     ASSIGN_OR_RETURN(SpanReader::Bytes span, spans_->Get(sources_, file, offset, src_element_size_,
-                                                         item_end, &next, direct));
+                                                         item_end, &next, direct, lead));
     const int64_t n = std::min(count, static_cast<int64_t>(span.size / src_element_size_));
     const uint64_t bytes = static_cast<uint64_t>(n) * src_element_size_;
     const std::byte* data = span.data;

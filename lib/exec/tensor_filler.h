@@ -59,6 +59,17 @@ class TensorFiller {
   // last run of this one is copied.
   void set_following(SpanReader::Run run) { following_ = run; }
 
+  // Lets the reads of the next fills extend to the rows of output elements before `element`
+  // (at least): an output file written in turns with others (WriteInLockstep in executor.cc)
+  // fills a step of the tensor window by window, and reads the step's rows in one span, which
+  // the other files then read their strips from. Without it, reads stop at the window's rows.
+  void set_read_to(int64_t element) { read_to_ = element; }
+  // Reads strips of rows as whole rows (directly where the source reads dense boxes directly):
+  // when all the output files that read the rows' other strips are written in turns with this
+  // one, every byte of the rows a span holds is used, and reading them past the page cache is
+  // as right as reading a whole box.
+  void set_strips_whole(bool whole) { strips_whole_ = whole; }
+
   // Hands back to the kernel the source pages read since the last call (MappedFile::Release),
   // and drops the bytes read from the page cache where the source drops behind (DropCached).
   void ReleaseConsumed();
@@ -96,7 +107,8 @@ class TensorFiller {
   // `next` is the run read after this item's (SpanReader::Get); `direct`: read the item's
   // bytes directly (MappedFile::ReadsDirectly).
   absl::Status CopyThroughSpan(int file, uint64_t offset, int64_t count, uint64_t item_end,
-                               const SpanReader::Run& next, bool direct, std::byte* out);
+                               const SpanReader::Run& next, bool direct, uint64_t lead,
+                               std::byte* out);
 
   const TensorCopy& copy_;
   const std::vector<MappedFile>& sources_;
@@ -104,6 +116,10 @@ class TensorFiller {
   SourceChecksums* const checksums_;
   std::vector<Cursor> cursors_;
   SpanReader::Run following_;
+  int64_t read_to_ = 0;        // set_read_to
+  bool strips_whole_ = false;  // set_strips_whole
+  // Whether item i is read as a whole box (MappedFile::ReadsDirectly).
+  bool ReadsWhole(size_t i) const { return item_dense_[i] || strips_whole_; }
   std::vector<Touched> touched_;          // per source file: mapped bytes since the last release
   std::vector<Touched> read_run_;         // per source file: the contiguous run of bytes read last
   std::vector<uint64_t> item_src_end_;    // per item: the end of the source bytes it reads

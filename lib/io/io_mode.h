@@ -20,9 +20,10 @@ namespace reshard {
 
 enum class IoMode {
   // Direct I/O where the filesystem takes it (detected per file: tmpfs and some network
-  // filesystems refuse O_DIRECT), buffered otherwise: for outputs, and for inputs read once in
-  // whole boxes (SourcesReadDense); strided inputs read buffered; pages read or written through
-  // the page cache dropped from it behind the conversion.
+  // filesystems refuse O_DIRECT), buffered otherwise: for outputs, and for the whole boxes of
+  // inputs read once (SourcesReadDense, AnalyzeSourceReads); strided boxes and boxes read
+  // several times (replicated tensors) read buffered; pages read or written through the page
+  // cache dropped from it behind the conversion.
   kAuto,
   // Direct I/O for outputs and for contiguous input runs (the least kernel CPU, no page cache
   // traffic at all), an error naming the file where the filesystem refuses it.

@@ -124,6 +124,7 @@ MappedFile::MappedFile(MappedFile&& other) noexcept
       size_(std::exchange(other.size_, 0)),
       drop_behind_(other.drop_behind_),
       direct_dense_only_(other.direct_dense_only_),
+      repeated_(std::move(other.repeated_)),
       direct_fd_(std::exchange(other.direct_fd_, -1)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
@@ -138,6 +139,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
     drop_behind_ = other.drop_behind_;
     direct_dense_only_ = other.direct_dense_only_;
+    repeated_ = std::move(other.repeated_);
     direct_fd_ = std::exchange(other.direct_fd_, -1);
   }
   return *this;
@@ -223,9 +225,29 @@ void MappedFile::DropCached(uint64_t offset, uint64_t length) const {
   // The file's last page is whole as far as the file goes.
   const uint64_t end =
       offset + length >= size_ ? (size_ + page - 1) / page * page : (offset + length) / page * page;
-  if (end <= begin) return;
-  ::posix_fadvise(fd_, static_cast<off_t>(begin), static_cast<off_t>(end - begin),
-                  POSIX_FADV_DONTNEED);
+  auto drop = [this](uint64_t from, uint64_t to) {
+    if (to > from) {
+      ::posix_fadvise(fd_, static_cast<off_t>(from), static_cast<off_t>(to - from),
+                      POSIX_FADV_DONTNEED);
+    }
+  };
+  // The pages of repeated ranges stay, and those they share with the bytes around them.
+  uint64_t from = begin;
+  auto range = std::upper_bound(
+      repeated_.begin(), repeated_.end(), begin,
+      [](uint64_t offset, const std::pair<uint64_t, uint64_t>& r) { return offset < r.second; });
+  for (; range != repeated_.end() && range->first < end; ++range) {
+    drop(from, range->first / page * page);
+    from = std::max(from, (range->second + page - 1) / page * page);
+  }
+  drop(from, end);
+}
+
+bool MappedFile::Repeated(uint64_t begin, uint64_t end) const {
+  auto range = std::upper_bound(
+      repeated_.begin(), repeated_.end(), begin,
+      [](uint64_t offset, const std::pair<uint64_t, uint64_t>& r) { return offset < r.second; });
+  return range != repeated_.end() && range->first < end;
 }
 
 void MappedFile::AdviseRandomAccess() const {

@@ -21,6 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -80,9 +82,19 @@ class MappedFile {
   // neighbouring bytes other output parts read) go through the page cache as buffered reads.
   // Read one strip at a time, direct reads cost 1.30x the wall time of buffered ones.
   void set_direct_reads_dense_only(bool dense_only) { direct_dense_only_ = dense_only; }
-  // Whether a run of a box that reads `dense` (all its bytes) or not is read directly.
-  bool ReadsDirectly(bool dense) const {
-    return remote() || (direct_reads() && (dense || !direct_dense_only_));
+  // Byte ranges [begin, end) that several boxes read the same way (a tensor replicated into
+  // every output part; SourceReads::repeated in lib/exec/executor.h), sorted and disjoint.
+  // With dense-only direct reads they go through the page cache, and DropCached leaves their
+  // pages there, so that the reads after the first come from memory, while the rest of the
+  // file is read directly and dropped behind. Not thread safe; set before reading.
+  void set_repeated_ranges(std::vector<std::pair<uint64_t, uint64_t>> ranges) {
+    repeated_ = std::move(ranges);
+  }
+  // Whether a run [begin, end) of a box that reads `dense` (all its bytes) or not is read
+  // directly.
+  bool ReadsDirectly(bool dense, uint64_t begin, uint64_t end) const {
+    return remote() ||
+           (direct_reads() && (!direct_dense_only_ || (dense && !Repeated(begin, end))));
   }
 
   // Alignment of direct reads: offsets, lengths and buffer addresses.
@@ -122,6 +134,9 @@ class MappedFile {
   absl::Status ReadFully(int fd, uint64_t offset, uint64_t want, uint64_t need,
                          std::byte* out) const;
 
+  // Whether [begin, end) overlaps a repeated range.
+  bool Repeated(uint64_t begin, uint64_t end) const;
+
   // Opens remote file `path` through its store.
   static absl::StatusOr<MappedFile> OpenRemote(const std::string& path, int64_t expected_size);
   // Reads [offset, offset + length) of a remote file into `out`: DataLoss naming the file when
@@ -137,6 +152,7 @@ class MappedFile {
   uint64_t size_ = 0;
   bool drop_behind_ = false;
   bool direct_dense_only_ = false;
+  std::vector<std::pair<uint64_t, uint64_t>> repeated_;  // set_repeated_ranges
   int direct_fd_ = -1;  // the same file opened with O_DIRECT, when EnableDirectReads succeeded
 };
 

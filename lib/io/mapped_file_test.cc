@@ -131,6 +131,50 @@ TEST(MappedFileTest, DropBehindEmptiesThePageCache) {
   }
 }
 
+// Repeated ranges (read by several boxes) are never read directly in dense-only mode, and
+// their pages, with the pages they share with the bytes around them, stay in the page cache
+// when the rest is dropped behind.
+TEST(MappedFileTest, RepeatedRangesStayBufferedAndCached) {
+  const size_t size = 64 * 4096;
+  const std::string data = Pattern(size);
+  const std::string path = WriteTemp("repeated.bin", data);
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::fsync(fd), 0);
+    ::close(fd);
+  }
+  auto file = MappedFile::Open(path, static_cast<int64_t>(size));
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE(file->EnableDirectReads()) << "the test folder's filesystem takes O_DIRECT";
+  file->set_direct_reads_dense_only(true);
+  // Pages 10-11 (one range ending inside page 11) and 40 (a range inside it).
+  file->set_repeated_ranges({{10 * 4096, 11 * 4096 + 100}, {40 * 4096 + 8, 40 * 4096 + 16}});
+  EXPECT_TRUE(file->ReadsDirectly(true, 0, 10 * 4096));
+  EXPECT_FALSE(file->ReadsDirectly(true, 0, 10 * 4096 + 1));
+  EXPECT_FALSE(file->ReadsDirectly(true, 11 * 4096 + 99, 12 * 4096));
+  EXPECT_TRUE(file->ReadsDirectly(true, 11 * 4096 + 100, 40 * 4096 + 8));
+  EXPECT_FALSE(file->ReadsDirectly(true, 40 * 4096, 41 * 4096));
+  EXPECT_TRUE(file->ReadsDirectly(true, 40 * 4096 + 16, size));
+  EXPECT_FALSE(file->ReadsDirectly(false, 0, 4096)) << "strips stay buffered";
+
+  file->set_drop_behind(true);
+  // Paged in again through the mapping, in single pages (writes and read(2) may fill the page
+  // cache with large folios, which the kernel drops only whole).
+  file->set_repeated_ranges({});
+  file->DropCached(0, size);
+  ASSERT_EQ(CachedPages(path), 0);
+  file->set_repeated_ranges({{10 * 4096, 11 * 4096 + 100}, {40 * 4096 + 8, 40 * 4096 + 16}});
+  ASSERT_EQ(std::memcmp(file->data(), data.data(), size), 0);
+  file->Release(0, size);
+  ASSERT_EQ(CachedPages(path), 64);
+  file->DropCached(0, size);
+  EXPECT_EQ(CachedPages(path), 3) << "pages 10, 11 and 40 stay";
+  file->set_repeated_ranges({});
+  file->DropCached(0, size);
+  EXPECT_EQ(CachedPages(path), 0);
+}
+
 // Direct reads return exactly the bytes asked for, wherever they start and end relative to the
 // blocks, up to a file end inside a block; past the end is DataLoss naming the file.
 TEST(MappedFileTest, DirectReadsReturnTheBytesAskedFor) {

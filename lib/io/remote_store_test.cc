@@ -67,7 +67,7 @@ TEST_F(RemoteStoreTest, MappedFileReadsInParallelPieces) {
   EXPECT_TRUE(file->remote());
   EXPECT_EQ(file->data(), nullptr);
   EXPECT_TRUE(file->EnableDirectReads());
-  EXPECT_TRUE(file->ReadsDirectly(/*dense=*/false));
+  EXPECT_TRUE(file->ReadsDirectly(/*dense=*/false, 0, 1));
   std::vector<std::byte> out(expected.size());
   const int before = store_->reads();
   ASSERT_TRUE(file->ReadAt(1, expected.size() - 1, out.data()).ok());

@@ -144,7 +144,7 @@ TEST_F(S3StoreTest, MappedFileReadsRanges) {
   EXPECT_TRUE(file->remote());
   EXPECT_EQ(file->data(), nullptr);
   EXPECT_TRUE(file->direct_reads());
-  EXPECT_TRUE(file->ReadsDirectly(/*dense=*/false));
+  EXPECT_TRUE(file->ReadsDirectly(/*dense=*/false, 0, 1));
   EXPECT_EQ(file->size(), big_->size());
   // A short range, and one long enough to be read in pieces at once.
   for (const auto& [offset, length] : std::vector<std::pair<uint64_t, uint64_t>>{
