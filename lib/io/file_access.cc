@@ -376,6 +376,66 @@ bool InputExists(const std::string& path) {
   return std::filesystem::exists(path, error);
 }
 
+bool IsInputFile(const std::string& path) {
+  if (IsRemotePath(path)) {
+    absl::StatusOr<RemoteStat> stat = StatRemote(path);
+    return stat.ok() && !stat->is_folder;
+  }
+  std::error_code error;
+  return std::filesystem::is_regular_file(path, error);
+}
+
+absl::StatusOr<uint64_t> InputFileSize(const std::string& path) {
+  if (IsRemotePath(path)) {
+    ASSIGN_OR_RETURN(RemoteStat stat, StatRemote(path));
+    if (stat.is_folder) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " is a folder, not a file"));
+    }
+    return stat.size;
+  }
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status)) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot stat: ", error ? error.message() : "no such file"));
+  }
+  if (!fs::is_regular_file(status)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+  }
+  const uint64_t size = fs::file_size(path, error);
+  if (error) return ErrnoToStatus(error.value(), absl::StrCat("stat ", path));
+  return size;
+}
+
+absl::StatusOr<std::vector<std::string>> ListInputFolderEntries(const std::string& dir) {
+  if (IsRemotePath(dir)) return ListInputFolder(dir);
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    names.push_back(it->path().filename().string());
+  }
+  if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing folder ", dir));
+  return names;
+}
+
+absl::StatusOr<std::vector<std::string>> ListInputSubfolders(const std::string& dir) {
+  if (IsRemotePath(dir)) {
+    ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(dir));
+    return store->ListFolders(dir);
+  }
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    std::error_code entry_error;
+    if (entry.is_directory(entry_error)) names.push_back(entry.path().filename().string());
+  }
+  if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing folder ", dir));
+  return names;
+}
+
 absl::StatusOr<std::vector<std::string>> ListInputFolder(const std::string& dir) {
   std::vector<std::string> names;
   if (IsRemotePath(dir)) {

@@ -130,9 +130,26 @@ bool IsInputFolder(const std::string& path);
 // Whether input `path` exists (file or folder), with the same caveat.
 bool InputExists(const std::string& path);
 
+// Whether input `path` is a file (local: a regular file, symlinks followed), same caveat.
+bool IsInputFile(const std::string& path);
+
+// The size of input file `path`: NotFound naming it when absent, InvalidArgument when it is a
+// folder (remote) or not a regular file (local).
+absl::StatusOr<uint64_t> InputFileSize(const std::string& path);
+
 // The names of the files directly inside input folder `dir`, hidden ones (".x") included,
 // unsorted; regular files only for a local folder (symlinks followed). Errors name `dir`.
 absl::StatusOr<std::vector<std::string>> ListInputFolder(const std::string& dir);
+
+// The names of every entry directly inside input folder `dir`, unsorted: for a local folder
+// files, folders and special files alike (a reader that then opens what a name promises
+// refuses a FIFO by name instead of missing it), for a remote one its files (ListInputFolder:
+// an object store has no special files). Errors name `dir`.
+absl::StatusOr<std::vector<std::string>> ListInputFolderEntries(const std::string& dir);
+
+// The names of the folders directly inside input folder `dir`, hidden ones included, unsorted
+// (local: symlinks followed). Errors name `dir`.
+absl::StatusOr<std::vector<std::string>> ListInputSubfolders(const std::string& dir);
 
 // For tests: use the O_NOFOLLOW walk even where openat2 exists.
 void DisableOpenat2ForTesting(bool disable);

@@ -47,6 +47,10 @@ class RemoteStore {
   // The files directly inside folder `url`, sorted by name; empty when there are none.
   virtual absl::StatusOr<std::vector<RemoteEntry>> List(const std::string& url) = 0;
 
+  // The names of the folders directly inside folder `url` ("global_step10", without '/'),
+  // sorted; empty when there are none.
+  virtual absl::StatusOr<std::vector<std::string>> ListFolders(const std::string& url) = 0;
+
   // Reads exactly out.size() bytes at `offset` of file `url` into `out`.
   virtual absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) = 0;
 };

@@ -56,6 +56,19 @@ TEST_F(RemoteStoreTest, FileAccessDispatchesRemotePaths) {
   EXPECT_TRUE(absl::IsInvalidArgument(ReadSmallFile("mem://b/model/b.bin", 1).status()));
   EXPECT_EQ(*ReadFilePrefix("mem://b/model/a.safetensors", 9), TestPattern(9));
   EXPECT_EQ(*ReadFilePrefix("mem://b/model/b.bin", 9), "bb");
+  EXPECT_TRUE(IsInputFile("mem://b/model/b.bin"));
+  EXPECT_FALSE(IsInputFile("mem://b/model"));
+  EXPECT_FALSE(IsInputFile("mem://b/nothing"));
+  EXPECT_EQ(*InputFileSize("mem://b/model/a.safetensors"), 100u);
+  EXPECT_TRUE(absl::IsInvalidArgument(InputFileSize("mem://b/model").status()));
+  EXPECT_TRUE(absl::IsNotFound(InputFileSize("mem://b/nothing").status()));
+  store_->Put("mem://b/model/sub/d/e", "e");
+  store_->Put("mem://b/model/sub2/f", "f");
+  absl::StatusOr<std::vector<std::string>> folders = ListInputSubfolders("mem://b/model");
+  ASSERT_TRUE(folders.ok()) << folders.status();
+  EXPECT_THAT(*folders, UnorderedElementsAre("sub", "sub2"));
+  EXPECT_THAT(*ListInputSubfolders("mem://b/model/sub/"), UnorderedElementsAre("d"));
+  EXPECT_TRUE(ListInputSubfolders("mem://b/model/sub/d")->empty());
   // Opening a remote path as a local file descriptor is refused.
   EXPECT_FALSE(OpenRegularFile("mem://b/model/b.bin").ok());
 }

@@ -63,6 +63,20 @@ absl::StatusOr<std::vector<RemoteEntry>> S3Store::List(const std::string& url) {
   return entries;
 }
 
+absl::StatusOr<std::vector<std::string>> S3Store::ListFolders(const std::string& url) {
+  ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
+  ASSIGN_OR_RETURN(S3Client * client, Client(), url);
+  const std::string prefix = FolderPrefix(location.key);
+  ASSIGN_OR_RETURN(S3Client::Folder folder, client->ListFolder(location.bucket, prefix));
+  std::vector<std::string> names;
+  for (const std::string& sub : folder.subfolders) {
+    // "prefix/name/" -> "name"; an empty segment ("prefix//") is no folder a path can name.
+    if (sub.size() <= prefix.size() + 1 || sub.back() != '/') continue;
+    names.push_back(sub.substr(prefix.size(), sub.size() - prefix.size() - 1));
+  }
+  return names;
+}
+
 absl::Status S3Store::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) {
   ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
   ASSIGN_OR_RETURN(S3Client * client, Client(), url);
