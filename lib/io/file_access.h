@@ -151,6 +151,28 @@ absl::StatusOr<std::vector<std::string>> ListInputFolderEntries(const std::strin
 // (local: symlinks followed). Errors name `dir`.
 absl::StatusOr<std::vector<std::string>> ListInputSubfolders(const std::string& dir);
 
+// Remembers, for the calling thread while it lives, what remote paths are and what remote
+// folders hold. Detecting and reading a checkpoint asks the same questions many times (each
+// format's Probe checks the folder, its trackers and marker files), and every answer is a
+// request (a missing key costs a HEAD and a LIST). In scope, the functions above remember each
+// remote answer, and a folder known to be one is listed once (files and folders in one
+// listing) to answer IsInputFolder, IsInputFile, InputExists, InputFileSize and
+// CheckInputFileType of the paths directly inside it. For a span over which the input does not
+// change (LoadInput: detection and the metadata read); other threads and local paths are not
+// affected. Scopes nest: an inner one uses the outer one's cache.
+class ScopedRemoteListingCache {
+ public:
+  ScopedRemoteListingCache();
+  ~ScopedRemoteListingCache();
+  ScopedRemoteListingCache(const ScopedRemoteListingCache&) = delete;
+  ScopedRemoteListingCache& operator=(const ScopedRemoteListingCache&) = delete;
+
+  struct Cache;
+
+ private:
+  std::unique_ptr<Cache> cache_;  // null when an outer scope's is used
+};
+
 // For tests: use the O_NOFOLLOW walk even where openat2 exists.
 void DisableOpenat2ForTesting(bool disable);
 

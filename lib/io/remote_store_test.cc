@@ -73,6 +73,33 @@ TEST_F(RemoteStoreTest, FileAccessDispatchesRemotePaths) {
   EXPECT_FALSE(OpenRegularFile("mem://b/model/b.bin").ok());
 }
 
+TEST_F(RemoteStoreTest, ListingCacheAnswersFromTheFolderListedOnce) {
+  {
+    ScopedRemoteListingCache cache;
+    ScopedRemoteListingCache nested;  // uses the outer one
+    const int before = store_->lookups();
+    EXPECT_TRUE(IsInputFolder("mem://b/model"));      // a Stat
+    EXPECT_TRUE(IsInputFile("mem://b/model/b.bin"));  // the folder's listing
+    EXPECT_FALSE(InputExists("mem://b/model/none"));  // from the listing
+    EXPECT_TRUE(IsInputFolder("mem://b/model/sub"));  // from the listing
+    EXPECT_EQ(*InputFileSize("mem://b/model/a.safetensors"), 100u);
+    EXPECT_THAT(*ListInputFolder("mem://b/model"), UnorderedElementsAre("a.safetensors", "b.bin"));
+    EXPECT_THAT(*ListInputSubfolders("mem://b/model"), UnorderedElementsAre("sub"));
+    EXPECT_TRUE(IsInputFolder("mem://b/model"));
+    EXPECT_EQ(store_->lookups() - before, 2);
+    absl::Status missing = InputFileSize("mem://b/model/none").status();
+    EXPECT_TRUE(absl::IsNotFound(missing)) << missing;
+    EXPECT_THAT(missing.message(), HasSubstr("mem://b/model/none"));
+    EXPECT_EQ(*ReadSmallFile("mem://b/model/b.bin", 2), "bb");  // a read, no Stat
+    EXPECT_EQ(store_->lookups() - before, 2);
+  }
+  // Out of scope every question is asked again.
+  const int before = store_->lookups();
+  EXPECT_TRUE(IsInputFolder("mem://b/model"));
+  EXPECT_TRUE(IsInputFolder("mem://b/model"));
+  EXPECT_EQ(store_->lookups() - before, 2);
+}
+
 TEST_F(RemoteStoreTest, MappedFileReadsInParallelPieces) {
   const std::string expected = TestPattern(5 * MappedFile::kRemotePieceBytes + 3);
   absl::StatusOr<MappedFile> file = MappedFile::Open("mem://b/big.bin", expected.size());

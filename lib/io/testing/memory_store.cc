@@ -67,20 +67,26 @@ absl::StatusOr<std::vector<RemoteEntry>> MemoryStore::List(const std::string& ur
   return entries;
 }
 
-absl::StatusOr<std::vector<std::string>> MemoryStore::ListFolders(const std::string& url) {
+absl::StatusOr<RemoteListing> MemoryStore::ListEntries(const std::string& url) {
   absl::MutexLock lock(&mu_);
   ++lookups_;
   const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
-  std::vector<std::string> names;
+  RemoteListing listing;
   for (auto it = files_.lower_bound(prefix);
        it != files_.end() && absl::StartsWith(it->first, prefix); ++it) {
     const std::string rest = it->first.substr(prefix.size());
     const size_t slash = rest.find('/');
-    if (slash == std::string::npos || slash == 0) continue;
+    if (slash == std::string::npos) {
+      if (!rest.empty()) listing.files.push_back(RemoteEntry{rest, it->second.size()});
+      continue;
+    }
+    if (slash == 0) continue;
     const std::string name = rest.substr(0, slash);
-    if (names.empty() || names.back() != name) names.push_back(name);
+    if (listing.folders.empty() || listing.folders.back() != name) {
+      listing.folders.push_back(name);
+    }
   }
-  return names;
+  return listing;
 }
 
 absl::Status MemoryStore::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) {

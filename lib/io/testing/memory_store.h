@@ -31,13 +31,13 @@ class MemoryStore : public RemoteStore {
 
   // Requests served so far, and the ranges read (offset, length) in the order they came.
   int reads() const;
-  // Stat, List and ListFolders calls so far.
+  // Stat, List and ListEntries calls so far.
   int lookups() const;
   std::vector<std::pair<uint64_t, uint64_t>> ranges() const;
 
   absl::StatusOr<RemoteStat> Stat(const std::string& url) override;
   absl::StatusOr<std::vector<RemoteEntry>> List(const std::string& url) override;
-  absl::StatusOr<std::vector<std::string>> ListFolders(const std::string& url) override;
+  absl::StatusOr<RemoteListing> ListEntries(const std::string& url) override;
   absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) override;
 
  private:
