@@ -74,8 +74,12 @@ absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules ru
       read_path.pop_back();
     }
   }
-  ASSIGN_OR_RETURN(const InputFormat* format, DetectInputFormat(read_path));
-  ASSIGN_OR_RETURN(loaded.model, format->Read(read_path, options));
+  {
+    // Every format's Probe asks about the same remote folder and its marker files.
+    ScopedRemoteListingCache remote_listings;
+    ASSIGN_OR_RETURN(const InputFormat* format, DetectInputFormat(read_path));
+    ASSIGN_OR_RETURN(loaded.model, format->Read(read_path, options));
+  }
   if (loaded.model.description.empty()) {
     loaded.model.description = DescribeInputModel(loaded.model);
   }

@@ -294,10 +294,7 @@ TEST_P(ConformanceTest, DamagedVariantsFailCleanly) {
 }
 
 std::string TestName(const ::testing::TestParamInfo<FixtureKey>& info) {
-  const std::string name = info.param.second.empty()
-                               ? info.param.first
-                               : absl::StrCat(info.param.first, "_", info.param.second);
-  return absl::StrReplaceAll(name, {{"-", "_"}, {".", "_"}, {"/", "_"}});
+  return FixtureTestName(info.param);
 }
 
 INSTANTIATE_TEST_SUITE_P(RegisteredInputFormats, ConformanceTest,

@@ -33,13 +33,18 @@ Registry& GetRegistry() {
 
 absl::Status AddVerbatimCopy(const std::string& path, const std::string& output_name,
                              const Catalog& catalog, ArrangedOutput& arranged) {
-  ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
-  struct stat st;
-  const int stat_result = ::fstat(fd, &st);
-  const int error = errno;
-  ::close(fd);
-  if (stat_result != 0) return ErrnoToStatus(error, absl::StrCat("stat ", path));
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint64_t size = 0;
+  if (IsRemotePath(path)) {
+    ASSIGN_OR_RETURN(size, InputFileSize(path));
+  } else {
+    ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
+    struct stat st;
+    const int stat_result = ::fstat(fd, &st);
+    const int error = errno;
+    ::close(fd);
+    if (stat_result != 0) return ErrnoToStatus(error, absl::StrCat("stat ", path));
+    size = static_cast<uint64_t>(st.st_size);
+  }
   const int file = static_cast<int>(arranged.extra_files.size());
   arranged.extra_files.push_back(SourceFile{path, size, {}});
   CatalogTensor bytes;

@@ -9,6 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
 namespace reshard {
 namespace {
 
@@ -66,6 +69,12 @@ std::vector<FixtureTensor> ThreeFixtureTensors(const std::vector<std::string>& n
 
 const std::map<std::pair<std::string, std::string>, RegisteredFixture>& FormatFixtures() {
   return Registry();
+}
+
+std::string FixtureTestName(const std::pair<std::string, std::string>& key) {
+  const std::string name =
+      key.second.empty() ? key.first : absl::StrCat(key.first, "_", key.second);
+  return absl::StrReplaceAll(name, {{"-", "_"}, {".", "_"}, {"/", "_"}});
 }
 
 }  // namespace reshard

@@ -86,6 +86,10 @@ struct RegisteredFixture {
   FixtureBuilder builder;
 };
 
+// A fixture's name in parameterized test names: "<format id>[_<variant>]" with '-', '.' and
+// '/' turned into '_'.
+std::string FixtureTestName(const std::pair<std::string, std::string>& key);
+
 // Every registered fixture, by format id then variant.
 const std::map<std::pair<std::string, std::string>, RegisteredFixture>& FormatFixtures();
 

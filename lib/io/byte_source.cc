@@ -24,6 +24,26 @@ absl::StatusOr<absl::string_view> ViewByteSource::Read(uint64_t offset, uint64_t
   return bytes_.substr(offset, length);
 }
 
+absl::StatusOr<absl::string_view> SliceByteSource::Read(uint64_t offset, uint64_t length,
+                                                        absl::string_view what) {
+  if (offset > length_ || length > length_ - offset) {
+    return PastEnd(path_, length_, offset, length, what);
+  }
+  return source_.Read(base_ + offset, length, what);
+}
+
+absl::Status SliceByteSource::Prefetch(std::vector<ByteRange> ranges) {
+  for (ByteRange& range : ranges) {
+    if (range.offset >= length_) {
+      range.length = 0;
+      continue;
+    }
+    range.length = std::min(range.length, length_ - range.offset);
+    range.offset += base_;
+  }
+  return source_.Prefetch(std::move(ranges));
+}
+
 RangeReadSource::RangeReadSource(std::string path, uint64_t size, ReadFunction read)
     : RangeReadSource(std::move(path), size, std::move(read), Options()) {}
 

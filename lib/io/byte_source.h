@@ -78,6 +78,29 @@ class ViewByteSource final : public ByteSource {
   std::string path_;
 };
 
+// Bytes [base, base + length) of another source (a torch.save archive embedded in a DCP
+// file), as a file of their own: offsets are relative to `base`, and `path` names the slice
+// in errors ("f.distcp at byte offset 4096"). Reads and prefetches go to `source` (not owned),
+// so a slice of a RangeReadSource finds what was prefetched for the whole file.
+class SliceByteSource final : public ByteSource {
+ public:
+  // Precondition: [base, base + length) lies inside `source`.
+  SliceByteSource(ByteSource& source, uint64_t base, uint64_t length, std::string path)
+      : source_(source), base_(base), length_(length), path_(std::move(path)) {}
+
+  const std::string& path() const override { return path_; }
+  uint64_t size() const override { return length_; }
+  absl::StatusOr<absl::string_view> Read(uint64_t offset, uint64_t length,
+                                         absl::string_view what) override;
+  absl::Status Prefetch(std::vector<ByteRange> ranges) override;
+
+ private:
+  ByteSource& source_;
+  const uint64_t base_;
+  const uint64_t length_;
+  const std::string path_;
+};
+
 // How a RangeReadSource reads.
 struct RangeReadOptions {
   // Prefetched ranges closer than this are read with one request (the bytes between are read

@@ -93,6 +93,27 @@ TEST(RangeReadSourceTest, PrefetchMergesNeighboursAndKeepsOnlyWhatWasAsked) {
   EXPECT_EQ(c.source.reads(), 5);
 }
 
+TEST(SliceByteSourceTest, OffsetsAreRelativeAndPrefetchesGoToTheFile) {
+  Counted c(TestPattern(10'000));
+  SliceByteSource slice(c.source, 4000, 1000, "s3://b/k at byte offset 4000");
+  EXPECT_EQ(slice.size(), 1000u);
+  EXPECT_EQ(slice.path(), "s3://b/k at byte offset 4000");
+  // Both ends of the slice in one read of the file (they are close), clipped to the slice.
+  ASSERT_TRUE(slice.Prefetch({{0, 100}, {950, 100}, {2000, 10}}).ok());
+  ASSERT_EQ(c.reads.size(), 1u);
+  EXPECT_EQ(c.reads[0].first, 4000u);
+  EXPECT_EQ(c.reads[0].first + c.reads[0].second, 5000u);
+  EXPECT_EQ(*slice.Read(10, 20, "h"), c.bytes.substr(4010, 20));
+  EXPECT_EQ(*slice.Read(990, 10, "end"), c.bytes.substr(4990, 10));
+  EXPECT_EQ(c.source.reads(), 1);
+  // Past the slice's end (not the file's): refused naming the slice, before any read.
+  absl::StatusOr<absl::string_view> past = slice.Read(995, 10, "end record");
+  ASSERT_TRUE(absl::IsDataLoss(past.status())) << past.status();
+  EXPECT_THAT(past.status().message(),
+              HasSubstr("s3://b/k at byte offset 4000: end record (10 bytes at byte offset 995)"));
+  EXPECT_EQ(c.source.reads(), 1);
+}
+
 TEST(RangeReadSourceTest, PrefetchSplitsAtMaxRead) {
   RangeReadSource::Options options;
   options.merge_gap = 1 << 20;

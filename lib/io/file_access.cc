@@ -11,6 +11,10 @@
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -35,17 +39,89 @@ absl::StatusOr<std::string> RealPath(const std::string& path) {
   return std::string(resolved);
 }
 
-// The store's Stat of remote path `path`.
+}  // namespace
+
+struct ScopedRemoteListingCache::Cache {
+  std::map<std::string, absl::StatusOr<RemoteStat>> stats;
+  std::map<std::string, absl::StatusOr<RemoteListing>> listings;  // by folder URL
+};
+
+namespace {
+
+thread_local ScopedRemoteListingCache::Cache* remote_cache = nullptr;
+
+// The folder holding remote path `url` and the name in it ("s3://b/x", "y" for "s3://b/x/y"),
+// or nullopt for a bucket, a URL ending in '/', or one without a scheme.
+std::optional<std::pair<std::string, std::string>> SplitRemote(const std::string& url) {
+  const size_t scheme = url.find("://");
+  const size_t slash = url.rfind('/');
+  if (scheme == std::string::npos || slash == std::string::npos || slash < scheme + 3 ||
+      slash + 1 == url.size()) {
+    return std::nullopt;
+  }
+  const std::string parent = url.substr(0, slash);
+  if (parent.size() <= scheme + 3 || parent.back() == '/') return std::nullopt;
+  return std::make_pair(parent, url.substr(slash + 1));
+}
+
+// What remote folder `dir` holds (remembered in scope).
+absl::StatusOr<RemoteListing> ListRemote(const std::string& dir) {
+  ScopedRemoteListingCache::Cache* cache = remote_cache;
+  if (cache != nullptr) {
+    if (auto it = cache->listings.find(dir); it != cache->listings.end()) return it->second;
+  }
+  ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(dir));
+  absl::StatusOr<RemoteListing> listing = store->ListEntries(dir);
+  if (cache != nullptr && !dir.empty() && dir.back() != '/') {
+    cache->listings.emplace(dir, listing);
+    if (listing.ok() && (!listing->files.empty() || !listing->folders.empty())) {
+      cache->stats.emplace(dir, RemoteStat{/*is_folder=*/true, 0});
+    }
+  }
+  return listing;
+}
+
+// The store's Stat of remote path `path`; in scope, remembered, and answered from the listing
+// of its folder when that is known to be one.
 absl::StatusOr<RemoteStat> StatRemote(const std::string& path) {
+  ScopedRemoteListingCache::Cache* cache = remote_cache;
+  if (cache == nullptr) {
+    ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(path));
+    return store->Stat(path);
+  }
+  if (auto it = cache->stats.find(path); it != cache->stats.end()) return it->second;
+  if (std::optional<std::pair<std::string, std::string>> split = SplitRemote(path)) {
+    const auto& [parent, name] = *split;
+    auto known = cache->stats.find(parent);
+    const bool parent_is_folder =
+        known != cache->stats.end() && known->second.ok() && known->second->is_folder;
+    if (parent_is_folder || cache->listings.count(parent) > 0) {
+      absl::StatusOr<RemoteListing> listing = ListRemote(parent);
+      if (listing.ok()) {
+        absl::StatusOr<RemoteStat> stat = absl::NotFoundError(absl::StrCat(
+            path, " does not exist: no object or folder \"", name, "\" in ", parent, "/"));
+        for (const RemoteEntry& file : listing->files) {
+          if (file.name == name) stat = RemoteStat{/*is_folder=*/false, file.size};
+        }
+        for (const std::string& folder : listing->folders) {
+          if (folder == name) stat = RemoteStat{/*is_folder=*/true, 0};
+        }
+        cache->stats.emplace(path, stat);
+        return stat;
+      }
+    }
+  }
   ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(path));
-  return store->Stat(path);
+  absl::StatusOr<RemoteStat> stat = store->Stat(path);
+  cache->stats.emplace(path, stat);
+  return stat;
 }
 
 // Up to `max_bytes` + 1 bytes from the start of remote file `path` (+1 to tell a longer file,
 // as ReadUpTo does).
 absl::StatusOr<std::string> ReadRemotePrefix(const std::string& path, uint64_t max_bytes) {
   ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(path));
-  ASSIGN_OR_RETURN(RemoteStat stat, store->Stat(path));
+  ASSIGN_OR_RETURN(RemoteStat stat, StatRemote(path));
   if (stat.is_folder) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is a folder, not a file"));
   }
@@ -376,12 +452,71 @@ bool InputExists(const std::string& path) {
   return std::filesystem::exists(path, error);
 }
 
+bool IsInputFile(const std::string& path) {
+  if (IsRemotePath(path)) {
+    absl::StatusOr<RemoteStat> stat = StatRemote(path);
+    return stat.ok() && !stat->is_folder;
+  }
+  std::error_code error;
+  return std::filesystem::is_regular_file(path, error);
+}
+
+absl::StatusOr<uint64_t> InputFileSize(const std::string& path) {
+  if (IsRemotePath(path)) {
+    ASSIGN_OR_RETURN(RemoteStat stat, StatRemote(path));
+    if (stat.is_folder) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " is a folder, not a file"));
+    }
+    return stat.size;
+  }
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status)) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot stat: ", error ? error.message() : "no such file"));
+  }
+  if (!fs::is_regular_file(status)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+  }
+  const uint64_t size = fs::file_size(path, error);
+  if (error) return ErrnoToStatus(error.value(), absl::StrCat("stat ", path));
+  return size;
+}
+
+absl::StatusOr<std::vector<std::string>> ListInputFolderEntries(const std::string& dir) {
+  if (IsRemotePath(dir)) return ListInputFolder(dir);
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    names.push_back(it->path().filename().string());
+  }
+  if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing folder ", dir));
+  return names;
+}
+
+absl::StatusOr<std::vector<std::string>> ListInputSubfolders(const std::string& dir) {
+  if (IsRemotePath(dir)) {
+    ASSIGN_OR_RETURN(RemoteListing listing, ListRemote(dir));
+    return std::move(listing.folders);
+  }
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    std::error_code entry_error;
+    if (entry.is_directory(entry_error)) names.push_back(entry.path().filename().string());
+  }
+  if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing folder ", dir));
+  return names;
+}
+
 absl::StatusOr<std::vector<std::string>> ListInputFolder(const std::string& dir) {
   std::vector<std::string> names;
   if (IsRemotePath(dir)) {
-    ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(dir));
-    ASSIGN_OR_RETURN(std::vector<RemoteEntry> entries, store->List(dir));
-    for (RemoteEntry& entry : entries) names.push_back(std::move(entry.name));
+    ASSIGN_OR_RETURN(RemoteListing listing, ListRemote(dir));
+    for (RemoteEntry& entry : listing.files) names.push_back(std::move(entry.name));
     return names;
   }
   namespace fs = std::filesystem;
@@ -393,6 +528,17 @@ absl::StatusOr<std::vector<std::string>> ListInputFolder(const std::string& dir)
     return ErrnoToStatus(error.value(), absl::StrCat("listing folder ", dir));
   }
   return names;
+}
+
+ScopedRemoteListingCache::ScopedRemoteListingCache() {
+  if (remote_cache == nullptr) {
+    cache_ = std::make_unique<Cache>();
+    remote_cache = cache_.get();
+  }
+}
+
+ScopedRemoteListingCache::~ScopedRemoteListingCache() {
+  if (cache_ != nullptr) remote_cache = nullptr;
 }
 
 void DisableOpenat2ForTesting(bool disable) { openat2_unavailable.store(disable); }

@@ -130,9 +130,48 @@ bool IsInputFolder(const std::string& path);
 // Whether input `path` exists (file or folder), with the same caveat.
 bool InputExists(const std::string& path);
 
+// Whether input `path` is a file (local: a regular file, symlinks followed), same caveat.
+bool IsInputFile(const std::string& path);
+
+// The size of input file `path`: NotFound naming it when absent, InvalidArgument when it is a
+// folder (remote) or not a regular file (local).
+absl::StatusOr<uint64_t> InputFileSize(const std::string& path);
+
 // The names of the files directly inside input folder `dir`, hidden ones (".x") included,
 // unsorted; regular files only for a local folder (symlinks followed). Errors name `dir`.
 absl::StatusOr<std::vector<std::string>> ListInputFolder(const std::string& dir);
+
+// The names of every entry directly inside input folder `dir`, unsorted: for a local folder
+// files, folders and special files alike (a reader that then opens what a name promises
+// refuses a FIFO by name instead of missing it), for a remote one its files (ListInputFolder:
+// an object store has no special files). Errors name `dir`.
+absl::StatusOr<std::vector<std::string>> ListInputFolderEntries(const std::string& dir);
+
+// The names of the folders directly inside input folder `dir`, hidden ones included, unsorted
+// (local: symlinks followed). Errors name `dir`.
+absl::StatusOr<std::vector<std::string>> ListInputSubfolders(const std::string& dir);
+
+// Remembers, for the calling thread while it lives, what remote paths are and what remote
+// folders hold. Detecting and reading a checkpoint asks the same questions many times (each
+// format's Probe checks the folder, its trackers and marker files), and every answer is a
+// request (a missing key costs a HEAD and a LIST). In scope, the functions above remember each
+// remote answer, and a folder known to be one is listed once (files and folders in one
+// listing) to answer IsInputFolder, IsInputFile, InputExists, InputFileSize and
+// CheckInputFileType of the paths directly inside it. For a span over which the input does not
+// change (LoadInput: detection and the metadata read); other threads and local paths are not
+// affected. Scopes nest: an inner one uses the outer one's cache.
+class ScopedRemoteListingCache {
+ public:
+  ScopedRemoteListingCache();
+  ~ScopedRemoteListingCache();
+  ScopedRemoteListingCache(const ScopedRemoteListingCache&) = delete;
+  ScopedRemoteListingCache& operator=(const ScopedRemoteListingCache&) = delete;
+
+  struct Cache;
+
+ private:
+  std::unique_ptr<Cache> cache_;  // null when an outer scope's is used
+};
 
 // For tests: use the O_NOFOLLOW walk even where openat2 exists.
 void DisableOpenat2ForTesting(bool disable);

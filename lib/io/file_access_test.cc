@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -108,6 +109,28 @@ INSTANTIATE_TEST_SUITE_P(Openat2AndWalk, FileAccessTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "NoFollowWalk" : "Openat2";
                          });
+
+TEST(LocalInputTest, FilesFoldersAndSizes) {
+  const std::string root = CanonicalTempDir();
+  fs::create_directories(root + "/a/b");
+  fs::create_directories(root + "/.hidden");
+  WriteAll(root + "/f.pt", "12345");
+  ASSERT_EQ(::mkfifo((root + "/fifo").c_str(), 0600), 0);
+  EXPECT_TRUE(IsInputFile(root + "/f.pt"));
+  EXPECT_FALSE(IsInputFile(root + "/a"));
+  EXPECT_FALSE(IsInputFile(root + "/fifo"));
+  EXPECT_FALSE(IsInputFile(root + "/none"));
+  EXPECT_EQ(*InputFileSize(root + "/f.pt"), 5u);
+  EXPECT_TRUE(absl::IsNotFound(InputFileSize(root + "/none").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(InputFileSize(root + "/fifo").status()));
+  absl::StatusOr<std::vector<std::string>> folders = ListInputSubfolders(root);
+  ASSERT_TRUE(folders.ok()) << folders.status();
+  std::sort(folders->begin(), folders->end());
+  EXPECT_EQ(*folders, (std::vector<std::string>{".hidden", "a"}));
+  absl::StatusOr<std::vector<std::string>> none = ListInputSubfolders(root + "/none");
+  EXPECT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find(root + "/none"), absl::string_view::npos);
+}
 
 TEST(RemotePathTest, SchemesAreRecognized) {
   EXPECT_TRUE(IsRemotePath("s3://bucket/out"));

@@ -35,6 +35,12 @@ struct RemoteEntry {
   uint64_t size = 0;
 };
 
+// What a remote folder holds directly.
+struct RemoteListing {
+  std::vector<RemoteEntry> files;
+  std::vector<std::string> folders;  // names without '/': "global_step10"
+};
+
 // One kind of object store. Implementations are thread safe: the executor reads from several
 // threads at once. Errors name the URL (and the range for reads) and the store's error code.
 class RemoteStore {
@@ -46,6 +52,10 @@ class RemoteStore {
 
   // The files directly inside folder `url`, sorted by name; empty when there are none.
   virtual absl::StatusOr<std::vector<RemoteEntry>> List(const std::string& url) = 0;
+
+  // The files and the folders directly inside folder `url` in one listing (S3: one LIST with
+  // delimiter '/' and its continuation pages), each sorted by name; empty when there are none.
+  virtual absl::StatusOr<RemoteListing> ListEntries(const std::string& url) = 0;
 
   // Reads exactly out.size() bytes at `offset` of file `url` into `out`.
   virtual absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) = 0;

@@ -56,8 +56,48 @@ TEST_F(RemoteStoreTest, FileAccessDispatchesRemotePaths) {
   EXPECT_TRUE(absl::IsInvalidArgument(ReadSmallFile("mem://b/model/b.bin", 1).status()));
   EXPECT_EQ(*ReadFilePrefix("mem://b/model/a.safetensors", 9), TestPattern(9));
   EXPECT_EQ(*ReadFilePrefix("mem://b/model/b.bin", 9), "bb");
+  EXPECT_TRUE(IsInputFile("mem://b/model/b.bin"));
+  EXPECT_FALSE(IsInputFile("mem://b/model"));
+  EXPECT_FALSE(IsInputFile("mem://b/nothing"));
+  EXPECT_EQ(*InputFileSize("mem://b/model/a.safetensors"), 100u);
+  EXPECT_TRUE(absl::IsInvalidArgument(InputFileSize("mem://b/model").status()));
+  EXPECT_TRUE(absl::IsNotFound(InputFileSize("mem://b/nothing").status()));
+  store_->Put("mem://b/model/sub/d/e", "e");
+  store_->Put("mem://b/model/sub2/f", "f");
+  absl::StatusOr<std::vector<std::string>> folders = ListInputSubfolders("mem://b/model");
+  ASSERT_TRUE(folders.ok()) << folders.status();
+  EXPECT_THAT(*folders, UnorderedElementsAre("sub", "sub2"));
+  EXPECT_THAT(*ListInputSubfolders("mem://b/model/sub/"), UnorderedElementsAre("d"));
+  EXPECT_TRUE(ListInputSubfolders("mem://b/model/sub/d")->empty());
   // Opening a remote path as a local file descriptor is refused.
   EXPECT_FALSE(OpenRegularFile("mem://b/model/b.bin").ok());
+}
+
+TEST_F(RemoteStoreTest, ListingCacheAnswersFromTheFolderListedOnce) {
+  {
+    ScopedRemoteListingCache cache;
+    ScopedRemoteListingCache nested;  // uses the outer one
+    const int before = store_->lookups();
+    EXPECT_TRUE(IsInputFolder("mem://b/model"));      // a Stat
+    EXPECT_TRUE(IsInputFile("mem://b/model/b.bin"));  // the folder's listing
+    EXPECT_FALSE(InputExists("mem://b/model/none"));  // from the listing
+    EXPECT_TRUE(IsInputFolder("mem://b/model/sub"));  // from the listing
+    EXPECT_EQ(*InputFileSize("mem://b/model/a.safetensors"), 100u);
+    EXPECT_THAT(*ListInputFolder("mem://b/model"), UnorderedElementsAre("a.safetensors", "b.bin"));
+    EXPECT_THAT(*ListInputSubfolders("mem://b/model"), UnorderedElementsAre("sub"));
+    EXPECT_TRUE(IsInputFolder("mem://b/model"));
+    EXPECT_EQ(store_->lookups() - before, 2);
+    absl::Status missing = InputFileSize("mem://b/model/none").status();
+    EXPECT_TRUE(absl::IsNotFound(missing)) << missing;
+    EXPECT_THAT(missing.message(), HasSubstr("mem://b/model/none"));
+    EXPECT_EQ(*ReadSmallFile("mem://b/model/b.bin", 2), "bb");  // a read, no Stat
+    EXPECT_EQ(store_->lookups() - before, 2);
+  }
+  // Out of scope every question is asked again.
+  const int before = store_->lookups();
+  EXPECT_TRUE(IsInputFolder("mem://b/model"));
+  EXPECT_TRUE(IsInputFolder("mem://b/model"));
+  EXPECT_EQ(store_->lookups() - before, 2);
 }
 
 TEST_F(RemoteStoreTest, MappedFileReadsInParallelPieces) {

@@ -15,10 +15,18 @@ fails nothing), and damaged objects (a flipped byte in a storage record: its CRC
 central directory) refused naming the object. Finally it runs the S3Store gtest binary
 (lib/io/s3/s3_store_rgw_test.cc) against the same radosgw.
 
+Training layouts (DeepSpeed ZeRO-2/3, PyTorch DCP, Megatron-Core torch_dist, Megatron-LM
+TP x PP, ColossalAI), written by the repository's fixture writers, are consolidated from S3
+byte-equal to their local copies and inspected, with their metadata's range GETs counted; an
+element-strided DCP layout is refused before writing, damaged objects naming them.
+
 Usage: s3_input_test.py --reshardctl PATH --rgw-sh PATH --proxy PATH --make-checkpoint PATH
                         --store-test PATH [unittest args]
+(tests/fixtures/*_fixture.py and tools/bench/make_colossalai_checkpoint.py are found beside
+this file and beside make_checkpoint.py.)
 """
 
+import contextlib
 import filecmp
 import json
 import os
@@ -33,6 +41,8 @@ import harness  # noqa: E402
 import rgw_fixture  # noqa: E402
 
 BUCKET = "models"
+# The fixture writers of tests/fixtures.
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
 # Peak RSS allowed for a consolidation of the 256 MiB model read from S3.
 MAX_RSS = 100 << 20
 
@@ -88,6 +98,53 @@ total = sum(t.numel() * t.element_size() for t in sd.values())
 with open(os.path.join(out, "sharded", "pytorch_model.bin.index.json"), "w") as f:
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 """
+
+
+# Writes, under DIR, a small checkpoint of every training layout reshard reads from S3, with the
+# repository's fixture writers (tests/fixtures, tools/bench): zero3/ (DeepSpeed ZeRO-3, 4 ranks,
+# a save folder with `latest`), zero2/ (ZeRO-2, 2 ranks), dcp/ (PyTorch DCP, 4 ranks, row and
+# column chunks, a BYTE_IO value), dcp-colmajor/ (chunks stored transposed: element-strided),
+# torchdist/ (Megatron-Core torch_dist, TP2 x PP2, layer-stacked), megatron/ (Megatron-LM
+# TP2 x PP2 save folder).
+MAKE_LAYOUTS = r"""
+import os, sys
+out, fixtures, bench = sys.argv[1:4]
+sys.path[:0] = [fixtures, bench]
+import torch
+import dcp_fixture as D
+import megatron_fixture as MF
+import torch_dist_fixture as T
+import zero_fixture as Z
+Z.write_benchmark_checkpoint(os.path.join(out, "zero3"), 6 << 20, stage=3, world_size=4,
+                             num_params=24)
+Z.write_benchmark_checkpoint(os.path.join(out, "zero2"), 2 << 20, stage=2, world_size=2,
+                             num_params=12)
+torch.manual_seed(0)
+sd = {"model": {"embed.weight": torch.randn(1000, 256), "layers.0.w": torch.randn(512, 256),
+                "layers.0.b": torch.randn(512), "layers.1.w": torch.randn(256, 512)},
+      "step": 7}
+D.write_dcp(os.path.join(out, "dcp"), sd, 4,
+            {"model.embed.weight": D.Row(4), "model.layers.0.w": D.Row(2),
+             "model.layers.1.w": D.Col(4)})
+D.write_dcp(os.path.join(out, "dcp-colmajor"), sd, 4,
+            {"model.layers.1.w": D.Col(4, column_major=True)})
+T.write_torch_dist(os.path.join(out, "torchdist"), tp=2, pp=2, num_layers=4, hidden=64, ffn=128,
+                   vocab=100)
+MF.write_megatron_lm(os.path.join(out, "megatron"), MF.GPT(train_tp=2, seed=1), tp=2, pp=2)
+"""
+
+# The training layouts of MAKE_LAYOUTS and the ColossalAI one, uploaded under layouts/: name ->
+# the format inspect must find.
+LAYOUTS = {"zero3": "deepspeed-zero", "zero2": "deepspeed-zero", "dcp": "torch-dcp",
+           "torchdist": "megatron-torch-dist", "megatron": "megatron",
+           "colossalai": "colossalai-dist"}
+
+
+def upload_tree(s3, folder, prefix):
+    for root, _, files in os.walk(folder):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            s3.upload_file(path, BUCKET, "%s/%s" % (prefix, os.path.relpath(path, folder)))
 
 
 def STATE_TORCH_FLIP(torch_dir):
@@ -150,10 +207,20 @@ def setUpModule():
     flipped[STATE_TORCH_FLIP(torch_dir)] ^= 0x10
     s3.put_object(Bucket=BUCKET, Key="torchbad/flipped.pt", Body=bytes(flipped))
     s3.put_object(Bucket=BUCKET, Key="torchbad/cut.pt", Body=model_pt[:-200])
-    # Layouts reshard does not read from S3: DeepSpeed's (a tracker and *_model_states.pt).
+    # A DeepSpeed layout whose model states file is a plain state dict: not DeepSpeed's.
     s3.put_object(Bucket=BUCKET, Key="deepspeed/latest", Body=b"global_step1")
     s3.put_object(Bucket=BUCKET, Key="deepspeed/global_step1/mp_rank_00_model_states.pt",
                   Body=model_pt)
+    # Training layouts (DeepSpeed ZeRO, DCP, torch_dist, Megatron-LM, ColossalAI).
+    layouts = os.path.join(local, "layouts")
+    bench = os.path.dirname(harness.BINARIES["make-checkpoint"])
+    subprocess.run(["/usr/bin/python3", "-c", MAKE_LAYOUTS, layouts, FIXTURES, bench], check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run(["/usr/bin/python3", os.path.join(bench, "make_colossalai_checkpoint.py"),
+                    os.path.join(layouts, "colossalai"), "--size", "6MiB", "--tp", "2",
+                    "--block-size", "1MiB", "--quiet"], check=True, stdout=subprocess.DEVNULL)
+    for name in sorted(os.listdir(layouts)):
+        upload_tree(s3, os.path.join(layouts, name), "layouts/" + name)
     # A shard the index names is missing.
     upload_folder(s3, small, "broken", skip=("model-00002-of-00003.safetensors",))
 
@@ -195,6 +262,38 @@ class S3InputTests(harness.TempDirTestCase):
         for name in data:
             self.assertTrue(filecmp.cmp(os.path.join(a, name), os.path.join(b, name),
                                         shallow=False), name)
+
+    @contextlib.contextmanager
+    def counting_proxy(self):
+        """Yields count(*args): runs reshardctl ARGS through a proxy that fails nothing and
+        returns the (range GETs, requests) it forwarded for them."""
+        port = STATE["endpoint"].rsplit(":", 1)[1]
+        stats = self.p("count.stats")
+        proxy = subprocess.Popen(["/usr/bin/python3", harness.BINARIES["proxy"], port,
+                                  self.p("count.port"), stats, "1000000000", "1000000000"])
+        try:
+            for _ in range(100):
+                if os.path.exists(self.p("count.port")):
+                    break
+                time.sleep(0.05)
+            with open(self.p("count.port")) as f:
+                env = dict(ENV, AWS_ENDPOINT_URL="http://127.0.0.1:%s" % f.read())
+            # Requests 1 and 2 fail (n % N == 1, 2): spend them on a HEAD of nothing.
+            self.ctl("inspect", "s3://%s/nothing" % BUCKET, env=env)
+            self.ctl("inspect", "s3://%s/nothing" % BUCKET, env=env)
+
+            def count(*args):
+                with open(stats) as f:
+                    before = json.load(f)
+                self.ok(*args, env=env)
+                with open(stats) as f:
+                    after = json.load(f)
+                return (after["forwarded_range_gets"] - before["forwarded_range_gets"],
+                        after["forwarded"] - before["forwarded"])
+            yield count
+        finally:
+            proxy.kill()
+            proxy.wait()
 
     def consolidate_both(self, url, local, *args):
         """Consolidates `url` and its local copy `local`; the outputs must be byte-equal."""
@@ -340,16 +439,84 @@ class S3InputTests(harness.TempDirTestCase):
         self.assertIn("AWS_ACCESS_KEY_ID", text)
         self.assertIn("s3://%s/big" % BUCKET, text)
 
-    def test_other_layouts_refused_unimplemented(self):
+    def test_not_deepspeed_model_states_refused_naming_the_object(self):
+        url = "s3://%s/deepspeed/global_step1/mp_rank_00_model_states.pt" % BUCKET
         res = self.ctl("inspect", "s3://%s/deepspeed" % BUCKET, "--json")
         self.assertEqual(res.returncode, 3, res.text)
-        self.assertIn("s3://%s/deepspeed" % BUCKET, res.text)
-        self.assertIn("safetensors", res.text)
-        self.assertIn("UNIMPLEMENTED", res.text.upper())
+        self.assertIn(url, res.text)
         text = self.fails(3, "consolidate", "s3://%s/deepspeed/global_step1" % BUCKET,
                           self.p("o"))
-        self.assertIn("remote storage", text)
+        self.assertIn(url, text)
         self.assertFalse(os.path.exists(self.p("o")))
+
+    def test_training_layouts_consolidate_byte_equal_and_inspect(self):
+        for name, fmt in sorted(LAYOUTS.items()):
+            with self.subTest(layout=name):
+                url = "s3://%s/layouts/%s" % (BUCKET, name)
+                local = os.path.join(STATE["local"], "layouts", name)
+                doc = json.loads(self.ok("inspect", url, "--json").stdout)
+                local_doc = json.loads(self.ok("inspect", local, "--json").stdout)
+                self.assertEqual(doc["format"], fmt)
+                self.assertEqual(doc["tensor_count"], local_doc["tensor_count"])
+                self.assertGreater(doc["tensor_count"], 0)
+                self.consolidate_both(url, local, "--max-shard-size", "4MiB")
+                shutil.rmtree(self.p("from-s3"))
+                shutil.rmtree(self.p("from-local"))
+        # bf16 output and verify, s3 against local, on one of them.
+        url = "s3://%s/layouts/zero3" % BUCKET
+        self.consolidate_both(url, os.path.join(STATE["local"], "layouts", "zero3"),
+                              "--dtype", "bf16")
+        self.ok("verify", url, os.path.join(STATE["local"], "layouts", "zero3"))
+
+    def test_training_layout_metadata_requests(self):
+        # The range GETs and requests in all of `inspect` (metadata only) per layout, counted
+        # by a proxy that fails nothing.
+        with self.counting_proxy() as count:
+            counts = {name: count("inspect", "s3://%s/layouts/%s" % (BUCKET, name), "--json")
+                      for name in sorted(LAYOUTS)}
+        for name, (gets, requests) in sorted(counts.items()):
+            files = sum(len(f) for _, _, f in os.walk(os.path.join(STATE["local"], "layouts",
+                                                                   name)))
+            sys.stderr.write("%s (%d files) metadata: %d range GETs, %d requests in all\n" % (
+                name, files, gets, requests))
+            # A few range GETs per file, whatever the tensor count.
+            self.assertLessEqual(gets, 4 * files, name)
+
+    def test_element_strided_layout_refused_before_writing(self):
+        # DCP chunks stored transposed (column-major): converting them needs element-strided
+        # reads, which remote sources do not do; refused before any output file is written.
+        url = "s3://%s/layouts/dcp-colmajor" % BUCKET
+        self.ok("inspect", url)
+        text = self.fails(3, "consolidate", url, self.p("o"), "--no-progress")
+        self.assertIn("model.layers.1.w", text)
+        self.assertIn("s3://%s/layouts/dcp-colmajor/" % BUCKET, text)
+        self.assertFalse(os.path.exists(self.p("o", "model.safetensors")))
+        self.ok("consolidate", os.path.join(STATE["local"], "layouts", "dcp-colmajor"),
+                self.p("local"), "--no-progress")
+
+    def test_damaged_training_layouts_refused_naming_the_object(self):
+        s3 = s3_client()
+        local = os.path.join(STATE["local"], "layouts")
+        # A ZeRO-3 rank's optimizer file cut short: its zip end records are gone.
+        folder = os.path.join(local, "zero3", "global_step1000")
+        name = sorted(n for n in os.listdir(folder) if n.endswith("_optim_states.pt"))[1]
+        with open(os.path.join(folder, name), "rb") as f:
+            data = f.read()
+        upload_tree(s3, os.path.join(local, "zero3"), "bad-zero3")
+        s3.put_object(Bucket=BUCKET, Key="bad-zero3/global_step1000/" + name, Body=data[:-100])
+        text = self.fails(3, "inspect", "s3://%s/bad-zero3" % BUCKET)
+        self.assertIn("s3://%s/bad-zero3/global_step1000/%s" % (BUCKET, name), text)
+        self.assertIn("byte offset", text)
+        # A DCP data file cut inside its last chunk: named with the chunk's offset.
+        dcp = os.path.join(local, "dcp")
+        data_file = sorted(n for n in os.listdir(dcp) if n.endswith(".distcp"))[0]
+        with open(os.path.join(dcp, data_file), "rb") as f:
+            data = f.read()
+        upload_tree(s3, dcp, "bad-dcp")
+        s3.put_object(Bucket=BUCKET, Key="bad-dcp/" + data_file, Body=data[:-100])
+        text = self.fails(3, "inspect", "s3://%s/bad-dcp" % BUCKET)
+        self.assertIn("s3://%s/bad-dcp/%s" % (BUCKET, data_file), text)
+        self.assertIn("truncated", text)
 
     def test_torch_single_file_fp32_and_bf16(self):
         local = os.path.join(STATE["local"], "torch", "single", "model.pt")
@@ -386,30 +553,8 @@ class S3InputTests(harness.TempDirTestCase):
         # data.pkl in windows of at most 1 MiB; the headers of a layer lie within 258 KiB, the
         # next layer's more than 512 KiB further (the 512 KiB mlp record): about one window
         # per layer (8-9 per shard), never one GET per tensor (99).
-        port = STATE["endpoint"].rsplit(":", 1)[1]
-        stats = self.p("count.stats")
-        proxy = subprocess.Popen(["/usr/bin/python3", harness.BINARIES["proxy"], port,
-                                  self.p("count.port"), stats, "1000000000", "1000000000"])
-        try:
-            for _ in range(100):
-                if os.path.exists(self.p("count.port")):
-                    break
-                time.sleep(0.05)
-            with open(self.p("count.port")) as f:
-                env = dict(ENV, AWS_ENDPOINT_URL="http://127.0.0.1:%s" % f.read())
-            # Requests 1 and 2 fail (n % N == 1, 2): spend them on a HEAD of nothing.
-            self.ctl("inspect", "s3://%s/nothing" % BUCKET, env=env)
-            self.ctl("inspect", "s3://%s/nothing" % BUCKET, env=env)
-            with open(stats) as f:
-                before = json.load(f)
-            self.ok("inspect", url, "--json", env=env)
-            with open(stats) as f:
-                after = json.load(f)
-        finally:
-            proxy.kill()
-            proxy.wait()
-        gets = after["forwarded_range_gets"] - before["forwarded_range_gets"]
-        requests = after["forwarded"] - before["forwarded"]
+        with self.counting_proxy() as count:
+            gets, requests = count("inspect", url, "--json")
         sys.stderr.write("torch sharded folder (3 shards, 99 tensors) metadata: %d range GETs, "
                          "%d requests in all\n" % (gets, requests))
         self.assertLessEqual(gets, 1 + 3 * (1 + 10))

@@ -1,7 +1,6 @@
 #include "lib/formats/colossalai/colossalai_format.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,8 +29,6 @@
 
 namespace reshard {
 namespace {
-
-namespace fs = std::filesystem;
 
 constexpr uint64_t kMaxMetaBytes = uint64_t{256} << 20;
 
@@ -282,8 +279,7 @@ class ColossalReader {
 }  // namespace
 
 bool ColossalInput::Probe(const std::string& path) const {
-  std::error_code error;
-  if (!fs::is_directory(path, error)) return false;
+  if (!IsInputFolder(path)) return false;
   for (const std::string& name : ListFolder(path, {".json"})) {
     if (ColossalMetaDistId(name).has_value()) return true;
   }
@@ -292,8 +288,7 @@ bool ColossalInput::Probe(const std::string& path) const {
 
 absl::StatusOr<InputModel> ColossalInput::Read(const std::string& path,
                                                const ReadOptions& /*options*/) const {
-  std::error_code error;
-  if (!fs::is_directory(path, error)) {
+  if (!IsInputFolder(path)) {
     return absl::NotFoundError(
         absl::StrCat(path, ": not a ColossalAI distributed checkpoint folder"));
   }

@@ -47,6 +47,9 @@ class ColossalInput : public InputFormat {
   // Recognized by its metadata files; before DCP and the generic formats (its weight files
   // are ordinary torch.save / safetensors files).
   int probe_priority() const override { return 35; }
+  // Metadata JSON and weight-file headers by range reads (safetensors, torch.save); every
+  // piece is a rank's whole, contiguous tensor.
+  bool reads_remote() const override { return true; }
   // Options do not apply (no tags, no optimizer state).
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;

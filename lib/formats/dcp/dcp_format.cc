@@ -22,6 +22,8 @@
 #include "lib/formats/folder_model.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/formats/torch/torch_format.h"
+#include "lib/io/byte_source.h"
+#include "lib/io/file_access.h"
 #include "lib/io/mapped_file.h"
 
 namespace reshard {
@@ -33,6 +35,14 @@ namespace fs = std::filesystem;
 // would stop it later, after far more memory).
 constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
 constexpr char kDataSuffix[] = ".distcp";
+
+// What a remote data file's items are parsed from: each item's first and last bytes (the local
+// headers with data.pkl, and the end records with the central directory of a torch.save of one
+// tensor), prefetched together for kItemsPerBatch items, so that neighbouring items share a
+// request and the bytes held stay bounded (2 x 8 KiB per item).
+constexpr uint64_t kItemHeadBytes = 8 << 10;
+constexpr uint64_t kItemTailBytes = 8 << 10;
+constexpr size_t kItemsPerBatch = 4096;
 
 // The rank of a FileSystemWriter data file name `__R_N.distcp`, or nullopt.
 std::optional<int64_t> RankOfFileName(absl::string_view name) {
@@ -215,8 +225,7 @@ class DcpReader {
  private:
   absl::Status ReadMetadata() {
     metadata_path_ = JoinPath(dir_, kDcpMetadataName);
-    std::error_code error;
-    if (!fs::is_regular_file(metadata_path_, error)) {
+    if (!IsInputFile(metadata_path_)) {
       for (const std::string& name : ListFolder(dir_, {".metadata"})) {
         return absl::UnimplementedError(absl::StrCat(
             dir_, ": rank-local metadata (", name,
@@ -233,6 +242,14 @@ class DcpReader {
                                               " bytes; reshard reads at most ", kMaxMetadataBytes));
     }
     absl::string_view bytes(reinterpret_cast<const char*>(file.data()), file.size());
+    std::string loaded;
+    if (file.remote()) {
+      // The pickle is parsed as a whole: read it whole (range reads, several in flight).
+      loaded.resize(file.size());
+      RETURN_IF_ERROR(file.ReadAt(0, loaded.size(), reinterpret_cast<std::byte*>(loaded.data())),
+                      metadata_path_);
+      bytes = loaded;
+    }
     ASSIGN_OR_RETURN(metadata_, ParseDcpMetadata(bytes, metadata_path_));
     return absl::OkStatus();
   }
@@ -255,13 +272,12 @@ class DcpReader {
       if (!path.ok()) {
         return Annotate(path.status(), absl::StrCat(metadata_path_, ": ", first_use.at(name)));
       }
-      std::error_code error;
-      const uint64_t size = fs::file_size(*path, error);
-      if (error) {
-        return absl::NotFoundError(absl::StrCat(*path, ": cannot stat: ", error.message()));
+      absl::StatusOr<uint64_t> size = InputFileSize(*path);
+      if (!size.ok()) {
+        return absl::NotFoundError(absl::StrCat(*path, ": cannot stat: ", size.status().message()));
       }
       file_index_[name] = static_cast<int>(files_.size());
-      files_.push_back(SourceFile{*std::move(path), size});
+      files_.push_back(SourceFile{*std::move(path), *size});
     }
     items_.resize(files_.size());
     for (size_t e = 0; e < metadata_.entries.size(); ++e) {
@@ -290,7 +306,9 @@ class DcpReader {
     return absl::OkStatus();
   }
 
-  // Parses every item stored in file `f` from one mapping of it, front to back.
+  // Parses every item stored in file `f` front to back: from one mapping of a local file; a
+  // remote one by range reads, each batch of items from a source of its own whose ranges were
+  // prefetched together (kItemHeadBytes, kItemTailBytes).
   absl::Status ReadFile(size_t f) {
     std::vector<Item>& items = items_[f];
     if (items.empty()) return absl::OkStatus();
@@ -300,9 +318,24 @@ class DcpReader {
     std::sort(items.begin(), items.end(),
               [&](const Item& a, const Item& b) { return Storage(a).offset < Storage(b).offset; });
     absl::Status status;
-    for (const Item& item : items) {
-      status = ReadItem(file, static_cast<int>(f), item);
-      if (!status.ok()) break;
+    for (size_t first = 0; first < items.size() && status.ok(); first += kItemsPerBatch) {
+      const size_t last =
+          file.remote() ? std::min(items.size(), first + kItemsPerBatch) : items.size();
+      std::unique_ptr<ByteSource> bytes = ByteSourceFor(file);
+      if (file.remote()) {
+        std::vector<ByteRange> ranges;
+        for (size_t i = first; i < last; ++i) {
+          const DcpStorage& storage = Storage(items[i]);
+          const uint64_t tail = std::min(storage.length, kItemTailBytes);
+          ranges.push_back({storage.offset, std::min(storage.length, kItemHeadBytes)});
+          ranges.push_back({storage.offset + storage.length - tail, tail});
+        }
+        status = Annotate(bytes->Prefetch(std::move(ranges)), "the items' archive headers");
+      }
+      for (size_t i = first; i < last && status.ok(); ++i) {
+        status = ReadItem(*bytes, file.remote(), static_cast<int>(f), items[i]);
+      }
+      if (!file.remote()) break;
     }
     // Only headers and pickles were touched; give the pages back before the conversion runs.
     file.Release(0, file.size());
@@ -317,13 +350,14 @@ class DcpReader {
     return metadata_.entries[item.entry].storage[item.chunk];
   }
 
-  absl::Status ReadItem(const MappedFile& file, int f, const Item& item) {
+  absl::Status ReadItem(ByteSource& file, bool remote, int f, const Item& item) {
     const DcpEntry& entry = metadata_.entries[item.entry];
     const DcpStorage& storage = Storage(item);
-    absl::string_view bytes(reinterpret_cast<const char*>(file.data()) + storage.offset,
-                            storage.length);
     const std::string label = absl::StrCat(file.path(), " at byte offset ", storage.offset);
-    absl::StatusOr<std::unique_ptr<TorchArchive>> archive = TorchArchive::Parse(bytes, label);
+    SliceByteSource bytes(file, storage.offset, storage.length, label);
+    // A remote item's end was prefetched: its end records are in the last kItemTailBytes.
+    absl::StatusOr<std::unique_ptr<TorchArchive>> archive =
+        TorchArchive::Parse(bytes, remote ? kItemTailBytes : ZipArchive::kTailBytes);
     if (!archive.ok()) return Annotate(archive.status(), DescribeStorage(entry, item.chunk));
     // The chunk's storage records keep their CRC-32s, placed in the .distcp file.
     std::vector<ChecksummedRange> ranges = (*archive)->ChecksummedRanges(storage.offset);
@@ -494,8 +528,7 @@ class DcpReader {
 
 // The checkpoint folder `path` stands for: itself, or the folder of a `.metadata` file.
 std::string CheckpointDir(const std::string& path) {
-  std::error_code error;
-  if (!fs::is_directory(path, error) && fs::path(path).filename() == kDcpMetadataName) {
+  if (!IsInputFolder(path) && fs::path(path).filename() == kDcpMetadataName) {
     std::string parent = fs::path(path).parent_path().string();
     return parent.empty() ? "." : parent;
   }
@@ -518,6 +551,16 @@ absl::StatusOr<std::string> ResolveDcpDataFile(const std::string& dir,
     if (part == "..") return refuse("leaves the checkpoint folder (\"..\")");
   }
   const std::string path = JoinPath(dir, relative_path);
+  if (IsRemotePath(path)) {
+    // No symlinks; "." and empty segments would be normalized away in a URL.
+    for (absl::string_view part : absl::StrSplit(relative_path, '/')) {
+      if (part.empty() || part == ".") return refuse("has an empty or \".\" component");
+    }
+    if (IsInputFile(path)) return path;
+    if (IsInputFolder(path)) return refuse(absl::StrCat("(", path, ") is a folder, not a file"));
+    return absl::NotFoundError(
+        absl::StrCat(path, ": data file \"", relative_path, "\" is missing"));
+  }
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
   if (!fs::exists(status)) {
@@ -541,9 +584,8 @@ absl::StatusOr<std::string> ResolveDcpDataFile(const std::string& dir,
 
 bool DcpInput::Probe(const std::string& path) const {
   const std::string dir = CheckpointDir(path);
-  std::error_code error;
-  if (!fs::is_directory(dir, error)) return false;
-  if (fs::is_regular_file(JoinPath(dir, kDcpMetadataName), error)) return true;
+  if (!IsInputFolder(dir)) return false;
+  if (IsInputFile(JoinPath(dir, kDcpMetadataName))) return true;
   for (const std::string& name : ListFolder(dir, {kDataSuffix})) {
     if (RankOfFileName(name).has_value()) return true;
   }
@@ -551,8 +593,7 @@ bool DcpInput::Probe(const std::string& path) const {
 }
 
 absl::StatusOr<InputModel> ReadDcpCheckpoint(const std::string& dir) {
-  std::error_code error;
-  if (!fs::is_directory(dir, error)) {
+  if (!IsInputFolder(dir)) {
     return absl::NotFoundError(absl::StrCat(dir, ": not a DCP checkpoint folder"));
   }
   DcpReader reader(dir);

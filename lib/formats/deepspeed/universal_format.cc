@@ -26,6 +26,7 @@
 #include "lib/formats/folder_model.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace {
@@ -54,17 +55,13 @@ constexpr int kMaxParamFolderEntries = 1000;
 // folder with fp32.pt among its first kProbeEntries entries. Nothing is opened.
 bool IsUniversalFolder(const std::string& dir) {
   const std::string zero = JoinPath(dir, kZeroDir);
-  std::error_code error;
-  if (!fs::is_directory(zero, error)) return false;
-  if (fs::exists(JoinPath(zero, kOptimizerStateName), error)) return true;
-  int seen = 0;
-  for (fs::directory_iterator it(zero, error), end; !error && it != end; it.increment(error)) {
-    if (++seen > kProbeEntries) break;
-    std::error_code entry_error;
-    if (it->is_directory(entry_error) &&
-        fs::exists(it->path() / absl::StrCat(kFp32State, ".pt"), entry_error)) {
-      return true;
-    }
+  if (!IsInputFolder(zero)) return false;
+  if (InputExists(JoinPath(zero, kOptimizerStateName))) return true;
+  absl::StatusOr<std::vector<std::string>> params = ListInputSubfolders(zero);
+  if (!params.ok()) return false;
+  if (params->size() > static_cast<size_t>(kProbeEntries)) params->resize(kProbeEntries);
+  for (const std::string& name : *params) {
+    if (InputExists(JoinPath(JoinPath(zero, name), absl::StrCat(kFp32State, ".pt")))) return true;
   }
   return false;
 }
@@ -78,8 +75,7 @@ std::string NotUniversal(const std::string& folder) {
 // the tag from `tag_option` or `path/latest_universal`.
 absl::StatusOr<std::pair<std::string, std::string>> ResolveUniversalFolder(
     const std::string& path, const std::string& tag_option) {
-  std::error_code error;
-  if (!fs::is_directory(path, error)) {
+  if (!IsInputFolder(path)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": a DeepSpeed universal checkpoint is a folder, not a file"));
   }
@@ -87,7 +83,7 @@ absl::StatusOr<std::pair<std::string, std::string>> ResolveUniversalFolder(
   if (!tag_option.empty()) {
     RETURN_IF_ERROR(CheckTag(tag_option, "from --tag"));
     const std::string folder = JoinPath(path, tag_option);
-    if (fs::is_directory(folder, error)) {
+    if (IsInputFolder(folder)) {
       if (!IsUniversalFolder(folder)) {
         return absl::InvalidArgumentError(
             absl::StrCat("--tag ", tag_option, ": ", NotUniversal(folder)));
@@ -111,7 +107,7 @@ absl::StatusOr<std::pair<std::string, std::string>> ResolveUniversalFolder(
   }
   RETURN_IF_ERROR(CheckTag(tag, absl::StrCat("from ", tracker)));
   const std::string folder = JoinPath(path, tag);
-  if (!fs::is_directory(folder, error)) {
+  if (!IsInputFolder(folder)) {
     return absl::NotFoundError(absl::StrCat(tracker, " names ", tag, ", but there is no folder ",
                                             folder, ". Pass --tag to choose one"));
   }
@@ -294,10 +290,9 @@ class UniversalReader {
     return absl::OkStatus();
   }
 
-  // The param folders of zero/, in param_shapes order, then the others in natural order. Other
-  // regular files are noted; entries that are neither files nor folders are refused.
-  absl::StatusOr<std::vector<std::string>> ListParams() {
-    std::vector<std::string> unlisted;
+  // The param folders of local zero/ (unordered) into `unlisted`; other regular files noted,
+  // anything else refused.
+  absl::Status ListLocalParams(std::vector<std::string>& unlisted) {
     std::error_code error;
     int64_t seen = 0;
     for (fs::directory_iterator it(zero_, error), end; !error && it != end; it.increment(error)) {
@@ -325,6 +320,34 @@ class UniversalReader {
       }
     }
     if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing ", zero_));
+    return absl::OkStatus();
+  }
+
+  // The same for zero/ in an object store, which holds files and folders only.
+  absl::Status ListRemoteParams(std::vector<std::string>& unlisted) {
+    ASSIGN_OR_RETURN(std::vector<std::string> folders, ListInputSubfolders(zero_));
+    ASSIGN_OR_RETURN(std::vector<std::string> files, ListInputFolder(zero_));
+    if (folders.size() + files.size() > static_cast<size_t>(kMaxUniversalParams + 16)) {
+      return absl::InvalidArgumentError(absl::StrCat(zero_, " holds more than ",
+                                                     kMaxUniversalParams, " entries; at most ",
+                                                     kMaxUniversalParams, " params are read"));
+    }
+    for (std::string& name : folders) {
+      if (!name.empty() && name[0] != '.') unlisted.push_back(std::move(name));
+    }
+    std::sort(files.begin(), files.end());
+    for (const std::string& name : files) {
+      if (name.empty() || name[0] == '.' || name == kOptimizerStateName) continue;
+      notes_.push_back(absl::StrCat(kZeroDir, "/", name, ": not read"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The param folders of zero/, in param_shapes order, then the others in natural order. Other
+  // regular files are noted; entries that are neither files nor folders are refused.
+  absl::StatusOr<std::vector<std::string>> ListParams() {
+    std::vector<std::string> unlisted;
+    RETURN_IF_ERROR(IsRemotePath(zero_) ? ListRemoteParams(unlisted) : ListLocalParams(unlisted));
     if (static_cast<int64_t>(unlisted.size()) > kMaxUniversalParams) {
       return absl::InvalidArgumentError(absl::StrCat(zero_, " holds ", unlisted.size(),
                                                      " param folders; at most ",
@@ -426,18 +449,15 @@ class UniversalReader {
   absl::Status ReadParam(const std::string& name) {
     const std::string folder = JoinPath(zero_, name);
     std::set<std::string> files;
-    std::error_code error;
-    int seen = 0;
-    for (fs::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
-      if (++seen > kMaxParamFolderEntries) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(folder, " holds more than ", kMaxParamFolderEntries, " entries"));
-      }
-      const std::string file = it->path().filename().string();
+    ASSIGN_OR_RETURN(const std::vector<std::string> names, ListInputFolderEntries(folder));
+    if (names.size() > static_cast<size_t>(kMaxParamFolderEntries)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(folder, " holds more than ", kMaxParamFolderEntries, " entries"));
+    }
+    for (const std::string& file : names) {
       if (absl::EndsWith(file, ".pt") && file.size() > 3)
         files.insert(file.substr(0, file.size() - 3));
     }
-    if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing ", folder));
     if (files.count(kFp32State) == 0) {
       return absl::DataLossError(absl::StrCat(
           folder,
@@ -572,10 +592,8 @@ class UniversalReader {
 }  // namespace
 
 bool UniversalInput::Probe(const std::string& path) const {
-  std::error_code error;
-  if (!fs::is_directory(path, error)) return false;
-  return IsUniversalFolder(path) ||
-         fs::is_regular_file(JoinPath(path, kUniversalTrackerName), error);
+  if (!IsInputFolder(path)) return false;
+  return IsUniversalFolder(path) || IsInputFile(JoinPath(path, kUniversalTrackerName));
 }
 
 absl::StatusOr<InputModel> UniversalInput::Read(const std::string& path,

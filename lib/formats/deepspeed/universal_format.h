@@ -88,6 +88,9 @@ class UniversalInput : public InputFormat {
   // Above deepspeed-zero (20), which would claim the universal folder for its model-states
   // file, below torch-dcp (30) and megatron (40), which claim nothing a universal folder holds.
   int probe_priority() const override { return 25; }
+  // Folders listed and the .pt files of every param opened through lib/io/file_access.h and
+  // TorchArchive::Open; each param is a whole, contiguous tensor.
+  bool reads_remote() const override { return true; }
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;
 };

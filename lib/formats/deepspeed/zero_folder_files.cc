@@ -1,7 +1,6 @@
 #include "lib/formats/deepspeed/zero_folder_files.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -11,24 +10,21 @@
 #include "lib/core/status.h"
 #include "lib/formats/deepspeed/zero_layout.h"
 #include "lib/formats/folder_model.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace zero_internal {
 
-namespace fs = std::filesystem;
-
 absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir) {
   ZeroFolderFiles files;
   std::set<std::string> prefixes;
-  std::error_code error;
-  int seen = 0;
   std::vector<std::string> other_mp;
-  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
-    if (++seen > kMaxZeroFolderEntries) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(dir, " holds more than ", kMaxZeroFolderEntries, " entries"));
-    }
-    const std::string name = it->path().filename().string();
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListInputFolderEntries(dir));
+  if (names.size() > static_cast<size_t>(kMaxZeroFolderEntries)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, " holds more than ", kMaxZeroFolderEntries, " entries"));
+  }
+  for (const std::string& name : names) {
     if (name.empty() || name[0] == '.') continue;
     if (absl::StartsWith(name, "expp_rank_") || absl::StrContains(name, "_expert_")) {
       return absl::UnimplementedError(absl::StrCat(
@@ -75,7 +71,6 @@ absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir) {
         break;
     }
   }
-  if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing ", dir));
   std::sort(files.rank_model_names.begin(), files.rank_model_names.end(), NaturalLess);
   // Without optimizer files, Read decides from the model-states files what the folder is.
   if (!files.any_optimizer_file) return files;

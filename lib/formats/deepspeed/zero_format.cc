@@ -1,6 +1,5 @@
 #include "lib/formats/deepspeed/zero_format.h"
 
-#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -10,10 +9,10 @@
 #include "lib/formats/deepspeed/zero_folder_files.h"
 #include "lib/formats/deepspeed/zero_reader.h"
 #include "lib/formats/deepspeed/zero_save_folder.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 
-namespace fs = std::filesystem;
 using zero_internal::FolderScan;
 using zero_internal::ListZeroFolder;
 using zero_internal::ReadWithoutOptimizerFiles;
@@ -24,8 +23,7 @@ using zero_internal::SubFolders;
 using zero_internal::ZeroFolderFiles;
 
 bool ZeroInput::Probe(const std::string& path) const {
-  std::error_code error;
-  if (!fs::is_directory(path, error)) return false;
+  if (!IsInputFolder(path)) return false;
   const FolderScan here = ScanFolder(path);
   if (here.pipeline) return false;
   if (here.Checkpoint()) return true;

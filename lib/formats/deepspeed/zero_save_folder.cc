@@ -1,7 +1,6 @@
 #include "lib/formats/deepspeed/zero_save_folder.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -11,19 +10,20 @@
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/deepspeed/zero_layout.h"
 #include "lib/formats/folder_model.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace zero_internal {
 
-namespace fs = std::filesystem;
-
 FolderScan ScanFolder(const std::string& dir) {
   FolderScan scan;
-  std::error_code error;
-  int seen = 0;
-  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
-    if (++seen > kMaxZeroFolderEntries) break;
-    std::optional<ZeroFileName> parsed = ParseZeroFileName(it->path().filename().string());
+  absl::StatusOr<std::vector<std::string>> names = ListInputFolderEntries(dir);
+  if (!names.ok()) return scan;
+  if (names->size() > static_cast<size_t>(kMaxZeroFolderEntries)) {
+    names->resize(kMaxZeroFolderEntries);
+  }
+  for (const std::string& name : *names) {
+    std::optional<ZeroFileName> parsed = ParseZeroFileName(name);
     if (!parsed.has_value()) continue;
     if (parsed->kind == ZeroFileName::Kind::kPipelineLayer) scan.pipeline = true;
     if (parsed->kind == ZeroFileName::Kind::kOptimizer) scan.optimizer = true;
@@ -37,13 +37,12 @@ FolderScan ScanFolder(const std::string& dir) {
 
 std::vector<std::string> SubFolders(const std::string& dir) {
   std::vector<std::string> names;
-  std::error_code error;
-  int seen = 0;
-  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
-    if (++seen > kMaxZeroFolderEntries) break;
-    const std::string name = it->path().filename().string();
-    if (name.empty() || name[0] == '.' || !it->is_directory(error)) continue;
-    names.push_back(name);
+  absl::StatusOr<std::vector<std::string>> listed = ListInputSubfolders(dir);
+  if (!listed.ok()) return names;
+  for (std::string& name : *listed) {
+    if (names.size() >= static_cast<size_t>(kMaxZeroFolderEntries)) break;
+    if (name.empty() || name[0] == '.') continue;
+    names.push_back(std::move(name));
   }
   std::sort(names.begin(), names.end(), NaturalLess);
   return names;
@@ -72,8 +71,7 @@ std::string ListCheckpointFolders(const std::string& dir) {
 
 absl::StatusOr<std::pair<std::string, std::string>> ResolveCheckpointFolder(
     const std::string& path, const std::string& tag_option) {
-  std::error_code error;
-  if (!fs::is_directory(path, error)) {
+  if (!IsInputFolder(path)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": a DeepSpeed checkpoint is a folder, not a file"));
   }
@@ -82,7 +80,7 @@ absl::StatusOr<std::pair<std::string, std::string>> ResolveCheckpointFolder(
   if (!tag_option.empty()) {
     RETURN_IF_ERROR(CheckTag(tag_option, "from --tag"));
     const std::string folder = JoinPath(path, tag_option);
-    if (fs::is_directory(folder, error)) return std::make_pair(folder, tag_option);
+    if (IsInputFolder(folder)) return std::make_pair(folder, tag_option);
     if (here && BaseName(path) == tag_option) return std::make_pair(path, tag_option);
     return absl::NotFoundError(absl::StrCat("--tag ", tag_option, ": there is no folder ", folder,
                                             "; ", ListCheckpointFolders(path)));
@@ -102,7 +100,7 @@ absl::StatusOr<std::pair<std::string, std::string>> ResolveCheckpointFolder(
   }
   RETURN_IF_ERROR(CheckTag(tag, absl::StrCat("from ", latest)));
   const std::string folder = JoinPath(path, tag);
-  if (!fs::is_directory(folder, error)) {
+  if (!IsInputFolder(folder)) {
     return absl::NotFoundError(absl::StrCat(latest, " names tag ", tag, ", but there is no folder ",
                                             folder, "; ", ListCheckpointFolders(path),
                                             ". Pass --tag to choose one"));

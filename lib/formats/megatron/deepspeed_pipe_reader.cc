@@ -1,6 +1,5 @@
 #include "lib/formats/megatron/deepspeed_pipe_reader.h"
 
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,22 +24,17 @@
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace megatron_internal {
-
-namespace fs = std::filesystem;
 
 absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
   const std::string& dir = where.dir;
   std::map<int, std::map<int, std::string>> layer_files;  // layer -> tp -> file name
   std::map<int, std::string> state_files;                 // mp rank -> file name
-  std::error_code error;
-  for (fs::directory_iterator it(dir, error); !error && it != fs::directory_iterator();
-       it.increment(error)) {
-    const std::string name = it->path().filename().string();
-    std::error_code entry_error;
-    if (!it->is_regular_file(entry_error)) continue;
+  ASSIGN_OR_RETURN(const std::vector<std::string> names, ListInputFolder(dir));
+  for (const std::string& name : names) {
     if (auto layer = ParsePipeLayerFile(name); layer.has_value()) {
       auto [slot, inserted] = layer_files[layer->layer].emplace(layer->tp, name);
       if (!inserted) {
@@ -57,7 +51,6 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
       state_files.emplace(*rank, name);
     }
   }
-  if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing ", dir));
   if (layer_files.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(dir, ": no pipeline layer files"));
   }

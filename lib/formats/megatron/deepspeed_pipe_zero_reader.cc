@@ -1,6 +1,5 @@
 #include "lib/formats/megatron/deepspeed_pipe_zero_reader.h"
 
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -28,12 +27,11 @@
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/pickle_structure.h"
 #include "lib/formats/torch/torch_file.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace megatron_internal {
 namespace {
-
-namespace fs = std::filesystem;
 
 using zero_internal::ZeroFolderFiles;
 
@@ -49,9 +47,8 @@ struct PipeZeroFiles {
 
 absl::StatusOr<PipeZeroFiles> ListFiles(const std::string& dir) {
   PipeZeroFiles files;
-  std::error_code error;
-  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
-    const std::string name = it->path().filename().string();
+  ASSIGN_OR_RETURN(const std::vector<std::string> names, ListInputFolderEntries(dir));
+  for (const std::string& name : names) {
     std::optional<ZeroFileName> parsed = ParseZeroFileName(name);
     if (!parsed.has_value()) continue;
     switch (parsed->kind) {
@@ -76,7 +73,6 @@ absl::StatusOr<PipeZeroFiles> ListFiles(const std::string& dir) {
         break;
     }
   }
-  if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing ", dir));
   return files;
 }
 

@@ -1,6 +1,5 @@
 #include "lib/formats/megatron/megatron_format.h"
 
-#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -11,11 +10,11 @@
 #include "lib/formats/megatron/deepspeed_pipe_zero_reader.h"
 #include "lib/formats/megatron/megatron_lm_reader.h"
 #include "lib/formats/megatron/megatron_save_folder.h"
+#include "lib/io/file_access.h"
 #include "lib/plan/partition_rules.h"
 
 namespace reshard {
 
-namespace fs = std::filesystem;
 using megatron_internal::CheckpointSubfolders;
 using megatron_internal::Layout;
 using megatron_internal::ReadDeepSpeedPipe;
@@ -30,8 +29,7 @@ bool MegatronInput::Probe(const std::string& path) const {
   // naming a folder that is missing. A folder a tracker names that holds neither rank folders
   // nor layer files (Megatron's torch_dist format) is left to other readers, and so is a folder
   // beside DeepSpeed's `latest` that is no pipeline checkpoint (the ZeRO reader's).
-  std::error_code error;
-  if (!fs::is_directory(path, error) || fs::exists(JoinPath(path, kDeepSpeedTrackerName), error)) {
+  if (!IsInputFolder(path) || InputExists(JoinPath(path, kDeepSpeedTrackerName))) {
     return false;
   }
   if (!CheckpointSubfolders(path).empty()) return true;
@@ -40,7 +38,7 @@ bool MegatronInput::Probe(const std::string& path) const {
       ReadTrackerFile(JoinPath(path, kMegatronTrackerName));
   if (!tracker.ok() || !tracker->has_value()) return false;
   const std::optional<std::string> name = IterationFolderFromTracker(**tracker);
-  return name.has_value() && !fs::exists(JoinPath(path, *name), error);
+  return name.has_value() && !InputExists(JoinPath(path, *name));
 }
 
 absl::StatusOr<InputModel> MegatronInput::Read(const std::string& path,

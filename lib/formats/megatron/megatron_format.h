@@ -108,6 +108,9 @@ class MegatronInput : public InputFormat {
   bool Probe(const std::string& path) const override;
   // Above DeepSpeed ZeRO, which leaves folders with pipeline layer files to this reader.
   int probe_priority() const override { return 40; }
+  // Folders listed and rank files opened through lib/io/file_access.h and TorchArchive::Open;
+  // TP shards are boxes read row by row (contiguous in their last dimension).
+  bool reads_remote() const override { return true; }
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;
 };

@@ -1,6 +1,5 @@
 #include "lib/formats/megatron/megatron_lm_reader.h"
 
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,11 +24,10 @@
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace megatron_internal {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -85,13 +83,10 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
   const std::string& dir = where.dir;
   // The rank folders present: (tp, pp) -> name.
   std::map<std::pair<int, int>, std::string> present;
-  std::error_code error;
-  for (fs::directory_iterator it(dir, error); !error && it != fs::directory_iterator();
-       it.increment(error)) {
-    const std::string name = it->path().filename().string();
+  ASSIGN_OR_RETURN(const std::vector<std::string> folders, ListInputSubfolders(dir));
+  for (const std::string& name : folders) {
     const std::optional<MegatronRankDir> rank = ParseMegatronRankDir(name);
-    std::error_code entry_error;
-    if (!rank.has_value() || !it->is_directory(entry_error)) continue;
+    if (!rank.has_value()) continue;
     if (rank->ep >= 0) {
       return absl::UnimplementedError(absl::StrCat(
           dir, ": ", name,
@@ -105,7 +100,6 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
                                                      rank->pp));
     }
   }
-  if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing ", dir));
   if (present.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(dir, ": no mp_rank_* folders"));
   }
@@ -113,7 +107,7 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
   // Topology: from the args of the first file there is, else from the folder names.
   std::string first_label;
   for (const auto& [rank, name] : present) {
-    if (fs::is_regular_file(JoinPath(JoinPath(dir, name), kMegatronRankFileName), error)) {
+    if (IsInputFile(JoinPath(JoinPath(dir, name), kMegatronRankFileName))) {
       first_label = name;
       break;
     }
@@ -139,6 +133,14 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
     tp = static_cast<int>(*args_tp);
     pp = static_cast<int>(*args_pp);
   } else {
+    if (IsRemotePath(dir)) {
+      // Locally an empty rank folder still says that its file is missing.
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": ", first.facts.name,
+          " has no args.tensor_model_parallel_size and pipeline_model_parallel_size, and in "
+          "object storage a rank whose file is missing leaves no folder behind: the TP x PP "
+          "size cannot be taken from the folder names. Copy the checkpoint to a local folder"));
+    }
     source = "folder names";
     for (const auto& [rank, name] : present) {
       tp = std::max(tp, rank.first + 1);
@@ -165,7 +167,7 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
       }
       const std::string name = it != present.end() ? it->second : expected;
       if (it == present.end() ||
-          !fs::is_regular_file(JoinPath(JoinPath(dir, name), kMegatronRankFileName), error)) {
+          !IsInputFile(JoinPath(JoinPath(dir, name), kMegatronRankFileName))) {
         return absl::InvalidArgumentError(
             absl::StrCat(what, ": ", name, "/", kMegatronRankFileName, " is missing"));
       }

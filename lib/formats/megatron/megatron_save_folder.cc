@@ -1,7 +1,6 @@
 #include "lib/formats/megatron/megatron_save_folder.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -13,41 +12,36 @@
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/folder_model.h"
 #include "lib/formats/megatron/megatron_layout.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace megatron_internal {
 
-namespace fs = std::filesystem;
-
 Layout Classify(const std::string& dir) {
-  std::error_code error;
-  if (!fs::is_directory(dir, error)) return Layout::kNone;
-  bool megatron = false;
-  fs::directory_iterator it(dir, error);
-  for (; !error && it != fs::directory_iterator(); it.increment(error)) {
-    const std::string name = it->path().filename().string();
-    std::error_code entry_error;
-    if (ParsePipeLayerFile(name).has_value() && it->is_regular_file(entry_error)) {
-      return Layout::kDeepSpeedPipe;
-    }
-    if (!megatron && ParseMegatronRankDir(name).has_value() && it->is_directory(entry_error)) {
-      megatron = true;
+  if (!IsInputFolder(dir)) return Layout::kNone;
+  if (absl::StatusOr<std::vector<std::string>> files = ListInputFolder(dir); files.ok()) {
+    for (const std::string& name : *files) {
+      if (ParsePipeLayerFile(name).has_value()) return Layout::kDeepSpeedPipe;
     }
   }
-  return megatron ? Layout::kMegatronLM : Layout::kNone;
+  if (absl::StatusOr<std::vector<std::string>> folders = ListInputSubfolders(dir); folders.ok()) {
+    for (const std::string& name : *folders) {
+      if (ParseMegatronRankDir(name).has_value()) return Layout::kMegatronLM;
+    }
+  }
+  return Layout::kNone;
 }
 
 std::vector<std::string> CheckpointSubfolders(const std::string& path) {
   std::vector<std::string> found;
-  std::error_code error;
-  fs::directory_iterator it(path, error);
-  for (; !error && it != fs::directory_iterator(); it.increment(error)) {
-    const std::string name = it->path().filename().string();
+  absl::StatusOr<std::vector<std::string>> folders = ListInputSubfolders(path);
+  if (!folders.ok()) return found;
+  for (const std::string& name : *folders) {
     if (!absl::StartsWith(name, "iter_") && name != "release" &&
         !absl::StartsWith(name, "global_step")) {
       continue;
     }
-    if (Classify(it->path().string()) != Layout::kNone) found.push_back(name);
+    if (Classify(JoinPath(path, name)) != Layout::kNone) found.push_back(name);
   }
   std::sort(found.begin(), found.end(), NaturalLess);
   return found;

@@ -1,6 +1,5 @@
 #include "lib/formats/megatron/torch_dist_format.h"
 
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -25,8 +24,6 @@
 
 namespace reshard {
 namespace {
-
-namespace fs = std::filesystem;
 
 constexpr uint64_t kMaxMetadataJsonBytes = 1 << 20;
 
@@ -125,12 +122,11 @@ bool IsIterationFolderName(absl::string_view name) {
 // Whether `dir` is a torch_dist checkpoint folder: it has metadata.json, or it is an iteration
 // folder holding DCP files or common.pt (an unfinished save, refused by Read with a reason).
 bool IsTorchDistFolder(const std::string& dir) {
-  std::error_code error;
-  if (!fs::is_directory(dir, error)) return false;
-  if (fs::exists(JoinPath(dir, kTorchDistMetadataName), error)) return true;
+  if (!IsInputFolder(dir)) return false;
+  if (InputExists(JoinPath(dir, kTorchDistMetadataName))) return true;
   if (!IsIterationFolderName(BaseName(dir))) return false;
-  if (fs::exists(JoinPath(dir, kDcpMetadataName), error) ||
-      fs::exists(JoinPath(dir, kTorchDistCommonName), error)) {
+  if (InputExists(JoinPath(dir, kDcpMetadataName)) ||
+      InputExists(JoinPath(dir, kTorchDistCommonName))) {
     return true;
   }
   return !ListFolder(dir, {".distcp"}).empty();
@@ -162,8 +158,7 @@ absl::StatusOr<std::optional<std::string>> NamedIterationFolder(const std::strin
 // the description.
 absl::Status CheckMetadataJson(const std::string& dir) {
   const std::string path = JoinPath(dir, kTorchDistMetadataName);
-  std::error_code error;
-  if (!fs::exists(path, error)) {
+  if (!InputExists(path)) {
     return absl::DataLossError(absl::StrCat(
         path,
         ": missing. Megatron-Core writes metadata.json last, after every rank's .distcp file "
@@ -191,8 +186,7 @@ absl::Status CheckMetadataJson(const std::string& dir) {
 // structure.
 absl::Status AddCommonState(const std::string& dir, InputModel& model) {
   const std::string path = JoinPath(dir, kTorchDistCommonName);
-  std::error_code error;
-  if (!fs::exists(path, error)) return absl::OkStatus();
+  if (!InputExists(path)) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
   ASSIGN_OR_RETURN(Catalog common, CatalogFromValue(*archive, archive->root(), "common"), path);
   Catalog& catalog = model.parts.front();
@@ -282,17 +276,15 @@ absl::StatusOr<int64_t> UnstackLayers(Catalog& catalog, int64_t* stacked_tensors
 
 bool TorchDistInput::Probe(const std::string& path) const {
   if (IsTorchDistFolder(path)) return true;
-  std::error_code error;
-  if (!fs::is_directory(path, error)) return false;
+  if (!IsInputFolder(path)) return false;
   absl::StatusOr<std::optional<std::string>> named = NamedIterationFolder(path, "");
   if (named.ok() && named->has_value() && IsTorchDistFolder(**named)) return true;
   // A save folder whose tracker is missing or names a folder that is gone, but that holds
   // torch_dist iterations: claimed, so that Read can say what is wrong (or --tag pick one).
-  for (const fs::directory_entry& entry : fs::directory_iterator(path, error)) {
-    if (IsIterationFolderName(entry.path().filename().string()) &&
-        IsTorchDistFolder(entry.path().string())) {
-      return true;
-    }
+  absl::StatusOr<std::vector<std::string>> folders = ListInputSubfolders(path);
+  if (!folders.ok()) return false;
+  for (const std::string& name : *folders) {
+    if (IsIterationFolderName(name) && IsTorchDistFolder(JoinPath(path, name))) return true;
   }
   return false;
 }
@@ -309,8 +301,7 @@ absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
           "save folder with ",
           kMegatronTrackerName));
     }
-    std::error_code error;
-    if (!fs::is_directory(*named, error)) {
+    if (!IsInputFolder(*named)) {
       return absl::NotFoundError(
           absl::StrCat(*named, ": the checkpoint folder ",
                        options.tag.empty() ? "the tracker names" : "--tag names", " is missing"));
@@ -332,8 +323,7 @@ absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
     absl::StrAppend(&model.description, ", ", layers, layers == 1 ? " layer" : " layers",
                     " unstacked from ", stacked, " layer-stacked tensors");
   }
-  std::error_code error;
-  if (fs::exists(JoinPath(dir, kTorchDistCommonName), error)) {
+  if (InputExists(JoinPath(dir, kTorchDistCommonName))) {
     absl::StrAppend(&model.description, ", ", kTorchDistCommonName);
   }
   absl::StrAppend(&model.description, "; ", dcp_description);

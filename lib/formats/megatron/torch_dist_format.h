@@ -54,6 +54,8 @@ class TorchDistInput : public InputFormat {
   // Above Megatron-LM (40), whose save folders look the same, and plain DCP (30), whose files
   // a torch_dist folder holds.
   int probe_priority() const override { return 45; }
+  // Its DCP checkpoint as DcpInput reads it; metadata.json and common.pt by range reads.
+  bool reads_remote() const override { return true; }
   // options.tag picks the iteration folder inside a save folder.
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;

@@ -109,8 +109,14 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(absl::string_v
 }
 
 absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(ByteSource& source) {
+  return Parse(source, ZipArchive::kTailBytes);
+}
+
+absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Parse(ByteSource& source,
+                                                                  uint64_t zip_tail_bytes) {
   const std::string& path = source.path();
   ZipArchive::ParseOptions zip_options;
+  zip_options.tail_bytes = zip_tail_bytes;
   zip_options.prefetch_payloads = {"data.pkl", "byteorder"};
   absl::StatusOr<ZipArchive> parsed = ZipArchive::Parse(source, zip_options);
   if (!parsed.ok()) {

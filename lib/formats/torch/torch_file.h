@@ -49,6 +49,10 @@ class TorchArchive {
   // one: the zip's end records and central directory, the local headers, and data.pkl; see
   // ZipArchive). Its path names it in errors.
   static absl::StatusOr<std::unique_ptr<TorchArchive>> Parse(ByteSource& source);
+  // The same, reading the zip's last `zip_tail_bytes` first (ZipArchive::ParseOptions::
+  // tail_bytes): for archives whose ends the caller prefetched.
+  static absl::StatusOr<std::unique_ptr<TorchArchive>> Parse(ByteSource& source,
+                                                             uint64_t zip_tail_bytes);
   // Opens the file at `path` (local: mapped; remote: range reads), parses it, and gives the
   // mapped pages back.
   static absl::StatusOr<std::unique_ptr<TorchArchive>> Open(const std::string& path);

@@ -117,16 +117,26 @@ absl::StatusOr<ZipArchive> ZipArchive::Parse(ByteSource& source, const ParseOpti
   if (size < kEndSize) return file.Error(0, "file too short for a zip archive");
   // The classic end record sits at the end, before a comment of at most 64 KiB; the ZIP64
   // locator right before it. Both lie in the tail.
-  const uint64_t tail_start = size - std::min(size, kTailBytes);
-  ASSIGN_OR_RETURN(const Region tail,
-                   file.Load(tail_start, size - tail_start, "end of central directory"));
-  uint64_t end_record = UINT64_MAX;
   const uint64_t lowest = size > kEndSize + 0xFFFF ? size - kEndSize - 0xFFFF : 0;
-  for (uint64_t at = size - kEndSize + 1; at-- > lowest;) {
-    if (tail.U32(at) == kEndSignature && at + kEndSize + tail.U16(at + 20) == size) {
-      end_record = at;
-      break;
+  // The end record with the ZIP64 locator before it inside the tail `tail_start`; UINT64_MAX
+  // when there is none there.
+  auto find_end = [&](const Region& tail, uint64_t tail_start) {
+    for (uint64_t at = size - kEndSize + 1; at-- > std::max(lowest, tail_start);) {
+      if (tail.U32(at) == kEndSignature && at + kEndSize + tail.U16(at + 20) == size) {
+        const bool locator_inside = tail_start == 0 || at >= tail_start + kZip64LocatorSize;
+        return locator_inside ? at : UINT64_MAX;
+      }
     }
+    return UINT64_MAX;
+  };
+  uint64_t tail_start = size - std::min({size, kTailBytes, options.tail_bytes});
+  ASSIGN_OR_RETURN(Region tail,
+                   file.Load(tail_start, size - tail_start, "end of central directory"));
+  uint64_t end_record = find_end(tail, tail_start);
+  if (end_record == UINT64_MAX && tail_start > size - std::min(size, kTailBytes)) {
+    tail_start = size - std::min(size, kTailBytes);
+    ASSIGN_OR_RETURN(tail, file.Load(tail_start, size - tail_start, "end of central directory"));
+    end_record = find_end(tail, tail_start);
   }
   if (end_record == UINT64_MAX) {
     return file.Error(size, "no end of central directory record (truncated file?)");

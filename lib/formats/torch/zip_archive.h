@@ -52,6 +52,12 @@ class ZipArchive {
     // Entries (names below the top folder, "data.pkl") whose payloads are read with the local
     // headers: the caller reads them next (ByteSource::Read of data_offset, size).
     std::vector<std::string> prefetch_payloads;
+    // The end of the file read first (capped at kTailBytes). A shorter one suits many small
+    // archives read together, whose callers prefetched their ends (DCP chunks: torch.save
+    // writes no comment, so the end records and a short central directory lie in the last
+    // few KiB); when the end records do not lie inside it, the last kTailBytes are read.
+    // Default: kTailBytes.
+    uint64_t tail_bytes = kTailBytes;
   };
 
   // Parses the archive in `source` (the whole file; its path names it in messages). DataLoss

@@ -459,6 +459,33 @@ TEST(ZipArchiveSparseTest, CentralDirectoryBeforeTheTailIsOneRead) {
   EXPECT_EQ(source->reads(), 3);  // tail, directory, headers
 }
 
+TEST(ZipArchiveSparseTest, ShortTailReadsOnlyTheEndAndFallsBackForLongComments) {
+  // Records of 1 MiB: a tail of 4 KiB holds the end records and the central directory.
+  const Built b = ManyRecords(3, 1 << 20);
+  std::unique_ptr<RangeReadSource> source = SparseSource(b.bytes, kPath);
+  ZipArchive::ParseOptions options;
+  options.tail_bytes = 4096;
+  absl::StatusOr<ZipArchive> archive = ZipArchive::Parse(*source, options);
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  EXPECT_EQ(archive->entries().size(), 6u);
+  // The short tail, the first headers, records 1 and 2 (version's is in the tail).
+  EXPECT_EQ(source->reads(), 4);
+  EXPECT_LT(source->bytes_read(), 4096u + 3 * (30 + 200) + 3000 + 4096);
+  // A comment longer than the short tail: the end record lies before it, and the full
+  // kTailBytes are read; the same entries as from a view.
+  Options with_comment;
+  with_comment.comment = std::string(6000, 'c');
+  const std::string commented = BuildZip(TorchLikeEntries(), with_comment).bytes;
+  std::unique_ptr<RangeReadSource> retried = SparseSource(commented, kPath);
+  absl::StatusOr<ZipArchive> parsed = ZipArchive::Parse(*retried, options);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->entries().size(), ParseBoth(commented)->entries().size());
+  // A cut archive still fails naming the end record.
+  const std::string cut_bytes = b.bytes.substr(0, b.bytes.size() - 5);
+  std::unique_ptr<RangeReadSource> cut = SparseSource(cut_bytes, kPath);
+  ExpectDataLoss(ZipArchive::Parse(*cut, options), "no end of central directory record");
+}
+
 TEST(ZipArchiveSparseTest, LyingSizesAreRefusedBeforeAnyRequest) {
   {
     // A directory claimed past the end: refused from the tail alone.

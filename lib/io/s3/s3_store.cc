@@ -51,16 +51,26 @@ absl::StatusOr<RemoteStat> S3Store::Stat(const std::string& url) {
 }
 
 absl::StatusOr<std::vector<RemoteEntry>> S3Store::List(const std::string& url) {
+  ASSIGN_OR_RETURN(RemoteListing listing, ListEntries(url));
+  return std::move(listing.files);
+}
+
+absl::StatusOr<RemoteListing> S3Store::ListEntries(const std::string& url) {
   ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
   ASSIGN_OR_RETURN(S3Client * client, Client(), url);
   const std::string prefix = FolderPrefix(location.key);
   ASSIGN_OR_RETURN(S3Client::Folder folder, client->ListFolder(location.bucket, prefix));
-  std::vector<RemoteEntry> entries;
+  RemoteListing listing;
   for (S3ObjectInfo& object : folder.objects) {
     if (object.key.size() <= prefix.size()) continue;  // the folder's own marker
-    entries.push_back(RemoteEntry{object.key.substr(prefix.size()), object.size});
+    listing.files.push_back(RemoteEntry{object.key.substr(prefix.size()), object.size});
   }
-  return entries;
+  for (const std::string& sub : folder.subfolders) {
+    // "prefix/name/" -> "name"; an empty segment ("prefix//") is no folder a path can name.
+    if (sub.size() <= prefix.size() + 1 || sub.back() != '/') continue;
+    listing.folders.push_back(sub.substr(prefix.size(), sub.size() - prefix.size() - 1));
+  }
+  return listing;
 }
 
 absl::Status S3Store::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) {

@@ -34,6 +34,8 @@ class S3Store : public RemoteStore {
   // neither exists; the LIST's error (NoSuchBucket, SignatureDoesNotMatch, ...) otherwise.
   absl::StatusOr<RemoteStat> Stat(const std::string& url) override;
   absl::StatusOr<std::vector<RemoteEntry>> List(const std::string& url) override;
+  // The objects and sub-prefixes of a delimiter LIST of "key/".
+  absl::StatusOr<RemoteListing> ListEntries(const std::string& url) override;
   // One range GET (S3Client::GetRange retries it).
   absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) override;
 

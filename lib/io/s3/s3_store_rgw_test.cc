@@ -126,6 +126,13 @@ TEST_F(S3StoreTest, ListsFilesDirectlyInside) {
   absl::StatusOr<std::vector<std::string>> listed = ListInputFolder(Url("m"));
   ASSERT_TRUE(listed.ok()) << listed.status();
   EXPECT_EQ(listed->size(), 4u);
+  // Files and folders in one listing; a folder is named without its '/'.
+  absl::StatusOr<RemoteListing> both = store_->ListEntries(Url("m"));
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->files.size(), 4u);
+  EXPECT_THAT(both->folders, ElementsAre("sub"));
+  EXPECT_THAT(*ListInputSubfolders(Url("m")), ElementsAre("sub"));
+  EXPECT_TRUE(ListInputSubfolders(Url("m/sub"))->empty());
 }
 
 TEST_F(S3StoreTest, ListFolderStopsAtMaxEntries) {

@@ -18,6 +18,19 @@ void MemoryStore::Fail(const std::string& url, absl::Status error) {
   failures_[url] = std::move(error);
 }
 
+void MemoryStore::RemovePrefix(const std::string& prefix) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = files_.lower_bound(prefix);
+       it != files_.end() && absl::StartsWith(it->first, prefix);) {
+    it = files_.erase(it);
+  }
+}
+
+int MemoryStore::lookups() const {
+  absl::MutexLock lock(&mu_);
+  return lookups_;
+}
+
 int MemoryStore::reads() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(ranges_.size());
@@ -30,6 +43,7 @@ std::vector<std::pair<uint64_t, uint64_t>> MemoryStore::ranges() const {
 
 absl::StatusOr<RemoteStat> MemoryStore::Stat(const std::string& url) {
   absl::MutexLock lock(&mu_);
+  ++lookups_;
   auto it = files_.find(url);
   if (it != files_.end()) return RemoteStat{false, it->second.size()};
   const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
@@ -40,6 +54,7 @@ absl::StatusOr<RemoteStat> MemoryStore::Stat(const std::string& url) {
 
 absl::StatusOr<std::vector<RemoteEntry>> MemoryStore::List(const std::string& url) {
   absl::MutexLock lock(&mu_);
+  ++lookups_;
   const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
   std::vector<RemoteEntry> entries;
   for (auto it = files_.lower_bound(prefix);
@@ -50,6 +65,28 @@ absl::StatusOr<std::vector<RemoteEntry>> MemoryStore::List(const std::string& ur
     }
   }
   return entries;
+}
+
+absl::StatusOr<RemoteListing> MemoryStore::ListEntries(const std::string& url) {
+  absl::MutexLock lock(&mu_);
+  ++lookups_;
+  const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
+  RemoteListing listing;
+  for (auto it = files_.lower_bound(prefix);
+       it != files_.end() && absl::StartsWith(it->first, prefix); ++it) {
+    const std::string rest = it->first.substr(prefix.size());
+    const size_t slash = rest.find('/');
+    if (slash == std::string::npos) {
+      if (!rest.empty()) listing.files.push_back(RemoteEntry{rest, it->second.size()});
+      continue;
+    }
+    if (slash == 0) continue;
+    const std::string name = rest.substr(0, slash);
+    if (listing.folders.empty() || listing.folders.back() != name) {
+      listing.folders.push_back(name);
+    }
+  }
+  return listing;
 }
 
 absl::Status MemoryStore::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) {

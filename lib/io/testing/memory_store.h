@@ -26,12 +26,18 @@ class MemoryStore : public RemoteStore {
   // ReadRange of `url` fails with `error` from now on.
   void Fail(const std::string& url, absl::Status error);
 
+  // Every file whose URL starts with `prefix`, removed.
+  void RemovePrefix(const std::string& prefix);
+
   // Requests served so far, and the ranges read (offset, length) in the order they came.
   int reads() const;
+  // Stat, List and ListEntries calls so far.
+  int lookups() const;
   std::vector<std::pair<uint64_t, uint64_t>> ranges() const;
 
   absl::StatusOr<RemoteStat> Stat(const std::string& url) override;
   absl::StatusOr<std::vector<RemoteEntry>> List(const std::string& url) override;
+  absl::StatusOr<RemoteListing> ListEntries(const std::string& url) override;
   absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) override;
 
  private:
@@ -39,6 +45,7 @@ class MemoryStore : public RemoteStore {
   std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> ranges_ ABSL_GUARDED_BY(mu_);
+  int lookups_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace reshard
