@@ -21,6 +21,7 @@
 #include "lib/io/atomic_file.h"
 #include "lib/io/file_access.h"
 #include "lib/io/s3/s3_location.h"
+#include "lib/io/s3/s3_object_writer.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/planner.h"
 #include "nlohmann/json.hpp"
@@ -205,6 +206,20 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
                    spec.input);
   ASSIGN_OR_RETURN(planned.companion_files, planned.writer->CompanionFiles(planned.layout));
   planned.memory_bytes = EstimateExecutionMemory(planned.plan, ExecutorOptionsFor(spec));
+  // An object store output holds each data file's upload parts besides (S3ObjectWriter): for
+  // the files written at once, the largest ones.
+  if (IsRemotePath(spec.output)) {
+    size_t files_at_once = 0;
+    for (const WorkUnit& unit : WorkUnits(planned.plan)) {
+      files_at_once = std::max(files_at_once, unit.files.size());
+    }
+    files_at_once = std::min(planned.plan.files.size(),
+                             files_at_once * static_cast<size_t>(std::max(spec.threads, 1)));
+    uint64_t largest = 0;
+    for (const FilePlan& file : planned.plan.files) largest = std::max(largest, file.bytes);
+    planned.memory_bytes +=
+        files_at_once * S3ObjectWriter::MemoryBound(S3ObjectWriter::OptionsFor(largest));
+  }
   return planned;
 }
 

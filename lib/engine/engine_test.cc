@@ -401,5 +401,16 @@ TEST_F(EngineTest, RemotePathsAreRefusedNotWrittenLocally) {
             absl::StatusCode::kUnimplemented);
 }
 
+// The plan of an s3:// output counts the upload parts each data file written at once holds
+// (S3ObjectWriter: 4 in flight and one filling, 8 MiB each), beyond what a local output needs.
+TEST_F(EngineTest, PlanOfAnObjectStoreOutputCountsTheUploads) {
+  auto local = PlanConversion(Consolidate(input_, root_ + "/out"));
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto remote = PlanConversion(Consolidate(input_, "s3://bucket/out"));
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  const uint64_t files_at_once = std::min<uint64_t>(2, remote->plan.files.size());
+  EXPECT_EQ(remote->memory_bytes - local->memory_bytes, files_at_once * 5 * (8ull << 20));
+}
+
 }  // namespace
 }  // namespace reshard

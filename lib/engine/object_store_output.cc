@@ -67,12 +67,8 @@ class S3OutputSink final : public OutputSink {
 
   absl::StatusOr<std::unique_ptr<ByteWriter>> Open(const std::string& name,
                                                    uint64_t bytes) override {
-    S3ObjectWriter::Options options;
+    S3ObjectWriter::Options options = S3ObjectWriter::OptionsFor(bytes);
     options.metadata = metadata_;
-    // 8 MiB parts up to 78 GiB; beyond, parts of whole MiB that fit in S3's 10000.
-    constexpr uint64_t kMiB = 1 << 20;
-    const uint64_t fitting = (bytes + S3Client::kMaxParts - 1) / S3Client::kMaxParts;
-    options.part_bytes = std::max(options.part_bytes, (fitting + kMiB - 1) / kMiB * kMiB);
     ASSIGN_OR_RETURN(std::unique_ptr<S3ObjectWriter> writer,
                      S3ObjectWriter::Create(&client_, out_.bucket, out_.Key(name), options));
     // A kill here leaves finished objects and an unfinished upload (crash tests).

@@ -163,14 +163,6 @@ std::map<std::string, std::string> OutputFiles(const std::string& dir) {
   return files;
 }
 
-// Formats not read from remote storage whose inputs a generic remote reader takes for its own,
-// as documented (docs/s3.md): format -> that reader.
-const std::map<std::string, std::string>& ReadAsGeneric() {
-  static const auto* formats =
-      new std::map<std::string, std::string>{{"olmo-safetensors", "safetensors"}};
-  return *formats;
-}
-
 // Fixtures whose remote copy is refused on purpose: fixture -> what the refusal says. The
 // megatron fixture has no args, and without them a rank missing from object storage cannot be
 // noticed (megatron_lm_reader.cc).
@@ -182,14 +174,6 @@ const std::map<std::string, std::string>& RefusedRemotely() {
 
 TEST_P(RemoteConformanceTest, ReadsAsTheLocalCopy) {
   absl::StatusOr<const InputFormat*> detected = DetectInputFormat(remote_input_);
-  if (auto generic = ReadAsGeneric().find(format_); generic != ReadAsGeneric().end()) {
-    ASSERT_FALSE(format_impl_->reads_remote());
-    ASSERT_TRUE(detected.ok()) << detected.status();
-    EXPECT_EQ((*detected)->id(), generic->second);
-    std::fprintf(stderr, "remote metadata: %s: read as %s\n", label_.c_str(),
-                 generic->second.c_str());
-    return;
-  }
   if (!format_impl_->reads_remote()) {
     ASSERT_TRUE(absl::IsUnimplemented(detected.status()))
         << (detected.ok() ? absl::StrCat("detected as ", (*detected)->id())

@@ -133,11 +133,11 @@ T.write_torch_dist(os.path.join(out, "torchdist"), tp=2, pp=2, num_layers=4, hid
 MF.write_megatron_lm(os.path.join(out, "megatron"), MF.GPT(train_tp=2, seed=1), tp=2, pp=2)
 """
 
-# The training layouts of MAKE_LAYOUTS and the ColossalAI one, uploaded under layouts/: name ->
-# the format inspect must find.
+# The training layouts of MAKE_LAYOUTS, the ColossalAI and the OLMo one, uploaded under
+# layouts/: name -> the format inspect must find.
 LAYOUTS = {"zero3": "deepspeed-zero", "zero2": "deepspeed-zero", "dcp": "torch-dcp",
            "torchdist": "megatron-torch-dist", "megatron": "megatron",
-           "colossalai": "colossalai-dist"}
+           "colossalai": "colossalai-dist", "olmo": "olmo-safetensors"}
 
 
 def upload_tree(s3, folder, prefix):
@@ -219,6 +219,10 @@ def setUpModule():
     subprocess.run(["/usr/bin/python3", os.path.join(bench, "make_colossalai_checkpoint.py"),
                     os.path.join(layouts, "colossalai"), "--size", "6MiB", "--tp", "2",
                     "--block-size", "1MiB", "--quiet"], check=True, stdout=subprocess.DEVNULL)
+    # OLMo safetensors (encoded key names): read as such from s3://, not as plain safetensors.
+    subprocess.run([harness.BINARIES["reshardctl"], "consolidate", small,
+                    os.path.join(layouts, "olmo"), "--format", "olmo-safetensors",
+                    "--no-progress"], check=True, stdout=subprocess.DEVNULL)
     for name in sorted(os.listdir(layouts)):
         upload_tree(s3, os.path.join(layouts, name), "layouts/" + name)
     # A shard the index names is missing.

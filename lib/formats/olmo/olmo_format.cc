@@ -1,7 +1,6 @@
 #include "lib/formats/olmo/olmo_format.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -25,7 +24,6 @@
 namespace reshard {
 namespace {
 
-namespace fs = std::filesystem;
 using Node = StructureNode::Kind;
 
 constexpr char kSuffix[] = ".safetensors";
@@ -123,6 +121,10 @@ struct OlmoFile {
   int values = 0;  // pickled values
 };
 
+// The largest pickled value read from a remote file (OLMo pickles small values: step counts,
+// config dicts).
+constexpr uint64_t kMaxPickledValueBytes = 64 << 20;
+
 absl::StatusOr<OlmoFile> ReadOlmoFile(const std::string& path) {
   uint64_t size = 0;
   ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(path, &size));
@@ -172,8 +174,25 @@ absl::StatusOr<OlmoFile> ReadOlmoFile(const std::string& path) {
         opened.AdviseRandomAccess();
         mapped.emplace(std::move(opened));
       }
-      const absl::string_view bytes(reinterpret_cast<const char*>(mapped->data()) + offset,
-                                    entry.end - entry.begin);
+      // A remote file has no mapping: the value's bytes by a range read (the header's sizes
+      // were checked against the file's).
+      std::string remote_bytes;
+      if (mapped->remote()) {
+        if (entry.end - entry.begin > kMaxPickledValueBytes) {
+          return absl::DataLossError(absl::StrCat(where, ": a pickled value of ",
+                                                  entry.end - entry.begin, " bytes (at most ",
+                                                  kMaxPickledValueBytes, " are read)"));
+        }
+        remote_bytes.resize(entry.end - entry.begin);
+        RETURN_IF_ERROR(mapped->ReadAt(offset, remote_bytes.size(),
+                                       reinterpret_cast<std::byte*>(remote_bytes.data())),
+                        where);
+      }
+      const absl::string_view bytes =
+          mapped->remote()
+              ? absl::string_view(remote_bytes)
+              : absl::string_view(reinterpret_cast<const char*>(mapped->data()) + offset,
+                                  entry.end - entry.begin);
       PickleArena arena;
       absl::StatusOr<PickleValue*> value = ParsePickle(bytes, arena, {});
       if (!value.ok()) return Annotate(value.status(), where);
@@ -215,8 +234,7 @@ bool IsOlmoFile(const std::string& path) {
 }  // namespace
 
 bool OlmoSafetensorsInput::Probe(const std::string& path) const {
-  std::error_code error;
-  if (fs::is_directory(path, error)) {
+  if (IsInputFolder(path)) {
     for (const std::string& name : ListFolder(path, {kSuffix})) {
       if (IsOlmoFile(JoinPath(path, name))) return true;
     }
@@ -228,8 +246,7 @@ bool OlmoSafetensorsInput::Probe(const std::string& path) const {
 absl::StatusOr<InputModel> OlmoSafetensorsInput::Read(const std::string& path,
                                                       const ReadOptions& /*options*/) const {
   std::vector<std::string> paths;
-  std::error_code error;
-  const bool folder = fs::is_directory(path, error);
+  const bool folder = IsInputFolder(path);
   if (folder) {
     for (const std::string& name : ListFolder(path, {kSuffix})) {
       paths.push_back(JoinPath(path, name));

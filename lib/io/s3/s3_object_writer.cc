@@ -46,6 +46,14 @@ absl::StatusOr<std::string> MultipartETag(const std::vector<S3CompletedPart>& pa
       parts.size());
 }
 
+S3ObjectWriter::Options S3ObjectWriter::OptionsFor(uint64_t object_bytes) {
+  Options options;
+  constexpr uint64_t kMiB = 1 << 20;
+  const uint64_t fitting = (object_bytes + S3Client::kMaxParts - 1) / S3Client::kMaxParts;
+  options.part_bytes = std::max(options.part_bytes, (fitting + kMiB - 1) / kMiB * kMiB);
+  return options;
+}
+
 absl::StatusOr<std::unique_ptr<S3ObjectWriter>> S3ObjectWriter::Create(S3Client* client,
                                                                        std::string bucket,
                                                                        std::string key,

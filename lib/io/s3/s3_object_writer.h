@@ -55,6 +55,14 @@ class S3ObjectWriter final : public ByteWriter {
     std::map<std::string, std::string> metadata;
   };
 
+  // Options for an object of `object_bytes`: parts of 8 MiB up to 78 GiB, beyond that of
+  // whole MiB that fit in S3Client::kMaxParts parts.
+  static Options OptionsFor(uint64_t object_bytes);
+  // The most memory a writer with `options` holds: the parts in flight and the one filling.
+  static uint64_t MemoryBound(const Options& options) {
+    return (static_cast<uint64_t>(options.parts_in_flight) + 1) * options.part_bytes;
+  }
+
   // Starts the multipart upload of `key` in `bucket`. `client` must outlive the writer.
   // InvalidArgument for options out of range, an empty bucket, or a key that is empty or ends
   // in '/' (not an object S3 tools can download to a file); the client's error when the upload
