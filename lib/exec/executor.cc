@@ -584,10 +584,11 @@ namespace {
 // from the page cache once, not once per file. Other tensors are written whole, one file after
 // the other, each reading ahead the next file's first run. On error: the index of the writer
 // that failed and its error.
-std::pair<size_t, absl::Status> WriteInLockstep(const std::vector<FileWriter*>& writers,
-                                                uint64_t round_bytes, bool strips_whole) {
+std::pair<size_t, absl::Status> WriteInLockstep(
+    const std::vector<std::unique_ptr<FileWriter>>& writers, uint64_t round_bytes,
+    bool strips_whole) {
   std::vector<std::vector<size_t>> segments;
-  for (FileWriter* writer : writers) segments.push_back(TensorSegments(writer->plan()));
+  for (const auto& writer : writers) segments.push_back(TensorSegments(writer->plan()));
   auto copy_of = [&](size_t k, size_t j) -> const TensorCopy& {
     const FilePlan& plan = writers[k]->plan();
     return plan.tensors[plan.segments[segments[k][j]].tensor];
@@ -876,13 +877,8 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
       }
       if (unit_status.ok()) {
         spans.set_files_in_turns(true);
-        std::tie(failing, unit_status) = WriteInLockstep(
-            [&] {
-              std::vector<FileWriter*> raw;
-              for (const auto& writer : writers) raw.push_back(writer.get());
-              return raw;
-            }(),
-            spans.capacity() / 2, units[u].whole_rows);
+        std::tie(failing, unit_status) =
+            WriteInLockstep(writers, spans.capacity() / 2, units[u].whole_rows);
         spans.set_files_in_turns(false);
       }
       for (size_t i = 0; i < writers.size(); ++i) {

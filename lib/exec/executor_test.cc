@@ -628,6 +628,27 @@ TEST(ExecutorTest, SourcesReadDenseTellsWholeBoxesFromStrips) {
   EXPECT_EQ(SourcesReadDense(plan), std::vector<bool>({false, true}));
 }
 
+// Files of one F32 tensor each, boxes of the fixture's "w", each after `header` bytes; with the
+// bytes each file must hold.
+struct OneFilePerBox {
+  TargetLayout layout;
+  std::vector<FileFraming> framings;
+  std::vector<std::string> expected;
+};
+OneFilePerBox BoxesOfW(const std::vector<std::pair<std::string, Box>>& boxes,
+                       const std::string& header = "") {
+  OneFilePerBox files;
+  for (const auto& [name, box] : boxes) {
+    files.layout.files.push_back({name, {{"w", 0, box, DType::kF32}}, {}});
+    FileFraming framing;
+    if (!header.empty()) framing.segments.push_back({FramingSegment::Kind::kBytes, header, 0});
+    framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
+    files.framings.push_back(framing);
+    files.expected.push_back(header + Expected(box, DType::kF32));
+  }
+  return files;
+}
+
 // A split under --io auto: the sources are read once, but in boxes of whole rows (read
 // directly) and in strips of rows (buffered, MappedFile::set_direct_reads_dense_only). Every
 // output is the box it asked for, whatever the window and the number of workers.
@@ -641,19 +662,10 @@ TEST(ExecutorTest, SplitReadsRowBoxesDirectlyAndStripsBuffered) {
   const Box bottom_left{{half, 0}, {rows - half, 3}};
   const Box bottom_mid{{half, 3}, {rows - half, split}};
   const Box bottom_right{{half, split + 3}, {rows - half, cols - split - 3}};
-  TargetLayout layout;
-  std::vector<FileFraming> framings;
-  std::vector<std::string> expected;
-  for (const auto& [name, box] : {std::pair<std::string, Box>{"top.bin", top},
-                                  {"bottom_left.bin", bottom_left},
-                                  {"bottom_mid.bin", bottom_mid},
-                                  {"bottom_right.bin", bottom_right}}) {
-    layout.files.push_back({name, {{"w", 0, box, DType::kF32}}, {}});
-    FileFraming framing;
-    framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
-    framings.push_back(framing);
-    expected.push_back(Expected(box, DType::kF32));
-  }
+  auto [layout, framings, expected] = BoxesOfW({{"top.bin", top},
+                                                {"bottom_left.bin", bottom_left},
+                                                {"bottom_mid.bin", bottom_mid},
+                                                {"bottom_right.bin", bottom_right}});
   auto plan = BuildCopyPlan(fixture.catalog, layout, framings);
   ASSERT_TRUE(plan.ok()) << plan.status();
   // The path under test: read once, not all in whole boxes.
@@ -690,19 +702,10 @@ TEST(ExecutorTest, SplitWithReplicatedBoxKeepsOnlyItBuffered) {
   const Box top{{0, 0}, {half, cols}};
   const Box bottom{{half, 3}, {rows - half, cols - 3}};
   const Box replicated{{half, 0}, {rows - half, 3}};  // strips of a.bin, twice
-  TargetLayout layout;
-  std::vector<FileFraming> framings;
-  std::vector<std::string> expected;
-  for (const auto& [name, box] : {std::pair<std::string, Box>{"top.bin", top},
-                                  {"bottom.bin", bottom},
-                                  {"replica_0.bin", replicated},
-                                  {"replica_1.bin", replicated}}) {
-    layout.files.push_back({name, {{"w", 0, box, DType::kF32}}, {}});
-    FileFraming framing;
-    framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
-    framings.push_back(framing);
-    expected.push_back(Expected(box, DType::kF32));
-  }
+  auto [layout, framings, expected] = BoxesOfW({{"top.bin", top},
+                                                {"bottom.bin", bottom},
+                                                {"replica_0.bin", replicated},
+                                                {"replica_1.bin", replicated}});
   auto plan = BuildCopyPlan(fixture.catalog, layout, framings);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const std::vector<SourceReads> reads = AnalyzeSourceReads(*plan);
@@ -739,21 +742,15 @@ uint64_t BytesReadByProcess() {
   return 0;
 }
 
-// The parts of a tensor split along its columns into `parts` files of one tensor each.
-std::pair<TargetLayout, std::vector<FileFraming>> ColumnParts(const Fixture& fixture, int parts) {
-  TargetLayout layout;
-  std::vector<FileFraming> framings;
+// The parts of "w" split along its columns into `parts` files, each "HEADER" and the part.
+OneFilePerBox ColumnParts(const Fixture& fixture, int parts) {
+  std::vector<std::pair<std::string, Box>> boxes;
   for (int p = 0; p < parts; ++p) {
     const int64_t begin = fixture.cols * p / parts, end = fixture.cols * (p + 1) / parts;
-    layout.files.push_back({absl::StrCat("part", p, ".bin"),
-                            {{"w", 0, Box{{0, begin}, {fixture.rows, end - begin}}, DType::kF32}},
-                            {}});
-    FileFraming framing;
-    framing.segments.push_back({FramingSegment::Kind::kBytes, "HEADER", 0});
-    framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
-    framings.push_back(framing);
+    boxes.push_back(
+        {absl::StrCat("part", p, ".bin"), Box{{0, begin}, {fixture.rows, end - begin}}});
   }
-  return {layout, framings};
+  return BoxesOfW(boxes, "HEADER");
 }
 
 // Files with the same tensors, read in strips, are written in turns by one worker (up to 8 at
@@ -772,8 +769,8 @@ TEST(ExecutorTest, WorkUnitsGroupThePartsOfASplit) {
   };
   for (const auto& [parts, expected] : cases) {
     SCOPED_TRACE(absl::StrCat(parts, " parts"));
-    auto [layout, framings] = ColumnParts(fixture, parts);
-    auto plan = BuildCopyPlan(fixture.catalog, layout, framings);
+    const OneFilePerBox files_of_parts = ColumnParts(fixture, parts);
+    auto plan = BuildCopyPlan(fixture.catalog, files_of_parts.layout, files_of_parts.framings);
     ASSERT_TRUE(plan.ok()) << plan.status();
     const std::vector<WorkUnit> units = WorkUnits(*plan);
     Files files;
@@ -798,7 +795,7 @@ TEST(ExecutorTest, PartsWrittenInTurnsReadTheRowsOnce) {
   const std::string src = MakeTempDir("src");
   // Rows of 16 KiB in a.bin, cut into strips of 4 KiB (and the last column from b.bin).
   Fixture fixture = MakeSource(src, 256, 4096, 4095);
-  auto [layout, framings] = ColumnParts(fixture, 4);
+  auto [layout, framings, expected] = ColumnParts(fixture, 4);
   auto plan = BuildCopyPlan(fixture.catalog, layout, framings);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const uint64_t source_bytes = 256 * 4096 * 4;
@@ -816,8 +813,7 @@ TEST(ExecutorTest, PartsWrittenInTurnsReadTheRowsOnce) {
         const uint64_t read = BytesReadByProcess() - before;
         ASSERT_TRUE(result.ok()) << result.status();
         for (size_t f = 0; f < layout.files.size(); ++f) {
-          EXPECT_TRUE(ReadAll(out + "/" + layout.files[f].name) ==
-                      "HEADER" + Expected(layout.files[f].tensors[0].region, DType::kF32))
+          EXPECT_TRUE(ReadAll(out + "/" + layout.files[f].name) == expected[f])
               << layout.files[f].name;
         }
         // One unit writes the four parts in turns, and reads every row once.

@@ -233,9 +233,7 @@ void MappedFile::DropCached(uint64_t offset, uint64_t length) const {
   };
   // The pages of repeated ranges stay, and those they share with the bytes around them.
   uint64_t from = begin;
-  auto range = std::upper_bound(
-      repeated_.begin(), repeated_.end(), begin,
-      [](uint64_t offset, const std::pair<uint64_t, uint64_t>& r) { return offset < r.second; });
+  auto range = FirstRepeatedAfter(begin);
   for (; range != repeated_.end() && range->first < end; ++range) {
     drop(from, range->first / page * page);
     from = std::max(from, (range->second + page - 1) / page * page);
@@ -243,10 +241,14 @@ void MappedFile::DropCached(uint64_t offset, uint64_t length) const {
   drop(from, end);
 }
 
+MappedFile::Ranges::const_iterator MappedFile::FirstRepeatedAfter(uint64_t offset) const {
+  return std::upper_bound(
+      repeated_.begin(), repeated_.end(), offset,
+      [](uint64_t at, const std::pair<uint64_t, uint64_t>& r) { return at < r.second; });
+}
+
 bool MappedFile::Repeated(uint64_t begin, uint64_t end) const {
-  auto range = std::upper_bound(
-      repeated_.begin(), repeated_.end(), begin,
-      [](uint64_t offset, const std::pair<uint64_t, uint64_t>& r) { return offset < r.second; });
+  auto range = FirstRepeatedAfter(begin);
   return range != repeated_.end() && range->first < end;
 }
 

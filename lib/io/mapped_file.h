@@ -134,6 +134,9 @@ class MappedFile {
   absl::Status ReadFully(int fd, uint64_t offset, uint64_t want, uint64_t need,
                          std::byte* out) const;
 
+  using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+  // The first repeated range that ends after `offset`.
+  Ranges::const_iterator FirstRepeatedAfter(uint64_t offset) const;
   // Whether [begin, end) overlaps a repeated range.
   bool Repeated(uint64_t begin, uint64_t end) const;
 

@@ -25,6 +25,14 @@ std::string WriteTemp(const std::string& name, const std::string& contents) {
   return path;
 }
 
+// Writes the file's dirty pages back (only clean pages can be dropped from the page cache).
+void WriteBack(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::fsync(fd), 0);
+  ::close(fd);
+}
+
 std::string Pattern(size_t size) {
   std::string data(size, '\0');
   for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>((i * 131 + i / 4096) & 0xff);
@@ -104,12 +112,7 @@ TEST(MappedFileTest, DropBehindEmptiesThePageCache) {
   for (bool drop : {false, true}) {
     SCOPED_TRACE(drop ? "drop behind" : "keep");
     const std::string path = WriteTemp(drop ? "drop.bin" : "keep.bin", data);
-    {  // dirty pages cannot be dropped: write them back first
-      const int fd = ::open(path.c_str(), O_RDONLY);
-      ASSERT_GE(fd, 0);
-      ASSERT_EQ(::fsync(fd), 0);
-      ::close(fd);
-    }
+    WriteBack(path);  // dirty pages cannot be dropped
     auto file = MappedFile::Open(path, static_cast<int64_t>(size));
     ASSERT_TRUE(file.ok()) << file.status();
     file->set_drop_behind(drop);
@@ -138,12 +141,7 @@ TEST(MappedFileTest, RepeatedRangesStayBufferedAndCached) {
   const size_t size = 64 * 4096;
   const std::string data = Pattern(size);
   const std::string path = WriteTemp("repeated.bin", data);
-  {
-    const int fd = ::open(path.c_str(), O_RDONLY);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::fsync(fd), 0);
-    ::close(fd);
-  }
+  WriteBack(path);
   auto file = MappedFile::Open(path, static_cast<int64_t>(size));
   ASSERT_TRUE(file.ok()) << file.status();
   ASSERT_TRUE(file->EnableDirectReads()) << "the test folder's filesystem takes O_DIRECT";
