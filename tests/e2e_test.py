@@ -235,6 +235,15 @@ class ConsolidateTests(Base):
             self.assertEqual(doc["tensor_count"], 16)
             self.assertEqual(doc["total_bytes"], total // 2 if dtype == "bf16" else total)
 
+    def test_libcurl_is_not_linked(self):
+        # libcurl and the ~30 libraries it needs cost 4-5 MiB of resident memory at every start;
+        # lib/io/s3:curl_library loads it only for s3:// paths. A -lcurl creeping back in shows
+        # here, not only as a drift in the benchmarks' peak RSS.
+        res = subprocess.run(["readelf", "-d", RESHARDCTL], capture_output=True, text=True)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertIn("(NEEDED)", res.stdout)
+        self.assertNotIn("libcurl", res.stdout)
+
     def test_sharded_folder_to_single_file(self):
         sd = R.llama_like(seed=11)
         names = list(sd)

@@ -1,10 +1,7 @@
 #include "lib/io/s3/s3_client.h"
 
-#include <curl/curl.h>
-
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -14,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/core/status.h"
+#include "lib/io/s3/curl_library.h"
 #include "lib/io/s3/s3_location.h"
 #include "lib/io/s3/s3_xml.h"
 
@@ -46,6 +44,7 @@ constexpr size_t kMaxErrorBodyBytes = 64 << 10;
 constexpr size_t kMaxHeaderBytes = 64 << 10;
 
 struct TransferState {
+  const CurlLibrary* library = nullptr;
   CURL* curl = nullptr;
   S3Client::Response* response = nullptr;
   absl::Span<char> out;
@@ -60,7 +59,7 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
   auto* state = static_cast<TransferState*>(user);
   const size_t n = size * count;
   long status = 0;
-  curl_easy_getinfo(state->curl, CURLINFO_RESPONSE_CODE, &status);
+  state->library->easy_getinfo(state->curl, CURLINFO_RESPONSE_CODE, &status);
   S3Client::Response& response = *state->response;
   if (status >= 200 && status < 300 && state->to_span) {
     if (n > state->out.size() - response.span_bytes) {
@@ -133,12 +132,7 @@ std::string S3UriEncode(absl::string_view text, bool keep_slash) {
 }
 
 absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(Options options) {
-  static std::once_flag once;
-  static CURLcode init = CURLE_OK;
-  std::call_once(once, [] { init = curl_global_init(CURL_GLOBAL_DEFAULT); });
-  if (init != CURLE_OK) {
-    return absl::InternalError(absl::StrCat("curl_global_init: ", curl_easy_strerror(init)));
-  }
+  ASSIGN_OR_RETURN(const CurlLibrary* curl, LoadCurlLibrary());
   if (options.config.credentials.access_key_id.empty() ||
       options.config.credentials.secret_access_key.empty()) {
     return absl::InvalidArgumentError("S3 client: no credentials");
@@ -146,18 +140,19 @@ absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(Options options) {
   if (options.retry.max_attempts < 1) {
     return absl::InvalidArgumentError("S3 client: retry.max_attempts must be at least 1");
   }
-  return std::unique_ptr<S3Client>(new S3Client(std::move(options)));
+  return std::unique_ptr<S3Client>(new S3Client(std::move(options), *curl));
 }
 
-S3Client::S3Client(Options options)
+S3Client::S3Client(Options options, const CurlLibrary& curl)
     : options_(std::move(options)),
+      curl_(curl),
       userpwd_(absl::StrCat(options_.config.credentials.access_key_id, ":",
                             options_.config.credentials.secret_access_key)),
       sigv4_(absl::StrCat("aws:amz:", options_.config.region, ":s3")) {}
 
 S3Client::~S3Client() {
   absl::MutexLock lock(&mu_);
-  for (void* handle : idle_handles_) curl_easy_cleanup(static_cast<CURL*>(handle));
+  for (void* handle : idle_handles_) curl_.easy_cleanup(static_cast<CURL*>(handle));
 }
 
 S3ClientStats S3Client::stats() const { return S3ClientStats{requests_.load(), retries_.load()}; }
@@ -171,7 +166,7 @@ void* S3Client::TakeHandle() {
       return handle;
     }
   }
-  return curl_easy_init();
+  return curl_.easy_init();
 }
 
 void S3Client::ReturnHandle(void* handle) {
@@ -180,7 +175,7 @@ void S3Client::ReturnHandle(void* handle) {
   if (idle_handles_.size() < kMaxIdleHandles) {
     idle_handles_.push_back(handle);
   } else {
-    curl_easy_cleanup(static_cast<CURL*>(handle));
+    curl_.easy_cleanup(static_cast<CURL*>(handle));
   }
 }
 
@@ -212,9 +207,10 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     requests_.fetch_add(1);
     CURL* curl = static_cast<CURL*>(TakeHandle());
     if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
-    curl_easy_reset(curl);
+    curl_.easy_reset(curl);
     Response response;
     TransferState state;
+    state.library = &curl_;
     state.curl = curl;
     state.response = &response;
     state.out = request.out;
@@ -222,46 +218,46 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     state.max_xml_bytes = options_.max_xml_bytes;
 
     curl_slist* headers = nullptr;
-    headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    headers = curl_slist_append(headers, "Content-Type: application/octet-stream");
+    headers = curl_.slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    headers = curl_.slist_append(headers, "Content-Type: application/octet-stream");
     if (!options_.config.credentials.session_token.empty()) {
-      headers = curl_slist_append(
+      headers = curl_.slist_append(
           headers, absl::StrCat("x-amz-security-token: ", options_.config.credentials.session_token)
                        .c_str());
     }
     for (const std::string& header : request.headers) {
-      headers = curl_slist_append(headers, header.c_str());
+      headers = curl_.slist_append(headers, header.c_str());
     }
-    curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4_.c_str());
-    curl_easy_setopt(curl, CURLOPT_USERPWD, userpwd_.c_str());
-    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    curl_.easy_setopt(curl, CURLOPT_URL, url.c_str());
+    curl_.easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+    curl_.easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4_.c_str());
+    curl_.easy_setopt(curl, CURLOPT_USERPWD, userpwd_.c_str());
+    curl_.easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     // No "Expect:" header to suppress 100-continue: libcurl would sign the empty header.
-    curl_easy_setopt(curl, CURLOPT_EXPECT_100_TIMEOUT_MS, 200L);
-    curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
-                     static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
-                     static_cast<long>(absl::ToInt64Seconds(options_.stall_timeout)));
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnBody);
-    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &state);
-    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
-    curl_easy_setopt(curl, CURLOPT_HEADERDATA, &state);
+    curl_.easy_setopt(curl, CURLOPT_EXPECT_100_TIMEOUT_MS, 200L);
+    curl_.easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_.easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                      static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
+    curl_.easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_.easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
+                      static_cast<long>(absl::ToInt64Seconds(options_.stall_timeout)));
+    curl_.easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnBody);
+    curl_.easy_setopt(curl, CURLOPT_WRITEDATA, &state);
+    curl_.easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
+    curl_.easy_setopt(curl, CURLOPT_HEADERDATA, &state);
     if (absl::string_view(request.method) == "HEAD") {
-      curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
+      curl_.easy_setopt(curl, CURLOPT_NOBODY, 1L);
     } else if (absl::string_view(request.method) != "GET") {
-      curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method);
+      curl_.easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method);
     }
     if (request.has_body) {
-      curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
-                       static_cast<curl_off_t>(request.body.size()));
-      curl_easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.data());
+      curl_.easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
+                        static_cast<curl_off_t>(request.body.size()));
+      curl_.easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.data());
     }
-    const CURLcode rc = curl_easy_perform(curl);
-    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.http_status);
-    curl_slist_free_all(headers);
+    const CURLcode rc = curl_.easy_perform(curl);
+    curl_.easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.http_status);
+    curl_.slist_free_all(headers);
     ReturnHandle(curl);
 
     if (state.overflow) {
@@ -276,7 +272,7 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     if (rc != CURLE_OK) {
       outcome.transport_error = true;
       last_error = absl::UnavailableError(
-          absl::StrCat(what, ": ", curl_easy_strerror(rc), " (curl ", static_cast<int>(rc), ")"));
+          absl::StrCat(what, ": ", curl_.easy_strerror(rc), " (curl ", static_cast<int>(rc), ")"));
     } else if (response.http_status >= 200 && response.http_status < 300) {
       return response;
     } else {

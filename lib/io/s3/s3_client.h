@@ -42,6 +42,8 @@
 
 namespace reshard {
 
+struct CurlLibrary;  // lib/io/s3/curl_library.h
+
 struct S3ObjectInfo {
   std::string key;
   uint64_t size = 0;
@@ -157,7 +159,7 @@ class S3Client {
   struct Response;
 
  private:
-  explicit S3Client(Options options);
+  S3Client(Options options, const CurlLibrary& curl);
 
   // Sends `request` with retries; a non-2xx final answer becomes a status naming `what`.
   absl::StatusOr<Response> Send(const Request& request, absl::string_view what);
@@ -171,6 +173,7 @@ class S3Client {
   void ReturnHandle(void* handle);
 
   const Options options_;
+  const CurlLibrary& curl_;  // loaded by Create
   const std::string userpwd_;
   const std::string sigv4_;
   absl::Mutex mu_;
