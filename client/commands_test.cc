@@ -196,8 +196,10 @@ TEST_F(CommandsTest, ConvertJsonAndRefusesNonEmptyOutput) {
   ASSERT_EQ(RunConvert(conversion, false, JsonFlags(), nullptr, out_, err_), kExitOk) << err_.str();
   Json doc = ParseJson(out_.str());
   ExpectFields(doc, {"ok", "output", "files", "tensors", "bytes_read", "bytes_written", "seconds",
-                     "direct_io_files", "buffered_io_files"});
+                     "direct_io_files", "buffered_io_files", "reused_files", "reused_bytes",
+                     "verification_failures"});
   EXPECT_EQ(doc["ok"], true);
+  EXPECT_EQ(doc["reused_files"], 0);
   EXPECT_EQ(doc["tensors"], 3);
   // The default --io auto writes the data file with direct I/O (the test folder is on ext4).
   EXPECT_EQ(doc["direct_io_files"], 1);

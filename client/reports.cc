@@ -164,6 +164,12 @@ Json ConversionDocument(const std::string& input, bool reshard, const Conversion
   // filesystem that refuses direct I/O).
   doc["direct_io_files"] = result.direct_files;
   doc["buffered_io_files"] = result.buffered_files;
+  // Data files an earlier attempt had finished, kept instead of written again (counted in
+  // "files" and "bytes_written", which describe the output), and the recorded ones that no
+  // longer matched and were written again.
+  doc["reused_files"] = result.reused_files;
+  doc["reused_bytes"] = result.reused_bytes;
+  doc["verification_failures"] = result.verification_failures;
   // Whether the output folder now holds the result: false for a worker of a partitioned
   // conversion that recorded its files while others had not yet.
   doc["published"] = result.published;
@@ -192,6 +198,8 @@ Json JobDocument(const v1::Job& job) {
     doc["tensors"] = job.progress().tensors_total();
     doc["bytes_read"] = job.bytes_read();
     doc["bytes_written"] = job.bytes_written();
+    doc["reused_files"] = job.reused_files();
+    doc["reused_bytes"] = job.reused_bytes();
     doc["seconds"] = job.finished_unix() - job.started_unix();
   }
   google::protobuf::util::JsonPrintOptions options;
@@ -289,6 +297,16 @@ void PrintConversion(const Json& doc, std::ostream& out) {
     out << absl::StrFormat("  %-48s %12s  xxh3 %s\n", file["name"].get<std::string>(),
                            HumanBytes(file["bytes"].get<double>()),
                            file["xxh3_64"].get<std::string>());
+  }
+  if (doc.value("reused_files", 0) > 0) {
+    out << "  kept " << doc["reused_files"].get<int>() << " data files ("
+        << HumanBytes(doc["reused_bytes"].get<double>())
+        << ") an earlier run had finished; wrote the others\n";
+  }
+  if (doc.value("verification_failures", 0) > 0) {
+    out << "  " << doc["verification_failures"].get<int>()
+        << " files an earlier run had finished no longer matched their record and were "
+           "written again\n";
   }
   // Object storage has no page cache to speak of: data files went up as multipart uploads.
   const bool object_store = absl::StartsWith(doc.value("output", ""), "s3://");

@@ -535,6 +535,8 @@ void Scheduler::WorkerLoop() {
     if (result.ok()) {
       draft.job.set_bytes_read(result->bytes_read);
       draft.job.set_bytes_written(result->bytes_written);
+      draft.job.set_reused_files(result->reused_files);
+      draft.job.set_reused_bytes(result->reused_bytes);
       v1::PhaseTimings* timings = draft.job.mutable_timings();
       timings->set_plan_seconds(result->plan_seconds);
       timings->set_write_seconds(result->data_files_seconds);  // the API keeps its name

@@ -50,6 +50,14 @@ OrderedJson RequestJson(const ConversionSpec& spec) {
   return request;
 }
 
+// Every run (worker, rerun) must name the same folders, wherever it was started from.
+std::string AbsolutePath(const std::string& path) {
+  if (IsRemotePath(path)) return path;  // s3://bucket/key is absolute already
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  return NormalizeOutputPath(error ? path : absolute.string());
+}
+
 // Manifests list every tensor; this bounds what a hostile one can make us allocate.
 constexpr uint64_t kMaxManifestBytes = 256ull << 20;
 
@@ -223,6 +231,29 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   return planned;
 }
 
+absl::StatusOr<std::string> ConversionRequestJson(const ConversionSpec& spec) {
+  std::string rules = spec.rules_json;
+  if (rules.empty() && !spec.rules_file.empty()) {
+    ASSIGN_OR_RETURN(rules, ReadSmallFile(spec.rules_file, 1 << 20), "reading the rules");
+  }
+  OrderedJson request;
+  request["kind"] = KindName(spec.kind);
+  request["input"] = AbsolutePath(spec.input);
+  request["output"] = AbsolutePath(spec.output);
+  request["output_format"] = spec.output_format;
+  request["dtype"] = std::string(DTypePolicyName(spec.dtype));
+  request["max_shard_size"] = spec.max_shard_size;
+  request["parts"] = spec.parts;
+  request["pipeline_parts"] = spec.pipeline_parts;
+  request["rules_json"] = rules;
+  request["duplicate_tied"] = spec.duplicate_tied;
+  request["tag"] = spec.read.tag;
+  request["include_optimizer"] = spec.read.include_optimizer;
+  request["update_latest"] = spec.update_latest;
+  request["overwrite"] = spec.overwrite;
+  return request.dump();
+}
+
 ExecutorOptions ExecutorOptionsFor(const ConversionSpec& spec, const RunControl& control) {
   ExecutorOptions options;
   options.threads = spec.threads;
@@ -241,6 +272,8 @@ void RecordExecution(const ExecutionResult& executed, ConversionResult& result) 
   result.bytes_written = executed.bytes_written;
   result.data_phases = executed.phases;
   result.verification_failures = executed.verification_failures;
+  result.reused_files = executed.reused_files;
+  result.reused_bytes = executed.reused_bytes;
   result.direct_files = executed.direct_files;
   result.buffered_files = executed.buffered_files;
 }

@@ -138,8 +138,14 @@ struct ConversionResult {
   // Inside writing data files, summed over worker threads (see PhaseSeconds): reading,
   // converting, the write calls, fsync, and checksumming reused files on resume.
   PhaseSeconds data_phases;
-  // Reused files whose checksum no longer matched on resume (they were rewritten).
+  // Reused files whose checksum no longer matched on resume (they were rewritten); for an
+  // s3:// output, recorded objects whose size or ETag no longer matched (uploaded again).
   int verification_failures = 0;
+  // Data files an earlier attempt had finished that were kept instead of written again (local
+  // resume; an s3:// rerun into an unfinished prefix), and their bytes. bytes_written counts
+  // them too: it is the size of the output.
+  int reused_files = 0;
+  uint64_t reused_bytes = 0;
   // Data files written with direct I/O, and buffered (see ExecutionResult).
   int direct_files = 0;
   int buffered_files = 0;
@@ -182,6 +188,13 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
                                                const RunControl& control = {});
 
 // Pieces of RunConversion that partitioned conversions (partitioned_conversion.h) share.
+//
+// What every run of `spec` must agree on to produce the same output, as a JSON object (text):
+// kind, input and output (absolute), format, dtype, shard size, parts, the rules' contents,
+// tied weights, training-state options, update_latest and overwrite. Threads, window, I/O mode
+// and the CRC check are left out: they do not change the bytes. Errors: the rules file cannot
+// be read.
+absl::StatusOr<std::string> ConversionRequestJson(const ConversionSpec& spec);
 //
 // The executor's options for `spec` and `control` (progress, cancellation, commit callback);
 // completed_files is the caller's to set.

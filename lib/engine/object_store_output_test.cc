@@ -1,14 +1,25 @@
-// The checks RunConversionToObjectStore makes before it reads the input or writes anything.
-// The protocol itself runs against a real radosgw in //tests/s3:s3_output_test.
+// The checks RunConversionToObjectStore makes before it reads the input or writes anything,
+// and the reuse of finished data objects by a rerun, against an in-memory S3
+// (MemoryS3Client). The protocol also runs against a real radosgw in
+// //tests/s3:s3_output_test.
 
 #include "lib/engine/object_store_output.h"
 
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "lib/formats/safetensors/safetensors_format.h"
 #include "lib/io/s3/s3_client.h"
+#include "lib/io/s3/testing/memory_s3_client.h"
+#include "lib/testing/test_files.h"
+#include "nlohmann/json.hpp"
 
 namespace reshard {
 namespace {
@@ -82,6 +93,167 @@ TEST(ObjectStoreOutputTest, SiblingPrefixIsNotInsideAndListingErrorsNameTheOutpu
             absl::string_view::npos)
       << result.status();
   EXPECT_GT(client->stats().requests, 0u);
+}
+
+// A safetensors model of four 64 KiB fp32 tensors; consolidated with 70 kB shards, each output
+// file holds one tensor: four data objects and the index.
+std::string WriteModel() {
+  const std::string dir = MakeTempDir("model");
+  std::vector<SafetensorsTensorEntry> entries;
+  std::string data;
+  for (int t = 0; t < 4; ++t) {
+    const std::string bytes = TestPattern(128 * 128 * 4, t);
+    entries.push_back({absl::StrCat("layers.", t, ".weight"),
+                       DType::kF32,
+                       {128, 128},
+                       data.size(),
+                       data.size() + bytes.size()});
+    data += bytes;
+  }
+  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(entries, {{"format", "pt"}});
+  EXPECT_TRUE(header.ok()) << header.status();
+  WriteAll(dir + "/model.safetensors", *header + data);
+  return dir + "/model.safetensors";
+}
+
+constexpr char kBucket[] = "models";
+constexpr char kPrefix[] = "ckpt/out/";
+constexpr char kManifestKey[] = "ckpt/out/reshard-manifest.json";
+
+std::string DataName(int file) { return absl::StrCat("model-0000", file, "-of-00004.safetensors"); }
+std::string DataKey(int file) { return kPrefix + DataName(file); }
+std::string RecordKey(int file) {
+  return absl::StrCat(kPrefix, kObjectRecordsFolder, "/", DataName(file), ".json");
+}
+
+// The objects of `client`'s bucket, the manifest without its timestamp.
+std::map<std::string, std::string> WithoutTimestamp(const MemoryS3Client& client) {
+  std::map<std::string, std::string> objects = client.objects(kBucket);
+  if (objects.count(kManifestKey) > 0) {
+    nlohmann::ordered_json manifest = nlohmann::ordered_json::parse(objects[kManifestKey]);
+    manifest.erase("created_unix");
+    objects[kManifestKey] = manifest.dump();
+  }
+  return objects;
+}
+
+// Conversions of the model into s3://models/ckpt/out through an in-memory S3, with one
+// thread (data files in plan order).
+class ObjectReuseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    input_ = WriteModel();
+    ASSERT_TRUE(client_.CreateBucket(kBucket).ok());
+  }
+
+  ConversionSpec Spec() const {
+    ConversionSpec spec = Consolidate(input_, absl::StrCat("s3://", kBucket, "/ckpt/out"));
+    spec.max_shard_size = 70'000;
+    spec.threads = 1;
+    return spec;
+  }
+
+  // Runs `spec`, recording the keys of the uploads it completed in `completed_`. When
+  // `fail_key` is set, the upload of that key fails to start (Unavailable), as an S3 error or a
+  // kill would stop the run there.
+  absl::StatusOr<ConversionResult> Run(const ConversionSpec& spec, const std::string& fail_key) {
+    completed_.clear();
+    client_.set_interceptor([this, fail_key](absl::string_view op, absl::string_view key) {
+      if (op == "CreateMultipartUpload" && key == fail_key) {
+        return absl::UnavailableError(absl::StrCat("injected failure uploading ", key));
+      }
+      if (op == "CompleteMultipartUpload") completed_.push_back(std::string(key));
+      return absl::OkStatus();
+    });
+    return RunConversionToObjectStore(spec, {}, client_);
+  }
+
+  // The objects under the prefix, with the manifest's timestamp removed.
+  std::map<std::string, std::string> Output() const { return WithoutTimestamp(client_); }
+
+  // What an uninterrupted run writes, from a client of its own.
+  std::map<std::string, std::string> Uninterrupted() {
+    MemoryS3Client fresh;
+    EXPECT_TRUE(fresh.CreateBucket(kBucket).ok());
+    absl::StatusOr<ConversionResult> result = RunConversionToObjectStore(Spec(), {}, fresh);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return WithoutTimestamp(fresh);
+  }
+
+  // Reruns `spec` and expects every data object to be uploaded again, `mismatches` of them
+  // counted as verification failures, and the uninterrupted run's output.
+  void ExpectRerunUploadsEverything(const ConversionSpec& spec, int mismatches) {
+    absl::StatusOr<ConversionResult> rerun = Run(spec, "");
+    ASSERT_TRUE(rerun.ok()) << rerun.status();
+    EXPECT_EQ(completed_,
+              (std::vector<std::string>{DataKey(1), DataKey(2), DataKey(3), DataKey(4)}));
+    EXPECT_EQ(rerun->reused_files, 0);
+    EXPECT_EQ(rerun->verification_failures, mismatches);
+    EXPECT_EQ(Output(), Uninterrupted());
+  }
+
+  // A first run that fails when it starts the third data object: objects 1 and 2 are complete
+  // and recorded.
+  void FailAtTheThirdObject() {
+    absl::StatusOr<ConversionResult> failed = Run(Spec(), DataKey(3));
+    ASSERT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+    const std::map<std::string, std::string> objects = client_.objects(kBucket);
+    EXPECT_EQ(objects.count(kManifestKey), 0u);
+    EXPECT_EQ(objects.count(absl::StrCat(kPrefix, kInProgressMarkerName)), 1u);
+    for (int file : {1, 2}) {
+      EXPECT_EQ(objects.count(DataKey(file)), 1u) << file;
+      EXPECT_EQ(objects.count(RecordKey(file)), 1u) << file;
+    }
+    EXPECT_EQ(objects.count(DataKey(3)), 0u);
+  }
+
+  std::string input_;
+  MemoryS3Client client_;
+  std::vector<std::string> completed_;
+};
+
+TEST_F(ObjectReuseTest, RerunAfterAFailureUploadsOnlyTheUnfinishedObjects) {
+  FailAtTheThirdObject();
+  const std::string first = client_.objects(kBucket).at(DataKey(1));
+  absl::StatusOr<ConversionResult> rerun = Run(Spec(), "");
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_EQ(completed_, (std::vector<std::string>{DataKey(3), DataKey(4)}));
+  EXPECT_EQ(rerun->reused_files, 2);
+  EXPECT_EQ(rerun->reused_bytes, 2 * first.size());
+  EXPECT_EQ(rerun->verification_failures, 0);
+  ASSERT_EQ(rerun->files.size(), 5u);  // four data files and the index
+  // The output, its manifest (sizes and XXH3-64 of every file) included, is the uninterrupted
+  // run's; no record and no marker are left.
+  EXPECT_EQ(Output(), Uninterrupted());
+}
+
+TEST_F(ObjectReuseTest, ReplacedObjectsAreUploadedAgain) {
+  FailAtTheThirdObject();
+  std::string same_size = client_.objects(kBucket).at(DataKey(1));
+  same_size[100] ^= 1;  // another ETag
+  ASSERT_TRUE(client_.Put(kBucket, DataKey(1), same_size).ok());
+  ASSERT_TRUE(client_.Put(kBucket, DataKey(2), "shorter").ok());
+  ExpectRerunUploadsEverything(Spec(), /*mismatches=*/2);
+}
+
+TEST_F(ObjectReuseTest, RecordsOfAnotherPlanOrWithoutTheirObjectAreIgnored) {
+  FailAtTheThirdObject();
+  // Record 1 rewritten as another plan's (same name, size, digest and ETag); object 2 is
+  // complete but its record is gone (a run killed between the object and its record).
+  std::string record = client_.objects(kBucket).at(RecordKey(1));
+  nlohmann::ordered_json json = nlohmann::ordered_json::parse(record);
+  json["plan_id"] = "0123456789abcdef";
+  ASSERT_TRUE(client_.Put(kBucket, RecordKey(1), json.dump()).ok());
+  ASSERT_TRUE(client_.Delete(kBucket, RecordKey(2)).ok());
+  ExpectRerunUploadsEverything(Spec(), /*mismatches=*/0);
+}
+
+TEST_F(ObjectReuseTest, AnotherPlanReusesNothing) {
+  FailAtTheThirdObject();
+  // The same files, names and sizes, but another request: the plan id differs.
+  ConversionSpec other = Spec();
+  other.duplicate_tied = true;
+  ExpectRerunUploadsEverything(other, /*mismatches=*/0);
 }
 
 }  // namespace

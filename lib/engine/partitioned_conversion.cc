@@ -58,14 +58,6 @@ absl::Status ObjectStoreUnsupported(const std::string& output) {
       "s3:// output as one conversion"));
 }
 
-// Every worker must name the same folders, wherever it was started from.
-std::string AbsolutePath(const std::string& path) {
-  if (IsRemotePath(path)) return path;  // s3://bucket/key is absolute already
-  std::error_code error;
-  const fs::path absolute = fs::absolute(path, error);
-  return NormalizeOutputPath(error ? path : absolute.string());
-}
-
 struct OutputPlace {
   std::string parent;
   std::string name;
@@ -131,30 +123,10 @@ absl::StatusOr<OrderedJson> ReadJsonIn(const Directory& dir, const std::string& 
   return json;
 }
 
-// The conversion as every worker must see it: what is read, what is written, and how. Paths
-// are absolute; the rules are their contents. Threads, window, I/O mode and the CRC check are
-// each worker's own business.
+// The conversion as every worker must see it (ConversionRequestJson).
 absl::StatusOr<OrderedJson> SplitRequestJson(const ConversionSpec& spec) {
-  std::string rules = spec.rules_json;
-  if (rules.empty() && !spec.rules_file.empty()) {
-    ASSIGN_OR_RETURN(rules, ReadSmallFile(spec.rules_file, 1 << 20), "reading the rules");
-  }
-  OrderedJson request;
-  request["kind"] = spec.kind == ConversionSpec::Kind::kConsolidate ? "consolidate" : "reshard";
-  request["input"] = AbsolutePath(spec.input);
-  request["output"] = AbsolutePath(spec.output);
-  request["output_format"] = spec.output_format;
-  request["dtype"] = std::string(DTypePolicyName(spec.dtype));
-  request["max_shard_size"] = spec.max_shard_size;
-  request["parts"] = spec.parts;
-  request["pipeline_parts"] = spec.pipeline_parts;
-  request["rules_json"] = rules;
-  request["duplicate_tied"] = spec.duplicate_tied;
-  request["tag"] = spec.read.tag;
-  request["include_optimizer"] = spec.read.include_optimizer;
-  request["update_latest"] = spec.update_latest;
-  request["overwrite"] = spec.overwrite;
-  return request;
+  ASSIGN_OR_RETURN(const std::string request, ConversionRequestJson(spec));
+  return OrderedJson::parse(request);
 }
 
 absl::StatusOr<ConversionSpec> SpecFromSplitRequest(const OrderedJson& request,

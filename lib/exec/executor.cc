@@ -819,6 +819,11 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
         std::optional<WrittenFile> reused;
         if (dir != nullptr) {
           reused = ReuseCompletedFile(file, *dir, options, phases[f].verify, mismatch);
+        } else if (auto recorded = options.completed_files.find(file.name);
+                   recorded != options.completed_files.end()) {
+          // The sink holds it already, checked by the caller (see Execute).
+          reused = WrittenFile{file.name, file.bytes, recorded->second,
+                               static_cast<int>(file.tensors.size())};
         }
         mismatched[f] = mismatch;
         was_reused[f] = reused.has_value();
@@ -918,7 +923,12 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
       continue;
     }
     result.bytes_written += file_result->bytes;
-    if (!was_reused[f]) ++(direct[f] ? result.direct_files : result.buffered_files);
+    if (was_reused[f]) {
+      ++result.reused_files;
+      result.reused_bytes += file_result->bytes;
+    } else {
+      ++(direct[f] ? result.direct_files : result.buffered_files);
+    }
     result.bytes_read += bytes_read[f];
     result.files.push_back(*std::move(file_result));
   }
@@ -951,10 +961,6 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
 
 absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, OutputSink& sink,
                                         const ExecutorOptions& options) {
-  if (!options.completed_files.empty()) {
-    return absl::InvalidArgumentError(
-        "files of an earlier attempt cannot be reused when writing through an output sink");
-  }
   return ExecuteInto(plan, nullptr, &sink, options);
 }
 

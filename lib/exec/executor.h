@@ -58,7 +58,8 @@ struct ExecutorOptions {
   // When set and true, workers stop before their next window and Execute returns Cancelled.
   const std::atomic<bool>* cancelled = nullptr;
   // Files an earlier attempt already committed in the output folder, with their XXH3-64. A
-  // file is reused when it still has the planned size and checksum, else rewritten.
+  // file is reused when it still has the planned size and checksum, else rewritten. Through an
+  // OutputSink: the files the sink already holds, checked by the caller, reused as listed.
   std::map<std::string, uint64_t> completed_files;
   // Called after each file is committed (or reused), from worker threads, serialized.
   std::function<void(const WrittenFile&)> on_file_committed;
@@ -97,6 +98,10 @@ struct ExecutionResult {
   // Files recorded as committed by an earlier attempt whose size or XXH3-64 no longer matched
   // (they were written again).
   int verification_failures = 0;
+  // Files an earlier attempt committed that were reused instead of written, and their bytes
+  // (counted in bytes_written too: it is the size of the output).
+  int reused_files = 0;
+  uint64_t reused_bytes = 0;
   // Source bytes read a second time to complete CRC-32 checks: the parts of checked ranges the
   // pass did not read (see SourceChecksums).
   uint64_t crc_bytes_reread = 0;
@@ -163,9 +168,12 @@ absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, const Directory& d
                                         const ExecutorOptions& options);
 
 // The same with every data file written through `sink` (object storage). Direct I/O applies to
-// the sources only; options.completed_files must be empty (a sink has no files to reuse), else
-// InvalidArgument. The sink's files count as buffered in the result; PhaseSeconds::fsync is
-// the time Close took (completing an upload).
+// the sources only. options.completed_files are files the sink already holds, which the caller
+// has checked (an object cannot be hashed again without reading it back: object_store_output
+// compares each object's size and ETag with what was recorded when it was written): they are
+// not opened, and get the listed XXH3-64; their sources' CRC-32 checks still hold as for a
+// folder's reused files. The sink's written files count as buffered in the result;
+// PhaseSeconds::fsync is the time Close took (completing an upload).
 absl::StatusOr<ExecutionResult> Execute(const CopyPlan& plan, OutputSink& sink,
                                         const ExecutorOptions& options);
 

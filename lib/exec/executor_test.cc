@@ -525,13 +525,39 @@ TEST(ExecutorTest, SinkErrorsAndCancellationCommitNothingPartial) {
     EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
     EXPECT_TRUE(sink.committed().empty());
   }
-  {
-    MemorySink sink;
-    ExecutorOptions options;
-    options.completed_files["full.bin"] = 1;
-    EXPECT_EQ(Execute(planned.plan, sink, options).status().code(),
-              absl::StatusCode::kInvalidArgument);
+}
+
+// Files a sink already holds (checked by the caller) are not opened again: they are reported
+// with the listed XXH3-64, counted as reused, and their bytes count in bytes_written.
+TEST(ExecutorTest, SinkReusesTheFilesItHolds) {
+  const PlannedCase planned = PlanCase(57, 181, 97);
+  const Case& c = planned.c;
+  MemorySink first;
+  auto written = Execute(planned.plan, first, ExecutorOptions());
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_EQ(written->files.size(), 2u);
+
+  MemorySink sink;
+  ExecutorOptions options;
+  options.completed_files[written->files[0].name] = written->files[0].xxh3_64;
+  std::vector<std::string> committed_names;
+  options.on_file_committed = [&](const WrittenFile& file) {
+    committed_names.push_back(file.name);
+  };
+  auto resumed = Execute(planned.plan, sink, options);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(sink.opened().count(c.layout.files[0].name), 0u);
+  EXPECT_EQ(sink.committed().at(c.layout.files[1].name), c.expected[1]);
+  EXPECT_EQ(committed_names.size(), 2u);
+  ASSERT_EQ(resumed->files.size(), 2u);
+  for (int f = 0; f < 2; ++f) {
+    EXPECT_EQ(resumed->files[f].xxh3_64, written->files[f].xxh3_64);
+    EXPECT_EQ(resumed->files[f].bytes, written->files[f].bytes);
   }
+  EXPECT_EQ(resumed->reused_files, 1);
+  EXPECT_EQ(resumed->reused_bytes, written->files[0].bytes);
+  EXPECT_EQ(resumed->buffered_files, 1);
+  EXPECT_EQ(resumed->bytes_written, written->bytes_written);
 }
 
 TEST(ExecutorTest, EstimateExecutionMemoryIsBounded) {

@@ -118,7 +118,8 @@ class S3DaemonTests(H.DaemonTestCase):
 
     def test_daemon_killed_mid_upload_resumes_the_job(self):
         """reshardd killed while uploading (after one data object completed): restarted on the
-        same state, it resumes the job, takes the prefix over and completes it."""
+        same state, it resumes the job, takes the prefix over, keeps the finished object and
+        completes it."""
         state = os.path.join(self.tmp, "state-killed")
         args = ("--allowed-root", ROOT)
         killed = H.Daemon(self.logs, state, [self.root], args,
@@ -136,11 +137,16 @@ class S3DaemonTests(H.DaemonTestCase):
         self.assertNotIn("team-a/out-resumed/" + H.INDEX, listed)
         self.assertTrue(self.s3.list_multipart_uploads(
             Bucket=BUCKET, Prefix="team-a/out-resumed/").get("Uploads"), "no upload in flight")
+        finished = [k for k in listed if k.endswith(".safetensors")]
+        self.assertTrue(finished, listed)
 
         restarted = H.Daemon(self.logs, state, [self.root], args).start()
         self.extra_daemons.append(restarted)
         done = self.wait_terminal(job_id, daemon=restarted)
         self.assertEqual(done["state"], "succeeded", done)
+        # The objects finished before the kill were kept (their records held), not uploaded
+        # again.
+        self.assertEqual(done["reused_files"], len(finished), done)
         self.download("team-a/out-resumed", self.r("downloaded-resumed"))
         self.assertConsolidated(self.src, self.r("downloaded-resumed"))
         self.assertSameDataFiles(self.r("downloaded-resumed"),

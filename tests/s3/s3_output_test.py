@@ -30,6 +30,7 @@ BUCKET = "reshard-out-%d" % os.getpid()  # fresh for every run
 MANIFEST = "reshard-manifest.json"
 MARKER = "reshard-in-progress.json"
 INDEX = "model.safetensors.index.json"
+RECORDS = ".reshard-progress"  # records of finished data objects while a run writes a prefix
 # Several output files, the largest above one 8 MiB upload part (64 MiB of fp32 input).
 SHARD = "20MB"
 
@@ -99,6 +100,15 @@ class S3OutputTest(unittest.TestCase):
         for page in paginator.paginate(Bucket=BUCKET, Prefix=prefix + "/"):
             keys += [o["Key"][len(prefix) + 1:] for o in page.get("Contents", [])]
         return sorted(keys)
+
+    def objects(self, prefix):
+        """Key (relative to `prefix`) -> the listing's entry (Size, ETag, LastModified)."""
+        paginator = self.s3.get_paginator("list_objects_v2")
+        objects = {}
+        for page in paginator.paginate(Bucket=BUCKET, Prefix=prefix + "/"):
+            for o in page.get("Contents", []):
+                objects[o["Key"][len(prefix) + 1:]] = o
+        return objects
 
     def uploads(self, prefix):
         answer = self.s3.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix + "/")
@@ -220,14 +230,30 @@ class S3OutputTest(unittest.TestCase):
         self.assertNotIn(MANIFEST, keys)
         self.assertNotIn(INDEX, keys)
         self.assertIn(MARKER, keys)
-        self.assertTrue(any(k.endswith(".safetensors") for k in keys), keys)
+        finished = [k for k in keys if k.endswith(".safetensors")]
+        self.assertTrue(finished, keys)
         self.assertNotEqual(self.uploads(prefix), [])
+        # Every finished data object has its record, written after the object completed.
+        self.assertEqual(sorted(k for k in keys if k.startswith(RECORDS + "/")),
+                         sorted("%s/%s.json" % (RECORDS, k) for k in finished))
+        before = self.objects(prefix)
+        time.sleep(1.1)  # LastModified has whole seconds: an object uploaded again would differ
 
         # The rerun takes the unfinished prefix over (no --overwrite needed), aborts the stale
-        # upload and completes.
-        code, _, err = reshardctl("consolidate", self.src, url, "--max-shard-size", SHARD,
-                                  "--threads", "1")
+        # upload, keeps the objects finished before the kill and writes the others.
+        code, doc, err = reshardctl("consolidate", self.src, url, "--max-shard-size", SHARD,
+                                    "--threads", "1")
         self.assertEqual(code, 0, err)
+        self.assertEqual(doc["reused_files"], len(finished), doc)
+        self.assertEqual(doc["reused_bytes"], sum(before[k]["Size"] for k in finished), doc)
+        self.assertEqual(doc["verification_failures"], 0, doc)
+        after = self.objects(prefix)
+        for key in finished:
+            # Not uploaded again: the same object (ETag) from the same time.
+            self.assertEqual(after[key]["LastModified"], before[key]["LastModified"], key)
+            self.assertEqual(after[key]["ETag"], before[key]["ETag"], key)
+        self.assertEqual(len(doc["files"]), len(self.refs["keep"]) - 1)  # no manifest there
+        # Byte-equal to the local output, manifest included; no record and no marker left.
         self.assertSameAsLocal(prefix, "keep")
 
     def test_cancelled_run_aborts_its_uploads(self):

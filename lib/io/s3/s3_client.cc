@@ -140,10 +140,10 @@ absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(Options options) {
   if (options.retry.max_attempts < 1) {
     return absl::InvalidArgumentError("S3 client: retry.max_attempts must be at least 1");
   }
-  return std::unique_ptr<S3Client>(new S3Client(std::move(options), *curl));
+  return std::unique_ptr<S3Client>(new S3Client(std::move(options), curl));
 }
 
-S3Client::S3Client(Options options, const CurlLibrary& curl)
+S3Client::S3Client(Options options, const CurlLibrary* curl)
     : options_(std::move(options)),
       curl_(curl),
       userpwd_(absl::StrCat(options_.config.credentials.access_key_id, ":",
@@ -152,7 +152,7 @@ S3Client::S3Client(Options options, const CurlLibrary& curl)
 
 S3Client::~S3Client() {
   absl::MutexLock lock(&mu_);
-  for (void* handle : idle_handles_) curl_.easy_cleanup(static_cast<CURL*>(handle));
+  for (void* handle : idle_handles_) curl_->easy_cleanup(static_cast<CURL*>(handle));
 }
 
 S3ClientStats S3Client::stats() const { return S3ClientStats{requests_.load(), retries_.load()}; }
@@ -166,7 +166,7 @@ void* S3Client::TakeHandle() {
       return handle;
     }
   }
-  return curl_.easy_init();
+  return curl_->easy_init();
 }
 
 void S3Client::ReturnHandle(void* handle) {
@@ -175,7 +175,7 @@ void S3Client::ReturnHandle(void* handle) {
   if (idle_handles_.size() < kMaxIdleHandles) {
     idle_handles_.push_back(handle);
   } else {
-    curl_.easy_cleanup(static_cast<CURL*>(handle));
+    curl_->easy_cleanup(static_cast<CURL*>(handle));
   }
 }
 
@@ -207,10 +207,10 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     requests_.fetch_add(1);
     CURL* curl = static_cast<CURL*>(TakeHandle());
     if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
-    curl_.easy_reset(curl);
+    curl_->easy_reset(curl);
     Response response;
     TransferState state;
-    state.library = &curl_;
+    state.library = curl_;
     state.curl = curl;
     state.response = &response;
     state.out = request.out;
@@ -218,46 +218,46 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     state.max_xml_bytes = options_.max_xml_bytes;
 
     curl_slist* headers = nullptr;
-    headers = curl_.slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    headers = curl_.slist_append(headers, "Content-Type: application/octet-stream");
+    headers = curl_->slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    headers = curl_->slist_append(headers, "Content-Type: application/octet-stream");
     if (!options_.config.credentials.session_token.empty()) {
-      headers = curl_.slist_append(
+      headers = curl_->slist_append(
           headers, absl::StrCat("x-amz-security-token: ", options_.config.credentials.session_token)
                        .c_str());
     }
     for (const std::string& header : request.headers) {
-      headers = curl_.slist_append(headers, header.c_str());
+      headers = curl_->slist_append(headers, header.c_str());
     }
-    curl_.easy_setopt(curl, CURLOPT_URL, url.c_str());
-    curl_.easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-    curl_.easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4_.c_str());
-    curl_.easy_setopt(curl, CURLOPT_USERPWD, userpwd_.c_str());
-    curl_.easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    curl_->easy_setopt(curl, CURLOPT_URL, url.c_str());
+    curl_->easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+    curl_->easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4_.c_str());
+    curl_->easy_setopt(curl, CURLOPT_USERPWD, userpwd_.c_str());
+    curl_->easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     // No "Expect:" header to suppress 100-continue: libcurl would sign the empty header.
-    curl_.easy_setopt(curl, CURLOPT_EXPECT_100_TIMEOUT_MS, 200L);
-    curl_.easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_.easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
-                      static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
-    curl_.easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-    curl_.easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
-                      static_cast<long>(absl::ToInt64Seconds(options_.stall_timeout)));
-    curl_.easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnBody);
-    curl_.easy_setopt(curl, CURLOPT_WRITEDATA, &state);
-    curl_.easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
-    curl_.easy_setopt(curl, CURLOPT_HEADERDATA, &state);
+    curl_->easy_setopt(curl, CURLOPT_EXPECT_100_TIMEOUT_MS, 200L);
+    curl_->easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_->easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                       static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
+    curl_->easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_->easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
+                       static_cast<long>(absl::ToInt64Seconds(options_.stall_timeout)));
+    curl_->easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnBody);
+    curl_->easy_setopt(curl, CURLOPT_WRITEDATA, &state);
+    curl_->easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
+    curl_->easy_setopt(curl, CURLOPT_HEADERDATA, &state);
     if (absl::string_view(request.method) == "HEAD") {
-      curl_.easy_setopt(curl, CURLOPT_NOBODY, 1L);
+      curl_->easy_setopt(curl, CURLOPT_NOBODY, 1L);
     } else if (absl::string_view(request.method) != "GET") {
-      curl_.easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method);
+      curl_->easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method);
     }
     if (request.has_body) {
-      curl_.easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
-                        static_cast<curl_off_t>(request.body.size()));
-      curl_.easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.data());
+      curl_->easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
+                         static_cast<curl_off_t>(request.body.size()));
+      curl_->easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.data());
     }
-    const CURLcode rc = curl_.easy_perform(curl);
-    curl_.easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.http_status);
-    curl_.slist_free_all(headers);
+    const CURLcode rc = curl_->easy_perform(curl);
+    curl_->easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.http_status);
+    curl_->slist_free_all(headers);
     ReturnHandle(curl);
 
     if (state.overflow) {
@@ -272,7 +272,7 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     if (rc != CURLE_OK) {
       outcome.transport_error = true;
       last_error = absl::UnavailableError(
-          absl::StrCat(what, ": ", curl_.easy_strerror(rc), " (curl ", static_cast<int>(rc), ")"));
+          absl::StrCat(what, ": ", curl_->easy_strerror(rc), " (curl ", static_cast<int>(rc), ")"));
     } else if (response.http_status >= 200 && response.http_status < 300) {
       return response;
     } else {

@@ -17,6 +17,8 @@
 // a value ("?uploads="), because libcurl 7.88 signs the query string as written.
 //
 // Errors name the operation, the s3:// URL and the S3 error code (S3ErrorToStatus).
+// The requests are virtual so that tests can put an in-memory store in the client's place
+// (lib/io/s3/testing/memory_s3_client.h); a request costs far more than the indirection.
 // Sizes from the server are bounded: XML responses are capped (Options), a range GET never
 // writes past the caller's buffer, and a Content-Length beyond S3's 5 TiB limit is DataLoss.
 
@@ -88,31 +90,32 @@ class S3Client {
   static constexpr uint64_t kMaxObjectBytes = 5ull << 40;
 
   static absl::StatusOr<std::unique_ptr<S3Client>> Create(Options options);
-  ~S3Client();
+  virtual ~S3Client();
 
   S3Client(const S3Client&) = delete;
   S3Client& operator=(const S3Client&) = delete;
 
   // PUT bucket. AlreadyExists when it exists.
-  absl::Status CreateBucket(absl::string_view bucket);
+  virtual absl::Status CreateBucket(absl::string_view bucket);
 
   // Size and ETag of an object. NotFound naming the key when it does not exist.
-  absl::StatusOr<S3ObjectInfo> Head(absl::string_view bucket, absl::string_view key);
+  virtual absl::StatusOr<S3ObjectInfo> Head(absl::string_view bucket, absl::string_view key);
 
   // Reads exactly out.size() bytes at `offset` into `out`. OutOfRange when the range is not
   // inside the object; DataLoss naming bucket, key and range when the server sent fewer or more
   // bytes than asked for. An empty `out` sends nothing.
-  absl::Status GetRange(absl::string_view bucket, absl::string_view key, uint64_t offset,
-                        absl::Span<char> out);
+  virtual absl::Status GetRange(absl::string_view bucket, absl::string_view key, uint64_t offset,
+                                absl::Span<char> out);
 
   // Uploads a whole (small, at most 5 GiB) object. Returns its ETag.
-  absl::StatusOr<std::string> Put(absl::string_view bucket, absl::string_view key,
-                                  absl::string_view data);
+  virtual absl::StatusOr<std::string> Put(absl::string_view bucket, absl::string_view key,
+                                          absl::string_view data);
 
   // Every object whose key starts with `prefix`, in key order, following continuation tokens.
   // `page_size` (max-keys, 1..1000) is the number of keys per LIST request.
-  absl::StatusOr<std::vector<S3ObjectInfo>> List(absl::string_view bucket, absl::string_view prefix,
-                                                 int page_size = 1000);
+  virtual absl::StatusOr<std::vector<S3ObjectInfo>> List(absl::string_view bucket,
+                                                         absl::string_view prefix,
+                                                         int page_size = 1000);
 
   // What lies directly inside "folder" `prefix` (empty, or ending in '/'): the objects whose
   // keys have no further '/' and the sub-prefixes ("a/b/") of the deeper ones, in key order
@@ -122,45 +125,47 @@ class S3Client {
     std::vector<S3ObjectInfo> objects;
     std::vector<std::string> subfolders;
   };
-  absl::StatusOr<Folder> ListFolder(absl::string_view bucket, absl::string_view prefix,
-                                    size_t max_entries = 0);
+  virtual absl::StatusOr<Folder> ListFolder(absl::string_view bucket, absl::string_view prefix,
+                                            size_t max_entries = 0);
 
   // Deletes an object; deleting a missing key succeeds (as S3 does).
-  absl::Status Delete(absl::string_view bucket, absl::string_view key);
+  virtual absl::Status Delete(absl::string_view bucket, absl::string_view key);
 
   // Starts a multipart upload; `metadata` becomes x-amz-meta-<name> headers of the finished
   // object (e.g. {"reshard-job": id} so a rerun can recognize outputs it made). Returns the
   // upload id.
-  absl::StatusOr<std::string> CreateMultipartUpload(
+  virtual absl::StatusOr<std::string> CreateMultipartUpload(
       absl::string_view bucket, absl::string_view key,
       const std::map<std::string, std::string>& metadata = {});
 
   // Uploads part `part_number` (1..10000). Returns the part's ETag. Retried like any call.
-  absl::StatusOr<std::string> UploadPart(absl::string_view bucket, absl::string_view key,
-                                         absl::string_view upload_id, int part_number,
-                                         absl::string_view data);
+  virtual absl::StatusOr<std::string> UploadPart(absl::string_view bucket, absl::string_view key,
+                                                 absl::string_view upload_id, int part_number,
+                                                 absl::string_view data);
 
   // Completes an upload from its parts (ascending part numbers). Returns the object's ETag.
-  absl::StatusOr<std::string> CompleteMultipartUpload(absl::string_view bucket,
-                                                      absl::string_view key,
-                                                      absl::string_view upload_id,
-                                                      const std::vector<S3CompletedPart>& parts);
+  virtual absl::StatusOr<std::string> CompleteMultipartUpload(
+      absl::string_view bucket, absl::string_view key, absl::string_view upload_id,
+      const std::vector<S3CompletedPart>& parts);
 
-  absl::Status AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
-                                    absl::string_view upload_id);
+  virtual absl::Status AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
+                                            absl::string_view upload_id);
 
   // Unfinished multipart uploads whose key starts with `prefix` (paginated internally).
-  absl::StatusOr<std::vector<S3UploadInfo>> ListMultipartUploads(absl::string_view bucket,
-                                                                 absl::string_view prefix);
+  virtual absl::StatusOr<std::vector<S3UploadInfo>> ListMultipartUploads(absl::string_view bucket,
+                                                                         absl::string_view prefix);
 
   S3ClientStats stats() const;
 
   struct Request;
   struct Response;
 
- private:
-  S3Client(Options options, const CurlLibrary& curl);
+ protected:
+  // `curl` is LoadCurlLibrary's table (Create). Test doubles
+  // (lib/io/s3/testing/memory_s3_client.h), which override every request, pass nullptr.
+  S3Client(Options options, const CurlLibrary* curl);
 
+ private:
   // Sends `request` with retries; a non-2xx final answer becomes a status naming `what`.
   absl::StatusOr<Response> Send(const Request& request, absl::string_view what);
   // ListObjectsV2 pages of `page_size` keys (with delimiter '/' when `delimit`) until the
@@ -173,7 +178,7 @@ class S3Client {
   void ReturnHandle(void* handle);
 
   const Options options_;
-  const CurlLibrary& curl_;  // loaded by Create
+  const CurlLibrary* const curl_;  // loaded by Create; null in test doubles
   const std::string userpwd_;
   const std::string sigv4_;
   absl::Mutex mu_;

@@ -182,7 +182,7 @@ absl::Status S3ObjectWriter::Close() {
     RETURN_IF_ERROR(client_->AbortMultipartUpload(bucket_, key_, upload_id_),
                     absl::StrCat("replacing the upload of empty ", url_));
     completed_ = true;  // nothing left to abort
-    RETURN_IF_ERROR(client_->Put(bucket_, key_, "").status(), absl::StrCat("writing ", url_));
+    ASSIGN_OR_RETURN(etag_, client_->Put(bucket_, key_, ""), absl::StrCat("writing ", url_));
     StopUploaders();
     return absl::OkStatus();
   }
@@ -209,12 +209,14 @@ absl::Status S3ObjectWriter::Close() {
     absl::StatusOr<std::string> expected = MultipartETag(parts);
     if (info.ok() && info->size == pos_ && expected.ok() && BareETag(info->etag) == *expected) {
       completed_ = true;
+      etag_ = info->etag;
       return absl::OkStatus();
     }
   }
   RETURN_IF_ERROR(etag.status(), absl::StrCat("completing the upload of ", url_, " (", parts.size(),
                                               " parts, ", pos_, " bytes)"));
   completed_ = true;
+  etag_ = *std::move(etag);
   return absl::OkStatus();
 }
 

@@ -84,6 +84,10 @@ class S3ObjectWriter final : public ByteWriter {
   uint64_t pos() const override { return pos_; }
 
   const std::string& url() const { return url_; }
+  // The ETag of the finished object as the server sent it (quotes included), once Close
+  // returned OK; empty before. With the size, what tells this object from a later one under
+  // the same key (object_store_output's reuse of finished objects).
+  const std::string& etag() const { return etag_; }
   // Parts uploaded so far (for tests and progress).
   int parts_uploaded() const;
 
@@ -120,6 +124,7 @@ class S3ObjectWriter final : public ByteWriter {
   uint64_t pos_ = 0;
   bool closed_ = false;
   bool completed_ = false;
+  std::string etag_;
 
   mutable absl::Mutex mu_;
   std::deque<Part> queue_ ABSL_GUARDED_BY(mu_);
