@@ -774,12 +774,6 @@ namespace {
 absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Directory* dir,
                                             OutputSink* sink, const ExecutorOptions& options) {
   ASSIGN_OR_RETURN(std::vector<MappedFile> sources, MapSources(plan.sources));
-  // What a remote source cannot give (strided elements) fails before any file is written.
-  for (const FilePlan& file : plan.files) {
-    for (const TensorCopy& copy : file.tensors) {
-      RETURN_IF_ERROR(TensorFiller::CheckReadable(copy, sources), file.name);
-    }
-  }
   if (options.io != IoMode::kBuffered) {
     const std::vector<SourceReads> reads = AnalyzeSourceReads(plan);
     const std::vector<bool> dense = SourcesReadDense(plan);
@@ -1006,6 +1000,8 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   uint64_t largest_file = 0;
   uint64_t plan_bytes = sizeof(CopyPlan);
   bool means = false;
+  // The local copies of strided items of remote sources one tensor's fillers hold at most.
+  uint64_t staging = 0;
   auto add_copy = [&](const TensorCopy& copy) {
     plan_bytes += sizeof(TensorCopy) + copy.name.size();
     for (const CopyItem& item : copy.items) {
@@ -1018,6 +1014,7 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
       add_copy(copy);
       for (const TensorCopy& term : copy.mean_terms) add_copy(term);
       means = means || !copy.mean_terms.empty();
+      staging = std::max(staging, TensorFiller::StagingMemoryBound(copy, plan.sources));
     }
   }
   // Each worker holds its window, the stage of a direct-I/O file, and the source pages one fill
@@ -1037,6 +1034,8 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   const uint64_t span =
       2 * std::min<uint64_t>(remote ? RemoteSpanBytes(threads) : SpanBytes(options.io),
                              plan.source_bytes_read);
-  return threads * (2 * window + mapped + stage + span + mean_scratch) + plan_bytes + checksums;
+  // Each file a worker writes at once has its tensor's fillers.
+  return threads * (2 * window + mapped + stage + span + mean_scratch + files_at_once * staging) +
+         plan_bytes + checksums;
 }
 }  // namespace reshard

@@ -185,8 +185,9 @@ absl::StatusOr<uint64_t> HashFile(const std::string& path);
 absl::StatusOr<uint64_t> HashFile(const Directory& dir, const std::string& name);
 
 // Peak memory the execution of `plan` needs beyond the process's baseline: the window buffers,
-// the source pages one window may hold before release, the plan itself, and the source CRC-32
-// check's bookkeeping.
+// the source pages one window may hold before release, the local copies of strided items of
+// remote sources kept in memory (TensorFiller::StagingMemoryBound), the plan itself, and the
+// source CRC-32 check's bookkeeping.
 uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& options);
 
 }  // namespace reshard

@@ -18,6 +18,8 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "lib/exec/dtype_convert.h"
+#include "lib/exec/tensor_filler.h"
+#include "lib/io/scratch_copy.h"
 #include "lib/plan/planner.h"
 #include "lib/testing/test_files.h"
 
@@ -585,6 +587,26 @@ absl::StatusOr<CopyPlan> WholeTensorPlan(const Fixture& fixture) {
   FileFraming framing;
   framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
   return BuildCopyPlan(fixture.catalog, layout, {framing});
+}
+
+// The local copies of strided items of remote sources (TensorFiller::kStagedMemoryBytes) count
+// in the estimate, once per worker; strided items of local sources, read through the mapping,
+// do not.
+TEST(ExecutorTest, EstimateExecutionMemoryCountsStagedCopies) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 57, 181, 97);
+  auto plan = WholeTensorPlan(fixture);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExecutorOptions options;
+  CopyPlan strided = *plan;
+  for (CopyItem& item : strided.files[0].tensors[0].items) item.src_strides.back() = 2;
+  EXPECT_EQ(EstimateExecutionMemory(strided, options), EstimateExecutionMemory(*plan, options));
+  for (CopyPlan* remote : {&*plan, &strided}) {
+    for (SourceFile& source : remote->sources) source.path = "s3://bucket" + source.path;
+  }
+  EXPECT_EQ(EstimateExecutionMemory(strided, options), EstimateExecutionMemory(*plan, options) +
+                                                           TensorFiller::kStagedMemoryBytes +
+                                                           ScratchCopy::kPieceBytes);
 }
 
 TEST(ExecutorTest, AnalyzeSourceReadsSeesRepeatedReads) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/exec/dtype_convert.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 
@@ -16,6 +17,8 @@ TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>
       checksums_(checksums),
       touched_(sources.size()),
       read_run_(sources.size()),
+      staged_(copy.items.size()),
+      staged_touched_(copy.items.size()),
       spans_(spans),
       src_element_size_(DTypeSize(copy.src_dtype)),
       dst_element_size_(DTypeSize(copy.dst_dtype)) {
@@ -85,9 +88,10 @@ uint64_t TensorFiller::FillLimit(size_t i, int64_t end) const {
 
 SpanReader::Run TensorFiller::NextRun(size_t i, int64_t begin, int64_t end) const {
   const size_t items = copy_.items.size();
-  // Another item with rows in this window: it is filled next.
+  // Another item with rows in this window: it is filled next. Strided items are never read
+  // through spans (Fill): reading them ahead would fetch bytes for nothing.
   for (size_t j = i + 1; j < items; ++j) {
-    if (!cursors_[j].done && cursors_[j].row_dst < end) {
+    if (!cursors_[j].done && cursors_[j].row_dst < end && ReadsSpans(copy_.items[j])) {
       return {copy_.items[j].src_file, cursors_[j].row_src, FillLimit(j, end), ReadsWhole(j)};
     }
   }
@@ -95,7 +99,7 @@ SpanReader::Run TensorFiller::NextRun(size_t i, int64_t begin, int64_t end) cons
   // where this window's part of it ends.
   const int64_t next_end = end + (end - begin);
   for (size_t k = 0; k < items; ++k) {
-    if (cursors_[k].done) continue;
+    if (cursors_[k].done || !ReadsSpans(copy_.items[k])) continue;
     const uint64_t from = k == i ? FillLimit(i, end) : cursors_[k].row_src;
     if (from >= item_src_end_[k]) continue;
     return {copy_.items[k].src_file, from, std::max(from, FillLimit(k, next_end)), ReadsWhole(k)};
@@ -159,9 +163,8 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           if (checksums_ != nullptr) {
             checksums_->Record(item.src_file, src_byte, src_span, destination, copy_.name);
           }
-        } else if (source.remote()) {
-          // No mapping: the run into the scratch buffer (CheckReadable refused strided ones).
-          if (src_stride != 1) RETURN_IF_ERROR(CheckReadable(copy_, sources_));
+        } else if (source.remote() && src_stride == 1) {
+          // No mapping: the run into the scratch buffer.
           scratch_.resize(src_span);
           RETURN_IF_ERROR(source.ReadAt(src_byte, src_span, scratch_.data()));
           ConvertElements(scratch_.data(), 1, copy_.src_dtype, destination, copy_.dst_dtype,
@@ -170,6 +173,16 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           if (checksums_ != nullptr) {
             checksums_->Record(item.src_file, src_byte, src_span, scratch_.data(), copy_.name);
           }
+        } else if (source.remote()) {
+          // Strided elements of a remote file: gathered from the item's local copy, as from a
+          // mapping (the same ConvertElements), whose bytes Staged told the checksums.
+          ASSIGN_OR_RETURN(const ScratchCopy* staged, Staged(i));
+          ConvertElements(staged->at(src_byte), src_stride, copy_.src_dtype, destination,
+                          copy_.dst_dtype, to - from);
+          bytes_read_ += static_cast<uint64_t>(to - from) * src_element_size_;
+          Touched& gathered = staged_touched_[i];
+          gathered.begin = std::min(gathered.begin, src_byte);
+          gathered.end = std::max(gathered.end, src_byte + src_span);
         } else {
           mapped = true;
           ConvertElements(source.data() + src_byte, src_stride, copy_.src_dtype, destination,
@@ -205,8 +218,51 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
       if (row_end > end) break;  // the row continues in the next window
       Advance(item, cursor);
     }
+    if (cursor.done) Unstage(i);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<const ScratchCopy*> TensorFiller::Staged(size_t i) {
+  if (staged_[i].has_value()) return &*staged_[i];
+  const CopyItem& item = copy_.items[i];
+  ScratchCopy::PieceCallback record;
+  if (checksums_ != nullptr) {
+    record = [this, &item](uint64_t offset, uint64_t length, const std::byte* data) {
+      checksums_->Record(item.src_file, offset, length, data, copy_.name);
+    };
+  }
+  ASSIGN_OR_RETURN(
+      ScratchCopy staged,
+      ScratchCopy::Fetch(sources_[item.src_file], item.src_offset, item_src_end_[i],
+                         kStagedMemoryBytes - staged_memory_,
+                         absl::StrCat("staging the strided elements of \"", copy_.name, "\""),
+                         record));
+  staged_memory_ += staged.memory_bytes();
+  staged_bytes_ += staged.end() - staged.begin();
+  staged_[i] = std::move(staged);
+  return &*staged_[i];
+}
+
+void TensorFiller::Unstage(size_t i) {
+  if (!staged_[i].has_value()) return;
+  staged_memory_ -= staged_[i]->memory_bytes();
+  staged_[i].reset();  // a scratch file goes with its pages
+  staged_touched_[i] = Touched();
+}
+
+uint64_t TensorFiller::StagingMemoryBound(const TensorCopy& copy,
+                                          const std::vector<SourceFile>& sources) {
+  uint64_t bound = 0;
+  for (const CopyItem& item : copy.items) {
+    if (item.src_strides.back() == 1 || item.num_elements() == 0) continue;
+    if (item.src_file < 0 || static_cast<size_t>(item.src_file) >= sources.size()) continue;
+    if (!IsRemotePath(sources[item.src_file].path)) continue;
+    bound = kStagedMemoryBytes + ScratchCopy::kPieceBytes;
+    break;
+  }
+  for (const TensorCopy& term : copy.mean_terms) bound += StagingMemoryBound(term, sources);
+  return bound;
 }
 
 absl::Status TensorFiller::CopyThroughSpan(int file, uint64_t offset, int64_t count,
@@ -229,27 +285,11 @@ absl::Status TensorFiller::CopyThroughSpan(int file, uint64_t offset, int64_t co
   return absl::OkStatus();
 }
 
-absl::Status TensorFiller::CheckReadable(const TensorCopy& copy,
-                                         const std::vector<MappedFile>& sources) {
-  for (const CopyItem& item : copy.items) {
-    if (item.src_strides.back() == 1 || item.num_elements() == 0) continue;
-    if (item.src_file < 0 || static_cast<size_t>(item.src_file) >= sources.size()) continue;
-    const MappedFile& source = sources[item.src_file];
-    if (!source.remote()) continue;
-    return absl::UnimplementedError(
-        absl::StrCat("tensor \"", copy.name, "\" reads strided elements (stride ",
-                     item.src_strides.back(), ") of ", source.path(),
-                     "; a remote input is read in contiguous runs only (copy it to a "
-                     "local folder first)"));
-  }
-  for (const TensorCopy& term : copy.mean_terms) RETURN_IF_ERROR(CheckReadable(term, sources));
-  return absl::OkStatus();
-}
-
 SpanReader::Run TensorFiller::FirstRun(const TensorCopy& copy) {
   const size_t element_size = DTypeSize(copy.src_dtype);
   for (const CopyItem& item : copy.items) {
     if (std::find(item.extent.begin(), item.extent.end(), 0) != item.extent.end()) continue;
+    if (!ReadsSpans(item)) continue;  // never read through spans
     const uint64_t end = item.src_end(element_size);
     return {item.src_file, item.src_offset, end,
             end - item.src_offset == static_cast<uint64_t>(item.num_elements()) * element_size};
@@ -267,6 +307,14 @@ void TensorFiller::ReleaseConsumed() {
       sources_[f].DropCached(read_run_[f].begin, read_run_[f].end - read_run_[f].begin);
     }
     read_run_[f] = Touched();
+  }
+  // The pages of scratch files gathered from go too; the files stay until their items are done.
+  for (size_t i = 0; i < staged_.size(); ++i) {
+    Touched& gathered = staged_touched_[i];
+    if (staged_[i].has_value() && gathered.end > gathered.begin) {
+      staged_[i]->Release(gathered.begin, gathered.end - gathered.begin);
+    }
+    gathered = Touched();
   }
 }
 

@@ -5,12 +5,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "lib/exec/source_checksums.h"
 #include "lib/exec/span_reader.h"
 #include "lib/io/mapped_file.h"
+#include "lib/io/scratch_copy.h"
 #include "lib/plan/layout.h"
 
 namespace reshard {
@@ -40,15 +43,31 @@ class TensorFiller {
   // took 0.95x the wall time and 0.87x the CPU read through spans as one pread each.
   static constexpr uint64_t kStripGapBytes = 16 << 10;
 
-  // OK when a filler of `copy` can read every item from `sources`: Unimplemented naming the
-  // tensor and the file for strided elements (src_strides.back() != 1) of a remote file,
-  // which has no mapping to gather them from. Call before writing anything.
-  static absl::Status CheckReadable(const TensorCopy& copy, const std::vector<MappedFile>& sources);
+  // Items whose elements are strided in a remote source (src_strides.back() != 1: a DCP chunk
+  // saved column-major) are gathered from a local copy of their source range [src_offset,
+  // src_end) (lib/io/scratch_copy.h), fetched once when the item is first filled and dropped
+  // when its last element is: the gather reads all over the range in every window, which
+  // spans (read front to back, a few MiB at a time) cannot serve without fetching the range
+  // again window after window. The copies a filler holds at once are kept in memory while
+  // they add up to at most kStagedMemoryBytes (the chunks of a tensor cut by columns take
+  // turns in every window, each staged until the tensor is done), the others go to unlinked
+  // scratch files, mapped like local inputs. Each byte of such a range is fetched once per
+  // item; an item that reads only part of its range (one part of a split of a transposed
+  // piece) fetches the bytes between its elements as well.
+  static constexpr uint64_t kStagedMemoryBytes = 4 << 20;
+
+  // The most memory the fillers of `copy` (and of its mean terms) hold for strided items of
+  // remote sources: kStagedMemoryBytes of copies in memory plus the piece buffer of one
+  // scratch file being written (ScratchCopy::kPieceBytes), for each filler that stages; 0 when
+  // none does. `sources` indexed like the items' src_file.
+  static uint64_t StagingMemoryBound(const TensorCopy& copy,
+                                     const std::vector<SourceFile>& sources);
 
   // Writes elements [begin, end) of the output tensor, converted to its dtype, to `out`
   // ((end - begin) * element size bytes). Rows stored contiguously in the output dtype are
   // read with pread, the others through the mapping (a remote file's contiguous rows into a
-  // scratch buffer, when there is no SpanReader). Errors name the file and offset.
+  // scratch buffer, when there is no SpanReader; its strided items from their local copies,
+  // see kStagedMemoryBytes). Errors name the file and offset.
   // Precondition: ranges are consecutive, front to back.
   absl::Status Fill(int64_t begin, int64_t end, std::byte* out);
 
@@ -76,6 +95,8 @@ class TensorFiller {
 
   // Source bytes read so far.
   uint64_t bytes_read() const { return bytes_read_; }
+  // Remote source bytes fetched into local copies for strided items (kStagedMemoryBytes).
+  uint64_t staged_bytes() const { return staged_bytes_; }
   // True when every element is copied unchanged from contiguous source rows (pread only, no
   // dtype conversion or gather): the executor books such fills as reading, the others as
   // converting.
@@ -94,6 +115,9 @@ class TensorFiller {
   };
 
   void Advance(const CopyItem& item, Cursor& cursor) const;
+  // Whether `item` may be read through spans: its rows are contiguous in the source. Strided
+  // elements are gathered from the mapping or a local copy instead.
+  static bool ReadsSpans(const CopyItem& item) { return item.src_strides.back() == 1; }
   // One past the last source byte item `i` reads for output elements before `end`, from its
   // cursor on (an estimate for items of more than two dimensions); the item's end when the
   // tensor has one item, which then streams through spans across windows.
@@ -109,6 +133,12 @@ class TensorFiller {
   absl::Status CopyThroughSpan(int file, uint64_t offset, int64_t count, uint64_t item_end,
                                const SpanReader::Run& next, bool direct, uint64_t lead,
                                std::byte* out);
+
+  // The local copy of item i's source range (a remote source's strided item), fetched now
+  // unless it is held already.
+  absl::StatusOr<const ScratchCopy*> Staged(size_t i);
+  // Drops item i's copy (its last element is filled).
+  void Unstage(size_t i);
 
   const TensorCopy& copy_;
   const std::vector<MappedFile>& sources_;
@@ -126,6 +156,10 @@ class TensorFiller {
   std::vector<bool> item_rows_adjacent_;  // per item: its rows are contiguous in the source
   std::vector<uint64_t> item_row_gap_;    // per item: source bytes between one row and the next
   std::vector<bool> item_dense_;          // per item: it reads every byte of [src, src_end)
+  std::vector<std::optional<ScratchCopy>> staged_;  // per item: its copy (Staged)
+  std::vector<Touched> staged_touched_;  // per item: bytes of its copy gathered since the release
+  uint64_t staged_memory_ = 0;           // bytes of the copies held in memory
+  uint64_t staged_bytes_ = 0;            // staged_bytes()
   SpanReader* const spans_;
   size_t src_element_size_;
   size_t dst_element_size_;

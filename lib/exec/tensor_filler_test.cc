@@ -1,11 +1,16 @@
 #include "lib/exec/tensor_filler.h"
 
+#include <stdlib.h>
+
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lib/core/status.h"
 #include "lib/exec/span_reader.h"
 #include "lib/io/mapped_file.h"
 #include "lib/io/remote_store.h"
@@ -15,6 +20,8 @@
 
 namespace reshard {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr int64_t kRows = 1000;
 constexpr int64_t kChunkCols = 100;  // 400-byte rows in each chunk
@@ -138,26 +145,194 @@ TEST_F(TensorFillerTest, RemoteConvertedWithoutSpans) {
   EXPECT_EQ(a, b);
 }
 
-// Strided elements need a mapping: refused for a remote file, naming the tensor and the file,
-// by CheckReadable (before anything is written) and by Fill, never read through data().
-TEST_F(TensorFillerTest, RemoteStridedElementsAreRefused) {
+// Fills all `copy` from `sources` in windows of `window` elements through a SpanReader, as
+// the executor does; the output bytes, or the first error. `staged` gets the filler's
+// staged_bytes().
+absl::StatusOr<std::string> FillBytes(const TensorCopy& copy,
+                                      const std::vector<MappedFile>& sources, int64_t window,
+                                      uint64_t* staged = nullptr) {
+  SpanReader spans(1 << 20);
+  TensorFiller filler(copy, sources, nullptr, &spans);
+  const size_t element_size = DTypeSize(copy.dst_dtype);
+  std::string out(static_cast<size_t>(copy.num_elements) * element_size, '\0');
+  for (int64_t begin = 0; begin < copy.num_elements; begin += window) {
+    const int64_t end = std::min(copy.num_elements, begin + window);
+    RETURN_IF_ERROR(
+        filler.Fill(begin, end, reinterpret_cast<std::byte*>(&out[begin * element_size])));
+    filler.ReleaseConsumed();
+  }
+  if (staged != nullptr) *staged = filler.staged_bytes();
+  return out;
+}
+
+// Sets $TMPDIR (where scratch files go) for its lifetime.
+class ScopedTmpdir {
+ public:
+  explicit ScopedTmpdir(const std::string& dir) {
+    const char* saved = std::getenv("TMPDIR");
+    if (saved != nullptr) saved_ = saved;
+    had_ = saved != nullptr;
+    ::setenv("TMPDIR", dir.c_str(), 1);
+  }
+  ~ScopedTmpdir() {
+    if (had_) {
+      ::setenv("TMPDIR", saved_.c_str(), 1);
+    } else {
+      ::unsetenv("TMPDIR");
+    }
+  }
+
+ private:
+  std::string saved_;
+  bool had_ = false;
+};
+
+// The remote bytes the store served since `before` (MemoryStore::ranges) were read.
+uint64_t BytesFetchedSince(const MemoryStore& store, size_t before) {
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = store.ranges();
+  uint64_t bytes = 0;
+  for (size_t i = before; i < ranges.size(); ++i) bytes += ranges[i].second;
+  return bytes;
+}
+
+// Chunks stored column-major (DCP Col(4, column_major=True)): each chunk file, row-major
+// [kRows, kChunkCols], is the transposed storage of a [kChunkCols, kRows] chunk of a
+// [kChunkCols, kChunks * kRows] tensor cut by columns. Its elements are strided in the source,
+// and the chunks take turns in every window. From the remote files they are gathered from
+// local copies in memory (1.6 MB in all): the same bytes as from the local files, F32 and
+// BF16 (the same rounding code), and every byte of each chunk fetched exactly once.
+TEST_F(TensorFillerTest, RemoteStridedChunksInMemoryAsLocal) {
+  TensorCopy transposed;
+  transposed.name = "w";
+  transposed.num_elements = kRows * kChunks * kChunkCols;
+  for (int p = 0; p < kChunks; ++p) {
+    CopyItem item = copy_.items[p];
+    item.extent = {kChunkCols, kRows};  // column c of the chunk is output row c
+    item.src_strides = {1, kChunkCols};
+    item.dst_offset = p * kRows;
+    item.dst_strides = {kChunks * kRows, 1};
+    transposed.items.push_back(item);
+  }
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    transposed.dst_dtype = dtype;
+    const int64_t window = 7 * kChunks * kRows + 13;
+    absl::StatusOr<std::string> local = FillBytes(transposed, sources_, window);
+    ASSERT_TRUE(local.ok()) << local.status();
+    const size_t reads = store_->reads();
+    uint64_t staged = 0;
+    // In memory: no scratch folder needed.
+    ScopedTmpdir tmpdir("/nonexistent/scratch");
+    absl::StatusOr<std::string> remote = FillBytes(transposed, remote_sources_, window, &staged);
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    EXPECT_TRUE(*remote == *local);
+    EXPECT_EQ(staged, input_bytes_);
+    EXPECT_EQ(BytesFetchedSince(*store_, reads), input_bytes_);
+    if (dtype != DType::kF32) continue;
+    const float* out = reinterpret_cast<const float*>(remote->data());
+    for (int64_t c = 0; c < kChunkCols; ++c) {
+      for (int p = 0; p < kChunks; ++p) {
+        for (int64_t r = 0; r < kRows; ++r) {
+          ASSERT_EQ(out[c * kChunks * kRows + p * kRows + r], Value(r, p * kChunkCols + c));
+        }
+      }
+    }
+  }
+}
+
+// A transposed piece larger than the memory for copies (TensorFiller::kStagedMemoryBytes) is
+// gathered from a scratch file: the same bytes as from the local file, F32 and BF16, each byte
+// of the object fetched once, in requests of at most 1 MiB. Where no scratch file can be made,
+// the error names the tensor, the object and the folder.
+TEST_F(TensorFillerTest, RemoteStridedBeyondMemoryInScratchFileAsLocal) {
+  constexpr int64_t kBigRows = 1100;
+  constexpr int64_t kBigCols = 1024;  // 4.3 MiB of F32
+  std::string data;
+  for (int64_t c = 0; c < kBigCols; ++c) {  // column-major
+    for (int64_t r = 0; r < kBigRows; ++r) {
+      const float v = Value(r, c);
+      data.append(reinterpret_cast<const char*>(&v), 4);
+    }
+  }
+  ASSERT_GT(data.size(), TensorFiller::kStagedMemoryBytes);
+  const std::string dir = MakeTempDir("filler_big");
+  WriteAll(dir + "/big", data);
+  store_->Put("mem://b/big", data);
+  std::vector<MappedFile> local_sources, remote_sources;
+  for (const std::string& path : {dir + "/big", std::string("mem://b/big")}) {
+    absl::StatusOr<MappedFile> file = MappedFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    (path == "mem://b/big" ? remote_sources : local_sources).push_back(*std::move(file));
+  }
+  TensorCopy big;
+  big.name = "big.w";
+  big.num_elements = kBigRows * kBigCols;
+  CopyItem item;
+  item.src_file = 0;
+  item.extent = {kBigRows, kBigCols};
+  item.src_strides = {1, kBigRows};
+  item.dst_strides = {kBigCols, 1};
+  big.items.push_back(item);
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    big.dst_dtype = dtype;
+    const int64_t window = 3 * kBigCols + 7;
+    absl::StatusOr<std::string> local = FillBytes(big, local_sources, window);
+    ASSERT_TRUE(local.ok()) << local.status();
+    const size_t reads = store_->reads();
+    uint64_t staged = 0;
+    absl::StatusOr<std::string> remote = FillBytes(big, remote_sources, window, &staged);
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    EXPECT_TRUE(*remote == *local);
+    EXPECT_EQ(staged, data.size());
+    EXPECT_EQ(BytesFetchedSince(*store_, reads), data.size());
+    for (size_t i = reads; i < store_->ranges().size(); ++i) {
+      EXPECT_LE(store_->ranges()[i].second, MappedFile::kRemotePieceBytes);
+    }
+    if (dtype == DType::kF32) {
+      const float* out = reinterpret_cast<const float*>(remote->data());
+      for (int64_t r = 0; r < kBigRows; ++r) {
+        for (int64_t c = 0; c < kBigCols; ++c) ASSERT_EQ(out[r * kBigCols + c], Value(r, c));
+      }
+    }
+  }
+  // The scratch folder is $TMPDIR: missing, the piece cannot be staged.
+  const std::string missing = dir + "/missing";
+  ScopedTmpdir tmpdir(missing);
+  absl::StatusOr<std::string> refused = FillBytes(big, remote_sources, kBigCols);
+  ASSERT_TRUE(absl::IsNotFound(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("\"big.w\""));
+  EXPECT_THAT(refused.status().message(), HasSubstr("mem://b/big"));
+  EXPECT_THAT(refused.status().message(), HasSubstr(missing));
+}
+
+// A failed or short range read while staging names the tensor, the object and the offset.
+TEST_F(TensorFillerTest, RemoteStridedReadErrorsNamed) {
   TensorCopy transposed = copy_;
   transposed.items.resize(1);
-  transposed.items[0].extent = {kChunkCols, kRows};  // column c of the chunk is output row c
+  transposed.items[0].extent = {kChunkCols, kRows};
   transposed.items[0].src_strides = {1, kChunkCols};
   transposed.items[0].dst_strides = {kRows, 1};
   transposed.items[0].dst_offset = 0;
   transposed.num_elements = kRows * kChunkCols;
   transposed.zero_fill = false;
-  EXPECT_TRUE(TensorFiller::CheckReadable(transposed, sources_).ok());
-  absl::Status refused = TensorFiller::CheckReadable(transposed, remote_sources_);
-  EXPECT_TRUE(absl::IsUnimplemented(refused)) << refused;
-  EXPECT_NE(refused.message().find("\"w\""), absl::string_view::npos) << refused;
-  EXPECT_NE(refused.message().find("mem://b/chunk0"), absl::string_view::npos) << refused;
-  TensorFiller filler(transposed, remote_sources_);
-  std::vector<float> out(static_cast<size_t>(transposed.num_elements));
-  EXPECT_TRUE(absl::IsUnimplemented(
-      filler.Fill(0, transposed.num_elements, reinterpret_cast<std::byte*>(out.data()))));
+  // A copy of chunk 0 of its own, damaged below.
+  store_->Put("mem://b/broken", ReadAll(sources_[0].path()));
+  std::vector<MappedFile> broken;
+  absl::StatusOr<MappedFile> file = MappedFile::Open("mem://b/broken");
+  ASSERT_TRUE(file.ok()) << file.status();
+  broken.push_back(*std::move(file));
+  // The object shrank after it was opened (another upload under its key).
+  store_->Put("mem://b/broken", std::string(1000, 'x'));
+  absl::StatusOr<std::string> shrunk = FillBytes(transposed, broken, kRows);
+  ASSERT_FALSE(shrunk.ok());
+  EXPECT_THAT(shrunk.status().message(), HasSubstr("\"w\""));
+  EXPECT_THAT(shrunk.status().message(), HasSubstr("mem://b/broken at byte offset 0"));
+  store_->Fail("mem://b/broken", absl::UnavailableError("connection reset"));
+  absl::StatusOr<std::string> failed = FillBytes(transposed, broken, kRows);
+  ASSERT_TRUE(absl::IsUnavailable(failed.status())) << failed.status();
+  EXPECT_THAT(failed.status().message(), HasSubstr("\"w\""));
+  EXPECT_THAT(failed.status().message(), HasSubstr("mem://b/broken at byte offset 0"));
 }
 
 }  // namespace

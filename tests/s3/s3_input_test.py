@@ -18,7 +18,8 @@ central directory) refused naming the object. Finally it runs the S3Store gtest 
 Training layouts (DeepSpeed ZeRO-2/3, PyTorch DCP, Megatron-Core torch_dist, Megatron-LM
 TP x PP, ColossalAI), written by the repository's fixture writers, are consolidated from S3
 byte-equal to their local copies and inspected, with their metadata's range GETs counted; an
-element-strided DCP layout is refused before writing, damaged objects naming them.
+element-strided (column-major) DCP layout is converted byte-equal too, each byte fetched once;
+damaged objects are refused naming them.
 
 Usage: s3_input_test.py --reshardctl PATH --rgw-sh PATH --proxy PATH --make-checkpoint PATH
                         --store-test PATH [unittest args]
@@ -103,7 +104,8 @@ with open(os.path.join(out, "sharded", "pytorch_model.bin.index.json"), "w") as 
 # Writes, under DIR, a small checkpoint of every training layout reshard reads from S3, with the
 # repository's fixture writers (tests/fixtures, tools/bench): zero3/ (DeepSpeed ZeRO-3, 4 ranks,
 # a save folder with `latest`), zero2/ (ZeRO-2, 2 ranks), dcp/ (PyTorch DCP, 4 ranks, row and
-# column chunks, a BYTE_IO value), dcp-colmajor/ (chunks stored transposed: element-strided),
+# column chunks, a BYTE_IO value), dcp-colmajor/ (chunks stored transposed: element-strided,
+# one tensor of 8 MiB),
 # torchdist/ (Megatron-Core torch_dist, TP2 x PP2, layer-stacked), megatron/ (Megatron-LM
 # TP2 x PP2 save folder).
 MAKE_LAYOUTS = r"""
@@ -126,8 +128,12 @@ sd = {"model": {"embed.weight": torch.randn(1000, 256), "layers.0.w": torch.rand
 D.write_dcp(os.path.join(out, "dcp"), sd, 4,
             {"model.embed.weight": D.Row(4), "model.layers.0.w": D.Row(2),
              "model.layers.1.w": D.Col(4)})
-D.write_dcp(os.path.join(out, "dcp-colmajor"), sd, 4,
-            {"model.layers.1.w": D.Col(4, column_major=True)})
+# layers.2.w's four column-major chunks (2 MiB each) exceed the 4 MiB of local copies a filler
+# keeps in memory: two of them are gathered from scratch files.
+sd_colmajor = {"model": dict(sd["model"], **{"layers.2.w": torch.randn(1024, 2048)}), "step": 7}
+D.write_dcp(os.path.join(out, "dcp-colmajor"), sd_colmajor, 4,
+            {"model.layers.1.w": D.Col(4, column_major=True),
+             "model.layers.2.w": D.Col(4, column_major=True)})
 T.write_torch_dist(os.path.join(out, "torchdist"), tp=2, pp=2, num_layers=4, hidden=64, ffn=128,
                    vocab=100)
 MF.write_megatron_lm(os.path.join(out, "megatron"), MF.GPT(train_tp=2, seed=1), tp=2, pp=2)
@@ -292,6 +298,9 @@ class S3InputTests(harness.TempDirTestCase):
                 self.ok(*args, env=env)
                 with open(stats) as f:
                     after = json.load(f)
+                # The bytes the range GETs asked for, for callers that bound them.
+                count.range_bytes = (after["forwarded_range_bytes"] -
+                                     before["forwarded_range_bytes"])
                 return (after["forwarded_range_gets"] - before["forwarded_range_gets"],
                         after["forwarded"] - before["forwarded"])
             yield count
@@ -486,17 +495,54 @@ class S3InputTests(harness.TempDirTestCase):
             # A few range GETs per file, whatever the tensor count.
             self.assertLessEqual(gets, 4 * files, name)
 
-    def test_element_strided_layout_refused_before_writing(self):
-        # DCP chunks stored transposed (column-major): converting them needs element-strided
-        # reads, which remote sources do not do; refused before any output file is written.
+    def test_element_strided_layout_byte_equal_and_verified(self):
+        # DCP chunks stored transposed (column-major): their elements are strided in the objects.
+        # Each chunk is fetched once into a local copy (in memory, or an unlinked scratch file
+        # in $TMPDIR beyond 4 MiB) and gathered as from a local file: the same bytes as the
+        # conversion of the local copy, F32 and BF16, and verify passes against it.
         url = "s3://%s/layouts/dcp-colmajor" % BUCKET
-        self.ok("inspect", url)
-        text = self.fails(3, "consolidate", url, self.p("o"), "--no-progress")
-        self.assertIn("model.layers.1.w", text)
+        local = os.path.join(STATE["local"], "layouts", "dcp-colmajor")
+        size = sum(os.path.getsize(os.path.join(root, name))
+                   for root, _, names in os.walk(local) for name in names)
+        scratch = self.p("scratch")
+        os.makedirs(scratch)
+        old_tmpdir = ENV.get("TMPDIR")
+        ENV["TMPDIR"] = scratch  # the counting proxy's commands run with it
+        try:
+            with self.counting_proxy() as count:
+                count("inspect", url)
+                metadata = count.range_bytes
+                for dtype in ("f32", "bf16"):
+                    remote_out, local_out = self.p("s3-" + dtype), self.p("local-" + dtype)
+                    gets, _ = count("consolidate", url, remote_out, "--no-progress", "--dtype",
+                                    dtype)
+                    self.ok("consolidate", local, local_out, "--no-progress", "--dtype", dtype)
+                    self.assertSameFolder(remote_out, local_out)
+                    # No byte of the objects read twice for the strided chunks: beyond the
+                    # metadata `inspect` reads, the range GETs ask for at most the objects'
+                    # bytes and the spans' small overlaps.
+                    data = count.range_bytes - metadata
+                    sys.stderr.write("dcp-colmajor %s: %d range GETs, %d bytes (%d of them "
+                                     "metadata), objects %d bytes\n" % (
+                                         dtype, gets, count.range_bytes, metadata, size))
+                    self.assertLessEqual(data, size + size // 50, dtype)
+                    # The scratch files had no name.
+                    self.assertEqual(os.listdir(scratch), [])
+        finally:
+            if old_tmpdir is None:
+                del ENV["TMPDIR"]
+            else:
+                ENV["TMPDIR"] = old_tmpdir
+        self.ok("verify", url, local)
+        # Without a folder for the scratch files the tensor that needs them fails, naming
+        # itself, the object and the folder, before its output file is complete.
+        missing = self.p("missing")
+        text = self.fails(3, "consolidate", url, self.p("o"), "--no-progress",
+                          env=dict(ENV, TMPDIR=missing))
+        self.assertIn("model.layers.2.w", text)
         self.assertIn("s3://%s/layouts/dcp-colmajor/" % BUCKET, text)
+        self.assertIn(missing, text)
         self.assertFalse(os.path.exists(self.p("o", "model.safetensors")))
-        self.ok("consolidate", os.path.join(STATE["local"], "layouts", "dcp-colmajor"),
-                self.p("local"), "--no-progress")
 
     def test_damaged_training_layouts_refused_naming_the_object(self):
         s3 = s3_client()

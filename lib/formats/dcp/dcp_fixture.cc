@@ -98,10 +98,13 @@ std::string Metadata(const std::string& sdm, const std::string& storage,
 }
 
 TorchSaveFile TensorItem(const std::string& storage_class, int64_t numel,
-                         const std::vector<int64_t>& shape, const std::string& bytes) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
-    strides[i] = strides[i + 1] * shape[i + 1];
+                         const std::vector<int64_t>& shape, const std::string& bytes,
+                         std::vector<int64_t> strides) {
+  if (strides.empty()) {
+    strides.assign(shape.size(), 1);
+    for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
+      strides[i] = strides[i + 1] * shape[i + 1];
+    }
   }
   PickleWriter p;
   p.Tensor(storage_class, "0", numel, shape, strides);
@@ -114,11 +117,25 @@ namespace {
 
 using namespace dcp_testing;  // NOLINT: the pickle fragments
 
+// F32 [4, 3] `row_major` bytes in column-major order (the storage of `t.t().contiguous().t()`).
+std::string ColumnMajorF32(const std::string& row_major) {
+  std::string bytes;
+  for (int c = 0; c < 3; ++c) {
+    for (int r = 0; r < 4; ++r) bytes += row_major.substr((r * 3 + c) * 4, 4);
+  }
+  return bytes;
+}
+
 // "torch-dcp": a folder with .metadata, __0_0.distcp (embed.weight F32 [4, 3], ln.weight BF16
-// [3]) and __1_0.distcp (steps I64 [2]), each tensor one whole chunk.
-BuiltFixture BuildDcpFixture(const std::string& dir) {
+// [3]) and __1_0.distcp (steps I64 [2]), each tensor one whole chunk. With `column_major`,
+// embed.weight's chunk is saved transposed (strides (1, 4)): its elements are strided in the
+// file (read from remote storage through a local copy, TensorFiller::kStagedMemoryBytes).
+BuiltFixture BuildDcpFixture(const std::string& dir, bool column_major) {
   using Kind = FixtureDamage::Kind;
-  const TorchSaveFile embed = TensorItem("FloatStorage", 12, {4, 3}, FixtureF32Bytes(12, 1.5f));
+  const std::string embed_values = FixtureF32Bytes(12, 1.5f);
+  const TorchSaveFile embed =
+      column_major ? TensorItem("FloatStorage", 12, {4, 3}, ColumnMajorF32(embed_values), {1, 4})
+                   : TensorItem("FloatStorage", 12, {4, 3}, embed_values);
   const TorchSaveFile ln = TensorItem("BFloat16Storage", 3, {3}, FixtureBF16Bytes(3, -2.0f));
   const TorchSaveFile steps = TensorItem("LongStorage", 2, {2}, FixtureI64Bytes(2, 7));
   const std::string rank0 = embed.bytes + ln.bytes;
@@ -173,7 +190,14 @@ BuiltFixture BuildDcpFixture(const std::string& dir) {
   return fixture;
 }
 
-const FormatFixtureRegistration register_fixture("torch-dcp", BuildDcpFixture);
+BuiltFixture BuildRowMajorDcpFixture(const std::string& dir) { return BuildDcpFixture(dir, false); }
+BuiltFixture BuildColumnMajorDcpFixture(const std::string& dir) {
+  return BuildDcpFixture(dir, true);
+}
+
+const FormatFixtureRegistration register_fixture("torch-dcp", BuildRowMajorDcpFixture);
+const FormatFixtureRegistration register_column_major("torch-dcp", "column-major",
+                                                      BuildColumnMajorDcpFixture);
 
 }  // namespace
 }  // namespace reshard

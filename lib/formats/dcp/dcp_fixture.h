@@ -46,10 +46,12 @@ std::string Info(const std::string& file, int64_t offset, int64_t length,
 std::string Metadata(const std::string& sdm, const std::string& storage,
                      const std::string& planner = None());
 
-// A torch.save archive of one bare tensor (row-major `bytes` of `shape`, `numel` elements of
-// the storage class), as DCP's FileSystemWriter writes a tensor item.
+// A torch.save archive of one bare tensor (`bytes` of `shape`, `numel` elements of the storage
+// class, laid out by `strides`: row-major when empty), as DCP's FileSystemWriter writes a tensor
+// item.
 TorchSaveFile TensorItem(const std::string& storage_class, int64_t numel,
-                         const std::vector<int64_t>& shape, const std::string& bytes);
+                         const std::vector<int64_t>& shape, const std::string& bytes,
+                         std::vector<int64_t> strides = {});
 
 }  // namespace dcp_testing
 }  // namespace reshard

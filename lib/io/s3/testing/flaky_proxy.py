@@ -7,8 +7,9 @@ Requests are counted in arrival order (1, 2, ...). Request n is
   - otherwise forwarded to the upstream on a fresh connection with "Connection: close", and the
     answer relayed back; the client connection is closed after each answer.
 The proxy writes its port to PORT_FILE once listening and, after every request, the counts
-{"requests", "failed_503", "dropped", "forwarded", "forwarded_range_gets"} as JSON to
-STATS_FILE (the last: forwarded GETs with a Range header, i.e. the client's range reads).
+{"requests", "failed_503", "dropped", "forwarded", "forwarded_range_gets",
+"forwarded_range_bytes"} as JSON to STATS_FILE (the last two: forwarded GETs with a Range
+header, i.e. the client's range reads, and the bytes their "bytes=a-b" ranges ask for).
 
 Usage: flaky_proxy.py UPSTREAM_PORT PORT_FILE STATS_FILE [FAIL_EVERY] [DROP_EVERY]
 """
@@ -25,7 +26,8 @@ FAIL_EVERY = int(sys.argv[4]) if len(sys.argv) > 4 else 4
 DROP_EVERY = int(sys.argv[5]) if len(sys.argv) > 5 else 5
 
 lock = threading.Lock()
-stats = {"requests": 0, "failed_503": 0, "dropped": 0, "forwarded": 0, "forwarded_range_gets": 0}
+stats = {"requests": 0, "failed_503": 0, "dropped": 0, "forwarded": 0, "forwarded_range_gets": 0,
+         "forwarded_range_bytes": 0}
 
 SLOW_DOWN = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code>"
              b"<Message>Please reduce your request rate.</Message></Error>")
@@ -65,6 +67,13 @@ def read_request(conn):
     return b"\r\n".join(kept) + b"\r\n\r\n" + rest
 
 
+def range_bytes(head):
+    """The bytes the "Range: bytes=a-b" header of lower-cased request head `head` asks for."""
+    value = head.split(b"\r\nrange:", 1)[1].split(b"\r\n", 1)[0].strip()
+    first, _, last = value[len(b"bytes="):].partition(b"-")
+    return int(last) - int(first) + 1 if first and last else 0
+
+
 def handle(conn):
     with conn:
         request = read_request(conn)
@@ -83,6 +92,7 @@ def handle(conn):
             head = request.split(b"\r\n\r\n", 1)[0].lower()
             if action == "forwarded" and head.startswith(b"get ") and b"\r\nrange:" in head:
                 stats["forwarded_range_gets"] += 1
+                stats["forwarded_range_bytes"] += range_bytes(head)
             write_stats()
         if action == "dropped":
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
