@@ -49,6 +49,32 @@ absl::StatusOr<PartitionId> FromEnvironment(const PartitionEnvLookup& env, bool 
   }
   if (const char* task = get("SLURM_ARRAY_TASK_ID")) {
     ASSIGN_OR_RETURN(id.index, ParseIndex(task, "SLURM_ARRAY_TASK_ID"));
+    // `srun -n N` inside an array task: each of the step's N tasks is a partition of its own,
+    // task T's step tasks taking partitions T*N .. T*N+N-1. Slurm exports SLURM_STEP_ID and
+    // SLURM_STEP_NUM_TASKS to srun steps only, not to the batch step (checked on Slurm 22.05,
+    // tests/cluster/slurm_test.sh), where SLURM_PROCID is 0 and SLURM_NTASKS the job's tasks.
+    int step_tasks = 1;
+    if (get("SLURM_STEP_ID") != nullptr) {
+      if (const char* tasks = get("SLURM_STEP_NUM_TASKS")) {
+        ASSIGN_OR_RETURN(step_tasks, ParseCount(tasks, "SLURM_STEP_NUM_TASKS"));
+      }
+    }
+    if (step_tasks > 1) {
+      const char* procid = get("SLURM_PROCID");
+      if (procid == nullptr) {
+        return absl::InvalidArgumentError(
+            "--partition auto: an srun step of several tasks in an array task, but no "
+            "SLURM_PROCID; give --partition I/K");
+      }
+      ASSIGN_OR_RETURN(const int step_task, ParseIndex(procid, "SLURM_PROCID"));
+      if (step_task >= step_tasks ||
+          int64_t{id.index} * step_tasks + step_task >= int64_t{kMaxPartitions}) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--partition auto: SLURM_PROCID ", step_task, " of SLURM_STEP_NUM_TASKS ", step_tasks,
+            " in array task ", id.index, " is not a partition index below ", kMaxPartitions));
+      }
+      id.index = id.index * step_tasks + step_task;
+    }
     const char* count = get("SLURM_ARRAY_TASK_COUNT");
     if (given_count != nullptr || count == nullptr) return id;
     ASSIGN_OR_RETURN(id.count, ParseCount(count, "SLURM_ARRAY_TASK_COUNT"));
@@ -64,6 +90,12 @@ absl::StatusOr<PartitionId> FromEnvironment(const PartitionEnvLookup& env, bool 
                        " tasks): number the tasks --array=0-K-1, and give K (--partition auto/K or "
                        "RESHARD_PARTITION_COUNT=K) when rerunning some of them"));
     }
+    if (int64_t{id.count} * step_tasks > int64_t{kMaxPartitions}) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--partition auto: ", id.count, " array tasks of ", step_tasks,
+                       " srun tasks each are more than ", kMaxPartitions, " partitions"));
+    }
+    id.count *= step_tasks;
     return id;
   }
   if (const char* procid = get("SLURM_PROCID")) {

@@ -33,8 +33,10 @@ using PartitionEnvLookup = std::function<const char*(const char*)>;
 // Parses `--partition`:
 //   "I/K"     worker I (0-based) of K
 //   "auto"    from the engine that started this process: a Slurm array task
-//             (SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT; the array must be 0..K-1), a task
-//             of an srun step (SLURM_PROCID of SLURM_NTASKS), or a Kubernetes Indexed Job pod
+//             (SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT; the array must be 0..K-1; a task
+//             of an `srun -n N` step inside array task T is partition T*N + SLURM_PROCID of
+//             K*N), a task of an srun step (SLURM_PROCID of SLURM_NTASKS), or a Kubernetes
+//             Indexed Job pod
 //             (JOB_COMPLETION_INDEX; Kubernetes does not export the completion count). The
 //             environment variable RESHARD_PARTITION_COUNT, when set, is the count.
 //   "auto/K"  the index from the environment as above, the count K: what a rerun of some tasks

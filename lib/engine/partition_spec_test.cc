@@ -76,6 +76,44 @@ TEST(ParsePartitionTest, SrunStepTask) {
   EXPECT_EQ(id->count, 8);
 }
 
+// `srun -n 2` inside the tasks of `sbatch --array=0-1`: the variables Slurm 22.05 exports to
+// the step's tasks (tests/cluster/slurm_test.sh runs it for real). Four partitions, one per
+// step task, where the array index alone gave both step tasks of an array task the same one.
+TEST(ParsePartitionTest, SrunStepInsideAnArrayTask) {
+  std::map<std::string, std::string> vars = {
+      {"SLURM_ARRAY_TASK_ID", "1"},    {"SLURM_ARRAY_TASK_MIN", "0"}, {"SLURM_ARRAY_TASK_MAX", "1"},
+      {"SLURM_ARRAY_TASK_COUNT", "2"}, {"SLURM_NTASKS", "2"},         {"SLURM_STEP_ID", "0"},
+      {"SLURM_STEP_NUM_TASKS", "2"},   {"SLURM_PROCID", "1"}};
+  auto id = ParsePartition("auto", FakeEnv(vars));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->index, 3);
+  EXPECT_EQ(id->count, 4);
+  // A rerun of array task 1 alone, K given: the same partitions.
+  vars["SLURM_ARRAY_TASK_MIN"] = vars["SLURM_ARRAY_TASK_MAX"] = "1";
+  vars["SLURM_ARRAY_TASK_COUNT"] = "1";
+  vars["SLURM_PROCID"] = "0";
+  auto rerun = ParsePartition("auto/4", FakeEnv(vars));
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_EQ(rerun->index, 2);
+  EXPECT_EQ(rerun->count, 4);
+  // The batch step of the same job (no SLURM_STEP_ID; SLURM_NTASKS is the job's): the array
+  // index, as before.
+  auto batch = ParsePartition("auto", FakeEnv({{"SLURM_ARRAY_TASK_ID", "1"},
+                                               {"SLURM_ARRAY_TASK_COUNT", "2"},
+                                               {"SLURM_NTASKS", "2"},
+                                               {"SLURM_PROCID", "0"}}));
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->index, 1);
+  EXPECT_EQ(batch->count, 2);
+  // A step task without its rank, or with a rank beyond the step's tasks, is refused.
+  vars.erase("SLURM_PROCID");
+  EXPECT_FALSE(ParsePartition("auto/4", FakeEnv(vars)).ok());
+  vars["SLURM_PROCID"] = "2";
+  auto beyond = ParsePartition("auto/4", FakeEnv(vars));
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_NE(beyond.status().message().find("SLURM_PROCID 2"), std::string::npos) << beyond.status();
+}
+
 TEST(ParsePartitionTest, KubernetesIndexedJobNeedsTheCount) {
   auto missing = ParsePartition("auto", FakeEnv({{"JOB_COMPLETION_INDEX", "1"}}));
   ASSERT_FALSE(missing.ok());

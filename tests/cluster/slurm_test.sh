@@ -3,7 +3,8 @@
 # here with a configuration generated for this run): deploy/slurm/convert.sbatch as a 4-task
 # array must publish an output equal, byte for byte, to a single-worker run; a task cancelled
 # mid-way (scancel) leaves nothing published, and rerunning that index completes it, reusing
-# the files the task had committed.
+# the files the task had committed; `srun -n 2` inside each task of a 2-task array makes four
+# partitions.
 #
 # Args: RESHARDCTL CONVERT_SBATCH MAKE_CHECKPOINT_PY SAME_OUTPUT_PY
 set -euo pipefail
@@ -12,7 +13,7 @@ reshardctl_bin=$(realpath "$1")
 sbatch_script=$(realpath "$2")
 make_checkpoint=$(realpath "$3")
 same_output=$(realpath "$4")
-for tool in munged mungekey slurmctld slurmd sbatch squeue scancel scontrol sinfo; do
+for tool in munged mungekey slurmctld slurmd sbatch squeue scancel scontrol sinfo srun; do
   command -v "$tool" >/dev/null || { echo "FAIL: $tool is missing (tools/setup.sh installs slurm-wlm munge)"; exit 1; }
 done
 
@@ -210,4 +211,27 @@ print("rerun of task 2 published:", r["partition"])
 
 echo "== 3. commit of a published output is a no-op"
 "$base/reshardctl" commit "$base/out2"
+
+echo "== 4. srun -n 2 inside each task of a 2-task array: four partitions, one per step task"
+cat >"$base/srun-in-array.sh" <<SH
+#!/bin/bash
+exec srun -n 2 "$sbatch_script"
+SH
+chmod +x "$base/srun-in-array.sh"
+mkdir -p "$base/results4"
+RESHARD_OUT=$base/out4 RESHARD_RESULT_DIR=$base/results4 \
+  sbatch --wait --array=0-1 -n 2 --output="$base/logs/%A_%a.out" "$base/srun-in-array.sh" >/dev/null
+same_as_reference "$base/out4"
+/usr/bin/python3 - "$base/results4" <<'PY'
+import json, os, sys
+names = sorted(os.listdir(sys.argv[1]))
+assert names == ["partition-0-0.json", "partition-0-1.json", "partition-1-0.json",
+                 "partition-1-1.json"], names
+results = [json.load(open(os.path.join(sys.argv[1], f))) for f in names]
+assert [r["partition"]["index"] for r in results] == [0, 1, 2, 3], [r["partition"] for r in results]
+assert all(r["partition"]["count"] == 4 for r in results), [r["partition"] for r in results]
+published = [r["partition"]["index"] for r in results if r["published"]]
+assert len(published) == 1, f"exactly one step task publishes, not {published}"
+print(f"2 array tasks x 2 step tasks = partitions 0-3 of 4; {published[0]} published")
+PY
 echo "PASS"
