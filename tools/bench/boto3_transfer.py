@@ -1,7 +1,7 @@
 """python3-boto3 transfers of a folder to and from S3, the baseline of tools/bench/s3_bench.sh.
 
   boto3_transfer.py ENDPOINT mkbucket BUCKET
-  boto3_transfer.py ENDPOINT upload DIR BUCKET PREFIX      # every file of DIR (upload_file)
+  boto3_transfer.py ENDPOINT upload DIR BUCKET PREFIX      # every file under DIR (upload_file)
   boto3_transfer.py ENDPOINT download BUCKET PREFIX DIR    # every object under PREFIX/ (download_file)
   boto3_transfer.py ENDPOINT delete BUCKET PREFIX          # every object under PREFIX/
 
@@ -32,13 +32,18 @@ def main(endpoint, command, *args):
         s3.create_bucket(Bucket=args[0])
     elif command == "upload":
         folder, bucket, prefix = args
-        for name in sorted(os.listdir(folder)):
-            s3.upload_file(os.path.join(folder, name), bucket, f"{prefix}/{name}")
+        for parent, dirs, files in os.walk(folder):  # subfolders too (a DeepSpeed save)
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(parent, name)
+                s3.upload_file(path, bucket, f"{prefix}/{os.path.relpath(path, folder)}")
     elif command == "download":
         bucket, prefix, folder = args
         os.makedirs(folder, exist_ok=True)
         for key in keys_under(s3, bucket, prefix):
-            s3.download_file(bucket, key, os.path.join(folder, key[len(prefix) + 1:]))
+            path = os.path.join(folder, key[len(prefix) + 1:])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            s3.download_file(bucket, key, path)
     elif command == "delete":
         bucket, prefix = args
         for key in list(keys_under(s3, bucket, prefix)):

@@ -12,7 +12,13 @@
 # kernel CPU and peak RSS of the client (GNU time; radosgw's own memory is not counted).
 #
 #   tools/bench/s3_bench.sh [--reshardctl PATH] [--size 1GiB] [--pairs 3] [--workdir DIR] [--keep]
-#                           [-- EXTRA_ARGS...]
+#                           [--input-format safetensors|torch|zero3] [-- EXTRA_ARGS...]
+#
+# --input-format: the model read from S3 (and uploaded from local in the upload pair):
+# safetensors (make_checkpoint.py, a Hugging Face sharded folder; default), torch (one
+# pytorch_model.bin from make_torch_checkpoint.py: zip directory and pickle by range reads) or
+# zero3 (a DeepSpeed ZeRO-3 save of 8 ranks from make_zero_checkpoint.py: a gather of one run
+# per rank per parameter).
 #
 # EXTRA_ARGS are appended to both reshardctl conversions (e.g. -- --dtype bf16). Without
 # --reshardctl the script builds `bazel build -c opt //client:reshardctl` and copies it.
@@ -24,6 +30,7 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 PY=/usr/bin/python3
 size=1GiB
 pairs=3
+input_format=safetensors
 workdir=
 keep=0
 reshardctl=
@@ -33,6 +40,7 @@ while [ $# -gt 0 ]; do
     --) shift; extra=("$@"); break ;;
     --size) size=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
+    --input-format) input_format=$2; shift 2 ;;
     --workdir) workdir=$2; shift 2 ;;
     --reshardctl) reshardctl=$(realpath "$2"); shift 2 ;;
     --keep) keep=1; shift ;;
@@ -73,11 +81,21 @@ export AWS_ACCESS_KEY_ID=TESTKEY AWS_SECRET_ACCESS_KEY=TESTSECRET AWS_REGION=us-
 export AWS_ENDPOINT_URL=$endpoint
 boto() { $PY "$HERE/boto3_transfer.py" "$endpoint" "$@"; }
 
-$PY "$HERE/make_checkpoint.py" --size "$size" --quiet "$workdir/model" >/dev/null
+case "$input_format" in
+  safetensors) $PY "$HERE/make_checkpoint.py" --size "$size" --quiet "$workdir/model" >/dev/null ;;
+  torch)
+    mkdir -p "$workdir/model"
+    $PY "$HERE/make_torch_checkpoint.py" --size "$size" --quiet "$workdir/model/pytorch_model.bin" \
+      >/dev/null ;;
+  zero3)
+    $PY "$HERE/make_zero_checkpoint.py" --size "$size" --quiet --ranks 8 --stage 3 \
+      "$workdir/model" >/dev/null ;;
+  *) echo "--input-format: safetensors, torch or zero3, not $input_format" >&2; exit 2 ;;
+esac
 model_bytes=$(du -sb "$workdir/model" | cut -f1)
 boto mkbucket bench
 boto upload "$workdir/model" bench model
-echo "model: $size of tensors, $model_bytes bytes in $(ls "$workdir/model" | wc -l) files; radosgw on $endpoint"
+echo "model: $size of tensors ($input_format), $model_bytes bytes in $(find "$workdir/model" -type f | wc -l) files; radosgw on $endpoint"
 
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true; }
 # timed NAME CMD...: runs CMD under GNU time; appends "NAME wall user sys rss_kib" to runs.tsv.
