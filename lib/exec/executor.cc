@@ -547,17 +547,21 @@ std::vector<WorkUnit> WorkUnits(const CopyPlan& plan) {
       alike[names[f]].push_back(f);
     }
   }
-  // Of those, the files that read the same source files, directly or through one another:
-  // only they share rows. The parts of a model-parallel checkpoint of 2 files split into 4 are
-  // two such groups (parts 0 and 1 read the first file, 2 and 3 the second). Written in turns
-  // all four, the strips of one source evicted the other's spans, and the split read its
-  // input 1.6 times.
+  // Of those, the files that read strips from the same source files, directly or through one
+  // another: only they share rows. The parts of a model-parallel checkpoint of 2 files split
+  // into 4 are two such groups (parts 0 and 1 read the first file, 2 and 3 the second). Written
+  // in turns all four, the strips of one source evicted the other's spans, and the split read
+  // its input 1.6 times. Only the tensors read in strips join files: the replicated ones (the
+  // norms, metaseq's `version` and position embeddings) are read by every part from the first
+  // source, which joined all four parts of a metaseq split again (1.45x its input read); their
+  // bytes are repeated ranges, kept in the page cache for the other parts (AnalyzeSourceReads).
   std::vector<size_t> group_of(plan.files.size());
   for (const auto& [unused, files] : alike) {
-    std::map<int, size_t> reader_of_source;  // a source file -> a file that reads it
+    std::map<int, size_t> reader_of_source;  // a source file -> a file that reads strips of it
     for (size_t f : files) {
       group_of[f] = f;
       for (const TensorCopy& copy : plan.files[f].tensors) {
+        if (!ReadsStrips(copy)) continue;
         for (const CopyItem& item : copy.items) {
           auto [it, added] = reader_of_source.emplace(item.src_file, f);
           if (added) continue;
