@@ -1,6 +1,6 @@
 // Tests of ReadRemoteRuns: runs of several remote files read with requests in flight at once,
-// split into pieces of at most kRemotePieceBytes, the bytes landing where they belong, and a
-// failed request named by file and offset.
+// cut into pieces of 1 to 6 MiB, the bytes landing where they belong, and a failed request
+// named by file and offset.
 
 #include "lib/io/remote_runs.h"
 
@@ -50,11 +50,12 @@ class RemoteRunsTest : public testing::Test {
 };
 MemoryStore* RemoteRunsTest::store_ = nullptr;
 
-// One run of 2 MiB + 3 bytes at a different offset of each file (a ZeRO-3 gather's window):
-// the requests overlap, 8 at most, none passes kRemotePieceBytes, and every byte is right.
+// One run of 2.5 MiB + 3 bytes at a different offset of each file (a ZeRO-3 gather's window):
+// the requests overlap, 8 at most, each about the 10 MiB over 8 long (two pieces of each run),
+// and every byte is right.
 TEST_F(RemoteRunsTest, RunsOfSeveralFilesReadInFlightAtOnce) {
   store_->set_read_delay(absl::Milliseconds(20));
-  const uint64_t length = 2 * MappedFile::kRemotePieceBytes + 3;
+  const uint64_t length = 5 * MappedFile::kRemotePieceBytes / 2 + 3;
   std::string out(kFiles * length, '\0');
   std::vector<RemoteRun> runs;
   for (int f = 0; f < kFiles; ++f) {
@@ -69,13 +70,29 @@ TEST_F(RemoteRunsTest, RunsOfSeveralFilesReadInFlightAtOnce) {
     EXPECT_EQ(out.substr(f * length, length), data_[f].substr(1000u * f + 7, length)) << f;
   }
   const std::vector<std::pair<uint64_t, uint64_t>> ranges = store_->ranges();
-  EXPECT_EQ(ranges.size() - before, kFiles * 3u);  // three pieces of each run
+  EXPECT_EQ(ranges.size() - before, kFiles * 2u);
   for (size_t i = before; i < ranges.size(); ++i) {
-    EXPECT_LE(ranges[i].second, MappedFile::kRemotePieceBytes);
+    EXPECT_LE(ranges[i].second, (length + 1) / 2);
   }
   EXPECT_EQ(store_->max_concurrent_reads(), MappedFile::kRemotePiecesInFlight);
-  // 12 requests of 20 ms, 8 at a time: two rounds, not twelve.
-  EXPECT_LT(took, absl::Milliseconds(12 * 20 / 2));
+  // 8 requests of 20 ms at once: one round, not eight.
+  EXPECT_LT(took, absl::Milliseconds(8 * 20 / 2));
+}
+
+// Few runs: pieces of kRemotePieceBytes, so that requests still overlap; one request up to
+// 1.5 x kMaxRunPieceBytes however few are in flight.
+TEST_F(RemoteRunsTest, PiecesBetweenOneAndSixMiB) {
+  std::string out(kFileBytes, '\0');
+  std::vector<RemoteRun> runs = {
+      {&files_[0], 0, 3 * MappedFile::kRemotePieceBytes, reinterpret_cast<std::byte*>(out.data())}};
+  size_t before = store_->ranges().size();
+  ASSERT_TRUE(ReadRemoteRuns(runs).ok());
+  EXPECT_EQ(store_->ranges().size() - before, 3u);
+  runs[0].length = kFileBytes;
+  before = store_->ranges().size();
+  ASSERT_TRUE(ReadRemoteRuns(runs, /*in_flight=*/1).ok());
+  EXPECT_EQ(store_->ranges().size() - before, 1u);  // 5 MiB
+  EXPECT_EQ(out, data_[0]);
 }
 
 TEST_F(RemoteRunsTest, OneRequestAtATimeWhenAskedAndEmptyRunsSkipped) {
@@ -108,6 +125,13 @@ TEST_F(RemoteRunsTest, ErrorsNameTheFileAndOffset) {
   EXPECT_THAT(status.message(),
               HasSubstr("runs://b/broken: reading 100 bytes at byte offset 4096"));
   EXPECT_THAT(status.message(), HasSubstr("slow down"));
+  // Past the end of the object: refused without a request.
+  std::vector<RemoteRun> past = {{&files_[0], kFileBytes - 10, 11, runs[0].out}};
+  const size_t before = store_->ranges().size();
+  const absl::Status past_end = ReadRemoteRuns(past);
+  EXPECT_TRUE(absl::IsDataLoss(past_end)) << past_end;
+  EXPECT_THAT(past_end.message(), HasSubstr("passes the end of the object"));
+  EXPECT_EQ(store_->ranges().size(), before);
 }
 
 }  // namespace
