@@ -340,7 +340,7 @@ TEST_F(TensorFillerTest, RemoteStridedReadErrorsNamed) {
 // A ZeRO-3 parameter: a [kRanks * kRankElements] F32 tensor of which each rank's file holds
 // one run, after other bytes (the parameters before it).
 constexpr int kRanks = 8;
-constexpr int64_t kRankElements = 300000;  // 1.2 MB each
+constexpr int64_t kRankElements = 600000;  // 2.4 MB each, more than kRunScratchBytes in all
 constexpr uint64_t kRankLead = 4096 + 12;
 
 // The gather, its files local and the same as remote objects "mem://b/rank<r>".

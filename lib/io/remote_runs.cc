@@ -66,7 +66,7 @@ absl::Status ReadRemoteRuns(absl::Span<const RemoteRun> runs, int in_flight) {
                            run.out + piece.begin);
     }
   };
-  const size_t helpers = std::min<size_t>(pieces.size(), std::max(in_flight, 1)) - 1;
+  const size_t helpers = std::min<size_t>(pieces.size(), in_flight) - 1;
   std::vector<std::thread> threads;
   threads.reserve(helpers);
   for (size_t t = 0; t < helpers; ++t) threads.emplace_back(work);
