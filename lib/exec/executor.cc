@@ -370,11 +370,13 @@ class FileWriter {
     // Converted and gathered elements are read through the mapping: fill at most
     // kMappedBytesPerFill source bytes between releases, so the mapped source pages this
     // worker holds stay small whatever the window (F32 narrowed to 16 bits reads twice the
-    // bytes it fills).
+    // bytes it fills). A gather of remote runs maps nothing: it reads up to its scratch buffer,
+    // so that a window's requests are many and long (TensorFiller::kRunScratchBytes).
+    const uint64_t fill_source_bytes =
+        filler_->gathers_remote_runs() ? TensorFiller::kRunScratchBytes : kMappedBytesPerFill;
     const int64_t max_count =
-        filler_->plain_copy()
-            ? INT64_MAX
-            : std::max<int64_t>(1, kMappedBytesPerFill / DTypeSize(copy.src_dtype));
+        filler_->plain_copy() ? INT64_MAX
+                              : std::max<int64_t>(1, fill_source_bytes / DTypeSize(copy.src_dtype));
     while (tensor_done_ < target) {
       if (room() < element_size) RETURN_IF_ERROR(Flush());
       const int64_t count =

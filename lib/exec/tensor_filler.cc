@@ -7,6 +7,7 @@
 #include "lib/core/status.h"
 #include "lib/exec/dtype_convert.h"
 #include "lib/io/file_access.h"
+#include "lib/io/remote_runs.h"
 
 namespace reshard {
 
@@ -48,6 +49,9 @@ TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>
       if (extent == 0) cursor.done = true;
     }
   }
+  gathers_remote_runs_ = GathersRemoteRuns(copy, [&sources](int file) {
+    return file >= 0 && static_cast<size_t>(file) < sources.size() && sources[file].remote();
+  });
 }
 
 void TensorFiller::Advance(const CopyItem& item, Cursor& cursor) const {
@@ -112,6 +116,7 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
   // The items leave gaps (elements beyond the source): those are zeros. All-zero bits are 0 in
   // every dtype reshard writes.
   if (copy_.zero_fill) std::memset(out, 0, static_cast<size_t>(end - begin) * dst_element_size_);
+  if (gathers_remote_runs_) return FillRemoteRuns(begin, end, out);
   for (size_t i = 0; i < copy_.items.size(); ++i) {
     const CopyItem& item = copy_.items[i];
     Cursor& cursor = cursors_[i];
@@ -223,6 +228,83 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
   return absl::OkStatus();
 }
 
+absl::Status TensorFiller::FillRemoteRuns(int64_t begin, int64_t end, std::byte* out) {
+  const bool same_dtype = copy_.src_dtype == copy_.dst_dtype;
+  // The window's part of each item: one run of its source file and of the output.
+  struct Part {
+    int file = -1;
+    uint64_t src = 0;     // source byte of its first element
+    int64_t element = 0;  // output element of its first element
+    int64_t count = 0;
+  };
+  std::vector<Part> parts;
+  for (const CopyItem& item : copy_.items) {
+    const int64_t from = std::max(begin, item.dst_offset);
+    const int64_t to = std::min(end, item.dst_offset + static_cast<int64_t>(item.num_elements()));
+    if (to <= from) continue;
+    parts.push_back(
+        Part{item.src_file,
+             item.src_offset + static_cast<uint64_t>(from - item.dst_offset) * src_element_size_,
+             from, to - from});
+  }
+  // Same dtype: the source bytes are the output bytes, read into place. Converted: batches of
+  // at most kRunScratchBytes of source bytes (parts cut to fit), each fetched into the scratch
+  // buffer and converted out of it.
+  const int64_t batch_elements =
+      same_dtype ? INT64_MAX
+                 : std::max<int64_t>(1, static_cast<int64_t>(kRunScratchBytes / src_element_size_));
+  if (!same_dtype) {
+    // Sized once: the runs of a batch point into it.
+    scratch_.resize(static_cast<size_t>(std::min(batch_elements, end - begin)) * src_element_size_);
+  }
+  std::vector<RemoteRun> runs;
+  std::vector<Part> batch;
+  auto read_batch = [&]() -> absl::Status {
+    RETURN_IF_ERROR(ReadRemoteRuns(runs), absl::StrCat("tensor \"", copy_.name, "\""));
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const Part& part = batch[r];
+      if (!same_dtype) {
+        ConvertElements(runs[r].out, 1, copy_.src_dtype,
+                        out + (part.element - begin) * dst_element_size_, copy_.dst_dtype,
+                        part.count);
+      }
+      // The run's bytes as read, for the CRC-32 of the record they are in.
+      if (checksums_ != nullptr) {
+        checksums_->Record(part.file, part.src, runs[r].length, runs[r].out, copy_.name);
+      }
+      bytes_read_ += runs[r].length;
+    }
+    runs.clear();
+    batch.clear();
+    return absl::OkStatus();
+  };
+  int64_t batched = 0;  // elements in the batch
+  for (Part part : parts) {
+    while (part.count > 0) {
+      if (batched == batch_elements) {
+        RETURN_IF_ERROR(read_batch());
+        batched = 0;
+      }
+      Part piece = part;
+      piece.count = std::min(part.count, batch_elements - batched);
+      const uint64_t length = static_cast<uint64_t>(piece.count) * src_element_size_;
+      std::byte* into;
+      if (same_dtype) {
+        into = out + (piece.element - begin) * dst_element_size_;
+      } else {
+        into = scratch_.data() + static_cast<uint64_t>(batched) * src_element_size_;
+      }
+      runs.push_back(RemoteRun{&sources_[piece.file], piece.src, length, into});
+      batch.push_back(piece);
+      batched += piece.count;
+      part.src += length;
+      part.element += piece.count;
+      part.count -= piece.count;
+    }
+  }
+  return read_batch();
+}
+
 absl::StatusOr<const ScratchCopy*> TensorFiller::Staged(size_t i) {
   if (staged_[i].has_value()) return &*staged_[i];
   const CopyItem& item = copy_.items[i];
@@ -260,6 +342,12 @@ uint64_t TensorFiller::StagingMemoryBound(const TensorCopy& copy,
     if (!IsRemotePath(sources[item.src_file].path)) continue;
     bound = kStagedMemoryBytes + ScratchCopy::kPieceBytes;
     break;
+  }
+  if (copy.src_dtype != copy.dst_dtype && GathersRemoteRuns(copy, [&sources](int file) {
+        return file >= 0 && static_cast<size_t>(file) < sources.size() &&
+               IsRemotePath(sources[file].path);
+      })) {
+    bound += kRunScratchBytes;
   }
   for (const TensorCopy& term : copy.mean_terms) bound += StagingMemoryBound(term, sources);
   return bound;

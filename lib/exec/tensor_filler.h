@@ -56,10 +56,29 @@ class TensorFiller {
   // piece) fetches the bytes between its elements as well.
   static constexpr uint64_t kStagedMemoryBytes = 4 << 20;
 
-  // The most memory the fillers of `copy` (and of its mean terms) hold for strided items of
-  // remote sources: kStagedMemoryBytes of copies in memory plus the piece buffer of one
-  // scratch file being written (ScratchCopy::kPieceBytes), for each filler that stages; 0 when
-  // none does. `sources` indexed like the items' src_file.
+  // A tensor gathered from runs of several remote files (GathersRemoteRuns: a ZeRO-3
+  // parameter, one run in every rank's file) is not read through the SpanReader, which has
+  // at most the current run and the next in flight: each window's runs are fetched together
+  // with ReadRemoteRuns (lib/io/remote_runs.h), up to MappedFile::kRemotePiecesInFlight range
+  // requests at once, straight into the output when the dtype stays, else into a scratch
+  // buffer of at most this many bytes at a time, converted from there. The executor lets such
+  // a converting fill read this much (not kMappedBytesPerFill: nothing is mapped): eight
+  // requests of 2 MiB in flight, where 4 MiB fills made four of 1 MiB, and a bf16 ZeRO-3
+  // consolidation from a local radosgw waited a round trip for each (3.7x boto3's time).
+  static constexpr uint64_t kRunScratchBytes = 16 << 20;
+
+  // Whether a filler of `copy` fetches its windows' runs together (above): it has several
+  // items, and each one with elements is read from a remote source (`remote(src_file)`) and is
+  // one run in both the source and the output (both dense, same order), so that a window's
+  // part of it is one run too.
+  template <typename IsRemote>
+  static bool GathersRemoteRuns(const TensorCopy& copy, IsRemote remote);
+
+  // The most memory the fillers of `copy` (and of its mean terms) hold for remote sources
+  // besides the window: for strided items, kStagedMemoryBytes of copies in memory plus the
+  // piece buffer of one scratch file being written (ScratchCopy::kPieceBytes), for each filler
+  // that stages; kRunScratchBytes for a converted gather of remote runs; 0 when neither.
+  // `sources` indexed like the items' src_file.
   static uint64_t StagingMemoryBound(const TensorCopy& copy,
                                      const std::vector<SourceFile>& sources);
 
@@ -95,6 +114,8 @@ class TensorFiller {
 
   // Source bytes read so far.
   uint64_t bytes_read() const { return bytes_read_; }
+  // Whether this filler fetches its windows' runs together (GathersRemoteRuns).
+  bool gathers_remote_runs() const { return gathers_remote_runs_; }
   // Remote source bytes fetched into local copies for strided items (kStagedMemoryBytes).
   uint64_t staged_bytes() const { return staged_bytes_; }
   // True when every element is copied unchanged from contiguous source rows (pread only, no
@@ -134,6 +155,10 @@ class TensorFiller {
                                const SpanReader::Run& next, bool direct, uint64_t lead,
                                std::byte* out);
 
+  // Fill for a filler that GathersRemoteRuns: the window's part of every item, all fetched
+  // at once (ReadRemoteRuns), in batches of kRunScratchBytes when converting.
+  absl::Status FillRemoteRuns(int64_t begin, int64_t end, std::byte* out);
+
   // The local copy of item i's source range (a remote source's strided item), fetched now
   // unless it is held already.
   absl::StatusOr<const ScratchCopy*> Staged(size_t i);
@@ -142,7 +167,8 @@ class TensorFiller {
 
   const TensorCopy& copy_;
   const std::vector<MappedFile>& sources_;
-  std::vector<std::byte> scratch_;  // a remote file's run to convert, read without spans
+  // A remote file's run to convert, read without spans, or a batch of runs (FillRemoteRuns).
+  std::vector<std::byte> scratch_;
   SourceChecksums* const checksums_;
   std::vector<Cursor> cursors_;
   SpanReader::Run following_;
@@ -164,8 +190,29 @@ class TensorFiller {
   size_t src_element_size_;
   size_t dst_element_size_;
   bool plain_copy_ = true;
+  bool gathers_remote_runs_ = false;  // GathersRemoteRuns
   uint64_t bytes_read_ = 0;
 };
+
+template <typename IsRemote>
+bool TensorFiller::GathersRemoteRuns(const TensorCopy& copy, IsRemote remote) {
+  if (copy.items.size() < 2) return false;  // one item streams through whole spans
+  bool any = false;
+  for (const CopyItem& item : copy.items) {
+    if (item.num_elements() == 0) continue;
+    if (!remote(item.src_file)) return false;
+    // Dense in the source and in the output: row-major strides of its extent in both, but
+    // for dimensions of extent 1, whose stride never applies.
+    int64_t stride = 1;
+    for (size_t d = item.extent.size(); d-- > 0;) {
+      if (item.extent[d] == 1) continue;
+      if (item.src_strides[d] != stride || item.dst_strides[d] != stride) return false;
+      stride *= item.extent[d];
+    }
+    any = true;
+  }
+  return any;
+}
 
 }  // namespace reshard
 

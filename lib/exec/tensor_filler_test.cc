@@ -8,10 +8,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/core/status.h"
+#include "lib/exec/source_checksums.h"
 #include "lib/exec/span_reader.h"
+#include "lib/io/crc32.h"
 #include "lib/io/mapped_file.h"
 #include "lib/io/remote_store.h"
 #include "lib/io/testing/memory_store.h"
@@ -333,6 +337,166 @@ TEST_F(TensorFillerTest, RemoteStridedReadErrorsNamed) {
   ASSERT_TRUE(absl::IsUnavailable(failed.status())) << failed.status();
   EXPECT_THAT(failed.status().message(), HasSubstr("\"w\""));
   EXPECT_THAT(failed.status().message(), HasSubstr("mem://b/broken at byte offset 0"));
+}
+
+// A ZeRO-3 parameter: a [kRanks * kRankElements] F32 tensor of which each rank's file holds
+// one run, after other bytes (the parameters before it).
+constexpr int kRanks = 8;
+constexpr int64_t kRankElements = 600000;  // 2.4 MB each, more than kRunScratchBytes in all
+constexpr uint64_t kRankLead = 4096 + 12;
+
+// The gather, its files local and the same as remote objects "mem://b/rank<r>".
+struct RankFiles {
+  TensorCopy copy;
+  std::vector<MappedFile> local;
+  std::vector<MappedFile> remote;
+};
+
+RankFiles MakeRankFiles(MemoryStore& store) {
+  RankFiles files;
+  files.copy.name = "layers.0.w";
+  files.copy.num_elements = kRanks * kRankElements;
+  const std::string dir = MakeTempDir("ranks");
+  for (int r = 0; r < kRanks; ++r) {
+    std::string data(kRankLead + r, 'h');
+    for (int64_t e = 0; e < kRankElements; ++e) {
+      const float v = Value(r, e) * (e % 2 == 0 ? 1.0f : -1.0f);
+      data.append(reinterpret_cast<const char*>(&v), 4);
+    }
+    data.append(100, 't');
+    const std::string path = dir + "/rank" + std::to_string(r);
+    WriteAll(path, data);
+    const std::string url = "mem://b/rank" + std::to_string(r);
+    store.Put(url, data);
+    files.local.push_back(*MappedFile::Open(path));
+    files.remote.push_back(*MappedFile::Open(url));
+    CopyItem item;
+    item.src_file = r;
+    item.src_offset = kRankLead + r;
+    item.extent = {kRankElements};
+    item.src_strides = {1};
+    item.dst_offset = r * kRankElements;
+    item.dst_strides = {1};
+    files.copy.items.push_back(item);
+  }
+  return files;
+}
+
+// A gather of one run per remote file (ZeRO-3) fetches each window's runs together: the
+// requests overlap (up to kRemotePiecesInFlight), so a window costs a round trip or two, not
+// one per run, and the bytes are those of the local conversion, in fp32 (read into the output)
+// and bf16 (converted out of batches of kRunScratchBytes). Windows that cut runs too, and
+// windows inside one run.
+TEST_F(TensorFillerTest, RemoteGatherFetchesRunsInFlightAsLocal) {
+  RankFiles files = MakeRankFiles(*store_);
+  auto remote = [&files](int file) { return files.remote[file].remote(); };
+  EXPECT_TRUE(TensorFiller::GathersRemoteRuns(files.copy, remote));
+  EXPECT_FALSE(TensorFiller::GathersRemoteRuns(
+      files.copy, [&files](int file) { return files.local[file].remote(); }));
+  EXPECT_FALSE(TensorFiller::GathersRemoteRuns(copy_, remote));  // chunks cut by columns
+  const absl::Duration delay = absl::Milliseconds(20);
+  store_->set_read_delay(delay);
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const int64_t window :
+         {files.copy.num_elements, 3 * kRankElements + 1234, kRankElements / 3}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), ", window ", window));
+      files.copy.dst_dtype = dtype;
+      absl::StatusOr<std::string> local = FillBytes(files.copy, files.local, window);
+      ASSERT_TRUE(local.ok()) << local.status();
+      const size_t before = store_->ranges().size();
+      const absl::Time start = absl::Now();
+      absl::StatusOr<std::string> fetched = FillBytes(files.copy, files.remote, window);
+      const absl::Duration took = absl::Now() - start;
+      ASSERT_TRUE(fetched.ok()) << fetched.status();
+      EXPECT_TRUE(*fetched == *local);
+      // Every source byte fetched once.
+      const std::vector<std::pair<uint64_t, uint64_t>> ranges = store_->ranges();
+      uint64_t bytes = 0;
+      for (size_t i = before; i < ranges.size(); ++i) bytes += ranges[i].second;
+      EXPECT_EQ(bytes, static_cast<uint64_t>(files.copy.num_elements) * 4);
+      // Windows holding several runs: far less than a round trip per request. A window inside
+      // one run is one request.
+      if (window > kRankElements) {
+        EXPECT_LT(took, delay * static_cast<double>(ranges.size() - before) / 2);
+      }
+    }
+  }
+  EXPECT_EQ(store_->max_concurrent_reads(), MappedFile::kRemotePiecesInFlight);
+  store_->set_read_delay(absl::ZeroDuration());
+}
+
+// A failed request of a gather names the tensor, the object and the byte offset.
+TEST_F(TensorFillerTest, RemoteGatherErrorsNamed) {
+  RankFiles files = MakeRankFiles(*store_);
+  // Rank 5's object of its own, failing.
+  store_->Put("mem://b/rank5-broken", ReadAll(files.local[5].path()));
+  files.remote[5] = *MappedFile::Open("mem://b/rank5-broken");
+  store_->Fail("mem://b/rank5-broken", absl::UnavailableError("connection reset"));
+  absl::StatusOr<std::string> failed = FillBytes(files.copy, files.remote, files.copy.num_elements);
+  ASSERT_TRUE(absl::IsUnavailable(failed.status())) << failed.status();
+  EXPECT_THAT(failed.status().message(), HasSubstr("tensor \"layers.0.w\""));
+  EXPECT_THAT(failed.status().message(),
+              HasSubstr(absl::StrCat("mem://b/rank5-broken: reading ", kRankElements * 4,
+                                     " bytes at byte offset ", kRankLead + 5)));
+  EXPECT_THAT(failed.status().message(), HasSubstr("connection reset"));
+}
+
+// The memory estimate counts the scratch of a converted gather of remote runs, and only that.
+TEST_F(TensorFillerTest, RemoteGatherScratchInMemoryBound) {
+  RankFiles files = MakeRankFiles(*store_);
+  std::vector<SourceFile> remote(kRanks);
+  std::vector<SourceFile> local(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    remote[r].path = files.remote[r].path();
+    local[r].path = files.local[r].path();
+  }
+  EXPECT_EQ(TensorFiller::StagingMemoryBound(files.copy, remote), 0u);  // into the output
+  files.copy.dst_dtype = DType::kBF16;
+  EXPECT_EQ(TensorFiller::StagingMemoryBound(files.copy, remote), TensorFiller::kRunScratchBytes);
+  EXPECT_EQ(TensorFiller::StagingMemoryBound(files.copy, local), 0u);
+}
+
+// The runs a gather fetches feed the CRC-32 checks of the records they are in (a ZeRO-3 rank
+// file is a torch.save archive): every record is checked from the bytes read, none read again,
+// in fp32 and bf16, whole or in windows; a damaged byte fails Verify naming the record.
+TEST_F(TensorFillerTest, RemoteGatherFeedsChecksums) {
+  RankFiles files = MakeRankFiles(*store_);
+  std::vector<SourceFile> catalog(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    catalog[r].path = files.remote[r].path();
+    catalog[r].size = files.remote[r].size();
+    const std::string bytes = ReadAll(files.local[r].path());
+    const uint64_t run = static_cast<uint64_t>(kRankElements) * 4;
+    catalog[r].checksummed.push_back(ChecksummedRange{
+        kRankLead + r, run, Crc32(0, bytes.data() + kRankLead + r, run), "record"});
+  }
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const int64_t window : {files.copy.num_elements, 3 * kRankElements + 1234}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), ", window ", window));
+      files.copy.dst_dtype = dtype;
+      SourceChecksums checksums(catalog);
+      TensorFiller filler(files.copy, files.remote, &checksums);
+      std::string out(static_cast<size_t>(files.copy.num_elements) * DTypeSize(dtype), '\0');
+      for (int64_t begin = 0; begin < files.copy.num_elements; begin += window) {
+        const int64_t end = std::min(files.copy.num_elements, begin + window);
+        ASSERT_TRUE(
+            filler.Fill(begin, end, reinterpret_cast<std::byte*>(&out[begin * DTypeSize(dtype)]))
+                .ok());
+      }
+      const absl::Status verified = checksums.Verify(files.remote);
+      EXPECT_TRUE(verified.ok()) << verified;
+      EXPECT_EQ(checksums.bytes_reread(), 0u);
+    }
+  }
+  catalog[3].checksummed[0].crc32 ^= 1;  // as if a byte of rank 3's record were damaged
+  SourceChecksums checksums(catalog);
+  TensorFiller filler(files.copy, files.remote, &checksums);
+  std::string out(static_cast<size_t>(files.copy.num_elements) * 2, '\0');
+  ASSERT_TRUE(
+      filler.Fill(0, files.copy.num_elements, reinterpret_cast<std::byte*>(out.data())).ok());
+  const absl::Status damaged = checksums.Verify(files.remote);
+  EXPECT_TRUE(absl::IsDataLoss(damaged)) << damaged;
+  EXPECT_THAT(damaged.message(), HasSubstr("mem://b/rank3"));
 }
 
 }  // namespace

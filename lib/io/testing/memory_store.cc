@@ -1,5 +1,6 @@
 #include "lib/io/testing/memory_store.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -89,9 +90,27 @@ absl::StatusOr<RemoteListing> MemoryStore::ListEntries(const std::string& url) {
   return listing;
 }
 
-absl::Status MemoryStore::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) {
+void MemoryStore::set_read_delay(absl::Duration delay) {
   absl::MutexLock lock(&mu_);
-  ranges_.emplace_back(offset, out.size());
+  read_delay_ = delay;
+}
+
+int MemoryStore::max_concurrent_reads() const {
+  absl::MutexLock lock(&mu_);
+  return max_concurrent_reads_;
+}
+
+absl::Status MemoryStore::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) {
+  absl::Duration delay;
+  {
+    absl::MutexLock lock(&mu_);
+    ranges_.emplace_back(offset, out.size());
+    max_concurrent_reads_ = std::max(max_concurrent_reads_, ++reads_under_way_);
+    delay = read_delay_;
+  }
+  if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
+  absl::MutexLock lock(&mu_);
+  --reads_under_way_;
   auto failure = failures_.find(url);
   if (failure != failures_.end()) return failure->second;
   auto it = files_.find(url);

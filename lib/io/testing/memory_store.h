@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "lib/io/remote_store.h"
 
@@ -35,6 +36,13 @@ class MemoryStore : public RemoteStore {
   int lookups() const;
   std::vector<std::pair<uint64_t, uint64_t>> ranges() const;
 
+  // Every ReadRange waits `delay` (outside the store's lock) before it is served, as a request
+  // waits its round trip: tests of reads in flight see them overlap (max_concurrent_reads) and
+  // time what overlapping saves. Default: none.
+  void set_read_delay(absl::Duration delay);
+  // The most ReadRange calls under way at once so far.
+  int max_concurrent_reads() const;
+
   absl::StatusOr<RemoteStat> Stat(const std::string& url) override;
   absl::StatusOr<std::vector<RemoteEntry>> List(const std::string& url) override;
   absl::StatusOr<RemoteListing> ListEntries(const std::string& url) override;
@@ -46,6 +54,9 @@ class MemoryStore : public RemoteStore {
   std::map<std::string, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> ranges_ ABSL_GUARDED_BY(mu_);
   int lookups_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration read_delay_ ABSL_GUARDED_BY(mu_);
+  int reads_under_way_ ABSL_GUARDED_BY(mu_) = 0;
+  int max_concurrent_reads_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace reshard

@@ -1,0 +1,138 @@
+// Tests of ReadRemoteRuns: runs of several remote files read with requests in flight at once,
+// cut into pieces of 1 to 6 MiB, the bytes landing where they belong, and a failed request
+// named by file and offset.
+
+#include "lib/io/remote_runs.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lib/io/mapped_file.h"
+#include "lib/io/remote_store.h"
+#include "lib/io/testing/memory_store.h"
+#include "lib/testing/test_files.h"
+
+namespace reshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kFiles = 4;
+constexpr uint64_t kFileBytes = 5 * MappedFile::kRemotePieceBytes;
+
+class RemoteRunsTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    store_ = new MemoryStore;  // registered stores are never destroyed
+    RegisterRemoteStore("runs", store_);
+  }
+
+  void SetUp() override {
+    store_->set_read_delay(absl::ZeroDuration());
+    for (int f = 0; f < kFiles; ++f) {
+      const std::string url = "runs://b/rank" + std::to_string(f);
+      // Files with different contents: a byte from the wrong file shows.
+      data_.push_back(TestPattern(kFileBytes, f));
+      store_->Put(url, data_.back());
+      absl::StatusOr<MappedFile> file = MappedFile::Open(url);
+      ASSERT_TRUE(file.ok()) << file.status();
+      files_.push_back(*std::move(file));
+    }
+  }
+
+  static MemoryStore* store_;
+  std::vector<std::string> data_;
+  std::vector<MappedFile> files_;
+};
+MemoryStore* RemoteRunsTest::store_ = nullptr;
+
+// One run of 2.5 MiB + 3 bytes at a different offset of each file (a ZeRO-3 gather's window):
+// the requests overlap, 8 at most, each about the 10 MiB over 8 long (two pieces of each run),
+// and every byte is right.
+TEST_F(RemoteRunsTest, RunsOfSeveralFilesReadInFlightAtOnce) {
+  store_->set_read_delay(absl::Milliseconds(20));
+  const uint64_t length = 5 * MappedFile::kRemotePieceBytes / 2 + 3;
+  std::string out(kFiles * length, '\0');
+  std::vector<RemoteRun> runs;
+  for (int f = 0; f < kFiles; ++f) {
+    runs.push_back(RemoteRun{&files_[f], 1000u * f + 7, length,
+                             reinterpret_cast<std::byte*>(&out[f * length])});
+  }
+  const size_t before = store_->ranges().size();
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(ReadRemoteRuns(runs).ok());
+  const absl::Duration took = absl::Now() - start;
+  for (int f = 0; f < kFiles; ++f) {
+    EXPECT_EQ(out.substr(f * length, length), data_[f].substr(1000u * f + 7, length)) << f;
+  }
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = store_->ranges();
+  EXPECT_EQ(ranges.size() - before, kFiles * 2u);
+  for (size_t i = before; i < ranges.size(); ++i) {
+    EXPECT_LE(ranges[i].second, (length + 1) / 2);
+  }
+  EXPECT_EQ(store_->max_concurrent_reads(), MappedFile::kRemotePiecesInFlight);
+  // 8 requests of 20 ms at once: one round, not eight.
+  EXPECT_LT(took, absl::Milliseconds(8 * 20 / 2));
+}
+
+// Few runs: pieces of kRemotePieceBytes, so that requests still overlap; one request up to
+// 1.5 x kMaxRunPieceBytes however few are in flight.
+TEST_F(RemoteRunsTest, PiecesBetweenOneAndSixMiB) {
+  std::string out(kFileBytes, '\0');
+  std::vector<RemoteRun> runs = {
+      {&files_[0], 0, 3 * MappedFile::kRemotePieceBytes, reinterpret_cast<std::byte*>(out.data())}};
+  size_t before = store_->ranges().size();
+  ASSERT_TRUE(ReadRemoteRuns(runs).ok());
+  EXPECT_EQ(store_->ranges().size() - before, 3u);
+  runs[0].length = kFileBytes;
+  before = store_->ranges().size();
+  ASSERT_TRUE(ReadRemoteRuns(runs, /*in_flight=*/1).ok());
+  EXPECT_EQ(store_->ranges().size() - before, 1u);  // 5 MiB
+  EXPECT_EQ(out, data_[0]);
+}
+
+TEST_F(RemoteRunsTest, OneRequestAtATimeWhenAskedAndEmptyRunsSkipped) {
+  std::string out(300, '\0');
+  std::vector<RemoteRun> runs = {
+      {&files_[1], 10, 100, reinterpret_cast<std::byte*>(&out[0])},
+      {&files_[2], 0, 0, nullptr},
+      {&files_[3], 20, 200, reinterpret_cast<std::byte*>(&out[100])},
+  };
+  const size_t before = store_->ranges().size();
+  ASSERT_TRUE(ReadRemoteRuns(runs, /*in_flight=*/1).ok());
+  EXPECT_EQ(out.substr(0, 100), data_[1].substr(10, 100));
+  EXPECT_EQ(out.substr(100), data_[3].substr(20, 200));
+  EXPECT_EQ(store_->ranges().size() - before, 2u);
+  EXPECT_TRUE(ReadRemoteRuns({}).ok());
+}
+
+TEST_F(RemoteRunsTest, ErrorsNameTheFileAndOffset) {
+  store_->Put("runs://b/broken", TestPattern(10000));
+  absl::StatusOr<MappedFile> broken = MappedFile::Open("runs://b/broken");
+  ASSERT_TRUE(broken.ok()) << broken.status();
+  store_->Fail("runs://b/broken", absl::UnavailableError("slow down"));
+  std::string out(200, '\0');
+  std::vector<RemoteRun> runs = {
+      {&files_[0], 0, 100, reinterpret_cast<std::byte*>(&out[0])},
+      {&*broken, 4096, 100, reinterpret_cast<std::byte*>(&out[100])},
+  };
+  const absl::Status status = ReadRemoteRuns(runs);
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr("runs://b/broken: reading 100 bytes at byte offset 4096"));
+  EXPECT_THAT(status.message(), HasSubstr("slow down"));
+  // Past the end of the object: refused without a request.
+  std::vector<RemoteRun> past = {{&files_[0], kFileBytes - 10, 11, runs[0].out}};
+  const size_t before = store_->ranges().size();
+  const absl::Status past_end = ReadRemoteRuns(past);
+  EXPECT_TRUE(absl::IsDataLoss(past_end)) << past_end;
+  EXPECT_THAT(past_end.message(), HasSubstr("passes the end of the object"));
+  EXPECT_EQ(store_->ranges().size(), before);
+}
+
+}  // namespace
+}  // namespace reshard
