@@ -88,12 +88,23 @@ absl::StatusOr<MappedFile> MappedFile::OpenRemote(const std::string& path, int64
   return file;
 }
 
-absl::Status MappedFile::ReadRemote(uint64_t offset, uint64_t length, std::byte* out) const {
+absl::Status MappedFile::CheckRemoteRange(uint64_t offset, uint64_t length) const {
   if (offset > size_ || length > size_ - offset) {
     return absl::DataLossError(absl::StrCat(path_, ": read of ", length, " bytes at byte offset ",
                                             offset, " passes the end of the object (", size_,
                                             " bytes)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status MappedFile::ReadAtInOneRequest(uint64_t offset, size_t length, std::byte* out) const {
+  if (remote_ == nullptr) return ReadAt(offset, length, out);
+  RETURN_IF_ERROR(CheckRemoteRange(offset, length));
+  return remote_->ReadRange(path_, offset, absl::Span<char>(reinterpret_cast<char*>(out), length));
+}
+
+absl::Status MappedFile::ReadRemote(uint64_t offset, uint64_t length, std::byte* out) const {
+  RETURN_IF_ERROR(CheckRemoteRange(offset, length));
   const uint64_t pieces =
       std::clamp<uint64_t>(length / kRemotePieceBytes, 1, kRemotePiecesInFlight);
   const uint64_t piece = (length + pieces - 1) / pieces;

@@ -59,6 +59,9 @@ class MappedFile {
   // Reads `length` bytes at `offset` into `out`. DataLoss naming the file and offset when the
   // file ended early (it shrank underneath), the errno's status on an I/O error. Thread safe.
   absl::Status ReadAt(uint64_t offset, size_t length, std::byte* out) const;
+  // As ReadAt, but a remote range is one request, not split into pieces read at once: for
+  // callers that keep several requests in flight themselves (ReadRemoteRuns).
+  absl::Status ReadAtInOneRequest(uint64_t offset, size_t length, std::byte* out) const;
 
   // Drops the pages fully inside [offset, offset + length) from this process's resident set.
   // Later reads fault them back in from the page cache. Thread safe.
@@ -147,6 +150,8 @@ class MappedFile {
   // kRemotePiecesInFlight of them read at once (one request is bounded by one connection's
   // throughput).
   absl::Status ReadRemote(uint64_t offset, uint64_t length, std::byte* out) const;
+  // DataLoss naming the file when [offset, offset + length) passes the end of the remote file.
+  absl::Status CheckRemoteRange(uint64_t offset, uint64_t length) const;
 
   std::string path_;
   RemoteStore* remote_ = nullptr;  // the store of a remote file, else null

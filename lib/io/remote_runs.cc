@@ -7,27 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
-#include "lib/io/remote_store.h"
 
 namespace reshard {
-namespace {
-
-// Reads [offset, offset + length) of `file` with one request when it is remote (its ReadAt
-// would cut a range of 2 MiB or more into several), with pread otherwise.
-absl::Status ReadOnce(const MappedFile& file, uint64_t offset, uint64_t length, std::byte* out) {
-  if (!file.remote()) return file.ReadAt(offset, length, out);
-  if (offset > file.size() || length > file.size() - offset) {
-    return absl::DataLossError(
-        absl::StrCat(file.path(), ": read of ", length, " bytes at byte offset ", offset,
-                     " passes the end of the object (", file.size(), " bytes)"));
-  }
-  ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(file.path()));
-  return store->ReadRange(file.path(), offset,
-                          absl::Span<char>(reinterpret_cast<char*>(out), length));
-}
-
-}  // namespace
-
 absl::Status ReadRemoteRuns(absl::Span<const RemoteRun> runs, int in_flight) {
   in_flight = std::max(in_flight, 1);
   // Requests as long as the window allows while it still makes `in_flight` of them: a request
@@ -62,8 +43,9 @@ absl::Status ReadRemoteRuns(absl::Span<const RemoteRun> runs, int in_flight) {
     for (size_t p = next++; p < pieces.size(); p = next++) {
       const Piece& piece = pieces[p];
       const RemoteRun& run = runs[piece.run];
-      status[p] = ReadOnce(*run.file, run.offset + piece.begin, piece.end - piece.begin,
-                           run.out + piece.begin);
+      // One request per piece: MappedFile::ReadAt would cut a range of 2 MiB or more again.
+      status[p] = run.file->ReadAtInOneRequest(run.offset + piece.begin, piece.end - piece.begin,
+                                               run.out + piece.begin);
     }
   };
   const size_t helpers = std::min<size_t>(pieces.size(), in_flight) - 1;
