@@ -11,7 +11,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-tools/setup.sh
+tools/setup.sh demo
 bazel build //client:reshardctl //server:reshardd
 ctl="$root/bazel-bin/client/reshardctl"
 daemon="$root/bazel-bin/server/reshardd"
