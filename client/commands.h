@@ -29,7 +29,7 @@ struct ConversionFlags {
   bool duplicate_tied = false;
   bool no_crc_check = false;                  // skip the torch.save CRC-32 check of the data read
   std::string io = "auto";                    // auto | direct | buffered (lib/io/io_mode.h)
-  std::string output_format = "safetensors";  // or "torch"
+  std::string output_format = "safetensors";  // one of OutputFormatIds()
   // Training checkpoints: DeepSpeed tag to read, and whether to read Adam moments too.
   std::string tag;
   bool include_optimizer = false;

@@ -40,7 +40,10 @@ void InstallSignalHandlers() {
 
 int main(int argc, char** argv) {
   using namespace reshard;
-  CLI::App app{"reshardctl: convert and reshard large-model checkpoints (safetensors)"};
+  CLI::App app{absl::StrCat(
+      "reshardctl: convert and reshard large-model training checkpoints\n  reads:  ",
+      absl::StrJoin(InputFormatIds(), ", "), "\n  writes: ", absl::StrJoin(OutputFormatIds(), ", "),
+      "\n  (files, folders or s3:// URLs; docs/cli.md)")};
   app.require_subcommand(1);
   app.set_version_flag("--version", absl::StrCat("reshardctl ", kReshardVersion));
 
@@ -100,7 +103,7 @@ int main(int argc, char** argv) {
                       "also read the Adam moments (<param>.exp_avg, <param>.exp_avg_sq)");
   };
   auto add_conversion = [&](CLI::App* command, bool with_output_dir) {
-    command->add_option("IN", conversion.input, "input .safetensors file or folder")->required();
+    command->add_option("IN", conversion.input, "input file, folder or s3:// URL (any format read)")->required();
     if (with_output_dir) {
       command
           ->add_option("OUT", conversion.output,
@@ -109,7 +112,8 @@ int main(int argc, char** argv) {
     }
     command->add_option("--dtype", conversion.dtype, "keep | fp32 | bf16 | fp16 (floating tensors)")
         ->capture_default_str();
-    command->add_option("--rules", conversion.rules, "partition rules JSON file");
+    command->add_option("--rules", conversion.rules,
+                        "partition rules JSON file, or a preset: metaseq | megatron");
     command->add_option("--threads", conversion.threads, "output files written in parallel")
         ->capture_default_str();
     command
@@ -141,7 +145,7 @@ int main(int argc, char** argv) {
   add_server(&app);  // also accepted before the command: reshardctl --server ADDR consolidate ...
 
   CLI::App* inspect = app.add_subcommand("inspect", "describe a checkpoint");
-  inspect->add_option("IN", conversion.input, "input file or folder")->required();
+  inspect->add_option("IN", conversion.input, "input file, folder or s3:// URL")->required();
   inspect->add_option("--rules", conversion.rules, "partition rules to merge model-parallel parts");
   add_read_options(inspect);
   add_output(inspect);
@@ -159,14 +163,14 @@ int main(int argc, char** argv) {
   add_server(plan);
 
   CLI::App* consolidate =
-      app.add_subcommand("consolidate", "write one model (HF sharded safetensors)");
+      app.add_subcommand("consolidate", "merge a checkpoint into one model in --format");
   add_conversion(consolidate, /*with_output_dir=*/true);
   consolidate->add_option("--max-shard-size", conversion.max_shard_size, "largest output file")
       ->capture_default_str();
   consolidate->add_flag("--no-progress", no_progress, "do not show progress");
   add_job_options(consolidate);
 
-  CLI::App* reshard = app.add_subcommand("reshard", "split or merge tensor-parallel parts");
+  CLI::App* reshard = app.add_subcommand("reshard", "split or merge tensor-parallel parts, in --format");
   add_conversion(reshard, /*with_output_dir=*/true);
   reshard->add_option("--parts", conversion.parts, "number of output parts")->required();
   reshard->add_option("--pipeline-parts", conversion.pipeline_parts,

@@ -202,7 +202,8 @@ TEST_F(PathPolicyTest, MissingInputIsNotFound) {
   EXPECT_NE(input.status().message().find("missing.safetensors"), absl::string_view::npos);
 }
 
-// README: paths out of a root are PERMISSION_DENIED; a dangling symlink used to give NOT_FOUND.
+// Paths out of a root are PERMISSION_DENIED (docs/cli.md, "Security"); so is a dangling
+// symlink, whose target cannot be checked, rather than NOT_FOUND.
 TEST_F(PathPolicyTest, DanglingOutputSymlinkIsDenied) {
   for (const std::string& path : {root_ + "/dangling", root_ + "/dangling/out"}) {
     auto output = policy_->CheckOutput(path);

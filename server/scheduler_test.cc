@@ -1020,8 +1020,8 @@ TEST_F(SchedulerTest, SlowProgressWritesDoNotBlockSubmitOrGet) {
     submits.push_back(absl::Now() - start);
     absl::SleepFor(absl::Milliseconds(20));
   }
-  // Before: each call waited for the write in progress (up to 1 s). A submit still does its
-  // own (real, unslowed) write, hence the looser bound on its worst case.
+  // Gets and submits do not wait for the busy job's store write (1 s here). A submit does its own
+  // (real, unslowed) write, hence the looser bound on its worst case.
   EXPECT_LT(Summarize(gets).max, absl::Milliseconds(300));
   EXPECT_LT(Summarize(submits).p50, absl::Milliseconds(100));
   EXPECT_LT(Summarize(submits).max, absl::Milliseconds(500));
@@ -1058,7 +1058,7 @@ TEST_F(SchedulerTest, CommittedFileIsDurableWhenTheCallbackReturns) {
   EXPECT_EQ(recorded.load(), 1);
 }
 
-// The load test of issue 10: submit latency while two jobs run flat out, with the real store
+// Load test: submit latency while two jobs run flat out, with the real store
 // (SQLite, synchronous=FULL) and with a simulated slow disk (every running job's write takes
 // 200 ms). Prints p50/p99/max; run with --test_output=streamed --test_filter='*Latency*'.
 TEST_F(SchedulerTest, SubmitLatencyWhileJobsRunLoadTest) {
@@ -1084,8 +1084,9 @@ TEST_F(SchedulerTest, SubmitLatencyWhileJobsRunLoadTest) {
         stderr, "submit latency with 2 busy jobs, running job writes +%s: p50 %s p99 %s max %s\n",
         absl::FormatDuration(slow).c_str(), absl::FormatDuration(figures.p50).c_str(),
         absl::FormatDuration(figures.p99).c_str(), absl::FormatDuration(figures.max).c_str());
-    // Before this was p50 196 ms, p99 404 ms with 200 ms writes. With the real store the
-    // figures are the disk's and the machine's, so they are printed but not checked.
+    // With 200 ms writes the bounds hold only if no submit waits for a running job's write.
+    // With the real store the figures are the disk's and the machine's, so they are printed
+    // but not checked.
     if (slow > absl::ZeroDuration()) {
       EXPECT_LT(figures.p50, absl::Milliseconds(50));
       EXPECT_LT(figures.p99, absl::Milliseconds(200));

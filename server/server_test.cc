@@ -432,7 +432,7 @@ TEST_F(ServerTest, ListFiltersAndPages) {
   EXPECT_EQ(client_->List({}, 0, "garbage").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client_->List({}, 5000, "").status().code(), absl::StatusCode::kInvalidArgument);
 
-  // A state that is none of the job states is refused, naming it (it used to match nothing).
+  // A state that is none of the job states is refused, naming it, rather than matching no job.
   auto unspecified = client_->List({v1::JOB_STATE_FAILED, v1::JOB_STATE_UNSPECIFIED}, 0, "");
   EXPECT_EQ(unspecified.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(unspecified.status().message(), "states[1] = 0"))

@@ -198,7 +198,7 @@ absl::Status ServerTls::WriteSnapshot(const TlsPem& pem) {
   if (::symlink(name.c_str(), link.c_str()) != 0 || ::rename(link.c_str(), current.c_str()) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("pointing ", current, " at ", name));
   }
-  // The generation before the previous one is no longer read.
+  // Nothing reads the generation before the previous one: remove it.
   const std::string old = absl::StrCat(snapshot_dir_, "/gen-", generation - 2);
   if (generation >= 2 && ::stat(old.c_str(), &st) == 0) {
     for (const char* file : {"key.pem", "cert.pem", "client-ca.pem"}) {

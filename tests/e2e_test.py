@@ -1,7 +1,7 @@
 """End-to-end / interoperability tests for `reshardctl` (local mode).
 
 Run:  /usr/bin/python3 tests/e2e_test.py --reshardctl PATH [unittest args, e.g. ClassName]
-The contract tested is the README's "reshardctl" section.  Expected values come from tests/st_reference.py,
+The contract tested is docs/cli.md ("reshardctl").  Expected values come from tests/st_reference.py,
 an independent numpy implementation of the safetensors format and of the conversions.
 """
 

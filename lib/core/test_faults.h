@@ -1,7 +1,7 @@
 // Test-only fault injection points, for crash and race tests of the daemon and the CLI.
 //
 // Off unless the environment variable RESHARD_TEST_FAULTS is set, which production never
-// does (README, "Testing hooks"). Its value is a comma-separated list of POINT=ACTION:
+// does (docs/cli.md, "Testing hooks"). Its value is a comma-separated list of POINT=ACTION:
 //
 //   kill        SIGKILL this process when it reaches POINT
 //   wait:PATH   block at POINT until the file PATH exists (at most 120 s) or the caller's

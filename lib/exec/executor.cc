@@ -6,7 +6,7 @@
 #include <xxhash.h>
 #if defined(__x86_64__)
 // XXH3 of libxxhash with runtime dispatch to AVX2 / AVX-512: its plain entry points use SSE2,
-// and the digest of every byte written was a quarter of a torch-output split's user CPU.
+// with which the digest of every byte written takes a quarter of a torch-output split's user CPU.
 #include <xxh_x86dispatch.h>
 #endif
 
@@ -801,9 +801,9 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
       // A source read once but not all in whole boxes (a split: tensors cut by rows and by
       // columns) has its dense boxes read directly and its strips buffered; so has one whose
       // boxes read some ranges several times (tensors replicated into every part: those
-      // ranges stay in the page cache for the parts that read them after the first). Before,
-      // such a source was read all buffered: a 2 GiB split into 4 parts with Llama rules,
-      // whose norms are replicated, copied every byte through the page cache.
+      // ranges stay in the page cache for the parts that read them after the first). Read all
+      // buffered, such a source would copy every byte through the page cache (a split with
+      // Llama rules, whose norms are replicated into every part, is one).
       if (options.io == IoMode::kAuto && reads[s].read_once) {
         sources[s].EnableDirectReads();  // buffered where the filesystem refuses
         sources[s].set_direct_reads_dense_only(!dense[s] || !reads[s].repeated.empty());

@@ -46,7 +46,7 @@ class SpanReader {
   // end of the current one, so that a request shorter than that which straddles the end (an
   // element cut by it) is in the span read ahead; a run read in pieces of capacity() is too.
   // One direct-read block: a direct read starts at a block boundary anyway, so the overlap
-  // costs at most that block again (a sixteenth of every span was read twice before).
+  // costs at most that block again rather than a sixteenth of every span.
   uint64_t capacity() const { return capacity_ - overlap(); }
   uint64_t overlap() const {
     return std::min<uint64_t>(capacity_ / 16, MappedFile::kDirectAlignment);

@@ -18,7 +18,7 @@
 #include <xxhash.h>
 #if defined(__x86_64__)
 // XXH3 of libxxhash with runtime dispatch to AVX2 / AVX-512: its plain entry points use SSE2,
-// and the digest of every byte written was a quarter of a torch-output split's user CPU.
+// with which the digest of every byte written takes a quarter of a torch-output split's user CPU.
 #include <xxh_x86dispatch.h>
 #endif
 

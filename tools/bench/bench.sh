@@ -552,7 +552,7 @@ print("%d OLMo entries" % len(header))' "$out" >"$clog" 2>&1 ||
   else
     # torch output: real torch must load it, with weights_only (only what torch.load allows)
     # except for metaseq, whose cfg holds Python floats that torch 1.13's weights_only
-    # unpickler refuses whoever writes them (README.md).
+    # unpickler refuses whoever writes them (docs/formats.md, "torch.save zip").
     local weights_only=1
     [ "$INPUT_FORMAT" = metaseq ] && weights_only=0
     "$PY" -c 'import glob, os, sys, torch, zipfile

@@ -50,8 +50,8 @@ TEST(ResolveCheckpointTest, WithoutTrackerAsksForATag) {
             absl::StatusCode::kNotFound);
 }
 
-// Tracker files larger than checkpoint_folder's limit are refused; they used to be read
-// truncated to their first 4 KiB.
+// Tracker files larger than checkpoint_folder's limit are refused, not read truncated to their
+// first 4 KiB.
 TEST(ResolveCheckpointTest, RefusesOversizedTrackerFiles) {
   for (const char* tracker : {"latest_checkpointed_iteration.txt", "latest"}) {
     const std::string root = SaveFolder("megatron_large_tracker");
