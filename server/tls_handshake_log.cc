@@ -66,10 +66,10 @@ void TlsHandshakeLog::Failed(absl::string_view reason) {
   const absl::Time now = absl::Now();
   if (pending_ == 0 && now - last_line_ >= interval_) {
     std::fprintf(stderr,
-                 "reshardd: a TLS handshake failed (%.*s); failures in the next %lld s are "
+                 "reshardd: a TLS handshake failed (%.*s); failures in the next %g s are "
                  "summarized in one line\n",
                  static_cast<int>(reason.size()), reason.data(),
-                 static_cast<long long>(absl::ToInt64Seconds(interval_)));
+                 absl::ToDoubleSeconds(interval_));
     std::fflush(stderr);
     last_line_ = now;
     return;
