@@ -1,6 +1,8 @@
 #include "server/job_store.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -119,6 +121,27 @@ TEST(JobStoreTest, ReopenSeesTheData) {
 TEST(JobStoreTest, OpenFailsWhereNoFolderCanBeMade) {
   const std::string dir = MakeTempDir("job_store");
   EXPECT_FALSE(JobStore::Open(dir + "/missing/parent/state").ok());
+}
+
+// A folder of another user (a volume root owned by root, group the pod's fsGroup) cannot be
+// made private by the daemon: it starts (with a warning), and the job store in it is 0600.
+// Changing a folder's owner needs root.
+TEST(JobStoreTest, OpenFolderOfAnotherUserKeepsItsModeAndAPrivateStore) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give the folder to another user";
+  const std::string dir = MakeTempDir("job_store") + "/state";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0775), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 0775), 0);
+  ASSERT_EQ(::chown(dir.c_str(), 65534, 0), 0);
+  auto store = JobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Put(MakeJob("a", 1, v1::JOB_STATE_QUEUED)).ok());
+  struct stat st;
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0775u);
+  for (const char* name : {"/jobs.sqlite3", "/jobs.sqlite3-wal", "/jobs.sqlite3-shm"}) {
+    ASSERT_EQ(::stat((dir + name).c_str(), &st), 0) << name;
+    EXPECT_EQ(st.st_mode & 07777, 0600u) << name;
+  }
 }
 
 }  // namespace

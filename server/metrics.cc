@@ -102,6 +102,13 @@ Metrics::Metrics()
                                        "no longer matched on resume (rewritten).")
                                  .Register(*registry_)
                                  .Add({})),
+      tls_handshake_failures_(prometheus::BuildCounter()
+                                  .Name("reshard_tls_handshake_failures_total")
+                                  .Help("Connections to the gRPC port whose TLS handshake "
+                                        "failed (not TLS, no or an untrusted client "
+                                        "certificate, ...).")
+                                  .Register(*registry_)
+                                  .Add({})),
       peak_rss_(prometheus::BuildHistogram()
                     .Name("reshard_job_peak_rss_bytes")
                     .Help("Peak resident memory of the daemon sampled while a job ran.")

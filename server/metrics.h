@@ -51,6 +51,8 @@ class Metrics {
   void SetLastSuccess(absl::string_view kind, double unix_seconds);
   // Files kept from an interrupted attempt whose checksum no longer matched on resume.
   void AddVerificationFailures(int count);
+  // A peer failed the TLS handshake on the gRPC port (TlsHandshakeLog).
+  void TlsHandshakeFailed() { tls_handshake_failures_.Increment(); }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -68,6 +70,7 @@ class Metrics {
   prometheus::Counter& tensors_written_;
   prometheus::Counter& files_written_;
   prometheus::Counter& verification_failures_;
+  prometheus::Counter& tls_handshake_failures_;
   prometheus::Histogram& peak_rss_;
   absl::Mutex last_success_mu_;  // makes SetLastSuccess's read-compare-set atomic
 };

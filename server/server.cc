@@ -23,10 +23,14 @@
 #include "server/s3_collector.h"
 #include "server/service.h"
 #include "server/tls_credentials.h"
+#include "server/tls_handshake_log.h"
 
 namespace reshard {
 
 namespace {
+
+// Failed TLS handshakes are logged at most once per this interval (TlsHandshakeLog).
+constexpr absl::Duration kHandshakeLogInterval = absl::Seconds(60);
 
 bool IsLoopbackHost(const std::string& listen) {
   const std::string host = listen.substr(0, listen.rfind(':'));
@@ -57,6 +61,7 @@ struct Server::Impl {
   std::unique_ptr<prometheus::Exposer> exposer;
   std::unique_ptr<PathPolicy> paths;
   std::unique_ptr<ServerTls> tls;
+  std::unique_ptr<TlsHandshakeLog> handshake_log;
   std::unique_ptr<Authorizer> auth;
   std::unique_ptr<OffloadPool> offload;
   std::unique_ptr<Scheduler> scheduler;
@@ -137,6 +142,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.tls.enabled()) {
     ASSIGN_OR_RETURN(impl->tls, ServerTls::Create(options.tls, options.state_dir + "/tls"));
     credentials = impl->tls->credentials();
+    Metrics* metrics = &impl->metrics;
+    impl->handshake_log = std::make_unique<TlsHandshakeLog>(
+        kHandshakeLogInterval, [metrics] { metrics->TlsHandshakeFailed(); });
   }
   WarnIfExposed(options);
 
@@ -187,6 +195,8 @@ void Server::Shutdown() {
   impl_->scheduler->Shutdown(impl_->options.shutdown_grace);
   // Streams end once the scheduler stops; unary calls get a short deadline to finish.
   impl_->grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // reshardd exits without destructors: the failures since the last line are logged now.
+  if (impl_->handshake_log != nullptr) impl_->handshake_log->Flush();
 }
 
 void Server::Wait() { impl_->grpc_server->Wait(); }

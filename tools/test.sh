@@ -19,6 +19,12 @@ failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" 
 fuzz_status=0
 tests/fuzz/run_fuzzers.sh "${RESHARD_FUZZ_SECONDS:-30}" || fuzz_status=$?
 if [ "$fuzz_status" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+# The README runs bazel-bin/client/reshardctl after this script: the fuzz build must leave
+# bazel-bin on the normal build.
+if [ ! -x bazel-bin/client/reshardctl ]; then
+  echo "bazel-bin/client/reshardctl is missing after the fuzzers (bazel-bin -> $(readlink bazel-bin))" >&2
+  failed=$((failed + 1))
+fi
 
 rm -f "$log"
 echo "tests: $passed passed, $failed failed"

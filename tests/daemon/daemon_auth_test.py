@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -159,6 +160,44 @@ class TlsTests(OwnDaemonsTestCase):
     def test_plaintext_client_refused_by_tls_server(self):
         d = self.tls_daemon(mutual=False)
         self.assertError(self.ctl("list", daemon=d), EXIT_UNAVAILABLE, "UNAVAILABLE")
+
+    def test_failed_handshakes_are_counted_and_summarized(self):
+        """A peer that fails TLS handshakes in a loop gets one stderr line for the first failure
+        and one summary for the rest (at shutdown here: the interval is 60 s), and
+        reshard_tls_handshake_failures_total counts every one. gRPC fails the handshake once per
+        connection that sends bytes that are not TLS."""
+        d = self.tls_daemon(mutual=False)
+        host, port = d.addr.rsplit(":", 1)
+        failures = 200
+        for _ in range(failures):
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                # The daemon closes the connection once the handshake has failed.
+                while s.recv(4096):
+                    pass
+        metric = "reshard_tls_handshake_failures_total"
+        wait_until(lambda: (H.metric(d.metrics(), metric) == failures,
+                            H.metric(d.metrics(), metric)),
+                   "%s = %d" % (metric, failures))
+        # A real client still gets through.
+        self.assertOk(self.ctl("list", *self.tls(), daemon=d))
+        self.assertEqual(H.metric(d.metrics(), metric), failures)
+
+        def handshake_lines():
+            return [l for l in d.read_log().splitlines() if "andshake" in l]
+
+        lines = handshake_lines()
+        self.assertEqual(len(lines), 1, lines)
+        self.assertRegex(lines[0], r"^reshardd: a TLS handshake failed \(Handshake failed with "
+                         r"fatal error SSL_ERROR_SSL: .*http request\.\); failures in the next "
+                         r"60 s are summarized in one line$")
+        d.signal(signal.SIGTERM)
+        self.assertEqual(d.wait(30), 0)
+        lines = handshake_lines()
+        self.assertEqual(len(lines), 2, lines)
+        self.assertRegex(lines[1], r"^reshardd: %d more TLS handshakes failed in the last \d+ s "
+                         r"\(the last: Handshake failed with fatal error SSL_ERROR_SSL: .*http "
+                         r"request\.\)$" % (failures - 1))
 
     def test_server_certificate_from_another_ca_refused(self):
         d = self.tls_daemon(mutual=False)

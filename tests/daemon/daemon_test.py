@@ -1085,6 +1085,55 @@ class SecurityTests(DaemonTestCase):
                          before)
 
 
+
+class StateFolderTests(OwnDaemonsTestCase):
+    """The state folder and the job database name every tenant's paths and tokens: only the
+    daemon's user may read them (folder 0700, jobs.sqlite3 and its -wal and -shm 0600), whatever
+    the umask, and a folder left group- or other-readable is made private at start."""
+
+    DB_FILES = ("jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm")
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.src = small_checkpoint(os.path.join(cls.root, "src"))
+
+    def modes(self, state):
+        return {name: oct(os.stat(os.path.join(state, name)).st_mode & 0o7777)
+                for name in (".",) + self.DB_FILES}
+
+    def run_job_and_check(self, state, umask, name):
+        old = os.umask(umask)
+        try:
+            d = self.new_daemon(state=state)
+        finally:
+            os.umask(old)
+        job_id = self.submit(self.src, self.r(name), daemon=d)
+        self.assertEqual(self.wait_terminal(job_id, daemon=d)["state"], "succeeded")
+        # The daemon keeps the database open in WAL mode, so -wal and -shm exist now.
+        self.assertEqual(self.modes(state), {".": "0o700", "jobs.sqlite3": "0o600",
+                                             "jobs.sqlite3-wal": "0o600",
+                                             "jobs.sqlite3-shm": "0o600"})
+        d.kill()
+
+    def test_new_state_folder_is_private(self):
+        self.run_job_and_check(os.path.join(self.tmp, "state-022"), 0o022, "out_022")
+
+    def test_new_state_folder_is_private_under_umask_000(self):
+        self.run_job_and_check(os.path.join(self.tmp, "state-000"), 0o000, "out_000")
+
+    def test_existing_open_state_folder_is_made_private(self):
+        state = os.path.join(self.tmp, "state-open")
+        os.mkdir(state)
+        os.chmod(state, 0o755)
+        for name in self.DB_FILES:  # as an earlier reshardd left them (SQLite's default 0644)
+            with open(os.path.join(state, name), "wb"):
+                pass
+            os.chmod(os.path.join(state, name), 0o644)
+        os.remove(os.path.join(state, "jobs.sqlite3-wal"))
+        self.run_job_and_check(state, 0o022, "out_open")
+
+
 # ------------------------------------------------------------------------------------------------
 # DeepSpeed ZeRO checkpoints through the daemon (--tag, --include-optimizer, the description)
 

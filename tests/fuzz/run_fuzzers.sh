@@ -43,11 +43,19 @@ printf '\x02\x03<?xml version="1.0"?><Error><Code>NoSuchKey</Code><Message>The k
 printf '\x00\x00<ListBucketResult><Contents><Key>a/b.safetensors</Key><Size>123</Size></Contents><IsTruncated>true</IsTruncated><NextContinuationToken>t&quot;</NextContinuationToken></ListBucketResult>' >"$work/seeds-s3xml/list"
 printf '\x00\x00<InitiateMultipartUploadResult><Bucket>b</Bucket><Key>k</Key><UploadId>2~abc</UploadId></InitiateMultipartUploadResult>' >"$work/seeds-s3xml/upload"
 
+# The fuzz build's convenience links are bazel-fuzz-* (.bazelrc), so bazel-bin keeps pointing at
+# the normal build (bazel-bin/client/reshardctl, the Python client's PYTHONPATH).
+bazel_bin_before="$(readlink bazel-bin || true)"
 bazel build --config=fuzz $listed 2> "$work/build.log" || {
   tail -n 40 "$work/build.log" >&2
   echo "fuzz: build FAILED" >&2
   exit 1
 }
+if [ "$(readlink bazel-bin || true)" != "$bazel_bin_before" ]; then
+  echo "fuzz: the fuzz build moved bazel-bin from ${bazel_bin_before:-nothing} to" \
+    "$(readlink bazel-bin); .bazelrc's build:fuzz needs --symlink_prefix=bazel-fuzz-" >&2
+  exit 1
+fi
 bin="$(bazel info --config=fuzz bazel-bin 2>/dev/null)"
 
 run() {  # run TARGET SEED_DIR
