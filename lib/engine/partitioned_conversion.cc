@@ -104,17 +104,25 @@ std::string RerunHint(int index, int count) {
 
 std::string Hex(uint64_t value) { return absl::StrFormat("%016x", value); }
 
-// Writes `contents` under `name` in `dir` unless the name exists (AlreadyExists then): written
-// and synced under a unique temporary name, then link(2)ed to `name`, which is atomic on local
-// filesystems, NFS and Lustre alike, and never replaces an existing file.
-absl::Status CreateExclusively(const Directory& dir, const std::string& name,
-                               absl::string_view contents) {
+// Writes and syncs `contents` under a name for `name` in `dir` that no other process or thread
+// uses, and returns that name.
+absl::StatusOr<std::string> WriteUniqueTemporary(const Directory& dir, const std::string& name,
+                                                 absl::string_view contents) {
   static std::atomic<uint64_t> counter{0};
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   const std::string temp = absl::StrCat(name, ".", host, ".", ::getpid(), ".", counter.fetch_add(1),
                                         ".", std::random_device()(), ".tmp");
   RETURN_IF_ERROR(WriteFileAtomically(dir, temp, contents));
+  return temp;
+}
+
+// Writes `contents` under `name` in `dir` unless the name exists (AlreadyExists then): written
+// and synced under a unique temporary name, then link(2)ed to `name`, which is atomic on local
+// filesystems, NFS and Lustre alike, and never replaces an existing file.
+absl::Status CreateExclusively(const Directory& dir, const std::string& name,
+                               absl::string_view contents) {
+  ASSIGN_OR_RETURN(const std::string temp, WriteUniqueTemporary(dir, name, contents));
   const int linked = ::linkat(dir.fd(), temp.c_str(), dir.fd(), name.c_str(), 0);
   const int link_error = errno;
   RETURN_IF_ERROR(dir.RemoveFile(temp));
@@ -536,7 +544,8 @@ class PartitionClaim {
       const absl::Status won = CreateExclusively(area.dir, marker, text);
       if (absl::IsAlreadyExists(won)) continue;  // another worker took it over first
       RETURN_IF_ERROR(won, absl::StrCat("taking over the stale claim ", where));
-      RETURN_IF_ERROR(WriteFileAtomically(area.dir, name, text),
+      ASSIGN_OR_RETURN(const std::string fresh, WriteUniqueTemporary(area.dir, name, text));
+      RETURN_IF_ERROR(area.dir.Rename(fresh, name),
                       absl::StrCat("taking over the stale claim ", where));
       RETURN_IF_ERROR(area.dir.Sync());
       return std::unique_ptr<PartitionClaim>(new PartitionClaim(area.dir, name, text));
@@ -589,10 +598,8 @@ class PartitionClaim {
       return !started.empty() && started == holder.value("start_time", "");
     }
     // Another host: by the lease, on the file server's clock.
-    const std::string probe = absl::StrCat(name, ".now.", self["host"].get<std::string>(), ".",
-                                           self["pid"].get<int64_t>(), ".",
-                                           Hex(std::random_device()()));
-    RETURN_IF_ERROR(WriteFileAtomically(dir, probe, ""));
+    ASSIGN_OR_RETURN(const std::string probe,
+                     WriteUniqueTemporary(dir, absl::StrCat(name, ".now"), ""));
     absl::StatusOr<struct stat> now = dir.StatChild(probe);
     dir.RemoveFile(probe).IgnoreError();
     RETURN_IF_ERROR(now.status());

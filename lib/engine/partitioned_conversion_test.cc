@@ -485,6 +485,45 @@ TEST_F(PartitionedConversionTest, ClaimOfAGoneWorkerIsTakenOver) {
   ExpectPublishes(out, 1, 2);
 }
 
+TEST_F(PartitionedConversionTest, ConcurrentTakeoversOfAStaleClaimHaveOneWinner) {
+  const std::string out = root_ + "/out";
+  const std::string area = PartitionAreaPathFor(out);
+  fs::create_directories(area);
+  WriteAll(area + "/partition-00000-of-00002.claim", ClaimOf(DeadPid(), HostName(), "1", 0, 2));
+  // The worker that wins holds on until every other has returned: were two to win, neither
+  // would see that and both would finish (after the bounded wait).
+  constexpr int kTakers = 4;
+  std::atomic<int> returned{0};
+  absl::Notification others_returned;
+  RunControl hold;
+  hold.on_file_committed = [&](const WrittenFile&) {
+    others_returned.WaitForNotificationWithTimeout(absl::Seconds(30));
+  };
+  std::vector<absl::StatusOr<ConversionResult>> results(kTakers, absl::UnknownError("not run"));
+  std::vector<std::thread> takers;
+  for (int t = 0; t < kTakers; ++t) {
+    takers.emplace_back([&, t] {
+      results[t] = RunAnyConversion(Spec(out, 0, 2), hold);
+      if (!results[t].ok() && ++returned == kTakers - 1) others_returned.Notify();
+    });
+  }
+  for (std::thread& taker : takers) taker.join();
+  int won = 0;
+  for (const auto& result : results) {
+    if (result.ok()) {
+      ++won;
+    } else {
+      EXPECT_TRUE(absl::IsFailedPrecondition(result.status())) << result.status();
+      EXPECT_NE(result.status().message().find("partition 0 of 2 is being written by another"),
+                std::string::npos)
+          << result.status();
+    }
+  }
+  EXPECT_EQ(won, 1);
+  EXPECT_TRUE(others_returned.HasBeenNotified());
+  ExpectPublishes(out, 1, 2);
+}
+
 TEST_F(PartitionedConversionTest, ClaimOfALiveWorkerIsRefused) {
   const std::string out = root_ + "/out";
   const std::string area = PartitionAreaPathFor(out);
