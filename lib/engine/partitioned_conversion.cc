@@ -98,8 +98,8 @@ std::string ClaimName(int index, int count) {
 
 // What to run to write partition `index` again, for error messages.
 std::string RerunHint(int index, int count) {
-  return absl::StrCat("rerun partition ", index, " of ", count, " (--partition ", index, "/",
-                      count, ")");
+  return absl::StrCat("rerun partition ", index, " of ", count, " (--partition ", index, "/", count,
+                      ")");
 }
 
 std::string Hex(uint64_t value) { return absl::StrFormat("%016x", value); }
@@ -148,8 +148,8 @@ absl::StatusOr<std::string> ReadSmallFileIn(const Directory& dir, const std::str
 
 absl::StatusOr<OrderedJson> ReadJsonIn(const Directory& dir, const std::string& name) {
   ASSIGN_OR_RETURN(const std::string text, ReadSmallFileIn(dir, name));
-  OrderedJson json = text.empty() ? OrderedJson()
-                                  : OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  OrderedJson json =
+      text.empty() ? OrderedJson() : OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!json.is_object()) {
     return absl::DataLossError(absl::StrCat(dir.PathOf(name), " is not a JSON object"));
   }
@@ -355,15 +355,15 @@ absl::StatusOr<ConversionResult> Publish(const Area& area, const Split& split,
       auto f = planned_index.find(name);
       if (f == planned_index.end() || assignment[f->second] != i ||
           facts.first != planned.plan.files[f->second].bytes) {
-        return absl::DataLossError(absl::StrCat(
-            area.dir.PathOf(RecordName(i, split.count)), " lists ", name, " (", facts.first,
-            " bytes), which is not ",
-            f == planned_index.end() || assignment[f->second] != i
-                ? absl::StrCat("a file the plan in ", area.dir.PathOf(kSplitName),
-                               " deals to partition ", i)
-                : absl::StrCat("the ", planned.plan.files[f->second].bytes,
-                               " bytes the plan gives it"),
-            "; nothing was published; ", RerunHint(i, split.count)));
+        return absl::DataLossError(
+            absl::StrCat(area.dir.PathOf(RecordName(i, split.count)), " lists ", name, " (",
+                         facts.first, " bytes), which is not ",
+                         f == planned_index.end() || assignment[f->second] != i
+                             ? absl::StrCat("a file the plan in ", area.dir.PathOf(kSplitName),
+                                            " deals to partition ", i)
+                             : absl::StrCat("the ", planned.plan.files[f->second].bytes,
+                                            " bytes the plan gives it"),
+                         "; nothing was published; ", RerunHint(i, split.count)));
       }
     }
   }
@@ -375,30 +375,29 @@ absl::StatusOr<ConversionResult> Publish(const Area& area, const Split& split,
     const FileRecords& record = records[owner];
     auto it = record.find(file.name);
     if (it == record.end()) {
-      return absl::DataLossError(absl::StrCat(
-          area.dir.PathOf(RecordName(owner, split.count)), " does not list ", file.name,
-          "; nothing was published; ", RerunHint(owner, split.count)));
+      return absl::DataLossError(
+          absl::StrCat(area.dir.PathOf(RecordName(owner, split.count)), " does not list ",
+                       file.name, "; nothing was published; ", RerunHint(owner, split.count)));
     }
     auto st = StatIn(data, file.name);
     if (!st.ok() || !S_ISREG(st->st_mode) || static_cast<uint64_t>(st->st_size) != file.bytes) {
       return absl::DataLossError(absl::StrCat(
-          data.PathOf(file.name), " is missing or not the ", file.bytes, " bytes partition ",
-          owner, " recorded; nothing was published; ", RerunHint(owner, split.count)));
+          data.PathOf(file.name), " is missing or not the ", file.bytes, " bytes partition ", owner,
+          " recorded; nothing was published; ", RerunHint(owner, split.count)));
     }
     auto own = hashed.find(file.name);
     if (own != hashed.end() && own->second != it->second.second) {
       return absl::DataLossError(absl::StrCat(
           area.dir.PathOf(RecordName(owner, split.count)), " no longer has the XXH3-64 of ",
-          file.name, " this worker wrote; nothing was published; ",
-          RerunHint(owner, split.count)));
+          file.name, " this worker wrote; nothing was published; ", RerunHint(owner, split.count)));
     }
     if (own == hashed.end()) {
       ASSIGN_OR_RETURN(uint64_t hash, HashFile(data, file.name));
       if (hash != it->second.second) {
         return absl::DataLossError(absl::StrCat(
-            data.PathOf(file.name), " no longer has the XXH3-64 partition ", owner,
-            " recorded (", Hex(it->second.second), ", now ", Hex(hash),
-            "); nothing was published; ", RerunHint(owner, split.count), ", then publish again"));
+            data.PathOf(file.name), " no longer has the XXH3-64 partition ", owner, " recorded (",
+            Hex(it->second.second), ", now ", Hex(hash), "); nothing was published; ",
+            RerunHint(owner, split.count), ", which publishes"));
       }
     }
     result.files.push_back(
@@ -522,7 +521,9 @@ class PartitionClaim {
     const std::string where = area.dir.PathOf(name);
     for (int look = 0; look < 8; ++look) {
       const absl::Status created = CreateExclusively(area.dir, name, text);
-      if (created.ok()) return std::unique_ptr<PartitionClaim>(new PartitionClaim(area.dir, name, text));
+      if (created.ok()) {
+        return std::unique_ptr<PartitionClaim>(new PartitionClaim(area.dir, name, text));
+      }
       if (!absl::IsAlreadyExists(created)) {
         return Annotate(created, absl::StrCat("claiming partition ", index, " of ", count));
       }
@@ -574,9 +575,11 @@ class PartitionClaim {
   absl::Status Held() const {
     absl::MutexLock lock(&mu_);
     if (!lost_) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir_.PathOf(name_), " was taken over by another worker while this one wrote (stalled for "
-        "longer than ", absl::FormatDuration(kClaimLease), "); its files are that worker's now"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir_.PathOf(name_),
+                     " was taken over by another worker while this one wrote (stalled for "
+                     "longer than ",
+                     absl::FormatDuration(kClaimLease), "); its files are that worker's now"));
   }
 
  private:

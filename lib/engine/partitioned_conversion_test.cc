@@ -362,8 +362,9 @@ TEST_F(PartitionedConversionTest, LastWorkerRehashesOtherPartitionsFilesBeforePu
   auto last = RunAnyConversion(Spec(out, 2, 3));
   ASSERT_FALSE(last.ok());
   EXPECT_TRUE(absl::IsDataLoss(last.status())) << last.status();
-  EXPECT_NE(last.status().message().find(victim + " no longer has the XXH3-64 partition 0 recorded"),
-            std::string::npos)
+  EXPECT_NE(
+      last.status().message().find(victim + " no longer has the XXH3-64 partition 0 recorded"),
+      std::string::npos)
       << last.status();
   EXPECT_NE(last.status().message().find("rerun partition 0 of 3 (--partition 0/3)"),
             std::string::npos)
@@ -380,27 +381,26 @@ TEST_F(PartitionedConversionTest, TamperedRecordIsRefusedAndRepairedByItsRerun) 
   using Json = nlohmann::json;
   const std::map<std::string, std::function<std::string(Json)>> tamperings = {
       {"malformed", [](Json) { return std::string("{\"split_id\": "); }},
-       {"outside the plan",
-        [](Json record) {
-          record["files"].push_back(
-              {{"name", "extra.safetensors"}, {"bytes", 8}, {"xxh3_64", "0000000000000001"}});
-          return record.dump();
-        }},
-       {"another size",
-        [](Json record) {
-          record["files"][0]["bytes"] = record["files"][0]["bytes"].get<uint64_t>() + 1;
-          return record.dump();
-        }},
-       {"another split",
-        [](Json record) {
-          record["split_id"] = "0123456789abcdef";
-          return record.dump();
-        }},
-       {"listed twice",
-        [](Json record) {
-          record["files"].push_back(record["files"][0]);
-          return record.dump();
-        }}};
+      {"outside the plan",
+       [](Json record) {
+         record["files"].push_back(
+             {{"name", "extra.safetensors"}, {"bytes", 8}, {"xxh3_64", "0000000000000001"}});
+         return record.dump();
+       }},
+      {"another size",
+       [](Json record) {
+         record["files"][0]["bytes"] = record["files"][0]["bytes"].get<uint64_t>() + 1;
+         return record.dump();
+       }},
+      {"another split",
+       [](Json record) {
+         record["split_id"] = "0123456789abcdef";
+         return record.dump();
+       }},
+      {"listed twice", [](Json record) {
+         record["files"].push_back(record["files"][0]);
+         return record.dump();
+       }}};
   int round = 0;
   for (const auto& [what, tamper] : tamperings) {
     SCOPED_TRACE(what);
@@ -456,9 +456,9 @@ TEST_F(PartitionedConversionTest, SecondWorkerOfAnIndexStopsAtOnce) {
   worker.join();
   ASSERT_FALSE(second.ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
-  EXPECT_NE(second.status().message().find(absl::StrCat(
-                "partition 0 of 2 is being written by another worker (pid ", getpid(),
-                " on host ", HostName(), ", since ")),
+  EXPECT_NE(second.status().message().find(
+                absl::StrCat("partition 0 of 2 is being written by another worker (pid ", getpid(),
+                             " on host ", HostName(), ", since ")),
             std::string::npos)
       << second.status();
   ASSERT_TRUE(first.ok()) << first.status();
@@ -534,9 +534,9 @@ TEST_F(PartitionedConversionTest, ClaimOfALiveWorkerIsRefused) {
   auto refused = RunAnyConversion(Spec(out, 0, 2));
   ASSERT_FALSE(refused.ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
-  EXPECT_NE(refused.status().message().find(absl::StrCat(
-                "partition 0 of 2 is being written by another worker (pid ", parent,
-                " on host ", HostName(), ", since 2026-01-01T00:00:00Z")),
+  EXPECT_NE(refused.status().message().find(
+                absl::StrCat("partition 0 of 2 is being written by another worker (pid ", parent,
+                             " on host ", HostName(), ", since 2026-01-01T00:00:00Z")),
             std::string::npos)
       << refused.status();
   EXPECT_TRUE(fs::exists(live)) << "a live worker's claim stays";
