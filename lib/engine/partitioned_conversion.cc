@@ -156,6 +156,20 @@ absl::StatusOr<OrderedJson> ReadJsonIn(const Directory& dir, const std::string& 
   return json;
 }
 
+// Field `key` of `json` as a T, or `fallback` when `json` is not an object, lacks the key or
+// holds another type there: area files are read from a shared folder and may be anything.
+template <typename T>
+T FieldOr(const OrderedJson& json, const char* key, T fallback) {
+  if (!json.is_object()) return fallback;
+  auto it = json.find(key);
+  if (it == json.end()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    return fallback;
+  }
+}
+
 // The conversion as every worker must see it (ConversionRequestJson).
 absl::StatusOr<OrderedJson> SplitRequestJson(const ConversionSpec& spec) {
   ASSIGN_OR_RETURN(const std::string request, ConversionRequestJson(spec));
@@ -217,11 +231,12 @@ Split MakeSplit(OrderedJson request, int count, const CopyPlan& plan) {
 }
 
 std::string DescribeSplit(const OrderedJson& split) {
-  const OrderedJson& request = split.value("request", OrderedJson::object());
-  return absl::StrCat(split.value("partitions", 0), " partitions of a ", request.value("kind", "?"),
-                      " of ", request.value("input", "?"), " (",
-                      request.value("output_format", "?"), ", dtype ", request.value("dtype", "?"),
-                      ")");
+  const OrderedJson request = FieldOr(split, "request", OrderedJson::object());
+  return absl::StrCat(FieldOr(split, "partitions", 0), " partitions of a ",
+                      FieldOr<std::string>(request, "kind", "?"), " of ",
+                      FieldOr<std::string>(request, "input", "?"), " (",
+                      FieldOr<std::string>(request, "output_format", "?"), ", dtype ",
+                      FieldOr<std::string>(request, "dtype", "?"), ")");
 }
 
 // The shared area of one output, opened.
@@ -260,7 +275,8 @@ absl::StatusOr<FileRecords> ReadRecord(const Area& area, const std::string& name
   if (!read.ok()) return read.status();
   const OrderedJson& record = *read;
   const std::string where = area.dir.PathOf(name);
-  if (record.value("split_id", "") != split.id || record.value("partition", -1) != index) {
+  if (FieldOr<std::string>(record, "split_id", "") != split.id ||
+      FieldOr(record, "partition", -1) != index) {
     return absl::DataLossError(absl::StrCat(where, " belongs to another split or partition than ",
                                             split.id, " partition ", index, "; ", hint));
   }
@@ -273,7 +289,7 @@ absl::StatusOr<FileRecords> ReadRecord(const Area& area, const std::string& name
     uint64_t hash = 0;
     if (!file.is_object() || !file.contains("name") || !file["name"].is_string() ||
         !file.contains("bytes") || !file["bytes"].is_number_unsigned() ||
-        !absl::SimpleHexAtoi(file.value("xxh3_64", ""), &hash) ||
+        !absl::SimpleHexAtoi(FieldOr<std::string>(file, "xxh3_64", ""), &hash) ||
         !CheckRelativeName(file["name"].get<std::string>()).ok()) {
       return absl::DataLossError(
           absl::StrCat(where, " has an invalid file entry (\"files\"[", i, "]); ", hint));
@@ -303,7 +319,7 @@ absl::Status JoinSplit(const Area& area, const Split& split) {
   const absl::Status created = CreateExclusively(area.dir, kSplitName, split.json.dump(1) + "\n");
   if (created.ok() || !absl::IsAlreadyExists(created)) return created;
   ASSIGN_OR_RETURN(OrderedJson existing, ReadJsonIn(area.dir, kSplitName));
-  if (existing.value("split_id", "") == split.id) return absl::OkStatus();
+  if (FieldOr<std::string>(existing, "split_id", "") == split.id) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "the output is being assembled by another partitioned conversion (", area.path(),
       "/split.json: ", DescribeSplit(existing), "); this worker's is ", DescribeSplit(split.json),
@@ -317,7 +333,7 @@ std::string PublishedSplitId(const std::string& output_dir) {
   if (!out.ok()) return "";
   absl::StatusOr<OrderedJson> manifest = ReadJsonIn(*out, kManifestName);
   if (!manifest.ok()) return "";
-  return manifest->value("split_id", "");
+  return FieldOr<std::string>(*manifest, "split_id", "");
 }
 
 // Stat of relative file `name` in `dir`.
@@ -537,8 +553,9 @@ class PartitionClaim {
       if (live) {
         return absl::FailedPreconditionError(absl::StrCat(
             "partition ", index, " of ", count, " is being written by another worker (pid ",
-            holder.value("pid", int64_t{-1}), " on host ", holder.value("host", "?"), ", since ",
-            holder.value("since", "?"), "; ", where, ")"));
+            FieldOr(holder, "pid", int64_t{-1}), " on host ",
+            FieldOr<std::string>(holder, "host", "?"), ", since ",
+            FieldOr<std::string>(holder, "since", "?"), "; ", where, ")"));
       }
       const std::string marker =
           absl::StrCat(name, ".taken-", Hex(XXH3_64bits(held->data(), held->size())));
@@ -593,12 +610,12 @@ class PartitionClaim {
                                            const OrderedJson& holder, const struct stat& st) {
     const OrderedJson self = ThisProcess();
     const bool checkable = holder.is_object() && !self["boot_id"].get<std::string>().empty();
-    if (checkable && holder.value("host", "") == self["host"] &&
-        holder.value("boot_id", "") == self["boot_id"] &&
-        holder.value("pid_ns", "") == self["pid_ns"]) {
-      const int64_t pid = holder.value("pid", int64_t{-1});
+    if (checkable && FieldOr<std::string>(holder, "host", "") == self["host"] &&
+        FieldOr<std::string>(holder, "boot_id", "") == self["boot_id"] &&
+        FieldOr<std::string>(holder, "pid_ns", "") == self["pid_ns"]) {
+      const int64_t pid = FieldOr(holder, "pid", int64_t{-1});
       const std::string started = pid > 0 ? ProcessStartTime(pid) : "";
-      return !started.empty() && started == holder.value("start_time", "");
+      return !started.empty() && started == FieldOr<std::string>(holder, "start_time", "");
     }
     // Another host: by the lease, on the file server's clock.
     ASSIGN_OR_RETURN(const std::string probe,
@@ -764,7 +781,7 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
       // killed while publishing.
       absl::StatusOr<OrderedJson> holder = ReadJsonIn(area.dir, kClaimName);
       if (holder.ok()) {
-        if (holder->value("partition", -1) == index) claimed = absl::OkStatus();
+        if (FieldOr(*holder, "partition", -1) == index) claimed = absl::OkStatus();
       } else {
         claimed = holder.status();
       }
@@ -842,7 +859,7 @@ absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& 
   }
   ASSIGN_OR_RETURN(OrderedJson stored, ReadJsonIn(area->dir, kSplitName));
   const std::string where = area->dir.PathOf(kSplitName);
-  const int count = stored.value("partitions", 0);
+  const int count = FieldOr(stored, "partitions", 0);
   if (count < 1 || count > kMaxPartitions || !stored.contains("request")) {
     return absl::DataLossError(absl::StrCat(where, " is not a split record"));
   }
@@ -859,7 +876,7 @@ absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& 
   ASSIGN_OR_RETURN(PlannedConversion planned, PlanConversion(spec),
                    absl::StrCat("planning the conversion ", where, " describes"));
   const Split split = MakeSplit(stored["request"], count, planned.plan);
-  if (split.id != stored.value("split_id", "")) {
+  if (split.id != FieldOr<std::string>(stored, "split_id", "")) {
     return absl::FailedPreconditionError(
         absl::StrCat("the input ", spec.input, " no longer plans to the files ", where,
                      " lists (it changed after the workers ran); rerun the conversion"));

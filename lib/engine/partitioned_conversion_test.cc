@@ -381,6 +381,11 @@ TEST_F(PartitionedConversionTest, TamperedRecordIsRefusedAndRepairedByItsRerun) 
   using Json = nlohmann::json;
   const std::map<std::string, std::function<std::string(Json)>> tamperings = {
       {"malformed", [](Json) { return std::string("{\"split_id\": "); }},
+      {"a number for the split id",
+       [](Json record) {
+         record["split_id"] = 5;
+         return record.dump();
+       }},
       {"outside the plan",
        [](Json record) {
          record["files"].push_back(
