@@ -1,6 +1,7 @@
 #include "lib/engine/partitioned_conversion.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -10,8 +11,11 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
+#include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -20,7 +24,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "lib/core/status.h"
 #include "lib/core/stopwatch.h"
 #include "lib/core/test_faults.h"
@@ -46,6 +54,10 @@ constexpr char kDataName[] = "data";
 constexpr char kClaimName[] = "publish.claim";
 // Records, journals, split.json and the claim are small; a larger one is not ours.
 constexpr uint64_t kMaxRecordBytes = 64ull << 20;
+// A worker's claim on its partition index is refreshed this often; one not refreshed for
+// kClaimLease is stale when its worker cannot be checked directly (another host).
+constexpr absl::Duration kClaimRefresh = absl::Seconds(30);
+constexpr absl::Duration kClaimLease = absl::Seconds(120);
 
 namespace fs = std::filesystem;
 
@@ -80,20 +92,37 @@ std::string RecordName(int index, int count) {
 std::string JournalName(int index, int count) {
   return absl::StrFormat("partition-%05d-of-%05d.journal", index, count);
 }
+std::string ClaimName(int index, int count) {
+  return absl::StrFormat("partition-%05d-of-%05d.claim", index, count);
+}
+
+// What to run to write partition `index` again, for error messages.
+std::string RerunHint(int index, int count) {
+  return absl::StrCat("rerun partition ", index, " of ", count, " (--partition ", index, "/", count,
+                      ")");
+}
 
 std::string Hex(uint64_t value) { return absl::StrFormat("%016x", value); }
 
-// Writes `contents` under `name` in `dir` unless the name exists (AlreadyExists then): written
-// and synced under a unique temporary name, then link(2)ed to `name`, which is atomic on local
-// filesystems, NFS and Lustre alike, and never replaces an existing file.
-absl::Status CreateExclusively(const Directory& dir, const std::string& name,
-                               absl::string_view contents) {
+// Writes and syncs `contents` under a name for `name` in `dir` that no other process or thread
+// uses, and returns that name.
+absl::StatusOr<std::string> WriteUniqueTemporary(const Directory& dir, const std::string& name,
+                                                 absl::string_view contents) {
   static std::atomic<uint64_t> counter{0};
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   const std::string temp = absl::StrCat(name, ".", host, ".", ::getpid(), ".", counter.fetch_add(1),
                                         ".", std::random_device()(), ".tmp");
   RETURN_IF_ERROR(WriteFileAtomically(dir, temp, contents));
+  return temp;
+}
+
+// Writes `contents` under `name` in `dir` unless the name exists (AlreadyExists then): written
+// and synced under a unique temporary name, then link(2)ed to `name`, which is atomic on local
+// filesystems, NFS and Lustre alike, and never replaces an existing file.
+absl::Status CreateExclusively(const Directory& dir, const std::string& name,
+                               absl::string_view contents) {
+  ASSIGN_OR_RETURN(const std::string temp, WriteUniqueTemporary(dir, name, contents));
   const int linked = ::linkat(dir.fd(), temp.c_str(), dir.fd(), name.c_str(), 0);
   const int link_error = errno;
   RETURN_IF_ERROR(dir.RemoveFile(temp));
@@ -106,21 +135,39 @@ absl::Status CreateExclusively(const Directory& dir, const std::string& name,
   return dir.Sync();
 }
 
-absl::StatusOr<OrderedJson> ReadJsonIn(const Directory& dir, const std::string& name) {
+// The contents of a small area file (a record, a journal, split.json, a claim).
+absl::StatusOr<std::string> ReadSmallFileIn(const Directory& dir, const std::string& name) {
   ASSIGN_OR_RETURN(int fd, dir.OpenFile(name, O_RDONLY | O_NONBLOCK));
   ASSIGN_OR_RETURN(MappedFile file, MappedFile::Adopt(fd, dir.PathOf(name)));
   if (file.size() > kMaxRecordBytes) {
     return absl::DataLossError(absl::StrCat(dir.PathOf(name), " is larger than ", kMaxRecordBytes,
                                             " bytes; not a reshard record"));
   }
-  const char* text = reinterpret_cast<const char*>(file.data());
-  OrderedJson json = file.size() == 0 ? OrderedJson()
-                                      : OrderedJson::parse(text, text + file.size(), nullptr,
-                                                           /*allow_exceptions=*/false);
+  return std::string(reinterpret_cast<const char*>(file.data()), file.size());
+}
+
+absl::StatusOr<OrderedJson> ReadJsonIn(const Directory& dir, const std::string& name) {
+  ASSIGN_OR_RETURN(const std::string text, ReadSmallFileIn(dir, name));
+  OrderedJson json =
+      text.empty() ? OrderedJson() : OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!json.is_object()) {
     return absl::DataLossError(absl::StrCat(dir.PathOf(name), " is not a JSON object"));
   }
   return json;
+}
+
+// Field `key` of `json` as a T, or `fallback` when `json` is not an object, lacks the key or
+// holds another type there: area files are read from a shared folder and may be anything.
+template <typename T>
+T FieldOr(const OrderedJson& json, const char* key, T fallback) {
+  if (!json.is_object()) return fallback;
+  auto it = json.find(key);
+  if (it == json.end()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    return fallback;
+  }
 }
 
 // The conversion as every worker must see it (ConversionRequestJson).
@@ -184,11 +231,12 @@ Split MakeSplit(OrderedJson request, int count, const CopyPlan& plan) {
 }
 
 std::string DescribeSplit(const OrderedJson& split) {
-  const OrderedJson& request = split.value("request", OrderedJson::object());
-  return absl::StrCat(split.value("partitions", 0), " partitions of a ", request.value("kind", "?"),
-                      " of ", request.value("input", "?"), " (",
-                      request.value("output_format", "?"), ", dtype ", request.value("dtype", "?"),
-                      ")");
+  const OrderedJson request = FieldOr(split, "request", OrderedJson::object());
+  return absl::StrCat(FieldOr(split, "partitions", 0), " partitions of a ",
+                      FieldOr<std::string>(request, "kind", "?"), " of ",
+                      FieldOr<std::string>(request, "input", "?"), " (",
+                      FieldOr<std::string>(request, "output_format", "?"), ", dtype ",
+                      FieldOr<std::string>(request, "dtype", "?"), ")");
 }
 
 // The shared area of one output, opened.
@@ -215,28 +263,41 @@ std::string RecordJson(const Split& split, int index, const FileRecords& files) 
   return record.dump(1) + "\n";
 }
 
-// Reads a record or journal of partition `index`; NotFound when absent.
+// Reads a record or journal of partition `index`; NotFound when absent, DataLoss naming the
+// file and what to rerun when it is not one of this split's records of that partition.
 absl::StatusOr<FileRecords> ReadRecord(const Area& area, const std::string& name,
                                        const Split& split, int index) {
-  ASSIGN_OR_RETURN(OrderedJson record, ReadJsonIn(area.dir, name));
+  const std::string hint = RerunHint(index, split.count);
+  absl::StatusOr<OrderedJson> read = ReadJsonIn(area.dir, name);
+  if (absl::IsDataLoss(read.status())) {
+    return absl::DataLossError(absl::StrCat(read.status().message(), "; ", hint));
+  }
+  if (!read.ok()) return read.status();
+  const OrderedJson& record = *read;
   const std::string where = area.dir.PathOf(name);
-  if (record.value("split_id", "") != split.id || record.value("partition", -1) != index) {
-    return absl::DataLossError(
-        absl::StrCat(where, " belongs to another split or partition than ", split.id, " ", index));
+  if (FieldOr<std::string>(record, "split_id", "") != split.id ||
+      FieldOr(record, "partition", -1) != index) {
+    return absl::DataLossError(absl::StrCat(where, " belongs to another split or partition than ",
+                                            split.id, " partition ", index, "; ", hint));
   }
   FileRecords files;
   if (!record.contains("files") || !record["files"].is_array()) {
-    return absl::DataLossError(absl::StrCat(where, " has no \"files\" list"));
+    return absl::DataLossError(absl::StrCat(where, " has no \"files\" list; ", hint));
   }
-  for (const OrderedJson& file : record["files"]) {
+  for (size_t i = 0; i < record["files"].size(); ++i) {
+    const OrderedJson& file = record["files"][i];
     uint64_t hash = 0;
     if (!file.is_object() || !file.contains("name") || !file["name"].is_string() ||
         !file.contains("bytes") || !file["bytes"].is_number_unsigned() ||
-        !absl::SimpleHexAtoi(file.value("xxh3_64", ""), &hash) ||
+        !absl::SimpleHexAtoi(FieldOr<std::string>(file, "xxh3_64", ""), &hash) ||
         !CheckRelativeName(file["name"].get<std::string>()).ok()) {
-      return absl::DataLossError(absl::StrCat(where, " has an invalid file entry"));
+      return absl::DataLossError(
+          absl::StrCat(where, " has an invalid file entry (\"files\"[", i, "]); ", hint));
     }
-    files[file["name"].get<std::string>()] = {file["bytes"].get<uint64_t>(), hash};
+    const std::string file_name = file["name"].get<std::string>();
+    if (!files.emplace(file_name, std::make_pair(file["bytes"].get<uint64_t>(), hash)).second) {
+      return absl::DataLossError(absl::StrCat(where, " lists ", file_name, " twice; ", hint));
+    }
   }
   return files;
 }
@@ -258,7 +319,7 @@ absl::Status JoinSplit(const Area& area, const Split& split) {
   const absl::Status created = CreateExclusively(area.dir, kSplitName, split.json.dump(1) + "\n");
   if (created.ok() || !absl::IsAlreadyExists(created)) return created;
   ASSIGN_OR_RETURN(OrderedJson existing, ReadJsonIn(area.dir, kSplitName));
-  if (existing.value("split_id", "") == split.id) return absl::OkStatus();
+  if (FieldOr<std::string>(existing, "split_id", "") == split.id) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "the output is being assembled by another partitioned conversion (", area.path(),
       "/split.json: ", DescribeSplit(existing), "); this worker's is ", DescribeSplit(split.json),
@@ -272,7 +333,7 @@ std::string PublishedSplitId(const std::string& output_dir) {
   if (!out.ok()) return "";
   absl::StatusOr<OrderedJson> manifest = ReadJsonIn(*out, kManifestName);
   if (!manifest.ok()) return "";
-  return manifest->value("split_id", "");
+  return FieldOr<std::string>(*manifest, "split_id", "");
 }
 
 // Stat of relative file `name` in `dir`.
@@ -281,46 +342,78 @@ absl::StatusOr<struct stat> StatIn(const Directory& dir, const std::string& name
   return place.folder.StatChild(place.name);
 }
 
-// Everything after every worker has recorded its files: checks the records against the plan
-// and the files (`rehash`: their XXH3-64 too), writes the companion files and the manifest into
-// data/, renames data/ to the output and removes the area.
+// Everything after every worker has recorded its files: checks every record against the plan
+// (only the files the plan deals to its partition, each once, at its planned size) and the
+// files in data/ (size and XXH3-64), writes the companion files and the manifest into data/,
+// renames data/ to the output and removes the area. `hashed` are files the caller hashed
+// while writing them in this run (name -> XXH3-64): they are not read again; every other file
+// is, since another worker, a rerun or anything else with access to the area may have changed
+// it after its record was written.
 absl::StatusOr<ConversionResult> Publish(const Area& area, const Split& split,
                                          const ConversionSpec& spec,
                                          const PlannedConversion& planned,
-                                         const RunControl& control, bool rehash) {
+                                         const RunControl& control,
+                                         const std::map<std::string, uint64_t>& hashed) {
   const Clock::time_point start = Clock::now();
   ASSIGN_OR_RETURN(Directory data, area.dir.OpenChild(kDataName));
   std::vector<uint64_t> bytes;
-  for (const FilePlan& file : planned.plan.files) bytes.push_back(file.bytes);
+  std::map<std::string, size_t> planned_index;
+  for (size_t f = 0; f < planned.plan.files.size(); ++f) {
+    bytes.push_back(planned.plan.files[f].bytes);
+    planned_index[planned.plan.files[f].name] = f;
+  }
   const std::vector<int> assignment = AssignPartitions(bytes, split.count);
   std::vector<FileRecords> records(static_cast<size_t>(split.count));
   for (int i = 0; i < split.count; ++i) {
     ASSIGN_OR_RETURN(records[i], ReadRecord(area, RecordName(i, split.count), split, i),
                      absl::StrCat("partition ", i, "'s record"));
+    for (const auto& [name, facts] : records[i]) {
+      auto f = planned_index.find(name);
+      if (f == planned_index.end() || assignment[f->second] != i ||
+          facts.first != planned.plan.files[f->second].bytes) {
+        return absl::DataLossError(
+            absl::StrCat(area.dir.PathOf(RecordName(i, split.count)), " lists ", name, " (",
+                         facts.first, " bytes), which is not ",
+                         f == planned_index.end() || assignment[f->second] != i
+                             ? absl::StrCat("a file the plan in ", area.dir.PathOf(kSplitName),
+                                            " deals to partition ", i)
+                             : absl::StrCat("the ", planned.plan.files[f->second].bytes,
+                                            " bytes the plan gives it"),
+                         "; nothing was published; ", RerunHint(i, split.count)));
+      }
+    }
   }
   ConversionResult result;
   result.output = NormalizeOutputPath(spec.output);
   for (size_t f = 0; f < planned.plan.files.size(); ++f) {
     const FilePlan& file = planned.plan.files[f];
-    const FileRecords& record = records[assignment[f]];
+    const int owner = assignment[f];
+    const FileRecords& record = records[owner];
     auto it = record.find(file.name);
-    if (it == record.end() || it->second.first != file.bytes) {
+    if (it == record.end()) {
       return absl::DataLossError(
-          absl::StrCat("partition ", assignment[f], "'s record ",
-                       it == record.end() ? "does not list " : "has another size for ", file.name));
+          absl::StrCat(area.dir.PathOf(RecordName(owner, split.count)), " does not list ",
+                       file.name, "; nothing was published; ", RerunHint(owner, split.count)));
     }
     auto st = StatIn(data, file.name);
     if (!st.ok() || !S_ISREG(st->st_mode) || static_cast<uint64_t>(st->st_size) != file.bytes) {
-      return absl::DataLossError(absl::StrCat(data.PathOf(file.name), " is missing or not the ",
-                                              file.bytes, " bytes partition ", assignment[f],
-                                              " recorded"));
+      return absl::DataLossError(absl::StrCat(
+          data.PathOf(file.name), " is missing or not the ", file.bytes, " bytes partition ", owner,
+          " recorded; nothing was published; ", RerunHint(owner, split.count)));
     }
-    if (rehash) {
+    auto own = hashed.find(file.name);
+    if (own != hashed.end() && own->second != it->second.second) {
+      return absl::DataLossError(absl::StrCat(
+          area.dir.PathOf(RecordName(owner, split.count)), " no longer has the XXH3-64 of ",
+          file.name, " this worker wrote; nothing was published; ", RerunHint(owner, split.count)));
+    }
+    if (own == hashed.end()) {
       ASSIGN_OR_RETURN(uint64_t hash, HashFile(data, file.name));
       if (hash != it->second.second) {
-        return absl::DataLossError(absl::StrCat(data.PathOf(file.name),
-                                                " no longer has the XXH3-64 partition ",
-                                                assignment[f], " recorded; rerun that partition"));
+        return absl::DataLossError(absl::StrCat(
+            data.PathOf(file.name), " no longer has the XXH3-64 partition ", owner, " recorded (",
+            Hex(it->second.second), ", now ", Hex(hash), "); nothing was published; ",
+            RerunHint(owner, split.count), ", which publishes"));
       }
     }
     result.files.push_back(
@@ -384,6 +477,178 @@ ConversionResult AlreadyPublished(const ConversionSpec& spec, int count) {
   return result;
 }
 
+// A file of /proc (one line), or "" when it cannot be read.
+std::string ReadProcLine(const std::string& path) {
+  FILE* file = std::fopen(path.c_str(), "re");
+  if (file == nullptr) return "";
+  char line[1024] = {};
+  const bool read = std::fgets(line, sizeof(line), file) != nullptr;
+  std::fclose(file);
+  return read ? std::string(absl::StripAsciiWhitespace(line)) : "";
+}
+
+// The start time of process `pid` (clock ticks after boot, field 22 of /proc/PID/stat), which
+// tells a process from a later one given the same pid; "" when there is no such process.
+std::string ProcessStartTime(int64_t pid) {
+  const std::string stat = ReadProcLine(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t comm_end = stat.rfind(')');
+  if (comm_end == std::string::npos) return "";
+  // Field 3 (state) follows the command name; the start time is field 22.
+  std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(stat).substr(comm_end + 1), ' ', absl::SkipEmpty());
+  return fields.size() > 19 ? std::string(fields[19]) : "";
+}
+
+// What tells this process apart from every other: its host and, for a check by pid, the boot
+// and the pid namespace the pid belongs to.
+OrderedJson ThisProcess() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  char pid_ns[128] = {};
+  if (::readlink("/proc/self/ns/pid", pid_ns, sizeof(pid_ns) - 1) < 0) pid_ns[0] = 0;
+  return OrderedJson{{"pid", static_cast<int64_t>(::getpid())},
+                     {"host", host},
+                     {"boot_id", ReadProcLine("/proc/sys/kernel/random/boot_id")},
+                     {"pid_ns", pid_ns},
+                     {"start_time", ProcessStartTime(::getpid())}};
+}
+
+// A worker's hold on its partition index: `partition-IIIII-of-KKKKK.claim` in the area, so
+// that a second worker of the same index stops at once instead of removing the first one's
+// `.partial` files. Created with link(2) (CreateExclusively); its worker touches it every
+// kClaimRefresh and removes it when it finishes, successful or not. A claim whose worker is
+// gone is taken over: on the same host, boot and pid namespace when its pid is gone or belongs
+// to a process started at another time; elsewhere when it was not refreshed for kClaimLease
+// (measured against a file written in the area now, so both times come from the file server's
+// clock). Of several workers taking over one stale claim, the one that links
+// `<claim>.taken-<XXH3-64 of the stale claim>` first wins and renames its claim over it; the
+// others see the winner's claim on their next look.
+class PartitionClaim {
+ public:
+  static absl::StatusOr<std::unique_ptr<PartitionClaim>> Acquire(const Area& area, int index,
+                                                                 int count) {
+    const std::string name = ClaimName(index, count);
+    OrderedJson contents = ThisProcess();
+    contents["partition"] = index;
+    contents["partitions"] = count;
+    contents["since"] = absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone());
+    contents["token"] = Hex((uint64_t{std::random_device()()} << 32) | std::random_device()());
+    const std::string text = contents.dump() + "\n";
+    const std::string where = area.dir.PathOf(name);
+    for (int look = 0; look < 8; ++look) {
+      const absl::Status created = CreateExclusively(area.dir, name, text);
+      if (created.ok()) {
+        return std::unique_ptr<PartitionClaim>(new PartitionClaim(area.dir, name, text));
+      }
+      if (!absl::IsAlreadyExists(created)) {
+        return Annotate(created, absl::StrCat("claiming partition ", index, " of ", count));
+      }
+      absl::StatusOr<std::string> held = ReadSmallFileIn(area.dir, name);
+      absl::StatusOr<struct stat> st = area.dir.StatChild(name);
+      if (absl::IsNotFound(held.status()) || absl::IsNotFound(st.status())) continue;  // released
+      RETURN_IF_ERROR(held.status(), absl::StrCat("reading the claim ", where));
+      RETURN_IF_ERROR(st.status());
+      const OrderedJson holder = OrderedJson::parse(*held, nullptr, /*allow_exceptions=*/false);
+      ASSIGN_OR_RETURN(const bool live, HolderIsLive(area.dir, name, holder, *st));
+      if (live) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "partition ", index, " of ", count, " is being written by another worker (pid ",
+            FieldOr(holder, "pid", int64_t{-1}), " on host ",
+            FieldOr<std::string>(holder, "host", "?"), ", since ",
+            FieldOr<std::string>(holder, "since", "?"), "; ", where, ")"));
+      }
+      const std::string marker =
+          absl::StrCat(name, ".taken-", Hex(XXH3_64bits(held->data(), held->size())));
+      const absl::Status won = CreateExclusively(area.dir, marker, text);
+      if (absl::IsAlreadyExists(won)) continue;  // another worker took it over first
+      RETURN_IF_ERROR(won, absl::StrCat("taking over the stale claim ", where));
+      ASSIGN_OR_RETURN(const std::string fresh, WriteUniqueTemporary(area.dir, name, text));
+      RETURN_IF_ERROR(area.dir.Rename(fresh, name),
+                      absl::StrCat("taking over the stale claim ", where));
+      RETURN_IF_ERROR(area.dir.Sync());
+      return std::unique_ptr<PartitionClaim>(new PartitionClaim(area.dir, name, text));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, " keeps changing: other workers of partition ", index, " of ", count,
+                     " are starting; run one worker per partition"));
+  }
+
+  PartitionClaim(const PartitionClaim&) = delete;
+  PartitionClaim& operator=(const PartitionClaim&) = delete;
+
+  // Stops refreshing and removes the claim if it is still this worker's.
+  ~PartitionClaim() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    refresher_.join();
+    absl::StatusOr<std::string> held = ReadSmallFileIn(dir_, name_);
+    if (held.ok() && *held == contents_) dir_.RemoveFile(name_).IgnoreError();
+  }
+
+  // FailedPrecondition when another worker has taken the claim over (this one was judged gone:
+  // stalled past the lease).
+  absl::Status Held() const {
+    absl::MutexLock lock(&mu_);
+    if (!lost_) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir_.PathOf(name_),
+                     " was taken over by another worker while this one wrote (stalled for "
+                     "longer than ",
+                     absl::FormatDuration(kClaimLease), "); its files are that worker's now"));
+  }
+
+ private:
+  PartitionClaim(const Directory& dir, std::string name, std::string contents)
+      : dir_(dir), name_(std::move(name)), contents_(std::move(contents)) {
+    refresher_ = std::thread([this] { Refresh(); });
+  }
+
+  // Whether the worker holding claim `name` (`holder`, its stat `st`) may still be writing.
+  static absl::StatusOr<bool> HolderIsLive(const Directory& dir, const std::string& name,
+                                           const OrderedJson& holder, const struct stat& st) {
+    const OrderedJson self = ThisProcess();
+    const bool checkable = holder.is_object() && !self["boot_id"].get<std::string>().empty();
+    if (checkable && FieldOr<std::string>(holder, "host", "") == self["host"] &&
+        FieldOr<std::string>(holder, "boot_id", "") == self["boot_id"] &&
+        FieldOr<std::string>(holder, "pid_ns", "") == self["pid_ns"]) {
+      const int64_t pid = FieldOr(holder, "pid", int64_t{-1});
+      const std::string started = pid > 0 ? ProcessStartTime(pid) : "";
+      return !started.empty() && started == FieldOr<std::string>(holder, "start_time", "");
+    }
+    // Another host: by the lease, on the file server's clock.
+    ASSIGN_OR_RETURN(const std::string probe,
+                     WriteUniqueTemporary(dir, absl::StrCat(name, ".now"), ""));
+    absl::StatusOr<struct stat> now = dir.StatChild(probe);
+    dir.RemoveFile(probe).IgnoreError();
+    RETURN_IF_ERROR(now.status());
+    const absl::Time refreshed = absl::TimeFromTimespec(st.st_mtim);
+    return absl::TimeFromTimespec(now->st_mtim) - refreshed < kClaimLease;
+  }
+
+  void Refresh() {
+    absl::MutexLock lock(&mu_);
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), kClaimRefresh)) {
+      absl::StatusOr<std::string> held = ReadSmallFileIn(dir_, name_);
+      if (held.ok() && *held != contents_) {
+        lost_ = true;
+        return;
+      }
+      // Absent: the area was published and removed. A failed touch is retried next time.
+      if (held.ok()) ::utimensat(dir_.fd(), name_.c_str(), nullptr, 0);
+    }
+  }
+
+  const Directory& dir_;
+  const std::string name_;
+  const std::string contents_;
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread refresher_;
+};
+
 absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
                                               const RunControl& control) {
   const Clock::time_point start = Clock::now();
@@ -414,6 +679,9 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   ASSIGN_OR_RETURN(Area area, OpenArea(spec.output, /*create=*/true));
   RETURN_IF_ERROR(JoinSplit(area, split));
   ASSIGN_OR_RETURN(Directory data, area.dir.OpenChild(kDataName, /*create=*/true));
+  // One worker per index at a time: a second one would remove this one's `.partial` files.
+  ASSIGN_OR_RETURN(std::unique_ptr<PartitionClaim> claim,
+                   PartitionClaim::Acquire(area, index, count));
   const double plan_seconds = SecondsSince(start);
 
   // This worker's files, and what an earlier attempt of it committed.
@@ -427,6 +695,10 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
     absl::StatusOr<FileRecords> earlier = ReadRecord(area, name, split, index);
     if (earlier.ok()) {
       committed.insert(earlier->begin(), earlier->end());
+    } else if (absl::IsDataLoss(earlier.status())) {
+      // A damaged record or journal of this partition: its files are checked and written as if
+      // none had been committed, and the record written again.
+      RETURN_IF_ERROR(area.dir.RemoveFile(name));
     } else if (!absl::IsNotFound(earlier.status())) {
       return earlier.status();
     }
@@ -472,7 +744,12 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   RETURN_IF_ERROR(journal_status, "recording the committed files in the journal");
 
   FileRecords recorded;
-  for (const WrittenFile& file : executed.files) recorded[file.name] = {file.bytes, file.xxh3_64};
+  std::map<std::string, uint64_t> hashed;  // every file of this run was hashed as written or reused
+  for (const WrittenFile& file : executed.files) {
+    recorded[file.name] = {file.bytes, file.xxh3_64};
+    hashed[file.name] = file.xxh3_64;
+  }
+  RETURN_IF_ERROR(claim->Held());
   RETURN_IF_ERROR(WriteFileAtomically(area.dir, record_name, RecordJson(split, index, recorded)),
                   "recording this partition's files");
   RETURN_IF_ERROR(area.dir.Sync());
@@ -504,7 +781,7 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
       // killed while publishing.
       absl::StatusOr<OrderedJson> holder = ReadJsonIn(area.dir, kClaimName);
       if (holder.ok()) {
-        if (holder->value("partition", -1) == index) claimed = absl::OkStatus();
+        if (FieldOr(*holder, "partition", -1) == index) claimed = absl::OkStatus();
       } else {
         claimed = holder.status();
       }
@@ -522,15 +799,21 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
       claimed = absl::AlreadyExistsError("published by another worker of this split");
     }
     if (claimed.ok()) {
-      ASSIGN_OR_RETURN(ConversionResult published,
-                       Publish(area, split, spec, planned, control, /*rehash=*/false),
-                       "publishing the output");
+      absl::StatusOr<ConversionResult> published =
+          Publish(area, split, spec, planned, control, hashed);
+      if (!published.ok()) {
+        // Nothing was published: a rerun of the partition the error names publishes.
+        if (PublishedSplitId(result.output) != split.id) {
+          area.dir.RemoveFile(kClaimName).IgnoreError();
+        }
+        return Annotate(published.status(), "publishing the output");
+      }
       result.published = true;
-      result.publish_seconds = published.publish_seconds;
+      result.publish_seconds = published->publish_seconds;
       // The index and the manifest; the other data files are their workers'.
       uint64_t data_bytes = 0;
       for (const FilePlan& file : planned.plan.files) data_bytes += file.bytes;
-      result.bytes_written += published.bytes_written - data_bytes;
+      result.bytes_written += published->bytes_written - data_bytes;
     } else if (!absl::IsAlreadyExists(claimed)) {
       return claimed;
     }
@@ -576,7 +859,7 @@ absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& 
   }
   ASSIGN_OR_RETURN(OrderedJson stored, ReadJsonIn(area->dir, kSplitName));
   const std::string where = area->dir.PathOf(kSplitName);
-  const int count = stored.value("partitions", 0);
+  const int count = FieldOr(stored, "partitions", 0);
   if (count < 1 || count > kMaxPartitions || !stored.contains("request")) {
     return absl::DataLossError(absl::StrCat(where, " is not a split record"));
   }
@@ -593,7 +876,7 @@ absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& 
   ASSIGN_OR_RETURN(PlannedConversion planned, PlanConversion(spec),
                    absl::StrCat("planning the conversion ", where, " describes"));
   const Split split = MakeSplit(stored["request"], count, planned.plan);
-  if (split.id != stored.value("split_id", "")) {
+  if (split.id != FieldOr<std::string>(stored, "split_id", "")) {
     return absl::FailedPreconditionError(
         absl::StrCat("the input ", spec.input, " no longer plans to the files ", where,
                      " lists (it changed after the workers ran); rerun the conversion"));
@@ -602,9 +885,12 @@ absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& 
   absl::Status claimed =
       CreateExclusively(area->dir, kClaimName, OrderedJson({{"commit", true}}).dump() + "\n");
   if (!claimed.ok() && !absl::IsAlreadyExists(claimed)) return claimed;
-  ASSIGN_OR_RETURN(ConversionResult result,
-                   Publish(*area, split, spec, planned, control, /*rehash=*/true));
-  result.seconds = SecondsSince(start);
+  absl::StatusOr<ConversionResult> result = Publish(*area, split, spec, planned, control, {});
+  if (!result.ok()) {
+    if (PublishedSplitId(output_dir) != split.id) area->dir.RemoveFile(kClaimName).IgnoreError();
+    return result.status();
+  }
+  result->seconds = SecondsSince(start);
   return result;
 }
 

@@ -1,14 +1,26 @@
 #include "lib/engine/partitioned_conversion.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "lib/engine/partition_spec.h"
 #include "lib/formats/safetensors/safetensors_format.h"
@@ -41,6 +53,52 @@ void WriteModel(const std::string& path, int tensors) {
   auto header = EncodeSafetensorsHeader(entries, {{"format", "pt"}});
   ASSERT_TRUE(header.ok()) << header.status();
   WriteAll(path, *header + data);
+}
+
+// The first line of a /proc file.
+std::string ProcLine(const std::string& path) {
+  const std::string text = ReadAll(path);
+  return std::string(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
+}
+
+// Field 22 of /proc/PID/stat: when the process started.
+std::string StartTimeOf(pid_t pid) {
+  const std::string stat = ProcLine(absl::StrCat("/proc/", pid, "/stat"));
+  std::vector<std::string> fields =
+      absl::StrSplit(stat.substr(stat.rfind(')') + 1), ' ', absl::SkipEmpty());
+  return fields.at(19);
+}
+
+std::string HostName() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// A worker's claim on partition `index` of `count` as another process would have written it.
+std::string ClaimOf(pid_t pid, const std::string& host, const std::string& start_time, int index,
+                    int count) {
+  char pid_ns[128] = {};
+  EXPECT_GT(readlink("/proc/self/ns/pid", pid_ns, sizeof(pid_ns) - 1), 0);
+  return nlohmann::json{{"pid", pid},
+                        {"host", host},
+                        {"boot_id", ProcLine("/proc/sys/kernel/random/boot_id")},
+                        {"pid_ns", pid_ns},
+                        {"start_time", start_time},
+                        {"partition", index},
+                        {"partitions", count},
+                        {"since", "2026-01-01T00:00:00Z"},
+                        {"token", "00000000000000aa"}}
+      .dump();
+}
+
+// The pid of a process that has exited and been reaped.
+pid_t DeadPid() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status = 0;
+  EXPECT_EQ(waitpid(child, &status, 0), child);
+  return child;
 }
 
 // name -> contents of every file below `dir` (relative names).
@@ -95,6 +153,15 @@ class PartitionedConversionTest : public testing::Test {
       EXPECT_TRUE(files[name] == contents) << name << " differs from the single-worker run";
     }
     EXPECT_FALSE(fs::exists(PartitionAreaPathFor(out))) << "the shared area is removed";
+  }
+
+  // Runs worker `index` of `count`, which completes the set: it publishes the same output as
+  // the single-worker run.
+  void ExpectPublishes(const std::string& out, int index, int count) {
+    auto result = RunAnyConversion(Spec(out, index, count));
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_TRUE(result->published);
+    ExpectSameAsSingle(out);
   }
 
   std::string root_, input_;
@@ -268,6 +335,226 @@ TEST_F(PartitionedConversionTest, PartitionsOfThePlanCoverEveryFileOnce) {
   std::sort(all.begin(), all.end());
   EXPECT_EQ(std::unique(all.begin(), all.end()), all.end());
   EXPECT_EQ(bytes, planned->plan.total_bytes);
+}
+
+// The data files partition `index` of `count` recorded, from its record in the area of `out`.
+std::vector<std::string> RecordedFiles(const std::string& out, int index, int count) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "/partition-%05d-of-%05d.json", index, count);
+  auto record = nlohmann::json::parse(ReadAll(PartitionAreaPathFor(out) + name));
+  std::vector<std::string> files;
+  for (const auto& file : record["files"]) files.push_back(file["name"]);
+  return files;
+}
+
+TEST_F(PartitionedConversionTest, LastWorkerRehashesOtherPartitionsFilesBeforePublishing) {
+  const std::string out = root_ + "/out";
+  const std::string area = PartitionAreaPathFor(out);
+  ASSERT_TRUE(RunAnyConversion(Spec(out, 0, 3)).ok());
+  ASSERT_TRUE(RunAnyConversion(Spec(out, 1, 3)).ok());
+  const std::vector<std::string> recorded = RecordedFiles(out, 0, 3);
+  ASSERT_FALSE(recorded.empty());
+  const std::string victim = area + "/data/" + recorded[0];
+  std::string bytes = ReadAll(victim);
+  bytes[bytes.size() - 3] ^= 0x01;  // in the last tensor's data: same size, other contents
+  WriteAll(victim, bytes);
+
+  auto last = RunAnyConversion(Spec(out, 2, 3));
+  ASSERT_FALSE(last.ok());
+  EXPECT_TRUE(absl::IsDataLoss(last.status())) << last.status();
+  EXPECT_NE(
+      last.status().message().find(victim + " no longer has the XXH3-64 partition 0 recorded"),
+      std::string::npos)
+      << last.status();
+  EXPECT_NE(last.status().message().find("rerun partition 0 of 3 (--partition 0/3)"),
+            std::string::npos)
+      << last.status();
+  EXPECT_FALSE(fs::exists(out)) << "nothing is published";
+  EXPECT_FALSE(fs::exists(area + "/publish.claim")) << "a rerun may publish";
+  EXPECT_FALSE(fs::exists(area + "/partition-00002-of-00003.claim")) << "released on failure";
+
+  // Rerunning the partition named rewrites the damaged file and publishes.
+  ExpectPublishes(out, 0, 3);
+}
+
+TEST_F(PartitionedConversionTest, TamperedRecordIsRefusedAndRepairedByItsRerun) {
+  using Json = nlohmann::json;
+  const std::map<std::string, std::function<std::string(Json)>> tamperings = {
+      {"malformed", [](Json) { return std::string("{\"split_id\": "); }},
+      {"a number for the split id",
+       [](Json record) {
+         record["split_id"] = 5;
+         return record.dump();
+       }},
+      {"outside the plan",
+       [](Json record) {
+         record["files"].push_back(
+             {{"name", "extra.safetensors"}, {"bytes", 8}, {"xxh3_64", "0000000000000001"}});
+         return record.dump();
+       }},
+      {"another size",
+       [](Json record) {
+         record["files"][0]["bytes"] = record["files"][0]["bytes"].get<uint64_t>() + 1;
+         return record.dump();
+       }},
+      {"another split",
+       [](Json record) {
+         record["split_id"] = "0123456789abcdef";
+         return record.dump();
+       }},
+      {"listed twice", [](Json record) {
+         record["files"].push_back(record["files"][0]);
+         return record.dump();
+       }}};
+  int round = 0;
+  for (const auto& [what, tamper] : tamperings) {
+    SCOPED_TRACE(what);
+    const std::string out = root_ + "/record" + std::to_string(round++);
+    const std::string record = PartitionAreaPathFor(out) + "/partition-00000-of-00003.json";
+    ASSERT_TRUE(RunAnyConversion(Spec(out, 0, 3)).ok());
+    ASSERT_TRUE(RunAnyConversion(Spec(out, 1, 3)).ok());
+    WriteAll(record, tamper(Json::parse(ReadAll(record))));
+
+    auto last = RunAnyConversion(Spec(out, 2, 3));
+    ASSERT_FALSE(last.ok());
+    EXPECT_TRUE(absl::IsDataLoss(last.status())) << last.status();
+    EXPECT_NE(last.status().message().find(record), std::string::npos) << last.status();
+    EXPECT_NE(last.status().message().find("rerun partition 0 of 3"), std::string::npos)
+        << last.status();
+    EXPECT_FALSE(fs::exists(out)) << "nothing is published";
+
+    ExpectPublishes(out, 0, 3);
+  }
+}
+
+TEST_F(PartitionedConversionTest, TamperedJournalIsSetAsideByItsRerun) {
+  const std::string out = root_ + "/out";
+  const std::string journal = PartitionAreaPathFor(out) + "/partition-00001-of-00002.journal";
+  std::atomic<bool> cancelled{false};
+  RunControl control;
+  control.cancelled = &cancelled;
+  control.on_file_committed = [&](const WrittenFile&) { cancelled.store(true); };
+  ASSERT_TRUE(absl::IsCancelled(RunAnyConversion(Spec(out, 1, 2), control).status()));
+  ASSERT_TRUE(fs::exists(journal));
+  WriteAll(journal, "{\"files\": [");
+  ASSERT_TRUE(RunAnyConversion(Spec(out, 0, 2)).ok());
+
+  ExpectPublishes(out, 1, 2);
+}
+
+TEST_F(PartitionedConversionTest, SecondWorkerOfAnIndexStopsAtOnce) {
+  const std::string out = root_ + "/out";
+  const std::string claim = PartitionAreaPathFor(out) + "/partition-00000-of-00002.claim";
+  absl::Notification first_writing, second_done;
+  RunControl hold;
+  hold.on_file_committed = [&](const WrittenFile&) {
+    if (!first_writing.HasBeenNotified()) first_writing.Notify();
+    second_done.WaitForNotificationWithTimeout(absl::Seconds(60));
+  };
+  absl::StatusOr<ConversionResult> first = absl::UnknownError("not run");
+  std::thread worker([&] { first = RunAnyConversion(Spec(out, 0, 2), hold); });
+  ASSERT_TRUE(first_writing.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_TRUE(fs::exists(claim));
+
+  auto second = RunAnyConversion(Spec(out, 0, 2));
+  second_done.Notify();
+  worker.join();
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  EXPECT_NE(second.status().message().find(
+                absl::StrCat("partition 0 of 2 is being written by another worker (pid ", getpid(),
+                             " on host ", HostName(), ", since ")),
+            std::string::npos)
+      << second.status();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(fs::exists(claim)) << "released when the worker finished";
+
+  ExpectPublishes(out, 1, 2);
+}
+
+TEST_F(PartitionedConversionTest, ClaimOfAGoneWorkerIsTakenOver) {
+  const std::string out = root_ + "/out";
+  const std::string area = PartitionAreaPathFor(out);
+  fs::create_directories(area);
+  // Partition 0's worker died on this host; partition 1's, on another host, stopped
+  // refreshing its claim an hour ago.
+  WriteAll(area + "/partition-00000-of-00002.claim", ClaimOf(DeadPid(), HostName(), "1", 0, 2));
+  const std::string other_host = area + "/partition-00001-of-00002.claim";
+  WriteAll(other_host, ClaimOf(1, "elsewhere.example", "1", 1, 2));
+  const struct timespec hour_ago[2] = {{time(nullptr) - 3600, 0}, {time(nullptr) - 3600, 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, other_host.c_str(), hour_ago, 0), 0);
+
+  auto first = RunAnyConversion(Spec(out, 0, 2));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(fs::exists(area + "/partition-00000-of-00002.claim"));
+  ExpectPublishes(out, 1, 2);
+}
+
+TEST_F(PartitionedConversionTest, ConcurrentTakeoversOfAStaleClaimHaveOneWinner) {
+  const std::string out = root_ + "/out";
+  const std::string area = PartitionAreaPathFor(out);
+  fs::create_directories(area);
+  WriteAll(area + "/partition-00000-of-00002.claim", ClaimOf(DeadPid(), HostName(), "1", 0, 2));
+  // The worker that wins holds on until every other has returned: were two to win, neither
+  // would see that and both would finish (after the bounded wait).
+  constexpr int kTakers = 4;
+  std::atomic<int> returned{0};
+  absl::Notification others_returned;
+  RunControl hold;
+  hold.on_file_committed = [&](const WrittenFile&) {
+    others_returned.WaitForNotificationWithTimeout(absl::Seconds(30));
+  };
+  std::vector<absl::StatusOr<ConversionResult>> results(kTakers, absl::UnknownError("not run"));
+  std::vector<std::thread> takers;
+  for (int t = 0; t < kTakers; ++t) {
+    takers.emplace_back([&, t] {
+      results[t] = RunAnyConversion(Spec(out, 0, 2), hold);
+      if (!results[t].ok() && ++returned == kTakers - 1) others_returned.Notify();
+    });
+  }
+  for (std::thread& taker : takers) taker.join();
+  int won = 0;
+  for (const auto& result : results) {
+    if (result.ok()) {
+      ++won;
+    } else {
+      EXPECT_TRUE(absl::IsFailedPrecondition(result.status())) << result.status();
+      EXPECT_NE(result.status().message().find("partition 0 of 2 is being written by another"),
+                std::string::npos)
+          << result.status();
+    }
+  }
+  EXPECT_EQ(won, 1);
+  EXPECT_TRUE(others_returned.HasBeenNotified());
+  ExpectPublishes(out, 1, 2);
+}
+
+TEST_F(PartitionedConversionTest, ClaimOfALiveWorkerIsRefused) {
+  const std::string out = root_ + "/out";
+  const std::string area = PartitionAreaPathFor(out);
+  fs::create_directories(area);
+  const pid_t parent = getppid();
+  const std::string live = area + "/partition-00000-of-00002.claim";
+  WriteAll(live, ClaimOf(parent, HostName(), StartTimeOf(parent), 0, 2));
+  auto refused = RunAnyConversion(Spec(out, 0, 2));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                absl::StrCat("partition 0 of 2 is being written by another worker (pid ", parent,
+                             " on host ", HostName(), ", since 2026-01-01T00:00:00Z")),
+            std::string::npos)
+      << refused.status();
+  EXPECT_TRUE(fs::exists(live)) << "a live worker's claim stays";
+
+  // A worker on another host whose claim is fresh is live too.
+  WriteAll(area + "/partition-00001-of-00002.claim", ClaimOf(1, "elsewhere.example", "1", 1, 2));
+  auto other_host = RunAnyConversion(Spec(out, 1, 2));
+  ASSERT_FALSE(other_host.ok());
+  EXPECT_NE(other_host.status().message().find(
+                "partition 1 of 2 is being written by another worker (pid 1 on host "
+                "elsewhere.example, since 2026-01-01T00:00:00Z"),
+            std::string::npos)
+      << other_host.status();
 }
 
 }  // namespace

@@ -15,15 +15,17 @@ trap '[ -z "$victim_pid" ] || kill -9 "$victim_pid" 2>/dev/null || true; rm -rf 
 
 /usr/bin/python3 "$make_checkpoint" --size 8MiB --quiet "$work/in" >/dev/null
 "$reshardctl" consolidate "$work/in" "$work/ref" --max-shard-size 1MiB --no-progress >/dev/null
-run() {  # run INDEX RESULT_FILE [env...]
+run() {  # run INDEX RESULT_FILE [env...]; with RUN_EXEC=exec the shell becomes the worker
   local index=$1 result=$2
   shift 2
-  env "$@" "$reshardctl" consolidate "$work/in" "$work/out" --max-shard-size 1MiB \
+  ${RUN_EXEC:-} env "$@" "$reshardctl" consolidate "$work/in" "$work/out" --max-shard-size 1MiB \
     --partition "$index/2" --no-progress --json >"$result"
 }
 
 # Worker 1 stops after its first committed file (the fault point never releases) and is killed.
-run 1 "$work/killed.json" "RESHARD_TEST_FAULTS=partition-file-committed=wait:$work/never" &
+# The background subshell execs the worker, so that $! is the worker's pid: killing a shell
+# around it would leave the worker running, holding its partition's claim.
+(RUN_EXEC=exec run 1 "$work/killed.json" "RESHARD_TEST_FAULTS=partition-file-committed=wait:$work/never") &
 victim_pid=$!
 area=$work/.out.reshard-partitions
 journal=$area/partition-00001-of-00002.journal

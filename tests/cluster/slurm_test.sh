@@ -170,6 +170,12 @@ for _ in $(seq 1 600); do
 done
 [ "$n" -ge 4 ] || { echo "FAIL: not every task committed a file"; squeue; exit 1; }
 scancel "${job}_2"
+# scancel returns before the task has its signal: release the others only once task 2 has left
+# the queue, or it could be released too and finish its partition.
+for _ in $(seq 1 600); do
+  squeue -h -o %i -j "${job}_2" 2>/dev/null | grep -q . || break
+  sleep 0.2
+done
 touch "$base/release"
 wait_for_empty_queue
 unset RESHARD_TEST_FAULTS
