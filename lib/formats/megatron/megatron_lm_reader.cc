@@ -113,7 +113,7 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
     }
   }
   if (first_label.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": Megatron: ", present.begin()->second,
+    return absl::DataLossError(absl::StrCat(dir, ": Megatron: ", present.begin()->second,
                                                    "/", kMegatronRankFileName,
                                                    " is missing (no rank folder holds its file)"));
   }
@@ -168,7 +168,8 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
       const std::string name = it != present.end() ? it->second : expected;
       if (it == present.end() ||
           !IsInputFile(JoinPath(JoinPath(dir, name), kMegatronRankFileName))) {
-        return absl::InvalidArgumentError(
+        // A rank's file missing from the save: an incomplete checkpoint, as for ZeRO.
+        return absl::DataLossError(
             absl::StrCat(what, ": ", name, "/", kMegatronRankFileName, " is missing"));
       }
     }
