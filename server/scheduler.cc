@@ -616,6 +616,22 @@ bool Scheduler::stopping() const {
   return stopping_;
 }
 
+bool Scheduler::accepting() const {
+  absl::MutexLock lock(&mu_);
+  return accepting_;
+}
+
+bool Scheduler::CanStartNextForTesting() const {
+  absl::MutexLock lock(&mu_);
+  return CanStartLocked();
+}
+
+int Scheduler::WaitersForTesting(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? 0 : it->second->waiters;
+}
+
 uint64_t Scheduler::reserved_bytes() const {
   absl::MutexLock lock(&mu_);
   return reserved_;

@@ -123,6 +123,12 @@ class Scheduler {
   int Shutdown(absl::Duration grace);
 
   bool stopping() const;
+  // False once StopAccepting or Shutdown was called.
+  bool accepting() const;
+  // For tests: whether a free worker would start the head of the queue now (the condition
+  // every idle worker waits on), and how many WaitForChange calls are waiting on job `id`.
+  bool CanStartNextForTesting() const;
+  int WaitersForTesting(const std::string& id) const;
   uint64_t reserved_bytes() const;
   uint64_t memory_budget() const { return options_.memory_budget; }
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -16,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
@@ -238,18 +240,43 @@ class SchedulerTest : public testing::Test {
     return job.ok() ? *job : v1::Job();
   }
 
-  // Waits (bounded) until the job is in a terminal state and returns it.
-  v1::Job WaitTerminal(const std::string& id) {
+  // Waits (bounded) until `done` holds for the job and returns it.
+  v1::Job WaitUntil(const std::string& id, const std::function<bool(const v1::Job&)>& done) {
     const absl::Time deadline = absl::Now() + kWait;
     int64_t version = -1;
     while (absl::Now() < deadline) {
       auto job = scheduler_->WaitForChange(id, &version, absl::Seconds(1));
       EXPECT_TRUE(job.ok()) << job.status();
       if (!job.ok()) return v1::Job();
-      if (IsTerminal(job->state())) return *job;
+      if (done(*job)) return *job;
     }
-    ADD_FAILURE() << "job " << id << " did not finish in time";
+    ADD_FAILURE() << "job " << id << " did not reach the expected state in time";
     return v1::Job();
+  }
+
+  // Waits (bounded) until the job is in a terminal state and returns it.
+  v1::Job WaitTerminal(const std::string& id) {
+    return WaitUntil(id, [](const v1::Job& job) { return IsTerminal(job.state()); });
+  }
+
+  // Polls `done` until it holds (true) or kWait passes (false).
+  static bool WaitFor(const std::function<bool()>& done) {
+    const absl::Time deadline = absl::Now() + kWait;
+    while (!done()) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
+
+  // Waits (bounded) until a WaitForChange call waits on job `id`.
+  bool WaitForWaiter(const std::string& id) {
+    return WaitFor([&] { return scheduler_->WaitersForTesting(id) > 0; });
+  }
+
+  // Waits (bounded) until Shutdown or StopAccepting has begun.
+  bool WaitStopAccepting() {
+    return WaitFor([&] { return !scheduler_->accepting(); });
   }
 
   v1::Job StoredJob(const std::string& id) {
@@ -376,7 +403,8 @@ TEST_F(SchedulerTest, ReservationsNeverExceedTheBudget) {
   const v1::Job big1 = MustSubmit(Spec("big1", 0, 60));
   const v1::Job big2 = MustSubmit(Spec("big2", 0, 60));
   ASSERT_TRUE(runner_.WaitStarted("big1"));
-  absl::SleepFor(absl::Milliseconds(100));  // give a wrong scheduler the chance to start big2
+  // The condition every free worker waits on is false with big2 at the head (60 + 60 > 100).
+  EXPECT_FALSE(scheduler_->CanStartNextForTesting());
   EXPECT_FALSE(runner_.Ran("big2"));
   EXPECT_EQ(scheduler_->Get(big2.id())->state(), v1::JOB_STATE_QUEUED);
   EXPECT_LE(scheduler_->reserved_bytes(), 100u);
@@ -395,7 +423,8 @@ TEST_F(SchedulerTest, HeadOfQueueIsNotStarvedBySmallJobs) {
   ASSERT_TRUE(runner_.WaitStarted("first"));
   const v1::Job big = MustSubmit(Spec("big", 0, 60));
   const v1::Job small = MustSubmit(Spec("small", 0, 10));  // would fit now, but waits its turn
-  absl::SleepFor(absl::Milliseconds(100));
+  // No free worker takes anything: the head (big) does not fit, and small may not pass it.
+  EXPECT_FALSE(scheduler_->CanStartNextForTesting());
   EXPECT_FALSE(runner_.Ran("big"));
   EXPECT_FALSE(runner_.Ran("small"));
   runner_.ReleaseAll();
@@ -480,9 +509,11 @@ TEST_F(SchedulerTest, CancelRunningJob) {
   ASSERT_TRUE(runner_.WaitStarted("running"));
   auto response = scheduler_->Cancel(job.id());
   ASSERT_TRUE(response.ok()) << response.status();
-  EXPECT_TRUE(response->state() == v1::JOB_STATE_RUNNING ||
-              response->state() == v1::JOB_STATE_CANCELLED)
-      << response->DebugString();
+  // Cancel only asks a running job to stop: the answer is the job still running, with a note.
+  // It ends once the runner notices (it cannot before Cancel returns: ending takes the
+  // scheduler's mutex, which Cancel holds while it answers).
+  EXPECT_EQ(response->state(), v1::JOB_STATE_RUNNING) << response->DebugString();
+  EXPECT_EQ(response->note(), "cancel requested; stopping at the next window");
   const v1::Job done = WaitTerminal(job.id());
   EXPECT_EQ(done.state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(done.error().code(), static_cast<int>(absl::StatusCode::kCancelled));
@@ -533,7 +564,7 @@ TEST_F(SchedulerTest, WaitForChangeReturnsOnProgressAndAtTheEnd) {
 
   // Progress from another thread wakes the waiter.
   std::thread reporter([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(WaitForWaiter(job.id()));  // the test thread waits before progress comes
     Progress progress;
     progress.bytes_done = 4;
     progress.bytes_total = 8;
@@ -556,7 +587,7 @@ TEST_F(SchedulerTest, WaitForChangeReturnsOnProgressAndAtTheEnd) {
 
   // The end wakes it too.
   std::thread finisher([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(WaitForWaiter(job.id()));
     runner_.Release("watched");
   });
   const int64_t progress_version = version;
@@ -764,7 +795,7 @@ TEST_F(SchedulerTest, CancelBeforeShutdownStaysCancelled) {
   ASSERT_TRUE(runner_.WaitStarted("slow"));
   ASSERT_TRUE(scheduler_->Cancel(job.id()).ok());
   std::thread releaser([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(WaitStopAccepting());  // the runner returns while Shutdown waits for it
     runner_.Release("slow");
   });
   scheduler_->Shutdown(absl::ZeroDuration());
@@ -829,7 +860,7 @@ TEST_F(SchedulerTest, ShutdownGraceLetsJobsFinish) {
   const v1::Job job = MustSubmit(Spec("quick"));
   ASSERT_TRUE(runner_.WaitStarted("quick"));
   std::thread releaser([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(WaitStopAccepting());  // the job ends during the grace
     runner_.Release("quick");
   });
   scheduler_->Shutdown(kWait);
@@ -899,7 +930,7 @@ TEST_F(SchedulerTest, WaiterSurvivesImmediatePruning) {
   int64_t version = -1;
   ASSERT_TRUE(scheduler_->WaitForChange(job.id(), &version, absl::ZeroDuration()).ok());
   std::thread releaser([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(WaitForWaiter(job.id()));
     runner_.Release("short-lived");
   });
   auto finished = scheduler_->WaitForChange(job.id(), &version, kWait);
@@ -1006,10 +1037,7 @@ TEST_F(SchedulerTest, SlowProgressWritesDoNotBlockSubmitOrGet) {
   scheduler_ = std::make_unique<Scheduler>(options_, store_.get(), &metrics_, BusyRun, Estimate);
   ASSERT_TRUE(scheduler_->Start().ok());
   const v1::Job busy = MustSubmit(Spec("busy"));
-  const absl::Time deadline = absl::Now() + kWait;
-  while (scheduler_->Get(busy.id())->progress().bytes_done() == 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  WaitUntil(busy.id(), [](const v1::Job& job) { return job.progress().bytes_done() > 0; });
   std::vector<absl::Duration> gets, submits;
   for (int i = 0; i < 20; ++i) {
     absl::Time start = absl::Now();
@@ -1033,7 +1061,14 @@ TEST_F(SchedulerTest, SlowProgressWritesDoNotBlockSubmitOrGet) {
 // A committed file's record is in the store when on_file_committed returns, even while the
 // persister is writing an older copy (progress) of the same job.
 TEST_F(SchedulerTest, CommittedFileIsDurableWhenTheCallbackReturns) {
-  SlowRunningJobWrites(*store_, absl::Milliseconds(200));
+  // The persister's write of the progress takes 200 ms, and says when it has begun.
+  absl::Notification progress_write_started;
+  store_->SetPutHookForTesting([&](const v1::Job& job) {
+    if (job.state() == v1::JOB_STATE_RUNNING && job.progress().bytes_done() > 0) {
+      if (!progress_write_started.HasBeenNotified()) progress_write_started.Notify();
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+  });
   options_.persist_interval = absl::Milliseconds(1);
   JobStore* const store = store_.get();
   std::atomic<int> recorded{-1};
@@ -1042,7 +1077,9 @@ TEST_F(SchedulerTest, CommittedFileIsDurableWhenTheCallbackReturns) {
     progress.bytes_total = 100;
     progress.bytes_done = 10;
     context.on_progress(progress);
-    absl::SleepFor(absl::Milliseconds(50));  // the persister's slowed write is under way
+    if (!progress_write_started.WaitForNotificationWithTimeout(kWait)) {
+      return absl::DeadlineExceededError("the persister never wrote the progress");
+    }
     context.on_file_committed({"model-1.safetensors", 8, 0xabc, 1});
     auto jobs = store->LoadAll();
     if (!jobs.ok()) return jobs.status();
@@ -1071,7 +1108,9 @@ TEST_F(SchedulerTest, SubmitLatencyWhileJobsRunLoadTest) {
     ASSERT_TRUE(scheduler_->Start().ok());
     MustSubmit(Spec("busy-1"));
     MustSubmit(Spec("busy-2"));
-    absl::SleepFor(absl::Milliseconds(200));  // both running
+    // Two jobs run (at the second start, the two the first shutdown interrupted resume first).
+    ASSERT_TRUE(WaitFor([&] { return MetricValue("reshard_jobs_running") == 2; }))
+        << "two jobs did not start";
     std::vector<absl::Duration> submits;
     for (int i = 0; i < 150; ++i) {
       const absl::Time start = absl::Now();

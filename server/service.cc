@@ -68,6 +68,8 @@ absl::StatusOr<Caller> ReshardService::Authorize(const grpc::ServerContext& cont
 
 absl::StatusOr<v1::Job> ReshardService::VisibleJob(const Caller& caller,
                                                    const std::string& id) const {
+  // A request without an id is malformed, not a question about a job that does not exist.
+  if (id.empty()) return absl::InvalidArgumentError("the request names no job (id is empty)");
   ASSIGN_OR_RETURN(v1::Job job, scheduler_->Get(id));
   if (!caller.Owns(job.owner())) return absl::NotFoundError(absl::StrCat("no job \"", id, "\""));
   return job;

@@ -36,6 +36,7 @@ absl::Status ErrnoToStatus(int error_number, absl::string_view what) {
       return absl::ResourceExhaustedError(message);
     case EEXIST:
     case ENOTEMPTY:
+    case ELOOP:  // a symlink loop: the path cannot be resolved as the filesystem stands
       return absl::FailedPreconditionError(message);
     default:
       return absl::InternalError(message);

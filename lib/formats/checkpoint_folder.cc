@@ -39,6 +39,8 @@ absl::Status CheckTag(absl::string_view tag, absl::string_view source) {
 absl::StatusOr<std::optional<std::string>> ReadTrackerFile(const std::string& path) {
   absl::StatusOr<std::string> contents = ReadSmallFile(path, kMaxTrackerFileBytes);
   if (absl::IsNotFound(contents.status())) return std::nullopt;
+  // PERMISSION_DENIED, UNAVAILABLE (a store's 503), ...: the file is not at fault.
+  if (!contents.ok() && !absl::IsInvalidArgument(contents.status())) return contents.status();
   if (!contents.ok()) {
     return absl::DataLossError(absl::StrCat(path, ": not a readable tracker file (at most ",
                                             kMaxTrackerFileBytes,

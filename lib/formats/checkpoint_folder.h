@@ -54,9 +54,10 @@ bool IsPlainTag(absl::string_view tag);
 absl::Status CheckTag(absl::string_view tag, absl::string_view source);
 
 // The contents of tracker file `path`, surrounding whitespace stripped; nullopt when there is
-// no such file. DataLoss naming the file when it is larger than kMaxTrackerFileBytes or cannot
-// be read (not a regular file, outside the allowed roots). Read through ReadSmallFile
-// (lib/io/file_access.h), so it is opened as every input is.
+// no such file. DataLoss naming the file when it is larger than kMaxTrackerFileBytes or is not
+// a regular file; a failure to read it (permission, outside the allowed roots, I/O, a store's
+// error) keeps its code. Read through ReadSmallFile (lib/io/file_access.h), so it is opened as
+// every input is.
 absl::StatusOr<std::optional<std::string>> ReadTrackerFile(const std::string& path);
 
 // Appends `source`'s files, tensors, metadata and other entries to `target`, rebasing the file

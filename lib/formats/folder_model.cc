@@ -54,12 +54,11 @@ bool NaturalLess(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j;
 }
 
-std::vector<std::string> ListFolder(const std::string& dir,
-                                    const std::vector<std::string>& suffixes) {
+absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir,
+                                                    const std::vector<std::string>& suffixes) {
   std::vector<std::string> names;
-  absl::StatusOr<std::vector<std::string>> listed = ListInputFolder(dir);
-  if (!listed.ok()) return names;
-  for (std::string& name : *listed) {
+  ASSIGN_OR_RETURN(std::vector<std::string> listed, ListInputFolder(dir));
+  for (std::string& name : listed) {
     if (name.empty() || name[0] == '.') continue;
     for (const std::string& suffix : suffixes) {
       if (absl::EndsWith(name, suffix)) {
@@ -77,9 +76,12 @@ absl::StatusOr<std::vector<FileCatalog>> ReadFolderFiles(const std::string& dir,
                                                          const std::string& index_path,
                                                          const ReadFolderFile& read_one) {
   auto read = [&](const std::string& name) -> absl::StatusOr<FileCatalog> {
-    if (!index_path.empty() && !InputExists(absl::StrCat(dir, "/", name))) {
-      return absl::NotFoundError(
-          absl::StrCat(index_path, " lists ", name, ", which does not exist in ", dir));
+    if (!index_path.empty()) {
+      ASSIGN_OR_RETURN(const bool exists, CheckInputExists(absl::StrCat(dir, "/", name)));
+      if (!exists) {
+        return absl::NotFoundError(
+            absl::StrCat(index_path, " lists ", name, ", which does not exist in ", dir));
+      }
     }
     return read_one(dir, name);
   };

@@ -30,9 +30,9 @@ struct FileCatalog {
 bool NaturalLess(const std::string& a, const std::string& b);
 
 // Regular files in `dir` whose names end with one of `suffixes`, hidden ones excluded, in
-// natural order.
-std::vector<std::string> ListFolder(const std::string& dir,
-                                    const std::vector<std::string>& suffixes);
+// natural order. Errors (the folder cannot be listed) name `dir`.
+absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir,
+                                                    const std::vector<std::string>& suffixes);
 
 // Reads file `name` of folder `dir` (the Catalog of that one file).
 using ReadFolderFile =

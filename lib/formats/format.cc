@@ -99,10 +99,14 @@ std::vector<std::string> OutputFormatIds() {
 absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
   // Before any probe opens it: FIFOs, sockets and devices are refused, not read.
   RETURN_IF_ERROR(CheckInputFileType(path));
-  Registry& registry = GetRegistry();
-  absl::MutexLock lock(&registry.mu);
+  // Formats are registered at static initialization and never removed, so the pointers copied
+  // under the lock stay valid while they are probed without it.
   std::vector<const InputFormat*> by_priority;
-  for (const auto& format : registry.inputs) by_priority.push_back(format.get());
+  {
+    Registry& registry = GetRegistry();
+    absl::MutexLock lock(&registry.mu);
+    for (const auto& format : registry.inputs) by_priority.push_back(format.get());
+  }
   std::stable_sort(by_priority.begin(), by_priority.end(),
                    [](const InputFormat* a, const InputFormat* b) {
                      return a->probe_priority() > b->probe_priority();
@@ -111,7 +115,12 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
   const bool remote = IsRemotePath(path);
   for (const InputFormat* format : by_priority) {
     if (remote && !format->reads_remote()) continue;
-    if (format->Probe(path)) return format;
+    absl::StatusOr<bool> accepted = format->Probe(path);
+    if (!accepted.ok()) {
+      return Annotate(accepted.status(),
+                      absl::StrCat("detecting the format of ", path, " (", format->id(), ")"));
+    }
+    if (*accepted) return format;
     ids.emplace_back(format->id());
   }
   if (remote) {

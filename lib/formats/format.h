@@ -86,8 +86,11 @@ class InputFormat {
  public:
   virtual ~InputFormat() = default;
   virtual absl::string_view id() const = 0;
-  // Cheap check (names, magic bytes) whether `path` is in this format.
-  virtual bool Probe(const std::string& path) const = 0;
+  // Cheap check (names, magic bytes) whether `path` is in this format: false when it is not.
+  // A path that cannot be looked at (permission denied, an I/O or store error) is an error
+  // naming the path, never false: the user learns why, rather than that the checkpoint is in no
+  // format. Called without any lock held, possibly from several threads at once.
+  virtual absl::StatusOr<bool> Probe(const std::string& path) const = 0;
   // Formats that recognize a folder by a specific arrangement of files (a DeepSpeed or DCP
   // checkpoint, which also hold .pt files) are asked before generic ones (a folder of .pt
   // files): higher first. Every format gives its own, distinct priority, so that detection
@@ -166,10 +169,12 @@ class OutputFormat {
 void RegisterInputFormat(std::unique_ptr<InputFormat> format);
 void RegisterOutputFormat(std::unique_ptr<OutputFormat> format);
 
-// The first registered input format whose Probe accepts `path`; InvalidArgument listing the
-// known formats otherwise, NotFound when the path does not exist. A remote path is probed only
-// by the formats that read remote paths (InputFormat::reads_remote): Unimplemented naming the
-// path and those formats when none accepts it.
+// The input format of highest probe_priority whose Probe accepts `path`; InvalidArgument
+// listing the known formats otherwise, NotFound when the path does not exist. A remote path is
+// probed only by the formats that read remote paths (InputFormat::reads_remote): Unimplemented
+// naming the path and those formats when none accepts it. The first error a Probe returns is
+// returned as it is (a file that cannot be read is not "in no format"). The probes run without
+// the registry's lock: they do I/O, which can take as long as a remote store takes to answer.
 absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path);
 
 // The output format with id `id`; InvalidArgument listing the known ones otherwise.

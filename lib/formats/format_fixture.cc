@@ -22,6 +22,17 @@ std::map<std::pair<std::string, std::string>, RegisteredFixture>& Registry() {
 
 }  // namespace
 
+void ExpectDamageCode(BuiltFixture& fixture, const std::string& label, absl::StatusCode code) {
+  for (FixtureDamage& damage : fixture.damages) {
+    if (damage.label == label) {
+      damage.code = code;
+      return;
+    }
+  }
+  std::fprintf(stderr, "ExpectDamageCode: no damage labelled \"%s\"\n", label.c_str());
+  std::abort();
+}
+
 void RegisterFormatFixture(const std::string& format_id, const std::string& variant,
                            FixtureBuilder builder) {
   const bool inserted = Registry()

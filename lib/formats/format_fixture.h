@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "lib/core/dtype.h"
 #include "lib/core/shape.h"
 
@@ -42,8 +43,14 @@ struct FixtureDamage {
   // report the tensors different.
   bool undetectable = false;
   // The damage leaves the input naming a file that does not exist (besides kRemove, a flipped
-  // byte in a file name an index lists): NOT_FOUND is right too.
+  // byte in a file name an index lists): NOT_FOUND.
   bool names_missing_file = false;
+  // The one error code reading and converting must give. kOk: the default, NOT_FOUND for a
+  // removed file or one the input names and lacks, DATA_LOSS for every other damage (bytes
+  // cut off or changed). Set (ExpectDamageCode) where the format decides otherwise: DATA_LOSS
+  // for a file missing from a multi-file save (an incomplete checkpoint), INVALID_ARGUMENT when
+  // nothing left identifies the format.
+  absl::StatusCode code = absl::StatusCode::kOk;
 };
 
 // A tensor of the model a fixture holds, as the reader must give it: row-major bytes.
@@ -61,6 +68,9 @@ struct BuiltFixture {
   std::vector<FixtureTensor> expected;
   std::vector<FixtureDamage> damages;
 };
+
+// Sets the code of the damage labelled `label` in `fixture` (aborts when there is none).
+void ExpectDamageCode(BuiltFixture& fixture, const std::string& label, absl::StatusCode code);
 
 // Writes a small checkpoint of one format into the existing, empty folder `dir`.
 using FixtureBuilder = std::function<BuiltFixture(const std::string& dir)>;

@@ -49,14 +49,7 @@ std::vector<FixtureKey> FixtureKeys() {
   return keys;
 }
 
-MemoryStore* Store() {
-  static MemoryStore* store = [] {
-    auto* created = new MemoryStore;  // registered stores are never destroyed
-    RegisterRemoteStore("mem", created);
-    return created;
-  }();
-  return store;
-}
+MemoryStore* Store() { return SharedMemStore(); }
 
 // Uploads every file under local folder `dir` as `url`/<relative path>.
 void Upload(const std::string& dir, const std::string& url) {

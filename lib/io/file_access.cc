@@ -437,29 +437,52 @@ absl::Status CheckInputPath(const std::string& path, const std::string& what) {
   return Annotate(RemoteStoreFor(path).status(), what);
 }
 
-bool IsInputFolder(const std::string& path) {
+namespace {
+
+enum class InputKind { kAbsent, kFolder, kFile, kOther };
+
+// What input `path` is (symlinks followed); NotFound is kAbsent, other failures are errors
+// naming the path.
+absl::StatusOr<InputKind> StatInput(const std::string& path) {
   if (IsRemotePath(path)) {
     absl::StatusOr<RemoteStat> stat = StatRemote(path);
-    return stat.ok() && stat->is_folder;
+    if (absl::IsNotFound(stat.status())) return InputKind::kAbsent;
+    if (!stat.ok()) return Annotate(stat.status(), absl::StrCat("looking up ", path));
+    return stat->is_folder ? InputKind::kFolder : InputKind::kFile;
   }
-  std::error_code error;
-  return std::filesystem::is_directory(path, error);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    const int error = errno;
+    // ENOTDIR: a component of the path is a file, so nothing is there either.
+    if (error == ENOENT || error == ENOTDIR) return InputKind::kAbsent;
+    return ErrnoToStatus(error, absl::StrCat("stat ", path));
+  }
+  if (S_ISDIR(st.st_mode)) return InputKind::kFolder;
+  return S_ISREG(st.st_mode) ? InputKind::kFile : InputKind::kOther;
 }
 
-bool InputExists(const std::string& path) {
-  if (IsRemotePath(path)) return StatRemote(path).ok();
-  std::error_code error;
-  return std::filesystem::exists(path, error);
+}  // namespace
+
+absl::StatusOr<bool> CheckInputFolder(const std::string& path) {
+  ASSIGN_OR_RETURN(InputKind kind, StatInput(path));
+  return kind == InputKind::kFolder;
 }
 
-bool IsInputFile(const std::string& path) {
-  if (IsRemotePath(path)) {
-    absl::StatusOr<RemoteStat> stat = StatRemote(path);
-    return stat.ok() && !stat->is_folder;
-  }
-  std::error_code error;
-  return std::filesystem::is_regular_file(path, error);
+absl::StatusOr<bool> CheckInputExists(const std::string& path) {
+  ASSIGN_OR_RETURN(InputKind kind, StatInput(path));
+  return kind != InputKind::kAbsent;
 }
+
+absl::StatusOr<bool> CheckInputFile(const std::string& path) {
+  ASSIGN_OR_RETURN(InputKind kind, StatInput(path));
+  return kind == InputKind::kFile;
+}
+
+bool IsInputFolder(const std::string& path) { return CheckInputFolder(path).value_or(false); }
+
+bool InputExists(const std::string& path) { return CheckInputExists(path).value_or(false); }
+
+bool IsInputFile(const std::string& path) { return CheckInputFile(path).value_or(false); }
 
 absl::StatusOr<uint64_t> InputFileSize(const std::string& path) {
   if (IsRemotePath(path)) {
@@ -521,12 +544,17 @@ absl::StatusOr<std::vector<std::string>> ListInputFolder(const std::string& dir)
   }
   namespace fs = std::filesystem;
   std::error_code error;
-  for (const auto& entry : fs::directory_iterator(dir, error)) {
-    if (entry.is_regular_file(error)) names.push_back(entry.path().filename().string());
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    std::error_code entry_error;
+    if (it->is_regular_file(entry_error)) {
+      names.push_back(it->path().filename().string());
+    } else if (entry_error && entry_error.value() != ENOENT) {
+      // A dangling symlink names nothing and is skipped; an entry that cannot be looked at (a
+      // symlink loop, no permission) is named.
+      return ErrnoToStatus(entry_error.value(), absl::StrCat("stat ", it->path().string()));
+    }
   }
-  if (error) {
-    return ErrnoToStatus(error.value(), absl::StrCat("listing folder ", dir));
-  }
+  if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing folder ", dir));
   return names;
 }
 

@@ -124,13 +124,21 @@ absl::Status CheckLocalPath(const std::string& path, const std::string& what);
 // Unimplemented naming `what`, the path and the schemes read otherwise. Nothing is accessed.
 absl::Status CheckInputPath(const std::string& path, const std::string& what);
 
-// Whether input `path` is a folder. False when it is a file, is absent, or cannot be checked
-// (the read that follows reports why).
-bool IsInputFolder(const std::string& path);
-// Whether input `path` exists (file or folder), with the same caveat.
-bool InputExists(const std::string& path);
+// Whether input `path` is a folder: false when it is a file or absent (NotFound, a dangling
+// symlink included). Any other failure to check it (permission, a symlink loop, an I/O error,
+// a store's error such as S3's 503) is returned, naming the path: a checkpoint that cannot be
+// looked at is not taken for one that is not there. Format probes and readers use these.
+absl::StatusOr<bool> CheckInputFolder(const std::string& path);
+// Whether input `path` exists (file or folder); errors as CheckInputFolder.
+absl::StatusOr<bool> CheckInputExists(const std::string& path);
+// Whether input `path` is a file (local: a regular file, symlinks followed); errors as
+// CheckInputFolder.
+absl::StatusOr<bool> CheckInputFile(const std::string& path);
 
-// Whether input `path` is a file (local: a regular file, symlinks followed), same caveat.
+// The same answers, with false also when `path` cannot be checked: only for callers to whom
+// the reason does not matter.
+bool IsInputFolder(const std::string& path);
+bool InputExists(const std::string& path);
 bool IsInputFile(const std::string& path);
 
 // The size of input file `path`: NotFound naming it when absent, InvalidArgument when it is a
@@ -156,7 +164,7 @@ absl::StatusOr<std::vector<std::string>> ListInputSubfolders(const std::string& 
 // format's Probe checks the folder, its trackers and marker files), and every answer is a
 // request (a missing key costs a HEAD and a LIST). In scope, the functions above remember each
 // remote answer, and a folder known to be one is listed once (files and folders in one
-// listing) to answer IsInputFolder, IsInputFile, InputExists, InputFileSize and
+// listing) to answer CheckInputFolder, CheckInputFile, CheckInputExists, InputFileSize and
 // CheckInputFileType of the paths directly inside it. For a span over which the input does not
 // change (LoadInput: detection and the metadata read); other threads and local paths are not
 // affected. Scopes nest: an inner one uses the outer one's cache.

@@ -323,8 +323,13 @@ class TokenTests(OwnDaemonsTestCase):
         ]
         cls.token_file = os.path.join(cls.tmp, "tokens.json")
         cls.write_tokens(cls.entries)
+        # While the `go` file is absent, finished jobs wait before publishing (the daemon's
+        # test-only fault point, lib/core/test_faults.h) until cancelled: a job to cancel.
+        cls.go = os.path.join(cls.tmp, "go")
+        open(cls.go, "w").close()
         cls.daemon = Daemon(cls.logs, os.path.join(cls.tmp, "state-tokens"), [cls.root],
-                            ("--auth-tokens", cls.token_file)).start()
+                            ("--auth-tokens", cls.token_file),
+                            env={"RESHARD_TEST_FAULTS": "before-publish=wait:" + cls.go}).start()
         cls.extra_daemons.append(cls.daemon)
         cls.token_files = {}
         for name, token in cls.tokens.items():
@@ -459,13 +464,19 @@ class TokenTests(OwnDaemonsTestCase):
         self.assertIn(job_b, listed)
 
     def test_cancel_own_and_admin_cancels_any(self):
-        for canceller, out in (("admin", "out_cancel_a"), ("alice", "out_cancel_b")):
-            job = self.submit_as("alice", self.src_a, os.path.join(self.team_a, out))
-            doc = self.assertOk(self.as_(canceller, "cancel", job))
-            self.assertEqual(doc["job"]["owner"], "alice", doc)
-            # The small job may have finished first, or stop at its next window.
-            r = self.as_("alice", "watch", job, "--no-progress")
-            self.assertIn(r.doc["state"], ("cancelled", "succeeded"), r)
+        os.unlink(self.go)  # the jobs cannot publish: only the cancel ends them
+        try:
+            for canceller, out in (("admin", "out_cancel_a"), ("alice", "out_cancel_b")):
+                out = os.path.join(self.team_a, out)
+                job = self.submit_as("alice", self.src_a, out)
+                doc = self.assertOk(self.as_(canceller, "cancel", job))
+                self.assertEqual(doc["job"]["owner"], "alice", doc)
+                r = self.as_("alice", "watch", job, "--no-progress")
+                self.assertEqual(r.doc["state"], "cancelled", r)
+                self.assertEqual(r.doc["job"]["error"]["code_name"], "CANCELLED", r)
+                self.assertFalse(os.path.exists(out))
+        finally:
+            open(self.go, "w").close()
 
     def test_idempotency_keys_are_per_token(self):
         out_a = os.path.join(self.team_a, "out_key_a")

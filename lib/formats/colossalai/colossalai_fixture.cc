@@ -60,7 +60,8 @@ BuiltFixture BuildColossalFixture(const std::string& dir) {
   fixture.damages = {
       {"rank 1's weight file missing", weights[1], Kind::kRemove, 0},
       // Only rank 0 is left: rows [2, 4) of embed.weight are a hole.
-      {"rank 1's metadata file missing", metas[1], Kind::kRemove, 0},
+      {"rank 1's metadata file missing", metas[1], Kind::kRemove, 0, false, false, false,
+       absl::StatusCode::kDataLoss},
       {"rank 0's metadata truncated halfway", metas[0], Kind::kTruncate, 60},
       {"flipped byte in rank 1's metadata JSON", metas[1], Kind::kFlip, 0},
       {"rank 0's weight file truncated inside tensor data", weights[0], Kind::kTruncate,

@@ -87,7 +87,8 @@ class ColossalReader {
   // Every metadata file, in dist id order; ids must run 0..N-1.
   absl::Status ReadMetas() {
     std::map<int64_t, std::string> names;
-    for (const std::string& name : ListFolder(dir_, {".json"})) {
+    ASSIGN_OR_RETURN(std::vector<std::string> listed, ListFolder(dir_, {".json"}));
+    for (const std::string& name : listed) {
       std::optional<int64_t> id = ColossalMetaDistId(name);
       if (!id.has_value()) continue;
       auto [it, inserted] = names.emplace(*id, name);
@@ -278,9 +279,11 @@ class ColossalReader {
 
 }  // namespace
 
-bool ColossalInput::Probe(const std::string& path) const {
-  if (!IsInputFolder(path)) return false;
-  for (const std::string& name : ListFolder(path, {".json"})) {
+absl::StatusOr<bool> ColossalInput::Probe(const std::string& path) const {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (!folder) return false;
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(path, {".json"}));
+  for (const std::string& name : names) {
     if (ColossalMetaDistId(name).has_value()) return true;
   }
   return false;
@@ -288,7 +291,8 @@ bool ColossalInput::Probe(const std::string& path) const {
 
 absl::StatusOr<InputModel> ColossalInput::Read(const std::string& path,
                                                const ReadOptions& /*options*/) const {
-  if (!IsInputFolder(path)) {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (!folder) {
     return absl::NotFoundError(
         absl::StrCat(path, ": not a ColossalAI distributed checkpoint folder"));
   }

@@ -43,7 +43,7 @@ class ColossalInput : public InputFormat {
   static constexpr char kId[] = "colossalai-dist";
   absl::string_view id() const override { return kId; }
   // A folder holding a `pytorch_model-meta-dist-NNNNN.json` / `.index.json` file.
-  bool Probe(const std::string& path) const override;
+  absl::StatusOr<bool> Probe(const std::string& path) const override;
   // Recognized by its metadata files; before DCP and the generic formats (its weight files
   // are ordinary torch.save / safetensors files).
   int probe_priority() const override { return 35; }

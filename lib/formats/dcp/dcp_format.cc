@@ -225,8 +225,10 @@ class DcpReader {
  private:
   absl::Status ReadMetadata() {
     metadata_path_ = JoinPath(dir_, kDcpMetadataName);
-    if (!IsInputFile(metadata_path_)) {
-      for (const std::string& name : ListFolder(dir_, {".metadata"})) {
+    ASSIGN_OR_RETURN(const bool has_metadata, CheckInputFile(metadata_path_));
+    if (!has_metadata) {
+      ASSIGN_OR_RETURN(std::vector<std::string> local, ListFolder(dir_, {".metadata"}));
+      for (const std::string& name : local) {
         return absl::UnimplementedError(absl::StrCat(
             dir_, ": rank-local metadata (", name,
             ", written with use_collectives=False) without a global .metadata is not supported"));
@@ -480,7 +482,10 @@ class DcpReader {
   // "PyTorch DCP, 4 ranks (__0_0 .. __3_0.distcp), 12 tensors in 20 chunks, 3 other values".
   std::string Describe(const Catalog& catalog, int values) const {
     // Ranks from the folder's data files: a rank that wrote nothing still has an empty one.
-    std::vector<std::string> data_files = ListFolder(dir_, {kDataSuffix});
+    // The folder was listed moments ago to read it: a listing that fails now only shortens the
+    // description.
+    std::vector<std::string> data_files =
+        ListFolder(dir_, {kDataSuffix}).value_or(std::vector<std::string>());
     absl::flat_hash_set<int64_t> ranks;
     bool named_by_rank = !data_files.empty();
     for (const std::string& name : data_files) {
@@ -527,8 +532,9 @@ class DcpReader {
 };
 
 // The checkpoint folder `path` stands for: itself, or the folder of a `.metadata` file.
-std::string CheckpointDir(const std::string& path) {
-  if (!IsInputFolder(path) && fs::path(path).filename() == kDcpMetadataName) {
+absl::StatusOr<std::string> CheckpointDir(const std::string& path) {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (!folder && fs::path(path).filename() == kDcpMetadataName) {
     std::string parent = fs::path(path).parent_path().string();
     return parent.empty() ? "." : parent;
   }
@@ -556,8 +562,10 @@ absl::StatusOr<std::string> ResolveDcpDataFile(const std::string& dir,
     for (absl::string_view part : absl::StrSplit(relative_path, '/')) {
       if (part.empty() || part == ".") return refuse("has an empty or \".\" component");
     }
-    if (IsInputFile(path)) return path;
-    if (IsInputFolder(path)) return refuse(absl::StrCat("(", path, ") is a folder, not a file"));
+    ASSIGN_OR_RETURN(const bool file, CheckInputFile(path));
+    if (file) return path;
+    ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+    if (folder) return refuse(absl::StrCat("(", path, ") is a folder, not a file"));
     return absl::NotFoundError(
         absl::StrCat(path, ": data file \"", relative_path, "\" is missing"));
   }
@@ -582,18 +590,22 @@ absl::StatusOr<std::string> ResolveDcpDataFile(const std::string& dir,
   return path;
 }
 
-bool DcpInput::Probe(const std::string& path) const {
-  const std::string dir = CheckpointDir(path);
-  if (!IsInputFolder(dir)) return false;
-  if (IsInputFile(JoinPath(dir, kDcpMetadataName))) return true;
-  for (const std::string& name : ListFolder(dir, {kDataSuffix})) {
+absl::StatusOr<bool> DcpInput::Probe(const std::string& path) const {
+  ASSIGN_OR_RETURN(const std::string dir, CheckpointDir(path));
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(dir));
+  if (!folder) return false;
+  ASSIGN_OR_RETURN(const bool has_metadata, CheckInputFile(JoinPath(dir, kDcpMetadataName)));
+  if (has_metadata) return true;
+  ASSIGN_OR_RETURN(std::vector<std::string> data_files, ListFolder(dir, {kDataSuffix}));
+  for (const std::string& name : data_files) {
     if (RankOfFileName(name).has_value()) return true;
   }
   return false;
 }
 
 absl::StatusOr<InputModel> ReadDcpCheckpoint(const std::string& dir) {
-  if (!IsInputFolder(dir)) {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(dir));
+  if (!folder) {
     return absl::NotFoundError(absl::StrCat(dir, ": not a DCP checkpoint folder"));
   }
   DcpReader reader(dir);
@@ -602,7 +614,8 @@ absl::StatusOr<InputModel> ReadDcpCheckpoint(const std::string& dir) {
 
 absl::StatusOr<InputModel> DcpInput::Read(const std::string& path,
                                           const ReadOptions& /*options*/) const {
-  return ReadDcpCheckpoint(CheckpointDir(path));
+  ASSIGN_OR_RETURN(const std::string dir, CheckpointDir(path));
+  return ReadDcpCheckpoint(dir);
 }
 
 namespace {

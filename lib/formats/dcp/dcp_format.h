@@ -46,7 +46,7 @@ class DcpInput : public InputFormat {
   static constexpr char kId[] = "torch-dcp";
   absl::string_view id() const override { return kId; }
   // A folder holding `.metadata` or `__R_N.distcp` files, or the `.metadata` file itself.
-  bool Probe(const std::string& path) const override;
+  absl::StatusOr<bool> Probe(const std::string& path) const override;
   // Before folder-of-files formats: a DCP folder is recognized by its file names. Below
   // Megatron, above DeepSpeed ZeRO (the order detection has always had).
   int probe_priority() const override { return 30; }

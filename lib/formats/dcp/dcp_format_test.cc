@@ -59,17 +59,17 @@ TEST(DcpInputTest, ProbeRecognizesFoldersByFileNames) {
   EXPECT_EQ(input.probe_priority(), 30);
   const std::string with_metadata = MakeTempDir("dcp_probe_md");
   WriteAll(with_metadata + "/.metadata", "");
-  EXPECT_TRUE(input.Probe(with_metadata));
-  EXPECT_TRUE(input.Probe(with_metadata + "/.metadata"));
+  EXPECT_TRUE(input.Probe(with_metadata).value());
+  EXPECT_TRUE(input.Probe(with_metadata + "/.metadata").value());
   const std::string with_data = MakeTempDir("dcp_probe_data");
   WriteAll(with_data + "/__3_0.distcp", "");
-  EXPECT_TRUE(input.Probe(with_data));
+  EXPECT_TRUE(input.Probe(with_data).value());
   const std::string other = MakeTempDir("dcp_probe_other");
   WriteAll(other + "/model.distcp", "");
   WriteAll(other + "/model.pt", "");
-  EXPECT_FALSE(input.Probe(other));
-  EXPECT_FALSE(input.Probe(other + "/model.pt"));
-  EXPECT_FALSE(input.Probe(other + "/missing"));
+  EXPECT_FALSE(input.Probe(other).value());
+  EXPECT_FALSE(input.Probe(other + "/model.pt").value());
+  EXPECT_FALSE(input.Probe(other + "/missing").value());
 }
 
 TEST(DcpInputTest, ReadRefusesFoldersWithoutGlobalMetadata) {

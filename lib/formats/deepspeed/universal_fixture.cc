@@ -200,6 +200,10 @@ BuiltFixture WriteUniversalFolder(const std::string& dir, const UniversalFolderO
   }
   const std::string ln = absl::StrCat(kTag, "/zero/ln.weight/fp32.pt");
   fixture.damages.push_back({ln + ": missing", ln, FixtureDamage::Kind::kRemove, 0});
+  // A parameter's fp32.pt missing from the save: an incomplete checkpoint.
+  for (FixtureDamage& damage : fixture.damages) {
+    if (damage.kind == FixtureDamage::Kind::kRemove) damage.code = absl::StatusCode::kDataLoss;
+  }
   for (const FixtureParam& param : Params()) {
     fixture.expected.push_back(
         {param.name, DType::kF32, param.shape, UniversalFixtureBytes(param.name)});

@@ -52,16 +52,21 @@ constexpr int kProbeEntries = 1000;
 constexpr int kMaxParamFolderEntries = 1000;
 
 // Whether `dir` is a universal checkpoint folder: zero/ holds optimizer_state.pt, or a param
-// folder with fp32.pt among its first kProbeEntries entries. Nothing is opened.
-bool IsUniversalFolder(const std::string& dir) {
+// folder with fp32.pt among its first kProbeEntries entries. Nothing is opened. Errors: what
+// could not be looked at.
+absl::StatusOr<bool> IsUniversalFolder(const std::string& dir) {
   const std::string zero = JoinPath(dir, kZeroDir);
-  if (!IsInputFolder(zero)) return false;
-  if (InputExists(JoinPath(zero, kOptimizerStateName))) return true;
-  absl::StatusOr<std::vector<std::string>> params = ListInputSubfolders(zero);
-  if (!params.ok()) return false;
-  if (params->size() > static_cast<size_t>(kProbeEntries)) params->resize(kProbeEntries);
-  for (const std::string& name : *params) {
-    if (InputExists(JoinPath(JoinPath(zero, name), absl::StrCat(kFp32State, ".pt")))) return true;
+  ASSIGN_OR_RETURN(const bool zero_folder, CheckInputFolder(zero));
+  if (!zero_folder) return false;
+  ASSIGN_OR_RETURN(const bool optimizer_state,
+                   CheckInputExists(JoinPath(zero, kOptimizerStateName)));
+  if (optimizer_state) return true;
+  ASSIGN_OR_RETURN(std::vector<std::string> params, ListInputSubfolders(zero));
+  if (params.size() > static_cast<size_t>(kProbeEntries)) params.resize(kProbeEntries);
+  for (const std::string& name : params) {
+    ASSIGN_OR_RETURN(const bool fp32, CheckInputExists(JoinPath(JoinPath(zero, name),
+                                                                absl::StrCat(kFp32State, ".pt"))));
+    if (fp32) return true;
   }
   return false;
 }
@@ -75,16 +80,19 @@ std::string NotUniversal(const std::string& folder) {
 // the tag from `tag_option` or `path/latest_universal`.
 absl::StatusOr<std::pair<std::string, std::string>> ResolveUniversalFolder(
     const std::string& path, const std::string& tag_option) {
-  if (!IsInputFolder(path)) {
+  ASSIGN_OR_RETURN(const bool path_is_folder, CheckInputFolder(path));
+  if (!path_is_folder) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": a DeepSpeed universal checkpoint is a folder, not a file"));
   }
-  const bool here = IsUniversalFolder(path);
+  ASSIGN_OR_RETURN(const bool here, IsUniversalFolder(path));
   if (!tag_option.empty()) {
     RETURN_IF_ERROR(CheckTag(tag_option, "from --tag"));
     const std::string folder = JoinPath(path, tag_option);
-    if (IsInputFolder(folder)) {
-      if (!IsUniversalFolder(folder)) {
+    ASSIGN_OR_RETURN(const bool tag_folder, CheckInputFolder(folder));
+    if (tag_folder) {
+      ASSIGN_OR_RETURN(const bool universal, IsUniversalFolder(folder));
+      if (!universal) {
         return absl::InvalidArgumentError(
             absl::StrCat("--tag ", tag_option, ": ", NotUniversal(folder)));
       }
@@ -107,11 +115,13 @@ absl::StatusOr<std::pair<std::string, std::string>> ResolveUniversalFolder(
   }
   RETURN_IF_ERROR(CheckTag(tag, absl::StrCat("from ", tracker)));
   const std::string folder = JoinPath(path, tag);
-  if (!IsInputFolder(folder)) {
+  ASSIGN_OR_RETURN(const bool tag_folder, CheckInputFolder(folder));
+  if (!tag_folder) {
     return absl::NotFoundError(absl::StrCat(tracker, " names ", tag, ", but there is no folder ",
                                             folder, ". Pass --tag to choose one"));
   }
-  if (!IsUniversalFolder(folder)) {
+  ASSIGN_OR_RETURN(const bool universal, IsUniversalFolder(folder));
+  if (!universal) {
     return absl::DataLossError(
         absl::StrCat(tracker, " names ", tag, ", but ", NotUniversal(folder)));
   }
@@ -591,9 +601,12 @@ class UniversalReader {
 
 }  // namespace
 
-bool UniversalInput::Probe(const std::string& path) const {
-  if (!IsInputFolder(path)) return false;
-  return IsUniversalFolder(path) || IsInputFile(JoinPath(path, kUniversalTrackerName));
+absl::StatusOr<bool> UniversalInput::Probe(const std::string& path) const {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (!folder) return false;
+  ASSIGN_OR_RETURN(const bool universal, IsUniversalFolder(path));
+  if (universal) return true;
+  return CheckInputFile(JoinPath(path, kUniversalTrackerName));
 }
 
 absl::StatusOr<InputModel> UniversalInput::Read(const std::string& path,

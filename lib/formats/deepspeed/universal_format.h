@@ -84,7 +84,7 @@ class UniversalInput : public InputFormat {
   absl::string_view id() const override { return kId; }
   // A folder whose zero/ sub-folder holds optimizer_state.pt or a param folder with fp32.pt,
   // or a parent folder holding `latest_universal`.
-  bool Probe(const std::string& path) const override;
+  absl::StatusOr<bool> Probe(const std::string& path) const override;
   // Above deepspeed-zero (20), which would claim the universal folder for its model-states
   // file, below torch-dcp (30) and megatron (40), which claim nothing a universal folder holds.
   int probe_priority() const override { return 25; }

@@ -59,22 +59,22 @@ TEST(UniversalInputTest, Probe) {
   // zero/optimizer_state.pt alone, or a param folder with fp32.pt alone.
   fs::create_directories(root + "/a/zero");
   Touch(root + "/a/zero/optimizer_state.pt");
-  EXPECT_TRUE(input.Probe(root + "/a"));
+  EXPECT_TRUE(input.Probe(root + "/a").value());
   fs::create_directories(root + "/b/zero/embed.weight");
   Touch(root + "/b/zero/embed.weight/fp32.pt");
-  EXPECT_TRUE(input.Probe(root + "/b"));
+  EXPECT_TRUE(input.Probe(root + "/b").value());
   // A parent with latest_universal.
   fs::create_directories(root + "/save");
-  EXPECT_FALSE(input.Probe(root + "/save"));
+  EXPECT_FALSE(input.Probe(root + "/save").value());
   Touch(root + "/save/latest_universal");
-  EXPECT_TRUE(input.Probe(root + "/save"));
+  EXPECT_TRUE(input.Probe(root + "/save").value());
   // A ZeRO checkpoint, an empty zero/, files.
   fs::create_directories(root + "/zero_ckpt/zero/embed.weight");
   Touch(root + "/zero_ckpt/mp_rank_00_model_states.pt");
   Touch(root + "/zero_ckpt/zero_pp_rank_0_mp_rank_00_optim_states.pt");
-  EXPECT_FALSE(input.Probe(root + "/zero_ckpt"));
-  EXPECT_FALSE(input.Probe(root + "/a/zero/optimizer_state.pt"));
-  EXPECT_FALSE(input.Probe(root + "/missing"));
+  EXPECT_FALSE(input.Probe(root + "/zero_ckpt").value());
+  EXPECT_FALSE(input.Probe(root + "/a/zero/optimizer_state.pt").value());
+  EXPECT_FALSE(input.Probe(root + "/missing").value());
 }
 
 TEST(UniversalInputTest, ReadsZeroTwoFolderThroughLatestUniversal) {

@@ -107,6 +107,8 @@ BuiltFixture BuildNoZeroFixture(const std::string& dir) {
                       {"lm_head.weight", DType::kF32, {4, 3}, embed},
                       {"ln.bias", DType::kF16, {3}, std::string(3 * 2, '\2')},
                       {"steps", DType::kI64, {}, std::string(8, '\3')}};
+  // Without its only file the folder holds no checkpoint of any format.
+  ExpectDamageCode(fixture, file + ": missing", absl::StatusCode::kInvalidArgument);
   return fixture;
 }
 
@@ -228,6 +230,10 @@ BuiltFixture WriteZeroFolder(const std::string& dir, int stage,
   }
   for (const std::string& model : models) {
     fixture.damages.push_back({model + ": missing", model, FixtureDamage::Kind::kRemove, 0});
+  }
+  // A rank's file missing from the save: an incomplete checkpoint.
+  for (FixtureDamage& damage : fixture.damages) {
+    if (damage.kind == FixtureDamage::Kind::kRemove) damage.code = absl::StatusCode::kDataLoss;
   }
   fixture.expected = {{"steps", DType::kI64, {2}, steps},
                       {"embed.weight", DType::kF32, {4, 3}, FixtureF32Bytes(12, 1.5f)},

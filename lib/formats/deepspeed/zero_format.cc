@@ -22,14 +22,17 @@ using zero_internal::ScanFolder;
 using zero_internal::SubFolders;
 using zero_internal::ZeroFolderFiles;
 
-bool ZeroInput::Probe(const std::string& path) const {
-  if (!IsInputFolder(path)) return false;
-  const FolderScan here = ScanFolder(path);
+absl::StatusOr<bool> ZeroInput::Probe(const std::string& path) const {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (!folder) return false;
+  ASSIGN_OR_RETURN(const FolderScan here, ScanFolder(path));
   if (here.pipeline) return false;
   if (here.Checkpoint()) return true;
   // A parent folder: `latest` or --tag picks the checkpoint at Read.
-  for (const std::string& name : SubFolders(path)) {
-    if (ScanFolder(JoinPath(path, name)).Checkpoint()) return true;
+  ASSIGN_OR_RETURN(const std::vector<std::string> folders, SubFolders(path));
+  for (const std::string& name : folders) {
+    ASSIGN_OR_RETURN(const FolderScan scan, ScanFolder(JoinPath(path, name)));
+    if (scan.Checkpoint()) return true;
   }
   return false;
 }

@@ -92,7 +92,7 @@ class ZeroInput : public InputFormat {
   // `global_stepN` folder, or a parent folder with a subfolder holding them (the `latest` file
   // or --tag picks one at Read). Folders with pipeline layer files
   // (`layer_01-model_00-model_states.pt`) are not claimed: they are the Megatron reader's.
-  bool Probe(const std::string& path) const override;
+  absl::StatusOr<bool> Probe(const std::string& path) const override;
   // Below Megatron (which claims pipeline folders) and DCP, above folder-of-files formats.
   int probe_priority() const override { return 20; }
   // Folders are listed and files opened through lib/io/file_access.h and TorchArchive::Open,

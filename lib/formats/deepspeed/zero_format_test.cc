@@ -205,26 +205,26 @@ TEST(ZeroInputTest, ProbeByFileNames) {
   fs::create_directories(tag);
   Touch(tag + "/zero_pp_rank_0_mp_rank_00_optim_states.pt");
   Touch(tag + "/mp_rank_00_model_states.pt");
-  EXPECT_TRUE(input.Probe(tag));
+  EXPECT_TRUE(input.Probe(tag).value());
   // Its parent, with or without `latest`.
-  EXPECT_TRUE(input.Probe(root + "/run"));
+  EXPECT_TRUE(input.Probe(root + "/run").value());
   Touch(root + "/run/latest");
-  EXPECT_TRUE(input.Probe(root + "/run"));
+  EXPECT_TRUE(input.Probe(root + "/run").value());
   // A pipeline checkpoint is the Megatron reader's.
   const std::string pipe = root + "/pipe/global_step5";
   fs::create_directories(pipe);
   Touch(pipe + "/zero_pp_rank_0_mp_rank_00_optim_states.pt");
   Touch(pipe + "/layer_01-model_00-model_states.pt");
-  EXPECT_FALSE(input.Probe(pipe));
-  EXPECT_FALSE(input.Probe(root + "/pipe"));
+  EXPECT_FALSE(input.Probe(pipe).value());
+  EXPECT_FALSE(input.Probe(root + "/pipe").value());
   // Other folders and files.
   const std::string plain = root + "/plain";
   fs::create_directories(plain);
   Touch(plain + "/model.pt");
-  EXPECT_FALSE(input.Probe(plain));
-  EXPECT_FALSE(input.Probe(plain + "/model.pt"));
-  EXPECT_FALSE(input.Probe(tag + "/zero_pp_rank_0_mp_rank_00_optim_states.pt"));
-  EXPECT_FALSE(input.Probe(root + "/missing"));
+  EXPECT_FALSE(input.Probe(plain).value());
+  EXPECT_FALSE(input.Probe(plain + "/model.pt").value());
+  EXPECT_FALSE(input.Probe(tag + "/zero_pp_rank_0_mp_rank_00_optim_states.pt").value());
+  EXPECT_FALSE(input.Probe(root + "/missing").value());
 }
 
 TEST(ZeroInputTest, ReadRejectsBadTagsAndMissingLatest) {
@@ -332,28 +332,28 @@ TEST(ZeroInputTest, ProbeClaimsModelStatesOnlyFolders) {
   const std::string plain = root + "/run/global_step5";
   fs::create_directories(plain);
   Touch(plain + "/mp_rank_00_model_states.pt");
-  EXPECT_TRUE(input.Probe(plain));
-  EXPECT_TRUE(input.Probe(root + "/run"));
+  EXPECT_TRUE(input.Probe(plain).value());
+  EXPECT_TRUE(input.Probe(root + "/run").value());
   // ZeRO-3 without the optimizer files.
   const std::string z3 = root + "/z3/global_step5";
   fs::create_directories(z3);
   Touch(z3 + "/zero_pp_rank_0_mp_rank_00_model_states.pt");
   Touch(z3 + "/zero_pp_rank_1_mp_rank_00_model_states.pt");
-  EXPECT_TRUE(input.Probe(z3));
-  EXPECT_TRUE(input.Probe(root + "/z3"));
+  EXPECT_TRUE(input.Probe(z3).value());
+  EXPECT_TRUE(input.Probe(root + "/z3").value());
   // Pipeline folders stay the Megatron reader's.
   const std::string pipe = root + "/pipe/global_step5";
   fs::create_directories(pipe);
   Touch(pipe + "/mp_rank_00_model_states.pt");
   Touch(pipe + "/layer_01-model_00-model_states.pt");
-  EXPECT_FALSE(input.Probe(pipe));
-  EXPECT_FALSE(input.Probe(root + "/pipe"));
+  EXPECT_FALSE(input.Probe(pipe).value());
+  EXPECT_FALSE(input.Probe(root + "/pipe").value());
   // Names that only look alike.
   const std::string other = root + "/other";
   fs::create_directories(other);
   Touch(other + "/mp_rank_00_model_states.pth");
   Touch(other + "/bf16_zero_pp_rank_0_mp_rank_00_model_states.pt");
-  EXPECT_FALSE(input.Probe(other));
+  EXPECT_FALSE(input.Probe(other).value());
 }
 
 TEST(ZeroInputTest, ZeroThreeModelStatesWithoutOptimizerFilesRefusedByName) {

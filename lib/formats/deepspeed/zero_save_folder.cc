@@ -15,14 +15,13 @@
 namespace reshard {
 namespace zero_internal {
 
-FolderScan ScanFolder(const std::string& dir) {
+absl::StatusOr<FolderScan> ScanFolder(const std::string& dir) {
   FolderScan scan;
-  absl::StatusOr<std::vector<std::string>> names = ListInputFolderEntries(dir);
-  if (!names.ok()) return scan;
-  if (names->size() > static_cast<size_t>(kMaxZeroFolderEntries)) {
-    names->resize(kMaxZeroFolderEntries);
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListInputFolderEntries(dir));
+  if (names.size() > static_cast<size_t>(kMaxZeroFolderEntries)) {
+    names.resize(kMaxZeroFolderEntries);
   }
-  for (const std::string& name : *names) {
+  for (const std::string& name : names) {
     std::optional<ZeroFileName> parsed = ParseZeroFileName(name);
     if (!parsed.has_value()) continue;
     if (parsed->kind == ZeroFileName::Kind::kPipelineLayer) scan.pipeline = true;
@@ -35,11 +34,10 @@ FolderScan ScanFolder(const std::string& dir) {
   return scan;
 }
 
-std::vector<std::string> SubFolders(const std::string& dir) {
+absl::StatusOr<std::vector<std::string>> SubFolders(const std::string& dir) {
   std::vector<std::string> names;
-  absl::StatusOr<std::vector<std::string>> listed = ListInputSubfolders(dir);
-  if (!listed.ok()) return names;
-  for (std::string& name : *listed) {
+  ASSIGN_OR_RETURN(std::vector<std::string> listed, ListInputSubfolders(dir));
+  for (std::string& name : listed) {
     if (names.size() >= static_cast<size_t>(kMaxZeroFolderEntries)) break;
     if (name.empty() || name[0] == '.') continue;
     names.push_back(std::move(name));
@@ -55,8 +53,16 @@ constexpr int kMaxListedFolders = 20;
 // "global_step10, global_step20": the checkpoint folders under `dir`, for messages.
 std::string ListCheckpointFolders(const std::string& dir) {
   std::vector<std::string> found;
-  for (const std::string& name : SubFolders(dir)) {
-    if (ScanFolder(JoinPath(dir, name)).Checkpoint()) found.push_back(name);
+  absl::StatusOr<std::vector<std::string>> folders = SubFolders(dir);
+  if (!folders.ok()) {
+    return absl::StrCat("its folders cannot be listed (", folders.status().message(), ")");
+  }
+  for (const std::string& name : *folders) {
+    absl::StatusOr<FolderScan> scan = ScanFolder(JoinPath(dir, name));
+    if (!scan.ok()) {
+      return absl::StrCat(name, " cannot be listed (", scan.status().message(), ")");
+    }
+    if (scan->Checkpoint()) found.push_back(name);
   }
   if (found.empty()) return "no folder here holds DeepSpeed checkpoint files";
   std::string listed = absl::StrJoin(
@@ -71,16 +77,18 @@ std::string ListCheckpointFolders(const std::string& dir) {
 
 absl::StatusOr<std::pair<std::string, std::string>> ResolveCheckpointFolder(
     const std::string& path, const std::string& tag_option) {
-  if (!IsInputFolder(path)) {
+  ASSIGN_OR_RETURN(const bool path_is_folder, CheckInputFolder(path));
+  if (!path_is_folder) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": a DeepSpeed checkpoint is a folder, not a file"));
   }
-  const FolderScan scan = ScanFolder(path);
+  ASSIGN_OR_RETURN(const FolderScan scan, ScanFolder(path));
   const bool here = scan.optimizer || scan.model;
   if (!tag_option.empty()) {
     RETURN_IF_ERROR(CheckTag(tag_option, "from --tag"));
     const std::string folder = JoinPath(path, tag_option);
-    if (IsInputFolder(folder)) return std::make_pair(folder, tag_option);
+    ASSIGN_OR_RETURN(const bool tag_folder, CheckInputFolder(folder));
+    if (tag_folder) return std::make_pair(folder, tag_option);
     if (here && BaseName(path) == tag_option) return std::make_pair(path, tag_option);
     return absl::NotFoundError(absl::StrCat("--tag ", tag_option, ": there is no folder ", folder,
                                             "; ", ListCheckpointFolders(path)));
@@ -100,7 +108,8 @@ absl::StatusOr<std::pair<std::string, std::string>> ResolveCheckpointFolder(
   }
   RETURN_IF_ERROR(CheckTag(tag, absl::StrCat("from ", latest)));
   const std::string folder = JoinPath(path, tag);
-  if (!IsInputFolder(folder)) {
+  ASSIGN_OR_RETURN(const bool tag_folder, CheckInputFolder(folder));
+  if (!tag_folder) {
     return absl::NotFoundError(absl::StrCat(latest, " names tag ", tag, ", but there is no folder ",
                                             folder, "; ", ListCheckpointFolders(path),
                                             ". Pass --tag to choose one"));

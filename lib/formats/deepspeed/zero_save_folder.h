@@ -22,11 +22,12 @@ struct FolderScan {
   bool Checkpoint() const { return (optimizer || model) && !pipeline; }
 };
 
-// What the file names directly in `dir` say (at most kMaxZeroFolderEntries looked at).
-FolderScan ScanFolder(const std::string& dir);
+// What the file names directly in `dir` say (at most kMaxZeroFolderEntries looked at); errors
+// (the folder cannot be listed) name it.
+absl::StatusOr<FolderScan> ScanFolder(const std::string& dir);
 
-// Sub-folders of `dir` (not hidden), in natural order.
-std::vector<std::string> SubFolders(const std::string& dir);
+// Sub-folders of `dir` (not hidden), in natural order; errors name `dir`.
+absl::StatusOr<std::vector<std::string>> SubFolders(const std::string& dir);
 
 // The checkpoint folder to read and its tag: `path` itself when it holds DeepSpeed checkpoint
 // files (optimizer or model states), else `path/<tag>` with the tag from `tag_option` or

@@ -103,7 +103,7 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
     }
     for (int t = 0; t < tp; ++t) {
       if (ranks.count(t) == 0) {
-        return absl::InvalidArgumentError(
+        return absl::DataLossError(
             absl::StrCat(what, ": ", PipeLayerFileName(layer, t), " is missing (layer ", layer,
                          " has files for TP rank(s) ", absl::StrJoin(held, ", "), ")"));
       }
@@ -114,7 +114,7 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
     const int64_t expected = *pp * tp;
     for (int64_t i = 0; i < expected && i < kMaxMegatronIndex; ++i) {
       if (state_files.count(static_cast<int>(i)) == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
+        return absl::DataLossError(absl::StrCat(
             what, ": ", absl::StrFormat("mp_rank_%02d_model_states.pt", i), " is missing"));
       }
     }

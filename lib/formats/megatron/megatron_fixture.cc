@@ -49,6 +49,10 @@ BuiltFixture BuildMegatronFixture(const std::string& dir) {
   fixture.expected[0].shape = {8, 3};
   fixture.expected[0].bytes += ThreeFixtureTensors(names, 101.5f)[0].bytes;
   fixture.damages.push_back({files[1] + ": missing", files[1], FixtureDamage::Kind::kRemove, 0});
+  // A rank's file missing from the save: an incomplete checkpoint.
+  for (FixtureDamage& damage : fixture.damages) {
+    if (damage.kind == FixtureDamage::Kind::kRemove) damage.code = absl::StatusCode::kDataLoss;
+  }
   return fixture;
 }
 

@@ -22,23 +22,35 @@ using megatron_internal::ReadMegatronLM;
 using megatron_internal::ResolveCheckpoint;
 using megatron_internal::Resolved;
 
-bool MegatronInput::Probe(const std::string& path) const {
-  if (ResolveCheckpoint(path, "").ok()) return true;
+absl::StatusOr<bool> MegatronInput::Probe(const std::string& path) const {
+  const absl::StatusOr<Resolved> resolved = ResolveCheckpoint(path, "");
+  if (resolved.ok()) return true;
+  const absl::Status& why = resolved.status();
+  if (!absl::IsInvalidArgument(why) && !absl::IsNotFound(why) && !absl::IsDataLoss(why)) {
+    return why;  // the folder could not be looked at
+  }
   // Megatron save folders with something wrong in them are claimed too, so that Read can say
   // what (or --tag can pick a folder): iter_* / release checkpoints but no tracker; a tracker
   // naming a folder that is missing. A folder a tracker names that holds neither rank folders
   // nor layer files (Megatron's torch_dist format) is left to other readers, and so is a folder
   // beside DeepSpeed's `latest` that is no pipeline checkpoint (the ZeRO reader's).
-  if (!IsInputFolder(path) || InputExists(JoinPath(path, kDeepSpeedTrackerName))) {
-    return false;
-  }
-  if (!CheckpointSubfolders(path).empty()) return true;
-  // A tracker that cannot be read (or is too large) claims nothing here.
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (!folder) return false;
+  ASSIGN_OR_RETURN(const bool deepspeed_tracker,
+                   CheckInputExists(JoinPath(path, kDeepSpeedTrackerName)));
+  if (deepspeed_tracker) return false;
+  ASSIGN_OR_RETURN(const std::vector<std::string> subfolders, CheckpointSubfolders(path));
+  if (!subfolders.empty()) return true;
+  // A damaged tracker (too large, not a regular file) claims nothing here.
   const absl::StatusOr<std::optional<std::string>> tracker =
       ReadTrackerFile(JoinPath(path, kMegatronTrackerName));
-  if (!tracker.ok() || !tracker->has_value()) return false;
+  if (absl::IsDataLoss(tracker.status())) return false;
+  if (!tracker.ok()) return tracker.status();
+  if (!tracker->has_value()) return false;
   const std::optional<std::string> name = IterationFolderFromTracker(**tracker);
-  return name.has_value() && !InputExists(JoinPath(path, *name));
+  if (!name.has_value()) return false;
+  ASSIGN_OR_RETURN(const bool named_exists, CheckInputExists(JoinPath(path, *name)));
+  return !named_exists;
 }
 
 absl::StatusOr<InputModel> MegatronInput::Read(const std::string& path,

@@ -105,7 +105,7 @@ class MegatronInput : public InputFormat {
   // checkpoint folders but no tracker, or whose tracker names a missing folder, so that Read
   // can say what is wrong. A `latest` naming a folder without layer files (DeepSpeed ZeRO)
   // and a tracker naming a folder without rank folders (torch_dist) are left to other readers.
-  bool Probe(const std::string& path) const override;
+  absl::StatusOr<bool> Probe(const std::string& path) const override;
   // Above DeepSpeed ZeRO, which leaves folders with pipeline layer files to this reader.
   int probe_priority() const override { return 40; }
   // Folders listed and rank files opened through lib/io/file_access.h and TorchArchive::Open;

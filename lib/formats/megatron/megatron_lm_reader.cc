@@ -107,15 +107,17 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
   // Topology: from the args of the first file there is, else from the folder names.
   std::string first_label;
   for (const auto& [rank, name] : present) {
-    if (IsInputFile(JoinPath(JoinPath(dir, name), kMegatronRankFileName))) {
+    ASSIGN_OR_RETURN(const bool has_file,
+                     CheckInputFile(JoinPath(JoinPath(dir, name), kMegatronRankFileName)));
+    if (has_file) {
       first_label = name;
       break;
     }
   }
   if (first_label.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": Megatron: ", present.begin()->second,
-                                                   "/", kMegatronRankFileName,
-                                                   " is missing (no rank folder holds its file)"));
+    return absl::DataLossError(absl::StrCat(dir, ": Megatron: ", present.begin()->second, "/",
+                                            kMegatronRankFileName,
+                                            " is missing (no rank folder holds its file)"));
   }
   ASSIGN_OR_RETURN(RankFile first, ReadRankFile(dir, first_label));
   int tp = 0;
@@ -166,9 +168,14 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
             absl::StrCat(what, ": expected folder ", expected, ", found ", it->second));
       }
       const std::string name = it != present.end() ? it->second : expected;
-      if (it == present.end() ||
-          !IsInputFile(JoinPath(JoinPath(dir, name), kMegatronRankFileName))) {
-        return absl::InvalidArgumentError(
+      bool has_file = false;
+      if (it != present.end()) {
+        ASSIGN_OR_RETURN(has_file,
+                         CheckInputFile(JoinPath(JoinPath(dir, name), kMegatronRankFileName)));
+      }
+      // A rank's file missing from the save: an incomplete checkpoint, as for ZeRO.
+      if (!has_file) {
+        return absl::DataLossError(
             absl::StrCat(what, ": ", name, "/", kMegatronRankFileName, " is missing"));
       }
     }

@@ -17,40 +17,39 @@
 namespace reshard {
 namespace megatron_internal {
 
-Layout Classify(const std::string& dir) {
-  if (!IsInputFolder(dir)) return Layout::kNone;
-  if (absl::StatusOr<std::vector<std::string>> files = ListInputFolder(dir); files.ok()) {
-    for (const std::string& name : *files) {
-      if (ParsePipeLayerFile(name).has_value()) return Layout::kDeepSpeedPipe;
-    }
+absl::StatusOr<Layout> Classify(const std::string& dir) {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(dir));
+  if (!folder) return Layout::kNone;
+  ASSIGN_OR_RETURN(const std::vector<std::string> files, ListInputFolder(dir));
+  for (const std::string& name : files) {
+    if (ParsePipeLayerFile(name).has_value()) return Layout::kDeepSpeedPipe;
   }
-  if (absl::StatusOr<std::vector<std::string>> folders = ListInputSubfolders(dir); folders.ok()) {
-    for (const std::string& name : *folders) {
-      if (ParseMegatronRankDir(name).has_value()) return Layout::kMegatronLM;
-    }
+  ASSIGN_OR_RETURN(const std::vector<std::string> folders, ListInputSubfolders(dir));
+  for (const std::string& name : folders) {
+    if (ParseMegatronRankDir(name).has_value()) return Layout::kMegatronLM;
   }
   return Layout::kNone;
 }
 
-std::vector<std::string> CheckpointSubfolders(const std::string& path) {
+absl::StatusOr<std::vector<std::string>> CheckpointSubfolders(const std::string& path) {
   std::vector<std::string> found;
-  absl::StatusOr<std::vector<std::string>> folders = ListInputSubfolders(path);
-  if (!folders.ok()) return found;
-  for (const std::string& name : *folders) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> folders, ListInputSubfolders(path));
+  for (const std::string& name : folders) {
     if (!absl::StartsWith(name, "iter_") && name != "release" &&
         !absl::StartsWith(name, "global_step")) {
       continue;
     }
-    if (Classify(JoinPath(path, name)) != Layout::kNone) found.push_back(name);
+    ASSIGN_OR_RETURN(const Layout layout, Classify(JoinPath(path, name)));
+    if (layout != Layout::kNone) found.push_back(name);
   }
   std::sort(found.begin(), found.end(), NaturalLess);
   return found;
 }
 
 absl::StatusOr<Resolved> ResolveCheckpoint(const std::string& path, const std::string& tag) {
-  auto at = [&](const std::string& name) -> std::optional<Resolved> {
+  auto at = [&](const std::string& name) -> absl::StatusOr<std::optional<Resolved>> {
     const std::string dir = JoinPath(path, name);
-    const Layout layout = Classify(dir);
+    ASSIGN_OR_RETURN(const Layout layout, Classify(dir));
     if (layout == Layout::kNone) return std::nullopt;
     return Resolved{dir, name, layout};
   };
@@ -62,20 +61,21 @@ absl::StatusOr<Resolved> ResolveCheckpoint(const std::string& path, const std::s
     }
     for (const std::string& name : names) {
       if (!IsPlainTag(name)) continue;
-      if (auto found = at(name); found.has_value()) return *found;
+      ASSIGN_OR_RETURN(std::optional<Resolved> found, at(name));
+      if (found.has_value()) return *found;
     }
     return absl::NotFoundError(absl::StrCat(
         path, ": --tag ", tag, " names no Megatron checkpoint folder here (looked for ",
         absl::StrJoin(names, ", "),
         " holding mp_rank_* folders or DeepSpeed pipeline layer files)"));
   }
-  if (const Layout layout = Classify(path); layout != Layout::kNone) {
-    return Resolved{path, BaseName(path), layout};
-  }
+  ASSIGN_OR_RETURN(const Layout layout, Classify(path));
+  if (layout != Layout::kNone) return Resolved{path, BaseName(path), layout};
   ASSIGN_OR_RETURN(const std::optional<std::string> latest,
                    ReadTrackerFile(JoinPath(path, kDeepSpeedTrackerName)));
   if (latest.has_value() && IsPlainTag(*latest)) {
-    if (auto found = at(*latest); found.has_value()) return *found;
+    ASSIGN_OR_RETURN(std::optional<Resolved> found, at(*latest));
+    if (found.has_value()) return *found;
   }
   const std::string tracker_path = JoinPath(path, kMegatronTrackerName);
   ASSIGN_OR_RETURN(const std::optional<std::string> tracker, ReadTrackerFile(tracker_path));
@@ -86,12 +86,14 @@ absl::StatusOr<Resolved> ResolveCheckpoint(const std::string& path, const std::s
           absl::StrCat(tracker_path, ": expected an iteration number or \"release\", but found \"",
                        absl::CEscape(absl::StripAsciiWhitespace(*tracker)), "\""));
     }
-    if (auto found = at(*name); found.has_value()) return *found;
+    ASSIGN_OR_RETURN(std::optional<Resolved> found, at(*name));
+    if (found.has_value()) return *found;
     return absl::NotFoundError(
         absl::StrCat(tracker_path, " names ", *name, ", but ", JoinPath(path, *name),
                      " holds no mp_rank_* folders nor DeepSpeed pipeline layer files"));
   }
-  if (std::vector<std::string> found = CheckpointSubfolders(path); !found.empty()) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> found, CheckpointSubfolders(path));
+  if (!found.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": holds the checkpoint folders ", absl::StrJoin(found, ", "),
                      " but no tracker file (", kMegatronTrackerName, ", ", kDeepSpeedTrackerName,

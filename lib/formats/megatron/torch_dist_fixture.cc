@@ -90,7 +90,9 @@ BuiltFixture BuildTorchDistFixture(const std::string& save_dir) {
                       three[2]};
   const std::string iter = std::string(kIter) + "/";
   fixture.damages = {
-      {"metadata.json: missing", iter + "metadata.json", Kind::kRemove, 0},
+      // Megatron-Core writes metadata.json last: without it the save is incomplete.
+      {"metadata.json: missing", iter + "metadata.json", Kind::kRemove, 0, false, false, false,
+       absl::StatusCode::kDataLoss},
       {"metadata.json: truncated to 0 bytes", iter + "metadata.json", Kind::kTruncate, 0},
       {".metadata: missing", iter + ".metadata", Kind::kRemove, 0},
       {".metadata: truncated halfway", iter + ".metadata", Kind::kTruncate, metadata.size() / 2},

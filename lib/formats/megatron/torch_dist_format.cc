@@ -121,15 +121,20 @@ bool IsIterationFolderName(absl::string_view name) {
 
 // Whether `dir` is a torch_dist checkpoint folder: it has metadata.json, or it is an iteration
 // folder holding DCP files or common.pt (an unfinished save, refused by Read with a reason).
-bool IsTorchDistFolder(const std::string& dir) {
-  if (!IsInputFolder(dir)) return false;
-  if (InputExists(JoinPath(dir, kTorchDistMetadataName))) return true;
+// Errors: the folder cannot be looked at.
+absl::StatusOr<bool> IsTorchDistFolder(const std::string& dir) {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(dir));
+  if (!folder) return false;
+  ASSIGN_OR_RETURN(const bool metadata_json,
+                   CheckInputExists(JoinPath(dir, kTorchDistMetadataName)));
+  if (metadata_json) return true;
   if (!IsIterationFolderName(BaseName(dir))) return false;
-  if (InputExists(JoinPath(dir, kDcpMetadataName)) ||
-      InputExists(JoinPath(dir, kTorchDistCommonName))) {
-    return true;
+  for (const char* name : {kDcpMetadataName, kTorchDistCommonName}) {
+    ASSIGN_OR_RETURN(const bool exists, CheckInputExists(JoinPath(dir, name)));
+    if (exists) return true;
   }
-  return !ListFolder(dir, {".distcp"}).empty();
+  ASSIGN_OR_RETURN(const std::vector<std::string> data_files, ListFolder(dir, {".distcp"}));
+  return !data_files.empty();
 }
 
 // The iteration folder inside save folder `path` that --tag or its tracker names, or nullopt
@@ -158,7 +163,8 @@ absl::StatusOr<std::optional<std::string>> NamedIterationFolder(const std::strin
 // the description.
 absl::Status CheckMetadataJson(const std::string& dir) {
   const std::string path = JoinPath(dir, kTorchDistMetadataName);
-  if (!InputExists(path)) {
+  ASSIGN_OR_RETURN(const bool exists, CheckInputExists(path));
+  if (!exists) {
     return absl::DataLossError(absl::StrCat(
         path,
         ": missing. Megatron-Core writes metadata.json last, after every rank's .distcp file "
@@ -186,7 +192,8 @@ absl::Status CheckMetadataJson(const std::string& dir) {
 // structure.
 absl::Status AddCommonState(const std::string& dir, InputModel& model) {
   const std::string path = JoinPath(dir, kTorchDistCommonName);
-  if (!InputExists(path)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const bool exists, CheckInputExists(path));
+  if (!exists) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
   ASSIGN_OR_RETURN(Catalog common, CatalogFromValue(*archive, archive->root(), "common"), path);
   Catalog& catalog = model.parts.front();
@@ -274,17 +281,25 @@ absl::StatusOr<int64_t> UnstackLayers(Catalog& catalog, int64_t* stacked_tensors
   return layers;
 }
 
-bool TorchDistInput::Probe(const std::string& path) const {
-  if (IsTorchDistFolder(path)) return true;
-  if (!IsInputFolder(path)) return false;
+absl::StatusOr<bool> TorchDistInput::Probe(const std::string& path) const {
+  ASSIGN_OR_RETURN(const bool here, IsTorchDistFolder(path));
+  if (here) return true;
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (!folder) return false;
+  // A damaged tracker (DataLoss) claims nothing; a tracker that cannot be read is an error.
   absl::StatusOr<std::optional<std::string>> named = NamedIterationFolder(path, "");
-  if (named.ok() && named->has_value() && IsTorchDistFolder(**named)) return true;
+  if (!named.ok() && !absl::IsDataLoss(named.status())) return named.status();
+  if (named.ok() && named->has_value()) {
+    ASSIGN_OR_RETURN(const bool named_here, IsTorchDistFolder(**named));
+    if (named_here) return true;
+  }
   // A save folder whose tracker is missing or names a folder that is gone, but that holds
   // torch_dist iterations: claimed, so that Read can say what is wrong (or --tag pick one).
-  absl::StatusOr<std::vector<std::string>> folders = ListInputSubfolders(path);
-  if (!folders.ok()) return false;
-  for (const std::string& name : *folders) {
-    if (IsIterationFolderName(name) && IsTorchDistFolder(JoinPath(path, name))) return true;
+  ASSIGN_OR_RETURN(const std::vector<std::string> folders, ListInputSubfolders(path));
+  for (const std::string& name : folders) {
+    if (!IsIterationFolderName(name)) continue;
+    ASSIGN_OR_RETURN(const bool iteration, IsTorchDistFolder(JoinPath(path, name)));
+    if (iteration) return true;
   }
   return false;
 }
@@ -292,7 +307,8 @@ bool TorchDistInput::Probe(const std::string& path) const {
 absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
                                                 const ReadOptions& options) const {
   std::string dir = path;
-  if (!options.tag.empty() || !IsTorchDistFolder(path)) {
+  ASSIGN_OR_RETURN(const bool here, IsTorchDistFolder(path));
+  if (!options.tag.empty() || !here) {
     ASSIGN_OR_RETURN(std::optional<std::string> named, NamedIterationFolder(path, options.tag));
     if (!named.has_value()) {
       return absl::NotFoundError(absl::StrCat(
@@ -301,7 +317,8 @@ absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
           "save folder with ",
           kMegatronTrackerName));
     }
-    if (!IsInputFolder(*named)) {
+    ASSIGN_OR_RETURN(const bool named_folder, CheckInputFolder(*named));
+    if (!named_folder) {
       return absl::NotFoundError(
           absl::StrCat(*named, ": the checkpoint folder ",
                        options.tag.empty() ? "the tracker names" : "--tag names", " is missing"));
@@ -323,9 +340,8 @@ absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
     absl::StrAppend(&model.description, ", ", layers, layers == 1 ? " layer" : " layers",
                     " unstacked from ", stacked, " layer-stacked tensors");
   }
-  if (InputExists(JoinPath(dir, kTorchDistCommonName))) {
-    absl::StrAppend(&model.description, ", ", kTorchDistCommonName);
-  }
+  ASSIGN_OR_RETURN(const bool common, CheckInputExists(JoinPath(dir, kTorchDistCommonName)));
+  if (common) absl::StrAppend(&model.description, ", ", kTorchDistCommonName);
   absl::StrAppend(&model.description, "; ", dcp_description);
   return model;
 }

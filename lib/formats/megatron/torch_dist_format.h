@@ -50,7 +50,7 @@ class TorchDistInput : public InputFormat {
   // A folder with metadata.json, an iter_* / release folder with DCP files or common.pt but no
   // metadata.json (an unfinished save, which Read refuses), or a save folder whose tracker
   // names one.
-  bool Probe(const std::string& path) const override;
+  absl::StatusOr<bool> Probe(const std::string& path) const override;
   // Above Megatron-LM (40), whose save folders look the same, and plain DCP (30), whose files
   // a torch_dist folder holds.
   int probe_priority() const override { return 45; }

@@ -214,9 +214,12 @@ absl::StatusOr<OlmoFile> ReadOlmoFile(const std::string& path) {
 // header is damaged still reaches this reader, which says what is wrong). An entry is a JSON
 // string followed by `:{`; base64 names hold no quote, so the string starts at the quote
 // before it.
-bool IsOlmoFile(const std::string& path) {
+// False for an absent file; an error when it cannot be read.
+absl::StatusOr<bool> IsOlmoFile(const std::string& path) {
   absl::StatusOr<std::string> prefix = ReadFilePrefix(path, 64 << 10);
-  if (!prefix.ok() || prefix->size() < 9) return false;
+  if (absl::IsNotFound(prefix.status())) return false;
+  if (!prefix.ok()) return prefix.status();
+  if (prefix->size() < 9) return false;
   const absl::string_view json = absl::string_view(*prefix).substr(8);
   size_t at = 0;
   for (int entries = 0; entries < 16; ++entries) {
@@ -233,24 +236,24 @@ bool IsOlmoFile(const std::string& path) {
 
 }  // namespace
 
-bool OlmoSafetensorsInput::Probe(const std::string& path) const {
-  if (IsInputFolder(path)) {
-    for (const std::string& name : ListFolder(path, {kSuffix})) {
-      if (IsOlmoFile(JoinPath(path, name))) return true;
-    }
-    return false;
+absl::StatusOr<bool> OlmoSafetensorsInput::Probe(const std::string& path) const {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (!folder) return IsOlmoFile(path);
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(path, {kSuffix}));
+  for (const std::string& name : names) {
+    ASSIGN_OR_RETURN(const bool olmo, IsOlmoFile(JoinPath(path, name)));
+    if (olmo) return true;
   }
-  return IsOlmoFile(path);
+  return false;
 }
 
 absl::StatusOr<InputModel> OlmoSafetensorsInput::Read(const std::string& path,
                                                       const ReadOptions& /*options*/) const {
   std::vector<std::string> paths;
-  const bool folder = IsInputFolder(path);
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
   if (folder) {
-    for (const std::string& name : ListFolder(path, {kSuffix})) {
-      paths.push_back(JoinPath(path, name));
-    }
+    ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(path, {kSuffix}));
+    for (const std::string& name : names) paths.push_back(JoinPath(path, name));
   } else {
     paths.push_back(path);
   }

@@ -47,7 +47,7 @@ class OlmoSafetensorsInput : public InputFormat {
   static constexpr char kId[] = "olmo-safetensors";
   absl::string_view id() const override { return kId; }
   // A safetensors file (or a folder holding one) with an entry name that is OLMo's encoding.
-  bool Probe(const std::string& path) const override;
+  absl::StatusOr<bool> Probe(const std::string& path) const override;
   // A safetensors file recognized by its entry names: before generic safetensors.
   int probe_priority() const override { return 15; }
   // s3:// too: its header and pickled values by range reads (read as plain safetensors, its

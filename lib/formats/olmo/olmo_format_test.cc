@@ -26,7 +26,7 @@ std::string WriteFixture(const std::vector<OlmoFixtureEntry>& entries, const std
 TEST(OlmoFormatTest, ReadsTheNestedStateDict) {
   const std::string path = WriteFixture(OlmoFixtureEntries(), "olmo_read");
   OlmoSafetensorsInput input;
-  ASSERT_TRUE(input.Probe(path));
+  ASSERT_TRUE(input.Probe(path).value());
   absl::StatusOr<InputModel> model = input.Read(path, {});
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_EQ(model->parts.size(), 1u);
@@ -63,7 +63,7 @@ TEST(OlmoFormatTest, RefusesANameThatIsNotAnOlmoKey) {
   bytes.replace(at, second.size(), std::string(second.size(), '.'));
   WriteAll(path, bytes);
   OlmoSafetensorsInput input;
-  ASSERT_TRUE(input.Probe(path));
+  ASSERT_TRUE(input.Probe(path).value());
   absl::StatusOr<InputModel> model = input.Read(path, {});
   ASSERT_EQ(model.status().code(), absl::StatusCode::kDataLoss) << model.status();
   const std::string message(model.status().message());
@@ -94,7 +94,7 @@ TEST(OlmoFormatTest, RefusesTwoKeyPathsWithOneDottedName) {
 
 TEST(OlmoFormatTest, PlainSafetensorsIsNotOlmo) {
   const std::string path = WriteFixture({}, "olmo_empty");
-  EXPECT_FALSE(OlmoSafetensorsInput().Probe(path));
+  EXPECT_FALSE(OlmoSafetensorsInput().Probe(path).value());
 }
 
 // Written back, the file holds exactly the keys and values OLMo wrote, in one file even when

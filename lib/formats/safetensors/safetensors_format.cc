@@ -52,8 +52,8 @@ absl::StatusOr<InputModel> ReadIndexedFolder(const std::string& dir) {
 }
 
 absl::StatusOr<InputModel> ReadPlainFolder(const std::string& dir) {
-  ASSIGN_OR_RETURN(std::vector<FileCatalog> files,
-                   ReadFolderFiles(dir, ListFolder(dir, {".safetensors"}), "", ReadOne));
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(dir, {".safetensors"}));
+  ASSIGN_OR_RETURN(std::vector<FileCatalog> files, ReadFolderFiles(dir, names, "", ReadOne));
   return AssembleFolder(SafetensorsInput::kId, dir, std::move(files));
 }
 
@@ -75,15 +75,21 @@ void AddSafetensorsFileToCatalog(const std::string& path, uint64_t file_size,
   }
 }
 
-bool SafetensorsInput::Probe(const std::string& path) const {
-  if (IsInputFolder(path)) {
-    return InputExists(absl::StrCat(path, "/", kSafetensorsIndexName)) ||
-           !ListFolder(path, {".safetensors"}).empty();
+absl::StatusOr<bool> SafetensorsInput::Probe(const std::string& path) const {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (folder) {
+    ASSIGN_OR_RETURN(const bool indexed,
+                     CheckInputExists(absl::StrCat(path, "/", kSafetensorsIndexName)));
+    if (indexed) return true;
+    ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(path, {".safetensors"}));
+    return !names.empty();
   }
   if (absl::EndsWith(path, ".safetensors")) return true;
   // A file with another name: accept it when its length prefix and first JSON byte fit.
-  auto prefix = ReadFilePrefix(path, 9);
-  if (!prefix.ok() || prefix->size() < 9) return false;
+  absl::StatusOr<std::string> prefix = ReadFilePrefix(path, 9);
+  if (absl::IsNotFound(prefix.status())) return false;
+  if (!prefix.ok()) return prefix.status();
+  if (prefix->size() < 9) return false;
   const uint64_t length = absl::little_endian::Load64(prefix->data());
   return length <= kSafetensorsMaxHeaderBytes && (*prefix)[8] == '{';
 }
@@ -123,11 +129,11 @@ absl::StatusOr<InputModel> SafetensorsInput::Read(const std::string& path,
 }
 
 absl::StatusOr<InputModel> SafetensorsInput::ReadWithoutAliases(const std::string& path) const {
-  if (IsInputFolder(path)) {
-    if (InputExists(absl::StrCat(path, "/", kSafetensorsIndexName))) {
-      return ReadIndexedFolder(path);
-    }
-    return ReadPlainFolder(path);
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (folder) {
+    ASSIGN_OR_RETURN(const bool indexed,
+                     CheckInputExists(absl::StrCat(path, "/", kSafetensorsIndexName)));
+    return indexed ? ReadIndexedFolder(path) : ReadPlainFolder(path);
   }
   ASSIGN_OR_RETURN(FileCatalog file, ReadOne("", path));
   InputModel model;

@@ -34,7 +34,7 @@ class SafetensorsInput : public InputFormat {
  public:
   static constexpr char kId[] = "safetensors";
   absl::string_view id() const override { return kId; }
-  bool Probe(const std::string& path) const override;
+  absl::StatusOr<bool> Probe(const std::string& path) const override;
   // Generic (a file or folder of .safetensors files), asked before torch.
   int probe_priority() const override { return 10; }
   // Files and folders on object stores too (s3://): metadata through small range reads.

@@ -191,8 +191,8 @@ TEST(SafetensorsInputTest, SingleFile) {
   const std::string bytes = WriteSafetensors(
       path, {{"w", DType::kF32, {2, 3}}, {"b", DType::kBF16, {3}}}, {{"format", "pt"}});
   SafetensorsInput reader;
-  EXPECT_TRUE(reader.Probe(path));
-  EXPECT_TRUE(reader.Probe(dir));
+  EXPECT_TRUE(reader.Probe(path).value());
+  EXPECT_TRUE(reader.Probe(dir).value());
   auto model = reader.Read(path, {});
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(model->format, "safetensors");
@@ -326,7 +326,7 @@ TEST(SafetensorsInputTest, PartiallyOverlappingNamesAreRejected) {
 TEST(SafetensorsInputTest, EmptyFolderAndCorruptFile) {
   SafetensorsInput reader;
   const std::string empty = MakeTempDir("empty");
-  EXPECT_FALSE(reader.Probe(empty));
+  EXPECT_FALSE(reader.Probe(empty).value());
   EXPECT_FALSE(reader.Read(empty, {}).ok());
   const std::string dir = MakeTempDir("corrupt");
   std::ofstream(dir + "/bad.safetensors") << "not a safetensors file at all";

@@ -4,6 +4,7 @@
 
 #include "lib/formats/torch/pickle.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -602,7 +603,12 @@ TEST(PickleHostileTest, CodeExecutingGlobalsStayInert) {
   EXPECT_NE(chained->result.status().message().find("REDUCE calls object of builtins.getattr"),
             absl::string_view::npos)
       << chained->result.status();
-  ::usleep(100 * 1000);  // anything spawned would have had time to run
+  // Nothing was spawned that could still write the marker: this process has no child (system()
+  // would have waited for its own, and the marker would be there already).
+  const pid_t child = ::waitpid(-1, nullptr, WNOHANG);
+  const int wait_error = errno;
+  EXPECT_EQ(child, -1);
+  EXPECT_EQ(wait_error, ECHILD);
   EXPECT_FALSE(std::filesystem::exists(marker));
 }
 

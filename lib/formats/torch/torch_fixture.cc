@@ -111,6 +111,8 @@ BuiltFixture BuildTorchFixture(const std::string& dir) {
   fixture.input = dir + "/model.pt";
   fixture.expected = ThreeFixtureTensors(names);
   fixture.damages = TorchSaveDamages("model.pt", archive, names[0]);
+  // An empty file holds nothing that says torch.save: no format reads it.
+  ExpectDamageCode(fixture, "model.pt: truncated to 0 bytes", absl::StatusCode::kInvalidArgument);
   return fixture;
 }
 

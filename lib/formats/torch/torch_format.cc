@@ -203,9 +203,12 @@ std::string OtherLayoutFile(const std::vector<std::string>& names) {
   return "";
 }
 
-bool LooksLikeTorchFile(const std::string& path) {
-  auto head = ReadFilePrefix(path, 32);
-  if (!head.ok()) return false;
+// Whether the file at `path` starts as a torch.save file does; false when it is absent, an
+// error when it cannot be read.
+absl::StatusOr<bool> LooksLikeTorchFile(const std::string& path) {
+  absl::StatusOr<std::string> head = ReadFilePrefix(path, 32);
+  if (absl::IsNotFound(head.status())) return false;
+  if (!head.ok()) return head.status();
   const absl::string_view bytes(*head);
   return absl::StartsWith(bytes, absl::string_view("PK\x03\x04", 4)) || IsLegacyTorchSave(bytes);
 }
@@ -230,24 +233,26 @@ absl::StatusOr<Catalog> CatalogFromValue(const TorchArchive& archive, const Pick
   return reader.Read(value, prefix);
 }
 
-bool TorchInput::Probe(const std::string& path) const {
-  if (IsInputFolder(path)) {
-    if (IsRemotePath(path)) {
-      absl::StatusOr<std::vector<std::string>> names = ListInputFolder(path);
-      if (!names.ok() || !OtherLayoutFile(*names).empty()) return false;
-    }
-    if (InputExists(absl::StrCat(path, "/", kTorchIndexName))) return true;
-    std::vector<std::string> names = ListFolder(path, kTorchSuffixes);
-    return !names.empty() && LooksLikeTorchFile(absl::StrCat(path, "/", names[0]));
+absl::StatusOr<bool> TorchInput::Probe(const std::string& path) const {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (!folder) return LooksLikeTorchFile(path);
+  if (IsRemotePath(path)) {
+    ASSIGN_OR_RETURN(std::vector<std::string> names, ListInputFolder(path));
+    if (!OtherLayoutFile(names).empty()) return false;
   }
-  return LooksLikeTorchFile(path);
+  ASSIGN_OR_RETURN(const bool indexed, CheckInputExists(absl::StrCat(path, "/", kTorchIndexName)));
+  if (indexed) return true;
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(path, kTorchSuffixes));
+  if (names.empty()) return false;
+  return LooksLikeTorchFile(absl::StrCat(path, "/", names[0]));
 }
 
 namespace {
 
 // The files at `path` as one model or model-parallel parts, without a description.
 absl::StatusOr<InputModel> ReadTorchModel(const std::string& path) {
-  if (!IsInputFolder(path)) {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (!folder) {
     ASSIGN_OR_RETURN(FileCatalog file, ReadOneFile("", path));
     InputModel model;
     model.format = TorchInput::kId;
@@ -257,7 +262,8 @@ absl::StatusOr<InputModel> ReadTorchModel(const std::string& path) {
     return model;
   }
   const std::string index_path = absl::StrCat(path, "/", kTorchIndexName);
-  if (InputExists(index_path)) {
+  ASSIGN_OR_RETURN(const bool indexed, CheckInputExists(index_path));
+  if (indexed) {
     ASSIGN_OR_RETURN(auto weight_map, ReadWeightMap(index_path));
     std::vector<std::string> names;
     for (const auto& [tensor, file] : weight_map) {
@@ -268,8 +274,8 @@ absl::StatusOr<InputModel> ReadTorchModel(const std::string& path) {
                      ReadFolderFiles(path, names, index_path, ReadOneFile));
     return AssembleIndexedFolder(TorchInput::kId, path, index_path, weight_map, std::move(files));
   }
-  ASSIGN_OR_RETURN(std::vector<FileCatalog> files,
-                   ReadFolderFiles(path, ListFolder(path, kTorchSuffixes), "", ReadOneFile));
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(path, kTorchSuffixes));
+  ASSIGN_OR_RETURN(std::vector<FileCatalog> files, ReadFolderFiles(path, names, "", ReadOneFile));
   return AssembleFolder(TorchInput::kId, path, std::move(files));
 }
 

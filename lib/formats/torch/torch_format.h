@@ -38,7 +38,7 @@ class TorchInput : public InputFormat {
  public:
   static constexpr char kId[] = "torch";
   absl::string_view id() const override { return kId; }
-  bool Probe(const std::string& path) const override;
+  absl::StatusOr<bool> Probe(const std::string& path) const override;
   // Generic: asked after every format that recognizes a specific arrangement of files.
   int probe_priority() const override { return 0; }
   bool reads_remote() const override { return true; }

@@ -114,7 +114,7 @@ class TorchRemoteTest : public testing::Test {
 TEST_F(TorchRemoteTest, SingleFileReadsAsItsLocalCopy) {
   Put("one/model.pt", StateDict(0, 50, 1000).bytes);
   EXPECT_TRUE(TorchInput().reads_remote());
-  EXPECT_TRUE(TorchInput().Probe("mem://b/one/model.pt"));
+  EXPECT_TRUE(TorchInput().Probe("mem://b/one/model.pt").value());
   absl::StatusOr<const InputFormat*> detected = DetectInputFormat("mem://b/one/model.pt");
   ASSERT_TRUE(detected.ok()) << detected.status();
   EXPECT_EQ((*detected)->id(), "torch");
@@ -149,7 +149,7 @@ TEST_F(TorchRemoteTest, ShardedFolderMetadataTakesFewReadsWhateverTheTensorCount
 TEST_F(TorchRemoteTest, FolderWithoutIndex) {
   Put("noindex/a.bin", StateDict(0, 5, 100).bytes);
   Put("noindex/b.bin", StateDict(5, 5, 100).bytes);
-  EXPECT_TRUE(TorchInput().Probe("mem://b/noindex"));
+  EXPECT_TRUE(TorchInput().Probe("mem://b/noindex").value());
   absl::StatusOr<InputModel> remote = Read("mem://b/noindex");
   ASSERT_TRUE(remote.ok()) << remote.status();
   absl::StatusOr<InputModel> local = Read(local_ + "/noindex");
@@ -167,7 +167,7 @@ TEST_F(TorchRemoteTest, OtherCheckpointLayoutsAreNotClaimed) {
     const std::string dir = absl::StrCat("other/", std::hash<std::string>()(marker));
     store_->Put(absl::StrCat("mem://b/", dir, "/model.pt"), pt);
     store_->Put(absl::StrCat("mem://b/", dir, "/", marker), pt);
-    EXPECT_FALSE(TorchInput().Probe("mem://b/" + dir));
+    EXPECT_FALSE(TorchInput().Probe("mem://b/" + dir).value());
     absl::StatusOr<const InputFormat*> detected = DetectInputFormat("mem://b/" + dir);
     EXPECT_TRUE(absl::IsUnimplemented(detected.status())) << detected.status();
     EXPECT_THAT(detected.status().message(), HasSubstr("mem://b/" + dir));

@@ -19,6 +19,11 @@ void MemoryStore::Fail(const std::string& url, absl::Status error) {
   failures_[url] = std::move(error);
 }
 
+void MemoryStore::FailLookups(const std::string& url, absl::Status error) {
+  absl::MutexLock lock(&mu_);
+  lookup_failures_[url] = std::move(error);
+}
+
 void MemoryStore::RemovePrefix(const std::string& prefix) {
   absl::MutexLock lock(&mu_);
   for (auto it = files_.lower_bound(prefix);
@@ -45,6 +50,9 @@ std::vector<std::pair<uint64_t, uint64_t>> MemoryStore::ranges() const {
 absl::StatusOr<RemoteStat> MemoryStore::Stat(const std::string& url) {
   absl::MutexLock lock(&mu_);
   ++lookups_;
+  if (auto failure = lookup_failures_.find(url); failure != lookup_failures_.end()) {
+    return failure->second;
+  }
   auto it = files_.find(url);
   if (it != files_.end()) return RemoteStat{false, it->second.size()};
   const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
@@ -56,6 +64,9 @@ absl::StatusOr<RemoteStat> MemoryStore::Stat(const std::string& url) {
 absl::StatusOr<std::vector<RemoteEntry>> MemoryStore::List(const std::string& url) {
   absl::MutexLock lock(&mu_);
   ++lookups_;
+  if (auto failure = lookup_failures_.find(url); failure != lookup_failures_.end()) {
+    return failure->second;
+  }
   const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
   std::vector<RemoteEntry> entries;
   for (auto it = files_.lower_bound(prefix);
@@ -71,6 +82,9 @@ absl::StatusOr<std::vector<RemoteEntry>> MemoryStore::List(const std::string& ur
 absl::StatusOr<RemoteListing> MemoryStore::ListEntries(const std::string& url) {
   absl::MutexLock lock(&mu_);
   ++lookups_;
+  if (auto failure = lookup_failures_.find(url); failure != lookup_failures_.end()) {
+    return failure->second;
+  }
   const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
   RemoteListing listing;
   for (auto it = files_.lower_bound(prefix);
@@ -120,6 +134,15 @@ absl::Status MemoryStore::ReadRange(const std::string& url, uint64_t offset, abs
   }
   std::memcpy(out.data(), it->second.data() + offset, out.size());
   return absl::OkStatus();
+}
+
+MemoryStore* SharedMemStore() {
+  static MemoryStore* store = [] {
+    auto* created = new MemoryStore;
+    RegisterRemoteStore("mem", created);
+    return created;
+  }();
+  return store;
 }
 
 }  // namespace reshard

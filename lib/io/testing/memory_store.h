@@ -26,6 +26,9 @@ class MemoryStore : public RemoteStore {
   void Put(const std::string& url, std::string data);
   // ReadRange of `url` fails with `error` from now on.
   void Fail(const std::string& url, absl::Status error);
+  // Stat, List and ListEntries of `url` fail with `error` from now on (a store answering 503
+  // to the requests that look a path up).
+  void FailLookups(const std::string& url, absl::Status error);
 
   // Every file whose URL starts with `prefix`, removed.
   void RemovePrefix(const std::string& prefix);
@@ -52,12 +55,17 @@ class MemoryStore : public RemoteStore {
   mutable absl::Mutex mu_;
   std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Status> lookup_failures_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> ranges_ ABSL_GUARDED_BY(mu_);
   int lookups_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration read_delay_ ABSL_GUARDED_BY(mu_);
   int reads_under_way_ ABSL_GUARDED_BY(mu_) = 0;
   int max_concurrent_reads_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// One MemoryStore for URLs "mem://...", registered at the first call and shared by the tests of
+// a binary (registered stores are never destroyed).
+MemoryStore* SharedMemStore();
 
 }  // namespace reshard
 
