@@ -279,7 +279,8 @@ absl::StatusOr<Reuse> FindReusableObjects(S3Client& client, const OutputPrefix& 
       continue;
     }
     std::string text(object.size, '\0');
-    const absl::Status read = client.GetRange(out.bucket, object.key, 0, absl::MakeSpan(text));
+    const absl::Status read = client.GetRange(out.bucket, object.key, 0, absl::MakeSpan(text),
+                                              S3ObjectVersion{object.etag, object.size});
     if (absl::IsNotFound(read)) continue;  // removed since the listing
     RETURN_IF_ERROR(read, absl::StrCat("reading the record s3://", out.bucket, "/", object.key,
                                        " of a finished data object"));

@@ -127,7 +127,7 @@ absl::StatusOr<std::string> ReadRemotePrefix(const std::string& path, uint64_t m
   }
   std::string contents(static_cast<size_t>(stat.size > max_bytes ? max_bytes + 1 : stat.size),
                        '\0');
-  RETURN_IF_ERROR(store->ReadRange(path, 0, absl::MakeSpan(contents)));
+  RETURN_IF_ERROR(store->ReadRange(path, 0, absl::MakeSpan(contents), stat));
   return contents;
 }
 

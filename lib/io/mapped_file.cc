@@ -85,6 +85,7 @@ absl::StatusOr<MappedFile> MappedFile::OpenRemote(const std::string& path, int64
   file.path_ = path;
   file.remote_ = store;
   file.size_ = stat.size;
+  file.remote_stat_ = std::move(stat);
   return file;
 }
 
@@ -100,7 +101,8 @@ absl::Status MappedFile::CheckRemoteRange(uint64_t offset, uint64_t length) cons
 absl::Status MappedFile::ReadAtInOneRequest(uint64_t offset, size_t length, std::byte* out) const {
   if (remote_ == nullptr) return ReadAt(offset, length, out);
   RETURN_IF_ERROR(CheckRemoteRange(offset, length));
-  return remote_->ReadRange(path_, offset, absl::Span<char>(reinterpret_cast<char*>(out), length));
+  return remote_->ReadRange(path_, offset, absl::Span<char>(reinterpret_cast<char*>(out), length),
+                            remote_stat_);
 }
 
 absl::Status MappedFile::ReadRemote(uint64_t offset, uint64_t length, std::byte* out) const {
@@ -113,7 +115,8 @@ absl::Status MappedFile::ReadRemote(uint64_t offset, uint64_t length, std::byte*
     const uint64_t end = std::min(length, begin + piece);
     return remote_->ReadRange(
         path_, offset + begin,
-        absl::Span<char>(reinterpret_cast<char*>(out + begin), static_cast<size_t>(end - begin)));
+        absl::Span<char>(reinterpret_cast<char*>(out + begin), static_cast<size_t>(end - begin)),
+        remote_stat_);
   };
   // Piece 0 on this thread, the others on their own; the first error in piece order.
   std::vector<absl::Status> status(pieces);
@@ -130,6 +133,7 @@ absl::Status MappedFile::ReadRemote(uint64_t offset, uint64_t length, std::byte*
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
       remote_(std::exchange(other.remote_, nullptr)),
+      remote_stat_(std::move(other.remote_stat_)),
       fd_(std::exchange(other.fd_, -1)),
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
@@ -145,6 +149,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     if (direct_fd_ >= 0) ::close(direct_fd_);
     path_ = std::move(other.path_);
     remote_ = std::exchange(other.remote_, nullptr);
+    remote_stat_ = std::move(other.remote_stat_);
     fd_ = std::exchange(other.fd_, -1);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);

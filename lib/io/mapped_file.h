@@ -155,6 +155,8 @@ class MappedFile {
 
   std::string path_;
   RemoteStore* remote_ = nullptr;  // the store of a remote file, else null
+  // A remote file's Stat when it was opened: every range read must be of that version.
+  RemoteStat remote_stat_;
   int fd_ = -1;
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;

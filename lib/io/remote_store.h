@@ -27,6 +27,8 @@ namespace reshard {
 struct RemoteStat {
   bool is_folder = false;
   uint64_t size = 0;  // of a file; 0 for a folder
+  // Which version of the file this is (S3: its ETag), when the store says; empty otherwise.
+  std::string version;
 };
 
 // A file directly inside a remote folder.
@@ -57,8 +59,12 @@ class RemoteStore {
   // delimiter '/' and its continuation pages), each sorted by name; empty when there are none.
   virtual absl::StatusOr<RemoteListing> ListEntries(const std::string& url) = 0;
 
-  // Reads exactly out.size() bytes at `offset` of file `url` into `out`.
-  virtual absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) = 0;
+  // Reads exactly out.size() bytes at `offset` of file `url` into `out`. `opened` is the file's
+  // Stat when the caller opened it: the read fails with FailedPrecondition naming `url`, the
+  // offset and both versions when the file is another version now, and DataLoss when the
+  // store answers for another range or size (the bytes would be misplaced).
+  virtual absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out,
+                                 const RemoteStat& opened) = 0;
 };
 
 // Registers `store` (never destroyed) for URLs "`scheme`://...". A later registration for the

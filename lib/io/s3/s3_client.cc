@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "lib/core/status.h"
 #include "lib/io/s3/curl_library.h"
 #include "lib/io/s3/s3_location.h"
@@ -29,6 +30,9 @@ struct S3Client::Request {
   // Range GETs write the 2xx body here; otherwise it goes to Response::body (capped).
   absl::Span<char> out;
   bool to_span = false;
+  // Range GETs: held to Options::min_throughput and, with its retries, to `deadline`.
+  bool throughput_floor = false;
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 struct S3Client::Response {
@@ -53,6 +57,15 @@ struct TransferState {
   size_t header_bytes = 0;
   // Set when the server sent more than the caller's buffer or the XML cap allows.
   bool overflow = false;
+  // Throughput floor (OnProgress): when the attempt started, and the least average rate in
+  // bytes per second once `grace` has passed (0: none).
+  absl::Time start;
+  absl::Duration grace;
+  double min_rate = 0;
+  // Set by OnProgress when it aborted the transfer: the body bytes received by then.
+  bool too_slow = false;
+  uint64_t slow_bytes = 0;
+  absl::Duration slow_elapsed;
 };
 
 size_t OnBody(char* data, size_t size, size_t count, void* user) {
@@ -95,6 +108,26 @@ size_t OnHeader(char* data, size_t size, size_t count, void* user) {
       ->headers[absl::AsciiStrToLower(absl::StripAsciiWhitespace(line.substr(0, colon)))] =
       std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
   return n;
+}
+
+// libcurl's progress callback (about once a second, and on every chunk): aborts the transfer
+// when, past the grace period, the body has arrived slower than the floor on average.
+int OnProgress(void* user, curl_off_t /*dltotal*/, curl_off_t dlnow, curl_off_t /*ultotal*/,
+               curl_off_t /*ulnow*/) {
+  auto* state = static_cast<TransferState*>(user);
+  if (state->min_rate <= 0) return 0;
+  const absl::Duration elapsed = absl::Now() - state->start;
+  if (elapsed < state->grace) return 0;
+  if (static_cast<double>(dlnow) >= state->min_rate * absl::ToDoubleSeconds(elapsed)) return 0;
+  state->too_slow = true;
+  state->slow_bytes = static_cast<uint64_t>(dlnow);
+  state->slow_elapsed = elapsed;
+  return 1;
+}
+
+// "2.0 KiB/s" for a rate in bytes per second.
+std::string KiBPerSecond(double bytes_per_second) {
+  return absl::StrFormat("%.1f KiB/s", bytes_per_second / 1024);
 }
 
 std::string HeaderOr(const S3Client::Response& response, const std::string& name) {
@@ -201,8 +234,14 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
   absl::Status last_error;
   for (int attempt = 1; attempt <= options_.retry.max_attempts; ++attempt) {
     if (attempt > 1) {
+      const absl::Duration backoff = options_.retry.Backoff(attempt - 1, gen);
+      if (absl::Now() + backoff >= request.deadline) {
+        return Annotate(last_error,
+                        absl::StrCat("after ", attempt - 1, " attempts (the read deadline of ",
+                                     absl::FormatDuration(options_.read_deadline), ")"));
+      }
       retries_.fetch_add(1);
-      absl::SleepFor(options_.retry.Backoff(attempt - 1, gen));
+      absl::SleepFor(backoff);
     }
     requests_.fetch_add(1);
     CURL* curl = static_cast<CURL*>(TakeHandle());
@@ -216,6 +255,16 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     state.out = request.out;
     state.to_span = request.to_span;
     state.max_xml_bytes = options_.max_xml_bytes;
+    state.start = absl::Now();
+    // The attempt's time limit: the throughput floor's for its bytes, and the deadline.
+    absl::Duration time_limit = request.deadline - state.start;
+    if (request.throughput_floor && options_.min_throughput > 0) {
+      state.grace = options_.throughput_grace;
+      state.min_rate = static_cast<double>(options_.min_throughput);
+      time_limit = std::min(
+          time_limit, options_.throughput_grace +
+                          absl::Seconds(static_cast<double>(request.out.size()) / state.min_rate));
+    }
 
     curl_slist* headers = nullptr;
     headers = curl_->slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
@@ -245,6 +294,16 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     curl_->easy_setopt(curl, CURLOPT_WRITEDATA, &state);
     curl_->easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
     curl_->easy_setopt(curl, CURLOPT_HEADERDATA, &state);
+    if (state.min_rate > 0) {
+      curl_->easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnProgress);
+      curl_->easy_setopt(curl, CURLOPT_XFERINFODATA, &state);
+      curl_->easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+    }
+    if (time_limit != absl::InfiniteDuration()) {
+      curl_->easy_setopt(
+          curl, CURLOPT_TIMEOUT_MS,
+          static_cast<long>(std::max<int64_t>(1, absl::ToInt64Milliseconds(time_limit))));
+    }
     if (absl::string_view(request.method) == "HEAD") {
       curl_->easy_setopt(curl, CURLOPT_NOBODY, 1L);
     } else if (absl::string_view(request.method) != "GET") {
@@ -261,6 +320,12 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     ReturnHandle(curl);
 
     if (state.overflow) {
+      if (request.to_span && response.http_status == 200) {
+        return absl::DataLossError(
+            absl::StrCat(what, ": server ignored the range (HTTP 200, Content-Length ",
+                         HeaderOr(response, "content-length"), ") and sent more than the ",
+                         request.out.size(), " bytes asked for"));
+      }
       if (request.to_span && response.http_status >= 200 && response.http_status < 300) {
         return absl::DataLossError(absl::StrCat(what, ": server sent more than the ",
                                                 request.out.size(), " bytes asked for"));
@@ -269,7 +334,29 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
           absl::StrCat(what, ": response body larger than ", options_.max_xml_bytes, " bytes"));
     }
     AttemptOutcome outcome;
-    if (rc != CURLE_OK) {
+    // Aborted by OnProgress, or cut by the time limit while below the floor: too slow.
+    const absl::Duration elapsed = absl::Now() - state.start;
+    if (!state.too_slow && rc == CURLE_OPERATION_TIMEDOUT && state.min_rate > 0 &&
+        elapsed >= state.grace &&
+        static_cast<double>(response.span_bytes) <
+            state.min_rate * absl::ToDoubleSeconds(elapsed)) {
+      state.too_slow = true;
+      state.slow_bytes = response.span_bytes;
+      state.slow_elapsed = elapsed;
+    }
+    if (state.too_slow) {
+      outcome.transport_error = true;
+      const double seconds = absl::ToDoubleSeconds(state.slow_elapsed);
+      last_error = absl::DeadlineExceededError(absl::StrFormat(
+          "%s: received %d bytes in %.1f s (%s, below the %s minimum)", what, state.slow_bytes,
+          seconds, KiBPerSecond(static_cast<double>(state.slow_bytes) / seconds),
+          KiBPerSecond(state.min_rate)));
+    } else if (rc == CURLE_OPERATION_TIMEDOUT && time_limit != absl::InfiniteDuration()) {
+      outcome.transport_error = true;
+      last_error = absl::DeadlineExceededError(absl::StrCat(
+          what, ": not done within ", absl::FormatDuration(time_limit), " (received ",
+          response.span_bytes + response.body.size(), " bytes; ", curl_->easy_strerror(rc), ")"));
+    } else if (rc != CURLE_OK) {
       outcome.transport_error = true;
       last_error = absl::UnavailableError(
           absl::StrCat(what, ": ", curl_->easy_strerror(rc), " (curl ", static_cast<int>(rc), ")"));
@@ -310,34 +397,96 @@ absl::StatusOr<S3ObjectInfo> S3Client::Head(absl::string_view bucket, absl::stri
 }
 
 absl::Status S3Client::GetRange(absl::string_view bucket, absl::string_view key, uint64_t offset,
-                                absl::Span<char> out) {
+                                absl::Span<char> out, const S3ObjectVersion& expected) {
   if (out.empty()) return absl::OkStatus();
   const uint64_t last = offset + out.size() - 1;
   const std::string range = absl::StrCat("bytes=", offset, "-", last);
-  const std::string what = absl::StrCat("GET ", S3Url(bucket, key), " ", range);
+  const std::string url = S3Url(bucket, key);
+  const std::string what = absl::StrCat("GET ", url, " ", range);
   Request request;
   request.bucket = std::string(bucket);
   request.key = std::string(key);
   request.headers.push_back(absl::StrCat("Range: ", range));
+  if (!expected.etag.empty()) request.headers.push_back(absl::StrCat("If-Match: ", expected.etag));
   request.out = out;
   request.to_span = true;
-  ASSIGN_OR_RETURN(Response response, Send(request, what));
-  if (response.http_status == 200 && offset != 0) {
-    return absl::DataLossError(absl::StrCat(what, ": server ignored the range (HTTP 200)"));
+  request.throughput_floor = true;
+  request.deadline = absl::Now() + options_.read_deadline;
+  const auto changed = [&](absl::string_view now) {
+    return absl::FailedPreconditionError(absl::StrCat(url, " changed while being read: ETag ",
+                                                      expected.etag, " at open, ", now,
+                                                      " at offset ", offset, " (", what, ")"));
+  };
+  absl::StatusOr<Response> sent = Send(request, what);
+  if (!sent.ok()) {
+    if (!expected.etag.empty() && absl::IsFailedPrecondition(sent.status())) {
+      // If-Match failed (412): the object was replaced. Its ETag now, for the message.
+      absl::StatusOr<S3ObjectInfo> now = Head(bucket, key);
+      if (now.ok()) return changed(now->etag);
+      if (absl::IsNotFound(now.status())) return changed("none (deleted)");
+      return changed(absl::StrCat("unknown (", sent.status().message(), ")"));
+    }
+    return sent.status();
   }
-  if (response.span_bytes != out.size()) {
-    // "bytes a-b/total": a range that ends past the object is the caller's error.
-    const std::string content_range = HeaderOr(response, "content-range");
-    const size_t slash = content_range.rfind('/');
-    uint64_t total = 0;
-    if (slash != std::string::npos &&
-        absl::SimpleAtoi(absl::string_view(content_range).substr(slash + 1), &total) &&
-        total <= last) {
+  const Response& response = *sent;
+  const std::string etag = HeaderOr(response, "etag");
+  if (!expected.etag.empty() && !etag.empty() && etag != expected.etag) return changed(etag);
+  const std::string content_length = HeaderOr(response, "content-length");
+  if (!content_length.empty() && content_length != absl::StrCat(response.span_bytes)) {
+    return absl::DataLossError(absl::StrCat(what, ": body of ", response.span_bytes,
+                                            " bytes but Content-Length ", content_length));
+  }
+  if (response.http_status == 200) {
+    // The server ignored Range and sent the whole object: right only when that was asked for.
+    if (offset != 0 || (expected.size.has_value() && *expected.size != out.size()) ||
+        response.span_bytes != out.size()) {
+      return absl::DataLossError(absl::StrCat(what, ": server ignored the range (HTTP 200 with ",
+                                              response.span_bytes, " bytes)"));
+    }
+    return absl::OkStatus();
+  }
+  // 206: "bytes A-B/TOTAL" must be the range asked for, TOTAL the object's size.
+  const std::string content_range = HeaderOr(response, "content-range");
+  uint64_t first = 0, end = 0, total = 0;
+  bool total_known = false;
+  {
+    absl::string_view spec = content_range;
+    const bool bytes = absl::ConsumePrefix(&spec, "bytes ");
+    const size_t dash = spec.find('-');
+    const size_t slash = spec.find('/');
+    if (!bytes || dash == absl::string_view::npos || slash == absl::string_view::npos ||
+        dash > slash || !absl::SimpleAtoi(spec.substr(0, dash), &first) ||
+        !absl::SimpleAtoi(spec.substr(dash + 1, slash - dash - 1), &end)) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": HTTP ", response.http_status, " without a valid Content-Range (\"",
+                       absl::CHexEscape(content_range.substr(0, 80)), "\")"));
+    }
+    const absl::string_view total_text = spec.substr(slash + 1);
+    total_known = total_text != "*";
+    if (total_known && !absl::SimpleAtoi(total_text, &total)) {
+      return absl::DataLossError(absl::StrCat(what, ": invalid Content-Range total \"",
+                                              absl::CHexEscape(content_range.substr(0, 80)), "\""));
+    }
+  }
+  if (first != offset || end != last) {
+    // A range that ends past the object is answered with the part inside: the caller's error.
+    if (first == offset && total_known && end + 1 == total && total <= last &&
+        (!expected.size.has_value() || *expected.size == total)) {
       return absl::OutOfRangeError(
           absl::StrCat(what, ": range ends past the end of the object (", total, " bytes)"));
     }
-    return absl::DataLossError(absl::StrCat(what, ": short body: got ", response.span_bytes, " of ",
-                                            out.size(), " bytes"));
+    return absl::DataLossError(absl::StrCat(what, ": server answered with another range (",
+                                            content_range, ") at offset ", offset));
+  }
+  if (total_known && expected.size.has_value() && total != *expected.size) {
+    return absl::DataLossError(absl::StrCat(what, ": Content-Range ", content_range,
+                                            " gives the object ", total, " bytes, not the ",
+                                            *expected.size, " it had at open"));
+  }
+  if (response.span_bytes != out.size()) {
+    return absl::DataLossError(absl::StrCat(what, ": body of ", response.span_bytes,
+                                            " bytes (Content-Length ", content_length,
+                                            ") but Content-Range ", content_range));
   }
   return absl::OkStatus();
 }

@@ -21,6 +21,20 @@
 // (lib/io/s3/testing/memory_s3_client.h); a request costs far more than the indirection.
 // Sizes from the server are bounded: XML responses are capped (Options), a range GET never
 // writes past the caller's buffer, and a Content-Length beyond S3's 5 TiB limit is DataLoss.
+//
+// Range GET answers are checked, not taken at their word (safetensors data has no checksum that
+// would catch misplaced bytes): a 206 must name the range asked for in Content-Range, with the
+// object's size as its total; the body must be as long as Content-Length and the range; a 200
+// (the server ignored Range) is taken only when the whole object was asked for. Otherwise
+// DataLoss naming the object and range, not retried. With the ETag the object had when it was
+// opened, the GET sends If-Match and compares the answer's ETag: a replaced object is
+// FailedPrecondition "s3://b/k changed while being read: ETag "x" at open, "y" at offset N".
+//
+// Slow servers: a range GET whose body arrives slower than Options::min_throughput on average
+// (checked once Options::throughput_grace has passed since the request was sent) is aborted
+// and retried, and every attempt and wait of one range read ends by Options::read_deadline;
+// the final error is DeadlineExceeded, naming the object, the range, the bytes received, the
+// time and the rate.
 
 #ifndef RESHARD_LIB_IO_S3_S3_CLIENT_H_
 #define RESHARD_LIB_IO_S3_S3_CLIENT_H_
@@ -29,6 +43,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +66,15 @@ struct S3ObjectInfo {
   uint64_t size = 0;
   // As the server sent it, quotes included ("\"9b2c...-3\"" for a multipart object).
   std::string etag;
+};
+
+// The object a range read expects: its version when the caller opened it (HEAD or LIST), so
+// that one job never mixes the bytes of two versions of an object.
+struct S3ObjectVersion {
+  // As the server sent it, quotes included; empty: not checked (and no If-Match sent).
+  std::string etag;
+  // The total every Content-Range must name; nullopt: not checked.
+  std::optional<uint64_t> size;
 };
 
 struct S3UploadInfo {
@@ -80,6 +104,15 @@ class S3Client {
     absl::Duration connect_timeout = absl::Seconds(10);
     // A transfer slower than 1 KiB/s for this long is aborted (and retried). Default: 60 s.
     absl::Duration stall_timeout = absl::Seconds(60);
+    // Range GETs: the least average rate of the body since the request was sent, in bytes per
+    // second, checked once `throughput_grace` has passed; a slower attempt is aborted (and
+    // retried). An attempt also ends at throughput_grace + its bytes / min_throughput. 0: no
+    // floor. Default: 32 KiB/s (a 16 MiB span then has 542 s) after 30 s.
+    uint64_t min_throughput = 32 << 10;
+    absl::Duration throughput_grace = absl::Seconds(30);
+    // Time for one range read, all its attempts and the waits between them included: no attempt
+    // starts after it and the one under way is cut there. Default: 10 min.
+    absl::Duration read_deadline = absl::Minutes(10);
     // Cap of XML response bodies (LIST pages, errors, multipart answers). Default: 16 MiB.
     size_t max_xml_bytes = 16 << 20;
   };
@@ -101,11 +134,14 @@ class S3Client {
   // Size and ETag of an object. NotFound naming the key when it does not exist.
   virtual absl::StatusOr<S3ObjectInfo> Head(absl::string_view bucket, absl::string_view key);
 
-  // Reads exactly out.size() bytes at `offset` into `out`. OutOfRange when the range is not
-  // inside the object; DataLoss naming bucket, key and range when the server sent fewer or more
-  // bytes than asked for. An empty `out` sends nothing.
+  // Reads exactly out.size() bytes at `offset` into `out`, of the object version `expected`
+  // (see the file comment; `{}` checks neither ETag nor size). OutOfRange when the range is not
+  // inside the object; DataLoss naming bucket, key and range when the answer names another
+  // range or total, or the server sent fewer or more bytes than asked for; FailedPrecondition
+  // when the object is not `expected` any more; DeadlineExceeded when too slow. An empty `out`
+  // sends nothing.
   virtual absl::Status GetRange(absl::string_view bucket, absl::string_view key, uint64_t offset,
-                                absl::Span<char> out);
+                                absl::Span<char> out, const S3ObjectVersion& expected);
 
   // Uploads a whole (small, at most 5 GiB) object. Returns its ETag.
   virtual absl::StatusOr<std::string> Put(absl::string_view bucket, absl::string_view key,

@@ -77,32 +77,34 @@ TEST_F(RgwTest, PutGetRangeHead) {
   EXPECT_EQ(info->etag, *etag);
 
   std::string whole(data.size(), '\0');
-  ASSERT_TRUE(client_->GetRange(kBucket, "small/obj.bin", 0, absl::MakeSpan(whole)).ok());
+  ASSERT_TRUE(client_->GetRange(kBucket, "small/obj.bin", 0, absl::MakeSpan(whole), {}).ok());
   EXPECT_EQ(whole, data);
 
   std::string middle(1000, '\0');
-  ASSERT_TRUE(client_->GetRange(kBucket, "small/obj.bin", 4321, absl::MakeSpan(middle)).ok());
+  ASSERT_TRUE(client_->GetRange(kBucket, "small/obj.bin", 4321, absl::MakeSpan(middle), {}).ok());
   EXPECT_EQ(middle, data.substr(4321, 1000));
 
   char last = 0;
   ASSERT_TRUE(
-      client_->GetRange(kBucket, "small/obj.bin", data.size() - 1, absl::MakeSpan(&last, 1)).ok());
+      client_->GetRange(kBucket, "small/obj.bin", data.size() - 1, absl::MakeSpan(&last, 1), {})
+          .ok());
   EXPECT_EQ(last, data.back());
 
   // A range that runs past the end, and one that starts past it.
   std::string across(10, '\0');
   absl::Status status =
-      client_->GetRange(kBucket, "small/obj.bin", data.size() - 5, absl::MakeSpan(across));
+      client_->GetRange(kBucket, "small/obj.bin", data.size() - 5, absl::MakeSpan(across), {});
   EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange) << status;
   EXPECT_THAT(status.message(), HasSubstr("s3://reshard-test/small/obj.bin"));
-  status = client_->GetRange(kBucket, "small/obj.bin", data.size() + 10, absl::MakeSpan(across));
+  status =
+      client_->GetRange(kBucket, "small/obj.bin", data.size() + 10, absl::MakeSpan(across), {});
   EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange) << status;
   EXPECT_THAT(status.message(), HasSubstr("InvalidRange"));
 }
 
 TEST_F(RgwTest, MissingKeyAndBucket) {
   char byte;
-  absl::Status status = client_->GetRange(kBucket, "no/such/key", 0, absl::MakeSpan(&byte, 1));
+  absl::Status status = client_->GetRange(kBucket, "no/such/key", 0, absl::MakeSpan(&byte, 1), {});
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
   EXPECT_THAT(status.message(), HasSubstr("s3://reshard-test/no/such/key"));
   EXPECT_THAT(status.message(), HasSubstr("NoSuchKey"));
@@ -191,11 +193,11 @@ TEST_F(RgwTest, MultipartUploadThreeInFlight) {
   for (uint64_t offset : {uint64_t{0}, uint64_t{(8 << 20) - 100}, uint64_t{(16 << 20) - 7},
                           uint64_t{data.size() - 5000}}) {
     std::string got(5000, '\0');
-    ASSERT_TRUE(client_->GetRange(kBucket, key, offset, absl::MakeSpan(got)).ok()) << offset;
+    ASSERT_TRUE(client_->GetRange(kBucket, key, offset, absl::MakeSpan(got), {}).ok()) << offset;
     EXPECT_EQ(got, data.substr(offset, 5000)) << offset;
   }
   std::string whole(data.size(), '\0');
-  ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(whole)).ok());
+  ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(whole), {}).ok());
   EXPECT_TRUE(whole == data);
 }
 
@@ -274,7 +276,7 @@ TEST_F(RgwTest, RetriesThroughFlakyProxy) {
   for (int i = 0; i < 6; ++i) {
     std::string got(1000, '\0');
     absl::Status status =
-        flaky->GetRange(kBucket, absl::StrCat("flaky/", i), 1000 * i, absl::MakeSpan(got));
+        flaky->GetRange(kBucket, absl::StrCat("flaky/", i), 1000 * i, absl::MakeSpan(got), {});
     ASSERT_TRUE(status.ok()) << status;
     EXPECT_EQ(got, data.substr(1000 * i, 1000));
   }
@@ -290,12 +292,13 @@ TEST_F(RgwTest, RetriesThroughFlakyProxy) {
       flaky->CompleteMultipartUpload(kBucket, "flaky/mp", *upload_id, parts);
   ASSERT_TRUE(etag.ok()) << etag.status();
   std::string tail(100, '\0');
-  ASSERT_TRUE(flaky->GetRange(kBucket, "flaky/mp", big.size() - 100, absl::MakeSpan(tail)).ok());
+  ASSERT_TRUE(
+      flaky->GetRange(kBucket, "flaky/mp", big.size() - 100, absl::MakeSpan(tail), {}).ok());
   EXPECT_EQ(tail, big.substr(big.size() - 100));
 
   // A missing key is final even through the proxy: NotFound, not retried into Unavailable.
   char byte;
-  absl::Status missing = flaky->GetRange(kBucket, "flaky/none", 0, absl::MakeSpan(&byte, 1));
+  absl::Status missing = flaky->GetRange(kBucket, "flaky/none", 0, absl::MakeSpan(&byte, 1), {});
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
 
   const std::string stats = ReadFile(RequiredEnv("S3_TEST_PROXY_STATS"));
@@ -352,7 +355,7 @@ TEST_F(RgwTest, ObjectWriterStreamsPartsAndCompletesOnClose) {
   ASSERT_TRUE(expected.ok()) << expected.status();
   EXPECT_EQ(info->etag, absl::StrCat("\"", *expected, "\"")) << "or unquoted:" << *expected;
   std::string whole(data.size(), '\0');
-  ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(whole)).ok());
+  ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(whole), {}).ok());
   EXPECT_TRUE(whole == data);
   absl::StatusOr<std::vector<S3UploadInfo>> left =
       client_->ListMultipartUploads(kBucket, "writer/");
@@ -397,7 +400,7 @@ TEST_F(RgwTest, ObjectWriterUploadAbortedFromOutsideFailsClose) {
   EXPECT_THAT(std::string(closed.message()), HasSubstr(key));
   writer->reset();
   std::string now(older.size(), '\0');
-  ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(now)).ok());
+  ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(now), {}).ok());
   EXPECT_TRUE(now == older) << "the older object changed";
 }
 
@@ -464,7 +467,7 @@ TEST_F(RgwTest, ObjectWriterRetriesThroughFlakyProxy) {
   ASSERT_TRUE((*writer)->Close().ok());
   writer->reset();
   std::string whole(data.size(), '\0');
-  ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(whole)).ok());
+  ASSERT_TRUE(client_->GetRange(kBucket, key, 0, absl::MakeSpan(whole), {}).ok());
   EXPECT_TRUE(whole == data);
   EXPECT_GT(flaky->stats().retries, 0u);
 }

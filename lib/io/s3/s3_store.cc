@@ -31,7 +31,7 @@ absl::StatusOr<RemoteStat> S3Store::Stat(const std::string& url) {
   absl::Status head_error;
   if (!location.key.empty() && location.key.back() != '/') {
     absl::StatusOr<S3ObjectInfo> head = client->Head(location.bucket, location.key);
-    if (head.ok()) return RemoteStat{/*is_folder=*/false, head->size};
+    if (head.ok()) return RemoteStat{/*is_folder=*/false, head->size, head->etag};
     head_error = head.status();
   }
   const std::string prefix = FolderPrefix(location.key);
@@ -73,10 +73,12 @@ absl::StatusOr<RemoteListing> S3Store::ListEntries(const std::string& url) {
   return listing;
 }
 
-absl::Status S3Store::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) {
+absl::Status S3Store::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out,
+                                const RemoteStat& opened) {
   ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
   ASSIGN_OR_RETURN(S3Client * client, Client(), url);
-  return client->GetRange(location.bucket, location.key, offset, out);
+  return client->GetRange(location.bucket, location.key, offset, out,
+                          S3ObjectVersion{opened.version, opened.size});
 }
 
 }  // namespace reshard

@@ -36,8 +36,10 @@ class S3Store : public RemoteStore {
   absl::StatusOr<std::vector<RemoteEntry>> List(const std::string& url) override;
   // The objects and sub-prefixes of a delimiter LIST of "key/".
   absl::StatusOr<RemoteListing> ListEntries(const std::string& url) override;
-  // One range GET (S3Client::GetRange retries it).
-  absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) override;
+  // One range GET (S3Client::GetRange retries it) of the object `opened` names: its ETag sent
+  // as If-Match and compared, its size checked against Content-Range.
+  absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out,
+                         const RemoteStat& opened) override;
 
  private:
   absl::StatusOr<S3Client*> Client() const;

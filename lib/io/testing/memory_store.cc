@@ -114,7 +114,8 @@ int MemoryStore::max_concurrent_reads() const {
   return max_concurrent_reads_;
 }
 
-absl::Status MemoryStore::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) {
+absl::Status MemoryStore::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out,
+                                    const RemoteStat& /*opened*/) {
   absl::Duration delay;
   {
     absl::MutexLock lock(&mu_);

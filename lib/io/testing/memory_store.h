@@ -49,7 +49,8 @@ class MemoryStore : public RemoteStore {
   absl::StatusOr<RemoteStat> Stat(const std::string& url) override;
   absl::StatusOr<std::vector<RemoteEntry>> List(const std::string& url) override;
   absl::StatusOr<RemoteListing> ListEntries(const std::string& url) override;
-  absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out) override;
+  absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out,
+                         const RemoteStat& opened) override;
 
  private:
   mutable absl::Mutex mu_;

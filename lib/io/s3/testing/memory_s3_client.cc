@@ -113,11 +113,16 @@ absl::StatusOr<S3ObjectInfo> MemoryS3Client::Head(absl::string_view bucket, absl
 }
 
 absl::Status MemoryS3Client::GetRange(absl::string_view bucket, absl::string_view key,
-                                      uint64_t offset, absl::Span<char> out) {
+                                      uint64_t offset, absl::Span<char> out,
+                                      const S3ObjectVersion& expected) {
   if (out.empty()) return absl::OkStatus();
   RETURN_IF_ERROR(Begin("GET", key));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const Object* object, FindObject("GET", bucket, key));
+  if (!expected.etag.empty() && expected.etag != object->etag) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GET ", S3Url(bucket, key), ": S3 PreconditionFailed (HTTP 412)"));
+  }
   const std::string& data = object->data;
   if (offset > data.size() || out.size() > data.size() - offset) {
     return absl::OutOfRangeError(

@@ -46,7 +46,7 @@ class MemoryS3Client final : public S3Client {
   absl::Status CreateBucket(absl::string_view bucket) override;
   absl::StatusOr<S3ObjectInfo> Head(absl::string_view bucket, absl::string_view key) override;
   absl::Status GetRange(absl::string_view bucket, absl::string_view key, uint64_t offset,
-                        absl::Span<char> out) override;
+                        absl::Span<char> out, const S3ObjectVersion& expected) override;
   absl::StatusOr<std::string> Put(absl::string_view bucket, absl::string_view key,
                                   absl::string_view data) override;
   absl::StatusOr<std::vector<S3ObjectInfo>> List(absl::string_view bucket, absl::string_view prefix,
