@@ -180,7 +180,7 @@ std::string OpcodeName(uint8_t op) {
 
 // "64 MiB", "1 GiB", "1000 bytes" for messages.
 std::string HumanBytes(uint64_t n) {
-  if (n >= (uint64_t{1} << 30) && n % (uint64_t{1} << 20) == 0 && n % (uint64_t{1} << 30) == 0) {
+  if (n >= (uint64_t{1} << 30) && n % (uint64_t{1} << 30) == 0) {
     return absl::StrCat(n >> 30, " GiB");
   }
   if (n >= (uint64_t{1} << 20) && n % (uint64_t{1} << 20) == 0) {
