@@ -637,6 +637,28 @@ uint64_t Scheduler::reserved_bytes() const {
   return reserved_;
 }
 
+absl::StatusOr<std::unique_ptr<MemoryReservation>> Scheduler::ReserveNow(uint64_t bytes,
+                                                                         absl::string_view what) {
+  absl::MutexLock lock(&mu_);
+  if (reserved_ + bytes > options_.memory_budget) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " needs ", bytes, " bytes of the daemon's memory budget for metadata, but only ",
+        options_.memory_budget - std::min(reserved_, options_.memory_budget), " of its ",
+        options_.memory_budget, " bytes (--memory-budget) are free; retry when jobs finish"));
+  }
+  reserved_ += bytes;
+  UpdateGaugesLocked();
+  return std::unique_ptr<MemoryReservation>(new MemoryReservation(this, bytes));
+}
+
+void Scheduler::Unreserve(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  reserved_ -= bytes;
+  UpdateGaugesLocked();
+}
+
+MemoryReservation::~MemoryReservation() { scheduler_->Unreserve(bytes_); }
+
 int Scheduler::Shutdown(absl::Duration grace) {
   std::vector<Snapshot> writes;
   int abandoned = 0;

@@ -83,6 +83,25 @@ struct JobPage {
   std::string next_page_token;
 };
 
+class Scheduler;
+
+// Memory held against the scheduler's budget by work other than a job (the metadata parsing of
+// an Inspect or Plan call), given back when destroyed. The scheduler must outlive it.
+class MemoryReservation {
+ public:
+  ~MemoryReservation();
+  MemoryReservation(const MemoryReservation&) = delete;
+  MemoryReservation& operator=(const MemoryReservation&) = delete;
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  friend class Scheduler;
+  MemoryReservation(Scheduler* scheduler, uint64_t bytes) : scheduler_(scheduler), bytes_(bytes) {}
+
+  Scheduler* const scheduler_;
+  const uint64_t bytes_;
+};
+
 class Scheduler {
  public:
   Scheduler(SchedulerOptions options, JobStore* store, Metrics* metrics, JobRunner runner,
@@ -130,9 +149,16 @@ class Scheduler {
   bool CanStartNextForTesting() const;
   int WaitersForTesting(const std::string& id) const;
   uint64_t reserved_bytes() const;
+  // Reserves `bytes` of the budget now for `what` ("Inspect"), beside the running jobs; queued
+  // jobs wait until it is given back. ResourceExhausted at once when the budget has no room.
+  absl::StatusOr<std::unique_ptr<MemoryReservation>> ReserveNow(uint64_t bytes,
+                                                                absl::string_view what);
   uint64_t memory_budget() const { return options_.memory_budget; }
 
  private:
+  friend class MemoryReservation;
+  void Unreserve(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Orders the store writes of one job; shared by the entry and its copies in flight.
   struct RecordSlot {
     absl::Mutex mu;

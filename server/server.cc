@@ -63,8 +63,9 @@ struct Server::Impl {
   std::unique_ptr<ServerTls> tls;
   std::unique_ptr<TlsHandshakeLog> handshake_log;
   std::unique_ptr<Authorizer> auth;
-  std::unique_ptr<OffloadPool> offload;
   std::unique_ptr<Scheduler> scheduler;
+  // Destroyed (its tasks joined) before the scheduler: tasks hold MemoryReservations of it.
+  std::unique_ptr<OffloadPool> offload;
   std::unique_ptr<ReshardService> service;
   std::unique_ptr<grpc::Server> grpc_server;
   absl::Mutex shutdown_mu;

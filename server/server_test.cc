@@ -520,6 +520,37 @@ TEST_F(ServerTest, PlanAndInspect) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Inspect and Plan reserve an eighth of the memory budget for the metadata they parse; with
+// running jobs holding more than the rest, they are refused at once.
+TEST_F(ServerTest, InspectAndPlanReserveMetadataMemoryFromTheBudget) {
+  StartServer(Options());  // budget 1 MiB: the metadata allowance is 128 KiB
+  v1::JobSpec big = Consolidate("block-budget");
+  big.set_memory_budget((1 << 20) - (64 << 10));
+  const v1::Job job = MustSubmit(big);
+  ASSERT_TRUE(WaitForState(job.id(), v1::JOB_STATE_RUNNING));
+  const std::string refusal =
+      " needs 131072 bytes of the daemon's memory budget for metadata, but only 65536 of its "
+      "1048576 bytes (--memory-budget) are free; retry when jobs finish";
+  auto inspect = client_->Inspect(root_ + "/model.safetensors", "");
+  EXPECT_EQ(inspect.status().code(), absl::StatusCode::kResourceExhausted) << inspect.status();
+  EXPECT_EQ(inspect.status().message(), "Inspect" + refusal);
+  auto plan = client_->Plan(Consolidate("planned"));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+  EXPECT_EQ(plan.status().message(), "Plan" + refusal);
+  // Nothing stays reserved by the refused calls; once the job ends both run.
+  EXPECT_EQ(server_->scheduler().reserved_bytes(), big.memory_budget());
+  runner_.ReleaseAll();
+  EXPECT_EQ(WatchToEnd(job.id()).state(), v1::JOB_STATE_SUCCEEDED);
+  inspect = client_->Inspect(root_ + "/model.safetensors", "");
+  EXPECT_TRUE(inspect.ok()) << inspect.status();
+  // The pool thread gives the reservation back when it drops the finished task.
+  const absl::Time deadline = absl::Now() + kWait;
+  while (server_->scheduler().reserved_bytes() != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_EQ(server_->scheduler().reserved_bytes(), 0u);
+}
+
 TEST_F(ServerTest, MalformedRequestsNameTheField) {
   StartServer(Options());
   struct Case {

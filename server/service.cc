@@ -11,6 +11,7 @@
 #include "lib/engine/object_store_output.h"
 #include "lib/engine/partition_spec.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/torch/pickle.h"
 #include "lib/io/io_mode.h"
 #include "lib/io/s3/s3_location.h"
 #include "lib/io/staging_dir.h"
@@ -36,6 +37,22 @@ absl::Status RunOffloaded(OffloadPool& pool, grpc::ServerContext& context,
                                ? absl::InfiniteFuture()
                                : absl::FromChrono(deadline);
   return pool.Run(std::move(work), until, [&context] { return context.IsCancelled(); });
+}
+
+// Reserves the metadata allowance of an Inspect or Plan call (an eighth of the daemon's memory
+// budget) and makes the allowance the pickles it parses are charged to. ResourceExhausted at
+// once when running jobs leave the budget no room.
+struct MetadataWork {
+  std::unique_ptr<MemoryReservation> reservation;
+  std::shared_ptr<MetadataAllowance> allowance;
+};
+absl::StatusOr<std::shared_ptr<MetadataWork>> ReserveMetadataWork(Scheduler& scheduler,
+                                                                 absl::string_view call) {
+  const uint64_t bytes = scheduler.memory_budget() / 8;
+  auto work = std::make_shared<MetadataWork>();
+  ASSIGN_OR_RETURN(work->reservation, scheduler.ReserveNow(bytes, call));
+  work->allowance = std::make_shared<MetadataAllowance>(bytes);
+  return work;
 }
 
 // A path for a log line: quoted, control characters escaped.
@@ -298,7 +315,12 @@ grpc::Status ReshardService::Plan(grpc::ServerContext* context, const v1::PlanRe
   spec.set_overwrite(true);  // a dry run does not care whether the output exists yet
   // Shared with the task, which may outlive this call (the policy outlives the pool).
   auto planned = std::make_shared<std::optional<absl::StatusOr<PlannedConversion>>>();
-  absl::Status waited = RunOffloaded(*offload_, *context, [planned, spec, paths = caller->paths] {
+  absl::StatusOr<std::shared_ptr<MetadataWork>> metadata =
+      ReserveMetadataWork(*scheduler_, "Plan");
+  if (!metadata.ok()) return ToGrpcStatus(metadata.status());
+  absl::Status waited = RunOffloaded(*offload_, *context, [planned, spec, paths = caller->paths,
+                                                           metadata = *std::move(metadata)] {
+    ScopedMetadataAllowance allowance(metadata->allowance);
     absl::StatusOr<v1::JobSpec> valid = ValidateJobSpec(spec, *paths);
     if (!valid.ok()) {
       *planned = valid.status();
@@ -348,7 +370,12 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext* context,
   };
   auto answer = std::make_shared<Answer>();
   answer->request = *request;
-  absl::Status waited = RunOffloaded(*offload_, *context, [answer, paths = caller->paths] {
+  absl::StatusOr<std::shared_ptr<MetadataWork>> metadata =
+      ReserveMetadataWork(*scheduler_, "Inspect");
+  if (!metadata.ok()) return ToGrpcStatus(metadata.status());
+  absl::Status waited = RunOffloaded(*offload_, *context, [answer, paths = caller->paths,
+                                                           metadata = *std::move(metadata)] {
+    ScopedMetadataAllowance allowance(metadata->allowance);
     const v1::InspectRequest* request = &answer->request;
     v1::InspectResponse* response = &answer->response;
     absl::Status& status = answer->status;

@@ -95,13 +95,14 @@ class Base(harness.CliTestCase):
         self.assertTensorsEqual(expected, got, "consolidate %s" % " ".join(extra))
         return out
 
-    def expect_rejected(self, src, problem_words, name_in_msg=None, command="consolidate"):
-        """Exit 3, a message naming the file and the problem, OUT not created; then inspect and
-        verify agree."""
+    def expect_rejected(self, src, problem_words, name_in_msg=None, command="consolidate",
+                        code=3):
+        """Exit `code` (3: DATA_LOSS), a message naming the file and the problem, OUT not
+        created; then inspect and verify agree."""
         out = self.p("out-rejected")
         args = [command, src, out, "--no-progress"] if command == "consolidate" else [command, src]
         res = self.ctl(*args)
-        self.assertExit(res, 3)
+        self.assertExit(res, code)
         msg = res.stderr_text + res.stdout_text
         self.assertIn(name_in_msg or os.path.basename(src), msg, self.describe(res))
         low = msg.lower()
@@ -109,10 +110,10 @@ class Base(harness.CliTestCase):
                         "none of %s in the message%s" % (problem_words, self.describe(res)))
         self.assertFalse(os.path.exists(out), "OUT was created" + self.describe(res))
         res = self.ctl("inspect", src, "--json")
-        self.assertExit(res, 3)
+        self.assertExit(res, code)
         doc = json.loads(res.stdout_text)
         self.assertFalse(doc["ok"])
-        self.assertEqual(doc["exit_code"], 3)
+        self.assertEqual(doc["exit_code"], code)
         return msg
 
 
@@ -394,10 +395,26 @@ class TorchCorruptInputTests(Base):
         return path
 
     def test_pickle_deep_nesting(self):
+        # Caps of the pickle VM: ResourceExhausted (exit 6).
         path = self.hostile("deep", b"\x80\x02" + b"]" * 100000 + b"a" * 99999 + b".")
-        self.expect_rejected(path, ["nest", "deep"])
+        self.expect_rejected(path, ["nest", "deep"], code=6)
         path = self.hostile("deep_marks", b"\x80\x02" + b"(" * 100000 + b"t" * 100000 + b".")
-        self.expect_rejected(path, ["mark", "nest", "deep"])
+        self.expect_rejected(path, ["mark", "nest", "deep"], code=6)
+
+    def test_pickle_bomb_stays_under_the_metadata_cap(self):
+        # 16 MiB of EMPTY_LIST: ~230 bytes of values per byte, 3.6 GiB unbounded. reshardctl
+        # caps what one pickle builds at 1 GiB (PickleLimits::max_bytes) and refuses it there.
+        pkl = b"\x80\x02" + b"]" * (16 << 20) + b"."
+        path = self.hostile("bomb", pkl)
+        code, out, err, rss = harness.run_peak_rss(
+            [harness.BINARIES["reshardctl"], "inspect", path], 120)
+        text = (out + err).decode("utf-8", "replace")
+        self.assertEqual(code, 6, text[-2000:])
+        self.assertIn("bomb.pt: data.pkl: pickle: EMPTY_LIST (0x5d) at byte offset ", text)
+        self.assertIn("would exceed the cap of 1 GiB on values built", text)
+        self.assertLess(rss, 1280 << 20, "peak RSS %.0f MiB" % (rss / 2**20))
+        sys.stderr.write("inspect of a 16 MiB EMPTY_LIST bomb: peak RSS %.0f MiB\n" %
+                         (rss / 2**20))
 
     def test_pickle_deep_nesting_through_memo(self):
         # Each dict is filled after it was stored in its parent: d0["k"] = d1, d1["k"] = d2, ...

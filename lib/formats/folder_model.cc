@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cctype>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/torch/pickle.h"
 #include "lib/io/file_access.h"
 #include "nlohmann/json.hpp"
 
@@ -90,8 +92,11 @@ absl::StatusOr<std::vector<FileCatalog>> ReadFolderFiles(const std::string& dir,
     std::atomic<size_t> next{0};
     std::vector<std::thread> threads;
     const size_t count = std::min<size_t>(kRemoteFileReads, names.size());
+    // The files' pickles are charged to this thread's metadata allowance.
+    const std::shared_ptr<MetadataAllowance> allowance = CurrentMetadataAllowance();
     for (size_t t = 0; t < count; ++t) {
       threads.emplace_back([&] {
+        ScopedMetadataAllowance scoped(allowance);
         for (size_t i = next++; i < names.size(); i = next++) read_files[i] = read(names[i]);
       });
     }

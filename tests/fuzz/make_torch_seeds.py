@@ -6,6 +6,7 @@ import collections
 import io
 import os
 import pickle
+import struct
 import sys
 import zipfile
 
@@ -62,6 +63,22 @@ def main(zip_dir, pickle_dir):
         for protocol in (2, 4):
             with open(os.path.join(pickle_dir, "%s-p%d.pkl" % (name, protocol)), "wb") as f:
                 f.write(pickle.dumps(value, protocol=protocol))
+    # Bombs of 48 KiB that build more than the fuzzer's 8 MiB cap (pickle_fuzzer.cc).
+    n = 48 << 10
+    bombs = {
+        "bomb-empty-list": b"\x80\x02" + b"]" * n + b".",
+        "bomb-empty-dict": b"\x80\x02" + b"}" * n + b".",
+        "bomb-empty-tuple": b"\x80\x02" + b")" * n + b".",
+        "bomb-mark-tuple": b"\x80\x02" + b"(t" * (n // 2) + b".",
+        "bomb-memoize": b"\x80\x04N" + b"\x94" * n + b".",
+        "bomb-long-binput": b"\x80\x02N" + b"".join(
+            b"r" + struct.pack("<I", i) for i in range(n // 5)) + b".",
+        "bomb-marks": b"\x80\x02" + b"(" * n + b".",
+        "bomb-binunicode-claimed": b"\x80\x02X" + struct.pack("<I", 0xFFFFFFF0) + b"abc.",
+    }
+    for name, data in bombs.items():
+        with open(os.path.join(pickle_dir, name + ".pkl"), "wb") as f:
+            f.write(data)
 
 
 if __name__ == "__main__":

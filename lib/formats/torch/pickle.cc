@@ -1,6 +1,9 @@
 #include "lib/formats/torch/pickle.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -12,6 +15,37 @@
 #include "lib/core/status.h"
 
 namespace reshard {
+
+namespace {
+thread_local std::shared_ptr<MetadataAllowance> t_allowance;
+}  // namespace
+
+bool MetadataAllowance::TryCharge(uint64_t n) {
+  uint64_t used = used_.load(std::memory_order_relaxed);
+  do {
+    if (n > bytes_ - used) return false;
+  } while (!used_.compare_exchange_weak(used, used + n, std::memory_order_relaxed));
+  return true;
+}
+
+ScopedMetadataAllowance::ScopedMetadataAllowance(std::shared_ptr<MetadataAllowance> allowance)
+    : previous_(std::move(t_allowance)) {
+  t_allowance = std::move(allowance);
+}
+
+ScopedMetadataAllowance::~ScopedMetadataAllowance() { t_allowance = std::move(previous_); }
+
+std::shared_ptr<MetadataAllowance> CurrentMetadataAllowance() { return t_allowance; }
+
+PickleArena::~PickleArena() {
+  if (allowance_ != nullptr) allowance_->Release(charged_);
+}
+
+bool PickleArena::Charge(uint64_t n) {
+  if (allowance_ != nullptr && !allowance_->TryCharge(n)) return false;
+  charged_ += n;
+  return true;
+}
 
 PickleValue* PickleArena::New(PickleValue::Kind kind) {
   values_.push_back(std::make_unique<PickleValue>());
@@ -76,6 +110,85 @@ namespace {
 
 using Kind = PickleValue::Kind;
 
+// What one value costs: the value, its malloc header and its arena slot (amortized: the slot
+// vector doubles).
+constexpr uint64_t kValueBytes = sizeof(PickleValue) + 16 + 2 * sizeof(void*);
+// What one memo entry costs: a slot and a control byte of the table, which is kept at most 7/8
+// full and doubles.
+constexpr uint64_t kMemoEntryBytes = 2 * (sizeof(std::pair<const uint64_t, PickleValue*>) + 1);
+
+// The heap bytes a string of `n` bytes takes beyond its own object (libstdc++ keeps up to 15
+// bytes inline).
+uint64_t StringHeapBytes(uint64_t n) { return n > 15 ? n + 1 : 0; }
+
+std::string OpcodeName(uint8_t op) {
+  switch (op) {
+    case 0x80: return "PROTO";
+    case 0x95: return "FRAME";
+    case '(': return "MARK";
+    case '.': return "STOP";
+    case 'N': return "NONE";
+    case 0x88: return "NEWTRUE";
+    case 0x89: return "NEWFALSE";
+    case 'K': return "BININT1";
+    case 'M': return "BININT2";
+    case 'J': return "BININT";
+    case 0x8a: return "LONG1";
+    case 0x8b: return "LONG4";
+    case 'G': return "BINFLOAT";
+    case 'X': return "BINUNICODE";
+    case 0x8c: return "SHORT_BINUNICODE";
+    case 0x8d: return "BINUNICODE8";
+    case 'T': return "BINSTRING";
+    case 'U': return "SHORT_BINSTRING";
+    case 'B': return "BINBYTES";
+    case 'C': return "SHORT_BINBYTES";
+    case 0x8e: return "BINBYTES8";
+    case 0x96: return "BYTEARRAY8";
+    case ')': return "EMPTY_TUPLE";
+    case 0x85: return "TUPLE1";
+    case 0x86: return "TUPLE2";
+    case 0x87: return "TUPLE3";
+    case 't': return "TUPLE";
+    case ']': return "EMPTY_LIST";
+    case '}': return "EMPTY_DICT";
+    case 0x8f: return "EMPTY_SET";
+    case 'a': return "APPEND";
+    case 'e': return "APPENDS";
+    case 0x90: return "ADDITEMS";
+    case 0x91: return "FROZENSET";
+    case 's': return "SETITEM";
+    case 'u': return "SETITEMS";
+    case 'c': return "GLOBAL";
+    case 0x93: return "STACK_GLOBAL";
+    case 'R': return "REDUCE";
+    case 0x81: return "NEWOBJ";
+    case 0x92: return "NEWOBJ_EX";
+    case 'b': return "BUILD";
+    case 'Q': return "BINPERSID";
+    case 'q': return "BINPUT";
+    case 'r': return "LONG_BINPUT";
+    case 0x94: return "MEMOIZE";
+    case 'h': return "BINGET";
+    case 'j': return "LONG_BINGET";
+    case '0': return "POP";
+    case '1': return "POP_MARK";
+    case '2': return "DUP";
+    default: return "opcode";
+  }
+}
+
+// "64 MiB", "1 GiB", "1000 bytes" for messages.
+std::string HumanBytes(uint64_t n) {
+  if (n >= (uint64_t{1} << 30) && n % (uint64_t{1} << 30) == 0) {
+    return absl::StrCat(n >> 30, " GiB");
+  }
+  if (n >= (uint64_t{1} << 20) && n % (uint64_t{1} << 20) == 0) {
+    return absl::StrCat(n >> 20, " MiB");
+  }
+  return absl::StrCat(n, " bytes");
+}
+
 // Python 3 writes protocol 2 pickles with Python 2 names (fix_imports: builtins.int is
 // __builtin__.long); Python's unpickler maps them back, and so does this one, for the names that
 // checkpoints hold (builtins, copyreg, itertools, exceptions, the User* collections).
@@ -132,6 +245,36 @@ class Machine {
     return absl::DataLossError(
         absl::StrFormat("pickle: opcode 0x%02x at byte offset %d: %s", op_, op_offset_, message));
   }
+  // A cap reached: ResourceExhausted naming the opcode, its offset and the cap.
+  absl::Status Exhausted(absl::string_view message) const {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "pickle: %s (0x%02x) at byte offset %d %s", OpcodeName(op_), op_, op_offset_, message));
+  }
+
+  // ---- memory: charged before it is allocated
+  absl::Status Charge(uint64_t n) {
+    if (n > limits_.max_bytes - std::min(built_, limits_.max_bytes)) {
+      return Exhausted(absl::StrCat("would exceed the cap of ", HumanBytes(limits_.max_bytes),
+                                    " on values built (", built_, " bytes built so far)"));
+    }
+    if (!arena_.Charge(n)) {
+      const MetadataAllowance& allowance = *arena_.allowance();
+      return Exhausted(absl::StrCat(
+          "would exceed the metadata allowance of ", HumanBytes(allowance.bytes()),
+          " (", allowance.used(), " bytes in use by the pickles of this call)"));
+    }
+    built_ += n;
+    return absl::OkStatus();
+  }
+  // Makes room in `v` for `extra` more elements, charging the capacity it adds.
+  template <typename Vector>
+  absl::Status Grow(Vector& v, size_t extra) {
+    if (v.size() + extra <= v.capacity()) return absl::OkStatus();
+    const size_t capacity = std::max(v.capacity() * 2, v.size() + extra);
+    RETURN_IF_ERROR(Charge((capacity - v.capacity()) * sizeof(typename Vector::value_type)));
+    v.reserve(capacity);
+    return absl::OkStatus();
+  }
 
   // ---- input
   absl::Status Need(uint64_t n) const {
@@ -166,12 +309,17 @@ class Machine {
   // ---- values
   absl::StatusOr<PickleValue*> New(Kind kind) {
     if (arena_.size() >= limits_.max_values) {
-      return Error(absl::StrCat("more than ", limits_.max_values, " values"));
+      return Exhausted(absl::StrCat("would build more than ", limits_.max_values, " values"));
     }
+    RETURN_IF_ERROR(Charge(kValueBytes));
     return arena_.New(kind);
   }
   absl::Status Push(PickleValue* value) {
-    if (stack_.size() >= limits_.max_values) return Error("stack too deep");
+    if (stack_.size() >= limits_.max_values) {
+      return Exhausted(absl::StrCat("would hold more than ", limits_.max_values,
+                                    " values on the stack"));
+    }
+    RETURN_IF_ERROR(Grow(stack_, 1));
     stack_.push_back(value);
     return absl::OkStatus();
   }
@@ -204,7 +352,8 @@ class Machine {
     child->placed = true;
     if (child->depth + 1 > parent->depth) {
       if (child->depth + 1 > limits_.max_depth) {
-        return Error(absl::StrCat("values nest deeper than ", limits_.max_depth, " levels"));
+        return Exhausted(
+            absl::StrCat("would nest values deeper than ", limits_.max_depth, " levels"));
       }
       parent->depth = child->depth + 1;
     }
@@ -212,6 +361,7 @@ class Machine {
   }
   absl::StatusOr<PickleValue*> MakeSequence(Kind kind, std::vector<PickleValue*> items) {
     ASSIGN_OR_RETURN(PickleValue * value, New(kind));
+    RETURN_IF_ERROR(Charge(items.capacity() * sizeof(PickleValue*)));
     for (PickleValue* item : items) RETURN_IF_ERROR(Adopt(value, item));
     value->items = std::move(items);
     return value;
@@ -222,6 +372,7 @@ class Machine {
     return Push(value);
   }
   absl::Status PushString(Kind kind, absl::string_view text) {
+    RETURN_IF_ERROR(Charge(StringHeapBytes(text.size())));
     ASSIGN_OR_RETURN(PickleValue * value, New(kind));
     value->text = std::string(text);
     return Push(value);
@@ -241,6 +392,7 @@ class Machine {
     return PushString(Kind::kBigInt, bytes);
   }
   absl::Status PushGlobal(absl::string_view module, absl::string_view name) {
+    RETURN_IF_ERROR(Charge(StringHeapBytes(module.size()) + StringHeapBytes(name.size())));
     ASSIGN_OR_RETURN(PickleValue * value, New(Kind::kGlobal));
     std::tie(value->module, value->name) = ModernName(module, name);
     return Push(value);
@@ -259,8 +411,17 @@ class Machine {
 
   absl::Status Memoize(uint64_t index) {
     ASSIGN_OR_RETURN(PickleValue * top, Top());
-    if (!memo_.contains(index) && memo_.size() >= limits_.max_memo) {
-      return Error(absl::StrCat("memo larger than ", limits_.max_memo, " entries"));
+    if (!memo_.contains(index)) {
+      if (memo_.size() >= limits_.max_memo) {
+        return Exhausted(absl::StrCat("would make the memo larger than ", limits_.max_memo,
+                                      " entries"));
+      }
+      if (memo_.size() == memo_room_) {
+        const size_t room = std::max<size_t>(16, memo_room_ * 2);
+        RETURN_IF_ERROR(Charge((room - memo_room_) * kMemoEntryBytes));
+        memo_.reserve(room);
+        memo_room_ = room;
+      }
     }
     memo_[index] = top;
     return absl::OkStatus();
@@ -288,6 +449,7 @@ class Machine {
           return Error("set() of something that is not a list");
         }
         RETURN_IF_ERROR(ChargeCopy(args->items[0]->items.size()));
+        RETURN_IF_ERROR(Charge(args->items[0]->items.size() * sizeof(PickleValue*)));
         set->items = args->items[0]->items;
         RETURN_IF_ERROR(Adopt(set, args->items[0]));
       }
@@ -298,7 +460,9 @@ class Machine {
       // Protocol 2 writes bytes as a latin-1 str: map each code point back to one byte.
       const std::string& utf8 = args->items[0]->text;
       RETURN_IF_ERROR(ChargeCopy(utf8.size()));
+      RETURN_IF_ERROR(Charge(StringHeapBytes(utf8.size())));
       ASSIGN_OR_RETURN(PickleValue * bytes, New(Kind::kBytes));
+      bytes->text.reserve(utf8.size());
       for (size_t i = 0; i < utf8.size(); ++i) {
         const uint8_t c = static_cast<uint8_t>(utf8[i]);
         if (c < 0x80) {
@@ -313,7 +477,10 @@ class Machine {
     }
     if ((callable->IsGlobal("builtins", "bytearray") && args->items.size() <= 1) ||
         (callable->IsGlobal("builtins", "bytes") && args->items.empty())) {  // b"" in protocol 2
-      if (!args->items.empty()) RETURN_IF_ERROR(ChargeCopy(args->items[0]->text.size()));
+      if (!args->items.empty()) {
+        RETURN_IF_ERROR(ChargeCopy(args->items[0]->text.size()));
+        RETURN_IF_ERROR(Charge(StringHeapBytes(args->items[0]->text.size())));
+      }
       ASSIGN_OR_RETURN(PickleValue * bytes, New(Kind::kBytes));
       if (!args->items.empty()) bytes->text = args->items[0]->text;
       return bytes;
@@ -330,6 +497,7 @@ class Machine {
     if (target->kind != Kind::kDict && target->kind != Kind::kObject) {
       return Error(absl::StrCat("SETITEM on ", DescribePickleValue(target)));
     }
+    RETURN_IF_ERROR(Grow(target->entries, pairs.size() / 2));
     for (size_t i = 0; i < pairs.size(); i += 2) {
       RETURN_IF_ERROR(Adopt(target, pairs[i]));
       RETURN_IF_ERROR(Adopt(target, pairs[i + 1]));
@@ -343,6 +511,7 @@ class Machine {
         target->kind != Kind::kSet) {
       return Error(absl::StrCat("APPEND on ", DescribePickleValue(target)));
     }
+    RETURN_IF_ERROR(Grow(target->items, items.size()));
     for (PickleValue* item : items) {
       RETURN_IF_ERROR(Adopt(target, item));
       target->items.push_back(item);
@@ -360,8 +529,11 @@ class Machine {
       case 0x95:  // FRAME: a length prefix only
         return ReadUnsigned(8).status();
       case '(':  // MARK
-        if (marks_.size() >= static_cast<size_t>(limits_.max_depth) * 4)
-          return Error("too many MARKs");
+        if (marks_.size() >= static_cast<size_t>(limits_.max_depth) * 4) {
+          return Exhausted(absl::StrCat("would open more than ",
+                                        static_cast<size_t>(limits_.max_depth) * 4, " MARKs"));
+        }
+        RETURN_IF_ERROR(Grow(marks_, 1));
         marks_.push_back(stack_.size());
         return absl::OkStatus();
       case 'N': {
@@ -537,9 +709,11 @@ class Machine {
       case 'Q': {  // BINPERSID
         ASSIGN_OR_RETURN(PickleValue * pid, Pop());
         if (!persistent_load_) return Error("persistent id in a pickle that may not have any");
+        RETURN_IF_ERROR(Charge(kValueBytes));  // the handle the callback makes
         absl::StatusOr<PickleValue*> loaded = persistent_load_(pid, arena_);
         if (!loaded.ok())
           return Annotate(loaded.status(), absl::StrCat("pickle byte offset ", op_offset_));
+        RETURN_IF_ERROR(Charge(StringHeapBytes((*loaded)->text.size())));
         return Push(*loaded);
       }
       case 'q': {  // BINPUT
@@ -583,6 +757,8 @@ class Machine {
   uint64_t pos_ = 0;
   uint64_t op_offset_ = 0;
   uint64_t copied_ = 0;  // items and bytes copied by calls (ChargeCopy)
+  uint64_t built_ = 0;   // bytes charged (Charge)
+  size_t memo_room_ = 0;  // entries the memo was reserved for
   uint8_t op_ = 0;
   std::vector<PickleValue*> stack_;
   std::vector<size_t> marks_;

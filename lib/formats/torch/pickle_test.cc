@@ -421,7 +421,7 @@ TEST(PickleHostileTest, DeepNestingBeyondTheLimit) {
   for (int i = 0; i < 2000; ++i) lists += "]";
   for (int i = 0; i < 1999; ++i) lists += "a";
   lists += ".";
-  ExpectError(RunPickle(lists), "nest deeper than 512 levels");
+  ExpectError(RunPickle(lists), "nest values deeper than 512 levels");
   // Tuples through MARK: 3000 marks.
   std::string tuples = kProto2;
   for (int i = 0; i < 3000; ++i) tuples += "(";
@@ -435,13 +435,13 @@ TEST(PickleHostileTest, DeepNestingBeyondTheLimit) {
   std::string chain = kProto2 + "N";
   for (int i = 0; i < 20; ++i) chain += B({0x85});
   chain += ".";
-  ExpectError(RunPickle(chain, nullptr, limits), "nest deeper than 8 levels");
+  ExpectError(RunPickle(chain, nullptr, limits), "nest values deeper than 8 levels");
   std::string dicts = kProto2;
   for (int i = 0; i < 20; ++i) dicts += "}" + Str("k");
   dicts += "N";
   for (int i = 0; i < 20; ++i) dicts += "s";
   dicts += ".";
-  ExpectError(RunPickle(dicts, nullptr, limits), "nest deeper than 8 levels");
+  ExpectError(RunPickle(dicts, nullptr, limits), "nest values deeper than 8 levels");
   // Exactly at the limit is fine.
   std::string ok = kProto2 + "N";
   for (int i = 0; i < 7; ++i) ok += B({0x85});
