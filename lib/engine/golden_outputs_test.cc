@@ -16,8 +16,12 @@
 // files with their XXH3-64, tensors) is compared, as the XXH3-64 of the remainder re-serialized
 // by nlohmann::ordered_json (dump(2)).
 //
-// Each conversion runs twice, on fixtures written into different folders, and must give the
-// same bytes both times: outputs depend neither on the run nor on where the input is.
+// Each conversion runs twice, on fixtures written into different folders, once with the
+// defaults (2 threads, 32 MiB windows, direct I/O where it can) and once with 1 thread, 4 KiB
+// windows and buffered I/O, and must give the same bytes both times: outputs depend neither on
+// the run, nor on where the input is, nor on how the executor is set up. Two conversions run as
+// partitioned conversions (workers one after the other) and four write to s3:// (an in-memory S3
+// client; the objects under the output prefix are compared as files).
 //
 // An intended change of an output format updates the expected file in the same commit:
 //
@@ -41,15 +45,20 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "lib/engine/conversion.h"
+#include "lib/engine/object_store_output.h"
+#include "lib/engine/partitioned_conversion.h"
 #include "lib/formats/deepspeed/zero_fixture.h"
 #include "lib/formats/format_fixture.h"
 #include "lib/formats/safetensors/safetensors_fixture.h"
+#include "lib/io/io_mode.h"
+#include "lib/io/s3/testing/memory_s3_client.h"
 #include "lib/testing/test_files.h"
 #include "nlohmann/json.hpp"
 #include "xxhash.h"
@@ -77,6 +86,11 @@ struct GoldenConversion {
   std::string id;
   std::function<std::string(const std::string& dir)> input;
   std::function<void(ConversionSpec&)> configure;
+  // > 0: run as that many workers of a partitioned conversion (partitioned_conversion.h), one
+  // after the other; the last one publishes.
+  int partitions = 0;
+  // Written as objects under an s3:// prefix (object_store_output.h), to an in-memory S3.
+  bool to_s3 = false;
 };
 
 // A registered fixture as an input.
@@ -169,6 +183,18 @@ std::vector<GoldenConversion> Conversions() {
        [](const std::string& dir) { return WriteZeroFolderWithMoments(dir); },
        With(Consolidate("deepspeed-universal"),
             [](ConversionSpec& s) { s.read.include_optimizer = true; })},
+      {"safetensors_sharded_partitioned2", st, With(Consolidate("safetensors"), small_shards),
+       /*partitions=*/2},
+      {"torch_dcp_parts3_partitioned3", st, Reshard("torch-dcp", 3, kThreeWayRules),
+       /*partitions=*/3},
+      {"safetensors_sharded_to_s3", st, With(Consolidate("safetensors"), small_shards), 0,
+       /*to_s3=*/true},
+      {"torch_single_to_s3", st, Consolidate("torch"), 0, /*to_s3=*/true},
+      {"torch_dcp_parts3_to_s3", st, Reshard("torch-dcp", 3, kThreeWayRules), 0,
+       /*to_s3=*/true},
+      {"megatron_tp2_pp2_to_s3", megatron,
+       With(Reshard("megatron", 2), [](ConversionSpec& s) { s.pipeline_parts = 2; }), 0,
+       /*to_s3=*/true},
   };
   for (const auto& [key, fixture] : FormatFixtures()) {
     conversions.push_back({absl::StrCat("consolidate_", FixtureTestName(key)),
@@ -195,38 +221,78 @@ std::string StableManifest(const std::string& text) {
   return manifest.dump(2);
 }
 
-// "<id> <file> <bytes> <xxh3>" for every file under `output`, sorted by file.
-std::vector<std::string> Describe(const std::string& id, const std::string& output) {
-  std::vector<std::string> files;
+// Every file under the folder `output`: its path relative to `output` -> its bytes.
+std::map<std::string, std::string> FilesIn(const std::string& output) {
+  std::map<std::string, std::string> files;
   for (const fs::directory_entry& entry : fs::recursive_directory_iterator(output)) {
-    if (entry.is_regular_file()) files.push_back(fs::relative(entry.path(), output).string());
+    if (!entry.is_regular_file()) continue;
+    files[fs::relative(entry.path(), output).string()] = ReadAll(entry.path().string());
   }
-  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// "<id> <file> <bytes> <xxh3>" for every file of an output (name -> bytes), sorted by name.
+std::vector<std::string> Describe(const std::string& id,
+                                  const std::map<std::string, std::string>& files) {
   std::vector<std::string> lines;
-  for (const std::string& file : files) {
-    std::string bytes = ReadAll(output + "/" + file);
-    if (file == kManifestName) bytes = StableManifest(bytes);
+  for (const auto& [file, contents] : files) {
+    const std::string bytes = file == kManifestName ? StableManifest(contents) : contents;
     lines.push_back(absl::StrCat(id, " ", file, " ", bytes.size(), " ",
                                  Hex(XXH3_64bits(bytes.data(), bytes.size()))));
   }
   return lines;
 }
 
+// How a run executes; none of it may change the bytes written.
+struct Execution {
+  std::string name;
+  int threads = 2;
+  uint64_t window_bytes = 32ull << 20;
+  IoMode io = IoMode::kAuto;
+};
+
 // Runs `conversion` on a fresh copy of its input; the lines of its output, empty on failure.
-std::vector<std::string> Convert(const GoldenConversion& conversion, const std::string& run) {
-  const std::string dir = MakeTempDir(absl::StrCat(conversion.id, "_", run));
+std::vector<std::string> Convert(const GoldenConversion& conversion, const Execution& execution) {
+  const std::string dir = MakeTempDir(absl::StrCat(conversion.id, "_", execution.name));
   fs::create_directories(dir + "/in");
   ConversionSpec spec;
   spec.input = conversion.input(dir + "/in");
   spec.output = dir + "/out";
+  spec.threads = execution.threads;
+  spec.window_bytes = execution.window_bytes;
+  spec.io = execution.io;
   conversion.configure(spec);
   if (spec.input.empty()) return {};
-  absl::StatusOr<ConversionResult> result = RunConversion(spec);
-  if (!result.ok()) {
-    ADD_FAILURE() << "conversion " << conversion.id << ": " << result.status();
-    return {};
+  if (conversion.to_s3) {
+    MemoryS3Client s3;
+    const std::string bucket = "golden";
+    const std::string prefix = absl::StrCat(conversion.id, "-", execution.name, "/out/");
+    EXPECT_TRUE(s3.CreateBucket(bucket).ok());
+    spec.output = absl::StrCat("s3://", bucket, "/", prefix);
+    spec.output.pop_back();
+    absl::StatusOr<ConversionResult> result = RunConversionToObjectStore(spec, {}, s3);
+    if (!result.ok()) {
+      ADD_FAILURE() << "conversion " << conversion.id << " (" << execution.name
+                    << "): " << result.status();
+      return {};
+    }
+    std::map<std::string, std::string> objects;
+    for (const auto& [key, bytes] : s3.objects(bucket)) {
+      if (absl::StartsWith(key, prefix)) objects[key.substr(prefix.size())] = bytes;
+    }
+    return Describe(conversion.id, objects);
   }
-  return Describe(conversion.id, spec.output);
+  for (int worker = 0; worker < std::max(conversion.partitions, 1); ++worker) {
+    spec.partition_index = worker;
+    spec.partition_count = conversion.partitions;
+    absl::StatusOr<ConversionResult> result = RunAnyConversion(spec);
+    if (!result.ok()) {
+      ADD_FAILURE() << "conversion " << conversion.id << " (" << execution.name << ", worker "
+                    << worker << "): " << result.status();
+      return {};
+    }
+  }
+  return Describe(conversion.id, FilesIn(spec.output));
 }
 
 // The expected file's lines, by conversion id; comments and blank lines skipped.
@@ -259,12 +325,13 @@ TEST(GoldenOutputsTest, EveryConversionGivesTheRecordedBytes) {
   std::map<std::string, std::vector<std::string>> actual;
   for (const GoldenConversion& conversion : Conversions()) {
     SCOPED_TRACE(conversion.id);
-    const std::vector<std::string> first = Convert(conversion, "a");
-    const std::vector<std::string> second = Convert(conversion, "b");
+    const std::vector<std::string> first = Convert(conversion, {"a"});
+    const std::vector<std::string> second =
+        Convert(conversion, {"b", /*threads=*/1, kMinWindowBytes, IoMode::kBuffered});
     ASSERT_FALSE(first.empty()) << "conversion " << conversion.id << " wrote nothing";
     ASSERT_EQ(first, second) << "conversion " << conversion.id
                              << " is not deterministic: two runs on the same input, in "
-                                "different folders, wrote different bytes";
+                                "different folders, with 2 and 1 threads, wrote different bytes";
     ASSERT_TRUE(actual.emplace(conversion.id, first).second)
         << "two conversions named " << conversion.id;
   }
