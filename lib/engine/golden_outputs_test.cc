@@ -7,8 +7,9 @@
 // It covers every writer (safetensors single, sharded with an index, bf16, fp16, tied weights
 // aliased and duplicated, parts; torch single, sharded, parts; olmo-safetensors; torch-dcp
 // consolidated and resharded to 2 and 3 ranks; megatron TP 2 x PP 2; deepspeed-universal from a
-// ZeRO-2 save folder with Adam moments) and consolidation to safetensors of every registered
-// input fixture. A new fixture adds a conversion, which fails until the file is regenerated.
+// ZeRO-2 save folder with Adam moments, with the latest_universal written beside the output,
+// listed as "../latest_universal") and consolidation to safetensors of every registered input
+// fixture. A new fixture adds a conversion, which fails until the file is regenerated.
 //
 // reshard-manifest.json holds a creation time, the input's path, the tool's version (a release
 // changes it, not the bytes of any format) and, for daemon jobs and partitioned conversions, a
@@ -182,7 +183,10 @@ std::vector<GoldenConversion> Conversions() {
       {"deepspeed_universal_from_zero2",
        [](const std::string& dir) { return WriteZeroFolderWithMoments(dir); },
        With(Consolidate("deepspeed-universal"),
-            [](ConversionSpec& s) { s.read.include_optimizer = true; })},
+            [](ConversionSpec& s) {
+              s.read.include_optimizer = true;
+              s.update_latest = true;  // latest_universal beside the output
+            })},
       {"safetensors_sharded_partitioned2", st, With(Consolidate("safetensors"), small_shards),
        /*partitions=*/2},
       {"torch_dcp_parts3_partitioned3", st, Reshard("torch-dcp", 3, kThreeWayRules),
@@ -292,7 +296,13 @@ std::vector<std::string> Convert(const GoldenConversion& conversion, const Execu
       return {};
     }
   }
-  return Describe(conversion.id, FilesIn(spec.output));
+  // The output, and what the format writes beside it (update_latest), as "../<name>".
+  std::map<std::string, std::string> files = FilesIn(spec.output);
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    files["../" + entry.path().filename().string()] = ReadAll(entry.path().string());
+  }
+  return Describe(conversion.id, files);
 }
 
 // The expected file's lines, by conversion id; comments and blank lines skipped.
