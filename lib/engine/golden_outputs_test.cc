@@ -255,9 +255,10 @@ struct Execution {
   IoMode io = IoMode::kAuto;
 };
 
-// Runs `conversion` on a fresh copy of its input; the lines of its output, empty on failure.
-std::vector<std::string> Convert(const GoldenConversion& conversion, const Execution& execution) {
-  const std::string dir = MakeTempDir(absl::StrCat(conversion.id, "_", execution.name));
+// Runs `conversion` on a fresh copy of its input in the empty folder `dir`; the lines of its
+// output, empty on failure.
+std::vector<std::string> ConvertIn(const GoldenConversion& conversion, const Execution& execution,
+                                   const std::string& dir) {
   fs::create_directories(dir + "/in");
   ConversionSpec spec;
   spec.input = conversion.input(dir + "/in");
@@ -303,6 +304,21 @@ std::vector<std::string> Convert(const GoldenConversion& conversion, const Execu
     files["../" + entry.path().filename().string()] = ReadAll(entry.path().string());
   }
   return Describe(conversion.id, files);
+}
+
+// ConvertIn in a new temporary folder, removed afterwards unless the conversion failed (then
+// the failure names it), so that runs outside `bazel test` leave nothing behind.
+std::vector<std::string> Convert(const GoldenConversion& conversion, const Execution& execution) {
+  const std::string dir = MakeTempDir(absl::StrCat(conversion.id, "_", execution.name));
+  std::vector<std::string> lines = ConvertIn(conversion, execution, dir);
+  if (lines.empty()) {
+    ADD_FAILURE() << "conversion " << conversion.id << " (" << execution.name
+                  << "): its input and output are kept in " << dir;
+  } else {
+    std::error_code error;
+    fs::remove_all(dir, error);
+  }
+  return lines;
 }
 
 // The expected file's lines, by conversion id; comments and blank lines skipped.
