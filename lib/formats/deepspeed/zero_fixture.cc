@@ -5,6 +5,7 @@
 
 #include "lib/formats/deepspeed/zero_fixture.h"
 
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -163,14 +164,54 @@ TorchSaveFile WriteZeroModelStates(const std::string& path, int stage, const std
 
 // One rank's optimizer states of a ZeRO run over two ranks with one flat fp32 group: `flat`
 // (single_partition_of_fp32_groups for ZeRO-1/2, with group_paddings; fp32_flat_groups for
-// ZeRO-3).
+// ZeRO-3). With `moments` (ZeRO-1/2 only), base_optimizer_state also holds the group's Adam
+// state at step 5: exp_avg and exp_avg_sq are `flat` plus 100 and 200.
 TorchSaveFile WriteZeroOptimizerStates(const std::string& path, int stage, const std::string& flat,
-                                       int64_t padding) {
+                                       int64_t padding, bool moments = false) {
   const int64_t numel = static_cast<int64_t>(flat.size() / 4);
+  std::vector<std::pair<std::string, std::string>> storages = {{"0", flat}};
   PickleWriter p;
   p.BeginDict(false);
   p.String("optimizer_state_dict");
   p.BeginDict(false);
+  if (moments) {
+    std::string exp_avg = flat, exp_avg_sq = flat;
+    for (int64_t i = 0; i < numel; ++i) {
+      float value;
+      std::memcpy(&value, flat.data() + i * 4, 4);
+      const float avg = value + 100.0f, avg_sq = value + 200.0f;
+      std::memcpy(&exp_avg[i * 4], &avg, 4);
+      std::memcpy(&exp_avg_sq[i * 4], &avg_sq, 4);
+    }
+    storages.emplace_back("1", exp_avg);
+    storages.emplace_back("2", exp_avg_sq);
+    p.String("base_optimizer_state");
+    p.BeginDict(false);
+    p.String("state");
+    p.BeginDict(false);
+    p.Int(0);
+    p.BeginDict(false);
+    p.String("step");
+    p.Int(5);
+    p.String("exp_avg");
+    p.Tensor("FloatStorage", "1", numel, {numel}, {1});
+    p.String("exp_avg_sq");
+    p.Tensor("FloatStorage", "2", numel, {numel}, {1});
+    p.EndDict();
+    p.EndDict();
+    p.String("param_groups");
+    p.BeginList();
+    p.BeginDict(false);
+    p.String("lr");
+    p.Float(0.001);
+    p.String("params");
+    p.BeginList();
+    p.Int(0);
+    p.EndList();
+    p.EndDict();
+    p.EndList();
+    p.EndDict();
+  }
   p.String("zero_stage");
   p.Int(stage);
   p.String("partition_count");
@@ -193,7 +234,7 @@ TorchSaveFile WriteZeroOptimizerStates(const std::string& path, int stage, const
   }
   p.EndDict();
   p.EndDict();
-  TorchSaveFile archive = BuildTorchSave(p.Finish(), {{"0", flat}});
+  TorchSaveFile archive = BuildTorchSave(p.Finish(), storages);
   WriteAll(path, archive.bytes);
   return archive;
 }
@@ -203,7 +244,7 @@ TorchSaveFile WriteZeroOptimizerStates(const std::string& path, int stage, const
 // flat groups and `paddings` their group_paddings (ZeRO-1/2).
 BuiltFixture WriteZeroFolder(const std::string& dir, int stage,
                              const std::vector<std::string>& flats,
-                             const std::vector<int64_t>& paddings) {
+                             const std::vector<int64_t>& paddings, bool moments = false) {
   const std::string tag = "global_step5";
   std::filesystem::create_directories(dir + "/" + tag);
   WriteAll(dir + "/latest", tag);
@@ -220,8 +261,8 @@ BuiltFixture WriteZeroFolder(const std::string& dir, int stage,
   std::vector<TorchSaveFile> optim_archives;
   for (int rank = 0; rank < 2; ++rank) {
     optims.push_back(absl::StrCat(tag, "/zero_pp_rank_", rank, "_mp_rank_00_optim_states.pt"));
-    optim_archives.push_back(
-        WriteZeroOptimizerStates(dir + "/" + optims.back(), stage, flats[rank], paddings[rank]));
+    optim_archives.push_back(WriteZeroOptimizerStates(dir + "/" + optims.back(), stage, flats[rank],
+                                                      paddings[rank], moments));
   }
   BuiltFixture fixture =
       TorchSaveFolderFixture(dir, optims[1], optim_archives[1], "partition_count");
@@ -244,10 +285,12 @@ BuiltFixture WriteZeroFolder(const std::string& dir, int stage,
 // ZeRO-2 (stage_1_and_2.py's state_dict): the one param group's 15 elements, aligned to
 // 2 x 2 = 16, in partitions of 8: rank 0 holds embed.weight[0:8], rank 1 embed.weight[8:12] and
 // ln.weight (7 elements and 1 of padding, saved without it).
-BuiltFixture BuildZero2Fixture(const std::string& dir) {
+BuiltFixture WriteZero2Folder(const std::string& dir, bool moments) {
   const std::string flat = FixtureF32Bytes(12, 1.5f) + FixtureF32Bytes(3, -4.0f);
-  return WriteZeroFolder(dir, 2, {flat.substr(0, 8 * 4), flat.substr(8 * 4)}, {0, 1});
+  return WriteZeroFolder(dir, 2, {flat.substr(0, 8 * 4), flat.substr(8 * 4)}, {0, 1}, moments);
 }
+
+BuiltFixture BuildZero2Fixture(const std::string& dir) { return WriteZero2Folder(dir, false); }
 
 // ZeRO-3 (stage3.py): every param split on its own, ceil(n / 2) elements per rank: rank 0 holds
 // embed.weight[0:6] and ln.weight[0:2], rank 1 embed.weight[6:12], ln.weight[2:3] and one
@@ -267,4 +310,9 @@ const FormatFixtureRegistration register_zero2("deepspeed-zero", "zero2", BuildZ
 const FormatFixtureRegistration register_zero3("deepspeed-zero", "zero3", BuildZero3Fixture);
 
 }  // namespace
+
+std::string WriteZeroFolderWithMoments(const std::string& dir) {
+  return WriteZero2Folder(dir, /*moments=*/true).input;
+}
+
 }  // namespace reshard

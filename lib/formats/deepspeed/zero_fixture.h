@@ -28,6 +28,13 @@ struct ModelStates {
 // Returns the archive written.
 TorchSaveFile WriteModelStates(const std::string& path, const ModelStates& states);
 
+// The "zero2" fixture's save folder (see zero_fixture.cc) whose optimizer files also hold the
+// Adam state of the flat group at step 5 (base_optimizer_state.state[0]: exp_avg and exp_avg_sq
+// are the fp32 values plus 100 and 200), as a universal checkpoint is made from. Not a
+// registered fixture: the conformance suite expects deepspeed-universal to refuse every fixture.
+// Returns the input path.
+std::string WriteZeroFolderWithMoments(const std::string& dir);
+
 }  // namespace reshard
 
 #endif  // RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FIXTURE_H_
