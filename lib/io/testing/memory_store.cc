@@ -114,6 +114,11 @@ int MemoryStore::max_concurrent_reads() const {
   return max_concurrent_reads_;
 }
 
+void MemoryStore::reset_max_concurrent_reads() {
+  absl::MutexLock lock(&mu_);
+  max_concurrent_reads_ = 0;
+}
+
 absl::Status MemoryStore::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out,
                                     const RemoteStat& /*opened*/) {
   absl::Duration delay;

@@ -43,8 +43,9 @@ class MemoryStore : public RemoteStore {
   // waits its round trip: tests of reads in flight see them overlap (max_concurrent_reads) and
   // time what overlapping saves. Default: none.
   void set_read_delay(absl::Duration delay);
-  // The most ReadRange calls under way at once so far.
+  // The most ReadRange calls under way at once since the store was made or last reset.
   int max_concurrent_reads() const;
+  void reset_max_concurrent_reads();
 
   absl::StatusOr<RemoteStat> Stat(const std::string& url) override;
   absl::StatusOr<std::vector<RemoteEntry>> List(const std::string& url) override;
