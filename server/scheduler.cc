@@ -13,6 +13,8 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "lib/core/status.h"
+#include "server/job_metrics.h"
+#include "server/job_result.h"
 
 namespace reshard {
 namespace {
@@ -50,10 +52,6 @@ void NotePersistFailure(v1::Job& job, const absl::Status& status) {
 }
 
 }  // namespace
-
-absl::string_view JobKindLabel(v1::JobKind kind) {
-  return kind == v1::JOB_KIND_RESHARD ? "reshard" : "consolidate";
-}
 
 bool IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
@@ -212,20 +210,7 @@ Scheduler::Snapshot Scheduler::FinishLocked(Entry& entry, v1::JobState state,
   entry.job.set_finished_unix(NowUnix());
   if (!status.ok()) SetError(entry.job, status);
   ChangedLocked(entry);
-  if (metrics_ != nullptr) {
-    const absl::string_view kind = JobKindLabel(entry.job.spec().kind());
-    const double started =
-        entry.job.started_unix() > 0 ? entry.job.started_unix() : entry.job.finished_unix();
-    metrics_->JobFinished(kind,
-                          state == v1::JOB_STATE_SUCCEEDED   ? "succeeded"
-                          : state == v1::JOB_STATE_CANCELLED ? "cancelled"
-                                                             : "failed",
-                          entry.job.finished_unix() - started);
-    if (entry.job.started_unix() > 0) metrics_->ObservePeakRss(entry.job.peak_rss_bytes());
-    if (state == v1::JOB_STATE_SUCCEEDED) {
-      metrics_->SetLastSuccess(kind, entry.job.finished_unix());
-    }
-  }
+  if (metrics_ != nullptr) RecordJobEnd(entry.job, state, *metrics_);
   return SnapshotLocked(entry);
 }
 
@@ -450,11 +435,7 @@ void Scheduler::WorkerLoop() {
     const bool resume = entry.job.attempts() > 0;
     context->resume = resume;
     if (resume) {
-      for (const v1::OutputFile& file : entry.job.committed_files()) {
-        uint64_t hash = 0;
-        if (absl::SimpleHexAtoi(file.xxh3_64(), &hash))
-          context->completed_files[file.name()] = hash;
-      }
+      context->completed_files = CompletedFiles(entry.job);
     } else {
       entry.job.clear_committed_files();
     }
@@ -476,13 +457,7 @@ void Scheduler::WorkerLoop() {
     context->on_progress = [this, entry_ptr](const Progress& p) {
       absl::MutexLock lock(&mu_);
       if (entry_ptr->abandoned) return;
-      v1::Progress* progress = entry_ptr->job.mutable_progress();
-      progress->set_bytes_done(p.bytes_done);
-      progress->set_bytes_total(p.bytes_total);
-      progress->set_tensors_done(p.tensors_done);
-      progress->set_tensors_total(p.tensors_total);
-      progress->set_files_done(p.files_done);
-      progress->set_files_total(p.files_total);
+      SetJobProgress(p, entry_ptr->job);
       if (metrics_ != nullptr && p.bytes_done > entry_ptr->bytes_counted) {
         // Counted as windows are written, so throughput shows while the job runs.
         metrics_->AddBytes(0, p.bytes_done - entry_ptr->bytes_counted);
@@ -504,10 +479,7 @@ void Scheduler::WorkerLoop() {
       {
         absl::MutexLock lock(&mu_);
         if (entry_ptr->abandoned) return;
-        v1::OutputFile* record = entry_ptr->job.add_committed_files();
-        record->set_name(file.name);
-        record->set_bytes(file.bytes);
-        record->set_xxh3_64(absl::StrFormat("%016x", file.xxh3_64));
+        SetOutputFile(file, *entry_ptr->job.add_committed_files());
         committed = SnapshotLocked(*entry_ptr);
       }
       Persist(committed);  // durable on return: a crash after this point keeps the file
@@ -533,51 +505,8 @@ void Scheduler::WorkerLoop() {
     Entry draft = entry;
     Snapshot end;
     if (result.ok()) {
-      draft.job.set_bytes_read(result->bytes_read);
-      draft.job.set_bytes_written(result->bytes_written);
-      draft.job.set_reused_files(result->reused_files);
-      draft.job.set_reused_bytes(result->reused_bytes);
-      v1::PhaseTimings* timings = draft.job.mutable_timings();
-      timings->set_plan_seconds(result->plan_seconds);
-      timings->set_write_seconds(result->data_files_seconds);  // the API keeps its name
-      timings->set_publish_seconds(result->publish_seconds);
-      timings->set_read_seconds(result->data_phases.read);
-      timings->set_convert_seconds(result->data_phases.convert);
-      timings->set_write_io_seconds(result->data_phases.write);
-      timings->set_fsync_seconds(result->data_phases.fsync);
-      timings->set_verify_seconds(result->data_phases.verify);
-      draft.job.clear_output_files();
-      for (const WrittenFile& file : result->files) {
-        v1::OutputFile* out = draft.job.add_output_files();
-        out->set_name(file.name);
-        out->set_bytes(file.bytes);
-        out->set_xxh3_64(absl::StrFormat("%016x", file.xxh3_64));
-      }
-      draft.job.clear_committed_files();
-      if (result->found_published) {
-        draft.job.set_note(absl::StrCat(
-            "the output was published by attempt ", draft.job.attempts() - 1,
-            ", which was interrupted before recording success; every file was checked against "
-            "its manifest"));
-      }
-      if (metrics_ != nullptr) {
-        // The index and manifest (and any data not reported as progress) are added now, so
-        // the counter moves by exactly the job's bytes_written over a successful attempt.
-        const uint64_t rest = result->bytes_written > draft.bytes_counted
-                                  ? result->bytes_written - draft.bytes_counted
-                                  : 0;
-        metrics_->AddBytes(result->bytes_read, rest);
-        metrics_->AddOutput(result->tensors, static_cast<int64_t>(result->files.size()));
-        metrics_->AddVerificationFailures(result->verification_failures);
-        const PhaseSeconds& data = result->data_phases;
-        metrics_->ObservePhase("plan", result->plan_seconds);
-        metrics_->ObservePhase("read", data.read);
-        metrics_->ObservePhase("convert", data.convert);
-        metrics_->ObservePhase("write", data.write);
-        metrics_->ObservePhase("fsync", data.fsync);
-        if (draft.job.attempts() > 1) metrics_->ObservePhase("verify", data.verify);
-        metrics_->ObservePhase("publish", result->publish_seconds);
-      }
+      SetJobResult(*result, draft.job);
+      if (metrics_ != nullptr) RecordJobResult(draft.job, *result, draft.bytes_counted, *metrics_);
       end = (FinishLocked(draft, v1::JOB_STATE_SUCCEEDED, absl::OkStatus()));
     } else if (context->preserve_staging.load()) {
       // Interrupted by shutdown: queued again to resume at the next start.

@@ -248,8 +248,6 @@ class Scheduler {
   std::thread persister_;
 };
 
-// "consolidate" / "reshard".
-absl::string_view JobKindLabel(v1::JobKind kind);
 bool IsTerminal(v1::JobState state);
 
 }  // namespace reshard

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "lib/exec/dtype_convert.h"
 #include "lib/exec/tensor_filler.h"
+#include "lib/exec/testing/plan_fixture.h"
 #include "lib/io/scratch_copy.h"
 #include "lib/plan/planner.h"
 #include "lib/testing/test_files.h"
@@ -34,117 +35,6 @@ Directory OutputDir(const std::string& path) {
 }
 
 namespace fs = std::filesystem;
-
-// Value of element (r, c) of the global F32 tensor: distinct, with fractional bits that make
-// narrowing round (and some values that tie), some negative.
-float Value(int64_t r, int64_t c) {
-  const float base = static_cast<float>(r * 1000 + c) * 1.0009765625f + 0.3333f;
-  return (r + c) % 7 == 3 ? -base : base;
-}
-
-uint32_t Bits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return bits;
-}
-
-std::string EncodeElement(float value, DType dtype) {
-  std::string out;
-  if (dtype == DType::kF32) {
-    out.resize(4);
-    std::memcpy(out.data(), &value, 4);
-  } else {
-    const uint16_t h =
-        dtype == DType::kBF16 ? F32BitsToBF16Bits(Bits(value)) : F32BitsToF16Bits(Bits(value));
-    out.resize(2);
-    std::memcpy(out.data(), &h, 2);
-  }
-  return out;
-}
-
-// The expected dense data of `region` of the [rows, cols] tensor in `dtype`.
-std::string Expected(const Box& region, DType dtype) {
-  std::string out;
-  for (int64_t r = region.origin[0]; r < region.origin[0] + region.extent[0]; ++r) {
-    for (int64_t c = region.origin[1]; c < region.origin[1] + region.extent[1]; ++c) {
-      out += EncodeElement(Value(r, c), dtype);
-    }
-  }
-  return out;
-}
-
-// A [rows, cols] F32 tensor split by columns at `split` into two pieces, each stored dense
-// row-major in its own file after a few junk bytes.
-struct Fixture {
-  Catalog catalog;
-  int64_t rows = 0;
-  int64_t cols = 0;
-};
-
-Fixture MakeSource(const std::string& dir, int64_t rows, int64_t cols, int64_t split) {
-  Fixture fixture;
-  fixture.rows = rows;
-  fixture.cols = cols;
-  const std::string junk_a = "JUNKJUNKJUNKJUNK";  // 16 bytes
-  const std::string junk_b = "12345678";
-  std::string a = junk_a, b = junk_b;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) {
-      (c < split ? a : b) += EncodeElement(Value(r, c), DType::kF32);
-    }
-  }
-  a += "TRAILER";
-  WriteAll(dir + "/a.bin", a);
-  WriteAll(dir + "/b.bin", b);
-  Catalog& catalog = fixture.catalog;
-  catalog.format = "test";
-  catalog.files.push_back({dir + "/a.bin", a.size()});
-  catalog.files.push_back({dir + "/b.bin", b.size()});
-  CatalogTensor tensor{"w", DType::kF32, {rows, cols}, {}};
-  tensor.pieces.push_back({0, junk_a.size(), Box{{0, 0}, {rows, split}}, {split, 1}});
-  tensor.pieces.push_back(
-      {1, junk_b.size(), Box{{0, split}, {rows, cols - split}}, {cols - split, 1}});
-  catalog.tensors.push_back(tensor);
-  catalog.Reindex();
-  EXPECT_TRUE(ValidateCatalog(catalog).ok()) << ValidateCatalog(catalog);
-  return fixture;
-}
-
-struct Case {
-  TargetLayout layout;
-  std::vector<FileFraming> framings;
-  std::vector<std::string> expected;  // per file
-};
-
-// File "full.bin": header, whole tensor (F32), "MID", sub-box (BF16), trailer.
-// File "rows.bin": rows 1..rows-1 in F16, then a one-column slice in F32.
-Case MakeCase(const Fixture& fixture) {
-  Case c;
-  const Box full = Box::Full({fixture.rows, fixture.cols});
-  const Box sub{{1, 2}, {fixture.rows - 2, fixture.cols - 5}};
-  const Box tail{{1, 0}, {fixture.rows - 1, fixture.cols}};
-  const Box column{{0, fixture.cols - 2}, {fixture.rows, 1}};
-  c.layout.files.push_back(
-      {"full.bin", {{"w", 0, full, DType::kF32}, {"w_sub", 0, sub, DType::kBF16}}, {}});
-  c.layout.files.push_back(
-      {"rows.bin", {{"w_rows", 0, tail, DType::kF16}, {"w_col", 0, column, DType::kF32}}, {}});
-  FileFraming f0;
-  f0.segments.push_back({FramingSegment::Kind::kBytes, "HEADER--", -1});
-  f0.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
-  f0.segments.push_back({FramingSegment::Kind::kBytes, "MID", -1});
-  f0.segments.push_back({FramingSegment::Kind::kTensor, "", 1});
-  f0.segments.push_back({FramingSegment::Kind::kBytes, "END", -1});
-  FileFraming f1;
-  f1.segments.push_back({FramingSegment::Kind::kTensor, "", 1});  // out of layout order
-  f1.segments.push_back({FramingSegment::Kind::kBytes, std::string(5000, 'h'), -1});
-  f1.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
-  c.framings = {f0, f1};
-  c.expected.push_back("HEADER--" + Expected(full, DType::kF32) + "MID" +
-                       Expected(sub, DType::kBF16) + "END");
-  c.expected.push_back(Expected(column, DType::kF32) + std::string(5000, 'h') +
-                       Expected(tail, DType::kF16));
-  return c;
-}
 
 // MakeCase over a fresh [rows, cols] source split by columns at `split`, and its plan.
 struct PlannedCase {
@@ -579,16 +469,6 @@ TEST(ExecutorTest, EstimateExecutionMemoryIsBounded) {
   EXPECT_GT(EstimateExecutionMemory(*plan, options), estimate);
 }
 
-// One output file holding the whole tensor "w" of `fixture` in F32.
-absl::StatusOr<CopyPlan> WholeTensorPlan(const Fixture& fixture) {
-  TargetLayout layout;
-  layout.files.push_back(
-      {"whole.bin", {{"w", 0, Box::Full({fixture.rows, fixture.cols}), DType::kF32}}, {}});
-  FileFraming framing;
-  framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
-  return BuildCopyPlan(fixture.catalog, layout, {framing});
-}
-
 // The local copies of strided items of remote sources (TensorFiller::kStagedMemoryBytes) count
 // in the estimate, once per worker; strided items of local sources, read through the mapping,
 // do not.
@@ -607,94 +487,6 @@ TEST(ExecutorTest, EstimateExecutionMemoryCountsStagedCopies) {
   EXPECT_EQ(EstimateExecutionMemory(strided, options), EstimateExecutionMemory(*plan, options) +
                                                            TensorFiller::kStagedMemoryBytes +
                                                            ScratchCopy::kPieceBytes);
-}
-
-TEST(ExecutorTest, AnalyzeSourceReadsSeesRepeatedReads) {
-  const std::string src = MakeTempDir("src");
-  Fixture fixture = MakeSource(src, 57, 181, 97);
-  // MakeCase reads "w" whole, and parts of it again in other boxes: both sources are read
-  // more than once.
-  Case c = MakeCase(fixture);
-  auto repeated = BuildCopyPlan(fixture.catalog, c.layout, c.framings);
-  ASSERT_TRUE(repeated.ok()) << repeated.status();
-  for (const SourceReads& reads : AnalyzeSourceReads(*repeated)) {
-    EXPECT_FALSE(reads.read_once);
-  }
-  auto once = WholeTensorPlan(fixture);
-  ASSERT_TRUE(once.ok()) << once.status();
-  for (const SourceReads& reads : AnalyzeSourceReads(*once)) {
-    EXPECT_TRUE(reads.read_once);
-    EXPECT_TRUE(reads.repeated.empty());
-  }
-
-  // Strips of rows that interleave (a split along the last dimension) are still read once.
-  // The same strip read again (a replicated tensor) is a repeated range of a source that is
-  // otherwise read once; a strip that overlaps another without being the same box is not.
-  CopyPlan strips;
-  strips.sources.push_back({"s.bin", 4 * 100});
-  auto strip = [](uint64_t offset, int64_t width) {
-    TensorCopy copy;
-    copy.name = "t";
-    copy.num_elements = 4 * width;
-    copy.items.push_back({0, offset, {4, width}, {10, 1}, 0, {width, 1}});
-    return copy;
-  };
-  strips.files.push_back({"left.bin", {}, {strip(0, 5)}, 80, nullptr, false});
-  strips.files.push_back({"right.bin", {}, {strip(5 * 4, 5)}, 80, nullptr, false});
-  std::vector<SourceReads> reads = AnalyzeSourceReads(strips);
-  EXPECT_TRUE(reads[0].read_once);
-  EXPECT_TRUE(reads[0].repeated.empty());
-  strips.files.push_back({"again.bin", {}, {strip(0, 5)}, 80, nullptr, false});
-  reads = AnalyzeSourceReads(strips);
-  EXPECT_TRUE(reads[0].read_once);
-  EXPECT_EQ(reads[0].repeated, (std::vector<std::pair<uint64_t, uint64_t>>{{0, (3 * 10 + 5) * 4}}));
-  strips.files.push_back({"wider.bin", {}, {strip(0, 6)}, 96, nullptr, false});
-  EXPECT_FALSE(AnalyzeSourceReads(strips)[0].read_once);
-}
-
-TEST(ExecutorTest, SourcesReadDenseTellsWholeBoxesFromStrips) {
-  const std::string src = MakeTempDir("src");
-  Fixture fixture = MakeSource(src, 57, 181, 97);
-  auto whole = WholeTensorPlan(fixture);
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_EQ(SourcesReadDense(*whole), std::vector<bool>({true, true}));
-
-  // The strips of a split along the last dimension skip bytes between their rows; a box of
-  // whole rows does not.
-  CopyPlan plan;
-  plan.sources.push_back({"strips.bin", 4 * 100});
-  plan.sources.push_back({"rows.bin", 4 * 100});
-  TensorCopy strip;
-  strip.name = "strip";
-  strip.num_elements = 4 * 5;
-  strip.items.push_back({0, 0, {4, 5}, {10, 1}, 0, {5, 1}});
-  TensorCopy rows;
-  rows.name = "rows";
-  rows.num_elements = 4 * 10;
-  rows.items.push_back({1, 40, {4, 10}, {10, 1}, 0, {10, 1}});
-  plan.files.push_back({"out.bin", {}, {strip, rows}, 240, nullptr, false});
-  EXPECT_EQ(SourcesReadDense(plan), std::vector<bool>({false, true}));
-}
-
-// Files of one F32 tensor each, boxes of the fixture's "w", each after `header` bytes; with the
-// bytes each file must hold.
-struct OneFilePerBox {
-  TargetLayout layout;
-  std::vector<FileFraming> framings;
-  std::vector<std::string> expected;
-};
-OneFilePerBox BoxesOfW(const std::vector<std::pair<std::string, Box>>& boxes,
-                       const std::string& header = "") {
-  OneFilePerBox files;
-  for (const auto& [name, box] : boxes) {
-    files.layout.files.push_back({name, {{"w", 0, box, DType::kF32}}, {}});
-    FileFraming framing;
-    if (!header.empty()) framing.segments.push_back({FramingSegment::Kind::kBytes, header, 0});
-    framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
-    files.framings.push_back(framing);
-    files.expected.push_back(header + Expected(box, DType::kF32));
-  }
-  return files;
 }
 
 // A split under --io auto: the sources are read once, but in boxes of whole rows (read
@@ -789,56 +581,6 @@ uint64_t BytesReadByProcess() {
   }
   return 0;
 }
-
-// The parts of "w" split along its columns into `parts` files, each "HEADER" and the part.
-OneFilePerBox ColumnParts(const Fixture& fixture, int parts) {
-  std::vector<std::pair<std::string, Box>> boxes;
-  for (int p = 0; p < parts; ++p) {
-    const int64_t begin = fixture.cols * p / parts, end = fixture.cols * (p + 1) / parts;
-    boxes.push_back(
-        {absl::StrCat("part", p, ".bin"), Box{{0, begin}, {fixture.rows, end - begin}}});
-  }
-  return BoxesOfW(boxes, "HEADER");
-}
-
-// Files with the same tensors, read in strips from the same source files, are written in turns
-// by one worker (up to 8 at once); files of whole tensors each on their own.
-TEST(ExecutorTest, WorkUnitsGroupThePartsOfASplit) {
-  const std::string src = MakeTempDir("src");
-  Fixture fixture = MakeSource(src, 20, 100, 60);
-  using Files = std::vector<std::vector<size_t>>;
-  // Up to 8 parts in one unit, which reads their rows whole; more in units as even as can be.
-  // But only parts that share a source file go together: of 10 parts of 10 columns, the first
-  // six read a.bin (columns 0-59) only and the other four b.bin only, so they make two units
-  // that each read their rows whole.
-  const std::map<int, std::pair<Files, bool>> cases = {
-      {2, {{{0, 1}}, true}},
-      {4, {{{0, 1, 2, 3}}, true}},
-      {8, {{{0, 1, 2, 3, 4, 5, 6, 7}}, true}},
-      {10, {{{0, 1, 2, 3, 4, 5}, {6, 7, 8, 9}}, true}},
-      {17, {{{0, 1, 2, 3, 4}, {5, 6, 7, 8, 9, 10}, {11, 12, 13, 14, 15, 16}}, false}},
-  };
-  for (const auto& [parts, expected] : cases) {
-    SCOPED_TRACE(absl::StrCat(parts, " parts"));
-    const OneFilePerBox files_of_parts = ColumnParts(fixture, parts);
-    auto plan = BuildCopyPlan(fixture.catalog, files_of_parts.layout, files_of_parts.framings);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    const std::vector<WorkUnit> units = WorkUnits(*plan);
-    Files files;
-    for (const WorkUnit& unit : units) {
-      files.push_back(unit.files);
-      EXPECT_EQ(unit.whole_rows, expected.second);
-    }
-    EXPECT_EQ(files, expected.first);
-  }
-  auto whole = WholeTensorPlan(fixture);
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  const std::vector<WorkUnit> units = WorkUnits(*whole);
-  ASSERT_EQ(units.size(), 1u);
-  EXPECT_EQ(units[0].files, std::vector<size_t>{0});
-  EXPECT_FALSE(units[0].whole_rows);
-}
-
 // Executes `plan` into a new folder with every I/O mode, window (64 KiB, 32 MiB) and number of
 // workers (1, 2): each time every file is its expected bytes, and the process reads fewer than
 // `max_read` bytes (/proc/self/io rchar).

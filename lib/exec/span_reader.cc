@@ -75,7 +75,7 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
     return Bytes{current_.data + (offset - current_.begin), current_.end - offset};
   }
   if (previous_.Holds(source, offset, length)) {
-    // Output files written in turns (executor.cc, WriteInLockstep) come back to the span before
+    // Output files written in turns (file_writer.cc, WriteInLockstep) come back to the span before
     // the one the first of them moved on to: the other parts' strips of the same rows.
     return Bytes{previous_.data + (offset - previous_.begin), previous_.end - offset};
   }

@@ -72,7 +72,7 @@ class SpanReader {
   // it is given and asks again from there reads a file front to back without waiting for a
   // read after the first. Unless the current span, the one before it (while no read ahead has
   // taken its buffer: callers taking turns over the same rows, see WriteInLockstep in
-  // executor.cc) or the read-ahead span holds them, reads the span
+  // file_writer.cc) or the read-ahead span holds them, reads the span
   // [offset, max(offset + length, min(limit, offset + span size))). Then, for a source read
   // directly, reads ahead:
   //   * without `next`, the span after the current one in the same file (overlapping it by
@@ -89,12 +89,12 @@ class SpanReader {
   // `lead`: a span read for this request starts up to that many bytes before `offset` (within
   // the file): a strip of rows passes `lead` = the bytes between its strips, so that a span it
   // reads also holds the strips before it in the same row, which other output files written
-  // in turns read (WriteInLockstep in executor.cc).
+  // in turns read (WriteInLockstep in file_writer.cc).
   absl::StatusOr<Bytes> Get(const std::vector<MappedFile>& sources, int file, uint64_t offset,
                             uint64_t length, uint64_t limit, const Run* next = nullptr,
                             bool direct = true, uint64_t lead = 0);
 
-  // For output files written in turns (WriteInLockstep in executor.cc): a short request (its
+  // For output files written in turns (WriteInLockstep in file_writer.cc): a short request (its
   // run, up to `limit`, at most kSideBytes) that no span holds is read into a side buffer, so
   // that it does not push out the spans the other files come back to (a column of one file
   // beside the strips of another), and spans take turns in three buffers, so that the previous

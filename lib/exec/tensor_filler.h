@@ -98,7 +98,7 @@ class TensorFiller {
   void set_following(SpanReader::Run run) { following_ = run; }
 
   // Lets the reads of the next fills extend to the rows of output elements before `element`
-  // (at least): an output file written in turns with others (WriteInLockstep in executor.cc)
+  // (at least): an output file written in turns with others (WriteInLockstep in file_writer.cc)
   // fills a step of the tensor window by window, and reads the step's rows in one span, which
   // the other files then read their strips from. Without it, reads stop at the window's rows.
   void set_read_to(int64_t element) { read_to_ = element; }
