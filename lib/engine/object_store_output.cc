@@ -208,7 +208,12 @@ absl::StatusOr<std::string> PlanId(const ConversionSpec& spec, const OutputPrefi
   for (const FilePlan& file : plan.files) files.push_back({file.name, file.bytes});
   identity["files"] = std::move(files);
   OrderedJson sources = OrderedJson::array();
-  for (const SourceFile& source : plan.sources) sources.push_back({source.path, source.size});
+  for (const SourceFile& source : plan.sources) {
+    // A remote source's version too: objects finished from a replaced input are not kept.
+    OrderedJson entry = {source.path, source.size};
+    if (!source.version.empty()) entry.push_back(source.version);
+    sources.push_back(std::move(entry));
+  }
   identity["sources"] = std::move(sources);
   const std::string canonical = identity.dump();
   return absl::StrFormat("%016x", XXH3_64bits(canonical.data(), canonical.size()));

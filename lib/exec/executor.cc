@@ -59,7 +59,8 @@ absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>
   mapped.reserve(sources.size());
   for (const SourceFile& source : sources) {
     ASSIGN_OR_RETURN(MappedFile file,
-                     MappedFile::Open(source.path, static_cast<int64_t>(source.size)));
+                     MappedFile::Open(source.path, static_cast<int64_t>(source.size),
+                                      source.version));
     mapped.push_back(std::move(file));
   }
   return mapped;

@@ -34,8 +34,11 @@ Registry& GetRegistry() {
 absl::Status AddVerbatimCopy(const std::string& path, const std::string& output_name,
                              const Catalog& catalog, ArrangedOutput& arranged) {
   uint64_t size = 0;
+  std::string version;
   if (IsRemotePath(path)) {
-    ASSIGN_OR_RETURN(size, InputFileSize(path));
+    ASSIGN_OR_RETURN(InputFileInfo info, StatInputFile(path));
+    size = info.size;
+    version = std::move(info.version);
   } else {
     ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
     struct stat st;
@@ -46,7 +49,7 @@ absl::Status AddVerbatimCopy(const std::string& path, const std::string& output_
     size = static_cast<uint64_t>(st.st_size);
   }
   const int file = static_cast<int>(arranged.extra_files.size());
-  arranged.extra_files.push_back(SourceFile{path, size, {}});
+  arranged.extra_files.push_back(SourceFile{path, size, {}, std::move(version)});
   CatalogTensor bytes;
   bytes.name = absl::StrCat("verbatim:", output_name);
   bytes.dtype = DType::kU8;

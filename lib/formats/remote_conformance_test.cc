@@ -31,6 +31,9 @@
 #include "lib/engine/conversion.h"
 #include "lib/formats/format.h"
 #include "lib/formats/format_fixture.h"
+#include "lib/exec/executor.h"
+#include "lib/io/directory.h"
+#include "lib/io/file_access.h"
 #include "lib/io/remote_store.h"
 #include "lib/io/testing/memory_store.h"
 #include "lib/testing/test_files.h"
@@ -280,6 +283,44 @@ TEST_P(RemoteConformanceTest, DamagedObjectsAreRefusedNamingThem) {
           << status;
     }
     EXPECT_THAT(status.message(), HasSubstr(url)) << status;
+  }
+}
+
+// An object replaced by another of the same size between the metadata read (planning) and the
+// data read (the executor) is refused naming it and both versions: the pieces located in the
+// old version would be read from the new one's bytes. Every source the plan reads (data files
+// and the verbatim files some formats copy) is replaced in turn, last first, so that the
+// executor, which opens the sources in order, meets each replaced one while the ones before it
+// are intact.
+TEST_P(RemoteConformanceTest, ObjectReplacedSinceItsMetadataIsRefused) {
+  if (!format_impl_->reads_remote()) GTEST_SKIP() << label_ << " is not read remotely";
+  if (RefusedRemotely().count(label_) > 0) GTEST_SKIP() << label_ << " is refused remotely";
+  const std::string out = MakeTempDir(absl::StrCat("remote_replaced_", tag_));
+  absl::StatusOr<PlannedConversion> planned = PlanConversion(Spec(remote_input_, out + "/x"));
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  const std::vector<SourceFile>& sources = planned->plan.sources;
+  ASSERT_FALSE(sources.empty());
+  absl::StatusOr<Directory> dir = OpenFolderCreating(out + "/staging");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  for (size_t s = sources.size(); s-- > 0;) {
+    const SourceFile& source = sources[s];
+    SCOPED_TRACE(source.path);
+    const std::string then = Store()->version(source.path);
+    ASSERT_EQ(source.version, then);
+    std::string bytes = ReadAll(absl::StrCat(dir_, source.path.substr(url_.size())));
+    ASSERT_EQ(bytes.size(), source.size);
+    ASSERT_FALSE(bytes.empty());
+    bytes.back() ^= 0x01;
+    Store()->Put(source.path, std::move(bytes));
+    const std::string now = Store()->version(source.path);
+    ASSERT_NE(now, then);
+    absl::StatusOr<ExecutionResult> executed =
+        Execute(planned->plan, *dir, ExecutorOptionsFor(Spec(remote_input_, out + "/x")));
+    ASSERT_EQ(executed.status().code(), absl::StatusCode::kFailedPrecondition)
+        << executed.status();
+    EXPECT_EQ(executed.status().message(),
+              absl::StrCat(source.path, " changed since its metadata was read: ETag ", then,
+                           " then, ", now, " now"));
   }
 }
 

@@ -101,7 +101,7 @@ absl::StatusOr<RemoteStat> StatRemote(const std::string& path) {
         absl::StatusOr<RemoteStat> stat = absl::NotFoundError(absl::StrCat(
             path, " does not exist: no object or folder \"", name, "\" in ", parent, "/"));
         for (const RemoteEntry& file : listing->files) {
-          if (file.name == name) stat = RemoteStat{/*is_folder=*/false, file.size};
+          if (file.name == name) stat = RemoteStat{/*is_folder=*/false, file.size, file.version};
         }
         for (const std::string& folder : listing->folders) {
           if (folder == name) stat = RemoteStat{/*is_folder=*/true, 0};
@@ -485,12 +485,17 @@ bool InputExists(const std::string& path) { return CheckInputExists(path).value_
 bool IsInputFile(const std::string& path) { return CheckInputFile(path).value_or(false); }
 
 absl::StatusOr<uint64_t> InputFileSize(const std::string& path) {
+  ASSIGN_OR_RETURN(InputFileInfo info, StatInputFile(path));
+  return info.size;
+}
+
+absl::StatusOr<InputFileInfo> StatInputFile(const std::string& path) {
   if (IsRemotePath(path)) {
     ASSIGN_OR_RETURN(RemoteStat stat, StatRemote(path));
     if (stat.is_folder) {
       return absl::InvalidArgumentError(absl::StrCat(path, " is a folder, not a file"));
     }
-    return stat.size;
+    return InputFileInfo{stat.size, std::move(stat.version)};
   }
   namespace fs = std::filesystem;
   std::error_code error;
@@ -504,7 +509,7 @@ absl::StatusOr<uint64_t> InputFileSize(const std::string& path) {
   }
   const uint64_t size = fs::file_size(path, error);
   if (error) return ErrnoToStatus(error.value(), absl::StrCat("stat ", path));
-  return size;
+  return InputFileInfo{size, ""};
 }
 
 absl::StatusOr<std::vector<std::string>> ListInputFolderEntries(const std::string& dir) {

@@ -145,6 +145,16 @@ bool IsInputFile(const std::string& path);
 // folder (remote) or not a regular file (local).
 absl::StatusOr<uint64_t> InputFileSize(const std::string& path);
 
+// What a reader records of an input file it locates data in (SourceFile): its size, and a
+// remote file's version (RemoteStat::version, S3's ETag; from the folder's listing in a
+// ScopedRemoteListingCache); empty for a local file.
+struct InputFileInfo {
+  uint64_t size = 0;
+  std::string version;
+};
+// As InputFileSize, with the version.
+absl::StatusOr<InputFileInfo> StatInputFile(const std::string& path);
+
 // The names of the files directly inside input folder `dir`, hidden ones (".x") included,
 // unsorted; regular files only for a local folder (symlinks followed). Errors name `dir`.
 absl::StatusOr<std::vector<std::string>> ListInputFolder(const std::string& dir);

@@ -26,8 +26,9 @@ uint64_t PageSize() {
 
 }  // namespace
 
-absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path, int64_t expected_size) {
-  if (IsRemotePath(path)) return OpenRemote(path, expected_size);
+absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path, int64_t expected_size,
+                                            const std::string& expected_version) {
+  if (IsRemotePath(path)) return OpenRemote(path, expected_size, expected_version);
   ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
   return Adopt(fd, path, expected_size);
 }
@@ -70,7 +71,8 @@ absl::StatusOr<MappedFile> MappedFile::Adopt(int fd, const std::string& path,
   return file;
 }
 
-absl::StatusOr<MappedFile> MappedFile::OpenRemote(const std::string& path, int64_t expected_size) {
+absl::StatusOr<MappedFile> MappedFile::OpenRemote(const std::string& path, int64_t expected_size,
+                                                  const std::string& expected_version) {
   ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(path));
   ASSIGN_OR_RETURN(RemoteStat stat, store->Stat(path));
   if (stat.is_folder) {
@@ -80,6 +82,13 @@ absl::StatusOr<MappedFile> MappedFile::OpenRemote(const std::string& path, int64
     return absl::DataLossError(absl::StrCat(path, ": object is ", stat.size, " bytes but was ",
                                             expected_size,
                                             " bytes when it was read; it changed underneath"));
+  }
+  if (!expected_version.empty() && stat.version != expected_version) {
+    // Replaced by another object (of the same size) since a reader parsed its metadata: the
+    // pieces located then would be read from other bytes.
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " changed since its metadata was read: ETag ", expected_version,
+                     " then, ", stat.version.empty() ? "none" : stat.version, " now"));
   }
   MappedFile file;
   file.path_ = path;

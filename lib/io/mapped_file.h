@@ -34,10 +34,13 @@ class MappedFile {
  public:
   // Maps `path` read-only. `expected_size`, when given, must equal the file's size (it changed
   // since it was cataloged otherwise: DataLoss). A remote path opens a remote file (above);
-  // InvalidArgument when it names a folder.
+  // InvalidArgument when it names a folder. A remote file with a non-empty `expected_version`
+  // (SourceFile::version) must still be that version (FailedPrecondition naming the file and
+  // both versions otherwise), and every read is of that version; local files have none.
   // The file is opened with OpenRegularFile (lib/io/file_access.h): FIFOs and devices are
   // refused, and under a PathConfinement it is opened beneath the allowed roots.
-  static absl::StatusOr<MappedFile> Open(const std::string& path, int64_t expected_size = -1);
+  static absl::StatusOr<MappedFile> Open(const std::string& path, int64_t expected_size = -1,
+                                         const std::string& expected_version = "");
   // Maps the open file `fd` (taken over, closed on error), known by `path` in messages.
   static absl::StatusOr<MappedFile> Adopt(int fd, const std::string& path,
                                           int64_t expected_size = -1);
@@ -55,6 +58,9 @@ class MappedFile {
   bool remote() const { return remote_ != nullptr; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // The version of a remote file its reads are pinned to (RemoteStat::version, S3's ETag);
+  // empty for a local file and a store without versions.
+  const std::string& version() const { return remote_stat_.version; }
 
   // Reads `length` bytes at `offset` into `out`. DataLoss naming the file and offset when the
   // file ended early (it shrank underneath), the errno's status on an I/O error. Thread safe.
@@ -144,7 +150,8 @@ class MappedFile {
   bool Repeated(uint64_t begin, uint64_t end) const;
 
   // Opens remote file `path` through its store.
-  static absl::StatusOr<MappedFile> OpenRemote(const std::string& path, int64_t expected_size);
+  static absl::StatusOr<MappedFile> OpenRemote(const std::string& path, int64_t expected_size,
+                                               const std::string& expected_version);
   // Reads [offset, offset + length) of a remote file into `out`: DataLoss naming the file when
   // the range passes its end; a long range in pieces of at least kRemotePieceBytes, up to
   // kRemotePiecesInFlight of them read at once (one request is bounded by one connection's

@@ -35,6 +35,7 @@ struct RemoteStat {
 struct RemoteEntry {
   std::string name;  // without the folder: "model-00001-of-00002.safetensors"
   uint64_t size = 0;
+  std::string version;  // as RemoteStat::version (S3: the ETag LIST gives, as HEAD's)
 };
 
 // What a remote folder holds directly.

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/io/file_access.h"
@@ -137,6 +138,46 @@ TEST_F(RemoteStoreTest, MappedFileErrors) {
   // The store's error comes back as it is.
   store_->Fail("mem://b/model/a.safetensors", absl::UnavailableError("mem: slow down"));
   EXPECT_TRUE(absl::IsUnavailable(file->ReadAt(0, 10, out.data())));
+}
+
+// The version a reader recorded (SourceFile::version) pins the file: opened at another
+// version it is refused naming both; opened at its version, a replacement afterwards is refused
+// at the next read. The listing gives the versions Stat gives.
+TEST_F(RemoteStoreTest, MappedFileOpensTheVersionItIsGiven) {
+  const std::string url = "mem://b/model/a.safetensors";
+  const std::string then = store_->version(url);
+  ASSERT_FALSE(then.empty());
+  {
+    ScopedRemoteListingCache cache;
+    ASSERT_TRUE(IsInputFolder("mem://b/model"));
+    absl::StatusOr<InputFileInfo> listed = StatInputFile(url);
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    EXPECT_EQ(listed->size, 100u);
+    EXPECT_EQ(listed->version, then);
+  }
+  absl::StatusOr<MappedFile> pinned = MappedFile::Open(url, 100, then);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  EXPECT_EQ(pinned->version(), then);
+
+  std::string replaced = TestPattern(100);
+  replaced[50] ^= 1;
+  store_->Put(url, replaced);
+  const std::string now = store_->version(url);
+  ASSERT_NE(now, then);
+  absl::StatusOr<MappedFile> stale = MappedFile::Open(url, 100, then);
+  ASSERT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition) << stale.status();
+  EXPECT_EQ(stale.status().message(),
+            absl::StrCat(url, " changed since its metadata was read: ETag ", then, " then, ", now,
+                         " now"));
+  std::vector<std::byte> out(10);
+  absl::Status read = pinned->ReadAt(0, 10, out.data());
+  ASSERT_EQ(read.code(), absl::StatusCode::kFailedPrecondition) << read;
+  EXPECT_THAT(read.message(), HasSubstr(absl::StrCat(url, " changed while being read: ETag ",
+                                                     then, " at open, ", now, " at offset 0")));
+  // Without a version (a local file's catalog entry) the current one is opened.
+  absl::StatusOr<MappedFile> current = MappedFile::Open(url, 100);
+  ASSERT_TRUE(current.ok()) << current.status();
+  EXPECT_EQ(current->version(), now);
 }
 
 }  // namespace

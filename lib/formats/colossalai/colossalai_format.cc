@@ -42,9 +42,10 @@ struct WeightFile {
 absl::StatusOr<Catalog> ReadWeightCatalog(const std::string& path) {
   if (absl::EndsWith(path, ".safetensors")) {
     uint64_t size = 0;
-    ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(path, &size));
+    std::string version;
+    ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(path, &size, &version));
     Catalog catalog;
-    AddSafetensorsFileToCatalog(path, size, header, catalog);
+    AddSafetensorsFileToCatalog(path, size, version, header, catalog);
     catalog.Reindex();
     return catalog;
   }

@@ -274,12 +274,12 @@ class DcpReader {
       if (!path.ok()) {
         return Annotate(path.status(), absl::StrCat(metadata_path_, ": ", first_use.at(name)));
       }
-      absl::StatusOr<uint64_t> size = InputFileSize(*path);
-      if (!size.ok()) {
-        return absl::NotFoundError(absl::StrCat(*path, ": cannot stat: ", size.status().message()));
+      absl::StatusOr<InputFileInfo> info = StatInputFile(*path);
+      if (!info.ok()) {
+        return absl::NotFoundError(absl::StrCat(*path, ": cannot stat: ", info.status().message()));
       }
       file_index_[name] = static_cast<int>(files_.size());
-      files_.push_back(SourceFile{*std::move(path), *size});
+      files_.push_back(SourceFile{*std::move(path), info->size, {}, std::move(info->version)});
     }
     items_.resize(files_.size());
     for (size_t e = 0; e < metadata_.entries.size(); ++e) {
@@ -314,8 +314,10 @@ class DcpReader {
   absl::Status ReadFile(size_t f) {
     std::vector<Item>& items = items_[f];
     if (items.empty()) return absl::OkStatus();
-    const SourceFile& source = files_[f];
-    ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(source.path, source.size));
+    SourceFile& source = files_[f];
+    ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(source.path, source.size, source.version));
+    // A listing without versions: the items below are of the version opened now.
+    if (source.version.empty()) source.version = file.version();
     file.AdviseRandomAccess();  // one small archive header per item, spread over the file
     std::sort(items.begin(), items.end(),
               [&](const Item& a, const Item& b) { return Storage(a).offset < Storage(b).offset; });

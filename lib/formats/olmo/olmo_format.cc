@@ -127,10 +127,11 @@ constexpr uint64_t kMaxPickledValueBytes = 64 << 20;
 
 absl::StatusOr<OlmoFile> ReadOlmoFile(const std::string& path) {
   uint64_t size = 0;
-  ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(path, &size));
+  std::string version;
+  ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(path, &size, &version));
   OlmoFile file;
   file.catalog.format = OlmoSafetensorsInput::kId;
-  file.catalog.files.push_back(SourceFile{path, size});
+  file.catalog.files.push_back(SourceFile{path, size, {}, version});
   std::optional<MappedFile> mapped;
   // Dotted name -> key path, to refuse two key paths with one name: ("a.b",) and ("a", "b").
   absl::flat_hash_map<std::string, std::string> names;
@@ -170,7 +171,7 @@ absl::StatusOr<OlmoFile> ReadOlmoFile(const std::string& path) {
                          DTypeName(entry.dtype), " ", ShapeToString(entry.shape)));
       }
       if (!mapped.has_value()) {
-        ASSIGN_OR_RETURN(MappedFile opened, MappedFile::Open(path, size));
+        ASSIGN_OR_RETURN(MappedFile opened, MappedFile::Open(path, size, version));
         opened.AdviseRandomAccess();
         mapped.emplace(std::move(opened));
       }

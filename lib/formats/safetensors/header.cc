@@ -210,9 +210,11 @@ constexpr uint64_t kRemoteHeaderProbeBytes = 256 << 10;
 // prefix is validated (at most kSafetensorsMaxHeaderBytes, inside the object) before anything
 // is allocated for it.
 absl::StatusOr<SafetensorsHeader> ReadRemoteSafetensorsHeader(const std::string& path,
-                                                              uint64_t* file_size) {
+                                                              uint64_t* file_size,
+                                                              std::string* version) {
   ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
   *file_size = file.size();
+  if (version != nullptr) *version = file.version();
   std::string prefix(static_cast<size_t>(std::min(file.size(), kRemoteHeaderProbeBytes)), '\0');
   RETURN_IF_ERROR(file.ReadAt(0, prefix.size(), reinterpret_cast<std::byte*>(prefix.data())));
   ASSIGN_OR_RETURN(const uint64_t length, ParseSafetensorsHeaderLength(prefix, file.size()), path);
@@ -229,8 +231,10 @@ absl::StatusOr<SafetensorsHeader> ReadRemoteSafetensorsHeader(const std::string&
 }  // namespace
 
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
-                                                        uint64_t* file_size) {
-  if (IsRemotePath(path)) return ReadRemoteSafetensorsHeader(path, file_size);
+                                                        uint64_t* file_size,
+                                                        std::string* version) {
+  if (IsRemotePath(path)) return ReadRemoteSafetensorsHeader(path, file_size, version);
+  if (version != nullptr) version->clear();
   ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   struct Closer {
     int fd;

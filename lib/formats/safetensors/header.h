@@ -55,9 +55,11 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view file_
                                                          uint64_t file_size);
 
 // Reads and validates the header of the file at `path` (reads only 8 + N bytes). Errors are
-// prefixed with the path.
+// prefixed with the path. Sets `*file_size`, and `*version` when given (MappedFile::version:
+// a remote file's ETag, empty for a local file).
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
-                                                        uint64_t* file_size);
+                                                        uint64_t* file_size,
+                                                        std::string* version = nullptr);
 
 }  // namespace reshard
 

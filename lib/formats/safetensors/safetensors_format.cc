@@ -30,10 +30,11 @@ absl::StatusOr<FileCatalog> ReadOne(const std::string& dir, const std::string& n
   file.name = name;
   const std::string path = dir.empty() ? name : absl::StrCat(dir, "/", name);
   uint64_t size = 0;
-  ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(path, &size));
+  std::string version;
+  ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(path, &size, &version));
   file.catalog.format = SafetensorsInput::kId;
   file.catalog.metadata = header.metadata;
-  AddSafetensorsFileToCatalog(path, size, header, file.catalog);
+  AddSafetensorsFileToCatalog(path, size, version, header, file.catalog);
   return file;
 }
 
@@ -60,9 +61,10 @@ absl::StatusOr<InputModel> ReadPlainFolder(const std::string& dir) {
 }  // namespace
 
 void AddSafetensorsFileToCatalog(const std::string& path, uint64_t file_size,
-                                 const SafetensorsHeader& header, Catalog& catalog) {
+                                 const std::string& version, const SafetensorsHeader& header,
+                                 Catalog& catalog) {
   const int file_index = static_cast<int>(catalog.files.size());
-  catalog.files.push_back(SourceFile{path, file_size});
+  catalog.files.push_back(SourceFile{path, file_size, {}, version});
   for (const SafetensorsTensorEntry& entry : header.tensors) {
     CatalogTensor tensor{entry.name, entry.dtype, entry.shape, {}};
     SourcePiece piece;

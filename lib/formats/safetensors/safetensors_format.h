@@ -58,9 +58,11 @@ class SafetensorsOutput : public OutputFormat {
       const TargetLayout& layout) const override;
 };
 
-// Adds the tensors of one validated file to `catalog` as a new source file.
+// Adds the tensors of one validated file to `catalog` as a new source file, of `version` when
+// remote (SourceFile::version, as ReadSafetensorsHeader gave it).
 void AddSafetensorsFileToCatalog(const std::string& path, uint64_t file_size,
-                                 const SafetensorsHeader& header, Catalog& catalog);
+                                 const std::string& version, const SafetensorsHeader& header,
+                                 Catalog& catalog);
 
 // Serializes a header for `tensors` (already in file order) with `metadata`; returns the
 // 8-byte length prefix + JSON + padding. ResourceExhausted past the 100 MB header limit.

@@ -184,6 +184,7 @@ absl::StatusOr<std::unique_ptr<TorchArchive>> TorchArchive::Open(const std::stri
   auto archive = Parse(*ByteSourceFor(file));
   // Only metadata pages were touched; give them back before any conversion runs.
   file.Release(0, file.size());
+  if (archive.ok()) (*archive)->version_ = file.version();
   return archive;
 }
 
@@ -263,7 +264,9 @@ std::vector<ChecksummedRange> TorchArchive::ChecksummedRanges(uint64_t base) con
   return ranges;
 }
 
-SourceFile TorchArchive::Source() const { return SourceFile{path_, size_, ChecksummedRanges()}; }
+SourceFile TorchArchive::Source() const {
+  return SourceFile{path_, size_, ChecksummedRanges(), version_};
+}
 
 absl::StatusOr<std::optional<TensorLocation>> TorchArchive::Tensor(const PickleValue* value,
                                                                    absl::string_view name) const {

@@ -75,8 +75,8 @@ class TorchArchive {
   // `base` plus their offset in the parsed bytes (`base` places an archive embedded in a larger
   // file, such as a DCP chunk). The Executor checks those it reads from.
   std::vector<ChecksummedRange> ChecksummedRanges(uint64_t base = 0) const;
-  // The source file of a whole-file archive (Open, or Parse of a whole file): its path, size
-  // and checksummed storage records.
+  // The source file of a whole-file archive (Open, or Parse of a whole file): its path, size,
+  // checksummed storage records and, opened remote, its version (SourceFile::version).
   SourceFile Source() const;
 
  private:
@@ -94,6 +94,7 @@ class TorchArchive {
 
   std::string path_;
   uint64_t size_ = 0;
+  std::string version_;  // MappedFile::version of the file Open parsed
   PickleArena arena_;
   const PickleValue* root_ = nullptr;
   absl::flat_hash_map<std::string, Storage> storages_;

@@ -63,7 +63,8 @@ absl::StatusOr<RemoteListing> S3Store::ListEntries(const std::string& url) {
   RemoteListing listing;
   for (S3ObjectInfo& object : folder.objects) {
     if (object.key.size() <= prefix.size()) continue;  // the folder's own marker
-    listing.files.push_back(RemoteEntry{object.key.substr(prefix.size()), object.size});
+    listing.files.push_back(
+        RemoteEntry{object.key.substr(prefix.size()), object.size, std::move(object.etag)});
   }
   for (const std::string& sub : folder.subfolders) {
     // "prefix/name/" -> "name"; an empty segment ("prefix//") is no folder a path can name.

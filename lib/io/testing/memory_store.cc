@@ -11,7 +11,13 @@ namespace reshard {
 
 void MemoryStore::Put(const std::string& url, std::string data) {
   absl::MutexLock lock(&mu_);
-  files_[url] = std::move(data);
+  files_[url] = File{std::move(data), absl::StrCat("\"v", ++puts_, "\"")};
+}
+
+std::string MemoryStore::version(const std::string& url) const {
+  absl::MutexLock lock(&mu_);
+  auto it = files_.find(url);
+  return it == files_.end() ? "" : it->second.version;
 }
 
 void MemoryStore::Fail(const std::string& url, absl::Status error) {
@@ -54,7 +60,7 @@ absl::StatusOr<RemoteStat> MemoryStore::Stat(const std::string& url) {
     return failure->second;
   }
   auto it = files_.find(url);
-  if (it != files_.end()) return RemoteStat{false, it->second.size()};
+  if (it != files_.end()) return RemoteStat{false, it->second.data.size(), it->second.version};
   const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
   auto next = files_.lower_bound(prefix);
   if (next != files_.end() && absl::StartsWith(next->first, prefix)) return RemoteStat{true, 0};
@@ -73,7 +79,7 @@ absl::StatusOr<std::vector<RemoteEntry>> MemoryStore::List(const std::string& ur
        it != files_.end() && absl::StartsWith(it->first, prefix); ++it) {
     const std::string name = it->first.substr(prefix.size());
     if (!name.empty() && name.find('/') == std::string::npos) {
-      entries.push_back(RemoteEntry{name, it->second.size()});
+      entries.push_back(RemoteEntry{name, it->second.data.size(), it->second.version});
     }
   }
   return entries;
@@ -92,7 +98,9 @@ absl::StatusOr<RemoteListing> MemoryStore::ListEntries(const std::string& url) {
     const std::string rest = it->first.substr(prefix.size());
     const size_t slash = rest.find('/');
     if (slash == std::string::npos) {
-      if (!rest.empty()) listing.files.push_back(RemoteEntry{rest, it->second.size()});
+      if (!rest.empty()) {
+        listing.files.push_back(RemoteEntry{rest, it->second.data.size(), it->second.version});
+      }
       continue;
     }
     if (slash == 0) continue;
@@ -120,7 +128,7 @@ void MemoryStore::reset_max_concurrent_reads() {
 }
 
 absl::Status MemoryStore::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out,
-                                    const RemoteStat& /*opened*/) {
+                                    const RemoteStat& opened) {
   absl::Duration delay;
   {
     absl::MutexLock lock(&mu_);
@@ -135,10 +143,16 @@ absl::Status MemoryStore::ReadRange(const std::string& url, uint64_t offset, abs
   if (failure != failures_.end()) return failure->second;
   auto it = files_.find(url);
   if (it == files_.end()) return absl::NotFoundError(absl::StrCat(url, " does not exist"));
-  if (offset > it->second.size() || out.size() > it->second.size() - offset) {
+  const File& file = it->second;
+  if (!opened.version.empty() && opened.version != file.version) {
+    return absl::FailedPreconditionError(absl::StrCat(url, " changed while being read: ETag ",
+                                                      opened.version, " at open, ", file.version,
+                                                      " at offset ", offset));
+  }
+  if (offset > file.data.size() || out.size() > file.data.size() - offset) {
     return absl::OutOfRangeError(absl::StrCat(url, ": range past the end"));
   }
-  std::memcpy(out.data(), it->second.data() + offset, out.size());
+  std::memcpy(out.data(), file.data.data() + offset, out.size());
   return absl::OkStatus();
 }
 

@@ -20,10 +20,16 @@
 
 namespace reshard {
 
-// Files by full URL ("mem://b/f"); a folder is any prefix followed by '/'. Thread safe.
+// Files by full URL ("mem://b/f"); a folder is any prefix followed by '/'. Every Put makes a
+// new version of its file (an ETag-like "\"v7\"", one counter for the store), which Stat and
+// the listings give, and ReadRange refuses a read of another version than the current one
+// (FailedPrecondition naming the file, both versions and the offset), as S3's If-Match does.
+// Thread safe.
 class MemoryStore : public RemoteStore {
  public:
   void Put(const std::string& url, std::string data);
+  // The current version of file `url`; empty when there is none.
+  std::string version(const std::string& url) const;
   // ReadRange of `url` fails with `error` from now on.
   void Fail(const std::string& url, absl::Status error);
   // Stat, List and ListEntries of `url` fail with `error` from now on (a store answering 503
@@ -55,7 +61,12 @@ class MemoryStore : public RemoteStore {
 
  private:
   mutable absl::Mutex mu_;
-  std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
+  struct File {
+    std::string data;
+    std::string version;
+  };
+  std::map<std::string, File> files_ ABSL_GUARDED_BY(mu_);
+  int puts_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> lookup_failures_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> ranges_ ABSL_GUARDED_BY(mu_);
