@@ -18,6 +18,7 @@
 #include "lib/formats/safetensors/safetensors_format.h"
 #include "lib/io/s3/s3_client.h"
 #include "lib/io/s3/testing/memory_s3_client.h"
+#include "lib/io/testing/memory_store.h"
 #include "lib/testing/test_files.h"
 #include "nlohmann/json.hpp"
 
@@ -245,6 +246,20 @@ TEST_F(ObjectReuseTest, RecordsOfAnotherPlanOrWithoutTheirObjectAreIgnored) {
   json["plan_id"] = "0123456789abcdef";
   ASSERT_TRUE(client_.Put(kBucket, RecordKey(1), json.dump()).ok());
   ASSERT_TRUE(client_.Delete(kBucket, RecordKey(2)).ok());
+  ExpectRerunUploadsEverything(Spec(), /*mismatches=*/0);
+}
+
+TEST_F(ObjectReuseTest, ReplacedInputReusesNothing) {
+  // The input read from object storage, and replaced after the first run by an object of the
+  // same size whose first tensor (the first data object's) differs: the plan id includes the
+  // input's version, so the objects finished from the old input are not kept.
+  const std::string bytes = ReadAll(input_);
+  input_ = "mem://inputs/reuse/model.safetensors";
+  SharedMemStore()->Put(input_, bytes);
+  FailAtTheThirdObject();
+  std::string replaced = bytes;
+  replaced[bytes.size() - 4 * 128 * 128 * 4] ^= 1;  // the first data byte
+  SharedMemStore()->Put(input_, replaced);
   ExpectRerunUploadsEverything(Spec(), /*mismatches=*/0);
 }
 

@@ -8,7 +8,9 @@ that do not start at 0, which it answers according to its mode. Honestly answere
 consolidation is byte-equal to the local one's. An answer naming the range one byte earlier
 (the right length: taken at its word it would shift every tensor by a byte) must fail with
 DATA_LOSS, and an object replaced between the header and the data with FAILED_PRECONDITION,
-each naming the object and the offset and publishing nothing.
+each naming the object and the offset and publishing nothing; an object replaced by one of the
+same size after its header was read, before the conversion opens it, with FAILED_PRECONDITION
+naming it and both ETags.
 
 Usage: s3_lying_server_test.py --reshardctl PATH --lying-s3 PATH [unittest args]
 """
@@ -113,19 +115,33 @@ class LyingServerTest(harness.CliTestCase):
             "(bytes 175-1573038/1573040) at offset 176"))
         self.assertNothingPublished(self.p("out"))
 
-    def test_object_replaced_mid_job_fails_naming_both_etags(self):
-        env = self.start("replaced")
+    def assertReplacedFails(self, mode, message):
+        """Consolidates with the server in replacing `mode`: exit 3, nothing published, and
+        FAILED_PRECONDITION `message` % (the object's ETag, the new version's)."""
+        env = self.start(mode)
         res = self.consolidate(env, self.p("out"))
         self.assertExit(res, 3)
         with open(self.p("root", BUCKET, "model.safetensors"), "rb") as f:
             old = f.read()
         new = bytes((b + 1) % 256 for b in old)
         self.assertEqual(self.error(self.p("out")), (
-            "FAILED_PRECONDITION", "model.safetensors: writing tensor \"a.weight\": "
-            "s3://models/model.safetensors changed while being read: ETag \"%s\" at open, "
-            "\"%s\" at offset 176 (GET s3://models/model.safetensors bytes=176-1573039)"
-            % (hashlib.md5(old).hexdigest(), hashlib.md5(new).hexdigest())))
+            "FAILED_PRECONDITION",
+            message % (hashlib.md5(old).hexdigest(), hashlib.md5(new).hexdigest())))
         self.assertNothingPublished(self.p("out"))
+
+    def test_object_replaced_mid_job_fails_naming_both_etags(self):
+        self.assertReplacedFails(
+            "replaced", "model.safetensors: writing tensor \"a.weight\": "
+            "s3://models/model.safetensors changed while being read: ETag \"%s\" at open, "
+            "\"%s\" at offset 176 (GET s3://models/model.safetensors bytes=176-1573039)")
+
+    def test_object_replaced_after_its_metadata_was_read_fails_naming_both_etags(self):
+        # Replaced by an object of the same size between the header's read and the data's
+        # open: the old header's offsets must not be read in the new bytes. The object's
+        # HEADs: detection, the header reader's open, the conversion's open (the third).
+        self.assertReplacedFails(
+            "replaced-at-head-3", "s3://models/model.safetensors changed since its metadata "
+            "was read: ETag \"%s\" then, \"%s\" now")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ get as far as their data):
                 the new version, and a GET whose If-Match names another ETag is answered 412
                 PreconditionFailed;
   replaced-no-if-match   as replaced, but If-Match is ignored (206 of the new version);
+  replaced-at-head-N     the object is replaced by the new version (same size) when the N-th
+                HEAD of an existing object arrives: that HEAD and all requests after it see the
+                new version; answers are honest (a job's metadata read under one version, its
+                data opened under another);
   drip          206 naming the range asked for, its body 100 bytes every 100 ms;
   silent        reads the request and never answers (the connection stays open).
 The port is written to PORT_FILE once the server listens; after each request the count of
@@ -40,13 +44,17 @@ from xml.sax.saxutils import escape
 ROOT, PORT_FILE, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 MODES = ("honest", "other-range", "short-length", "full-200", "replaced", "replaced-no-if-match",
          "drip", "silent")
-if MODE not in MODES:
-    sys.exit("lying_s3.py: unknown mode %r (one of %s)" % (MODE, ", ".join(MODES)))
+REPLACED_AT_HEAD = (int(MODE[len("replaced-at-head-"):])
+                    if MODE.startswith("replaced-at-head-") and MODE[17:].isdigit() else 0)
+if MODE not in MODES and REPLACED_AT_HEAD == 0:
+    sys.exit("lying_s3.py: unknown mode %r (one of %s, replaced-at-head-N)"
+             % (MODE, ", ".join(MODES)))
 
 lock = threading.Lock()
 counts = {}
 never = threading.Event()
 replaced = threading.Event()
+heads = [0]  # HEADs of existing objects, for replaced-at-head-N
 
 
 def count(method):
@@ -96,6 +104,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if data is None:
             self.answer(404, [("Content-Length", "0")])
             return
+        if REPLACED_AT_HEAD > 0:
+            with lock:
+                heads[0] += 1
+                if heads[0] == REPLACED_AT_HEAD:
+                    replaced.set()
+            data = self.object()
         self.answer(200, [("Content-Length", str(len(data))), ("ETag", etag(data))])
 
     def list_objects(self, bucket, query):
