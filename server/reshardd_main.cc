@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   app.add_option("--allowed-root", options.allowed_roots,
                  "folder or s3://bucket/prefix jobs may read and write (repeatable)")
       ->required();
-  app.add_option("--memory-budget", memory_budget, "memory shared by running jobs")
+  app.add_option("--memory-budget", memory_budget,
+                 "memory shared by running jobs and Inspect/Plan metadata")
       ->capture_default_str();
   app.add_option("--max-concurrent-jobs", options.scheduler.max_concurrent_jobs)
       ->capture_default_str();
