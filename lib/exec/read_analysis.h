@@ -38,8 +38,8 @@ std::vector<bool> SourcesReadDense(const CopyPlan& plan);
 // by one worker (up to 8). Files with the same tensors in the same order, one of which reads
 // strips of rows (the parts of a split along a later dimension), that read strips of the same
 // source files (directly or through one another), are written in turns, so that the rows their
-// strips come from are read once for all of them, as whole rows, directly: a 2 GiB Llama split into
-// 4 parts read every such row 4 times through the page cache before. Parts reading different
+// strips come from are read once for all of them, as whole rows, directly (written one after
+// another, 4 parts would each read every such row through the page cache). Parts reading different
 // sources (2 model-parallel files split into 4) make separate units, whatever replicated
 // tensors they all read from one source (norms).
 // More than 8 such files go in units as even as can be, each reading the rows through the page

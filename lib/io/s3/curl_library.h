@@ -1,10 +1,10 @@
 // libcurl, loaded with dlopen when the first S3 client is made instead of at process start.
 //
-// Linking libcurl made every reshardctl and reshardd process load it and the libraries it pulls
-// in (GnuTLS, Kerberos, LDAP, nghttp2, libssh2, ...: about 30), which cost 4.1-4.5 MiB of
-// resident memory in every run, S3 or not (issue 13: a bf16 consolidation peaked at 65.3 MiB
-// against a target of 64). Only the S3 client uses libcurl, through this table of the dozen
-// functions it calls; the types and constants still come from <curl/curl.h>.
+// Linked, libcurl would make every reshardctl and reshardd process load it and the libraries it
+// pulls in (GnuTLS, Kerberos, LDAP, nghttp2, libssh2, ...: about 30), a few MiB of resident
+// memory in every run, S3 or not, against a peak-RSS budget of 64 MiB. Only the S3 client uses
+// libcurl, through this table of the dozen functions it calls; the types and constants still
+// come from <curl/curl.h>.
 
 #ifndef RESHARD_LIB_IO_S3_CURL_LIBRARY_H_
 #define RESHARD_LIB_IO_S3_CURL_LIBRARY_H_
