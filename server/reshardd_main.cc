@@ -1,8 +1,9 @@
 // reshardd: the reshard conversion daemon.
 //
 //   bazel build //server:reshardd
-//   bazel-bin/server/reshardd --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:9464 \
+//   bazel-bin/server/reshardd --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:9464
 //       --state-dir /var/lib/reshard --allowed-root /data/checkpoints --memory-budget 16GiB
+//   (one command line)
 //
 // Prints "listening on HOST:PORT" (and "metrics on HOST:PORT") on stdout once serving.
 // SIGHUP reloads the TLS certificates and the token file (see docs/operations.md, Security).

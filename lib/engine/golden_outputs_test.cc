@@ -26,8 +26,7 @@
 //
 // An intended change of an output format updates the expected file in the same commit:
 //
-//   RESHARD_GOLDEN_UPDATE=$PWD/lib/engine/golden_outputs.txt \
-//       bazel run //lib/engine:golden_outputs_test
+//   RESHARD_GOLDEN_UPDATE=$PWD/lib/engine/golden_outputs.txt bazel run //lib/engine:golden_outputs_test
 //
 // (bazel run, not bazel test: the test writes into the source tree.)
 
