@@ -96,8 +96,11 @@ def reshard_e2e_test(
     need_tags = [tag for need in needed for tag in need.tags]
 
     if script.endswith(".sh"):
+        if classes:
+            fail("%s: classes select unittest classes of a Python script, not of %s" %
+                 (name, script))
         srcs = [script]
-        args = _flag_args(all_flags) + classes
+        args = _flag_args(all_flags)
         script_data = []
     else:
         srcs = ["//tests:run_py.sh"]
