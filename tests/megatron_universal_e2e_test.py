@@ -318,4 +318,4 @@ class MegatronUniversalTests(harness.CliTestCase):
 
 
 if __name__ == "__main__":
-    harness.main(globals(), "reshardctl")
+    sys.exit(harness.main(globals(), "reshardctl"))

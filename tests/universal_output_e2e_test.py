@@ -280,4 +280,4 @@ class UniversalOutputTests(Base):
 
 
 if __name__ == "__main__":
-    harness.main(globals(), "reshardctl")
+    sys.exit(harness.main(globals(), "reshardctl"))

@@ -5,12 +5,15 @@
 # (JOB_COMPLETION_INDEX) and the manifest's env, on a local checkpoint, publishes the same
 # output as one worker (the last pod to finish publishes).
 #
-# Args: RESHARDCTL JOB_YAML MAKE_CHECKPOINT_PY SAME_OUTPUT_PY
+# Flags (tests/e2e.bzl): --reshardctl PATH --job-yaml PATH --make-checkpoint PATH
+#   --same-output PATH
 set -euo pipefail
-reshardctl=$(realpath "$1")
-job_yaml=$(realpath "$2")
-make_checkpoint=$(realpath "$3")
-same_output=$(realpath "$4")
+# Each flag's PATH, absolute, in the variable of its name (--make-checkpoint: make_checkpoint);
+# set -u stops the script at the first use of a flag not given.
+while [ $# -ge 2 ]; do
+  printf -v "$(tr - _ <<<"${1#--}")" %s "$(realpath "$2")"
+  shift 2
+done
 work=$(mktemp -d "${TEST_TMPDIR:-/tmp}/indexed.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 

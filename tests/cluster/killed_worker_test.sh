@@ -4,11 +4,14 @@
 # the files its journal lists (they keep the old modification time this test gives them; a
 # rewritten file would not) and publishes an output equal to a single worker's.
 #
-# Args: RESHARDCTL MAKE_CHECKPOINT_PY SAME_OUTPUT_PY
+# Flags (tests/e2e.bzl): --reshardctl PATH --make-checkpoint PATH --same-output PATH
 set -euo pipefail
-reshardctl=$(realpath "$1")
-make_checkpoint=$(realpath "$2")
-same_output=$(realpath "$3")
+# Each flag's PATH, absolute, in the variable of its name (--make-checkpoint: make_checkpoint);
+# set -u stops the script at the first use of a flag not given.
+while [ $# -ge 2 ]; do
+  printf -v "$(tr - _ <<<"${1#--}")" %s "$(realpath "$2")"
+  shift 2
+done
 work=$(mktemp -d "${TEST_TMPDIR:-/tmp}/killed.XXXXXX")
 victim_pid=
 trap '[ -z "$victim_pid" ] || kill -9 "$victim_pid" 2>/dev/null || true; rm -rf "$work"' EXIT

@@ -7,11 +7,14 @@
 # The late worker is held at the fault point "partition-before-claim" until the other has
 # published, so the interleaving is the same on every run.
 #
-# Args: RESHARDCTL MAKE_CHECKPOINT_PY SAME_OUTPUT_PY
+# Flags (tests/e2e.bzl): --reshardctl PATH --make-checkpoint PATH --same-output PATH
 set -euo pipefail
-reshardctl=$(realpath "$1")
-make_checkpoint=$(realpath "$2")
-same_output=$(realpath "$3")
+# Each flag's PATH, absolute, in the variable of its name (--make-checkpoint: make_checkpoint);
+# set -u stops the script at the first use of a flag not given.
+while [ $# -ge 2 ]; do
+  printf -v "$(tr - _ <<<"${1#--}")" %s "$(realpath "$2")"
+  shift 2
+done
 work=$(mktemp -d "${TEST_TMPDIR:-/tmp}/late_claim.XXXXXX")
 late_pid=
 trap '[ -z "$late_pid" ] || kill "$late_pid" 2>/dev/null || true; rm -rf "$work"' EXIT

@@ -6,13 +6,16 @@
 # the files the task had committed; `srun -n 2` inside each task of a 2-task array makes four
 # partitions.
 #
-# Args: RESHARDCTL CONVERT_SBATCH MAKE_CHECKPOINT_PY SAME_OUTPUT_PY
+# Flags (tests/e2e.bzl): --reshardctl PATH --sbatch-script PATH --make-checkpoint PATH
+#   --same-output PATH
 set -euo pipefail
 
-reshardctl_bin=$(realpath "$1")
-sbatch_script=$(realpath "$2")
-make_checkpoint=$(realpath "$3")
-same_output=$(realpath "$4")
+# Each flag's PATH, absolute, in the variable of its name (--make-checkpoint: make_checkpoint);
+# set -u stops the script at the first use of a flag not given.
+while [ $# -ge 2 ]; do
+  printf -v "$(tr - _ <<<"${1#--}")" %s "$(realpath "$2")"
+  shift 2
+done
 for tool in munged mungekey slurmctld slurmd sbatch squeue scancel scontrol sinfo srun; do
   command -v "$tool" >/dev/null || { echo "FAIL: $tool is missing (tools/setup.sh installs slurm-wlm munge)"; exit 1; }
 done
@@ -132,7 +135,7 @@ echo "slurm ready: $(sinfo -h -o '%N %T %c CPUs')"
 
 # A Hugging Face sharded checkpoint that plans to 9 data files (4 tasks of 2 CPUs run at once).
 /usr/bin/python3 "$make_checkpoint" --size 48MiB --quiet "$base/in" >/dev/null
-cp "$reshardctl_bin" "$base/reshardctl"
+cp "$reshardctl" "$base/reshardctl"
 args="--max-shard-size 6MB"
 # shellcheck disable=SC2086
 "$base/reshardctl" consolidate "$base/in" "$base/ref" $args --no-progress >/dev/null

@@ -21,7 +21,7 @@ byte-equal to their local copies and inspected, with their metadata's range GETs
 element-strided (column-major) DCP layout is converted byte-equal too, each byte fetched once;
 damaged objects are refused naming them.
 
-Usage: s3_input_test.py --reshardctl PATH --rgw-sh PATH --proxy PATH --make-checkpoint PATH
+Usage: s3_input_test.py --reshardctl PATH --rgw-sh PATH --flaky-proxy PATH --make-checkpoint PATH
                         --store-test PATH [unittest args]
 (tests/fixtures/*_fixture.py and tools/bench/make_colossalai_checkpoint.py are found beside
 this file and beside make_checkpoint.py.)
@@ -171,7 +171,7 @@ def STATE_TORCH_FLIP(torch_dir):
 def setUpModule():
     # 503 SlowDown for every 10th request, every 13th dropped without an answer: about one in six
     # fails, each retried (6 attempts), so a run through it fails only by a bug.
-    rgw = rgw_fixture.Radosgw(harness.BINARIES["rgw-sh"], harness.BINARIES["proxy"],
+    rgw = rgw_fixture.Radosgw(harness.BINARIES["rgw-sh"], harness.BINARIES["flaky-proxy"],
                               fail_every=10, drop_every=13)
     STATE["rgw"] = rgw
     rgw.start()
@@ -279,7 +279,7 @@ class S3InputTests(harness.TempDirTestCase):
         returns the (range GETs, requests) it forwarded for them."""
         port = STATE["endpoint"].rsplit(":", 1)[1]
         stats = self.p("count.stats")
-        proxy = subprocess.Popen(["/usr/bin/python3", harness.BINARIES["proxy"], port,
+        proxy = subprocess.Popen(["/usr/bin/python3", harness.BINARIES["flaky-proxy"], port,
                                   self.p("count.port"), stats, "1000000000", "1000000000"])
         try:
             for _ in range(100):
@@ -630,5 +630,5 @@ class S3InputTests(harness.TempDirTestCase):
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(globals(), "reshardctl", "rgw-sh", "proxy", "make-checkpoint",
+    sys.exit(harness.main(globals(), "reshardctl", "rgw-sh", "flaky-proxy", "make-checkpoint",
                           "store-test"))

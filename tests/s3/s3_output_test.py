@@ -318,12 +318,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reshardctl", required=True)
     parser.add_argument("--make-checkpoint", required=True)
-    parser.add_argument("--rgw", required=True)
+    parser.add_argument("--rgw-sh", required=True)
     parser.add_argument("--flaky-proxy", required=True)
     parser.add_argument("--st-reference", required=True)
     parser.add_argument("--work", help="scratch folder (default: a new one, removed after)")
     ARGS, rest = parser.parse_known_args()
-    for name in ("reshardctl", "make_checkpoint", "rgw", "flaky_proxy", "st_reference"):
+    for name in ("reshardctl", "make_checkpoint", "rgw_sh", "flaky_proxy", "st_reference"):
         setattr(ARGS, name, os.path.abspath(getattr(ARGS, name)))
     sys.path.insert(0, os.path.dirname(ARGS.st_reference))
     work = ARGS.work
@@ -331,7 +331,7 @@ def main():
         ARGS.work = tempfile.mkdtemp(prefix="s3_output.", dir=os.environ.get("TEST_TMPDIR"))
     rgw = None
     if "S3_TEST_ENDPOINT" not in os.environ:  # else: a radosgw the caller started
-        rgw = rgw_fixture.Radosgw(ARGS.rgw, ARGS.flaky_proxy, fail_every=4, drop_every=5)
+        rgw = rgw_fixture.Radosgw(ARGS.rgw_sh, ARGS.flaky_proxy, fail_every=4, drop_every=5)
         rgw.start()
         os.environ["S3_TEST_ENDPOINT"] = rgw.endpoint
         os.environ["S3_TEST_PROXY_ENDPOINT"] = rgw.proxy_endpoint

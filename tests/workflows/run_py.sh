@@ -1,4 +1,0 @@
-#!/bin/sh
-# Runs a Python test with Debian's interpreter (never the pyenv shim first on PATH).
-export PYTHONDONTWRITEBYTECODE=1
-exec /usr/bin/python3 "$@"
