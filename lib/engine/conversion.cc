@@ -18,6 +18,7 @@
 #include "lib/core/status.h"
 #include "lib/core/stopwatch.h"
 #include "lib/core/test_faults.h"
+#include "lib/engine/spec_codec.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/file_access.h"
 #include "lib/io/s3/s3_location.h"
@@ -48,14 +49,6 @@ OrderedJson RequestJson(const ConversionSpec& spec) {
     if (spec.pipeline_parts > 0) request["pipeline_parts"] = spec.pipeline_parts;
   }
   return request;
-}
-
-// Every run (worker, rerun) must name the same folders, wherever it was started from.
-std::string AbsolutePath(const std::string& path) {
-  if (IsRemotePath(path)) return path;  // s3://bucket/key is absolute already
-  std::error_code error;
-  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
-  return NormalizeOutputPath(error ? path : absolute.string());
 }
 
 // Manifests list every tensor; this bounds what a hostile one can make us allocate.
@@ -232,25 +225,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
 }
 
 absl::StatusOr<std::string> ConversionRequestJson(const ConversionSpec& spec) {
-  std::string rules = spec.rules_json;
-  if (rules.empty() && !spec.rules_file.empty()) {
-    ASSIGN_OR_RETURN(rules, ReadSmallFile(spec.rules_file, 1 << 20), "reading the rules");
-  }
-  OrderedJson request;
-  request["kind"] = KindName(spec.kind);
-  request["input"] = AbsolutePath(spec.input);
-  request["output"] = AbsolutePath(spec.output);
-  request["output_format"] = spec.output_format;
-  request["dtype"] = std::string(DTypePolicyName(spec.dtype));
-  request["max_shard_size"] = spec.max_shard_size;
-  request["parts"] = spec.parts;
-  request["pipeline_parts"] = spec.pipeline_parts;
-  request["rules_json"] = rules;
-  request["duplicate_tied"] = spec.duplicate_tied;
-  request["tag"] = spec.read.tag;
-  request["include_optimizer"] = spec.read.include_optimizer;
-  request["update_latest"] = spec.update_latest;
-  request["overwrite"] = spec.overwrite;
+  ASSIGN_OR_RETURN(const OrderedJson request, SpecToRequestJson(spec));
   return request.dump();
 }
 
