@@ -32,25 +32,6 @@ namespace {
 
 using OrderedJson = nlohmann::ordered_json;
 
-absl::string_view KindName(ConversionSpec::Kind kind) {
-  return kind == ConversionSpec::Kind::kConsolidate ? "consolidate" : "reshard";
-}
-
-// The manifest's "request": what was asked, so an output can be matched to its job.
-OrderedJson RequestJson(const ConversionSpec& spec) {
-  OrderedJson request;
-  request["kind"] = KindName(spec.kind);
-  request["output_format"] = spec.output_format;
-  request["dtype"] = DTypePolicyName(spec.dtype);
-  if (spec.kind == ConversionSpec::Kind::kConsolidate) {
-    request["max_shard_size"] = spec.max_shard_size;
-  } else {
-    request["parts"] = spec.parts;
-    if (spec.pipeline_parts > 0) request["pipeline_parts"] = spec.pipeline_parts;
-  }
-  return request;
-}
-
 // Manifests list every tensor; this bounds what a hostile one can make us allocate.
 constexpr uint64_t kMaxManifestBytes = 256ull << 20;
 
@@ -301,7 +282,7 @@ std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& p
   source["parts"] = planned.input.model.parts.size();
   source["files"] = planned.input.catalog.files.size();
   manifest["source"] = source;
-  manifest["request"] = RequestJson(spec);
+  manifest["request"] = SpecToManifestRequest(spec);
   if (!job_id.empty()) manifest["job_id"] = job_id;
   if (!split_id.empty()) manifest["split_id"] = split_id;
   OrderedJson file_list = OrderedJson::array();
@@ -413,7 +394,7 @@ absl::StatusOr<std::optional<ConversionResult>> FindPublishedOutput(const Conver
       /*allow_exceptions=*/false);
   // Someone else's output (or not a manifest at all): the caller refuses the folder as usual.
   if (!manifest.is_object() || manifest.value("job_id", "") != job_id ||
-      !manifest.contains("request") || manifest["request"] != RequestJson(spec) ||
+      !manifest.contains("request") || manifest["request"] != SpecToManifestRequest(spec) ||
       !manifest.contains("source") || !manifest["source"].is_object() ||
       manifest["source"].value("path", "") != spec.input || !manifest.contains("files") ||
       !manifest["files"].is_array()) {

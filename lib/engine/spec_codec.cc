@@ -126,6 +126,17 @@ absl::Status CheckPartition(const ConversionSpec& spec, const SpecField& field,
   return absl::OkStatus();
 }
 
+bool Always(const ConversionSpec&) { return true; }
+bool WhenConsolidating(const ConversionSpec& spec) {
+  return spec.kind == ConversionSpec::Kind::kConsolidate;
+}
+bool WhenResharding(const ConversionSpec& spec) {
+  return spec.kind == ConversionSpec::Kind::kReshard;
+}
+bool WhenPipelined(const ConversionSpec& spec) {
+  return WhenResharding(spec) && spec.pipeline_parts > 0;
+}
+
 // Every run (worker, rerun, daemon) must name the same folders, wherever it was started from.
 std::string AbsolutePath(const std::string& path) {
   if (path.empty() || IsRemotePath(path)) return path;  // s3://bucket/key is absolute already
@@ -154,6 +165,22 @@ absl::StatusOr<std::string> ReadRulesFile(const std::string& path) {
   }
   RETURN_IF_ERROR(PartitionRules::FromJson(text.str(), path).status());
   return text.str();
+}
+
+// The JSON value of `field` in `spec`: enums by name, the rest as they are.
+OrderedJson FieldJson(const ConversionSpec& spec, const SpecField& field) {
+  return std::visit(
+      Overloaded{[&](SpecMember<ConversionSpec::Kind> m) -> OrderedJson {
+                   return KindName(ReadSpecMember(spec, m));
+                 },
+                 [&](SpecMember<DTypePolicy> m) -> OrderedJson {
+                   return DTypePolicyName(ReadSpecMember(spec, m));
+                 },
+                 [&](SpecMember<IoMode> m) -> OrderedJson {
+                   return IoModeName(ReadSpecMember(spec, m));
+                 },
+                 [&](auto m) -> OrderedJson { return ReadSpecMember(spec, m); }},
+      field.access);
 }
 
 // Sets `member` from the flag's text (or value) in `flags`.
@@ -231,25 +258,27 @@ using F = ConversionFlags;
 
 constexpr SpecField kFields[] = {
       // name, flag, help, JobSpec field, JSON key, member, flag's value.
-      {"kind", "", "", "kind", "kind", +[](S& s) -> Kind& { return s.kind; }, {}},
+      {"kind", "", "", "kind", "kind", +[](S& s) -> Kind& { return s.kind; }, {}, false, false,
+     nullptr, &Always},
       {"input", "", "input file, folder or s3:// URL (any format read)", "input", "input",
        +[](S& s) -> std::string& { return s.input; }, &F::input},
       {"output", "", "output folder or s3://bucket/prefix (must not exist or be empty)", "output",
        "output", +[](S& s) -> std::string& { return s.output; }, &F::output},
       {"output_format", "--format", "output format", "output_format", "output_format",
        +[](S& s) -> std::string& { return s.output_format; }, &F::output_format, false, true,
-       &CheckOutputFormat},
+       &CheckOutputFormat, &Always},
       {"dtype", "--dtype", "keep | fp32 | bf16 | fp16 (floating tensors)", "dtype", "dtype",
-       +[](S& s) -> DTypePolicy& { return s.dtype; }, &F::dtype},
+       +[](S& s) -> DTypePolicy& { return s.dtype; }, &F::dtype, false, false, nullptr, &Always},
       {"max_shard_size", "--max-shard-size", "largest output file", "max_shard_size",
        "max_shard_size", +[](S& s) -> uint64_t& { return s.max_shard_size; }, &F::max_shard_size,
-       true, true},
+       true, true, nullptr, &WhenConsolidating},
       {"parts", "--parts", "number of output parts", "parts", "parts",
-       +[](S& s) -> int& { return s.parts; }, &F::parts, false, false, &CheckParts},
+       +[](S& s) -> int& { return s.parts; }, &F::parts, false, false, &CheckParts,
+       &WhenResharding},
       {"pipeline_parts", "--pipeline-parts",
        "pipeline stages of the output (--format megatron; default 1)", "pipeline_parts",
        "pipeline_parts", +[](S& s) -> int& { return s.pipeline_parts; }, &F::pipeline_parts,
-       false, false, &CheckPipelineParts},
+       false, false, &CheckPipelineParts, &WhenPipelined},
       {"rules_json", "", "", "rules_json", "rules_json",
        +[](S& s) -> std::string& { return s.rules_json; }, {}, false, false, &CheckRulesJson},
       {"duplicate_tied", "--duplicate-tied",
@@ -365,19 +394,17 @@ absl::StatusOr<OrderedJson> SpecToRequestJson(const ConversionSpec& spec) {
   ASSIGN_OR_RETURN(const ConversionSpec normal, NormalizeSpec(spec));
   OrderedJson request;
   for (const SpecField& field : SpecFields()) {
-    if (field.json.empty()) continue;
-    const std::string key(field.json);
-    std::visit(Overloaded{[&](SpecMember<ConversionSpec::Kind> m) {
-                            request[key] = KindName(ReadSpecMember(normal, m));
-                          },
-                          [&](SpecMember<DTypePolicy> m) {
-                            request[key] = std::string(DTypePolicyName(ReadSpecMember(normal, m)));
-                          },
-                          [&](SpecMember<IoMode> m) {
-                            request[key] = std::string(IoModeName(ReadSpecMember(normal, m)));
-                          },
-                          [&](auto m) { request[key] = ReadSpecMember(normal, m); }},
-               field.access);
+    if (!field.json.empty()) request[std::string(field.json)] = FieldJson(normal, field);
+  }
+  return request;
+}
+
+OrderedJson SpecToManifestRequest(const ConversionSpec& spec) {
+  OrderedJson request;
+  for (const SpecField& field : SpecFields()) {
+    if (field.in_manifest != nullptr && field.in_manifest(spec)) {
+      request[std::string(field.json)] = FieldJson(spec, field);
+    }
   }
   return request;
 }

@@ -107,6 +107,9 @@ struct SpecField {
   // OK, or InvalidArgument naming the field as `naming` says. Null: any value is valid.
   absl::Status (*check)(const ConversionSpec& spec, const SpecField& field,
                         SpecNaming naming) = nullptr;
+  // Whether the field belongs to the manifest's "request" (what the output is, written with it
+  // and matched on a rerun) for `spec`, under its JSON key. Null: never.
+  bool (*in_manifest)(const ConversionSpec& spec) = nullptr;
 };
 
 // Every field of ConversionSpec, in the order of ConversionRequestJson's keys.
@@ -137,6 +140,9 @@ absl::Status ValidateSpec(const ConversionSpec& spec, SpecNaming naming);
 
 // The request as every run of it must see it (see ConversionRequestJson).
 absl::StatusOr<nlohmann::ordered_json> SpecToRequestJson(const ConversionSpec& spec);
+
+// The manifest's "request": the fields whose in_manifest says so, as given.
+nlohmann::ordered_json SpecToManifestRequest(const ConversionSpec& spec);
 
 // The inverse of SpecToRequestJson for a record read back from a shared folder: DataLoss
 // naming `where` and the key for a missing or mistyped key.

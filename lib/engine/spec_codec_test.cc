@@ -36,6 +36,25 @@ TEST(SpecCodecTest, RequestJsonKeepsItsKeysOrderAndValues) {
             R"("include_optimizer":false,"update_latest":false,"overwrite":false})");
 }
 
+TEST(SpecCodecTest, ManifestRequestHoldsWhatTheOutputIs) {
+  ConversionSpec spec;
+  spec.output_format = "torch";
+  spec.max_shard_size = 1000;
+  spec.parts = 0;
+  spec.threads = 9;
+  EXPECT_EQ(SpecToManifestRequest(spec).dump(),
+            R"({"kind":"consolidate","output_format":"torch","dtype":"keep",)"
+            R"("max_shard_size":1000})");
+  spec.kind = ConversionSpec::Kind::kReshard;
+  spec.parts = 2;
+  EXPECT_EQ(SpecToManifestRequest(spec).dump(),
+            R"({"kind":"reshard","output_format":"torch","dtype":"keep","parts":2})");
+  spec.pipeline_parts = 3;
+  EXPECT_EQ(SpecToManifestRequest(spec).dump(),
+            R"({"kind":"reshard","output_format":"torch","dtype":"keep","parts":2,)"
+            R"("pipeline_parts":3})");
+}
+
 TEST(SpecCodecTest, RequestJsonRoundTripsAndNamesAMissingKey) {
   const ConversionSpec spec = EverySpecFieldSet();
   absl::StatusOr<nlohmann::ordered_json> json = SpecToRequestJson(spec);
