@@ -183,7 +183,7 @@ OrderedJson FieldJson(const ConversionSpec& spec, const SpecField& field) {
       field.access);
 }
 
-// Sets `member` from the flag's text (or value) in `flags`.
+// Sets the member of `field` from its flag's text (or value) in `flags`.
 absl::Status ParseFlag(const SpecField& field, const ConversionFlags& flags,
                        ConversionSpec& spec) {
   return std::visit(
@@ -209,7 +209,12 @@ absl::Status ParseFlag(const SpecField& field, const ConversionFlags& flags,
                       ASSIGN_OR_RETURN(m(spec), ParseIoMode(value), field.flag);
                       return absl::OkStatus();
                     },
-                    [&](SpecMember<int>) -> absl::Status {  // --partition I/K
+                    [&](SpecMember<int>) -> absl::Status {
+                      // Only --partition I/K is text for ints: it sets index and count.
+                      if (field.name != "partition_index") {
+                        return absl::InternalError(
+                            absl::StrCat(field.name, ": an int member typed as text"));
+                      }
                       if (value.empty()) return absl::OkStatus();
                       ASSIGN_OR_RETURN(const PartitionId partition, ParsePartition(value));
                       spec.partition_index = partition.index;
