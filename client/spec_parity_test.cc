@@ -162,5 +162,26 @@ TEST_F(SpecParityTest, EveryOption) {
                                 "partition_index": 1, "partition_count": 3}})");
 }
 
+// Every field with a flag is an option of `consolidate` or `reshard` (reshardctl_main.cc
+// registers them from the rows one by one).
+TEST(SpecFlagsTest, EveryFlagIsAnOptionOfReshardctl) {
+  std::string help;
+  for (const char* command : {"consolidate", "reshard"}) {
+    const std::string line = absl::StrCat(Runfile("client/reshardctl"), " ", command, " --help");
+    FILE* pipe = ::popen(line.c_str(), "r");
+    ASSERT_NE(pipe, nullptr) << line;
+    char buffer[4096];
+    size_t n;
+    while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) help.append(buffer, n);
+    EXPECT_EQ(::pclose(pipe), 0) << line;
+  }
+  for (const SpecField& field : SpecFields()) {
+    if (field.flag.empty()) continue;
+    EXPECT_NE(help.find(absl::StrCat(" ", field.flag, " ")), std::string::npos)
+        << field.flag << " (" << field.name << ") is not an option of reshardctl:\n"
+        << help;
+  }
+}
+
 }  // namespace
 }  // namespace reshard
