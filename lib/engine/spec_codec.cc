@@ -101,11 +101,11 @@ absl::Status CheckOutputFormat(const ConversionSpec& spec, const SpecField& fiel
   return absl::OkStatus();
 }
 
-absl::Status CheckTag(const ConversionSpec& spec, const SpecField& field, SpecNaming naming) {
-  if (!spec.read.tag.empty() && !IsPlainTag(spec.read.tag)) {
-    return Invalid(field, naming, "must be a folder name inside the input");
-  }
-  return absl::OkStatus();
+absl::Status CheckTagField(const ConversionSpec& spec, const SpecField& field,
+                           SpecNaming naming) {
+  // A folder name inside the input, never a path: tag "../x" (from --tag) is not a plain ...
+  if (spec.read.tag.empty()) return absl::OkStatus();
+  return CheckTag(spec.read.tag, absl::StrCat("from ", SpecFieldLabel(field, naming)));
 }
 
 absl::Status CheckPartition(const ConversionSpec& spec, const SpecField& field,
@@ -291,7 +291,7 @@ constexpr SpecField kFields[] = {
        "duplicate_tied", +[](S& s) -> bool& { return s.duplicate_tied; }, &F::duplicate_tied},
       {"tag", "--tag", "DeepSpeed checkpoint tag to read (default: the folder's `latest` file)",
        "tag", "tag", +[](S& s) -> std::string& { return s.read.tag; }, &F::tag, false, false,
-       &CheckTag},
+       &CheckTagField},
       {"include_optimizer", "--include-optimizer",
        "also read the Adam moments (<param>.exp_avg, <param>.exp_avg_sq)", "include_optimizer",
        "include_optimizer", +[](S& s) -> bool& { return s.read.include_optimizer; },

@@ -98,6 +98,14 @@ TEST(JobSpecCodecTest, RangesAreNamedAsTheRouteNamesThem) {
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kFlags),
             absl::InvalidArgumentError("--partition I/K needs 0 <= I < K <= 4096, got 3/3"));
   spec = EverySpecFieldSet();
+  spec.read.tag = "../x";
+  EXPECT_EQ(ValidateSpec(spec, SpecNaming::kFlags),
+            absl::InvalidArgumentError(
+                R"(tag "../x" (from --tag) is not a plain folder name)"));
+  EXPECT_EQ(ValidateSpec(spec, SpecNaming::kProto),
+            absl::InvalidArgumentError(
+                R"(tag "../x" (from spec.tag) is not a plain folder name)"));
+  spec = EverySpecFieldSet();
   spec.rules_json = std::string(kMaxRulesJsonBytes + 1, ' ');
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kProto),
             absl::InvalidArgumentError("spec.rules_json is larger than 1 MiB"));
