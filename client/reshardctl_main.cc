@@ -20,8 +20,8 @@
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/exit_codes.h"
-#include "lib/engine/spec_codec.h"
 #include "lib/core/version.h"
+#include "lib/engine/spec_codec.h"
 #include "lib/formats/format.h"
 
 namespace {

@@ -1,8 +1,8 @@
 // The one binding of a ConversionSpec to its outside forms: reshardctl's flags
 // (ConversionFlags), the reshard.v1 JobSpec (bound by field name in
-// proto/reshard/v1/job_spec_codec.h, so that lib/ stays free of gRPC) and the request JSON the
-// engine records (ConversionRequestJson: a partitioned conversion's split record, the s3:// plan
-// id).
+// proto/reshard/v1/job_spec_codec.h, so that lib/ stays free of gRPC) and the JSON the engine
+// records: the whole request (ConversionRequestJson: a partitioned conversion's split record,
+// the s3:// plan id) and the manifest's "request" (SpecToManifestRequest).
 //
 // Every member of ConversionSpec is one row of SpecFields(): its flag, JobSpec field and JSON
 // key, how it is checked, and what zero means. The CLI, the daemon and the Python client reach
@@ -34,7 +34,8 @@ namespace reshard {
 inline constexpr size_t kMaxRulesJsonBytes = 1 << 20;
 
 // reshardctl's conversion options as typed on the command line (sizes, dtype and I/O mode as
-// text). ConversionSpecFromFlags turns them into a ConversionSpec through SpecFields().
+// text), bound to the rows of SpecFields() by their flag_value. ParseConversionFlags turns them
+// into a ConversionSpec.
 struct ConversionFlags {
   std::string input;
   std::string output;
