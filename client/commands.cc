@@ -27,37 +27,17 @@ ReadOptions ReadOptionsFrom(const ConversionFlags& flags) {
   return options;
 }
 
-absl::StatusOr<ConversionSpec> BuildSpec(const ConversionFlags& flags, bool reshard) {
-  ConversionSpec spec;
-  spec.kind = reshard ? ConversionSpec::Kind::kReshard : ConversionSpec::Kind::kConsolidate;
-  spec.input = flags.input;
-  spec.output = flags.output;
-  ASSIGN_OR_RETURN(spec.dtype, ParseDTypePolicy(flags.dtype));
-  ASSIGN_OR_RETURN(spec.max_shard_size, ParseByteSize(flags.max_shard_size));
-  ASSIGN_OR_RETURN(spec.window_bytes, ParseByteSize(flags.window_size));
-  spec.parts = flags.parts;
-  spec.pipeline_parts = flags.pipeline_parts;
-  spec.update_latest = flags.update_latest;
-  spec.overwrite = flags.overwrite;
-  spec.rules_file = flags.rules;
-  spec.threads = flags.threads;
-  spec.duplicate_tied = flags.duplicate_tied;
-  spec.skip_crc_check = flags.no_crc_check;
-  ASSIGN_OR_RETURN(spec.io, ParseIoMode(flags.io));
-  spec.output_format = flags.output_format;
-  spec.read = ReadOptionsFrom(flags);
-  if (reshard && spec.parts < 1) {
-    return absl::InvalidArgumentError("reshard needs --parts M (M >= 1)");
-  }
-  if (!flags.partition.empty()) {
-    ASSIGN_OR_RETURN(const PartitionId partition, ParsePartition(flags.partition));
-    spec.partition_index = partition.index;
-    spec.partition_count = partition.count;
-  }
+}  // namespace
+
+absl::StatusOr<ConversionSpec> ConversionSpecFromFlags(const ConversionFlags& flags, bool reshard,
+                                                       bool* usage) {
+  absl::StatusOr<ConversionSpec> parsed = ParseConversionFlags(flags, reshard);
+  if (usage != nullptr) *usage = !parsed.ok();
+  if (!parsed.ok()) return parsed.status();
+  ASSIGN_OR_RETURN(ConversionSpec spec, NormalizeSpec(*std::move(parsed)));
+  RETURN_IF_ERROR(ValidateSpec(spec, SpecNaming::kFlags));
   return spec;
 }
-
-}  // namespace
 
 int RunInspect(const ConversionFlags& conversion, const OutputFlags& flags, std::ostream& out,
                std::ostream& err) {
@@ -73,8 +53,9 @@ int RunInspect(const ConversionFlags& conversion, const OutputFlags& flags, std:
 int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::ostream& out,
             std::ostream& err) {
   const bool reshard = conversion.parts > 0;
-  auto spec = BuildSpec(conversion, reshard);
-  if (!spec.ok()) return Fail(spec.status(), flags, flags.result_file, out, err, /*usage=*/true);
+  bool usage = false;
+  auto spec = ConversionSpecFromFlags(conversion, reshard, &usage);
+  if (!spec.ok()) return Fail(spec.status(), flags, flags.result_file, out, err, usage);
   if (conversion.partitions < 0 || conversion.partitions > kMaxPartitions) {
     return Fail(absl::InvalidArgumentError(
                     absl::StrCat("--partitions must be in [1, ", kMaxPartitions, "]")),
@@ -90,8 +71,9 @@ int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::os
 
 int RunConvert(const ConversionFlags& conversion, bool reshard, const OutputFlags& flags,
                const std::atomic<bool>* cancelled, std::ostream& out, std::ostream& err) {
-  auto spec = BuildSpec(conversion, reshard);
-  if (!spec.ok()) return Fail(spec.status(), flags, flags.result_file, out, err, /*usage=*/true);
+  bool usage = false;
+  auto spec = ConversionSpecFromFlags(conversion, reshard, &usage);
+  if (!spec.ok()) return Fail(spec.status(), flags, flags.result_file, out, err, usage);
   ProgressBar bar(err, flags.terminal);
   RunControl control;
   control.cancelled = cancelled;

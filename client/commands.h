@@ -11,35 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "client/reports.h"
+#include "lib/engine/conversion.h"
+#include "lib/engine/spec_codec.h"
+#include "proto/reshard/v1/reshard.pb.h"
 
 namespace reshard {
-
-struct ConversionFlags {
-  std::string input;
-  std::string output;
-  std::string dtype = "keep";
-  std::string max_shard_size = "5GB";
-  int parts = 0;
-  int pipeline_parts = 0;      // reshard --format megatron: pipeline stages
-  bool update_latest = false;  // also write the format's tracker file beside OUT
-  std::string rules;
-  int threads = 2;
-  std::string window_size = "32MiB";
-  bool duplicate_tied = false;
-  bool no_crc_check = false;                  // skip the torch.save CRC-32 check of the data read
-  std::string io = "auto";                    // auto | direct | buffered (lib/io/io_mode.h)
-  std::string output_format = "safetensors";  // one of OutputFormatIds()
-  // Training checkpoints: DeepSpeed tag to read, and whether to read Adam moments too.
-  std::string tag;
-  bool include_optimizer = false;
-  // consolidate/reshard: `--partition I/K | auto | auto/K` (lib/engine/partition_spec.h);
-  // empty: not partitioned. plan: `--partitions K` shows each partition's files.
-  std::string partition;
-  int partitions = 0;
-  // consolidate/reshard: replace a non-empty output folder or s3:// prefix (`--overwrite`).
-  bool overwrite = false;
-};
 
 // Options of commands that go through reshardd.
 struct DaemonFlags {
@@ -55,8 +33,18 @@ struct DaemonFlags {
   std::string idempotency_key;  // empty: derived from the Slurm / Kubernetes environment
   int priority = 0;
   std::string memory_budget;  // empty: what the plan needs
-  bool overwrite = false;
 };
+
+// The ConversionSpec `consolidate` (reshard == false) or `reshard` runs in-process:
+// ParseConversionFlags, NormalizeSpec and ValidateSpec (spec_codec.h). `usage`, when given, is
+// set when a flag holds a value the option does not take (exit 2).
+absl::StatusOr<ConversionSpec> ConversionSpecFromFlags(const ConversionFlags& flags, bool reshard,
+                                                       bool* usage = nullptr);
+
+// The JobSpec the same command sends to reshardd: the same ConversionSpec
+// (JobSpecFromConversionSpec), plus the job's priority and memory budget.
+absl::StatusOr<v1::JobSpec> JobSpecFromFlags(const ConversionFlags& flags, bool reshard,
+                                             const DaemonFlags& daemon, bool* usage = nullptr);
 
 // `conversion` supplies the input, rules and read options (tag, optimizer) only.
 int RunInspect(const ConversionFlags& conversion, const OutputFlags& flags, std::ostream& out,

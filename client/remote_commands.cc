@@ -4,14 +4,12 @@
 #include <xxhash.h>
 
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "client/client.h"
 #include "client/commands.h"
 #include "client/exit_codes.h"
@@ -19,15 +17,13 @@
 #include "client/reports.h"
 #include "lib/core/status.h"
 #include "lib/engine/partition_spec.h"
+#include "lib/engine/spec_codec.h"
 #include "lib/io/file_access.h"
-#include "lib/io/io_mode.h"
 #include "lib/plan/layout_builders.h"
-#include "lib/plan/partition_rules.h"
+#include "proto/reshard/v1/job_spec_codec.h"
 
 namespace reshard {
 namespace {
-
-namespace fs = std::filesystem;
 
 absl::StatusOr<std::unique_ptr<Client>> ConnectTo(const DaemonFlags& daemon) {
   ClientOptions options;
@@ -47,86 +43,23 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectTo(const DaemonFlags& daemon) {
   return Client::Connect(options);
 }
 
-// Paths become absolute here; remote URLs (s3://bucket/key) stay as they are: the daemon checks
-// them against its s3:// roots (and refuses other schemes by name, not as "/cwd/gs:/...").
-std::string Absolute(const std::string& path) {
-  if (path.empty() || IsRemotePath(path)) return path;
-  std::error_code error;
-  fs::path absolute = fs::absolute(path, error);
-  return error ? path : absolute.lexically_normal().string();
-}
+}  // namespace
 
-absl::StatusOr<std::string> ReadRules(const std::string& path) {
-  if (path.empty()) return std::string();
-  std::ifstream in(path, std::ios::binary);
-  // A preset name ("megatron") that is not a file here is sent as the preset's rules.
-  if (!in && !PartitionRulePreset(path).empty()) return PartitionRulePreset(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open partition rules file ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().size() > (1u << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("partition rules file ", path, " is larger than 1 MiB"));
-  }
-  return text.str();
-}
-
-// The job spec of a conversion command. Paths become absolute on this machine; the rules file
-// is read here and sent inline.
-absl::StatusOr<v1::JobSpec> BuildJobSpec(const ConversionFlags& conversion, bool reshard,
-                                         const DaemonFlags& daemon) {
-  v1::JobSpec spec;
-  spec.set_kind(reshard ? v1::JOB_KIND_RESHARD : v1::JOB_KIND_CONSOLIDATE);
-  spec.set_input(Absolute(conversion.input));
-  spec.set_output(Absolute(conversion.output));
-  ASSIGN_OR_RETURN(DTypePolicy dtype, ParseDTypePolicy(conversion.dtype));
-  switch (dtype) {
-    case DTypePolicy::kF32:
-      spec.set_dtype(v1::DTYPE_FP32);
-      break;
-    case DTypePolicy::kBF16:
-      spec.set_dtype(v1::DTYPE_BF16);
-      break;
-    case DTypePolicy::kF16:
-      spec.set_dtype(v1::DTYPE_FP16);
-      break;
-    case DTypePolicy::kKeep:
-      spec.set_dtype(v1::DTYPE_KEEP);
-      break;
-  }
-  if (!reshard) {
-    ASSIGN_OR_RETURN(uint64_t shard, ParseByteSize(conversion.max_shard_size));
-    spec.set_max_shard_size(shard);
-  } else {
-    if (conversion.parts < 1) return absl::InvalidArgumentError("reshard needs --parts M (M >= 1)");
-    spec.set_parts(conversion.parts);
-    spec.set_pipeline_parts(conversion.pipeline_parts);
-  }
-  spec.set_update_latest(conversion.update_latest);
-  ASSIGN_OR_RETURN(*spec.mutable_rules_json(), ReadRules(conversion.rules));
+absl::StatusOr<v1::JobSpec> JobSpecFromFlags(const ConversionFlags& conversion, bool reshard,
+                                             const DaemonFlags& daemon, bool* usage) {
+  ASSIGN_OR_RETURN(const ConversionSpec spec, ConversionSpecFromFlags(conversion, reshard, usage));
+  v1::JobSpec job = JobSpecFromConversionSpec(spec);
   if (!daemon.memory_budget.empty()) {
-    ASSIGN_OR_RETURN(uint64_t budget, ParseByteSize(daemon.memory_budget));
-    spec.set_memory_budget(budget);
+    absl::StatusOr<uint64_t> budget = ParseByteSize(daemon.memory_budget);
+    if (usage != nullptr) *usage = !budget.ok();
+    if (!budget.ok()) return Annotate(budget.status(), "--memory-budget");
+    job.set_memory_budget(*budget);
   }
-  spec.set_threads(conversion.threads);
-  spec.set_duplicate_tied(conversion.duplicate_tied);
-  spec.set_skip_crc_check(conversion.no_crc_check);
-  RETURN_IF_ERROR(ParseIoMode(conversion.io).status());
-  spec.set_io(conversion.io);
-  spec.set_output_format(conversion.output_format);
-  spec.set_tag(conversion.tag);
-  spec.set_include_optimizer(conversion.include_optimizer);
-  ASSIGN_OR_RETURN(uint64_t window, ParseByteSize(conversion.window_size));
-  spec.set_window_bytes(window);
-  spec.set_priority(daemon.priority);
-  spec.set_overwrite(daemon.overwrite);
-  if (!conversion.partition.empty()) {
-    ASSIGN_OR_RETURN(const PartitionId partition, ParsePartition(conversion.partition));
-    spec.set_partition_index(partition.index);
-    spec.set_partition_count(partition.count);
-  }
-  return spec;
+  job.set_priority(daemon.priority);
+  return job;
 }
+
+namespace {
 
 int ExitCodeForJob(const v1::Job& job) {
   switch (job.state()) {
@@ -210,15 +143,18 @@ std::string DefaultIdempotencyKey(const std::string& spec_fingerprint) {
 
 int RunRemoteInspect(const ConversionFlags& conversion, const DaemonFlags& daemon,
                      const OutputFlags& flags, std::ostream& out, std::ostream& err) {
-  const std::string& input = conversion.input;
-  auto rules_json = ReadRules(conversion.rules);
-  if (!rules_json.ok()) return Fail(rules_json.status(), flags, flags.result_file, out, err);
+  // The input and rules as a conversion sends them: the path absolute, the rules inline.
+  ConversionSpec read;
+  read.input = conversion.input;
+  read.rules_file = conversion.rules;
+  absl::StatusOr<ConversionSpec> sent = NormalizeSpec(std::move(read));
+  if (!sent.ok()) return Fail(sent.status(), flags, flags.result_file, out, err);
   auto client = ConnectTo(daemon);
   if (!client.ok()) return Fail(client.status(), flags, flags.result_file, out, err, true);
-  auto response = (*client)->Inspect(Absolute(input), *rules_json, conversion.tag,
+  auto response = (*client)->Inspect(sent->input, sent->rules_json, conversion.tag,
                                      conversion.include_optimizer);
   if (!response.ok()) return Fail(response.status(), flags, flags.result_file, out, err);
-  return Emit(InspectDocument(Absolute(input), *response), kExitOk, flags, flags.result_file,
+  return Emit(InspectDocument(sent->input, *response), kExitOk, flags, flags.result_file,
               PrintInspect, out, err);
 }
 
@@ -226,9 +162,13 @@ int RunRemotePlan(const ConversionFlags& conversion, const DaemonFlags& daemon,
                   const OutputFlags& flags, std::ostream& out, std::ostream& err) {
   const bool reshard = conversion.parts > 0;
   ConversionFlags with_output = conversion;
-  if (with_output.output.empty()) with_output.output = Absolute(conversion.input) + ".plan";
-  auto spec = BuildJobSpec(with_output, reshard, daemon);
-  if (!spec.ok()) return Fail(spec.status(), flags, flags.result_file, out, err, true);
+  if (with_output.output.empty()) {
+    // The daemon checks an output even for a dry run: INPUT.plan, beside the input.
+    with_output.output = std::string(absl::StripSuffix(conversion.input, "/")) + ".plan";
+  }
+  bool usage = false;
+  auto spec = JobSpecFromFlags(with_output, reshard, daemon, &usage);
+  if (!spec.ok()) return Fail(spec.status(), flags, flags.result_file, out, err, usage);
   auto client = ConnectTo(daemon);
   if (!client.ok()) return Fail(client.status(), flags, flags.result_file, out, err, true);
   auto response = (*client)->Plan(*spec);
@@ -243,8 +183,9 @@ int RunRemotePlan(const ConversionFlags& conversion, const DaemonFlags& daemon,
 int RunRemoteConvert(const ConversionFlags& conversion, bool reshard, const DaemonFlags& daemon,
                      const OutputFlags& flags, const std::atomic<bool>* stop, std::ostream& out,
                      std::ostream& err) {
-  auto spec = BuildJobSpec(conversion, reshard, daemon);
-  if (!spec.ok()) return Fail(spec.status(), flags, flags.result_file, out, err, true);
+  bool usage = false;
+  auto spec = JobSpecFromFlags(conversion, reshard, daemon, &usage);
+  if (!spec.ok()) return Fail(spec.status(), flags, flags.result_file, out, err, usage);
   std::string key = daemon.idempotency_key;
   if (key.empty()) {
     const std::string serialized = spec->SerializeAsString();

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <iostream>
+#include <variant>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,7 @@
 #include "client/commands.h"
 #include "client/exit_codes.h"
 #include "lib/core/version.h"
+#include "lib/engine/spec_codec.h"
 #include "lib/formats/format.h"
 
 namespace {
@@ -27,6 +29,30 @@ namespace {
 std::atomic<bool> cancel_requested{false};
 
 void OnSignal(int) { cancel_requested.store(true); }
+
+// Registers the option of ConversionSpec field `name` (lib/engine/spec_codec.h): its flag and
+// help text from the field's row, bound to the row's member of `flags`.
+CLI::Option* AddSpecOption(CLI::App* command, reshard::ConversionFlags& flags,
+                           absl::string_view name) {
+  using reshard::ConversionFlags;
+  const reshard::SpecField& field = reshard::SpecFieldNamed(name);
+  const std::string flag(field.flag);
+  const std::string help(field.help);
+  return std::visit(
+      reshard::Overloaded{
+          [&](std::string ConversionFlags::*text) {
+            return command->add_option(flag, flags.*text, help);
+          },
+          [&](int ConversionFlags::*number) {
+            return command->add_option(flag, flags.*number, help);
+          },
+          [&](bool ConversionFlags::*set) { return command->add_flag(flag, flags.*set, help); },
+          [&](std::monostate) -> CLI::Option* {
+            std::cerr << "reshardctl: field " << name << " has no flag\n";
+            std::abort();
+          }},
+      field.flag_value);
+}
 
 void InstallSignalHandlers() {
   struct sigaction action = {};
@@ -89,55 +115,34 @@ int main(int argc, char** argv) {
                         "SLURM_ARRAY_JOB_ID/SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX)");
     command->add_option("--priority", daemon.priority, "higher runs first (-100..100)");
     command->add_option("--memory-budget", daemon.memory_budget, "memory the job may use");
-    command->add_flag("--overwrite", daemon.overwrite,
-                      "replace a non-empty output folder or s3:// prefix");
-    command->add_option("--partition", conversion.partition,
-                        "write only partition I of K (I/K, 0-based; auto: from the Slurm array "
-                        "task, srun step or Kubernetes Indexed Job; auto/K: K given); the last "
-                        "worker to finish publishes OUT");
+    AddSpecOption(command, conversion, "overwrite");
+    AddSpecOption(command, conversion, "partition_index");
   };
   auto add_read_options = [&](CLI::App* command) {
-    command->add_option("--tag", conversion.tag,
-                        "DeepSpeed checkpoint tag to read (default: the folder's `latest` file)");
-    command->add_flag("--include-optimizer", conversion.include_optimizer,
-                      "also read the Adam moments (<param>.exp_avg, <param>.exp_avg_sq)");
+    AddSpecOption(command, conversion, "tag");
+    AddSpecOption(command, conversion, "include_optimizer");
   };
   auto add_conversion = [&](CLI::App* command, bool with_output_dir) {
-    command->add_option("IN", conversion.input, "input file, folder or s3:// URL (any format read)")->required();
+    command->add_option("IN", conversion.input, std::string(SpecFieldNamed("input").help))
+        ->required();
     if (with_output_dir) {
-      command
-          ->add_option("OUT", conversion.output,
-                       "output folder or s3://bucket/prefix (must not exist or be empty)")
+      command->add_option("OUT", conversion.output, std::string(SpecFieldNamed("output").help))
           ->required();
     }
-    command->add_option("--dtype", conversion.dtype, "keep | fp32 | bf16 | fp16 (floating tensors)")
-        ->capture_default_str();
-    command->add_option("--rules", conversion.rules,
-                        "partition rules JSON file, or a preset: metaseq | megatron");
-    command->add_option("--threads", conversion.threads, "output files written in parallel")
-        ->capture_default_str();
-    command
-        ->add_option("--window-size", conversion.window_size,
-                     "copy buffer of the conversion, shared by its threads")
-        ->capture_default_str();
-    command->add_flag("--duplicate-tied", conversion.duplicate_tied,
-                      "write tied weights under every name instead of once plus aliases");
-    command->add_flag("--no-crc-check", conversion.no_crc_check,
-                      "do not check the CRC-32s of the torch.save records read");
-    command
-        ->add_option("--io", conversion.io,
-                     "auto: direct I/O where the filesystem takes it, page cache left as it "
-                     "was | direct: direct I/O or fail | buffered: through the page cache")
+    AddSpecOption(command, conversion, "dtype")->capture_default_str();
+    AddSpecOption(command, conversion, "rules_file");
+    AddSpecOption(command, conversion, "threads")->capture_default_str();
+    AddSpecOption(command, conversion, "window_bytes")->capture_default_str();
+    AddSpecOption(command, conversion, "duplicate_tied");
+    AddSpecOption(command, conversion, "skip_crc_check");
+    AddSpecOption(command, conversion, "io")
         ->check(CLI::IsMember({"auto", "direct", "buffered"}))
         ->capture_default_str();
-    command
-        ->add_option("--format", conversion.output_format,
-                     absl::StrCat("output format: ", absl::StrJoin(OutputFormatIds(), " | ")))
+    AddSpecOption(command, conversion, "output_format")
+        ->description(absl::StrCat("output format: ", absl::StrJoin(OutputFormatIds(), " | ")))
         ->check(CLI::IsMember(OutputFormatIds()))
         ->capture_default_str();
-    command->add_flag("--update-latest", conversion.update_latest,
-                      "also write the format's tracker file beside OUT (deepspeed-universal: "
-                      "latest_universal)");
+    AddSpecOption(command, conversion, "update_latest");
     add_read_options(command);
     add_output(command);
   };
@@ -146,18 +151,16 @@ int main(int argc, char** argv) {
 
   CLI::App* inspect = app.add_subcommand("inspect", "describe a checkpoint");
   inspect->add_option("IN", conversion.input, "input file, folder or s3:// URL")->required();
-  inspect->add_option("--rules", conversion.rules, "partition rules to merge model-parallel parts");
+  AddSpecOption(inspect, conversion, "rules_file");
   add_read_options(inspect);
   add_output(inspect);
   add_server(inspect);
 
   CLI::App* plan = app.add_subcommand("plan", "dry run: output files, bytes, memory needed");
   add_conversion(plan, /*with_output_dir=*/false);
-  plan->add_option("--max-shard-size", conversion.max_shard_size, "largest output file")
-      ->capture_default_str();
-  plan->add_option("--parts", conversion.parts, "plan a reshard into M parts");
-  plan->add_option("--pipeline-parts", conversion.pipeline_parts,
-                   "pipeline stages of the output (--format megatron; default 1)");
+  AddSpecOption(plan, conversion, "max_shard_size")->capture_default_str();
+  AddSpecOption(plan, conversion, "parts")->description("plan a reshard into M parts");
+  AddSpecOption(plan, conversion, "pipeline_parts");
   plan->add_option("--partitions", conversion.partitions,
                    "also show the files each of K partitions writes (--partition I/K)");
   add_server(plan);
@@ -165,16 +168,14 @@ int main(int argc, char** argv) {
   CLI::App* consolidate =
       app.add_subcommand("consolidate", "merge a checkpoint into one model in --format");
   add_conversion(consolidate, /*with_output_dir=*/true);
-  consolidate->add_option("--max-shard-size", conversion.max_shard_size, "largest output file")
-      ->capture_default_str();
+  AddSpecOption(consolidate, conversion, "max_shard_size")->capture_default_str();
   consolidate->add_flag("--no-progress", no_progress, "do not show progress");
   add_job_options(consolidate);
 
   CLI::App* reshard = app.add_subcommand("reshard", "split or merge tensor-parallel parts, in --format");
   add_conversion(reshard, /*with_output_dir=*/true);
-  reshard->add_option("--parts", conversion.parts, "number of output parts")->required();
-  reshard->add_option("--pipeline-parts", conversion.pipeline_parts,
-                      "pipeline stages of the output (--format megatron; default 1)");
+  AddSpecOption(reshard, conversion, "parts")->required();
+  AddSpecOption(reshard, conversion, "pipeline_parts");
   reshard->add_flag("--no-progress", no_progress, "do not show progress");
   add_job_options(reshard);
 
@@ -186,7 +187,7 @@ int main(int argc, char** argv) {
   CLI::App* verify = app.add_subcommand("verify", "compare two checkpoints element by element");
   verify->add_option("A", a, "first checkpoint")->required();
   verify->add_option("B", b, "second checkpoint")->required();
-  verify->add_option("--rules", conversion.rules, "partition rules to merge model-parallel parts");
+  AddSpecOption(verify, conversion, "rules_file");
   add_read_options(verify);
   add_output(verify);
 
@@ -224,7 +225,6 @@ int main(int argc, char** argv) {
   std::ostream& out = std::cout;
   std::ostream& err = std::cerr;
   const bool remote = !daemon.server.empty();
-  conversion.overwrite = daemon.overwrite;  // in-process runs honour it too
   if (*inspect) {
     return remote ? RunRemoteInspect(conversion, daemon, output, out, err)
                   : RunInspect(conversion, output, out, err);

@@ -491,7 +491,9 @@ TEST_F(ServerTest, PlanAndInspect) {
   EXPECT_GE(plan->total_bytes(), 8u);
   // The conversion's own estimate, as `reshardctl plan` reports it without a daemon; not the
   // spec's memory budget.
-  auto local = PlanConversion(ConversionSpecFromProto(spec));
+  absl::StatusOr<ConversionSpec> conversion = ConversionSpecFromProto(spec);
+  ASSERT_TRUE(conversion.ok()) << conversion.status();
+  auto local = PlanConversion(*conversion);
   ASSERT_TRUE(local.ok()) << local.status();
   EXPECT_GT(plan->memory_bytes(), 0u);
   EXPECT_EQ(plan->memory_bytes(), local->memory_bytes);

@@ -10,12 +10,14 @@
 #include "lib/engine/conversion.h"
 #include "lib/engine/object_store_output.h"
 #include "lib/engine/partition_spec.h"
+#include "lib/engine/spec_codec.h"
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/io/io_mode.h"
 #include "lib/io/s3/s3_location.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/partition_rules.h"
+#include "proto/reshard/v1/job_spec_codec.h"
 #include "server/job_runner.h"
 
 namespace reshard {
@@ -112,43 +114,12 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathPolicy& paths) {
   v1::JobSpec valid = spec;
-  if (spec.kind() != v1::JOB_KIND_CONSOLIDATE && spec.kind() != v1::JOB_KIND_RESHARD) {
-    return absl::InvalidArgumentError("spec.kind must be JOB_KIND_CONSOLIDATE or JOB_KIND_RESHARD");
-  }
-  if (spec.kind() == v1::JOB_KIND_RESHARD && (spec.parts() < 1 || spec.parts() > kMaxParts)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.parts must be in [1, ", kMaxParts, "] for a reshard"));
-  }
-  if (spec.kind() == v1::JOB_KIND_CONSOLIDATE && spec.parts() != 0) {
-    return absl::InvalidArgumentError("spec.parts is only for JOB_KIND_RESHARD");
-  }
-  if (spec.pipeline_parts() < 0 || spec.pipeline_parts() > kMaxParts ||
-      (spec.kind() == v1::JOB_KIND_CONSOLIDATE && spec.pipeline_parts() != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.pipeline_parts must be in [0, ", kMaxParts,
-                                                   "], and only for JOB_KIND_RESHARD"));
-  }
-  if (spec.threads() < 0 || spec.threads() > kMaxConversionThreads) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.threads must be in [0, ", kMaxConversionThreads, "]"));
-  }
+  // The conversion's fields: the spec codec's rows, named as JobSpec fields.
+  ASSIGN_OR_RETURN(const ConversionSpec conversion, ConversionSpecFromProto(spec));
+  RETURN_IF_ERROR(ValidateSpec(conversion, SpecNaming::kProto));
+  // The job's own.
   if (spec.priority() < -100 || spec.priority() > 100) {
     return absl::InvalidArgumentError("spec.priority must be in [-100, 100]");
-  }
-  if (!v1::DType_IsValid(spec.dtype())) return absl::InvalidArgumentError("spec.dtype is unknown");
-  if (!spec.output_format().empty()) {
-    RETURN_IF_ERROR(FindOutputFormat(spec.output_format()).status(), "spec.output_format");
-  }
-  if (spec.rules_json().size() > kMaxRulesJsonBytes) {
-    return absl::InvalidArgumentError("spec.rules_json is larger than 1 MiB");
-  }
-  // A reshard without rules is the input format's to judge (Megatron checkpoints bring their
-  // own); the job fails naming --rules when it has none.
-  if (!spec.rules_json().empty()) {
-    auto rules = PartitionRules::FromJson(spec.rules_json(), "spec.rules_json");
-    if (!rules.ok()) return rules.status();
-  }
-  if (!spec.tag().empty() && !IsPlainTag(spec.tag())) {
-    return absl::InvalidArgumentError("spec.tag must be a folder name inside the input");
   }
   if (spec.output().empty()) return absl::InvalidArgumentError("spec.output is required");
   if (spec.input().empty()) return absl::InvalidArgumentError("spec.input is required");
@@ -158,21 +129,6 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
   if (valid.output() == valid.input() || valid.input().rfind(valid.output() + "/", 0) == 0 ||
       valid.output().rfind(valid.input() + "/", 0) == 0) {
     return absl::InvalidArgumentError("spec.output must not be, contain or lie inside the input");
-  }
-  if (spec.window_bytes() != 0 &&
-      (spec.window_bytes() < kMinWindowBytes || spec.window_bytes() > kMaxWindowBytes)) {
-    return absl::InvalidArgumentError("spec.window_bytes must be 0 or in [4 KiB, 4 GiB]");
-  }
-  if (!spec.io().empty()) {
-    RETURN_IF_ERROR(ParseIoMode(spec.io()).status(), "spec.io");
-  }
-  if (spec.partition_count() < 0 || spec.partition_count() > kMaxPartitions ||
-      spec.partition_index() < 0 ||
-      (spec.partition_count() > 0 ? spec.partition_index() >= spec.partition_count()
-                                  : spec.partition_index() != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.partition_index must be below spec.partition_count, which must be in [0, ",
-        kMaxPartitions, "] (0: not partitioned)"));
   }
   return valid;
 }
@@ -215,9 +171,10 @@ absl::StatusOr<v1::Job> ReshardService::Submit(grpc::ServerContext& context, con
         absl::StatusOr<v1::JobSpec> valid = ValidateJobSpec(spec, *paths);
         if (valid.ok() && needs_free_output) {
           // An s3:// prefix: one LIST with the daemon's credentials.
-          absl::Status free = IsS3Url(valid->output())
-                                  ? CheckObjectStoreOutputUsable(ConversionSpecFromProto(*valid))
-                                  : CheckOutputDirUsable(valid->output());
+          absl::StatusOr<ConversionSpec> conversion = ConversionSpecFromProto(*valid);
+          absl::Status free = !conversion.ok()          ? conversion.status()
+                              : IsS3Url(valid->output()) ? CheckObjectStoreOutputUsable(*conversion)
+                                                         : CheckOutputDirUsable(valid->output());
           if (!free.ok()) valid = free;
         }
         *checked = std::move(valid);
@@ -327,7 +284,9 @@ grpc::Status ReshardService::Plan(grpc::ServerContext* context, const v1::PlanRe
       return;
     }
     ScopedPathConfinement confined(paths->confinement());
-    *planned = PlanConversion(ConversionSpecFromProto(*valid));
+    absl::StatusOr<ConversionSpec> conversion = ConversionSpecFromProto(*valid);
+    *planned = conversion.ok() ? PlanConversion(*conversion)
+                               : absl::StatusOr<PlannedConversion>(conversion.status());
   });
   if (!waited.ok()) return ToGrpcStatus(waited);
   if (!planned->has_value()) {

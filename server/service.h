@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "absl/status/statusor.h"
+#include "lib/engine/spec_codec.h"
 #include "proto/reshard/v1/reshard.grpc.pb.h"
 #include "server/auth_tokens.h"
 #include "server/offload_pool.h"
@@ -15,9 +16,9 @@
 
 namespace reshard {
 
-// Request limits. gRPC's own message cap is set from kMaxRequestBytes by the server.
+// Request limits (rules: kMaxRulesJsonBytes, lib/engine/spec_codec.h). gRPC's own message cap
+// is set from kMaxRequestBytes by the server.
 inline constexpr size_t kMaxRequestBytes = 2 << 20;
-inline constexpr size_t kMaxRulesJsonBytes = 1 << 20;
 inline constexpr size_t kMaxIdempotencyKeyBytes = 256;
 
 // Checks a spec and returns it with its paths resolved (the canonical form stored with the

@@ -18,6 +18,7 @@
 #include "lib/core/status.h"
 #include "lib/core/stopwatch.h"
 #include "lib/core/test_faults.h"
+#include "lib/engine/spec_codec.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/file_access.h"
 #include "lib/io/s3/s3_location.h"
@@ -30,33 +31,6 @@ namespace reshard {
 namespace {
 
 using OrderedJson = nlohmann::ordered_json;
-
-absl::string_view KindName(ConversionSpec::Kind kind) {
-  return kind == ConversionSpec::Kind::kConsolidate ? "consolidate" : "reshard";
-}
-
-// The manifest's "request": what was asked, so an output can be matched to its job.
-OrderedJson RequestJson(const ConversionSpec& spec) {
-  OrderedJson request;
-  request["kind"] = KindName(spec.kind);
-  request["output_format"] = spec.output_format;
-  request["dtype"] = DTypePolicyName(spec.dtype);
-  if (spec.kind == ConversionSpec::Kind::kConsolidate) {
-    request["max_shard_size"] = spec.max_shard_size;
-  } else {
-    request["parts"] = spec.parts;
-    if (spec.pipeline_parts > 0) request["pipeline_parts"] = spec.pipeline_parts;
-  }
-  return request;
-}
-
-// Every run (worker, rerun) must name the same folders, wherever it was started from.
-std::string AbsolutePath(const std::string& path) {
-  if (IsRemotePath(path)) return path;  // s3://bucket/key is absolute already
-  std::error_code error;
-  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
-  return NormalizeOutputPath(error ? path : absolute.string());
-}
 
 // Manifests list every tensor; this bounds what a hostile one can make us allocate.
 constexpr uint64_t kMaxManifestBytes = 256ull << 20;
@@ -232,25 +206,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
 }
 
 absl::StatusOr<std::string> ConversionRequestJson(const ConversionSpec& spec) {
-  std::string rules = spec.rules_json;
-  if (rules.empty() && !spec.rules_file.empty()) {
-    ASSIGN_OR_RETURN(rules, ReadSmallFile(spec.rules_file, 1 << 20), "reading the rules");
-  }
-  OrderedJson request;
-  request["kind"] = KindName(spec.kind);
-  request["input"] = AbsolutePath(spec.input);
-  request["output"] = AbsolutePath(spec.output);
-  request["output_format"] = spec.output_format;
-  request["dtype"] = std::string(DTypePolicyName(spec.dtype));
-  request["max_shard_size"] = spec.max_shard_size;
-  request["parts"] = spec.parts;
-  request["pipeline_parts"] = spec.pipeline_parts;
-  request["rules_json"] = rules;
-  request["duplicate_tied"] = spec.duplicate_tied;
-  request["tag"] = spec.read.tag;
-  request["include_optimizer"] = spec.read.include_optimizer;
-  request["update_latest"] = spec.update_latest;
-  request["overwrite"] = spec.overwrite;
+  ASSIGN_OR_RETURN(const OrderedJson request, SpecToRequestJson(spec));
   return request.dump();
 }
 
@@ -326,7 +282,7 @@ std::string BuildManifest(const ConversionSpec& spec, const PlannedConversion& p
   source["parts"] = planned.input.model.parts.size();
   source["files"] = planned.input.catalog.files.size();
   manifest["source"] = source;
-  manifest["request"] = RequestJson(spec);
+  manifest["request"] = SpecToManifestRequest(spec);
   if (!job_id.empty()) manifest["job_id"] = job_id;
   if (!split_id.empty()) manifest["split_id"] = split_id;
   OrderedJson file_list = OrderedJson::array();
@@ -438,7 +394,7 @@ absl::StatusOr<std::optional<ConversionResult>> FindPublishedOutput(const Conver
       /*allow_exceptions=*/false);
   // Someone else's output (or not a manifest at all): the caller refuses the folder as usual.
   if (!manifest.is_object() || manifest.value("job_id", "") != job_id ||
-      !manifest.contains("request") || manifest["request"] != RequestJson(spec) ||
+      !manifest.contains("request") || manifest["request"] != SpecToManifestRequest(spec) ||
       !manifest.contains("source") || !manifest["source"].is_object() ||
       manifest["source"].value("path", "") != spec.input || !manifest.contains("files") ||
       !manifest["files"].is_array()) {

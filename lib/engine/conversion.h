@@ -190,10 +190,9 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
 // Pieces of RunConversion that partitioned conversions (partitioned_conversion.h) share.
 //
 // What every run of `spec` must agree on to produce the same output, as a JSON object (text):
-// kind, input and output (absolute), format, dtype, shard size, parts, the rules' contents,
-// tied weights, training-state options, update_latest and overwrite. Threads, window, I/O mode
-// and the CRC check are left out: they do not change the bytes. Errors: the rules file cannot
-// be read.
+// the fields of SpecFields() (spec_codec.h) with a JSON key, of the normalised spec (paths
+// absolute, rules inline). Threads, window, I/O mode and the CRC check are left out: they do
+// not change the bytes. Errors: the rules file cannot be read or holds no valid rules.
 absl::StatusOr<std::string> ConversionRequestJson(const ConversionSpec& spec);
 //
 // The executor's options for `spec` and `control` (progress, cancellation, commit callback);

@@ -34,6 +34,7 @@
 #include "lib/core/test_faults.h"
 #include "lib/engine/object_store_output.h"
 #include "lib/engine/partition_spec.h"
+#include "lib/engine/spec_codec.h"
 #include "lib/exec/executor.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/directory.h"
@@ -168,45 +169,6 @@ T FieldOr(const OrderedJson& json, const char* key, T fallback) {
   } catch (const nlohmann::json::exception&) {
     return fallback;
   }
-}
-
-// The conversion as every worker must see it (ConversionRequestJson).
-absl::StatusOr<OrderedJson> SplitRequestJson(const ConversionSpec& spec) {
-  ASSIGN_OR_RETURN(const std::string request, ConversionRequestJson(spec));
-  return OrderedJson::parse(request);
-}
-
-absl::StatusOr<ConversionSpec> SpecFromSplitRequest(const OrderedJson& request,
-                                                    const std::string& where) {
-  auto bad = [&](absl::string_view field) {
-    return absl::DataLossError(
-        absl::StrCat(where, ": \"request\".\"", field, "\" is missing or invalid"));
-  };
-  ConversionSpec spec;
-  try {
-    const std::string kind = request.at("kind").get<std::string>();
-    if (kind != "consolidate" && kind != "reshard") return bad("kind");
-    spec.kind =
-        kind == "consolidate" ? ConversionSpec::Kind::kConsolidate : ConversionSpec::Kind::kReshard;
-    spec.input = request.at("input").get<std::string>();
-    spec.output = request.at("output").get<std::string>();
-    spec.output_format = request.at("output_format").get<std::string>();
-    auto dtype = ParseDTypePolicy(request.at("dtype").get<std::string>());
-    if (!dtype.ok()) return bad("dtype");
-    spec.dtype = *dtype;
-    spec.max_shard_size = request.at("max_shard_size").get<uint64_t>();
-    spec.parts = request.at("parts").get<int>();
-    spec.pipeline_parts = request.at("pipeline_parts").get<int>();
-    spec.rules_json = request.at("rules_json").get<std::string>();
-    spec.duplicate_tied = request.at("duplicate_tied").get<bool>();
-    spec.read.tag = request.at("tag").get<std::string>();
-    spec.read.include_optimizer = request.at("include_optimizer").get<bool>();
-    spec.update_latest = request.at("update_latest").get<bool>();
-    spec.overwrite = request.at("overwrite").get<bool>();
-  } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(absl::StrCat(where, ": ", e.what()));
-  }
-  return spec;
 }
 
 // split.json: the request, K and the plan's data files. Its XXH3-64 is the split's identity.
@@ -668,7 +630,7 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   if (!spec.overwrite && published_split.empty()) {
     RETURN_IF_ERROR(CheckOutputDirUsable(spec.output));
   }
-  ASSIGN_OR_RETURN(OrderedJson request, SplitRequestJson(spec));
+  ASSIGN_OR_RETURN(OrderedJson request, SpecToRequestJson(spec));
   ASSIGN_OR_RETURN(PlannedConversion planned, PlanConversion(spec));
   const Split split = MakeSplit(std::move(request), count, planned.plan);
   if (published_split == split.id) return AlreadyPublished(spec, count);
@@ -863,7 +825,7 @@ absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& 
   if (count < 1 || count > kMaxPartitions || !stored.contains("request")) {
     return absl::DataLossError(absl::StrCat(where, " is not a split record"));
   }
-  ASSIGN_OR_RETURN(ConversionSpec spec, SpecFromSplitRequest(stored["request"], where));
+  ASSIGN_OR_RETURN(ConversionSpec spec, SpecFromRequestJson(stored["request"], where));
   std::vector<int> missing;
   for (int i = 0; i < count; ++i) {
     if (!area->dir.StatChild(RecordName(i, count)).ok()) missing.push_back(i);

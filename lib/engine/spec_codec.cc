@@ -1,0 +1,482 @@
+#include "lib/engine/spec_codec.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "lib/core/status.h"
+#include "lib/engine/partition_spec.h"
+#include "lib/formats/checkpoint_folder.h"
+#include "lib/io/file_access.h"
+#include "lib/io/staging_dir.h"
+#include "lib/plan/partition_rules.h"
+
+namespace reshard {
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+// Fails to compile when ConversionSpec or ReadOptions gains or loses a member: give the new
+// member a row in SpecFields() (flag, JobSpec field, JSON key) and list it here.
+[[maybe_unused]] void EveryMemberHasARow(const ConversionSpec& spec) {
+  [[maybe_unused]] const auto& [kind, input, output, dtype, max_shard_size, parts, pipeline_parts, update_latest,
+               rules_json, rules_file, overwrite, duplicate_tied, output_format, read, threads,
+               window_bytes, skip_crc_check, io, partition_index, partition_count] = spec;
+  [[maybe_unused]] const auto& [tag, include_optimizer] = read;
+}
+constexpr size_t kSpecMembers = 21;  // ConversionSpec's, with ReadOptions' two for `read`
+
+absl::string_view KindName(ConversionSpec::Kind kind) {
+  return kind == ConversionSpec::Kind::kConsolidate ? "consolidate" : "reshard";
+}
+
+absl::Status Invalid(const SpecField& field, SpecNaming naming, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(SpecFieldLabel(field, naming), " ", what));
+}
+
+absl::string_view ReshardKindName(SpecNaming naming) {
+  return naming == SpecNaming::kProto ? "JOB_KIND_RESHARD" : "reshard";
+}
+
+absl::Status CheckParts(const ConversionSpec& spec, const SpecField& field, SpecNaming naming) {
+  if (spec.kind == ConversionSpec::Kind::kReshard && (spec.parts < 1 || spec.parts > kMaxParts)) {
+    return Invalid(field, naming, absl::StrCat("must be in [1, ", kMaxParts, "] for a reshard"));
+  }
+  if (spec.kind == ConversionSpec::Kind::kConsolidate && spec.parts != 0) {
+    return Invalid(field, naming, absl::StrCat("is only for ", ReshardKindName(naming)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPipelineParts(const ConversionSpec& spec, const SpecField& field,
+                                SpecNaming naming) {
+  if (spec.pipeline_parts < 0 || spec.pipeline_parts > kMaxParts ||
+      (spec.kind == ConversionSpec::Kind::kConsolidate && spec.pipeline_parts != 0)) {
+    return Invalid(field, naming,
+                   absl::StrCat("must be in [0, ", kMaxParts, "], and only for ",
+                                ReshardKindName(naming)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRulesJson(const ConversionSpec& spec, const SpecField& field,
+                            SpecNaming naming) {
+  // On the command line the rules come from --rules FILE.
+  const SpecField& named = naming == SpecNaming::kFlags ? SpecFieldNamed("rules_file") : field;
+  if (spec.rules_json.size() > kMaxRulesJsonBytes) {
+    return Invalid(named, naming, "is larger than 1 MiB");
+  }
+  // A reshard without rules is the input format's to judge (Megatron checkpoints bring their
+  // own); PlanConversion refuses it naming --rules when it has none.
+  if (spec.rules_json.empty()) return absl::OkStatus();
+  return PartitionRules::FromJson(spec.rules_json, SpecFieldLabel(named, naming)).status();
+}
+
+absl::Status CheckThreads(const ConversionSpec& spec, const SpecField& field, SpecNaming naming) {
+  if (spec.threads < 1 || spec.threads > kMaxConversionThreads) {
+    return Invalid(field, naming,
+                   absl::StrCat("must be in [1, ", kMaxConversionThreads, "] (0: 2), got ",
+                                spec.threads));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWindow(const ConversionSpec& spec, const SpecField& field, SpecNaming naming) {
+  if (spec.window_bytes < kMinWindowBytes || spec.window_bytes > kMaxWindowBytes) {
+    return Invalid(field, naming, "must be in [4 KiB, 4 GiB] (0: 32 MiB)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutputFormat(const ConversionSpec& spec, const SpecField& field,
+                               SpecNaming naming) {
+  absl::Status found = FindOutputFormat(spec.output_format).status();
+  if (!found.ok()) return Annotate(found, SpecFieldLabel(field, naming));
+  return absl::OkStatus();
+}
+
+absl::Status CheckTagField(const ConversionSpec& spec, const SpecField& field,
+                           SpecNaming naming) {
+  // A folder name inside the input, never a path: tag "../x" (from --tag) is not a plain ...
+  if (spec.read.tag.empty()) return absl::OkStatus();
+  return CheckTag(spec.read.tag, absl::StrCat("from ", SpecFieldLabel(field, naming)));
+}
+
+absl::Status CheckPartition(const ConversionSpec& spec, const SpecField& field,
+                            SpecNaming naming) {
+  if (spec.partition_count < 0 || spec.partition_count > kMaxPartitions ||
+      spec.partition_index < 0 ||
+      (spec.partition_count > 0 ? spec.partition_index >= spec.partition_count
+                                : spec.partition_index != 0)) {
+    if (naming == SpecNaming::kFlags) {  // both come from --partition I/K
+      return Invalid(SpecFieldNamed("partition_index"), naming,
+                     absl::StrCat("I/K needs 0 <= I < K <= ", kMaxPartitions, ", got ",
+                                  spec.partition_index, "/", spec.partition_count));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.partition_index must be below spec.partition_count, which must be in [0, ",
+        kMaxPartitions, "] (0: not partitioned)"));
+  }
+  return absl::OkStatus();
+}
+
+bool Always(const ConversionSpec&) { return true; }
+bool WhenConsolidating(const ConversionSpec& spec) {
+  return spec.kind == ConversionSpec::Kind::kConsolidate;
+}
+bool WhenResharding(const ConversionSpec& spec) {
+  return spec.kind == ConversionSpec::Kind::kReshard;
+}
+bool WhenPipelined(const ConversionSpec& spec) {
+  return WhenResharding(spec) && spec.pipeline_parts > 0;
+}
+
+// Every run (worker, rerun, daemon) must name the same folders, wherever it was started from.
+std::string AbsolutePath(const std::string& path) {
+  if (path.empty() || IsRemotePath(path)) return path;  // s3://bucket/key is absolute already
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  return NormalizeOutputPath(error ? path : absolute.string());
+}
+
+// The rules a `--rules` value names: a file's text, or a preset's rules as JSON when no such
+// file exists; checked, so that a mistake is reported naming the file.
+absl::StatusOr<std::string> ReadRulesFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::string preset = PartitionRulePreset(path);
+    if (!preset.empty()) return preset;
+    const std::vector<std::string> presets = PartitionRulePresetNames();
+    return absl::NotFoundError(absl::StrCat(
+        "cannot open partition rules file ", path,
+        presets.empty() ? "" : absl::StrCat(" (nor is it a preset: ", absl::StrJoin(presets, ", "), ")")));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().size() > kMaxRulesJsonBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition rules file ", path, " is larger than 1 MiB"));
+  }
+  RETURN_IF_ERROR(PartitionRules::FromJson(text.str(), path).status());
+  return text.str();
+}
+
+// The JSON value of `field` in `spec`: enums by name, the rest as they are.
+OrderedJson FieldJson(const ConversionSpec& spec, const SpecField& field) {
+  return std::visit(
+      Overloaded{[&](SpecMember<ConversionSpec::Kind> m) -> OrderedJson {
+                   return KindName(ReadSpecMember(spec, m));
+                 },
+                 [&](SpecMember<DTypePolicy> m) -> OrderedJson {
+                   return DTypePolicyName(ReadSpecMember(spec, m));
+                 },
+                 [&](SpecMember<IoMode> m) -> OrderedJson {
+                   return IoModeName(ReadSpecMember(spec, m));
+                 },
+                 [&](auto m) -> OrderedJson { return ReadSpecMember(spec, m); }},
+      field.access);
+}
+
+// Sets the member of `field` from its flag's text (or value) in `flags`.
+absl::Status ParseFlag(const SpecField& field, const ConversionFlags& flags,
+                       ConversionSpec& spec) {
+  return std::visit(
+      Overloaded{
+          [](std::monostate) { return absl::OkStatus(); },
+          [&](std::string ConversionFlags::*text) -> absl::Status {
+            const std::string& value = flags.*text;
+            return std::visit(
+                Overloaded{
+                    [&](SpecMember<std::string> m) -> absl::Status {
+                      m(spec) = value;
+                      return absl::OkStatus();
+                    },
+                    [&](SpecMember<DTypePolicy> m) -> absl::Status {
+                      ASSIGN_OR_RETURN(m(spec), ParseDTypePolicy(value));
+                      return absl::OkStatus();
+                    },
+                    [&](SpecMember<uint64_t> m) -> absl::Status {
+                      ASSIGN_OR_RETURN(m(spec), ParseByteSize(value), field.flag);
+                      return absl::OkStatus();
+                    },
+                    [&](SpecMember<IoMode> m) -> absl::Status {
+                      ASSIGN_OR_RETURN(m(spec), ParseIoMode(value), field.flag);
+                      return absl::OkStatus();
+                    },
+                    [&](SpecMember<int>) -> absl::Status {
+                      // Only --partition I/K is text for ints: it sets index and count.
+                      if (field.name != "partition_index") {
+                        return absl::InternalError(
+                            absl::StrCat(field.name, ": an int member typed as text"));
+                      }
+                      if (value.empty()) return absl::OkStatus();
+                      ASSIGN_OR_RETURN(const PartitionId partition, ParsePartition(value));
+                      spec.partition_index = partition.index;
+                      spec.partition_count = partition.count;
+                      return absl::OkStatus();
+                    },
+                    [&](auto) -> absl::Status {
+                      return absl::InternalError(
+                          absl::StrCat(field.name, ": no text form for this member"));
+                    }},
+                field.access);
+          },
+          [&](int ConversionFlags::*number) -> absl::Status {
+            if (auto* m = std::get_if<SpecMember<int>>(&field.access)) {
+              (*m)(spec) = flags.*number;
+              return absl::OkStatus();
+            }
+            return absl::InternalError(absl::StrCat(field.name, ": not an int member"));
+          },
+          [&](bool ConversionFlags::*flag) -> absl::Status {
+            if (auto* m = std::get_if<SpecMember<bool>>(&field.access)) {
+              (*m)(spec) = flags.*flag;
+              return absl::OkStatus();
+            }
+            return absl::InternalError(absl::StrCat(field.name, ": not a bool member"));
+          }},
+      field.flag_value);
+}
+
+// ConversionSpec's default for `field` where the spec holds zero or an empty value.
+void ApplyDefault(const SpecField& field, ConversionSpec& spec) {
+  if (!field.zero_is_default) return;
+  static const ConversionSpec* const kDefaults = new ConversionSpec();
+  std::visit(
+      [&](auto member) {
+        auto& value = member(spec);
+        using T = std::decay_t<decltype(value)>;
+        if (value == T{}) value = ReadSpecMember(*kDefaults, member);
+      },
+      field.access);
+}
+
+using Kind = ConversionSpec::Kind;
+using S = ConversionSpec;
+using F = ConversionFlags;
+
+constexpr SpecField kFields[] = {
+      // name, flag, help, JobSpec field, JSON key, member, flag's value.
+      {"kind", "", "", "kind", "kind", +[](S& s) -> Kind& { return s.kind; }, {}, false, false,
+     nullptr, &Always},
+      {"input", "", "input file, folder or s3:// URL (any format read)", "input", "input",
+       +[](S& s) -> std::string& { return s.input; }, &F::input},
+      {"output", "", "output folder or s3://bucket/prefix (must not exist or be empty)", "output",
+       "output", +[](S& s) -> std::string& { return s.output; }, &F::output},
+      {"output_format", "--format", "output format", "output_format", "output_format",
+       +[](S& s) -> std::string& { return s.output_format; }, &F::output_format, false, true,
+       &CheckOutputFormat, &Always},
+      {"dtype", "--dtype", "keep | fp32 | bf16 | fp16 (floating tensors)", "dtype", "dtype",
+       +[](S& s) -> DTypePolicy& { return s.dtype; }, &F::dtype, false, false, nullptr, &Always},
+      {"max_shard_size", "--max-shard-size", "largest output file", "max_shard_size",
+       "max_shard_size", +[](S& s) -> uint64_t& { return s.max_shard_size; }, &F::max_shard_size,
+       true, true, nullptr, &WhenConsolidating},
+      {"parts", "--parts", "number of output parts", "parts", "parts",
+       +[](S& s) -> int& { return s.parts; }, &F::parts, false, false, &CheckParts,
+       &WhenResharding},
+      {"pipeline_parts", "--pipeline-parts",
+       "pipeline stages of the output (--format megatron; default 1)", "pipeline_parts",
+       "pipeline_parts", +[](S& s) -> int& { return s.pipeline_parts; }, &F::pipeline_parts,
+       false, false, &CheckPipelineParts, &WhenPipelined},
+      {"rules_json", "", "", "rules_json", "rules_json",
+       +[](S& s) -> std::string& { return s.rules_json; }, {}, false, false, &CheckRulesJson},
+      {"duplicate_tied", "--duplicate-tied",
+       "write tied weights under every name instead of once plus aliases", "duplicate_tied",
+       "duplicate_tied", +[](S& s) -> bool& { return s.duplicate_tied; }, &F::duplicate_tied},
+      {"tag", "--tag", "DeepSpeed checkpoint tag to read (default: the folder's `latest` file)",
+       "tag", "tag", +[](S& s) -> std::string& { return s.read.tag; }, &F::tag, false, false,
+       &CheckTagField},
+      {"include_optimizer", "--include-optimizer",
+       "also read the Adam moments (<param>.exp_avg, <param>.exp_avg_sq)", "include_optimizer",
+       "include_optimizer", +[](S& s) -> bool& { return s.read.include_optimizer; },
+       &F::include_optimizer},
+      {"update_latest", "--update-latest",
+       "also write the format's tracker file beside OUT (deepspeed-universal: latest_universal)",
+       "update_latest", "update_latest", +[](S& s) -> bool& { return s.update_latest; },
+       &F::update_latest},
+      {"overwrite", "--overwrite", "replace a non-empty output folder or s3:// prefix",
+       "overwrite", "overwrite", +[](S& s) -> bool& { return s.overwrite; }, &F::overwrite},
+      // Not part of the request's identity: they change no output byte.
+      {"threads", "--threads", "output files written in parallel", "threads", "",
+       +[](S& s) -> int& { return s.threads; }, &F::threads, false, true, &CheckThreads},
+      {"window_bytes", "--window-size", "copy buffer of the conversion, shared by its threads",
+       "window_bytes", "", +[](S& s) -> uint64_t& { return s.window_bytes; }, &F::window_size,
+       true, true, &CheckWindow},
+      {"skip_crc_check", "--no-crc-check", "do not check the CRC-32s of the torch.save records read",
+       "skip_crc_check", "", +[](S& s) -> bool& { return s.skip_crc_check; }, &F::no_crc_check},
+      {"io", "--io",
+       "auto: direct I/O where the filesystem takes it, page cache left as it was | direct: "
+       "direct I/O or fail | buffered: through the page cache",
+       "io", "", +[](S& s) -> IoMode& { return s.io; }, &F::io, false, true},
+      {"partition_index", "--partition",
+       "write only partition I of K (I/K, 0-based; auto: from the Slurm array task, srun step or "
+       "Kubernetes Indexed Job; auto/K: K given); the last worker to finish publishes OUT",
+       "partition_index", "", +[](S& s) -> int& { return s.partition_index; }, &F::partition},
+      {"partition_count", "", "", "partition_count", "",
+       +[](S& s) -> int& { return s.partition_count; }, {}, false, false, &CheckPartition},
+      // A rules file or preset on this machine; NormalizeSpec turns it into rules_json.
+      {"rules_file", "--rules", "partition rules JSON file, or a preset: metaseq | megatron", "",
+       "", +[](S& s) -> std::string& { return s.rules_file; }, &F::rules},
+};
+static_assert(std::size(kFields) == kSpecMembers, "a ConversionSpec member without a row");
+
+}  // namespace
+
+absl::Span<const SpecField> SpecFields() { return kFields; }
+
+const SpecField& SpecFieldNamed(absl::string_view name) {
+  for (const SpecField& field : SpecFields()) {
+    if (field.name == name) return field;
+  }
+  std::cerr << "reshard: no ConversionSpec field " << name << "\n";
+  std::abort();
+}
+
+std::string SpecFieldLabel(const SpecField& field, SpecNaming naming) {
+  if (naming == SpecNaming::kProto && !field.proto.empty()) {
+    return absl::StrCat("spec.", field.proto);
+  }
+  if (!field.flag.empty()) return std::string(field.flag);
+  return std::string(field.name);
+}
+
+std::string SpecFieldText(const ConversionSpec& spec, const SpecField& field) {
+  return std::visit(
+      Overloaded{
+          [&](SpecMember<ConversionSpec::Kind> m) {
+            return std::string(KindName(ReadSpecMember(spec, m)));
+          },
+          [&](SpecMember<std::string> m) { return ReadSpecMember(spec, m); },
+          [&](SpecMember<DTypePolicy> m) {
+            return std::string(DTypePolicyName(ReadSpecMember(spec, m)));
+          },
+          [&](SpecMember<uint64_t> m) { return absl::StrCat(ReadSpecMember(spec, m)); },
+          [&](SpecMember<int> m) { return absl::StrCat(ReadSpecMember(spec, m)); },
+          [&](SpecMember<bool> m) { return std::string(ReadSpecMember(spec, m) ? "true" : "false"); },
+          [&](SpecMember<IoMode> m) { return std::string(IoModeName(ReadSpecMember(spec, m))); }},
+      field.access);
+}
+
+absl::StatusOr<ConversionSpec> ParseConversionFlags(const ConversionFlags& flags, bool reshard) {
+  ConversionSpec spec;
+  spec.kind = reshard ? ConversionSpec::Kind::kReshard : ConversionSpec::Kind::kConsolidate;
+  for (const SpecField& field : SpecFields()) {
+    RETURN_IF_ERROR(ParseFlag(field, flags, spec));
+  }
+  if (reshard && spec.parts < 1) {
+    return absl::InvalidArgumentError("reshard needs --parts M (M >= 1)");
+  }
+  return spec;
+}
+
+absl::StatusOr<ConversionSpec> NormalizeSpec(ConversionSpec spec) {
+  spec.input = AbsolutePath(spec.input);
+  spec.output = AbsolutePath(spec.output);
+  if (!spec.rules_file.empty()) {
+    if (spec.rules_json.empty()) {
+      ASSIGN_OR_RETURN(spec.rules_json, ReadRulesFile(spec.rules_file));
+    }
+    spec.rules_file.clear();
+  }
+  for (const SpecField& field : SpecFields()) ApplyDefault(field, spec);
+  return spec;
+}
+
+absl::Status ValidateSpec(const ConversionSpec& spec, SpecNaming naming) {
+  for (const SpecField& field : SpecFields()) {
+    if (field.check != nullptr) RETURN_IF_ERROR(field.check(spec, field, naming));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OrderedJson> SpecToRequestJson(const ConversionSpec& spec) {
+  ASSIGN_OR_RETURN(const ConversionSpec normal, NormalizeSpec(spec));
+  OrderedJson request;
+  for (const SpecField& field : SpecFields()) {
+    if (!field.json.empty()) request[std::string(field.json)] = FieldJson(normal, field);
+  }
+  return request;
+}
+
+OrderedJson SpecToManifestRequest(const ConversionSpec& spec) {
+  OrderedJson request;
+  for (const SpecField& field : SpecFields()) {
+    if (field.in_manifest != nullptr && field.in_manifest(spec)) {
+      request[std::string(field.json)] = FieldJson(spec, field);
+    }
+  }
+  return request;
+}
+
+absl::StatusOr<ConversionSpec> SpecFromRequestJson(const OrderedJson& request,
+                                                   absl::string_view where) {
+  ConversionSpec spec;
+  for (const SpecField& field : SpecFields()) {
+    if (field.json.empty()) continue;
+    const std::string key(field.json);
+    auto bad = [&] {
+      return absl::DataLossError(
+          absl::StrCat(where, ": \"request\".\"", key, "\" is missing or invalid"));
+    };
+    if (!request.is_object() || !request.contains(key)) return bad();
+    const OrderedJson& value = request[key];
+    const bool ok = std::visit(
+        Overloaded{[&](SpecMember<ConversionSpec::Kind> m) {
+                     if (value == "consolidate") {
+                       m(spec) = ConversionSpec::Kind::kConsolidate;
+                     } else if (value == "reshard") {
+                       m(spec) = ConversionSpec::Kind::kReshard;
+                     } else {
+                       return false;
+                     }
+                     return true;
+                   },
+                   [&](SpecMember<DTypePolicy> m) {
+                     if (!value.is_string()) return false;
+                     auto dtype = ParseDTypePolicy(value.get<std::string>());
+                     if (!dtype.ok()) return false;
+                     m(spec) = *dtype;
+                     return true;
+                   },
+                   [&](SpecMember<IoMode> m) {
+                     if (!value.is_string()) return false;
+                     auto io = ParseIoMode(value.get<std::string>());
+                     if (!io.ok()) return false;
+                     m(spec) = *io;
+                     return true;
+                   },
+                   [&](SpecMember<std::string> m) {
+                     if (!value.is_string()) return false;
+                     m(spec) = value.get<std::string>();
+                     return true;
+                   },
+                   [&](SpecMember<bool> m) {
+                     if (!value.is_boolean()) return false;
+                     m(spec) = value.get<bool>();
+                     return true;
+                   },
+                   [&](SpecMember<int> m) {
+                     if (!value.is_number_integer()) return false;
+                     const int64_t number = value.get<int64_t>();
+                     if (number < INT32_MIN || number > INT32_MAX) return false;
+                     m(spec) = static_cast<int>(number);
+                     return true;
+                   },
+                   [&](SpecMember<uint64_t> m) {
+                     if (!value.is_number_unsigned()) return false;
+                     m(spec) = value.get<uint64_t>();
+                     return true;
+                   }},
+        field.access);
+    if (!ok) return bad();
+  }
+  return spec;
+}
+
+}  // namespace reshard
