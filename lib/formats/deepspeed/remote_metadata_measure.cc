@@ -1,0 +1,27 @@
+#include "lib/formats/deepspeed/remote_metadata_measure.h"
+
+#include "absl/strings/str_cat.h"
+#include "lib/plan/partition_rules.h"
+
+namespace reshard {
+
+void UploadFiles(MemoryStore& store, const std::string& url,
+                 const std::map<std::string, std::string>& files) {
+  for (const auto& [name, bytes] : files) store.Put(absl::StrCat(url, "/", name), bytes);
+}
+
+MetadataLoad MeasureLoadInput(MemoryStore& store, const std::string& url) {
+  MetadataLoad load;
+  const int reads = store.reads();
+  const int lookups = store.lookups();
+  store.reset_max_concurrent_reads();
+  const absl::Time start = absl::Now();
+  load.loaded = LoadInput(url, PartitionRules(), /*require_model=*/true);
+  load.time = absl::Now() - start;
+  load.reads = store.reads() - reads;
+  load.lookups = store.lookups() - lookups;
+  load.max_concurrent_reads = store.max_concurrent_reads();
+  return load;
+}
+
+}  // namespace reshard

@@ -1,0 +1,37 @@
+// What reading a checkpoint's metadata from remote storage costs: LoadInput (detection and the
+// metadata read) of files uploaded to a MemoryStore, timed, with the store's requests counted.
+// Shared by the tests of saves with many ranks and the binary that measures them.
+//
+// testonly.
+
+#ifndef RESHARD_LIB_FORMATS_DEEPSPEED_REMOTE_METADATA_MEASURE_H_
+#define RESHARD_LIB_FORMATS_DEEPSPEED_REMOTE_METADATA_MEASURE_H_
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "lib/engine/conversion.h"
+#include "lib/io/testing/memory_store.h"
+
+namespace reshard {
+
+// Puts every file of `files` (relative path -> bytes) at `url`/<relative path>.
+void UploadFiles(MemoryStore& store, const std::string& url,
+                 const std::map<std::string, std::string>& files);
+
+struct MetadataLoad {
+  absl::StatusOr<LoadedInput> loaded;
+  absl::Duration time;
+  int reads = 0;    // range reads LoadInput made
+  int lookups = 0;  // Stat and List calls
+  int max_concurrent_reads = 0;
+};
+
+// LoadInput(`url`) with nothing else using `store` meanwhile.
+MetadataLoad MeasureLoadInput(MemoryStore& store, const std::string& url);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_DEEPSPEED_REMOTE_METADATA_MEASURE_H_
