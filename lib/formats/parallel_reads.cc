@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "lib/formats/torch/pickle.h"
+#include "lib/formats/torch/torch_file.h"
 #include "lib/io/file_access.h"
 
 namespace reshard {
@@ -147,4 +148,15 @@ absl::Status ReadInOrder(int count, const ParallelReadOptions& options,
 }
 
 }  // namespace parallel_reads_internal
+
+absl::Status OpenArchivesInOrder(const std::vector<std::string>& paths,
+                                 absl::FunctionRef<absl::Status(int, const TorchArchive&)> take,
+                                 const ParallelReadOptions& options) {
+  return ReadInOrder<std::unique_ptr<TorchArchive>>(
+      static_cast<int>(paths.size()), options,
+      [&](int i) { return TorchArchive::Open(paths[i]); },
+      [](const std::unique_ptr<TorchArchive>& archive) { return archive->metadata_bytes(); },
+      [&](int i, std::unique_ptr<TorchArchive> archive) { return take(i, *archive); });
+}
+
 }  // namespace reshard

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,15 @@ struct ParallelReadOptions {
 template <typename T, typename Read, typename Bytes, typename Take>
 absl::Status ReadInOrder(int count, const ParallelReadOptions& options, Read read, Bytes bytes,
                          Take take);
+
+class TorchArchive;
+
+// Opens the torch.save archives at `paths` (TorchArchive::Open) with ReadInOrder and hands each
+// to `take(i, archive)`, in order; an archive is dropped once taken. Counted at its parsed
+// values' bytes (TorchArchive::metadata_bytes).
+absl::Status OpenArchivesInOrder(const std::vector<std::string>& paths,
+                                 absl::FunctionRef<absl::Status(int, const TorchArchive&)> take,
+                                 const ParallelReadOptions& options = {});
 
 namespace parallel_reads_internal {
 

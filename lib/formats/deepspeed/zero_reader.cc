@@ -64,8 +64,9 @@ class ZeroReader {
       }
     }
     optim0.reset();
+    // CheckRankFiles found every rank's optimizer file.
     RETURN_IF_ERROR(ReadRankArchives(
-        [this](int rank) { return OpenOptimizer(rank); },
+        [this](int rank) { return files_.optimizer_files.at(rank); },
         [this](int rank, const TorchArchive& optim) -> absl::Status {
           RETURN_IF_ERROR(CheckSameRun(optim, rank));
           ASSIGN_OR_RETURN(flats_[rank], ReadRankFlats(optim));
@@ -146,15 +147,14 @@ class ZeroReader {
     return TorchArchive::Open(Path(name));
   }
 
-  // Ranks 1..world-1's archives, opened by `open(rank)` several at once (from S3 each costs
-  // its round trips), handed to `take(rank, archive)` in rank order and dropped after it.
-  absl::Status ReadRankArchives(
-      absl::FunctionRef<absl::StatusOr<std::unique_ptr<TorchArchive>>(int)> open,
-      absl::FunctionRef<absl::Status(int, const TorchArchive&)> take) const {
-    return ReadInOrder<std::unique_ptr<TorchArchive>>(
-        world_ - 1, ParallelReadOptions(), [&](int i) { return open(i + 1); },
-        [](const std::unique_ptr<TorchArchive>& archive) { return archive->metadata_bytes(); },
-        [&](int i, std::unique_ptr<TorchArchive> archive) { return take(i + 1, *archive); });
+  // The archives of ranks 1..world-1 named by `name(rank)`, opened several at once (from S3
+  // each costs its round trips) and handed to `take(rank, archive)` in rank order.
+  absl::Status ReadRankArchives(absl::FunctionRef<std::string(int)> name,
+                                absl::FunctionRef<absl::Status(int, const TorchArchive&)> take) {
+    std::vector<std::string> paths;
+    for (int rank = 1; rank < world_; ++rank) paths.push_back(Path(name(rank)));
+    return OpenArchivesInOrder(
+        paths, [&](int i, const TorchArchive& archive) { return take(i + 1, archive); });
   }
 
   absl::StatusOr<std::unique_ptr<TorchArchive>> OpenOptimizer(int rank) const {
@@ -764,7 +764,7 @@ class ZeroReader {
     };
     RETURN_IF_ERROR(add_fragments(0, &model0));
     RETURN_IF_ERROR(ReadRankArchives(
-        [this](int rank) { return OpenArchive(ModelName(rank)); },
+        [this](int rank) { return ModelName(rank); },
         [&](int rank, const TorchArchive& model) { return add_fragments(rank, &model); }));
     return frozen;
   }

@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/core/catalog.h"
-#include "lib/formats/deepspeed/remote_metadata_measure.h"
+#include "lib/formats/remote_metadata_measure.h"
 #include "lib/formats/deepspeed/zero_fixture.h"
 #include "lib/formats/format_fixture.h"
 #include "lib/io/testing/memory_store.h"

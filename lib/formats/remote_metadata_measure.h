@@ -4,8 +4,8 @@
 //
 // testonly.
 
-#ifndef RESHARD_LIB_FORMATS_DEEPSPEED_REMOTE_METADATA_MEASURE_H_
-#define RESHARD_LIB_FORMATS_DEEPSPEED_REMOTE_METADATA_MEASURE_H_
+#ifndef RESHARD_LIB_FORMATS_REMOTE_METADATA_MEASURE_H_
+#define RESHARD_LIB_FORMATS_REMOTE_METADATA_MEASURE_H_
 
 #include <map>
 #include <string>
@@ -34,4 +34,4 @@ MetadataLoad MeasureLoadInput(MemoryStore& store, const std::string& url);
 
 }  // namespace reshard
 
-#endif  // RESHARD_LIB_FORMATS_DEEPSPEED_REMOTE_METADATA_MEASURE_H_
+#endif  // RESHARD_LIB_FORMATS_REMOTE_METADATA_MEASURE_H_

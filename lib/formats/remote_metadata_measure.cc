@@ -1,4 +1,4 @@
-#include "lib/formats/deepspeed/remote_metadata_measure.h"
+#include "lib/formats/remote_metadata_measure.h"
 
 #include "absl/strings/str_cat.h"
 #include "lib/plan/partition_rules.h"
