@@ -107,7 +107,7 @@ absl::Status ReadInOrder(int count, const ParallelReadOptions& options,
                          absl::FunctionRef<absl::StatusOr<uint64_t>(int)> read,
                          absl::FunctionRef<absl::Status(int)> take) {
   // On the calling thread while the reads are quick. A quick read can be slow once (the thread
-  // lost its core meanwhile: on a loaded machine 2-20 ms, measured), several in a row are not.
+  // lost its core meanwhile, on a loaded machine), several in a row are not.
   int first = 0;
   uint64_t largest = 0;
   int slow_in_a_row = 0;

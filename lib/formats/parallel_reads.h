@@ -4,12 +4,12 @@
 // A layout with hundreds of ranks has hundreds of small files whose metadata must be parsed
 // before anything is known. Read one after another from S3 each costs its round trips; here,
 // once reads take `threads_after` (a round trip, a disk seek), up to `max_in_flight` of them are
-// read at once on worker threads, while the calling thread takes the results in index order (so what it builds from them, file indices included, does not
-// depend on which read finished first). What is read ahead of the caller is bounded in bytes
-// (each result says how much memory it holds) and in count. The first failure in index order is
-// returned: reads after a failed one are not started, and results after it are dropped. Quick
-// reads (a local file in the page cache, ~0.1 ms) stay on the calling thread: threads cost them
-// more than they overlap (a 512-rank local ZeRO-3 save: 1.26x the wall time, +7 MiB).
+// read at once on worker threads, while the calling thread takes the results in index order (so
+// what it builds from them, file indices included, does not depend on which read finished
+// first). What is read ahead of the caller is bounded in bytes (each result says how much memory
+// it holds) and in count. The first failure in index order is returned: reads after a failed one
+// are not started, and results after it are dropped. Quick reads (a local file in the page
+// cache, ~0.1 ms) stay on the calling thread, where they cost less than threads would.
 //
 // Worker threads read under the calling thread's PathConfinement and MetadataAllowance. They
 // have no ScopedRemoteListingCache (its cache belongs to the calling thread and is not thread

@@ -1,5 +1,7 @@
 #include "lib/formats/remote_metadata_measure.h"
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 #include "lib/plan/partition_rules.h"
 
@@ -21,6 +23,19 @@ MetadataLoad MeasureLoadInput(MemoryStore& store, const std::string& url) {
   load.reads = store.reads() - reads;
   load.lookups = store.lookups() - lookups;
   load.max_concurrent_reads = store.max_concurrent_reads();
+  return load;
+}
+
+MetadataLoad UploadAndMeasure(const std::string& url,
+                              const std::map<std::string, std::string>& files,
+                              absl::Duration delay, const std::string& what) {
+  UploadFiles(*SharedMemStore(), url, files);
+  SharedMemStore()->set_read_delay(delay);
+  MetadataLoad load = MeasureLoadInput(*SharedMemStore(), url);
+  std::printf("remote metadata: %s: %.0f ms, %d range reads, %d lookups, %d reads at once at "
+              "most\n",
+              what.c_str(), absl::ToDoubleMilliseconds(load.time), load.reads, load.lookups,
+              load.max_concurrent_reads);
   return load;
 }
 

@@ -32,6 +32,12 @@ struct MetadataLoad {
 // LoadInput(`url`) with nothing else using `store` meanwhile.
 MetadataLoad MeasureLoadInput(MemoryStore& store, const std::string& url);
 
+// `files` uploaded at `url` of SharedMemStore(), every read from then on waiting `delay`, and
+// LoadInput(`url`) measured; prints "remote metadata: <what>: <time>, <requests>".
+MetadataLoad UploadAndMeasure(const std::string& url,
+                              const std::map<std::string, std::string>& files,
+                              absl::Duration delay, const std::string& what);
+
 }  // namespace reshard
 
 #endif  // RESHARD_LIB_FORMATS_REMOTE_METADATA_MEASURE_H_

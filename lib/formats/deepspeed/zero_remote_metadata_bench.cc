@@ -16,7 +16,6 @@
 #include "absl/time/time.h"
 #include "lib/formats/remote_metadata_measure.h"
 #include "lib/formats/deepspeed/zero_fixture.h"
-#include "lib/io/testing/memory_store.h"
 #include "lib/testing/test_files.h"
 
 int main(int argc, char** argv) {
@@ -46,18 +45,12 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  reshard::MemoryStore* store = reshard::SharedMemStore();
-  const std::string url = "mem://bench/save";
-  reshard::UploadFiles(*store, url, files);
-  store->set_read_delay(absl::Milliseconds(delay_ms));
-  const reshard::MetadataLoad load = reshard::MeasureLoadInput(*store, url);
+  const reshard::MetadataLoad load = reshard::UploadAndMeasure(
+      "mem://bench/save", files, absl::Milliseconds(delay_ms),
+      absl::StrCat("ZeRO-", stage, ", ", ranks, " ranks, ", delay_ms, " ms per read"));
   if (!load.loaded.ok()) {
     std::fprintf(stderr, "%s\n", load.loaded.status().ToString().c_str());
     return 1;
   }
-  std::printf("ZeRO-%d, %d ranks, %d ms per read: LoadInput %.0f ms, %d range reads, %d lookups, "
-              "%d reads at once at most\n",
-              stage, ranks, delay_ms, absl::ToDoubleMilliseconds(load.time), load.reads,
-              load.lookups, load.max_concurrent_reads);
   return 0;
 }

@@ -30,27 +30,26 @@ std::string OptimizerFile(const std::string& url, int rank) {
 
 class ZeroRemoteMetadataTest : public testing::TestWithParam<int> {
  protected:
-  // A fresh save of kRanks ranks at a URL of its own; every read waits 5 ms.
-  std::string Upload(const std::string& name) {
-    const std::string url = absl::StrCat("mem://zero-metadata/", name, "-stage", GetParam());
+  // A fresh save of kRanks ranks at a URL of its own, not yet read.
+  std::string Url(const std::string& name) {
     files_ = ZeroSaveFiles(GetParam(), kRanks);
-    UploadFiles(*SharedMemStore(), url, files_);
-    SharedMemStore()->set_read_delay(absl::Milliseconds(5));
-    return url;
+    return absl::StrCat("mem://zero-metadata/", name, "-stage", GetParam());
+  }
+
+  // LoadInput of the save at `url`, every read waiting 5 ms.
+  MetadataLoad Load(const std::string& url) {
+    return UploadAndMeasure(url, files_, absl::Milliseconds(5),
+                            absl::StrCat("ZeRO-", GetParam(), ", ", kRanks, " ranks"));
   }
 
   std::map<std::string, std::string> files_;
 };
 
 TEST_P(ZeroRemoteMetadataTest, RankFilesReadConcurrentlyInRankOrder) {
-  const std::string url = Upload("concurrent");
-  const MetadataLoad load = MeasureLoadInput(*SharedMemStore(), url);
+  const std::string url = Url("concurrent");
+  const MetadataLoad load = Load(url);
   ASSERT_TRUE(load.loaded.ok()) << load.loaded.status();
   const int files = static_cast<int>(files_.size()) - 1;  // the tag folder's, without `latest`
-  std::printf("remote metadata: ZeRO-%d, %d ranks: %.0f ms, %d range reads, %d lookups, %d reads "
-              "at once at most\n",
-              GetParam(), kRanks, absl::ToDoubleMilliseconds(load.time), load.reads,
-              load.lookups, load.max_concurrent_reads);
   EXPECT_GE(load.max_concurrent_reads, 8);
   EXPECT_LE(load.max_concurrent_reads, 16);
   // Three range reads per file at most (the zip's end, its local headers, data.pkl) and one
@@ -85,10 +84,10 @@ TEST_P(ZeroRemoteMetadataTest, RankFilesReadConcurrentlyInRankOrder) {
 // Two ranks' files cannot be read: the error names the lower rank's file (the one a reading in
 // rank order meets first), and no rank file past it is read.
 TEST_P(ZeroRemoteMetadataTest, FirstFailedRankNamedAndTheRestNotRead) {
-  const std::string url = Upload("failing");
+  const std::string url = Url("failing");
   SharedMemStore()->Fail(OptimizerFile(url, 40), absl::UnavailableError("503 Slow Down"));
   SharedMemStore()->Fail(OptimizerFile(url, 10), absl::PermissionDeniedError("403 Forbidden"));
-  const MetadataLoad load = MeasureLoadInput(*SharedMemStore(), url);
+  const MetadataLoad load = Load(url);
   ASSERT_FALSE(load.loaded.ok());
   EXPECT_EQ(load.loaded.status().code(), absl::StatusCode::kPermissionDenied)
       << load.loaded.status();

@@ -142,7 +142,8 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
   RETURN_IF_ERROR(OpenArchivesInOrder(layer_paths, [&](int i, const TorchArchive& archive) {
     const int t = i / static_cast<int>(layer_ids.size());
     const int layer = layer_ids[i % layer_ids.size()];
-    ASSIGN_OR_RETURN(Catalog catalog, StateDictCatalog(archive, archive.root(), absl::StrCat(layer)));
+    ASSIGN_OR_RETURN(Catalog catalog,
+                     StateDictCatalog(archive, archive.root(), absl::StrCat(layer)));
     if (t == 0) {
       for (std::string& note : catalog.other_entries) notes.push_back(std::move(note));
     }

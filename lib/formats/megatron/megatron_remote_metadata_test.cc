@@ -2,7 +2,6 @@
 // (an in-memory store whose every range read waits a round trip): read several at once, in a
 // bounded number of requests per file, and merged in rank order.
 
-#include <cstdio>
 #include <map>
 #include <string>
 
@@ -15,7 +14,6 @@
 #include "lib/formats/remote_metadata_measure.h"
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_fixture.h"
-#include "lib/io/testing/memory_store.h"
 
 namespace reshard {
 namespace {
@@ -53,15 +51,9 @@ std::map<std::string, std::string> MegatronSaveFiles() {
 
 TEST(MegatronRemoteMetadataTest, RankFilesReadConcurrentlyInRankOrder) {
   const std::string url = "mem://megatron-metadata/save";
-  const std::map<std::string, std::string> files = MegatronSaveFiles();
-  UploadFiles(*SharedMemStore(), url, files);
-  SharedMemStore()->set_read_delay(absl::Milliseconds(5));
-  const MetadataLoad load = MeasureLoadInput(*SharedMemStore(), url);
+  const MetadataLoad load = UploadAndMeasure(url, MegatronSaveFiles(), absl::Milliseconds(5),
+                                             absl::StrCat("Megatron-LM, TP ", kRanks));
   ASSERT_TRUE(load.loaded.ok()) << load.loaded.status();
-  std::printf("remote metadata: Megatron-LM, TP %d: %.0f ms, %d range reads, %d lookups, %d reads "
-              "at once at most\n",
-              kRanks, absl::ToDoubleMilliseconds(load.time), load.reads, load.lookups,
-              load.max_concurrent_reads);
   EXPECT_GE(load.max_concurrent_reads, 8);
   EXPECT_LE(load.max_concurrent_reads, 16);
   // Three range reads per rank file at most, and one for the tracker file.
