@@ -39,4 +39,16 @@ MetadataLoad UploadAndMeasure(const std::string& url,
   return load;
 }
 
+std::vector<std::pair<int64_t, std::string>> PieceRowsAndFiles(const Catalog& catalog,
+                                                              const std::string& name) {
+  std::vector<std::pair<int64_t, std::string>> pieces;
+  const int index = catalog.Find(name);
+  if (index < 0) return pieces;
+  for (const SourcePiece& piece : catalog.tensors[index].pieces) {
+    pieces.emplace_back(piece.box.origin.empty() ? 0 : piece.box.origin[0],
+                        catalog.files[piece.file].path);
+  }
+  return pieces;
+}
+
 }  // namespace reshard

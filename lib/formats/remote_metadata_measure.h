@@ -9,9 +9,12 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "lib/core/catalog.h"
 #include "lib/engine/conversion.h"
 #include "lib/io/testing/memory_store.h"
 
@@ -37,6 +40,11 @@ MetadataLoad MeasureLoadInput(MemoryStore& store, const std::string& url);
 MetadataLoad UploadAndMeasure(const std::string& url,
                               const std::map<std::string, std::string>& files,
                               absl::Duration delay, const std::string& what);
+
+// Where tensor `name`'s pieces are, in piece order: each piece's first origin coordinate (the
+// row it starts at) and its file's path. Empty when the catalog has no such tensor.
+std::vector<std::pair<int64_t, std::string>> PieceRowsAndFiles(const Catalog& catalog,
+                                                              const std::string& name);
 
 }  // namespace reshard
 
