@@ -1,6 +1,7 @@
 #include "lib/formats/parallel_reads.h"
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "lib/formats/torch/pickle.h"
+#include "lib/io/file_access.h"
 
 namespace reshard {
 namespace {
@@ -194,6 +197,31 @@ TEST(ParallelReadsTest, ThreadsOnceReadsAreSlow) {
       [](int) { return uint64_t{1}; }, [](int i, int result) { return absl::OkStatus(); });
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(on_caller, (std::vector<int>{1, 1, 1, 1, 1, 1, 0, 0, 0, 0}));
+}
+
+// Workers open files under the caller's PathConfinement and charge its MetadataAllowance.
+TEST(ParallelReadsTest, WorkersReadUnderTheCallersConfinementAndAllowance) {
+  absl::StatusOr<std::shared_ptr<const PathConfinement>> confinement =
+      PathConfinement::Create({::testing::TempDir()});
+  ASSERT_TRUE(confinement.ok()) << confinement.status();
+  auto allowance = std::make_shared<MetadataAllowance>(1 << 20);
+  ScopedPathConfinement confined(confinement->get());
+  ScopedMetadataAllowance charged(allowance);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<int> on_caller(20), confined_reads(20), charged_reads(20);
+  const absl::Status status = ReadInOrder<int>(
+      20, Threaded(),
+      [&](int i) -> absl::StatusOr<int> {
+        on_caller[i] = std::this_thread::get_id() == caller;
+        confined_reads[i] = CurrentPathConfinement() == confinement->get();
+        charged_reads[i] = CurrentMetadataAllowance() == allowance;
+        return i;
+      },
+      [](int) { return uint64_t{1}; }, [](int i, int result) { return absl::OkStatus(); });
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(std::count(on_caller.begin(), on_caller.end(), 1), 1);  // read 0
+  EXPECT_EQ(confined_reads, std::vector<int>(20, 1));
+  EXPECT_EQ(charged_reads, std::vector<int>(20, 1));
 }
 
 TEST(ParallelReadsTest, OneInFlightReadsOnTheCallingThread) {
