@@ -46,9 +46,10 @@ struct ParallelReadOptions {
   uint64_t max_bytes_ahead = uint64_t{16} << 20;
 };
 
-// Calls `read(i)` for i in [0, count) on worker threads and `take(i, result)` with each result
-// on the calling thread, in index order. `read` returns the result and `bytes(result)` its
-// memory. Returns the first error in index order, of `read` or of `take`.
+// Calls `read(i)` for i in [0, count) (on the calling thread while reads are quick, then on
+// worker threads, several at once: `read` must be safe to call concurrently) and `take(i,
+// result)` with each result on the calling thread, in index order. `read` returns the result
+// and `bytes(result)` its memory. Returns the first error in index order, of `read` or `take`.
 template <typename T, typename Read, typename Bytes, typename Take>
 absl::Status ReadInOrder(int count, const ParallelReadOptions& options, Read read, Bytes bytes,
                          Take take);
