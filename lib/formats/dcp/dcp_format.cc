@@ -20,6 +20,7 @@
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/dcp/dcp_metadata.h"
 #include "lib/formats/folder_model.h"
+#include "lib/formats/parallel_reads.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/formats/torch/torch_format.h"
 #include "lib/io/byte_source.h"
@@ -218,7 +219,12 @@ class DcpReader {
     RETURN_IF_ERROR(ResolveFiles());
     pieces_.resize(metadata_.entries.size());
     payloads_.resize(metadata_.entries.size());
-    for (size_t f = 0; f < files_.size(); ++f) RETURN_IF_ERROR(ReadFile(f));
+    // The data files opened (from S3: their first items' headers fetched) several at once,
+    // their items parsed in file order.
+    RETURN_IF_ERROR(ReadInOrder<OpenedFile>(
+        static_cast<int>(files_.size()), ParallelReadOptions(),
+        [this](int f) { return OpenFile(f); }, [](const OpenedFile& file) { return file.bytes; },
+        [this](int f, OpenedFile file) { return ReadFile(f, file); }));
     return Assemble();
   }
 
@@ -308,50 +314,84 @@ class DcpReader {
     return absl::OkStatus();
   }
 
-  // Parses every item stored in file `f` front to back: from one mapping of a local file; a
-  // remote one by range reads, each batch of items from a source of its own whose ranges were
-  // prefetched together (kItemHeadBytes, kItemTailBytes).
-  absl::Status ReadFile(size_t f) {
-    std::vector<Item>& items = items_[f];
-    if (items.empty()) return absl::OkStatus();
-    SourceFile& source = files_[f];
-    ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(source.path, source.size, source.version));
-    // A listing without versions: the items below are of the version opened now.
-    if (source.version.empty()) source.version = file.version();
-    file.AdviseRandomAccess();  // one small archive header per item, spread over the file
-    std::sort(items.begin(), items.end(),
-              [&](const Item& a, const Item& b) { return Storage(a).offset < Storage(b).offset; });
-    absl::Status status;
-    for (size_t first = 0; first < items.size() && status.ok(); first += kItemsPerBatch) {
-      const size_t last =
-          file.remote() ? std::min(items.size(), first + kItemsPerBatch) : items.size();
-      std::unique_ptr<ByteSource> bytes = ByteSourceFor(file);
-      if (file.remote()) {
-        std::vector<ByteRange> ranges;
-        for (size_t i = first; i < last; ++i) {
-          const DcpStorage& storage = Storage(items[i]);
-          const uint64_t tail = std::min(storage.length, kItemTailBytes);
-          ranges.push_back({storage.offset, std::min(storage.length, kItemHeadBytes)});
-          ranges.push_back({storage.offset + storage.length - tail, tail});
-        }
-        status = Annotate(bytes->Prefetch(std::move(ranges)), "the items' archive headers");
-      }
-      for (size_t i = first; i < last && status.ok(); ++i) {
-        status = ReadItem(*bytes, file.remote(), static_cast<int>(f), items[i]);
-      }
-      if (!file.remote()) break;
-    }
-    // Only headers and pickles were touched; give the pages back before the conversion runs.
-    file.Release(0, file.size());
-    return status;
-  }
-
   struct Item {
     size_t entry;
     size_t chunk;
   };
   const DcpStorage& Storage(const Item& item) const {
     return metadata_.entries[item.entry].storage[item.chunk];
+  }
+
+  // A data file opened for its items; a remote one with the ranges of its first batch of items
+  // (kItemsPerBatch; kItemHeadBytes and kItemTailBytes of each) loaded.
+  struct OpenedFile {
+    std::unique_ptr<MappedFile> file;  // null when the file holds no item
+    std::unique_ptr<ByteSource> first_batch;
+    uint64_t bytes = 0;  // loaded
+  };
+
+  // Opens data file `f` and sorts its items by offset. Runs on a ReadInOrder worker: touches
+  // only items_[f] (nobody else does until ReadFile(f)) and reads files_[f].
+  absl::StatusOr<OpenedFile> OpenFile(int f) {
+    std::vector<Item>& items = items_[f];
+    OpenedFile opened;
+    if (items.empty()) return opened;
+    const SourceFile& source = files_[f];
+    ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(source.path, source.size, source.version));
+    opened.file = std::make_unique<MappedFile>(std::move(file));
+    opened.file->AdviseRandomAccess();  // one small archive header per item, spread over the file
+    std::sort(items.begin(), items.end(),
+              [&](const Item& a, const Item& b) { return Storage(a).offset < Storage(b).offset; });
+    if (opened.file->remote()) {
+      opened.first_batch = ByteSourceFor(*opened.file);
+      std::vector<ByteRange> ranges = BatchRanges(items, 0);
+      for (const ByteRange& range : ranges) opened.bytes += range.length;
+      RETURN_IF_ERROR(Annotate(opened.first_batch->Prefetch(std::move(ranges)),
+                               "the items' archive headers"));
+    }
+    return opened;
+  }
+
+  // The head and tail ranges of the batch of items starting at `first`.
+  std::vector<ByteRange> BatchRanges(const std::vector<Item>& items, size_t first) const {
+    std::vector<ByteRange> ranges;
+    for (size_t i = first; i < std::min(items.size(), first + kItemsPerBatch); ++i) {
+      const DcpStorage& storage = Storage(items[i]);
+      const uint64_t tail = std::min(storage.length, kItemTailBytes);
+      ranges.push_back({storage.offset, std::min(storage.length, kItemHeadBytes)});
+      ranges.push_back({storage.offset + storage.length - tail, tail});
+    }
+    return ranges;
+  }
+
+  // Parses every item stored in file `f` (`opened`) front to back: from one mapping of a local
+  // file; a remote one by range reads, each batch of items from a source of its own whose ranges
+  // were prefetched together.
+  absl::Status ReadFile(int f, OpenedFile& opened) {
+    std::vector<Item>& items = items_[f];
+    if (items.empty()) return absl::OkStatus();
+    const MappedFile& file = *opened.file;
+    SourceFile& source = files_[f];
+    // A listing without versions: the items below are of the version opened now.
+    if (source.version.empty()) source.version = file.version();
+    absl::Status status;
+    for (size_t first = 0; first < items.size() && status.ok(); first += kItemsPerBatch) {
+      const size_t last =
+          file.remote() ? std::min(items.size(), first + kItemsPerBatch) : items.size();
+      std::unique_ptr<ByteSource> bytes =
+          first == 0 && opened.first_batch != nullptr ? std::move(opened.first_batch)
+                                                      : ByteSourceFor(file);
+      if (file.remote() && first > 0) {
+        status = Annotate(bytes->Prefetch(BatchRanges(items, first)), "the items' archive headers");
+      }
+      for (size_t i = first; i < last && status.ok(); ++i) {
+        status = ReadItem(*bytes, file.remote(), f, items[i]);
+      }
+      if (!file.remote()) break;
+    }
+    // Only headers and pickles were touched; give the pages back before the conversion runs.
+    file.Release(0, file.size());
+    return status;
   }
 
   absl::Status ReadItem(ByteSource& file, bool remote, int f, const Item& item) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -24,6 +25,7 @@
 #include "lib/formats/deepspeed/zero_folder_files.h"
 #include "lib/formats/deepspeed/zero_pickle.h"
 #include "lib/formats/folder_model.h"
+#include "lib/formats/parallel_reads.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/io/file_access.h"
@@ -177,7 +179,13 @@ class UniversalReader {
   absl::StatusOr<InputModel> Read() {
     RETURN_IF_ERROR(ReadModelStates());
     ASSIGN_OR_RETURN(std::vector<std::string> params, ListParams());
-    for (const std::string& name : params) RETURN_IF_ERROR(ReadParam(name));
+    // Each param folder's listing and state files fetched several at once (from S3 each costs
+    // its round trips), taken in order.
+    RETURN_IF_ERROR(ReadInOrder<ParamFiles>(
+        static_cast<int>(params.size()), ParallelReadOptions(),
+        [&](int i) { return FetchParam(params[i]); },
+        [](const ParamFiles& files) { return files.bytes; },
+        [&](int i, ParamFiles files) { return ReadParam(params[i], files); }));
     for (const std::string& name : trainable_) {
       if (!params_.contains(name)) {
         return absl::DataLossError(absl::StrCat(
@@ -387,12 +395,54 @@ class UniversalReader {
     bool bare = false;
   };
 
-  // Reads state file `<param>/<state>.pt` as tensor `tensor_name`. For fp32, the dict's other
-  // entries go to other_entries. A bare 1-D tensor takes the param's shape from param_shapes.
+  using Opened = absl::StatusOr<std::unique_ptr<TorchArchive>>;
+
+  // What a param folder holds, fetched: its state files (names without ".pt"), and those of
+  // them that are read, opened (or the error opening them).
+  struct ParamFiles {
+    std::set<std::string> states;
+    std::map<std::string, Opened> opened;
+    uint64_t bytes = 0;  // the opened archives' parsed values
+  };
+
+  // Lists zero/<name> and opens the state files ReadParam reads: fp32, and with
+  // include_optimizer both moments (when both are there) and step. Runs on a worker thread:
+  // reads only members that do not change while params are read.
+  absl::StatusOr<ParamFiles> FetchParam(const std::string& name) const {
+    const std::string folder = JoinPath(zero_, name);
+    ParamFiles files;
+    ASSIGN_OR_RETURN(const std::vector<std::string> names, ListInputFolderEntries(folder));
+    if (names.size() > static_cast<size_t>(kMaxParamFolderEntries)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(folder, " holds more than ", kMaxParamFolderEntries, " entries"));
+    }
+    for (const std::string& file : names) {
+      if (absl::EndsWith(file, ".pt") && file.size() > 3)
+        files.states.insert(file.substr(0, file.size() - 3));
+    }
+    std::vector<std::string> read = {kFp32State};
+    if (options_.include_optimizer) {
+      if (files.states.count(kMoments[0]) > 0 && files.states.count(kMoments[1]) > 0) {
+        read.insert(read.end(), {kMoments[0], kMoments[1]});
+      }
+      read.push_back(kStepState);
+    }
+    for (const std::string& state : read) {
+      if (files.states.count(state) == 0) continue;
+      Opened archive = TorchArchive::Open(JoinPath(folder, state + ".pt"));
+      if (archive.ok()) files.bytes += (*archive)->metadata_bytes();
+      files.opened.emplace(state, std::move(archive));
+    }
+    return files;
+  }
+
+  // Reads state file `<param>/<state>.pt` (`opened`) as tensor `tensor_name`. For fp32, the
+  // dict's other entries go to other_entries. A bare 1-D tensor takes the param's shape from
+  // param_shapes.
   absl::StatusOr<State> ReadState(const std::string& param, const std::string& state,
-                                  const std::string& tensor_name) {
-    ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive,
-                     TorchArchive::Open(JoinPath(JoinPath(zero_, param), state + ".pt")));
+                                  const std::string& tensor_name, const Opened& opened) {
+    if (!opened.ok()) return opened.status();
+    const std::unique_ptr<TorchArchive>& archive = *opened;
     const PickleValue* root = archive->root();
     State result;
     const PickleValue* value = root;
@@ -455,26 +505,17 @@ class UniversalReader {
     return absl::OkStatus();
   }
 
-  // The param of folder zero/<name> (and its moments with include_optimizer).
-  absl::Status ReadParam(const std::string& name) {
+  // The param of folder zero/<name> (and its moments with include_optimizer), from `fetched`.
+  absl::Status ReadParam(const std::string& name, const ParamFiles& fetched) {
     const std::string folder = JoinPath(zero_, name);
-    std::set<std::string> files;
-    ASSIGN_OR_RETURN(const std::vector<std::string> names, ListInputFolderEntries(folder));
-    if (names.size() > static_cast<size_t>(kMaxParamFolderEntries)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(folder, " holds more than ", kMaxParamFolderEntries, " entries"));
-    }
-    for (const std::string& file : names) {
-      if (absl::EndsWith(file, ".pt") && file.size() > 3)
-        files.insert(file.substr(0, file.size() - 3));
-    }
+    const std::set<std::string>& files = fetched.states;
     if (files.count(kFp32State) == 0) {
       return absl::DataLossError(absl::StrCat(
           folder,
           " has no fp32.pt (the param's fp32 weights): a partial copy of the universal "
           "checkpoint?"));
     }
-    ASSIGN_OR_RETURN(State fp32, ReadState(name, kFp32State, name));
+    ASSIGN_OR_RETURN(State fp32, ReadState(name, kFp32State, name, fetched.opened.at(kFp32State)));
     const Shape shape = fp32.tensor.shape;
     RETURN_IF_ERROR(builder_.Add(std::move(fp32.tensor)));
     for (const std::string& state : files) {
@@ -494,7 +535,8 @@ class UniversalReader {
                                               ".pt: a partial copy of the universal checkpoint?"));
     } else {
       for (const char* moment : kMoments) {
-        ASSIGN_OR_RETURN(State state, ReadState(name, moment, absl::StrCat(name, ".", moment)));
+        ASSIGN_OR_RETURN(State state, ReadState(name, moment, absl::StrCat(name, ".", moment),
+                                                fetched.opened.at(moment)));
         if (state.tensor.shape != shape) {
           return absl::DataLossError(absl::StrCat(
               JoinPath(folder, absl::StrCat(moment, ".pt")), ": the tensor has shape ",
@@ -503,15 +545,15 @@ class UniversalReader {
         RETURN_IF_ERROR(builder_.Add(std::move(state.tensor)));
       }
     }
-    if (files.count(kStepState) > 0) RETURN_IF_ERROR(ReadStep(name));
+    if (files.count(kStepState) > 0) RETURN_IF_ERROR(ReadStep(name, fetched.opened.at(kStepState)));
     return absl::OkStatus();
   }
 
-  // zero/<param>/step.pt: a bare value (int, or a 0-d tensor for newer torch Adam), noted.
-  absl::Status ReadStep(const std::string& name) {
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<TorchArchive> archive,
-        TorchArchive::Open(JoinPath(JoinPath(zero_, name), absl::StrCat(kStepState, ".pt"))));
+  // zero/<param>/step.pt (`opened`): a bare value (int, or a 0-d tensor for newer torch Adam),
+  // noted.
+  absl::Status ReadStep(const std::string& name, const Opened& opened) {
+    if (!opened.ok()) return opened.status();
+    const std::unique_ptr<TorchArchive>& archive = *opened;
     notes_.push_back(
         absl::StrCat(name, ".", kStepState, ": ", ValueText(*archive, archive->root())));
     return absl::OkStatus();

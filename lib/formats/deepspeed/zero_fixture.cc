@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,16 @@ void WriteBookkeepingUpToParamShapes(PickleWriter& p) {
   p.String("optimizer");
   p.None();
   p.String("param_shapes");
+}
+
+// A model-states dict up to its `module`'s first entry, the buffer steps [2] I64 (storage
+// "0"); the module's other entries come next.
+void WriteModuleUpToSteps(PickleWriter& p) {
+  p.BeginDict(false);
+  p.String("module");
+  p.BeginDict(true);
+  p.String("steps");
+  p.Tensor("LongStorage", "0", 2, {2}, {1});
 }
 
 }  // namespace
@@ -118,11 +129,7 @@ BuiltFixture BuildNoZeroFixture(const std::string& dir) {
 // ZeRO-1/2 the module also holds 16-bit views of the params, which are not read.
 TorchSaveFile WriteZeroModelStates(const std::string& path, int stage, const std::string& steps) {
   PickleWriter p;
-  p.BeginDict(false);
-  p.String("module");
-  p.BeginDict(true);
-  p.String("steps");
-  p.Tensor("LongStorage", "0", 2, {2}, {1});
+  WriteModuleUpToSteps(p);
   std::vector<std::pair<std::string, std::string>> storages = {{"0", steps}};
   if (stage < 3) {
     p.String("embed.weight");
@@ -166,8 +173,9 @@ TorchSaveFile WriteZeroModelStates(const std::string& path, int stage, const std
 // (single_partition_of_fp32_groups for ZeRO-1/2, with group_paddings; fp32_flat_groups for
 // ZeRO-3). With `moments` (ZeRO-1/2 only), base_optimizer_state also holds the group's Adam
 // state at step 5: exp_avg and exp_avg_sq are `flat` plus 100 and 200.
-TorchSaveFile WriteZeroOptimizerStates(const std::string& path, int stage, const std::string& flat,
-                                       int64_t padding, bool moments = false) {
+// With `world`, the run has that many ranks (partition_count).
+TorchSaveFile BuildZeroOptimizerStates(int stage, const std::string& flat, int64_t padding,
+                                       bool moments, int world) {
   const int64_t numel = static_cast<int64_t>(flat.size() / 4);
   std::vector<std::pair<std::string, std::string>> storages = {{"0", flat}};
   PickleWriter p;
@@ -216,10 +224,10 @@ TorchSaveFile WriteZeroOptimizerStates(const std::string& path, int stage, const
   p.Int(stage);
   p.String("partition_count");
   if (stage == 3) {
-    p.Int(2);
+    p.Int(world);
   } else {
     p.BeginList();
-    p.Int(2);
+    p.Int(world);
     p.EndList();
   }
   p.String(stage == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups");
@@ -234,7 +242,12 @@ TorchSaveFile WriteZeroOptimizerStates(const std::string& path, int stage, const
   }
   p.EndDict();
   p.EndDict();
-  TorchSaveFile archive = BuildTorchSave(p.Finish(), storages);
+  return BuildTorchSave(p.Finish(), storages);
+}
+
+TorchSaveFile WriteZeroOptimizerStates(const std::string& path, int stage, const std::string& flat,
+                                       int64_t padding, bool moments = false) {
+  TorchSaveFile archive = BuildZeroOptimizerStates(stage, flat, padding, moments, /*world=*/2);
   WriteAll(path, archive.bytes);
   return archive;
 }
@@ -313,6 +326,71 @@ const FormatFixtureRegistration register_zero3("deepspeed-zero", "zero3", BuildZ
 
 std::string WriteZeroFolderWithMoments(const std::string& dir) {
   return WriteZero2Folder(dir, /*moments=*/true).input;
+}
+
+namespace {
+
+// Model states of ZeroSaveFiles' run: module {steps}, buffer_names ["steps"], param_shapes
+// [{"w": (world, 8)}]; ZeRO-3 adds the frozen param "f" (world, 2), whose 2-element fragment
+// `fragment` (storage "1") is this rank's.
+TorchSaveFile BuildRankModelStates(int stage, int world, const std::string& steps,
+                                   const std::string& fragment) {
+  PickleWriter p;
+  WriteModuleUpToSteps(p);
+  p.EndDict();
+  WriteBookkeepingUpToParamShapes(p);
+  p.BeginList();
+  p.BeginDict(true);
+  p.String("w");
+  p.BeginTuple();
+  p.Int(world);
+  p.Int(8);
+  p.EndTuple();
+  p.EndDict();
+  p.EndList();
+  std::vector<std::pair<std::string, std::string>> storages = {{"0", steps}};
+  if (stage == 3) {
+    p.String("frozen_param_shapes");
+    p.BeginDict(true);
+    p.String("f");
+    p.BeginTuple();
+    p.Int(world);
+    p.Int(2);
+    p.EndTuple();
+    p.EndDict();
+    p.String("frozen_param_fragments");
+    p.BeginDict(true);
+    p.String("f");
+    p.Tensor("FloatStorage", "1", 2, {2}, {1});
+    p.EndDict();
+    storages.emplace_back("1", fragment);
+  }
+  p.String("mp_world_size");
+  p.Int(1);
+  p.EndDict();
+  return BuildTorchSave(p.Finish(), storages);
+}
+
+}  // namespace
+
+std::map<std::string, std::string> ZeroSaveFiles(int stage, int world) {
+  const std::string tag = "global_step5";
+  std::map<std::string, std::string> files;
+  files["latest"] = tag;
+  const std::string steps = FixtureI64Bytes(2, 7);
+  for (int rank = 0; rank < world; ++rank) {
+    const std::string flat = FixtureF32Bytes(8, 2.0f * rank);
+    files[absl::StrCat(tag, "/zero_pp_rank_", rank, "_mp_rank_00_optim_states.pt")] =
+        BuildZeroOptimizerStates(stage, flat, /*padding=*/0, /*moments=*/false, world).bytes;
+    if (stage == 3 || rank == 0) {
+      const std::string model = stage == 3 ? absl::StrCat(tag, "/zero_pp_rank_", rank,
+                                                          "_mp_rank_00_model_states.pt")
+                                           : tag + "/mp_rank_00_model_states.pt";
+      files[model] =
+          BuildRankModelStates(stage, world, steps, FixtureF32Bytes(2, 0.5f * rank)).bytes;
+    }
+  }
+  return files;
 }
 
 }  // namespace reshard

@@ -7,6 +7,7 @@
 #define RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FIXTURE_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "lib/formats/torch/torch_fixture.h"
@@ -34,6 +35,14 @@ TorchSaveFile WriteModelStates(const std::string& path, const ModelStates& state
 // registered fixture: the conformance suite expects deepspeed-universal to refuse every fixture.
 // Returns the input path.
 std::string WriteZeroFolderWithMoments(const std::string& dir);
+
+// The files of a ZeRO-`stage` (2 or 3) save of `world` ranks, by path relative to the save
+// folder ("latest" and global_step5/...): one trainable param "w" f32 [world, 8] holding
+// FixtureF32Bytes(8 * world, 0), row r in rank r's flat group (no padding); the buffer "steps"
+// i64 [2] holding FixtureI64Bytes(2, 7); ZeRO-3 also the frozen param "f" f32 [world, 2]
+// holding FixtureF32Bytes(2 * world, 0), row r in rank r's model states. For tests of saves
+// with many ranks.
+std::map<std::string, std::string> ZeroSaveFiles(int stage, int world);
 
 }  // namespace reshard
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,7 @@
 #include "lib/formats/deepspeed/zero_locate.h"
 #include "lib/formats/deepspeed/zero_pickle.h"
 #include "lib/formats/folder_model.h"
+#include "lib/formats/parallel_reads.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/pickle_structure.h"
 #include "lib/formats/torch/torch_file.h"
@@ -62,11 +64,14 @@ class ZeroReader {
       }
     }
     optim0.reset();
-    for (int rank = 1; rank < world_; ++rank) {
-      ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> optim, OpenOptimizer(rank));
-      RETURN_IF_ERROR(CheckSameRun(*optim, rank));
-      ASSIGN_OR_RETURN(flats_[rank], ReadRankFlats(*optim));
-    }
+    // CheckRankFiles found every rank's optimizer file.
+    RETURN_IF_ERROR(ReadRankArchives(
+        [this](int rank) { return files_.optimizer_files.at(rank); },
+        [this](int rank, const TorchArchive& optim) -> absl::Status {
+          RETURN_IF_ERROR(CheckSameRun(optim, rank));
+          ASSIGN_OR_RETURN(flats_[rank], ReadRankFlats(optim));
+          return absl::OkStatus();
+        }));
 
     std::vector<CatalogTensor> buffers, frozen, trainable, moments;
     ASSIGN_OR_RETURN(buffers, ReadBuffers(*model0));
@@ -140,6 +145,16 @@ class ZeroReader {
 
   absl::StatusOr<std::unique_ptr<TorchArchive>> OpenArchive(const std::string& name) const {
     return TorchArchive::Open(Path(name));
+  }
+
+  // The archives of ranks 1..world-1 named by `name(rank)`, opened several at once (from S3
+  // each costs its round trips) and handed to `take(rank, archive)` in rank order.
+  absl::Status ReadRankArchives(absl::FunctionRef<std::string(int)> name,
+                                absl::FunctionRef<absl::Status(int, const TorchArchive&)> take) {
+    std::vector<std::string> paths;
+    for (int rank = 1; rank < world_; ++rank) paths.push_back(Path(name(rank)));
+    return OpenArchivesInOrder(
+        paths, [&](int i, const TorchArchive& archive) { return take(i + 1, archive); });
   }
 
   absl::StatusOr<std::unique_ptr<TorchArchive>> OpenOptimizer(int rank) const {
@@ -716,13 +731,8 @@ class ZeroReader {
     for (const ParamInfo& info : infos) {
       frozen.push_back(CatalogTensor{info.name, DType::kF32, info.shape, {}});
     }
-    for (int rank = 0; rank < world_ && !infos.empty(); ++rank) {
-      std::unique_ptr<TorchArchive> opened;
-      const TorchArchive* model = &model0;
-      if (rank > 0) {
-        ASSIGN_OR_RETURN(opened, OpenArchive(ModelName(rank)));
-        model = opened.get();
-      }
+    if (infos.empty()) return frozen;
+    auto add_fragments = [&](int rank, const TorchArchive* model) -> absl::Status {
       const PickleValue* fragments = PickleField(model->root(), "frozen_param_fragments");
       for (size_t i = 0; i < infos.size(); ++i) {
         const ParamInfo& info = infos[i];
@@ -750,7 +760,12 @@ class ZeroReader {
         AddFlatRangePieces(frozen[i], builder_.FileIndex(*model), location->byte_offset, begin,
                            end);
       }
-    }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(add_fragments(0, &model0));
+    RETURN_IF_ERROR(ReadRankArchives(
+        [this](int rank) { return ModelName(rank); },
+        [&](int rank, const TorchArchive& model) { return add_fragments(rank, &model); }));
     return frozen;
   }
 

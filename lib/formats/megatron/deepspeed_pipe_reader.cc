@@ -22,6 +22,7 @@
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/megatron/megatron_facts.h"
 #include "lib/formats/megatron/megatron_layout.h"
+#include "lib/formats/parallel_reads.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/io/file_access.h"
@@ -59,16 +60,21 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
   std::vector<FileFacts> facts;
   std::vector<std::string> notes;
   std::map<std::string, StructureNode> carried;  // the first file's, for the training state
+  std::vector<std::string> state_names, state_paths;
   for (const auto& [rank, name] : state_files) {
-    const std::string path = JoinPath(dir, name);
-    ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
-    facts.push_back(ReadFacts(archive->root(), name));
+    state_names.push_back(name);
+    state_paths.push_back(JoinPath(dir, name));
+  }
+  RETURN_IF_ERROR(OpenArchivesInOrder(state_paths, [&](int i, const TorchArchive& archive) {
+    const std::string& name = state_names[i];
+    facts.push_back(ReadFacts(archive.root(), name));
     if (facts.size() == 1) {
-      NoteTopLevel(archive->root(), {}, notes, {"args", "iteration", "checkpoint_version"});
-      carried = CarriedValues(archive->root(), facts.back(), notes);
+      NoteTopLevel(archive.root(), {}, notes, {"args", "iteration", "checkpoint_version"});
+      carried = CarriedValues(archive.root(), facts.back(), notes);
       for (std::string& note : notes) note = absl::StrCat(name, ": ", note);
     }
-  }
+    return absl::OkStatus();
+  }));
   int tp = 0;
   for (const auto& [layer, ranks] : layer_files) tp = std::max(tp, ranks.rbegin()->first + 1);
   std::string what = absl::StrCat(dir, ": DeepSpeed pipeline");
@@ -129,19 +135,22 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
   std::vector<std::vector<Catalog>> layers(tp);  // [tp][layer position]
   std::vector<int> layer_ids;
   for (const auto& [layer, ranks] : layer_files) layer_ids.push_back(layer);
+  std::vector<std::string> layer_paths;  // TP rank-major
   for (int t = 0; t < tp; ++t) {
-    for (int layer : layer_ids) {
-      const std::string path = JoinPath(dir, layer_files[layer][t]);
-      ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
-      ASSIGN_OR_RETURN(Catalog catalog,
-                       StateDictCatalog(*archive, archive->root(), absl::StrCat(layer)));
-      if (t == 0) {
-        for (std::string& note : catalog.other_entries) notes.push_back(std::move(note));
-      }
-      catalog.other_entries.clear();
-      layers[t].push_back(std::move(catalog));
-    }
+    for (int layer : layer_ids) layer_paths.push_back(JoinPath(dir, layer_files[layer][t]));
   }
+  RETURN_IF_ERROR(OpenArchivesInOrder(layer_paths, [&](int i, const TorchArchive& archive) {
+    const int t = i / static_cast<int>(layer_ids.size());
+    const int layer = layer_ids[i % layer_ids.size()];
+    ASSIGN_OR_RETURN(Catalog catalog,
+                     StateDictCatalog(archive, archive.root(), absl::StrCat(layer)));
+    if (t == 0) {
+      for (std::string& note : catalog.other_entries) notes.push_back(std::move(note));
+    }
+    catalog.other_entries.clear();
+    layers[t].push_back(std::move(catalog));
+    return absl::OkStatus();
+  }));
   for (int t = 1; t < tp; ++t) {
     for (size_t i = 0; i < layer_ids.size(); ++i) {
       RETURN_IF_ERROR(CompareNames(layers[0][i], PipeLayerFileName(layer_ids[i], 0), layers[t][i],

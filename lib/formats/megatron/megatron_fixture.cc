@@ -3,6 +3,8 @@
 // rank (iter_0000001/mp_rank_0{0,1}/model_optim_rng.pt) whose `model` holds the weights; the
 // engine merges the two parts with the reader's default rules.
 
+#include "lib/formats/megatron/megatron_fixture.h"
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -14,6 +16,15 @@
 #include "lib/testing/test_files.h"
 
 namespace reshard {
+
+void WriteMegatronVersionAndIteration(PickleWriter& p) {
+  p.String("checkpoint_version");
+  p.Float(3.0);
+  p.String("iteration");
+  p.Int(1);
+  p.EndDict();
+}
+
 namespace {
 
 BuiltFixture BuildMegatronFixture(const std::string& dir) {
@@ -26,11 +37,7 @@ BuiltFixture BuildMegatronFixture(const std::string& dir) {
   p.BeginDict(false);
   p.String("model");
   WriteFixtureStateDict(p, names);
-  p.String("checkpoint_version");
-  p.Float(3.0);
-  p.String("iteration");
-  p.Int(1);
-  p.EndDict();
+  WriteMegatronVersionAndIteration(p);
   const std::string pickle = p.Finish();
   WriteAll(dir + "/latest_checkpointed_iteration.txt", "1");
   std::vector<std::string> files;

@@ -22,6 +22,7 @@
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/megatron/megatron_facts.h"
 #include "lib/formats/megatron/megatron_layout.h"
+#include "lib/formats/parallel_reads.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/io/file_access.h"
@@ -39,6 +40,7 @@ struct RankFile {
   std::vector<std::string> notes;
   // What a Megatron output writes back (CarriedValues).
   std::map<std::string, StructureNode> carried;
+  uint64_t parsed_bytes = 0;  // what its parse held (TorchArchive::metadata_bytes)
 };
 
 absl::StatusOr<RankFile> ReadRankFile(const std::string& dir, const std::string& label) {
@@ -74,6 +76,7 @@ absl::StatusOr<RankFile> ReadRankFile(const std::string& dir, const std::string&
   }
   NoteTopLevel(root, model_keys, file.notes, {"args", "iteration", "checkpoint_version"});
   file.carried = CarriedValues(root, file.facts, file.notes);
+  file.parsed_bytes = archive->metadata_bytes();
   return file;
 }
 
@@ -181,17 +184,27 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
     }
   }
 
-  // Every file, checked against the first.
-  std::vector<std::vector<RankFile>> files(tp);
+  // Every file, checked against the first; the others read several at once, in (tp, pp) order.
+  std::vector<std::string> others;
   for (int t = 0; t < tp; ++t) {
     for (int p = 0; p < pp; ++p) {
-      const std::string& name = present.at({t, p});
-      if (name == first_label) {
-        files[t].push_back(std::move(first));
-        continue;
-      }
-      ASSIGN_OR_RETURN(RankFile file, ReadRankFile(dir, name));
-      files[t].push_back(std::move(file));
+      if (present.at({t, p}) != first_label) others.push_back(present.at({t, p}));
+    }
+  }
+  std::vector<RankFile> read;
+  RETURN_IF_ERROR(ReadInOrder<RankFile>(
+      static_cast<int>(others.size()), ParallelReadOptions(),
+      [&](int i) { return ReadRankFile(dir, others[i]); },
+      [](const RankFile& file) { return file.parsed_bytes; },
+      [&](int i, RankFile file) {
+        read.push_back(std::move(file));
+        return absl::OkStatus();
+      }));
+  std::vector<std::vector<RankFile>> files(tp);
+  auto next = read.begin();
+  for (int t = 0; t < tp; ++t) {
+    for (int p = 0; p < pp; ++p) {
+      files[t].push_back(present.at({t, p}) == first_label ? std::move(first) : std::move(*next++));
     }
   }
   const RankFile& reference = files[0][0];

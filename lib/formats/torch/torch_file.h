@@ -61,6 +61,8 @@ class TorchArchive {
   const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }  // bytes parsed (the file size for Open)
   size_t pickle_values() const { return arena_.size(); }
+  // The memory its parsed values hold (what their parse charged; PickleArena::charged).
+  uint64_t metadata_bytes() const { return arena_.charged(); }
 
   // The tensor `value` stands for (a rebuilt tensor, a Parameter, or a tensor subclass such as
   // DeepSpeed's flat groups with Python attributes), or nullopt when `value` is not a tensor.
