@@ -115,9 +115,7 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
                      return a->probe_priority() > b->probe_priority();
                    });
   std::vector<std::string> ids;
-  const bool remote = IsRemotePath(path);
   for (const InputFormat* format : by_priority) {
-    if (remote && !format->reads_remote()) continue;
     absl::StatusOr<bool> accepted = format->Probe(path);
     if (!accepted.ok()) {
       return Annotate(accepted.status(),
@@ -125,13 +123,6 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
     }
     if (*accepted) return format;
     ids.emplace_back(format->id());
-  }
-  if (remote) {
-    return absl::UnimplementedError(absl::StrCat(
-        "input ", path, " is in no format reshard reads from remote storage (",
-        absl::StrJoin(ids, ", "),
-        ": a file, a folder of them, or a folder with its index); copy other formats to a "
-        "local folder first"));
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "input ", path, " is in no format reshard reads (known: ", absl::StrJoin(ids, ", "), ")"));

@@ -478,12 +478,6 @@ absl::StatusOr<bool> CheckInputFile(const std::string& path) {
   return kind == InputKind::kFile;
 }
 
-bool IsInputFolder(const std::string& path) { return CheckInputFolder(path).value_or(false); }
-
-bool InputExists(const std::string& path) { return CheckInputExists(path).value_or(false); }
-
-bool IsInputFile(const std::string& path) { return CheckInputFile(path).value_or(false); }
-
 absl::StatusOr<uint64_t> InputFileSize(const std::string& path) {
   ASSIGN_OR_RETURN(InputFileInfo info, StatInputFile(path));
   return info.size;

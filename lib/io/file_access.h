@@ -135,12 +135,6 @@ absl::StatusOr<bool> CheckInputExists(const std::string& path);
 // CheckInputFolder.
 absl::StatusOr<bool> CheckInputFile(const std::string& path);
 
-// The same answers, with false also when `path` cannot be checked: only for callers to whom
-// the reason does not matter.
-bool IsInputFolder(const std::string& path);
-bool InputExists(const std::string& path);
-bool IsInputFile(const std::string& path);
-
 // The size of input file `path`: NotFound naming it when absent, InvalidArgument when it is a
 // folder (remote) or not a regular file (local).
 absl::StatusOr<uint64_t> InputFileSize(const std::string& path);

@@ -10,6 +10,7 @@
 #include "lib/io/file_access.h"
 #include "lib/io/mapped_file.h"
 #include "lib/io/testing/memory_store.h"
+#include "lib/testing/status_matchers.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -44,10 +45,10 @@ TEST_F(RemoteStoreTest, UnknownSchemeIsUnimplemented) {
 }
 
 TEST_F(RemoteStoreTest, FileAccessDispatchesRemotePaths) {
-  EXPECT_TRUE(IsInputFolder("mem://b/model"));
-  EXPECT_FALSE(IsInputFolder("mem://b/model/b.bin"));
-  EXPECT_TRUE(InputExists("mem://b/model/b.bin"));
-  EXPECT_FALSE(InputExists("mem://b/nothing"));
+  EXPECT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputFolder("mem://b/model/b.bin"), IsOkAndHolds(false));
+  EXPECT_THAT(CheckInputExists("mem://b/model/b.bin"), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputExists("mem://b/nothing"), IsOkAndHolds(false));
   EXPECT_TRUE(CheckInputFileType("mem://b/model").ok());
   EXPECT_TRUE(absl::IsNotFound(CheckInputFileType("mem://b/nothing")));
   absl::StatusOr<std::vector<std::string>> names = ListInputFolder("mem://b/model");
@@ -57,9 +58,9 @@ TEST_F(RemoteStoreTest, FileAccessDispatchesRemotePaths) {
   EXPECT_TRUE(absl::IsInvalidArgument(ReadSmallFile("mem://b/model/b.bin", 1).status()));
   EXPECT_EQ(*ReadFilePrefix("mem://b/model/a.safetensors", 9), TestPattern(9));
   EXPECT_EQ(*ReadFilePrefix("mem://b/model/b.bin", 9), "bb");
-  EXPECT_TRUE(IsInputFile("mem://b/model/b.bin"));
-  EXPECT_FALSE(IsInputFile("mem://b/model"));
-  EXPECT_FALSE(IsInputFile("mem://b/nothing"));
+  EXPECT_THAT(CheckInputFile("mem://b/model/b.bin"), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputFile("mem://b/model"), IsOkAndHolds(false));
+  EXPECT_THAT(CheckInputFile("mem://b/nothing"), IsOkAndHolds(false));
   EXPECT_EQ(*InputFileSize("mem://b/model/a.safetensors"), 100u);
   EXPECT_TRUE(absl::IsInvalidArgument(InputFileSize("mem://b/model").status()));
   EXPECT_TRUE(absl::IsNotFound(InputFileSize("mem://b/nothing").status()));
@@ -79,14 +80,14 @@ TEST_F(RemoteStoreTest, ListingCacheAnswersFromTheFolderListedOnce) {
     ScopedRemoteListingCache cache;
     ScopedRemoteListingCache nested;  // uses the outer one
     const int before = store_->lookups();
-    EXPECT_TRUE(IsInputFolder("mem://b/model"));      // a Stat
-    EXPECT_TRUE(IsInputFile("mem://b/model/b.bin"));  // the folder's listing
-    EXPECT_FALSE(InputExists("mem://b/model/none"));  // from the listing
-    EXPECT_TRUE(IsInputFolder("mem://b/model/sub"));  // from the listing
+    EXPECT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));      // a Stat
+    EXPECT_THAT(CheckInputFile("mem://b/model/b.bin"), IsOkAndHolds(true));  // the folder's listing
+    EXPECT_THAT(CheckInputExists("mem://b/model/none"), IsOkAndHolds(false));  // from the listing
+    EXPECT_THAT(CheckInputFolder("mem://b/model/sub"), IsOkAndHolds(true));  // from the listing
     EXPECT_EQ(*InputFileSize("mem://b/model/a.safetensors"), 100u);
     EXPECT_THAT(*ListInputFolder("mem://b/model"), UnorderedElementsAre("a.safetensors", "b.bin"));
     EXPECT_THAT(*ListInputSubfolders("mem://b/model"), UnorderedElementsAre("sub"));
-    EXPECT_TRUE(IsInputFolder("mem://b/model"));
+    EXPECT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));
     EXPECT_EQ(store_->lookups() - before, 2);
     absl::Status missing = InputFileSize("mem://b/model/none").status();
     EXPECT_TRUE(absl::IsNotFound(missing)) << missing;
@@ -96,8 +97,8 @@ TEST_F(RemoteStoreTest, ListingCacheAnswersFromTheFolderListedOnce) {
   }
   // Out of scope every question is asked again.
   const int before = store_->lookups();
-  EXPECT_TRUE(IsInputFolder("mem://b/model"));
-  EXPECT_TRUE(IsInputFolder("mem://b/model"));
+  EXPECT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));
   EXPECT_EQ(store_->lookups() - before, 2);
 }
 
@@ -149,7 +150,7 @@ TEST_F(RemoteStoreTest, MappedFileOpensTheVersionItIsGiven) {
   ASSERT_FALSE(then.empty());
   {
     ScopedRemoteListingCache cache;
-    ASSERT_TRUE(IsInputFolder("mem://b/model"));
+    ASSERT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));
     absl::StatusOr<InputFileInfo> listed = StatInputFile(url);
     ASSERT_TRUE(listed.ok()) << listed.status();
     EXPECT_EQ(listed->size, 100u);

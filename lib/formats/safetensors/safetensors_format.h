@@ -38,7 +38,6 @@ class SafetensorsInput : public InputFormat {
   // Generic (a file or folder of .safetensors files), asked before torch.
   int probe_priority() const override { return 10; }
   // Files and folders on object stores too (s3://): metadata through small range reads.
-  bool reads_remote() const override { return true; }
   // Also restores tied aliases recorded in `__metadata__` ("lm_head.weight":
   // "model.embed_tokens.weight") as names of the stored data.
   absl::StatusOr<InputModel> Read(const std::string& path,

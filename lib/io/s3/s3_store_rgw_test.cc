@@ -19,6 +19,7 @@
 #include "lib/io/s3/default_client.h"
 #include "lib/io/s3/s3_client.h"
 #include "lib/io/s3/s3_store.h"
+#include "lib/testing/status_matchers.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -184,10 +185,10 @@ TEST_F(S3StoreTest, MappedFileChecksSizeAndKind) {
 }
 
 TEST_F(S3StoreTest, FileAccessDispatches) {
-  EXPECT_TRUE(IsInputFolder(Url("m")));
-  EXPECT_FALSE(IsInputFolder(Url("m/a.safetensors")));
-  EXPECT_TRUE(InputExists(Url("m/a.safetensors")));
-  EXPECT_FALSE(InputExists(Url("m/missing")));
+  EXPECT_THAT(CheckInputFolder(Url("m")), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputFolder(Url("m/a.safetensors")), IsOkAndHolds(false));
+  EXPECT_THAT(CheckInputExists(Url("m/a.safetensors")), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputExists(Url("m/missing")), IsOkAndHolds(false));
   EXPECT_TRUE(CheckInputFileType(Url("m")).ok());
   EXPECT_TRUE(absl::IsNotFound(CheckInputFileType(Url("m/missing"))));
   EXPECT_TRUE(CheckInputPath(Url("m"), "input").ok());
