@@ -1,10 +1,6 @@
 #include "lib/formats/format.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -33,21 +29,9 @@ Registry& GetRegistry() {
 
 absl::Status AddVerbatimCopy(const std::string& path, const std::string& output_name,
                              const Catalog& catalog, ArrangedOutput& arranged) {
-  uint64_t size = 0;
-  std::string version;
-  if (IsRemotePath(path)) {
-    ASSIGN_OR_RETURN(InputFileInfo info, StatInputFile(path));
-    size = info.size;
-    version = std::move(info.version);
-  } else {
-    ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
-    struct stat st;
-    const int stat_result = ::fstat(fd, &st);
-    const int error = errno;
-    ::close(fd);
-    if (stat_result != 0) return ErrnoToStatus(error, absl::StrCat("stat ", path));
-    size = static_cast<uint64_t>(st.st_size);
-  }
+  ASSIGN_OR_RETURN(InputFileInfo info, StatInputFile(path));
+  const uint64_t size = info.size;
+  std::string version = std::move(info.version);
   const int file = static_cast<int>(arranged.extra_files.size());
   arranged.extra_files.push_back(SourceFile{path, size, {}, std::move(version)});
   CatalogTensor bytes;

@@ -1,5 +1,5 @@
 // The format conformance fixtures (lib/formats/format_fixture.h) read from remote storage: each
-// fixture's folder is uploaded to an in-memory RemoteStore (lib/io/testing/memory_store.h,
+// fixture's folder is uploaded to the memory kvstore driver (lib/io/kvstore/memory_driver.h,
 // standing in for S3) and, for every format:
 //
 //   1. detection picks that format, and the reader gives the same InputModel as for the local
@@ -30,8 +30,8 @@
 #include "lib/exec/executor.h"
 #include "lib/io/directory.h"
 #include "lib/io/file_access.h"
-#include "lib/io/remote_store.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -48,7 +48,7 @@ std::vector<FixtureKey> FixtureKeys() {
   return keys;
 }
 
-MemoryStore* Store() { return SharedMemStore(); }
+kvstore::MemoryDriver* Store() { return &kvstore::GetMemoryDriver(); }
 
 // Uploads every file under local folder `dir` as `url`/<relative path>.
 void Upload(const std::string& dir, const std::string& url) {

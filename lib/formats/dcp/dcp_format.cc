@@ -245,7 +245,7 @@ class DcpReader {
     }
     absl::string_view bytes(reinterpret_cast<const char*>(file.data()), file.size());
     std::string loaded;
-    if (file.remote()) {
+    if (!file.mapped()) {
       // The pickle is parsed as a whole: read it whole (range reads, several in flight).
       loaded.resize(file.size());
       RETURN_IF_ERROR(file.ReadAt(0, loaded.size(), reinterpret_cast<std::byte*>(loaded.data())),
@@ -324,9 +324,9 @@ class DcpReader {
     absl::Status status;
     for (size_t first = 0; first < items.size() && status.ok(); first += kItemsPerBatch) {
       const size_t last =
-          file.remote() ? std::min(items.size(), first + kItemsPerBatch) : items.size();
+          !file.mapped() ? std::min(items.size(), first + kItemsPerBatch) : items.size();
       std::unique_ptr<ByteSource> bytes = ByteSourceFor(file);
-      if (file.remote()) {
+      if (!file.mapped()) {
         std::vector<ByteRange> ranges;
         for (size_t i = first; i < last; ++i) {
           const DcpStorage& storage = Storage(items[i]);
@@ -337,9 +337,9 @@ class DcpReader {
         status = Annotate(bytes->Prefetch(std::move(ranges)), "the items' archive headers");
       }
       for (size_t i = first; i < last && status.ok(); ++i) {
-        status = ReadItem(*bytes, file.remote(), static_cast<int>(f), items[i]);
+        status = ReadItem(*bytes, !file.mapped(), static_cast<int>(f), items[i]);
       }
-      if (!file.remote()) break;
+      if (file.mapped()) break;
     }
     // Only headers and pickles were touched; give the pages back before the conversion runs.
     file.Release(0, file.size());
@@ -559,8 +559,8 @@ absl::StatusOr<std::string> ResolveDcpDataFile(const std::string& dir,
     if (part == "..") return refuse("leaves the checkpoint folder (\"..\")");
   }
   const std::string path = JoinPath(dir, relative_path);
-  if (IsRemotePath(path)) {
-    // No symlinks; "." and empty segments would be normalized away in a URL.
+  if (!InputHasFolders(path)) {
+    // Folders are key prefixes: no symlinks; "." and empty segments would name another key.
     for (absl::string_view part : absl::StrSplit(relative_path, '/')) {
       if (part.empty() || part == ".") return refuse("has an empty or \".\" component");
     }

@@ -1,4 +1,5 @@
-#include "lib/io/remote_store.h"
+// file_access and MappedFile on a driver that does not map files (the memory driver,
+// standing in for S3): dispatch, the listing cache, reads in pieces, version pinning.
 
 #include <cstring>
 #include <string>
@@ -9,7 +10,8 @@
 #include "gtest/gtest.h"
 #include "lib/io/file_access.h"
 #include "lib/io/mapped_file.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/status_matchers.h"
 #include "lib/testing/test_files.h"
 
@@ -19,32 +21,33 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
 
-class RemoteStoreTest : public testing::Test {
+class RemoteInputTest : public testing::Test {
  protected:
   void SetUp() override {
-    store_ = new MemoryStore;  // registered stores are never destroyed
-    RegisterRemoteStore("mem", store_);
+    store_ = new kvstore::MemoryDriver;  // registered drivers are never destroyed
+    kvstore::RegisterDriver(store_);
     store_->Put("mem://b/model/a.safetensors", TestPattern(100));
     store_->Put("mem://b/model/b.bin", "bb");
     store_->Put("mem://b/model/sub/c", "c");
     store_->Put("mem://b/big.bin", TestPattern(5 * MappedFile::kRemotePieceBytes + 3));
   }
-  MemoryStore* store_;
+  kvstore::MemoryDriver* store_;
 };
 
-TEST_F(RemoteStoreTest, UnknownSchemeIsUnimplemented) {
-  absl::StatusOr<RemoteStore*> store = RemoteStoreFor("gs://bucket/key");
+TEST_F(RemoteInputTest, UnknownSchemeIsUnimplemented) {
+  absl::StatusOr<kvstore::Location> store = kvstore::ParseLocation("gs://bucket/key");
   ASSERT_TRUE(absl::IsUnimplemented(store.status())) << store.status();
   EXPECT_THAT(store.status().message(), HasSubstr("gs://bucket/key"));
   EXPECT_THAT(store.status().message(), HasSubstr("mem://"));
   EXPECT_TRUE(absl::IsUnimplemented(CheckInputPath("gs://bucket/key", "input")));
   EXPECT_TRUE(CheckInputPath("/local/path", "input").ok());
   EXPECT_TRUE(CheckInputPath("mem://b/model", "input").ok());
-  ASSERT_TRUE(RemoteStoreFor("mem://b").ok());
-  EXPECT_EQ(*RemoteStoreFor("mem://b"), store_);
+  absl::StatusOr<kvstore::Location> mem = kvstore::ParseLocation("mem://b");
+  ASSERT_OK(mem);
+  EXPECT_EQ(mem->driver, store_);
 }
 
-TEST_F(RemoteStoreTest, FileAccessDispatchesRemotePaths) {
+TEST_F(RemoteInputTest, FileAccessDispatchesRemotePaths) {
   EXPECT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));
   EXPECT_THAT(CheckInputFolder("mem://b/model/b.bin"), IsOkAndHolds(false));
   EXPECT_THAT(CheckInputExists("mem://b/model/b.bin"), IsOkAndHolds(true));
@@ -70,12 +73,15 @@ TEST_F(RemoteStoreTest, FileAccessDispatchesRemotePaths) {
   ASSERT_TRUE(folders.ok()) << folders.status();
   EXPECT_THAT(*folders, UnorderedElementsAre("sub", "sub2"));
   EXPECT_THAT(*ListInputSubfolders("mem://b/model/sub/"), UnorderedElementsAre("d"));
+  // Every entry: files and folders alike, as for a posix folder.
+  EXPECT_THAT(*ListInputFolderEntries("mem://b/model"),
+              UnorderedElementsAre("a.safetensors", "b.bin", "sub", "sub2"));
   EXPECT_TRUE(ListInputSubfolders("mem://b/model/sub/d")->empty());
   // Opening a remote path as a local file descriptor is refused.
   EXPECT_FALSE(OpenRegularFile("mem://b/model/b.bin").ok());
 }
 
-TEST_F(RemoteStoreTest, ListingCacheAnswersFromTheFolderListedOnce) {
+TEST_F(RemoteInputTest, ListingCacheAnswersFromTheFolderListedOnce) {
   {
     ScopedRemoteListingCache cache;
     ScopedRemoteListingCache nested;  // uses the outer one
@@ -102,11 +108,11 @@ TEST_F(RemoteStoreTest, ListingCacheAnswersFromTheFolderListedOnce) {
   EXPECT_EQ(store_->lookups() - before, 2);
 }
 
-TEST_F(RemoteStoreTest, MappedFileReadsInParallelPieces) {
+TEST_F(RemoteInputTest, MappedFileReadsInParallelPieces) {
   const std::string expected = TestPattern(5 * MappedFile::kRemotePieceBytes + 3);
   absl::StatusOr<MappedFile> file = MappedFile::Open("mem://b/big.bin", expected.size());
   ASSERT_TRUE(file.ok()) << file.status();
-  EXPECT_TRUE(file->remote());
+  EXPECT_FALSE(file->mapped());
   EXPECT_EQ(file->data(), nullptr);
   EXPECT_TRUE(file->EnableDirectReads());
   EXPECT_TRUE(file->ReadsDirectly(/*dense=*/false, 0, 1));
@@ -122,7 +128,7 @@ TEST_F(RemoteStoreTest, MappedFileReadsInParallelPieces) {
   EXPECT_EQ(std::memcmp(out.data(), expected.data() + 7, 100), 0);
 }
 
-TEST_F(RemoteStoreTest, MappedFileErrors) {
+TEST_F(RemoteInputTest, MappedFileErrors) {
   EXPECT_TRUE(absl::IsDataLoss(MappedFile::Open("mem://b/model/b.bin", 3).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(MappedFile::Open("mem://b/model").status()));
   EXPECT_TRUE(absl::IsNotFound(MappedFile::Open("mem://b/none").status()));
@@ -144,7 +150,7 @@ TEST_F(RemoteStoreTest, MappedFileErrors) {
 // The version a reader recorded (SourceFile::version) pins the file: opened at another
 // version it is refused naming both; opened at its version, a replacement afterwards is refused
 // at the next read. The listing gives the versions Stat gives.
-TEST_F(RemoteStoreTest, MappedFileOpensTheVersionItIsGiven) {
+TEST_F(RemoteInputTest, MappedFileOpensTheVersionItIsGiven) {
   const std::string url = "mem://b/model/a.safetensors";
   const std::string then = store_->version(url);
   ASSERT_FALSE(then.empty());
