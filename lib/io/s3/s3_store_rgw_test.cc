@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "lib/io/file_access.h"
 #include "lib/io/mapped_file.h"
+#include "lib/io/kvstore/driver_testutil.h"
 #include "lib/io/kvstore/location.h"
 #include "lib/io/s3/default_client.h"
 #include "lib/io/s3/s3_client.h"
@@ -220,7 +221,11 @@ TEST_F(S3StoreTest, CreateExclusiveRefusesAnExistingObject) {
   EXPECT_EQ(stat->size, 5u);
   ASSERT_OK(store_->Delete(url));
   EXPECT_TRUE(absl::IsNotFound(store_->Stat(url).status()));
-  EXPECT_OK(store_->CreateExclusive(url, "third"));
+  // Of concurrent creates, exactly one wins, and the object holds its bytes.
+  const int won = kvstore::RaceCreateExclusive(*store_, url, 8);
+  ASSERT_NE(won, -1);
+  EXPECT_EQ(store_->Stat(url)->size, static_cast<uint64_t>(won + 1));
+  ASSERT_OK(store_->Delete(url));
 }
 
 TEST_F(S3StoreTest, WriterPublishesOnCommitOnly) {
