@@ -40,8 +40,8 @@ struct SourceFile {
   uint64_t size = 0;
   // Ranges of the file with a recorded CRC-32, any order; empty for formats without them.
   std::vector<ChecksummedRange> checksummed;
-  // The version of a remote file whose metadata the reader read (RemoteStat::version, S3's
-  // ETag); empty for local files and stores without versions. The Executor opens the file
+  // The version of the file whose metadata the reader read (kvstore::PathStat::version, S3's
+  // ETag); empty for posix files and drivers without versions. The Executor opens the file
   // only when it is still that version: the pieces above describe that version's bytes.
   std::string version;
 };

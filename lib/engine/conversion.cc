@@ -49,16 +49,16 @@ absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules ru
   RETURN_IF_ERROR(CheckInputPath(path, "input"));
   LoadedInput loaded;
   loaded.path = path;
-  // A remote folder is named without its trailing '/' (s3://b/model/ reads as s3://b/model):
-  // formats join "folder/name", and a key with an empty segment is refused.
+  // A folder that is a key prefix is named without its trailing '/' (s3://b/model/ reads as
+  // s3://b/model): formats join "folder/name", and a key with an empty segment is refused.
   std::string read_path = path;
-  if (IsRemotePath(read_path)) {
+  if (!InputHasFolders(read_path)) {
     while (absl::EndsWith(read_path, "/") && !absl::EndsWith(read_path, "://")) {
       read_path.pop_back();
     }
   }
   {
-    // Every format's Probe asks about the same remote folder and its marker files.
+    // Every format's Probe asks about the same folder and its marker files.
     ScopedRemoteListingCache remote_listings;
     ASSIGN_OR_RETURN(const InputFormat* format, DetectInputFormat(read_path));
     ASSIGN_OR_RETURN(loaded.model, format->Read(read_path, options));

@@ -18,7 +18,8 @@
 #include "lib/formats/safetensors/safetensors_format.h"
 #include "lib/io/s3/s3_client.h"
 #include "lib/io/s3/testing/memory_s3_client.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 #include "nlohmann/json.hpp"
 
@@ -255,11 +256,11 @@ TEST_F(ObjectReuseTest, ReplacedInputReusesNothing) {
   // input's version, so the objects finished from the old input are not kept.
   const std::string bytes = ReadAll(input_);
   input_ = "mem://inputs/reuse/model.safetensors";
-  SharedMemStore()->Put(input_, bytes);
+  kvstore::GetMemoryDriver().Put(input_, bytes);
   FailAtTheThirdObject();
   std::string replaced = bytes;
   replaced[bytes.size() - 4 * 128 * 128 * 4] ^= 1;  // the first data byte
-  SharedMemStore()->Put(input_, replaced);
+  kvstore::GetMemoryDriver().Put(input_, replaced);
   ExpectRerunUploadsEverything(Spec(), /*mismatches=*/0);
 }
 

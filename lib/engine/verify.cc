@@ -87,7 +87,7 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
   // ones through pread and the mapping, with the kernel's readahead).
   auto any_remote = [](const std::vector<MappedFile>& sources) {
     return std::any_of(sources.begin(), sources.end(),
-                       [](const MappedFile& source) { return source.remote(); });
+                       [](const MappedFile& source) { return !source.mapped(); });
   };
   std::optional<SpanReader> spans_a, spans_b;
   if (any_remote(sources_a)) spans_a.emplace(kRemoteSpanBytes);

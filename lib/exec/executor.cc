@@ -116,7 +116,7 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
   const bool any_direct_reads = std::any_of(sources.begin(), sources.end(),
                                             [](const MappedFile& s) { return s.direct_reads(); });
   const bool any_remote =
-      std::any_of(sources.begin(), sources.end(), [](const MappedFile& s) { return s.remote(); });
+      std::any_of(sources.begin(), sources.end(), [](const MappedFile& s) { return !s.mapped(); });
   // One file, or files written in turns (WriteInLockstep); the workers take them in order.
   const std::vector<WorkUnit> units = WorkUnits(plan);
   const uint64_t active_workers = ActiveWorkers(options, units.size());
@@ -328,7 +328,7 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   const uint64_t stage =
       options.io == IoMode::kBuffered ? 0 : files_at_once * std::min<uint64_t>(1 << 20, window);
   const bool remote = std::any_of(plan.sources.begin(), plan.sources.end(),
-                                  [](const SourceFile& s) { return IsRemotePath(s.path); });
+                                  [](const SourceFile& s) { return InputReadsAreRequests(s.path); });
   const uint64_t span =
       2 * std::min<uint64_t>(remote ? RemoteSpanBytes(threads) : SpanBytes(options.io),
                              plan.source_bytes_read);

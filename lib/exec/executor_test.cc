@@ -482,7 +482,7 @@ TEST(ExecutorTest, EstimateExecutionMemoryCountsStagedCopies) {
   for (CopyItem& item : strided.files[0].tensors[0].items) item.src_strides.back() = 2;
   EXPECT_EQ(EstimateExecutionMemory(strided, options), EstimateExecutionMemory(*plan, options));
   for (CopyPlan* remote : {&*plan, &strided}) {
-    for (SourceFile& source : remote->sources) source.path = "s3://bucket" + source.path;
+    for (SourceFile& source : remote->sources) source.path = "mem://bucket" + source.path;
   }
   EXPECT_EQ(EstimateExecutionMemory(strided, options), EstimateExecutionMemory(*plan, options) +
                                                            TensorFiller::kStagedMemoryBytes +

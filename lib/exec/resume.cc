@@ -19,7 +19,7 @@ namespace reshard {
 
 absl::StatusOr<uint64_t> HashFile(const std::string& path) {
   ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
-  if (file.remote()) {
+  if (!file.mapped()) {
     return absl::UnimplementedError(absl::StrCat("checksumming remote file ", path));
   }
   return HashMappedFile(file);

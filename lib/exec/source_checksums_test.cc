@@ -22,8 +22,8 @@
 #include "lib/exec/executor.h"
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_file.h"
-#include "lib/io/remote_store.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/plan/planner.h"
 #include "lib/testing/test_files.h"
 #include "lib/testing/zip_builder.h"
@@ -259,8 +259,8 @@ TEST(SourceChecksumsTest, TensorSplitAcrossTwoFilesAndThreads) {
 TEST(SourceChecksumsTest, RemoteSourceIsCheckedAsItIsRead) {
   // A torch.save file read by range reads (no mapping): the runs are checksummed as they
   // arrive, and the part of the record no tensor reads is range-read to complete the check.
-  auto* store = new MemoryStore;  // registered stores are never destroyed
-  RegisterRemoteStore("mem", store);
+  auto* store = new kvstore::MemoryDriver;  // registered drivers are never destroyed
+  kvstore::RegisterDriver(store);
   const TorchFixture fixture = MakeArchive();
   store->Put("mem://b/intact.pt", fixture.built.bytes);
   std::string damaged = fixture.built.bytes;

@@ -112,7 +112,7 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
   // with other files' (the chunks of a tensor merged by columns) are still cut, as they would
   // otherwise be read again for every window.
   const bool continues = next != nullptr && next->file == file && next->offset == limit;
-  const uint64_t read_limit = source->remote() && continues ? source->size() : limit;
+  const uint64_t read_limit = !source->mapped() && continues ? source->size() : limit;
   if (from_ahead) {
     ++reads_ahead_used_;
   } else {
@@ -138,7 +138,7 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
     const bool next_known = next->file >= 0 && static_cast<size_t>(next->file) < sources.size();
     if (current_.end < limit) {
       ahead_end = std::min(ahead_end, read_limit);
-    } else if (next_known && &sources[next->file] == source && source->remote() &&
+    } else if (next_known && &sources[next->file] == source && !source->mapped() &&
                next->offset >= current_.begin && next->offset <= current_.end) {
       // The next run starts in this (whole) span: the span after it, as without `next`.
     } else if (next_known) {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "lib/io/remote_store.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -194,8 +194,8 @@ TEST_F(SpanReaderTest, TruncatedSourceIsDataLoss) {
 // A remote source is read in whole spans: short runs that follow each other in the file come
 // with the first one's request, and the span after them is read ahead while they are used.
 TEST(SpanReaderRemoteTest, ShortRunsShareWholeSpans) {
-  auto* store = new MemoryStore;  // registered stores are never destroyed
-  RegisterRemoteStore("mem", store);
+  auto* store = new kvstore::MemoryDriver;  // registered drivers are never destroyed
+  kvstore::RegisterDriver(store);
   constexpr uint64_t kSpan = 64 << 10;
   const std::string data = Pattern(3 * kSpan);
   store->Put("mem://b/f", data);

@@ -50,7 +50,7 @@ TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>
     }
   }
   gathers_remote_runs_ = GathersRemoteRuns(copy, [&sources](int file) {
-    return file >= 0 && static_cast<size_t>(file) < sources.size() && sources[file].remote();
+    return file >= 0 && static_cast<size_t>(file) < sources.size() && !sources[file].mapped();
   });
 }
 
@@ -168,7 +168,7 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           if (checksums_ != nullptr) {
             checksums_->Record(item.src_file, src_byte, src_span, destination, copy_.name);
           }
-        } else if (source.remote() && src_stride == 1) {
+        } else if (!source.mapped() && src_stride == 1) {
           // No mapping: the run into the scratch buffer.
           scratch_.resize(src_span);
           RETURN_IF_ERROR(source.ReadAt(src_byte, src_span, scratch_.data()));
@@ -178,7 +178,7 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           if (checksums_ != nullptr) {
             checksums_->Record(item.src_file, src_byte, src_span, scratch_.data(), copy_.name);
           }
-        } else if (source.remote()) {
+        } else if (!source.mapped()) {
           // Strided elements of a remote file: gathered from the item's local copy, as from a
           // mapping (the same ConvertElements), whose bytes Staged told the checksums.
           ASSIGN_OR_RETURN(const ScratchCopy* staged, Staged(i));
@@ -339,13 +339,13 @@ uint64_t TensorFiller::StagingMemoryBound(const TensorCopy& copy,
   for (const CopyItem& item : copy.items) {
     if (item.src_strides.back() == 1 || item.num_elements() == 0) continue;
     if (item.src_file < 0 || static_cast<size_t>(item.src_file) >= sources.size()) continue;
-    if (!IsRemotePath(sources[item.src_file].path)) continue;
+    if (!InputReadsAreRequests(sources[item.src_file].path)) continue;
     bound = kStagedMemoryBytes + ScratchCopy::kPieceBytes;
     break;
   }
   if (copy.src_dtype != copy.dst_dtype && GathersRemoteRuns(copy, [&sources](int file) {
         return file >= 0 && static_cast<size_t>(file) < sources.size() &&
-               IsRemotePath(sources[file].path);
+               InputReadsAreRequests(sources[file].path);
       })) {
     bound += kRunScratchBytes;
   }

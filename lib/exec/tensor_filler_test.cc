@@ -17,8 +17,8 @@
 #include "lib/exec/span_reader.h"
 #include "lib/io/crc32.h"
 #include "lib/io/mapped_file.h"
-#include "lib/io/remote_store.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/plan/layout.h"
 #include "lib/testing/test_files.h"
 
@@ -38,8 +38,8 @@ float Value(int64_t r, int64_t c) { return static_cast<float>(r * 10000 + c) + 0
 class TensorFillerTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    store_ = new MemoryStore;  // registered stores are never destroyed
-    RegisterRemoteStore("mem", store_);
+    store_ = new kvstore::MemoryDriver;  // registered drivers are never destroyed
+    kvstore::RegisterDriver(store_);
   }
 
   void SetUp() override {
@@ -100,13 +100,13 @@ class TensorFillerTest : public testing::Test {
     }
   }
 
-  static MemoryStore* store_;
+  static kvstore::MemoryDriver* store_;
   std::vector<MappedFile> sources_;
   std::vector<MappedFile> remote_sources_;
   TensorCopy copy_;
   uint64_t input_bytes_ = 0;
 };
-MemoryStore* TensorFillerTest::store_ = nullptr;
+kvstore::MemoryDriver* TensorFillerTest::store_ = nullptr;
 
 // Windows of a few rows: each chunk takes its turn in every window. Every element is right, and
 // the chunks are read about once in all, not a span per chunk per window (a DCP consolidation
@@ -191,8 +191,8 @@ class ScopedTmpdir {
   bool had_ = false;
 };
 
-// The remote bytes the store served since `before` (MemoryStore::ranges) were read.
-uint64_t BytesFetchedSince(const MemoryStore& store, size_t before) {
+// The remote bytes the store served since `before` (kvstore::MemoryDriver::ranges) were read.
+uint64_t BytesFetchedSince(const kvstore::MemoryDriver& store, size_t before) {
   const std::vector<std::pair<uint64_t, uint64_t>> ranges = store.ranges();
   uint64_t bytes = 0;
   for (size_t i = before; i < ranges.size(); ++i) bytes += ranges[i].second;
@@ -352,7 +352,7 @@ struct RankFiles {
   std::vector<MappedFile> remote;
 };
 
-RankFiles MakeRankFiles(MemoryStore& store) {
+RankFiles MakeRankFiles(kvstore::MemoryDriver& store) {
   RankFiles files;
   files.copy.name = "layers.0.w";
   files.copy.num_elements = kRanks * kRankElements;
@@ -389,10 +389,10 @@ RankFiles MakeRankFiles(MemoryStore& store) {
 // windows inside one run.
 TEST_F(TensorFillerTest, RemoteGatherFetchesRunsInFlightAsLocal) {
   RankFiles files = MakeRankFiles(*store_);
-  auto remote = [&files](int file) { return files.remote[file].remote(); };
+  auto remote = [&files](int file) { return !files.remote[file].mapped(); };
   EXPECT_TRUE(TensorFiller::GathersRemoteRuns(files.copy, remote));
   EXPECT_FALSE(TensorFiller::GathersRemoteRuns(
-      files.copy, [&files](int file) { return files.local[file].remote(); }));
+      files.copy, [&files](int file) { return !files.local[file].mapped(); }));
   EXPECT_FALSE(TensorFiller::GathersRemoteRuns(copy_, remote));  // chunks cut by columns
   store_->set_read_delay(absl::Milliseconds(20));
   int max_in_flight = 0;

@@ -88,7 +88,7 @@ absl::StatusOr<std::vector<FileCatalog>> ReadFolderFiles(const std::string& dir,
     return read_one(dir, name);
   };
   std::vector<absl::StatusOr<FileCatalog>> read_files(names.size(), absl::UnknownError(""));
-  if (IsRemotePath(dir)) {
+  if (InputReadsAreRequests(dir)) {
     std::atomic<size_t> next{0};
     std::vector<std::thread> threads;
     const size_t count = std::min<size_t>(kRemoteFileReads, names.size());

@@ -1,10 +1,6 @@
 #include "lib/formats/format.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -33,21 +29,9 @@ Registry& GetRegistry() {
 
 absl::Status AddVerbatimCopy(const std::string& path, const std::string& output_name,
                              const Catalog& catalog, ArrangedOutput& arranged) {
-  uint64_t size = 0;
-  std::string version;
-  if (IsRemotePath(path)) {
-    ASSIGN_OR_RETURN(InputFileInfo info, StatInputFile(path));
-    size = info.size;
-    version = std::move(info.version);
-  } else {
-    ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
-    struct stat st;
-    const int stat_result = ::fstat(fd, &st);
-    const int error = errno;
-    ::close(fd);
-    if (stat_result != 0) return ErrnoToStatus(error, absl::StrCat("stat ", path));
-    size = static_cast<uint64_t>(st.st_size);
-  }
+  ASSIGN_OR_RETURN(InputFileInfo info, StatInputFile(path));
+  const uint64_t size = info.size;
+  std::string version = std::move(info.version);
   const int file = static_cast<int>(arranged.extra_files.size());
   arranged.extra_files.push_back(SourceFile{path, size, {}, std::move(version)});
   CatalogTensor bytes;
@@ -115,9 +99,7 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
                      return a->probe_priority() > b->probe_priority();
                    });
   std::vector<std::string> ids;
-  const bool remote = IsRemotePath(path);
   for (const InputFormat* format : by_priority) {
-    if (remote && !format->reads_remote()) continue;
     absl::StatusOr<bool> accepted = format->Probe(path);
     if (!accepted.ok()) {
       return Annotate(accepted.status(),
@@ -125,13 +107,6 @@ absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path) {
     }
     if (*accepted) return format;
     ids.emplace_back(format->id());
-  }
-  if (remote) {
-    return absl::UnimplementedError(absl::StrCat(
-        "input ", path, " is in no format reshard reads from remote storage (",
-        absl::StrJoin(ids, ", "),
-        ": a file, a folder of them, or a folder with its index); copy other formats to a "
-        "local folder first"));
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "input ", path, " is in no format reshard reads (known: ", absl::StrJoin(ids, ", "), ")"));

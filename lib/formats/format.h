@@ -100,11 +100,6 @@ class InputFormat {
   //   deepspeed-universal 25, deepspeed-zero 20, olmo-safetensors 15 (a safetensors file
   //   recognized by its entry names), safetensors 10, torch 0.
   virtual int probe_priority() const = 0;
-  // Whether Probe and Read take remote paths (s3://..., lib/io/remote_store.h), reading only
-  // through the functions of lib/io/file_access.h and MappedFile that dispatch them, and
-  // whether the Catalog's sources are read without MappedFile::data() (contiguous runs).
-  // DetectInputFormat asks only such formats about a remote path.
-  virtual bool reads_remote() const { return false; }
   // Reads metadata and builds the Catalog(s). Errors name the file and what is wrong.
   virtual absl::StatusOr<InputModel> Read(const std::string& path,
                                           const ReadOptions& options) const = 0;
@@ -169,12 +164,11 @@ class OutputFormat {
 void RegisterInputFormat(std::unique_ptr<InputFormat> format);
 void RegisterOutputFormat(std::unique_ptr<OutputFormat> format);
 
-// The input format of highest probe_priority whose Probe accepts `path`; InvalidArgument
-// listing the known formats otherwise, NotFound when the path does not exist. A remote path is
-// probed only by the formats that read remote paths (InputFormat::reads_remote): Unimplemented
-// naming the path and those formats when none accepts it. The first error a Probe returns is
-// returned as it is (a file that cannot be read is not "in no format"). The probes run without
-// the registry's lock: they do I/O, which can take as long as a remote store takes to answer.
+// The input format of highest probe_priority whose Probe accepts `path` (local or remote
+// alike); InvalidArgument listing the known formats otherwise, NotFound when the path does not
+// exist. The first error a Probe returns is returned as it is (a file that cannot be read is
+// not "in no format"). The probes run without the registry's lock: they do I/O, which can take
+// as long as a remote store takes to answer.
 absl::StatusOr<const InputFormat*> DetectInputFormat(const std::string& path);
 
 // The output format with id `id`; InvalidArgument listing the known ones otherwise.

@@ -19,8 +19,8 @@
 #include "gtest/gtest.h"
 #include "lib/formats/format.h"
 #include "lib/formats/safetensors/safetensors_fixture.h"
-#include "lib/io/remote_store.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -30,7 +30,7 @@ using ::testing::HasSubstr;
 
 constexpr absl::Duration kWait = absl::Seconds(20);  // bound of every wait in these tests
 
-MemoryStore* Store() { return SharedMemStore(); }
+kvstore::MemoryDriver* Store() { return &kvstore::GetMemoryDriver(); }
 
 // A format asked first (priority 100) that claims folders holding a file "block-here" and, while
 // probing one, waits until the test says a second detection has finished.

@@ -1,7 +1,6 @@
 // The format conformance fixtures (lib/formats/format_fixture.h) read from remote storage: each
-// fixture's folder is uploaded to an in-memory RemoteStore (lib/io/testing/memory_store.h,
-// standing in for S3) and, for every format that reads remote paths (InputFormat::
-// reads_remote):
+// fixture's folder is uploaded to the memory kvstore driver (lib/io/kvstore/memory_driver.h,
+// standing in for S3) and, for every format:
 //
 //   1. detection picks that format, and the reader gives the same InputModel as for the local
 //      copy (files, sizes, checksummed ranges, tensors, pieces, training state), in a bounded
@@ -9,9 +8,6 @@
 //   2. a conversion from the remote copy writes the same bytes as one from the local copy;
 //   3. the damaged variants fail as locally (DATA_LOSS, INVALID_ARGUMENT, NOT_FOUND for a
 //      missing file), and the error names the remote path.
-//
-// Formats that do not read remote paths are refused by detection (Unimplemented, naming the
-// path), never read through a local-only walk.
 
 #include <cstdio>
 #include <filesystem>
@@ -34,8 +30,8 @@
 #include "lib/exec/executor.h"
 #include "lib/io/directory.h"
 #include "lib/io/file_access.h"
-#include "lib/io/remote_store.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -52,7 +48,7 @@ std::vector<FixtureKey> FixtureKeys() {
   return keys;
 }
 
-MemoryStore* Store() { return SharedMemStore(); }
+kvstore::MemoryDriver* Store() { return &kvstore::GetMemoryDriver(); }
 
 // Uploads every file under local folder `dir` as `url`/<relative path>.
 void Upload(const std::string& dir, const std::string& url) {
@@ -170,14 +166,6 @@ const std::map<std::string, std::string>& RefusedRemotely() {
 
 TEST_P(RemoteConformanceTest, ReadsAsTheLocalCopy) {
   absl::StatusOr<const InputFormat*> detected = DetectInputFormat(remote_input_);
-  if (!format_impl_->reads_remote()) {
-    ASSERT_TRUE(absl::IsUnimplemented(detected.status()))
-        << (detected.ok() ? absl::StrCat("detected as ", (*detected)->id())
-                          : detected.status().ToString());
-    EXPECT_THAT(detected.status().message(), HasSubstr(remote_input_));
-    std::fprintf(stderr, "remote metadata: %s: not read from remote storage\n", label_.c_str());
-    return;
-  }
   ASSERT_TRUE(detected.ok()) << detected.status();
   ASSERT_EQ((*detected)->id(), format_);
   const int reads = Store()->reads();
@@ -213,7 +201,6 @@ TEST_P(RemoteConformanceTest, ReadsAsTheLocalCopy) {
 }
 
 TEST_P(RemoteConformanceTest, ConvertsAsTheLocalCopy) {
-  if (!format_impl_->reads_remote()) GTEST_SKIP() << label_ << " is not read remotely";
   if (RefusedRemotely().count(label_) > 0) GTEST_SKIP() << label_ << " is refused remotely";
   const std::string out = MakeTempDir(absl::StrCat("remote_out_", tag_));
   absl::StatusOr<ConversionResult> remote = RunConversion(Spec(remote_input_, out + "/remote"));
@@ -250,7 +237,6 @@ void DamageRemote(const std::string& url, const std::string& local_dir,
 }
 
 TEST_P(RemoteConformanceTest, DamagedObjectsAreRefusedNamingThem) {
-  if (!format_impl_->reads_remote()) GTEST_SKIP() << label_ << " is not read remotely";
   if (RefusedRemotely().count(label_) > 0) GTEST_SKIP() << label_ << " is refused remotely";
   int n = 0;
   for (const FixtureDamage& damage : fixture_.damages) {
@@ -272,14 +258,9 @@ TEST_P(RemoteConformanceTest, DamagedObjectsAreRefusedNamingThem) {
       EXPECT_EQ(code, absl::StatusCode::kDataLoss) << status;
     } else {
       const bool missing = damage.kind == FixtureDamage::Kind::kRemove || damage.names_missing_file;
-      // No format recognizes what is left: a remote input is Unimplemented then (locally
-      // InvalidArgument), naming it.
-      const bool unrecognized =
-          code == absl::StatusCode::kUnimplemented &&
-          absl::StrContains(status.message(), "in no format reshard reads from remote storage");
       EXPECT_TRUE(code == absl::StatusCode::kDataLoss ||
                   code == absl::StatusCode::kInvalidArgument ||
-                  (missing && code == absl::StatusCode::kNotFound) || unrecognized)
+                  (missing && code == absl::StatusCode::kNotFound))
           << status;
     }
     EXPECT_THAT(status.message(), HasSubstr(url)) << status;
@@ -293,7 +274,6 @@ TEST_P(RemoteConformanceTest, DamagedObjectsAreRefusedNamingThem) {
 // executor, which opens the sources in order, meets each replaced one while the ones before it
 // are intact.
 TEST_P(RemoteConformanceTest, ObjectReplacedSinceItsMetadataIsRefused) {
-  if (!format_impl_->reads_remote()) GTEST_SKIP() << label_ << " is not read remotely";
   if (RefusedRemotely().count(label_) > 0) GTEST_SKIP() << label_ << " is refused remotely";
   const std::string out = MakeTempDir(absl::StrCat("remote_replaced_", tag_));
   absl::StatusOr<PlannedConversion> planned = PlanConversion(Spec(remote_input_, out + "/x"));

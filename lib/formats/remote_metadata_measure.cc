@@ -7,12 +7,12 @@
 
 namespace reshard {
 
-void UploadFiles(MemoryStore& store, const std::string& url,
+void UploadFiles(kvstore::MemoryDriver& store, const std::string& url,
                  const std::map<std::string, std::string>& files) {
   for (const auto& [name, bytes] : files) store.Put(absl::StrCat(url, "/", name), bytes);
 }
 
-MetadataLoad MeasureLoadInput(MemoryStore& store, const std::string& url) {
+MetadataLoad MeasureLoadInput(kvstore::MemoryDriver& store, const std::string& url) {
   MetadataLoad load;
   const int reads = store.reads();
   const int lookups = store.lookups();
@@ -27,20 +27,21 @@ MetadataLoad MeasureLoadInput(MemoryStore& store, const std::string& url) {
 }
 
 MetadataLoad UploadAndMeasure(const std::string& url,
-                              const std::map<std::string, std::string>& files,
-                              absl::Duration delay, const std::string& what) {
-  UploadFiles(*SharedMemStore(), url, files);
-  SharedMemStore()->set_read_delay(delay);
-  MetadataLoad load = MeasureLoadInput(*SharedMemStore(), url);
-  std::printf("remote metadata: %s: %.0f ms, %d range reads, %d lookups, %d reads at once at "
-              "most\n",
-              what.c_str(), absl::ToDoubleMilliseconds(load.time), load.reads, load.lookups,
-              load.max_concurrent_reads);
+                              const std::map<std::string, std::string>& files, absl::Duration delay,
+                              const std::string& what) {
+  UploadFiles(kvstore::GetMemoryDriver(), url, files);
+  kvstore::GetMemoryDriver().set_read_delay(delay);
+  MetadataLoad load = MeasureLoadInput(kvstore::GetMemoryDriver(), url);
+  std::printf(
+      "remote metadata: %s: %.0f ms, %d range reads, %d lookups, %d reads at once at "
+      "most\n",
+      what.c_str(), absl::ToDoubleMilliseconds(load.time), load.reads, load.lookups,
+      load.max_concurrent_reads);
   return load;
 }
 
 std::vector<std::pair<int64_t, std::string>> PieceRowsAndFiles(const Catalog& catalog,
-                                                              const std::string& name) {
+                                                               const std::string& name) {
   std::vector<std::pair<int64_t, std::string>> pieces;
   const int index = catalog.Find(name);
   if (index < 0) return pieces;

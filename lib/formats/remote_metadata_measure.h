@@ -1,5 +1,5 @@
 // What reading a checkpoint's metadata from remote storage costs: LoadInput (detection and the
-// metadata read) of files uploaded to a MemoryStore, timed, with the store's requests counted.
+// metadata read) of files uploaded to the memory driver, timed, with its requests counted.
 // Shared by the tests of saves with many ranks and the binary that measures them.
 //
 // testonly.
@@ -16,12 +16,12 @@
 #include "absl/time/time.h"
 #include "lib/core/catalog.h"
 #include "lib/engine/conversion.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/memory_driver.h"
 
 namespace reshard {
 
 // Puts every file of `files` (relative path -> bytes) at `url`/<relative path>.
-void UploadFiles(MemoryStore& store, const std::string& url,
+void UploadFiles(kvstore::MemoryDriver& store, const std::string& url,
                  const std::map<std::string, std::string>& files);
 
 struct MetadataLoad {
@@ -33,10 +33,10 @@ struct MetadataLoad {
 };
 
 // LoadInput(`url`) with nothing else using `store` meanwhile.
-MetadataLoad MeasureLoadInput(MemoryStore& store, const std::string& url);
+MetadataLoad MeasureLoadInput(kvstore::MemoryDriver& store, const std::string& url);
 
-// `files` uploaded at `url` of SharedMemStore(), every read from then on waiting `delay`, and
-// LoadInput(`url`) measured; prints "remote metadata: <what>: <time>, <requests>".
+// `files` uploaded at `url` of kvstore::GetMemoryDriver(), every read from then on waiting
+// `delay`, and LoadInput(`url`) measured; prints "remote metadata: <what>: <time>, <requests>".
 MetadataLoad UploadAndMeasure(const std::string& url,
                               const std::map<std::string, std::string>& files,
                               absl::Duration delay, const std::string& what);

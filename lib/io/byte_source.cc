@@ -188,7 +188,7 @@ absl::Status RangeReadSource::Prefetch(std::vector<ByteRange> ranges) {
 
 std::unique_ptr<ByteSource> ByteSourceFor(const MappedFile& file,
                                           RangeReadSource::Options options) {
-  if (file.remote()) return RangeReadSource::Over(file, options);
+  if (!file.mapped()) return RangeReadSource::Over(file, options);
   return std::make_unique<ViewByteSource>(
       absl::string_view(reinterpret_cast<const char*>(file.data()), file.size()), file.path());
 }

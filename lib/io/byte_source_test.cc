@@ -9,8 +9,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/io/mapped_file.h"
-#include "lib/io/remote_store.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -151,8 +151,8 @@ TEST(RangeReadSourceTest, ReadErrorsNameFileWhatAndRange) {
 }
 
 TEST(ByteSourceForTest, LocalFilesAreViewsAndRemoteOnesRangeReads) {
-  auto* store = new MemoryStore;  // registered stores are never destroyed
-  RegisterRemoteStore("mem", store);
+  auto* store = new kvstore::MemoryDriver;  // registered drivers are never destroyed
+  kvstore::RegisterDriver(store);
   store->Put("mem://b/f", TestPattern(5000));
   absl::StatusOr<MappedFile> remote = MappedFile::Open("mem://b/f");
   ASSERT_TRUE(remote.ok()) << remote.status();

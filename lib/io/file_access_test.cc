@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "gtest/gtest.h"
+#include "lib/testing/status_matchers.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -116,10 +117,10 @@ TEST(LocalInputTest, FilesFoldersAndSizes) {
   fs::create_directories(root + "/.hidden");
   WriteAll(root + "/f.pt", "12345");
   ASSERT_EQ(::mkfifo((root + "/fifo").c_str(), 0600), 0);
-  EXPECT_TRUE(IsInputFile(root + "/f.pt"));
-  EXPECT_FALSE(IsInputFile(root + "/a"));
-  EXPECT_FALSE(IsInputFile(root + "/fifo"));
-  EXPECT_FALSE(IsInputFile(root + "/none"));
+  EXPECT_THAT(CheckInputFile(root + "/f.pt"), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputFile(root + "/a"), IsOkAndHolds(false));
+  EXPECT_THAT(CheckInputFile(root + "/fifo"), IsOkAndHolds(false));
+  EXPECT_THAT(CheckInputFile(root + "/none"), IsOkAndHolds(false));
   EXPECT_EQ(*InputFileSize(root + "/f.pt"), 5u);
   EXPECT_TRUE(absl::IsNotFound(InputFileSize(root + "/none").status()));
   EXPECT_TRUE(absl::IsInvalidArgument(InputFileSize(root + "/fifo").status()));

@@ -14,7 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/io/directory.h"
-#include "lib/io/file_access.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/path_confinement.h"
 
 namespace reshard {
 namespace {
@@ -28,7 +29,10 @@ uint64_t PageSize() {
 
 absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path, int64_t expected_size,
                                             const std::string& expected_version) {
-  if (IsRemotePath(path)) return OpenRemote(path, expected_size, expected_version);
+  ASSIGN_OR_RETURN(kvstore::Location location, kvstore::ParseLocation(path));
+  if (!location.driver->maps_files()) {
+    return OpenUnmapped(location.driver, path, expected_size, expected_version);
+  }
   ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
   return Adopt(fd, path, expected_size);
 }
@@ -71,10 +75,10 @@ absl::StatusOr<MappedFile> MappedFile::Adopt(int fd, const std::string& path,
   return file;
 }
 
-absl::StatusOr<MappedFile> MappedFile::OpenRemote(const std::string& path, int64_t expected_size,
+absl::StatusOr<MappedFile> MappedFile::OpenUnmapped(const kvstore::Driver* driver,
+                                                  const std::string& path, int64_t expected_size,
                                                   const std::string& expected_version) {
-  ASSIGN_OR_RETURN(RemoteStore * store, RemoteStoreFor(path));
-  ASSIGN_OR_RETURN(RemoteStat stat, store->Stat(path));
+  ASSIGN_OR_RETURN(kvstore::PathStat stat, driver->Stat(path));
   if (stat.is_folder) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is a folder, not a file"));
   }
@@ -92,13 +96,13 @@ absl::StatusOr<MappedFile> MappedFile::OpenRemote(const std::string& path, int64
   }
   MappedFile file;
   file.path_ = path;
-  file.remote_ = store;
+  file.driver_ = driver;
   file.size_ = stat.size;
-  file.remote_stat_ = std::move(stat);
+  file.opened_ = std::move(stat);
   return file;
 }
 
-absl::Status MappedFile::CheckRemoteRange(uint64_t offset, uint64_t length) const {
+absl::Status MappedFile::CheckUnmappedRange(uint64_t offset, uint64_t length) const {
   if (offset > size_ || length > size_ - offset) {
     return absl::DataLossError(absl::StrCat(path_, ": read of ", length, " bytes at byte offset ",
                                             offset, " passes the end of the object (", size_,
@@ -108,24 +112,24 @@ absl::Status MappedFile::CheckRemoteRange(uint64_t offset, uint64_t length) cons
 }
 
 absl::Status MappedFile::ReadAtInOneRequest(uint64_t offset, size_t length, std::byte* out) const {
-  if (remote_ == nullptr) return ReadAt(offset, length, out);
-  RETURN_IF_ERROR(CheckRemoteRange(offset, length));
-  return remote_->ReadRange(path_, offset, absl::Span<char>(reinterpret_cast<char*>(out), length),
-                            remote_stat_);
+  if (driver_ == nullptr) return ReadAt(offset, length, out);
+  RETURN_IF_ERROR(CheckUnmappedRange(offset, length));
+  return driver_->ReadRange(path_, offset, absl::Span<char>(reinterpret_cast<char*>(out), length),
+                            opened_);
 }
 
-absl::Status MappedFile::ReadRemote(uint64_t offset, uint64_t length, std::byte* out) const {
-  RETURN_IF_ERROR(CheckRemoteRange(offset, length));
+absl::Status MappedFile::ReadUnmapped(uint64_t offset, uint64_t length, std::byte* out) const {
+  RETURN_IF_ERROR(CheckUnmappedRange(offset, length));
   const uint64_t pieces =
       std::clamp<uint64_t>(length / kRemotePieceBytes, 1, kRemotePiecesInFlight);
   const uint64_t piece = (length + pieces - 1) / pieces;
   auto read_piece = [&](uint64_t i) {
     const uint64_t begin = i * piece;
     const uint64_t end = std::min(length, begin + piece);
-    return remote_->ReadRange(
+    return driver_->ReadRange(
         path_, offset + begin,
         absl::Span<char>(reinterpret_cast<char*>(out + begin), static_cast<size_t>(end - begin)),
-        remote_stat_);
+        opened_);
   };
   // Piece 0 on this thread, the others on their own; the first error in piece order.
   std::vector<absl::Status> status(pieces);
@@ -141,8 +145,8 @@ absl::Status MappedFile::ReadRemote(uint64_t offset, uint64_t length, std::byte*
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
-      remote_(std::exchange(other.remote_, nullptr)),
-      remote_stat_(std::move(other.remote_stat_)),
+      driver_(std::exchange(other.driver_, nullptr)),
+      opened_(std::move(other.opened_)),
       fd_(std::exchange(other.fd_, -1)),
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
@@ -157,8 +161,8 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     if (fd_ >= 0) ::close(fd_);
     if (direct_fd_ >= 0) ::close(direct_fd_);
     path_ = std::move(other.path_);
-    remote_ = std::exchange(other.remote_, nullptr);
-    remote_stat_ = std::move(other.remote_stat_);
+    driver_ = std::exchange(other.driver_, nullptr);
+    opened_ = std::move(other.opened_);
     fd_ = std::exchange(other.fd_, -1);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
@@ -177,7 +181,7 @@ MappedFile::~MappedFile() {
 }
 
 bool MappedFile::EnableDirectReads() {
-  if (direct_fd_ >= 0 || remote()) return true;
+  if (direct_fd_ >= 0 || !mapped()) return true;
   if (fd_ < 0) return false;
   // Reopened through the descriptor, not the path: the very file that was opened (and
   // confined beneath the allowed roots), whatever happened to its name since.
@@ -195,8 +199,8 @@ uint64_t MappedFile::DirectReadSpan(uint64_t offset, uint64_t length) {
 
 absl::StatusOr<const std::byte*> MappedFile::ReadDirect(uint64_t offset, size_t length,
                                                         std::byte* buffer) const {
-  if (remote()) {
-    RETURN_IF_ERROR(ReadRemote(offset, length, buffer));
+  if (!mapped()) {
+    RETURN_IF_ERROR(ReadUnmapped(offset, length, buffer));
     return buffer;
   }
   if (direct_fd_ < 0)
@@ -208,7 +212,7 @@ absl::StatusOr<const std::byte*> MappedFile::ReadDirect(uint64_t offset, size_t 
 }
 
 absl::Status MappedFile::ReadAt(uint64_t offset, size_t length, std::byte* out) const {
-  if (remote()) return ReadRemote(offset, length, out);
+  if (!mapped()) return ReadUnmapped(offset, length, out);
   return ReadFully(fd_, offset, length, length, out);
 }
 

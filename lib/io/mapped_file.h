@@ -8,12 +8,12 @@
 // `set_drop_behind`, `DropCached` drops the pages read from the page cache too (a conversion does
 // not leave its input cached); otherwise the data stays in the page cache.
 //
-// A remote path ("s3://bucket/key", lib/io/remote_store.h) opens a remote file instead: no
-// mapping (`data()` is null), its size from the store, and every read a range read from the
-// store into the caller's buffer. It counts as read directly (`direct_reads()`), so the
-// executor reads it span by span through a SpanReader, the next span fetched ahead on its
-// helper thread; the page-cache hints do nothing. Callers that need `data()` must refuse
-// remote files up front (`remote()`).
+// A path whose kvstore driver does not map files (s3://, mem://; lib/io/kvstore/driver.h)
+// opens an unmapped file instead: no mapping (`data()` is null, `mapped()` false), its size
+// from the driver, and every read a driver ReadRange into the caller's buffer. It counts as
+// read directly (`direct_reads()`), so the executor reads it span by span through a
+// SpanReader, the next span fetched ahead on its helper thread; the page-cache hints do
+// nothing. Callers that need `data()` must check `mapped()` up front.
 
 #ifndef RESHARD_LIB_IO_MAPPED_FILE_H_
 #define RESHARD_LIB_IO_MAPPED_FILE_H_
@@ -26,17 +26,18 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "lib/io/remote_store.h"
+#include "lib/io/kvstore/driver.h"
 
 namespace reshard {
 
 class MappedFile {
  public:
   // Maps `path` read-only. `expected_size`, when given, must equal the file's size (it changed
-  // since it was cataloged otherwise: DataLoss). A remote path opens a remote file (above);
-  // InvalidArgument when it names a folder. A remote file with a non-empty `expected_version`
-  // (SourceFile::version) must still be that version (FailedPrecondition naming the file and
-  // both versions otherwise), and every read is of that version; local files have none.
+  // since it was cataloged otherwise: DataLoss). A path whose driver does not map files opens
+  // an unmapped file (above); InvalidArgument when it names a folder. An unmapped file with a
+  // non-empty `expected_version` (SourceFile::version) must still be that version
+  // (FailedPrecondition naming the file and both versions otherwise), and every read is of
+  // that version; posix files have none.
   // The file is opened with OpenRegularFile (lib/io/file_access.h): FIFOs and devices are
   // refused, and under a PathConfinement it is opened beneath the allowed roots.
   static absl::StatusOr<MappedFile> Open(const std::string& path, int64_t expected_size = -1,
@@ -52,21 +53,22 @@ class MappedFile {
   MappedFile& operator=(const MappedFile&) = delete;
   ~MappedFile();
 
-  // The mapping; null for a remote file (and an empty one).
+  // The mapping; null for an unmapped file (and an empty one).
   const std::byte* data() const { return data_; }
-  // Whether this is a remote file, read with range reads (no mapping).
-  bool remote() const { return remote_ != nullptr; }
+  // Whether the file's bytes are read without a request: a mapping (`data()`) and a descriptor
+  // for pread. False: every read is a ReadRange of its driver (s3://, mem://).
+  bool mapped() const { return driver_ == nullptr; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
-  // The version of a remote file its reads are pinned to (RemoteStat::version, S3's ETag);
-  // empty for a local file and a store without versions.
-  const std::string& version() const { return remote_stat_.version; }
+  // The version an unmapped file's reads are pinned to (kvstore::PathStat::version, S3's
+  // ETag); empty for a mapped file and a driver without versions.
+  const std::string& version() const { return opened_.version; }
 
   // Reads `length` bytes at `offset` into `out`. DataLoss naming the file and offset when the
   // file ended early (it shrank underneath), the errno's status on an I/O error. Thread safe.
   absl::Status ReadAt(uint64_t offset, size_t length, std::byte* out) const;
-  // As ReadAt, but a remote range is one request, not split into pieces read at once: for
-  // callers that keep several requests in flight themselves (ReadRemoteRuns).
+  // As ReadAt, but an unmapped file's range is one request, not split into pieces read at
+  // once: for callers that keep several requests in flight themselves (ReadRemoteRuns).
   absl::Status ReadAtInOneRequest(uint64_t offset, size_t length, std::byte* out) const;
 
   // Drops the pages fully inside [offset, offset + length) from this process's resident set.
@@ -82,9 +84,9 @@ class MappedFile {
   // the page cache (no copy, no pages to drop). Opens a second descriptor of the same file;
   // false when the filesystem refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE and network
   // filesystems), and the file is then read buffered. Not thread safe; call before reading.
-  // A remote file is always read directly.
+  // An unmapped file is always read directly.
   bool EnableDirectReads();
-  bool direct_reads() const { return direct_fd_ >= 0 || remote(); }
+  bool direct_reads() const { return direct_fd_ >= 0 || !mapped(); }
 
   // With direct reads: whether only dense runs (a box whose bytes are all read, e.g. the rows of
   // a tensor split by rows) are read directly, and strips of rows (a split by columns, whose
@@ -102,21 +104,21 @@ class MappedFile {
   // Whether a run [begin, end) of a box that reads `dense` (all its bytes) or not is read
   // directly.
   bool ReadsDirectly(bool dense, uint64_t begin, uint64_t end) const {
-    return remote() ||
+    return !mapped() ||
            (direct_reads() && (!direct_dense_only_ || (dense && !Repeated(begin, end))));
   }
 
   // Alignment of direct reads: offsets, lengths and buffer addresses.
   static constexpr uint64_t kDirectAlignment = 4096;
 
-  // How a remote file's long reads are split (ReadRemote).
+  // How an unmapped file's long reads are split (ReadUnmapped).
   static constexpr uint64_t kRemotePieceBytes = 1 << 20;
   static constexpr int kRemotePiecesInFlight = 8;
 
   // Reads the aligned blocks that cover [offset, offset + length) with direct I/O into
   // `buffer` (kDirectAlignment-aligned, at least DirectReadSpan(offset, length) bytes) and
   // returns where the byte at `offset` landed in it. DataLoss naming the file and offset when
-  // the file ended early. Requires direct_reads(). Thread safe. A remote file reads exactly
+  // the file ended early. Requires direct_reads(). Thread safe. An unmapped file reads exactly
   // [offset, offset + length) to the start of `buffer` (no alignment needed).
   absl::StatusOr<const std::byte*> ReadDirect(uint64_t offset, size_t length,
                                               std::byte* buffer) const;
@@ -149,21 +151,22 @@ class MappedFile {
   // Whether [begin, end) overlaps a repeated range.
   bool Repeated(uint64_t begin, uint64_t end) const;
 
-  // Opens remote file `path` through its store.
-  static absl::StatusOr<MappedFile> OpenRemote(const std::string& path, int64_t expected_size,
+  // Opens file `path` of `driver`, which does not map files.
+  static absl::StatusOr<MappedFile> OpenUnmapped(const kvstore::Driver* driver,
+                                               const std::string& path, int64_t expected_size,
                                                const std::string& expected_version);
-  // Reads [offset, offset + length) of a remote file into `out`: DataLoss naming the file when
+  // Reads [offset, offset + length) of an unmapped file into `out`: DataLoss naming the file when
   // the range passes its end; a long range in pieces of at least kRemotePieceBytes, up to
   // kRemotePiecesInFlight of them read at once (one request is bounded by one connection's
   // throughput).
-  absl::Status ReadRemote(uint64_t offset, uint64_t length, std::byte* out) const;
-  // DataLoss naming the file when [offset, offset + length) passes the end of the remote file.
-  absl::Status CheckRemoteRange(uint64_t offset, uint64_t length) const;
+  absl::Status ReadUnmapped(uint64_t offset, uint64_t length, std::byte* out) const;
+  // DataLoss naming the file when [offset, offset + length) passes the end of an unmapped file.
+  absl::Status CheckUnmappedRange(uint64_t offset, uint64_t length) const;
 
   std::string path_;
-  RemoteStore* remote_ = nullptr;  // the store of a remote file, else null
-  // A remote file's Stat when it was opened: every range read must be of that version.
-  RemoteStat remote_stat_;
+  const kvstore::Driver* driver_ = nullptr;  // the driver of an unmapped file, else null
+  // An unmapped file's Stat when it was opened: every range read must be of that version.
+  kvstore::PathStat opened_;
   int fd_ = -1;
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;

@@ -12,8 +12,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/io/mapped_file.h"
-#include "lib/io/remote_store.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -27,8 +27,8 @@ constexpr uint64_t kFileBytes = 5 * MappedFile::kRemotePieceBytes;
 class RemoteRunsTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    store_ = new MemoryStore;  // registered stores are never destroyed
-    RegisterRemoteStore("runs", store_);
+    store_ = new kvstore::MemoryDriver("runs");  // registered drivers are never destroyed
+    kvstore::RegisterDriver(store_);
   }
 
   void SetUp() override {
@@ -44,11 +44,11 @@ class RemoteRunsTest : public testing::Test {
     }
   }
 
-  static MemoryStore* store_;
+  static kvstore::MemoryDriver* store_;
   std::vector<std::string> data_;
   std::vector<MappedFile> files_;
 };
-MemoryStore* RemoteRunsTest::store_ = nullptr;
+kvstore::MemoryDriver* RemoteRunsTest::store_ = nullptr;
 
 // One run of 2.5 MiB + 3 bytes at a different offset of each file (a ZeRO-3 gather's window):
 // the requests overlap, 8 at most, each about the 10 MiB over 8 long (two pieces of each run),

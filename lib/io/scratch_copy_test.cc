@@ -11,8 +11,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/io/mapped_file.h"
-#include "lib/io/remote_store.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -25,8 +25,8 @@ constexpr uint64_t kSize = 9 * MappedFile::kRemotePieceBytes + 3;
 class ScratchCopyTest : public testing::Test {
  protected:
   void SetUp() override {
-    store_ = new MemoryStore;  // registered stores are never destroyed
-    RegisterRemoteStore("mem", store_);
+    store_ = new kvstore::MemoryDriver;  // registered drivers are never destroyed
+    kvstore::RegisterDriver(store_);
     data_ = TestPattern(kSize);
     store_->Put("mem://b/obj", data_);
     absl::StatusOr<MappedFile> file = MappedFile::Open("mem://b/obj");
@@ -73,7 +73,7 @@ class ScratchCopyTest : public testing::Test {
     return *std::move(copy);
   }
 
-  MemoryStore* store_ = nullptr;
+  kvstore::MemoryDriver* store_ = nullptr;
   std::string data_;
   MappedFile source_;
   std::string scratch_dir_;

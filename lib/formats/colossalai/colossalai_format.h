@@ -49,7 +49,6 @@ class ColossalInput : public InputFormat {
   int probe_priority() const override { return 35; }
   // Metadata JSON and weight-file headers by range reads (safetensors, torch.save); every
   // piece is a rank's whole, contiguous tensor.
-  bool reads_remote() const override { return true; }
   // Options do not apply (no tags, no optimizer state).
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;

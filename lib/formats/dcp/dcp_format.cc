@@ -251,7 +251,7 @@ class DcpReader {
     }
     absl::string_view bytes(reinterpret_cast<const char*>(file.data()), file.size());
     std::string loaded;
-    if (file.remote()) {
+    if (!file.mapped()) {
       // The pickle is parsed as a whole: read it whole (range reads, several in flight).
       loaded.resize(file.size());
       RETURN_IF_ERROR(file.ReadAt(0, loaded.size(), reinterpret_cast<std::byte*>(loaded.data())),
@@ -342,7 +342,7 @@ class DcpReader {
     opened.file->AdviseRandomAccess();  // one small archive header per item, spread over the file
     std::sort(items.begin(), items.end(),
               [&](const Item& a, const Item& b) { return Storage(a).offset < Storage(b).offset; });
-    if (opened.file->remote()) {
+    if (!opened.file->mapped()) {
       opened.first_batch = ByteSourceFor(*opened.file);
       std::vector<ByteRange> ranges = BatchRanges(items, 0);
       for (const ByteRange& range : ranges) opened.bytes += range.length;
@@ -377,17 +377,17 @@ class DcpReader {
     absl::Status status;
     for (size_t first = 0; first < items.size() && status.ok(); first += kItemsPerBatch) {
       const size_t last =
-          file.remote() ? std::min(items.size(), first + kItemsPerBatch) : items.size();
+          !file.mapped() ? std::min(items.size(), first + kItemsPerBatch) : items.size();
       std::unique_ptr<ByteSource> bytes =
           first == 0 && opened.first_batch != nullptr ? std::move(opened.first_batch)
                                                       : ByteSourceFor(file);
-      if (file.remote() && first > 0) {
+      if (!file.mapped() && first > 0) {
         status = Annotate(bytes->Prefetch(BatchRanges(items, first)), "the items' archive headers");
       }
       for (size_t i = first; i < last && status.ok(); ++i) {
-        status = ReadItem(*bytes, file.remote(), f, items[i]);
+        status = ReadItem(*bytes, !file.mapped(), f, items[i]);
       }
-      if (!file.remote()) break;
+      if (file.mapped()) break;
     }
     // Only headers and pickles were touched; give the pages back before the conversion runs.
     file.Release(0, file.size());
@@ -599,8 +599,8 @@ absl::StatusOr<std::string> ResolveDcpDataFile(const std::string& dir,
     if (part == "..") return refuse("leaves the checkpoint folder (\"..\")");
   }
   const std::string path = JoinPath(dir, relative_path);
-  if (IsRemotePath(path)) {
-    // No symlinks; "." and empty segments would be normalized away in a URL.
+  if (!InputHasFolders(path)) {
+    // Folders are key prefixes: no symlinks; "." and empty segments would name another key.
     for (absl::string_view part : absl::StrSplit(relative_path, '/')) {
       if (part.empty() || part == ".") return refuse("has an empty or \".\" component");
     }

@@ -52,7 +52,6 @@ class DcpInput : public InputFormat {
   int probe_priority() const override { return 30; }
   // `.metadata` is read whole (range reads); each item's torch.save archive by range reads of
   // its first and last bytes, prefetched for many items at once; chunks are contiguous boxes.
-  bool reads_remote() const override { return true; }
   // Options do not apply: a DCP checkpoint has no tags, and optimizer state is already stored
   // as tensors of their own.
   absl::StatusOr<InputModel> Read(const std::string& path,

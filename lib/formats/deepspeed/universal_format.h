@@ -90,7 +90,6 @@ class UniversalInput : public InputFormat {
   int probe_priority() const override { return 25; }
   // Folders listed and the .pt files of every param opened through lib/io/file_access.h and
   // TorchArchive::Open; each param is a whole, contiguous tensor.
-  bool reads_remote() const override { return true; }
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;
 };

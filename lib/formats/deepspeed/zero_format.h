@@ -97,7 +97,6 @@ class ZeroInput : public InputFormat {
   int probe_priority() const override { return 20; }
   // Folders are listed and files opened through lib/io/file_access.h and TorchArchive::Open,
   // and every piece is a flat element range: s3:// checkpoints read as local ones.
-  bool reads_remote() const override { return true; }
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;
 };

@@ -12,10 +12,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/core/catalog.h"
-#include "lib/formats/remote_metadata_measure.h"
 #include "lib/formats/deepspeed/zero_fixture.h"
 #include "lib/formats/format_fixture.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/formats/remote_metadata_measure.h"
+#include "lib/io/kvstore/memory_driver.h"
 
 namespace reshard {
 namespace {
@@ -75,8 +75,9 @@ TEST_P(ZeroRemoteMetadataTest, RankFilesReadConcurrentlyInRankOrder) {
 // rank order meets first), and no rank file past it is read.
 TEST_P(ZeroRemoteMetadataTest, FirstFailedRankNamedAndTheRestNotRead) {
   const std::string url = Url("failing");
-  SharedMemStore()->Fail(OptimizerFile(url, 40), absl::UnavailableError("503 Slow Down"));
-  SharedMemStore()->Fail(OptimizerFile(url, 10), absl::PermissionDeniedError("403 Forbidden"));
+  kvstore::GetMemoryDriver().Fail(OptimizerFile(url, 40), absl::UnavailableError("503 Slow Down"));
+  kvstore::GetMemoryDriver().Fail(OptimizerFile(url, 10),
+                                  absl::PermissionDeniedError("403 Forbidden"));
   const MetadataLoad load = Load(url);
   ASSERT_FALSE(load.loaded.ok());
   EXPECT_EQ(load.loaded.status().code(), absl::StatusCode::kPermissionDenied)

@@ -110,7 +110,6 @@ class MegatronInput : public InputFormat {
   int probe_priority() const override { return 40; }
   // Folders listed and rank files opened through lib/io/file_access.h and TorchArchive::Open;
   // TP shards are boxes read row by row (contiguous in their last dimension).
-  bool reads_remote() const override { return true; }
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;
 };

@@ -138,7 +138,7 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
     tp = static_cast<int>(*args_tp);
     pp = static_cast<int>(*args_pp);
   } else {
-    if (IsRemotePath(dir)) {
+    if (!InputHasFolders(dir)) {
       // Locally an empty rank folder still says that its file is missing.
       return absl::InvalidArgumentError(absl::StrCat(
           dir, ": ", first.facts.name,

@@ -55,7 +55,6 @@ class TorchDistInput : public InputFormat {
   // a torch_dist folder holds.
   int probe_priority() const override { return 45; }
   // Its DCP checkpoint as DcpInput reads it; metadata.json and common.pt by range reads.
-  bool reads_remote() const override { return true; }
   // options.tag picks the iteration folder inside a save folder.
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;

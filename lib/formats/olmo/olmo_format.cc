@@ -178,7 +178,7 @@ absl::StatusOr<OlmoFile> ReadOlmoFile(const std::string& path) {
       // A remote file has no mapping: the value's bytes by a range read (the header's sizes
       // were checked against the file's).
       std::string remote_bytes;
-      if (mapped->remote()) {
+      if (!mapped->mapped()) {
         if (entry.end - entry.begin > kMaxPickledValueBytes) {
           return absl::DataLossError(absl::StrCat(where, ": a pickled value of ",
                                                   entry.end - entry.begin, " bytes (at most ",
@@ -190,7 +190,7 @@ absl::StatusOr<OlmoFile> ReadOlmoFile(const std::string& path) {
                         where);
       }
       const absl::string_view bytes =
-          mapped->remote()
+          !mapped->mapped()
               ? absl::string_view(remote_bytes)
               : absl::string_view(reinterpret_cast<const char*>(mapped->data()) + offset,
                                   entry.end - entry.begin);

@@ -52,7 +52,6 @@ class OlmoSafetensorsInput : public InputFormat {
   int probe_priority() const override { return 15; }
   // s3:// too: its header and pickled values by range reads (read as plain safetensors, its
   // encoded names would pass for tensor names).
-  bool reads_remote() const override { return true; }
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;
 };

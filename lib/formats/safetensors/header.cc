@@ -205,9 +205,9 @@ namespace {
 // 30 KiB), so one range read usually fetches all of it.
 constexpr uint64_t kRemoteHeaderProbeBytes = 256 << 10;
 
-// ReadSafetensorsHeader of a remote file (lib/io/remote_store.h): its size from the store,
-// then kRemoteHeaderProbeBytes, then the rest of the header when it is longer. The length
-// prefix is validated (at most kSafetensorsMaxHeaderBytes, inside the object) before anything
+// ReadSafetensorsHeader of a file whose reads are requests (s3://, mem://): its size from the
+// driver, then kRemoteHeaderProbeBytes, then the rest of the header when it is longer. The
+// length prefix is validated (at most kSafetensorsMaxHeaderBytes, inside the object) before anything
 // is allocated for it.
 absl::StatusOr<SafetensorsHeader> ReadRemoteSafetensorsHeader(const std::string& path,
                                                               uint64_t* file_size,
@@ -233,7 +233,7 @@ absl::StatusOr<SafetensorsHeader> ReadRemoteSafetensorsHeader(const std::string&
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
                                                         uint64_t* file_size,
                                                         std::string* version) {
-  if (IsRemotePath(path)) return ReadRemoteSafetensorsHeader(path, file_size, version);
+  if (InputReadsAreRequests(path)) return ReadRemoteSafetensorsHeader(path, file_size, version);
   if (version != nullptr) version->clear();
   ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   struct Closer {

@@ -6,7 +6,7 @@
 //     against the files (every listed tensor is in its file, every file tensor is listed);
 //   - a folder of `.safetensors` files without an index: one model when their tensor names are
 //     disjoint, N model-parallel parts (natural file-name order) when all hold the same names.
-// Each of these may be remote (s3://bucket/prefix, lib/io/remote_store.h).
+// Each of these may be on any storage (s3://bucket/prefix, mem://; lib/io/kvstore).
 // Writing (`SafetensorsOutput`): header first (compact JSON, `__metadata__` with
 // `format: pt`, padded with spaces to 8 bytes), tensors ordered by dtype descending then name
 // as the reference writer does; `model.safetensors` or `model-0000i-of-0000N.safetensors` plus
@@ -38,7 +38,6 @@ class SafetensorsInput : public InputFormat {
   // Generic (a file or folder of .safetensors files), asked before torch.
   int probe_priority() const override { return 10; }
   // Files and folders on object stores too (s3://): metadata through small range reads.
-  bool reads_remote() const override { return true; }
   // Also restores tied aliases recorded in `__metadata__` ("lm_head.weight":
   // "model.embed_tokens.weight") as names of the stored data.
   absl::StatusOr<InputModel> Read(const std::string& path,

@@ -236,7 +236,7 @@ absl::StatusOr<Catalog> CatalogFromValue(const TorchArchive& archive, const Pick
 absl::StatusOr<bool> TorchInput::Probe(const std::string& path) const {
   ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
   if (!folder) return LooksLikeTorchFile(path);
-  if (IsRemotePath(path)) {
+  if (!InputHasFolders(path)) {
     ASSIGN_OR_RETURN(std::vector<std::string> names, ListInputFolder(path));
     if (!OtherLayoutFile(names).empty()) return false;
   }

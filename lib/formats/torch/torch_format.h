@@ -41,7 +41,6 @@ class TorchInput : public InputFormat {
   absl::StatusOr<bool> Probe(const std::string& path) const override;
   // Generic: asked after every format that recognizes a specific arrangement of files.
   int probe_priority() const override { return 0; }
-  bool reads_remote() const override { return true; }
   // The model, described as "torch.save, ..." (metaseq's model-parallel parts named so).
   absl::StatusOr<InputModel> Read(const std::string& path,
                                   const ReadOptions& options) const override;

@@ -1,4 +1,4 @@
-// The torch.save reader on remote inputs (an in-memory RemoteStore standing in for S3): a
+// The torch.save reader on remote inputs (the memory kvstore driver standing in for S3): a
 // file, a sharded folder with its index and a folder without one read to the same Catalog as
 // their local copies, with a few range reads per file whatever the number of tensors; other
 // checkpoint layouts left unclaimed; damaged files refused naming the remote path.
@@ -18,7 +18,8 @@
 #include "lib/formats/torch/torch_file.h"
 #include "lib/formats/torch/torch_fixture.h"
 #include "lib/formats/torch/torch_format.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -45,8 +46,8 @@ TorchSaveFile StateDict(int first, int count, int64_t numel) {
 class TorchRemoteTest : public testing::Test {
  protected:
   void SetUp() override {
-    store_ = new MemoryStore;  // registered stores are never destroyed
-    RegisterRemoteStore("mem", store_);
+    store_ = new kvstore::MemoryDriver;  // registered drivers are never destroyed
+    kvstore::RegisterDriver(store_);
     local_ = MakeTempDir("torch_remote");
   }
   // Puts `bytes` as mem://b/<name> and as <local>/<name>.
@@ -107,13 +108,12 @@ class TorchRemoteTest : public testing::Test {
     }
   }
 
-  MemoryStore* store_ = nullptr;
+  kvstore::MemoryDriver* store_ = nullptr;
   std::string local_;
 };
 
 TEST_F(TorchRemoteTest, SingleFileReadsAsItsLocalCopy) {
   Put("one/model.pt", StateDict(0, 50, 1000).bytes);
-  EXPECT_TRUE(TorchInput().reads_remote());
   EXPECT_TRUE(TorchInput().Probe("mem://b/one/model.pt").value());
   absl::StatusOr<const InputFormat*> detected = DetectInputFormat("mem://b/one/model.pt");
   ASSERT_TRUE(detected.ok()) << detected.status();
@@ -169,7 +169,7 @@ TEST_F(TorchRemoteTest, OtherCheckpointLayoutsAreNotClaimed) {
     store_->Put(absl::StrCat("mem://b/", dir, "/", marker), pt);
     EXPECT_FALSE(TorchInput().Probe("mem://b/" + dir).value());
     absl::StatusOr<const InputFormat*> detected = DetectInputFormat("mem://b/" + dir);
-    EXPECT_TRUE(absl::IsUnimplemented(detected.status())) << detected.status();
+    EXPECT_TRUE(absl::IsInvalidArgument(detected.status())) << detected.status();
     EXPECT_THAT(detected.status().message(), HasSubstr("mem://b/" + dir));
   }
 }

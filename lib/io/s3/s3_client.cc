@@ -503,6 +503,25 @@ absl::StatusOr<std::string> S3Client::Put(absl::string_view bucket, absl::string
   return HeaderOr(response, "etag");
 }
 
+absl::StatusOr<std::string> S3Client::PutIfAbsent(absl::string_view bucket,
+                                                  absl::string_view key, absl::string_view data) {
+  const std::string url = S3Url(bucket, key);
+  Request request;
+  request.method = "PUT";
+  request.bucket = std::string(bucket);
+  request.key = std::string(key);
+  request.headers.push_back("If-None-Match: *");
+  request.body = data;
+  request.has_body = true;
+  absl::StatusOr<Response> response = Send(request, absl::StrCat("PUT ", url, " If-None-Match: *"));
+  if (absl::IsFailedPrecondition(response.status())) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(url, " already exists (", response.status().message(), ")"));
+  }
+  if (!response.ok()) return response.status();
+  return HeaderOr(*response, "etag");
+}
+
 absl::StatusOr<std::vector<S3ObjectInfo>> S3Client::List(absl::string_view bucket,
                                                          absl::string_view prefix, int page_size) {
   if (page_size < 1 || page_size > 1000) {

@@ -146,6 +146,10 @@ class S3Client {
   // Uploads a whole (small, at most 5 GiB) object. Returns its ETag.
   virtual absl::StatusOr<std::string> Put(absl::string_view bucket, absl::string_view key,
                                           absl::string_view data);
+  // As Put, only when no object has the key (If-None-Match: *, a conditional write).
+  // AlreadyExists naming the URL when one has (412 Precondition Failed).
+  virtual absl::StatusOr<std::string> PutIfAbsent(absl::string_view bucket, absl::string_view key,
+                                                  absl::string_view data);
 
   // Every object whose key starts with `prefix`, in key order, following continuation tokens.
   // `page_size` (max-keys, 1..1000) is the number of keys per LIST request.

@@ -4,7 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
+#include "lib/io/kvstore/location.h"
 #include "lib/io/s3/default_client.h"
+#include "lib/io/s3/s3_object_writer.h"
 #include "lib/io/s3/s3_location.h"
 
 namespace reshard {
@@ -16,7 +18,31 @@ std::string FolderPrefix(const std::string& key) {
   return absl::StrCat(key, "/");
 }
 
-const RemoteStoreRegistration<S3Store> register_s3("s3");
+const kvstore::DriverRegistration<S3Store> register_s3;
+
+// A kvstore::Writer over an S3ObjectWriter.
+class S3Writer final : public kvstore::Writer {
+ public:
+  explicit S3Writer(std::unique_ptr<S3ObjectWriter> object)
+      : url_(object->url()), object_(std::move(object)) {}
+
+  absl::Status Append(absl::string_view data) override {
+    if (object_ == nullptr) return absl::FailedPreconditionError(absl::StrCat(url_, ": writer aborted"));
+    return object_->Write(data);
+  }
+  absl::StatusOr<std::string> Commit() override {
+    if (object_ == nullptr) return absl::FailedPreconditionError(absl::StrCat(url_, ": writer aborted"));
+    RETURN_IF_ERROR(object_->Close());
+    return object_->etag();
+  }
+  // Destroying the unclosed S3ObjectWriter aborts its upload.
+  void Abort() override { object_.reset(); }
+  uint64_t pos() const override { return object_ == nullptr ? 0 : object_->pos(); }
+
+ private:
+  const std::string url_;
+  std::unique_ptr<S3ObjectWriter> object_;
+};
 
 }  // namespace
 
@@ -25,20 +51,20 @@ absl::StatusOr<S3Client*> S3Store::Client() const {
   return DefaultS3Client();
 }
 
-absl::StatusOr<RemoteStat> S3Store::Stat(const std::string& url) {
+absl::StatusOr<kvstore::PathStat> S3Store::Stat(const std::string& url) const {
   ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
   ASSIGN_OR_RETURN(S3Client * client, Client(), url);
   absl::Status head_error;
   if (!location.key.empty() && location.key.back() != '/') {
     absl::StatusOr<S3ObjectInfo> head = client->Head(location.bucket, location.key);
-    if (head.ok()) return RemoteStat{/*is_folder=*/false, head->size, head->etag};
+    if (head.ok()) return kvstore::PathStat{/*is_folder=*/false, head->size, head->etag};
     head_error = head.status();
   }
   const std::string prefix = FolderPrefix(location.key);
   ASSIGN_OR_RETURN(S3Client::Folder folder,
                    client->ListFolder(location.bucket, prefix, /*max_entries=*/1));
   if (!folder.objects.empty() || !folder.subfolders.empty()) {
-    return RemoteStat{/*is_folder=*/true, 0};
+    return kvstore::PathStat{/*is_folder=*/true, 0};
   }
   if (!head_error.ok() && !absl::IsNotFound(head_error)) return head_error;
   if (location.key.empty()) {
@@ -50,21 +76,16 @@ absl::StatusOr<RemoteStat> S3Store::Stat(const std::string& url) {
                                           "\" and none under \"", prefix, "\""));
 }
 
-absl::StatusOr<std::vector<RemoteEntry>> S3Store::List(const std::string& url) {
-  ASSIGN_OR_RETURN(RemoteListing listing, ListEntries(url));
-  return std::move(listing.files);
-}
-
-absl::StatusOr<RemoteListing> S3Store::ListEntries(const std::string& url) {
+absl::StatusOr<kvstore::Listing> S3Store::List(const std::string& url) const {
   ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
   ASSIGN_OR_RETURN(S3Client * client, Client(), url);
   const std::string prefix = FolderPrefix(location.key);
   ASSIGN_OR_RETURN(S3Client::Folder folder, client->ListFolder(location.bucket, prefix));
-  RemoteListing listing;
+  kvstore::Listing listing;
   for (S3ObjectInfo& object : folder.objects) {
     if (object.key.size() <= prefix.size()) continue;  // the folder's own marker
     listing.files.push_back(
-        RemoteEntry{object.key.substr(prefix.size()), object.size, std::move(object.etag)});
+        kvstore::FileEntry{object.key.substr(prefix.size()), object.size, std::move(object.etag)});
   }
   for (const std::string& sub : folder.subfolders) {
     // "prefix/name/" -> "name"; an empty segment ("prefix//") is no folder a path can name.
@@ -75,11 +96,32 @@ absl::StatusOr<RemoteListing> S3Store::ListEntries(const std::string& url) {
 }
 
 absl::Status S3Store::ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out,
-                                const RemoteStat& opened) {
+                                const kvstore::PathStat& opened) const {
   ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
   ASSIGN_OR_RETURN(S3Client * client, Client(), url);
   return client->GetRange(location.bucket, location.key, offset, out,
                           S3ObjectVersion{opened.version, opened.size});
+}
+
+absl::Status S3Store::CreateExclusive(const std::string& url, absl::string_view bytes) const {
+  ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
+  ASSIGN_OR_RETURN(S3Client * client, Client(), url);
+  return client->PutIfAbsent(location.bucket, location.key, bytes).status();
+}
+
+absl::StatusOr<std::unique_ptr<kvstore::Writer>> S3Store::Write(const std::string& url) const {
+  ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
+  ASSIGN_OR_RETURN(S3Client * client, Client(), url);
+  ASSIGN_OR_RETURN(std::unique_ptr<S3ObjectWriter> object,
+                   S3ObjectWriter::Create(client, location.bucket, location.key,
+                                          S3ObjectWriter::Options()));
+  return std::unique_ptr<kvstore::Writer>(new S3Writer(std::move(object)));
+}
+
+absl::Status S3Store::Delete(const std::string& url) const {
+  ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
+  ASSIGN_OR_RETURN(S3Client * client, Client(), url);
+  return client->Delete(location.bucket, location.key);
 }
 
 }  // namespace reshard

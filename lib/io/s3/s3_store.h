@@ -1,4 +1,4 @@
-// The "s3" RemoteStore (lib/io/remote_store.h): s3:// inputs read through S3Client.
+// The "s3" kvstore driver (lib/io/kvstore/driver.h): s3:// paths through S3Client.
 //
 // Linking this library (alwayslink) registers it for "s3://" over DefaultS3Client(), which is
 // configured from the AWS environment at the first s3:// access, so a run that reads no
@@ -10,18 +10,19 @@
 #define RESHARD_LIB_IO_S3_S3_STORE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "lib/io/remote_store.h"
+#include "lib/io/kvstore/driver.h"
 #include "lib/io/s3/s3_client.h"
 
 namespace reshard {
 
-class S3Store : public RemoteStore {
+class S3Store final : public kvstore::Driver {
  public:
   // Over DefaultS3Client(), asked for at every call (its configuration error, if any, is
   // returned by every call).
@@ -29,17 +30,26 @@ class S3Store : public RemoteStore {
   // Over `client` (not owned; tests).
   explicit S3Store(S3Client* client) : client_(client) {}
 
+  absl::string_view scheme() const override { return "s3"; }
+
   // HEAD of the key, then (not found, or failed without an S3 error code: HEAD answers have
   // no body) a one-entry LIST of "key/". NotFound naming the URL, the key and the prefix when
   // neither exists; the LIST's error (NoSuchBucket, SignatureDoesNotMatch, ...) otherwise.
-  absl::StatusOr<RemoteStat> Stat(const std::string& url) override;
-  absl::StatusOr<std::vector<RemoteEntry>> List(const std::string& url) override;
+  absl::StatusOr<kvstore::PathStat> Stat(const std::string& url) const override;
   // The objects and sub-prefixes of a delimiter LIST of "key/".
-  absl::StatusOr<RemoteListing> ListEntries(const std::string& url) override;
+  absl::StatusOr<kvstore::Listing> List(const std::string& url) const override;
   // One range GET (S3Client::GetRange retries it) of the object `opened` names: its ETag sent
   // as If-Match and compared, its size checked against Content-Range.
   absl::Status ReadRange(const std::string& url, uint64_t offset, absl::Span<char> out,
-                         const RemoteStat& opened) override;
+                         const kvstore::PathStat& opened) const override;
+  // One PUT with If-None-Match: * (S3Client::PutIfAbsent; radosgw 16.2 honours it). A PUT
+  // retried after its first attempt created the object but the answer was lost gets 412 and
+  // reports AlreadyExists: a caller that must know compares the object's bytes.
+  absl::Status CreateExclusive(const std::string& url, absl::string_view bytes) const override;
+  // A multipart upload (S3ObjectWriter, S3ObjectWriter::Options defaults); Commit returns the
+  // object's ETag.
+  absl::StatusOr<std::unique_ptr<kvstore::Writer>> Write(const std::string& url) const override;
+  absl::Status Delete(const std::string& url) const override;
 
  private:
   absl::StatusOr<S3Client*> Client() const;

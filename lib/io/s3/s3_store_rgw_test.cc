@@ -1,4 +1,4 @@
-// The "s3" RemoteStore, and the s3:// paths of MappedFile and lib/io/file_access.h that go
+// The "s3" kvstore driver, and the s3:// paths of MappedFile and lib/io/file_access.h that go
 // through it, against a real Ceph radosgw. Run by //tests/s3:s3_input_test, which starts
 // radosgw and sets the AWS environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) that
 // DefaultS3Client reads, plus S3_TEST_ENDPOINT.
@@ -15,10 +15,12 @@
 #include "gtest/gtest.h"
 #include "lib/io/file_access.h"
 #include "lib/io/mapped_file.h"
-#include "lib/io/remote_store.h"
+#include "lib/io/kvstore/driver_testutil.h"
+#include "lib/io/kvstore/location.h"
 #include "lib/io/s3/default_client.h"
 #include "lib/io/s3/s3_client.h"
 #include "lib/io/s3/s3_store.h"
+#include "lib/testing/status_matchers.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -54,45 +56,45 @@ class S3StoreTest : public ::testing::Test {
       absl::StatusOr<std::string> etag = client_->Put(kBucket, key, data);
       ASSERT_TRUE(etag.ok()) << etag.status();
     }
-    absl::StatusOr<RemoteStore*> store = RemoteStoreFor("s3://x");
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *store;
+    absl::StatusOr<kvstore::Location> location = kvstore::ParseLocation("s3://x");
+    ASSERT_TRUE(location.ok()) << location.status();
+    store_ = location->driver;
   }
   static void TearDownTestSuite() { delete big_; }
 
   static S3Client* client_;
-  static RemoteStore* store_;
+  static const kvstore::Driver* store_;
   static std::string* big_;
 };
 S3Client* S3StoreTest::client_ = nullptr;
-RemoteStore* S3StoreTest::store_ = nullptr;
+const kvstore::Driver* S3StoreTest::store_ = nullptr;
 std::string* S3StoreTest::big_ = nullptr;
 
 TEST_F(S3StoreTest, StatFilesAndFolders) {
-  absl::StatusOr<RemoteStat> file = store_->Stat(Url("m/a.safetensors"));
+  absl::StatusOr<kvstore::PathStat> file = store_->Stat(Url("m/a.safetensors"));
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_FALSE(file->is_folder);
   EXPECT_EQ(file->size, 1000u);
-  absl::StatusOr<RemoteStat> empty = store_->Stat(Url("empty.bin"));
+  absl::StatusOr<kvstore::PathStat> empty = store_->Stat(Url("empty.bin"));
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_FALSE(empty->is_folder);
   EXPECT_EQ(empty->size, 0u);
   for (const std::string& folder :
        {Url("m"), Url("m/"), Url("only-sub"), Url("marker"), absl::StrCat("s3://", kBucket)}) {
-    absl::StatusOr<RemoteStat> stat = store_->Stat(folder);
+    absl::StatusOr<kvstore::PathStat> stat = store_->Stat(folder);
     ASSERT_TRUE(stat.ok()) << folder << ": " << stat.status();
     EXPECT_TRUE(stat->is_folder) << folder;
   }
 }
 
 TEST_F(S3StoreTest, StatMissingNamesKeyAndBucket) {
-  absl::StatusOr<RemoteStat> missing = store_->Stat(Url("m/nothing.safetensors"));
+  absl::StatusOr<kvstore::PathStat> missing = store_->Stat(Url("m/nothing.safetensors"));
   ASSERT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
   EXPECT_THAT(missing.status().message(), HasSubstr("\"m/nothing.safetensors\""));
   EXPECT_THAT(missing.status().message(), HasSubstr(kBucket));
   // A prefix of a key is not a folder: "m/a" is neither an object nor "m/a/...".
   EXPECT_TRUE(absl::IsNotFound(store_->Stat(Url("m/a")).status()));
-  absl::StatusOr<RemoteStat> no_bucket = store_->Stat("s3://reshard-no-such-bucket/k");
+  absl::StatusOr<kvstore::PathStat> no_bucket = store_->Stat("s3://reshard-no-such-bucket/k");
   ASSERT_TRUE(absl::IsNotFound(no_bucket.status())) << no_bucket.status();
   EXPECT_THAT(no_bucket.status().message(), HasSubstr("NoSuchBucket"));
   EXPECT_TRUE(absl::IsInvalidArgument(store_->Stat("s3://Bad_Bucket/k").status()));
@@ -106,28 +108,28 @@ TEST_F(S3StoreTest, WrongSecretNamesTheS3Code) {
   absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(options);
   ASSERT_TRUE(client.ok()) << client.status();
   S3Store store(client->get());
-  absl::StatusOr<RemoteStat> stat = store.Stat(Url("m/a.safetensors"));
+  absl::StatusOr<kvstore::PathStat> stat = store.Stat(Url("m/a.safetensors"));
   ASSERT_TRUE(absl::IsUnauthenticated(stat.status())) << stat.status();
   EXPECT_THAT(stat.status().message(), HasSubstr("SignatureDoesNotMatch"));
 }
 
 TEST_F(S3StoreTest, ListsFilesDirectlyInside) {
-  absl::StatusOr<std::vector<RemoteEntry>> entries = store_->List(Url("m"));
+  absl::StatusOr<kvstore::Listing> entries = store_->List(Url("m"));
   ASSERT_TRUE(entries.ok()) << entries.status();
   std::vector<std::string> names;
-  for (const RemoteEntry& entry : *entries) names.push_back(entry.name);
+  for (const kvstore::FileEntry& entry : entries->files) names.push_back(entry.name);
   EXPECT_THAT(names, ElementsAre(".hidden", "a.safetensors", "b.bin", "big.bin"));
-  EXPECT_EQ((*entries)[1].size, 1000u);
+  EXPECT_EQ(entries->files[1].size, 1000u);
   // The "marker/" object is the folder, not a file in it.
-  absl::StatusOr<std::vector<RemoteEntry>> marker = store_->List(Url("marker/"));
+  absl::StatusOr<kvstore::Listing> marker = store_->List(Url("marker/"));
   ASSERT_TRUE(marker.ok()) << marker.status();
-  ASSERT_EQ(marker->size(), 1u);
-  EXPECT_EQ((*marker)[0].name, "f");
+  ASSERT_EQ(marker->files.size(), 1u);
+  EXPECT_EQ(marker->files[0].name, "f");
   absl::StatusOr<std::vector<std::string>> listed = ListInputFolder(Url("m"));
   ASSERT_TRUE(listed.ok()) << listed.status();
   EXPECT_EQ(listed->size(), 4u);
   // Files and folders in one listing; a folder is named without its '/'.
-  absl::StatusOr<RemoteListing> both = store_->ListEntries(Url("m"));
+  absl::StatusOr<kvstore::Listing> both = store_->List(Url("m"));
   ASSERT_TRUE(both.ok()) << both.status();
   EXPECT_EQ(both->files.size(), 4u);
   EXPECT_THAT(both->folders, ElementsAre("sub"));
@@ -148,7 +150,7 @@ TEST_F(S3StoreTest, ListFolderStopsAtMaxEntries) {
 TEST_F(S3StoreTest, MappedFileReadsRanges) {
   absl::StatusOr<MappedFile> file = MappedFile::Open(Url("m/big.bin"), big_->size());
   ASSERT_TRUE(file.ok()) << file.status();
-  EXPECT_TRUE(file->remote());
+  EXPECT_FALSE(file->mapped());
   EXPECT_EQ(file->data(), nullptr);
   EXPECT_TRUE(file->direct_reads());
   EXPECT_TRUE(file->ReadsDirectly(/*dense=*/false, 0, 1));
@@ -184,10 +186,10 @@ TEST_F(S3StoreTest, MappedFileChecksSizeAndKind) {
 }
 
 TEST_F(S3StoreTest, FileAccessDispatches) {
-  EXPECT_TRUE(IsInputFolder(Url("m")));
-  EXPECT_FALSE(IsInputFolder(Url("m/a.safetensors")));
-  EXPECT_TRUE(InputExists(Url("m/a.safetensors")));
-  EXPECT_FALSE(InputExists(Url("m/missing")));
+  EXPECT_THAT(CheckInputFolder(Url("m")), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputFolder(Url("m/a.safetensors")), IsOkAndHolds(false));
+  EXPECT_THAT(CheckInputExists(Url("m/a.safetensors")), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputExists(Url("m/missing")), IsOkAndHolds(false));
   EXPECT_TRUE(CheckInputFileType(Url("m")).ok());
   EXPECT_TRUE(absl::IsNotFound(CheckInputFileType(Url("m/missing"))));
   EXPECT_TRUE(CheckInputPath(Url("m"), "input").ok());
@@ -203,6 +205,55 @@ TEST_F(S3StoreTest, FileAccessDispatches) {
   absl::StatusOr<std::string> empty = ReadSmallFile(Url("empty.bin"), 10);
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(*empty, "");
+}
+
+// radosgw honours If-None-Match: * on PUT: a second create of the key is refused and the
+// first object stays.
+TEST_F(S3StoreTest, CreateExclusiveRefusesAnExistingObject) {
+  const std::string url = Url("exclusive/claim");
+  ASSERT_OK(store_->Delete(url));
+  ASSERT_OK(store_->CreateExclusive(url, "first"));
+  const absl::Status again = store_->CreateExclusive(url, "second!");
+  EXPECT_TRUE(absl::IsAlreadyExists(again)) << again;
+  EXPECT_THAT(again.message(), HasSubstr(url));
+  absl::StatusOr<kvstore::PathStat> stat = store_->Stat(url);
+  ASSERT_OK(stat);
+  EXPECT_EQ(stat->size, 5u);
+  ASSERT_OK(store_->Delete(url));
+  EXPECT_TRUE(absl::IsNotFound(store_->Stat(url).status()));
+  // Of concurrent creates, exactly one wins, and the object holds its bytes.
+  const int won = kvstore::RaceCreateExclusive(*store_, url, 8);
+  ASSERT_NE(won, -1);
+  EXPECT_EQ(store_->Stat(url)->size, static_cast<uint64_t>(won + 1));
+  ASSERT_OK(store_->Delete(url));
+}
+
+TEST_F(S3StoreTest, WriterPublishesOnCommitOnly) {
+  const std::string url = Url("written/object.bin");
+  ASSERT_OK(store_->Delete(url));
+  const std::string data = TestPattern(9 << 20, 5);  // two parts
+  {
+    absl::StatusOr<std::unique_ptr<kvstore::Writer>> writer = store_->Write(url);
+    ASSERT_OK(writer);
+    ASSERT_OK((*writer)->Append(data));
+    (*writer)->Abort();
+  }
+  EXPECT_TRUE(absl::IsNotFound(store_->Stat(url).status()));
+  absl::StatusOr<std::unique_ptr<kvstore::Writer>> writer = store_->Write(url);
+  ASSERT_OK(writer);
+  ASSERT_OK((*writer)->Append(absl::string_view(data).substr(0, 1000)));
+  ASSERT_OK((*writer)->Append(absl::string_view(data).substr(1000)));
+  EXPECT_EQ((*writer)->pos(), data.size());
+  absl::StatusOr<std::string> version = (*writer)->Commit();
+  ASSERT_OK(version);
+  absl::StatusOr<kvstore::PathStat> stat = store_->Stat(url);
+  ASSERT_OK(stat);
+  EXPECT_EQ(stat->size, data.size());
+  EXPECT_EQ(stat->version, *version);
+  std::string back(data.size(), '\0');
+  ASSERT_OK(store_->ReadRange(url, 0, absl::MakeSpan(back), *stat));
+  EXPECT_TRUE(back == data);
+  ASSERT_OK(store_->Delete(url));
 }
 
 }  // namespace

@@ -142,6 +142,20 @@ absl::StatusOr<std::string> MemoryS3Client::Put(absl::string_view bucket, absl::
   return object.etag;
 }
 
+absl::StatusOr<std::string> MemoryS3Client::PutIfAbsent(absl::string_view bucket,
+                                                        absl::string_view key,
+                                                        absl::string_view data) {
+  RETURN_IF_ERROR(Begin("PUT", key));
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Bucket * objects, FindBucket(bucket));
+  if (objects->count(std::string(key)) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("s3://", bucket, "/", key, " already exists"));
+  }
+  Object object{std::string(data), QuotedMd5(data)};
+  (*objects)[std::string(key)] = object;
+  return object.etag;
+}
+
 absl::StatusOr<std::vector<S3ObjectInfo>> MemoryS3Client::List(absl::string_view bucket,
                                                                absl::string_view prefix,
                                                                int /*page_size*/) {

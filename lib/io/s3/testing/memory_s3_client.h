@@ -53,6 +53,8 @@ class MemoryS3Client final : public S3Client {
                                                  int page_size) override;
   absl::StatusOr<Folder> ListFolder(absl::string_view bucket, absl::string_view prefix,
                                     size_t max_entries) override;
+  absl::StatusOr<std::string> PutIfAbsent(absl::string_view bucket, absl::string_view key,
+                                          absl::string_view data) override;
   absl::Status Delete(absl::string_view bucket, absl::string_view key) override;
   absl::StatusOr<std::string> CreateMultipartUpload(
       absl::string_view bucket, absl::string_view key,

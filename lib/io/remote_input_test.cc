@@ -1,4 +1,5 @@
-#include "lib/io/remote_store.h"
+// file_access and MappedFile on a driver that does not map files (the memory driver,
+// standing in for S3): dispatch, the listing cache, reads in pieces, version pinning.
 
 #include <cstring>
 #include <string>
@@ -9,7 +10,9 @@
 #include "gtest/gtest.h"
 #include "lib/io/file_access.h"
 #include "lib/io/mapped_file.h"
-#include "lib/io/testing/memory_store.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/memory_driver.h"
+#include "lib/testing/status_matchers.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -18,36 +21,37 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
 
-class RemoteStoreTest : public testing::Test {
+class RemoteInputTest : public testing::Test {
  protected:
   void SetUp() override {
-    store_ = new MemoryStore;  // registered stores are never destroyed
-    RegisterRemoteStore("mem", store_);
+    store_ = new kvstore::MemoryDriver;  // registered drivers are never destroyed
+    kvstore::RegisterDriver(store_);
     store_->Put("mem://b/model/a.safetensors", TestPattern(100));
     store_->Put("mem://b/model/b.bin", "bb");
     store_->Put("mem://b/model/sub/c", "c");
     store_->Put("mem://b/big.bin", TestPattern(5 * MappedFile::kRemotePieceBytes + 3));
   }
-  MemoryStore* store_;
+  kvstore::MemoryDriver* store_;
 };
 
-TEST_F(RemoteStoreTest, UnknownSchemeIsUnimplemented) {
-  absl::StatusOr<RemoteStore*> store = RemoteStoreFor("gs://bucket/key");
+TEST_F(RemoteInputTest, UnknownSchemeIsUnimplemented) {
+  absl::StatusOr<kvstore::Location> store = kvstore::ParseLocation("gs://bucket/key");
   ASSERT_TRUE(absl::IsUnimplemented(store.status())) << store.status();
   EXPECT_THAT(store.status().message(), HasSubstr("gs://bucket/key"));
   EXPECT_THAT(store.status().message(), HasSubstr("mem://"));
   EXPECT_TRUE(absl::IsUnimplemented(CheckInputPath("gs://bucket/key", "input")));
   EXPECT_TRUE(CheckInputPath("/local/path", "input").ok());
   EXPECT_TRUE(CheckInputPath("mem://b/model", "input").ok());
-  ASSERT_TRUE(RemoteStoreFor("mem://b").ok());
-  EXPECT_EQ(*RemoteStoreFor("mem://b"), store_);
+  absl::StatusOr<kvstore::Location> mem = kvstore::ParseLocation("mem://b");
+  ASSERT_OK(mem);
+  EXPECT_EQ(mem->driver, store_);
 }
 
-TEST_F(RemoteStoreTest, FileAccessDispatchesRemotePaths) {
-  EXPECT_TRUE(IsInputFolder("mem://b/model"));
-  EXPECT_FALSE(IsInputFolder("mem://b/model/b.bin"));
-  EXPECT_TRUE(InputExists("mem://b/model/b.bin"));
-  EXPECT_FALSE(InputExists("mem://b/nothing"));
+TEST_F(RemoteInputTest, FileAccessDispatchesRemotePaths) {
+  EXPECT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputFolder("mem://b/model/b.bin"), IsOkAndHolds(false));
+  EXPECT_THAT(CheckInputExists("mem://b/model/b.bin"), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputExists("mem://b/nothing"), IsOkAndHolds(false));
   EXPECT_TRUE(CheckInputFileType("mem://b/model").ok());
   EXPECT_TRUE(absl::IsNotFound(CheckInputFileType("mem://b/nothing")));
   absl::StatusOr<std::vector<std::string>> names = ListInputFolder("mem://b/model");
@@ -57,9 +61,9 @@ TEST_F(RemoteStoreTest, FileAccessDispatchesRemotePaths) {
   EXPECT_TRUE(absl::IsInvalidArgument(ReadSmallFile("mem://b/model/b.bin", 1).status()));
   EXPECT_EQ(*ReadFilePrefix("mem://b/model/a.safetensors", 9), TestPattern(9));
   EXPECT_EQ(*ReadFilePrefix("mem://b/model/b.bin", 9), "bb");
-  EXPECT_TRUE(IsInputFile("mem://b/model/b.bin"));
-  EXPECT_FALSE(IsInputFile("mem://b/model"));
-  EXPECT_FALSE(IsInputFile("mem://b/nothing"));
+  EXPECT_THAT(CheckInputFile("mem://b/model/b.bin"), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputFile("mem://b/model"), IsOkAndHolds(false));
+  EXPECT_THAT(CheckInputFile("mem://b/nothing"), IsOkAndHolds(false));
   EXPECT_EQ(*InputFileSize("mem://b/model/a.safetensors"), 100u);
   EXPECT_TRUE(absl::IsInvalidArgument(InputFileSize("mem://b/model").status()));
   EXPECT_TRUE(absl::IsNotFound(InputFileSize("mem://b/nothing").status()));
@@ -69,24 +73,27 @@ TEST_F(RemoteStoreTest, FileAccessDispatchesRemotePaths) {
   ASSERT_TRUE(folders.ok()) << folders.status();
   EXPECT_THAT(*folders, UnorderedElementsAre("sub", "sub2"));
   EXPECT_THAT(*ListInputSubfolders("mem://b/model/sub/"), UnorderedElementsAre("d"));
+  // Every entry: files and folders alike, as for a posix folder.
+  EXPECT_THAT(*ListInputFolderEntries("mem://b/model"),
+              UnorderedElementsAre("a.safetensors", "b.bin", "sub", "sub2"));
   EXPECT_TRUE(ListInputSubfolders("mem://b/model/sub/d")->empty());
   // Opening a remote path as a local file descriptor is refused.
   EXPECT_FALSE(OpenRegularFile("mem://b/model/b.bin").ok());
 }
 
-TEST_F(RemoteStoreTest, ListingCacheAnswersFromTheFolderListedOnce) {
+TEST_F(RemoteInputTest, ListingCacheAnswersFromTheFolderListedOnce) {
   {
     ScopedRemoteListingCache cache;
     ScopedRemoteListingCache nested;  // uses the outer one
     const int before = store_->lookups();
-    EXPECT_TRUE(IsInputFolder("mem://b/model"));      // a Stat
-    EXPECT_TRUE(IsInputFile("mem://b/model/b.bin"));  // the folder's listing
-    EXPECT_FALSE(InputExists("mem://b/model/none"));  // from the listing
-    EXPECT_TRUE(IsInputFolder("mem://b/model/sub"));  // from the listing
+    EXPECT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));      // a Stat
+    EXPECT_THAT(CheckInputFile("mem://b/model/b.bin"), IsOkAndHolds(true));  // the folder's listing
+    EXPECT_THAT(CheckInputExists("mem://b/model/none"), IsOkAndHolds(false));  // from the listing
+    EXPECT_THAT(CheckInputFolder("mem://b/model/sub"), IsOkAndHolds(true));  // from the listing
     EXPECT_EQ(*InputFileSize("mem://b/model/a.safetensors"), 100u);
     EXPECT_THAT(*ListInputFolder("mem://b/model"), UnorderedElementsAre("a.safetensors", "b.bin"));
     EXPECT_THAT(*ListInputSubfolders("mem://b/model"), UnorderedElementsAre("sub"));
-    EXPECT_TRUE(IsInputFolder("mem://b/model"));
+    EXPECT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));
     EXPECT_EQ(store_->lookups() - before, 2);
     absl::Status missing = InputFileSize("mem://b/model/none").status();
     EXPECT_TRUE(absl::IsNotFound(missing)) << missing;
@@ -96,16 +103,16 @@ TEST_F(RemoteStoreTest, ListingCacheAnswersFromTheFolderListedOnce) {
   }
   // Out of scope every question is asked again.
   const int before = store_->lookups();
-  EXPECT_TRUE(IsInputFolder("mem://b/model"));
-  EXPECT_TRUE(IsInputFolder("mem://b/model"));
+  EXPECT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));
+  EXPECT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));
   EXPECT_EQ(store_->lookups() - before, 2);
 }
 
-TEST_F(RemoteStoreTest, MappedFileReadsInParallelPieces) {
+TEST_F(RemoteInputTest, MappedFileReadsInParallelPieces) {
   const std::string expected = TestPattern(5 * MappedFile::kRemotePieceBytes + 3);
   absl::StatusOr<MappedFile> file = MappedFile::Open("mem://b/big.bin", expected.size());
   ASSERT_TRUE(file.ok()) << file.status();
-  EXPECT_TRUE(file->remote());
+  EXPECT_FALSE(file->mapped());
   EXPECT_EQ(file->data(), nullptr);
   EXPECT_TRUE(file->EnableDirectReads());
   EXPECT_TRUE(file->ReadsDirectly(/*dense=*/false, 0, 1));
@@ -121,7 +128,7 @@ TEST_F(RemoteStoreTest, MappedFileReadsInParallelPieces) {
   EXPECT_EQ(std::memcmp(out.data(), expected.data() + 7, 100), 0);
 }
 
-TEST_F(RemoteStoreTest, MappedFileErrors) {
+TEST_F(RemoteInputTest, MappedFileErrors) {
   EXPECT_TRUE(absl::IsDataLoss(MappedFile::Open("mem://b/model/b.bin", 3).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(MappedFile::Open("mem://b/model").status()));
   EXPECT_TRUE(absl::IsNotFound(MappedFile::Open("mem://b/none").status()));
@@ -143,13 +150,13 @@ TEST_F(RemoteStoreTest, MappedFileErrors) {
 // The version a reader recorded (SourceFile::version) pins the file: opened at another
 // version it is refused naming both; opened at its version, a replacement afterwards is refused
 // at the next read. The listing gives the versions Stat gives.
-TEST_F(RemoteStoreTest, MappedFileOpensTheVersionItIsGiven) {
+TEST_F(RemoteInputTest, MappedFileOpensTheVersionItIsGiven) {
   const std::string url = "mem://b/model/a.safetensors";
   const std::string then = store_->version(url);
   ASSERT_FALSE(then.empty());
   {
     ScopedRemoteListingCache cache;
-    ASSERT_TRUE(IsInputFolder("mem://b/model"));
+    ASSERT_THAT(CheckInputFolder("mem://b/model"), IsOkAndHolds(true));
     absl::StatusOr<InputFileInfo> listed = StatInputFile(url);
     ASSERT_TRUE(listed.ok()) << listed.status();
     EXPECT_EQ(listed->size, 100u);
