@@ -62,7 +62,9 @@ class TensorFiller {
   // at most the current run and the next in flight: each window's runs are fetched together
   // with ReadRemoteRuns (lib/io/remote_runs.h), up to MappedFile::kRemotePiecesInFlight range
   // requests at once, straight into the output when the dtype stays, else into a scratch
-  // buffer of at most this many bytes at a time, converted from there. The executor lets such
+  // buffer of at most this many bytes at a time, converted from there. Written through a
+  // FileWriter, the windows' requests are queued instead (set_run_queue), so that the next
+  // window's are under way while the current one's end, the scratch buffer then the queue's. The executor lets such
   // a converting fill read this much (not kMappedBytesPerFill: nothing is mapped): eight
   // requests of 2 MiB in flight, where 4 MiB fills made four of 1 MiB, and a bf16 ZeRO-3
   // consolidation from a local radosgw waited a round trip for each (3.7x boto3's time).
