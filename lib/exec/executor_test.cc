@@ -16,10 +16,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/exec/dtype_convert.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/exec/testing/plan_fixture.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/io/scratch_copy.h"
 #include "lib/plan/planner.h"
 #include "lib/testing/test_files.h"
@@ -699,6 +702,116 @@ TEST(ExecutorTest, AutoIoLeavesThePageCacheAsItWas) {
       EXPECT_GT(CachedPages(src + "/a.bin"), 100);
     }
     EXPECT_TRUE(ReadAll(path) == expected);
+  }
+}
+
+// A ZeRO-3 parameter gathered from remote rank files (one run of kGatherElements F32 in each
+// of kGatherRanks objects "mem://b/<name>/rank<r>", after a lead of other bytes), written as
+// the only tensor of one file, in `dtype`.
+constexpr int kGatherRanks = 8;
+constexpr int64_t kGatherElements = 16384;  // 64 KiB runs
+struct RemoteGather {
+  CopyPlan plan;
+  std::string expected;  // the output file's bytes
+};
+RemoteGather MakeRemoteGather(const std::string& name, DType dtype) {
+  RemoteGather gather;
+  TensorCopy copy;
+  copy.name = "layers.0.w";
+  copy.num_elements = kGatherRanks * kGatherElements;
+  copy.src_dtype = DType::kF32;
+  copy.dst_dtype = dtype;
+  std::string values;  // the tensor in F32
+  for (int r = 0; r < kGatherRanks; ++r) {
+    const uint64_t lead = 4096 + 12 + r;
+    std::string data = TestPattern(lead, r);
+    for (int64_t e = 0; e < kGatherElements; ++e) {
+      const float v = static_cast<float>(r * 100000 + e) * (e % 2 == 0 ? 0.5f : -0.25f);
+      data.append(reinterpret_cast<const char*>(&v), 4);
+    }
+    values += data.substr(lead);
+    data.append(100, 't');
+    SourceFile source;
+    source.path = absl::StrCat("mem://b/", name, "/rank", r);
+    source.size = data.size();
+    kvstore::GetMemoryDriver().Put(source.path, std::move(data));
+    gather.plan.sources.push_back(source);
+    CopyItem item;
+    item.src_file = r;
+    item.src_offset = lead;
+    item.extent = {kGatherElements};
+    item.src_strides = {1};
+    item.dst_offset = r * kGatherElements;
+    item.dst_strides = {1};
+    copy.items.push_back(item);
+  }
+  gather.expected.resize(static_cast<size_t>(copy.num_elements) * DTypeSize(dtype));
+  ConvertElements(reinterpret_cast<const std::byte*>(values.data()), 1, DType::kF32,
+                  reinterpret_cast<std::byte*>(gather.expected.data()), dtype, copy.num_elements);
+  FilePlan file;
+  file.name = "gathered.bin";
+  FramingSegment segment;
+  segment.kind = FramingSegment::Kind::kTensor;
+  segment.tensor = 0;
+  file.segments.push_back(segment);
+  file.tensors.push_back(std::move(copy));
+  file.bytes = gather.expected.size();
+  gather.plan.files.push_back(std::move(file));
+  gather.plan.total_bytes = gather.expected.size();
+  gather.plan.source_bytes_read = static_cast<uint64_t>(kGatherRanks * kGatherElements) * 4;
+  return gather;
+}
+
+// The requests of a gather of remote runs stay in flight across windows: the next window's
+// are under way while the current one's are still read (every request is held 200 ms, so
+// requests that overlap are seen under way together), the window written once its own are in.
+// A window holds 2 runs in F32 and 4 in BF16 (half the 256 KiB window each), one request each:
+// two windows' requests at once, where one window's at a time drained the requests in flight
+// at every window's end. The bytes are the gathered runs, converted.
+TEST(ExecutorTest, RemoteGatherRequestsNextWindowWhileWindowIsRead) {
+  kvstore::MemoryDriver* store = &kvstore::GetMemoryDriver();
+  store->set_read_delay(absl::Milliseconds(200));
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const RemoteGather gather = MakeRemoteGather(absl::StrCat("gather-", DTypeName(dtype)), dtype);
+    const int runs_per_window = dtype == DType::kF32 ? 2 : 4;
+    ExecutorOptions options;
+    options.threads = 1;
+    options.window_bytes = 4 * kGatherElements * 4;
+    const std::string out = MakeTempDir("gather");
+    const int reads_before = store->reads();
+    store->reset_max_concurrent_reads();
+    auto result = Execute(gather.plan, OutputDir(out), options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(store->reads() - reads_before, kGatherRanks);
+    EXPECT_EQ(store->max_concurrent_reads(), 2 * runs_per_window);
+    EXPECT_TRUE(ReadAll(out + "/gathered.bin") == gather.expected);
+    EXPECT_EQ(result->bytes_read, gather.plan.source_bytes_read);
+  }
+  store->set_read_delay(absl::ZeroDuration());
+}
+
+// A request of a gather that fails while the next window's are queued fails the file, naming
+// the tensor, the object, the run's length and byte offset, with the store's code.
+TEST(ExecutorTest, RemoteGatherQueuedRequestErrorsNamed) {
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const std::string name = absl::StrCat("gather-fails-", DTypeName(dtype));
+    const RemoteGather gather = MakeRemoteGather(name, dtype);
+    const std::string broken = absl::StrCat("mem://b/", name, "/rank5");
+    kvstore::GetMemoryDriver().Fail(broken, absl::UnavailableError("connection reset"));
+    ExecutorOptions options;
+    options.threads = 1;
+    options.window_bytes = 4 * kGatherElements * 4;
+    const std::string out = MakeTempDir("gather");
+    auto result = Execute(gather.plan, OutputDir(out), options);
+    ASSERT_TRUE(absl::IsUnavailable(result.status())) << result.status();
+    EXPECT_THAT(std::string(result.status().message()),
+                testing::HasSubstr(absl::StrCat("tensor \"layers.0.w\": ", broken, ": reading ",
+                                                kGatherElements * 4, " bytes at byte offset ",
+                                                4096 + 12 + 5)));
+    EXPECT_THAT(std::string(result.status().message()), testing::HasSubstr("connection reset"));
+    EXPECT_FALSE(fs::exists(out + "/gathered.bin"));
   }
 }
 

@@ -106,6 +106,10 @@ absl::Status FileWriter::FillTensor(const TensorCopy& copy, int64_t target,
     for (const TensorCopy& term : copy.mean_terms) {  // OutputTensor::mean_of
       term_fillers_.push_back(std::make_unique<TensorFiller>(term, sources_, source_checksums_));
     }
+    // A gather of remote runs queues its requests, the window's writer waits for them (Flush),
+    // unless the filling thread reads the bytes right after the fill (a CRC-32 of the output,
+    // a mean).
+    if (!plan_.needs_crc32 && copy.mean_terms.empty()) filler_->set_run_queue(&run_queue_);
     tensor_done_ = 0;
   }
   // The run read after this tensor's (or this step's) last is read ahead while that one is
@@ -190,7 +194,11 @@ absl::Status FileWriter::Flush() {
     return absl::CancelledError("conversion cancelled");
   }
   if (used_ == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(pipeline_->Submit(used_));
+  // The reads still under way into the buffer: the writer waits for them.
+  const uint64_t ticket = run_queue_.queued();
+  std::function<absl::Status()> ready;
+  if (ticket > 0) ready = [this, ticket] { return run_queue_.Wait(ticket); };
+  RETURN_IF_ERROR(pipeline_->Submit(used_, std::move(ready)));
   progress_.Add(used_, pending_tensors_, 0);
   pending_tensors_ = 0;
   used_ = 0;

@@ -29,6 +29,7 @@
 #include "lib/io/byte_writer.h"
 #include "lib/io/directory.h"
 #include "lib/io/mapped_file.h"
+#include "lib/io/remote_runs.h"
 #include "lib/plan/layout.h"
 
 namespace reshard {
@@ -121,6 +122,11 @@ class FileWriter {
   SourceChecksums* const source_checksums_;
   WindowPipeline::Buffers& buffers_;
   SpanReader& spans_;
+  // Requests of gathers of remote runs (TensorFiller::set_run_queue), still under way while
+  // the next window is filled; the writer thread waits for a window's before writing it
+  // (Flush). Declared before the pipeline, whose writer thread waits on it, and the buffers'
+  // owner outlives it: its destructor waits for every request.
+  RemoteRunQueue run_queue_{MappedFile::kRemotePiecesInFlight, TensorFiller::kRunScratchBytes};
   // The chain, file first; destroyed unclosed (an error), the file leaves nothing under its
   // name. The pipeline is declared last so that its writer thread stops first.
   std::unique_ptr<ByteWriter> file_;

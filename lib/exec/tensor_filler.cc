@@ -231,12 +231,6 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
 absl::Status TensorFiller::FillRemoteRuns(int64_t begin, int64_t end, std::byte* out) {
   const bool same_dtype = copy_.src_dtype == copy_.dst_dtype;
   // The window's part of each item: one run of its source file and of the output.
-  struct Part {
-    int file = -1;
-    uint64_t src = 0;     // source byte of its first element
-    int64_t element = 0;  // output element of its first element
-    int64_t count = 0;
-  };
   std::vector<Part> parts;
   for (const CopyItem& item : copy_.items) {
     const int64_t from = std::max(begin, item.dst_offset);
@@ -247,6 +241,7 @@ absl::Status TensorFiller::FillRemoteRuns(int64_t begin, int64_t end, std::byte*
              item.src_offset + static_cast<uint64_t>(from - item.dst_offset) * src_element_size_,
              from, to - from});
   }
+  if (run_queue_ != nullptr) return QueueRemoteRuns(parts, begin, out);
   // Same dtype: the source bytes are the output bytes, read into place. Converted: batches of
   // at most kRunScratchBytes of source bytes (parts cut to fit), each fetched into the scratch
   // buffer and converted out of it.
@@ -303,6 +298,41 @@ absl::Status TensorFiller::FillRemoteRuns(int64_t begin, int64_t end, std::byte*
     }
   }
   return read_batch();
+}
+
+absl::Status TensorFiller::QueueRemoteRuns(std::vector<Part> parts, int64_t begin,
+                                            std::byte* out) {
+  const bool same_dtype = copy_.src_dtype == copy_.dst_dtype;
+  std::vector<RemoteRun> runs;
+  runs.reserve(parts.size());
+  for (const Part& part : parts) {
+    const uint64_t length = static_cast<uint64_t>(part.count) * src_element_size_;
+    // Same dtype: read into place. Converted: into the queue's scratch memory, then converted
+    // into place.
+    std::byte* into = same_dtype ? out + (part.element - begin) * dst_element_size_ : nullptr;
+    runs.push_back(RemoteRun{&sources_[part.file], part.src, length, into});
+    bytes_read_ += length;
+  }
+  // Called on the queue's threads, possibly after this filler is gone: it holds copies.
+  RemoteRunQueue::Done done = [parts = std::move(parts), begin, out, same_dtype,
+                               name = copy_.name, checksums = checksums_,
+                               src_dtype = copy_.src_dtype, dst_dtype = copy_.dst_dtype,
+                               src_size = src_element_size_, dst_size = dst_element_size_](
+                                  size_t run, uint64_t offset, uint64_t length,
+                                  const std::byte* data) {
+    const Part& part = parts[run];
+    if (!same_dtype) {
+      // Requests are cut at element boundaries (RemoteRunQueue::Add's element_size).
+      const int64_t element = part.element - begin + static_cast<int64_t>(offset / src_size);
+      ConvertElements(data, 1, src_dtype, out + element * dst_size, dst_dtype,
+                      static_cast<int64_t>(length / src_size));
+    }
+    // The request's bytes as read, for the CRC-32 of the record they are in.
+    if (checksums != nullptr) checksums->Record(part.file, part.src + offset, length, data, name);
+  };
+  run_queue_->Add(runs, src_element_size_, absl::StrCat("tensor \"", copy_.name, "\""),
+                  std::move(done));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<const ScratchCopy*> TensorFiller::Staged(size_t i) {

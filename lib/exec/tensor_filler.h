@@ -13,6 +13,7 @@
 #include "lib/exec/source_checksums.h"
 #include "lib/exec/span_reader.h"
 #include "lib/io/mapped_file.h"
+#include "lib/io/remote_runs.h"
 #include "lib/io/scratch_copy.h"
 #include "lib/plan/layout.h"
 
@@ -61,7 +62,9 @@ class TensorFiller {
   // at most the current run and the next in flight: each window's runs are fetched together
   // with ReadRemoteRuns (lib/io/remote_runs.h), up to MappedFile::kRemotePiecesInFlight range
   // requests at once, straight into the output when the dtype stays, else into a scratch
-  // buffer of at most this many bytes at a time, converted from there. The executor lets such
+  // buffer of at most this many bytes at a time, converted from there. Written through a
+  // FileWriter, the windows' requests are queued instead (set_run_queue), so that the next
+  // window's are under way while the current one's end, the scratch buffer then the queue's. The executor lets such
   // a converting fill read this much (not kMappedBytesPerFill: nothing is mapped): eight
   // requests of 2 MiB in flight, where 4 MiB fills made four of 1 MiB, and a bf16 ZeRO-3
   // consolidation from a local radosgw waited a round trip for each (3.7x boto3's time).
@@ -116,6 +119,12 @@ class TensorFiller {
   uint64_t bytes_read() const { return bytes_read_; }
   // Whether this filler fetches its windows' runs together (GathersRemoteRuns).
   bool gathers_remote_runs() const { return gathers_remote_runs_; }
+  // Fill of a filler that gathers remote runs queues the window's requests on `queue` and
+  // returns before they are read: the caller waits for them (RemoteRunQueue::Wait) before it
+  // uses the output, so that the next window's requests can be under way meanwhile. The
+  // queue must hold at least kRunScratchBytes of scratch memory when the fill converts, and
+  // reports read errors (naming the tensor, the object and the run's byte offset) at Wait.
+  void set_run_queue(RemoteRunQueue* queue) { run_queue_ = queue; }
   // Remote source bytes fetched into local copies for strided items (kStagedMemoryBytes).
   uint64_t staged_bytes() const { return staged_bytes_; }
   // True when every element is copied unchanged from contiguous source rows (pread only, no
@@ -155,9 +164,20 @@ class TensorFiller {
                                const SpanReader::Run& next, bool direct, uint64_t lead,
                                std::byte* out);
 
+  // The window's part of an item: one run of its source file and of the output.
+  struct Part {
+    int file = -1;
+    uint64_t src = 0;     // source byte of its first element
+    int64_t element = 0;  // output element of its first element
+    int64_t count = 0;
+  };
   // Fill for a filler that GathersRemoteRuns: the window's part of every item, all fetched
-  // at once (ReadRemoteRuns), in batches of kRunScratchBytes when converting.
+  // at once (ReadRemoteRuns), in batches of kRunScratchBytes when converting; or queued
+  // (set_run_queue).
   absl::Status FillRemoteRuns(int64_t begin, int64_t end, std::byte* out);
+  // Queues the requests of `parts` (elements [begin, ...) of the output at `out`) on
+  // run_queue_, each converted and recorded for the checksums on the queue's thread.
+  absl::Status QueueRemoteRuns(std::vector<Part> parts, int64_t begin, std::byte* out);
 
   // The local copy of item i's source range (a remote source's strided item), fetched now
   // unless it is held already.
@@ -191,6 +211,7 @@ class TensorFiller {
   size_t dst_element_size_;
   bool plain_copy_ = true;
   bool gathers_remote_runs_ = false;  // GathersRemoteRuns
+  RemoteRunQueue* run_queue_ = nullptr;  // set_run_queue
   uint64_t bytes_read_ = 0;
 };
 

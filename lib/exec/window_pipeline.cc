@@ -1,6 +1,7 @@
 #include "lib/exec/window_pipeline.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/string_view.h"
 #include "lib/core/stopwatch.h"
@@ -27,12 +28,13 @@ WindowPipeline::~WindowPipeline() {
   writer_.join();
 }
 
-absl::Status WindowPipeline::Submit(size_t used) {
+absl::Status WindowPipeline::Submit(size_t used, std::function<absl::Status()> ready) {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(this, &WindowPipeline::WriterIdle));
   if (!status_.ok()) return status_;
   pending_ = filling_;
   pending_bytes_ = used;
+  pending_ready_ = std::move(ready);
   filling_ = 1 - filling_;
   return absl::OkStatus();
 }
@@ -52,16 +54,19 @@ void WindowPipeline::WriterLoop() {
   while (true) {
     int index;
     size_t bytes;
+    std::function<absl::Status()> ready;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(this, &WindowPipeline::HasWork));
       if (pending_ < 0) return;  // stopping with nothing left
       index = pending_;
       bytes = pending_bytes_;
+      ready = std::move(pending_ready_);
     }
+    absl::Status status = ready ? ready() : absl::OkStatus();
     // Only this thread touches the chain while a buffer is pending.
     const Clock::time_point start = Clock::now();
-    absl::Status status = sink_.Write(absl::string_view(buffers_[index].data(), bytes));
+    if (status.ok()) status = sink_.Write(absl::string_view(buffers_[index].data(), bytes));
     const double seconds = SecondsSince(start);
     absl::MutexLock lock(&mu_);
     sink_seconds_ += seconds;

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstddef>
+#include <functional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -39,7 +40,10 @@ class WindowPipeline {
 
   // Hands the first `used` bytes of buffer() to the writer and switches to the other buffer,
   // after the writer has finished the previous one. Returns the writer's error, if any.
-  absl::Status Submit(size_t used);
+  // `ready`, when set, is called on the writer thread before the bytes are written: it waits
+  // for what still fills them (reads under way into the buffer, RemoteRunQueue::Wait) and
+  // returns their error, which then stands for the write's.
+  absl::Status Submit(size_t used, std::function<absl::Status()> ready = nullptr);
 
   // Seconds the writer thread spent in the chain's Write. Call after Finish.
   double sink_seconds();
@@ -59,6 +63,7 @@ class WindowPipeline {
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = -1;  // buffer being written, -1 when idle
   size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<absl::Status()> pending_ready_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   double sink_seconds_ ABSL_GUARDED_BY(mu_) = 0;
