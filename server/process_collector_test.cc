@@ -26,7 +26,9 @@ TEST(ProcessCollectorTest, ReadsThisProcess) {
   EXPECT_GT(stats->start_time_seconds, now - 3600);
   rlimit limit;
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
-  if (limit.rlim_cur != RLIM_INFINITY) EXPECT_EQ(stats->max_fds, limit.rlim_cur);
+  if (limit.rlim_cur != RLIM_INFINITY) {
+    EXPECT_EQ(stats->max_fds, limit.rlim_cur);
+  }
   // Opening a descriptor counts one more.
   const int64_t before = stats->open_fds;
   EXPECT_GE(before, 3);
