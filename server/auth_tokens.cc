@@ -16,7 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "lib/core/status.h"
-#include "lib/io/s3/s3_location.h"
+#include "lib/io/kvstore/location.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
@@ -161,7 +161,8 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view json, const std::
     ASSIGN_OR_RETURN(std::vector<std::string> roots, StringList(entry, "allowed_roots", where));
     std::vector<std::string> resolved;
     for (const std::string& root : roots) {
-      if (root.empty() || (root[0] != '/' && !IsS3Url(root))) {
+      const absl::StatusOr<kvstore::Location> location = kvstore::ParseLocation(root);
+      if (root.empty() || !location.ok() || !location->driver->IsAbsolute(root)) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, ": allowed root \"", root, "\" is neither an absolute path nor an s3:// URL"));
       }

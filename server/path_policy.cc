@@ -1,147 +1,143 @@
 #include "server/path_policy.h"
 
-#include <limits.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 
-#include <cerrno>
 #include <filesystem>
+#include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "lib/core/status.h"
 #include "lib/io/directory.h"
 #include "lib/io/file_access.h"
-#include "lib/io/s3/s3_location.h"
+#include "lib/io/kvstore/posix_driver.h"
 
 namespace reshard {
 namespace {
 
 constexpr size_t kMaxPathLength = 4096;
 
-absl::StatusOr<std::string> RealPath(const std::string& path) {
-  char resolved[PATH_MAX];
-  if (::realpath(path.c_str(), resolved) == nullptr) {
-    return ErrnoToStatus(errno, absl::StrCat("resolving ", path));
-  }
-  return std::string(resolved);
+// Whether `path` is `root` or lies below it by whole segments.
+bool IsAtOrBelow(const std::string& path, const std::string& root) {
+  if (path == root) return true;
+  const std::string prefix = !root.empty() && root.back() == '/' ? root : root + "/";
+  return path.compare(0, prefix.size(), prefix) == 0;
 }
 
-absl::Status CheckSyntax(const std::string& path, absl::string_view what) {
-  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " path is empty"));
-  RETURN_IF_ERROR(CheckLocalPath(path, std::string(what)));
-  if (path.size() > kMaxPathLength) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " path is longer than ", kMaxPathLength));
+// The Location of `path`; InvalidArgument naming it when no driver here serves its scheme.
+absl::StatusOr<kvstore::Location> Parse(const std::string& path, absl::string_view what) {
+  absl::StatusOr<kvstore::Location> location = kvstore::ParseLocation(path);
+  if (!location.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", location.status().message()));
   }
-  if (path[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " path \"", path, "\" is not absolute; the daemon needs absolute paths"));
-  }
-  if (path.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " path contains a NUL byte"));
-  }
-  return absl::OkStatus();
-}
-
-// "s3://bucket/prefix" without a trailing '/', validated.
-absl::StatusOr<std::string> NormalizeS3Url(const std::string& url, absl::string_view what) {
-  if (url.size() > kMaxPathLength) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " URL is longer than ", kMaxPathLength));
-  }
-  ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url), what);
-  while (!location.key.empty() && location.key.back() == '/') location.key.pop_back();
-  return location.key.empty() ? absl::StrCat("s3://", location.bucket) : location.ToString();
+  return location;
 }
 
 }  // namespace
-
-absl::StatusOr<std::string> PathPolicy::CheckS3(const std::string& url, absl::string_view what,
-                                                bool allow_root_itself) const {
-  ASSIGN_OR_RETURN(const std::string normalized, NormalizeS3Url(url, what));
-  for (const std::string& root : s3_roots_) {
-    if (normalized == root ? allow_root_itself : absl::StartsWith(normalized, root + "/")) {
-      return normalized;
-    }
-  }
-  return absl::PermissionDeniedError(
-      absl::StrCat(what, " ", url, " is not ", allow_root_itself ? "in" : "strictly inside",
-                   " an allowed s3:// root (",
-                   s3_roots_.empty() ? "none" : absl::StrJoin(s3_roots_, ", "), ")"));
-}
 
 absl::StatusOr<PathPolicy> PathPolicy::Create(const std::vector<std::string>& roots) {
   if (roots.empty()) {
     return absl::InvalidArgumentError("at least one --allowed-root is required");
   }
   PathPolicy policy;
-  std::vector<std::string> local_roots;
+  std::vector<std::string> posix_roots;
+  const kvstore::Driver* const posix = &kvstore::GetPosixDriver();
   for (const std::string& root : roots) {
-    if (IsS3Url(root)) {
-      ASSIGN_OR_RETURN(std::string normalized, NormalizeS3Url(root, "allowed root"));
-      policy.s3_roots_.push_back(normalized);
-      policy.roots_.push_back(std::move(normalized));
-      continue;
+    if (root.size() > kMaxPathLength) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("allowed root path is longer than ", kMaxPathLength));
     }
-    RETURN_IF_ERROR(CheckLocalPath(root, "allowed root"));
-    ASSIGN_OR_RETURN(const std::string resolved, RealPath(root), "allowed root");
-    struct stat st;
-    if (::stat(resolved.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat("allowed root ", root, " is not a folder"));
+    ASSIGN_OR_RETURN(kvstore::Location location, Parse(root, "allowed root"));
+    ASSIGN_OR_RETURN(location.path, location.driver->ConfinedPath(root, /*must_exist=*/true),
+                     "allowed root");
+    if (location.driver->has_folders()) {
+      // A store with folders of its own: the root must be one (a prefix of keys is a folder
+      // as soon as a key is written below it).
+      absl::StatusOr<kvstore::PathStat> stat = location.driver->Stat(location.path);
+      if (!stat.ok() || !stat->is_folder) {
+        return absl::InvalidArgumentError(absl::StrCat("allowed root ", root, " is not a folder"));
+      }
     }
-    std::string normalized = resolved;
-    while (normalized.size() > 1 && normalized.back() == '/') normalized.pop_back();
-    policy.roots_.push_back(normalized);
-    local_roots.push_back(normalized);
+    if (location.driver == posix) posix_roots.push_back(location.path);
+    policy.roots_.push_back(location.path);
+    policy.locations_.push_back(std::move(location));
   }
-  // With s3:// roots only, the confinement has no roots: every local open is refused.
-  ASSIGN_OR_RETURN(policy.confinement_, PathConfinement::Create(local_roots));
+  // With object-store roots only, the confinement has no roots: every local open is refused.
+  ASSIGN_OR_RETURN(policy.confinement_, PathConfinement::Create(posix_roots));
   return policy;
 }
 
-bool PathPolicy::Inside(const std::string& resolved, bool allow_root_itself) const {
-  for (const std::string& root : roots_) {
-    if (IsS3Url(root)) continue;
-    if (resolved == root) {
-      if (allow_root_itself) return true;
-      continue;
-    }
-    const std::string prefix = root == "/" ? "/" : root + "/";
-    if (resolved.compare(0, prefix.size(), prefix) == 0) return true;
+absl::StatusOr<kvstore::Location> PathPolicy::Confine(const std::string& path,
+                                                      absl::string_view what,
+                                                      bool must_exist) const {
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " path is empty"));
+  if (path.size() > kMaxPathLength) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " path is longer than ", kMaxPathLength));
   }
-  return false;
+  if (path.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " path contains a NUL byte"));
+  }
+  ASSIGN_OR_RETURN(kvstore::Location location, Parse(path, what));
+  if (!location.driver->IsAbsolute(path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " path \"", path, "\" is not absolute; the daemon needs absolute paths"));
+  }
+  absl::StatusOr<std::string> confined = location.driver->ConfinedPath(path, must_exist);
+  if (!confined.ok()) {
+    if (absl::IsNotFound(confined.status())) {
+      return absl::NotFoundError(absl::StrCat(what, " ", path, " does not exist"));
+    }
+    return Annotate(confined.status(), what);
+  }
+  location.path = *std::move(confined);
+  return location;
+}
+
+absl::Status PathPolicy::CheckInside(const kvstore::Location& confined, const std::string& path,
+                                     absl::string_view what, bool allow_root_itself) const {
+  std::vector<std::string> same_driver;
+  for (const kvstore::Location& root : locations_) {
+    if (root.driver != confined.driver) continue;
+    same_driver.push_back(root.path);
+    if (confined.path == root.path ? allow_root_itself : IsAtOrBelow(confined.path, root.path)) {
+      return absl::OkStatus();
+    }
+  }
+  const absl::string_view scheme = confined.driver->scheme();
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, " ", path, confined.path == path ? "" : absl::StrCat(" resolves to ", confined.path, ","),
+      " is not ", allow_root_itself ? "in" : "strictly inside", " an allowed ",
+      scheme.empty() ? "local" : absl::StrCat(scheme, "://"), " root (",
+      same_driver.empty() ? "none" : absl::StrJoin(same_driver, ", "), ")"));
 }
 
 absl::StatusOr<std::string> PathPolicy::CheckInput(const std::string& path) const {
-  if (IsS3Url(path)) return CheckS3(path, "input", /*allow_root_itself=*/true);
-  RETURN_IF_ERROR(CheckSyntax(path, "input"));
-  auto resolved = RealPath(path);
-  if (!resolved.ok()) {
-    if (absl::IsNotFound(resolved.status())) {
-      return absl::NotFoundError(absl::StrCat("input ", path, " does not exist"));
+  ASSIGN_OR_RETURN(kvstore::Location input, CheckedInput(path));
+  return std::move(input.path);
+}
+
+absl::StatusOr<kvstore::Location> PathPolicy::CheckedInput(const std::string& path) const {
+  ASSIGN_OR_RETURN(kvstore::Location input, Confine(path, "input", /*must_exist=*/true));
+  RETURN_IF_ERROR(CheckInside(input, path, "input", /*allow_root_itself=*/true));
+  // Only a store with folders of its own holds special files. Stat only: a FIFO or device is
+  // never opened, so it cannot block the caller.
+  if (input.driver->has_folders()) {
+    absl::StatusOr<kvstore::PathStat> stat = input.driver->Stat(input.path);
+    if (stat.ok() && !stat->special.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input ", path, " is ", stat->special, "; reshard reads regular files and folders"));
     }
-    return resolved.status();
   }
-  if (!Inside(*resolved, /*allow_root_itself=*/true)) {
-    return absl::PermissionDeniedError(absl::StrCat("input ", path, " resolves to ", *resolved,
-                                                    ", outside the allowed roots (",
-                                                    absl::StrJoin(roots_, ", "), ")"));
-  }
-  // stat only: a FIFO or device is never opened, so it cannot block the caller.
-  struct stat st;
-  if (::stat(resolved->c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("input ", path, " is ",
-                                                   DescribeFileType(st.st_mode),
-                                                   "; reshard reads regular files and folders"));
-  }
-  return *resolved;
+  return input;
 }
 
 absl::StatusOr<std::string> PathPolicy::CheckInputTree(const std::string& path) const {
-  ASSIGN_OR_RETURN(std::string resolved, CheckInput(path));
-  if (IsS3Url(resolved)) return resolved;  // keys have no symlinks, FIFOs or devices
+  ASSIGN_OR_RETURN(const kvstore::Location input, CheckedInput(path));
+  const std::string& resolved = input.path;
+  // Only a store with folders of its own (posix) holds symlinks and special files; keys have
+  // neither.
+  if (!input.driver->has_folders()) return resolved;
   namespace fs = std::filesystem;
   std::error_code error;
   if (!fs::is_directory(resolved, error)) return resolved;
@@ -156,8 +152,10 @@ absl::StatusOr<std::string> PathPolicy::CheckInputTree(const std::string& path) 
     struct stat st;
     if (::lstat(entry.c_str(), &st) != 0) continue;  // gone since listed
     if (S_ISLNK(st.st_mode)) {
-      auto target = RealPath(entry);
-      if (!target.ok() || !Inside(*target, /*allow_root_itself=*/true)) {
+      absl::StatusOr<std::string> target =
+          input.driver->ConfinedPath(entry, /*must_exist=*/true);
+      if (!target.ok() ||
+          !CheckInside(kvstore::Location{input.driver, *target}, entry, "input", true).ok()) {
         return absl::PermissionDeniedError(
             absl::StrCat("input ", path, " holds ", entry, ", a symlink ",
                          target.ok() ? absl::StrCat("to ", *target, ", outside the allowed roots")
@@ -176,41 +174,10 @@ absl::StatusOr<std::string> PathPolicy::CheckInputTree(const std::string& path) 
 }
 
 absl::StatusOr<std::string> PathPolicy::CheckOutput(const std::string& path) const {
-  if (IsS3Url(path)) return CheckS3(path, "output", /*allow_root_itself=*/false);
-  RETURN_IF_ERROR(CheckSyntax(path, "output"));
-  // Split into the deepest existing ancestor and the plain names below it.
-  std::vector<std::string> missing;
-  std::string existing = path;
-  while (existing.size() > 1 && existing.back() == '/') existing.pop_back();
-  struct stat st;
-  while (::lstat(existing.c_str(), &st) != 0) {
-    if (errno != ENOENT) return ErrnoToStatus(errno, absl::StrCat("checking output ", path));
-    const size_t slash = existing.rfind('/');
-    std::string name = existing.substr(slash + 1);
-    if (name == "." || name == "..") {
-      return absl::PermissionDeniedError(
-          absl::StrCat("output ", path, " uses \"", name, "\" below an existing folder"));
-    }
-    if (!name.empty()) missing.insert(missing.begin(), name);
-    existing = slash == 0 ? "/" : existing.substr(0, slash);
-  }
-  auto real_existing = RealPath(existing);
-  if (!real_existing.ok()) {
-    // lstat found it, realpath cannot follow it: a dangling symlink, wherever it points.
-    return absl::PermissionDeniedError(absl::StrCat(
-        "output ", path, ": ", existing, " is a symlink that cannot be resolved (",
-        real_existing.status().message(), "); outputs must lie inside the allowed roots"));
-  }
-  std::string resolved = *std::move(real_existing);
-  for (const std::string& name : missing) {
-    resolved = resolved == "/" ? "/" + name : resolved + "/" + name;
-  }
-  if (!Inside(resolved, /*allow_root_itself=*/false)) {
-    return absl::PermissionDeniedError(absl::StrCat("output ", path, " resolves to ", resolved,
-                                                    ", which is not inside the allowed roots (",
-                                                    absl::StrJoin(roots_, ", "), ")"));
-  }
-  return resolved;
+  ASSIGN_OR_RETURN(const kvstore::Location output,
+                   Confine(path, "output", /*must_exist=*/false));
+  RETURN_IF_ERROR(CheckInside(output, path, "output", /*allow_root_itself=*/false));
+  return output.path;
 }
 
 }  // namespace reshard

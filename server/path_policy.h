@@ -1,19 +1,21 @@
 // Which paths the daemon may read and write: only under its --allowed-root folders.
 //
-// Paths are resolved with realpath(3) before the check, so ".." components and symlinks that
-// lead outside a root are refused (PERMISSION_DENIED). An output folder that does not exist yet
-// is resolved through its deepest existing ancestor; the components below it must be plain
-// names. Outputs must lie strictly inside a root, because the staging folder is a sibling.
-// Inputs that are FIFOs, sockets or devices (or folders holding one) are refused.
+// Paths are parsed once into a kvstore::Location, and checked against the roots of the same
+// driver only, in the spelling that driver confines by (kvstore::Driver::ConfinedPath): posix
+// paths resolved with realpath(3); object-store prefixes such as "s3://bucket" or
+// "s3://bucket/prefix" validated (no "." or ".." or empty segments), never resolved, since a
+// key has no symlinks. A path lies in a root when it is the root or continues it by whole
+// segments ("s3://b/team-a" does not hold "s3://b/team-ab"). Whether an object-store input
+// exists is found when the job reads it. A scheme no driver here serves is refused.
 //
-// Roots may also be object-store prefixes, "s3://bucket" or "s3://bucket/prefix": an s3:// path
-// is allowed when it is such a root or lies below it by whole key segments ("s3://b/team-a"
-// does not hold "s3://b/team-ab"). URLs are validated (ParseS3Url: no "." or ".." or empty
-// segments), never resolved: a key has no symlinks. Whether an input object exists is found when
-// the job reads it. Other remote schemes are refused.
+// Posix paths must be absolute; resolving them refuses ".." components and symlinks that lead
+// outside a root (PERMISSION_DENIED). An output folder that does not exist yet is resolved
+// through its deepest existing ancestor; the components below it must be plain names. Outputs
+// must lie strictly inside a root, because the staging folder is a sibling. Inputs that are
+// FIFOs, sockets or devices (or folders holding one) are refused.
 //
 // These checks are made at submit; what a job then opens goes through `confinement()`
-// (lib/io/file_access.h), which re-checks every open against the same roots.
+// (lib/io/file_access.h), which re-checks every open of a posix path against the posix roots.
 
 #ifndef RESHARD_SERVER_PATH_POLICY_H_
 #define RESHARD_SERVER_PATH_POLICY_H_
@@ -23,7 +25,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "lib/io/file_access.h"
+#include "lib/io/kvstore/location.h"
 
 namespace reshard {
 
@@ -43,20 +47,27 @@ class PathPolicy {
   // The resolved path of an output folder (existing or not) strictly inside a root.
   absl::StatusOr<std::string> CheckOutput(const std::string& path) const;
 
-  // Every root, local ones resolved, s3:// ones normalized ("s3://bucket/prefix").
+  // Every root in its driver's confined spelling: local ones resolved, s3:// ones normalized
+  // ("s3://bucket/prefix").
   const std::vector<std::string>& roots() const { return roots_; }
   // The same roots as a PathConfinement: jobs and Inspect/Plan calls run under it, so that
   // what they open after these checks stays beneath the roots even if paths change meanwhile.
   const PathConfinement* confinement() const { return confinement_.get(); }
 
  private:
-  bool Inside(const std::string& resolved, bool allow_root_itself) const;
-  // The normalized `url` when it lies in an s3:// root (or is one, with allow_root_itself).
-  absl::StatusOr<std::string> CheckS3(const std::string& url, absl::string_view what,
-                                      bool allow_root_itself) const;
+  // `path` parsed, checked for syntax and in the spelling its driver confines by.
+  absl::StatusOr<kvstore::Location> Confine(const std::string& path, absl::string_view what,
+                                            bool must_exist) const;
+  // CheckInput's Location.
+  absl::StatusOr<kvstore::Location> CheckedInput(const std::string& path) const;
+  // OK when `confined` (of `path`, `what` in messages) is a root of its driver or lies below
+  // one (the root itself only with `allow_root_itself`); PermissionDenied naming the roots of
+  // that driver otherwise.
+  absl::Status CheckInside(const kvstore::Location& confined, const std::string& path,
+                           absl::string_view what, bool allow_root_itself) const;
 
-  std::vector<std::string> roots_;     // all, local ones resolved, without trailing slash
-  std::vector<std::string> s3_roots_;  // the s3:// ones, normalized, without trailing slash
+  std::vector<kvstore::Location> locations_;  // the roots, confined, without trailing slash
+  std::vector<std::string> roots_;            // their paths
   std::shared_ptr<const PathConfinement> confinement_;
 };
 

@@ -284,6 +284,37 @@ TEST(PathPolicyS3Test, OnlyS3RootsConfineEveryLocalOpen) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Paths are checked against the roots of their own driver, in the spelling that driver
+// confines by: mem:// roots hold mem:// paths by whole key segments, as s3:// roots hold
+// s3:// ones, and neither holds the other's paths.
+TEST(PathPolicyDriverTest, EachDriverIsConfinedByItsOwnRoots) {
+  auto policy = PathPolicy::Create({"mem://bucket/team-a/", "s3://bucket/team-a"});
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_EQ(policy->roots(),
+            (std::vector<std::string>{"mem://bucket/team-a", "s3://bucket/team-a"}));
+  auto input = policy->CheckInputTree("mem://bucket/team-a/ckpt/");
+  ASSERT_TRUE(input.ok()) << input.status();
+  EXPECT_EQ(*input, "mem://bucket/team-a/ckpt");
+  auto output = policy->CheckOutput("mem://bucket/team-a/out");
+  ASSERT_TRUE(output.ok()) << output.status();
+  EXPECT_EQ(*output, "mem://bucket/team-a/out");
+  auto sibling = policy->CheckInput("mem://bucket/team-ab/x");
+  EXPECT_EQ(sibling.status().code(), absl::StatusCode::kPermissionDenied) << sibling.status();
+  EXPECT_EQ(sibling.status().message(),
+            "input mem://bucket/team-ab/x is not in an allowed mem:// root (mem://bucket/team-a)");
+  EXPECT_EQ(policy->CheckOutput("mem://bucket/team-a").status().code(),
+            absl::StatusCode::kPermissionDenied)
+      << "outputs lie strictly inside a root";
+  EXPECT_EQ(policy->CheckInput("mem://bucket/team-a/../b").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // The s3:// root does not hold mem:// paths, nor the mem:// root s3:// ones.
+  EXPECT_EQ(policy->CheckInput("mem://other/x").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(policy->CheckInput("s3://bucket/team-a/x").ok());
+  EXPECT_EQ(policy->CheckInput("s3://bucket/team-b/x").status().message(),
+            "input s3://bucket/team-b/x is not in an allowed s3:// root (s3://bucket/team-a)");
+}
+
 TEST(PathPolicyMultiRootTest, AnyRootWorks) {
   const std::string a = MakeTempDir("root_a");
   const std::string b = MakeTempDir("root_b");

@@ -8,14 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/engine/conversion.h"
-#include "lib/engine/object_store_output.h"
 #include "lib/engine/partition_spec.h"
+#include "lib/engine/partitioned_conversion.h"
 #include "lib/engine/spec_codec.h"
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/io/io_mode.h"
-#include "lib/io/s3/s3_location.h"
-#include "lib/io/staging_dir.h"
 #include "lib/plan/partition_rules.h"
 #include "proto/reshard/v1/job_spec_codec.h"
 #include "server/job_runner.h"
@@ -172,9 +170,8 @@ absl::StatusOr<v1::Job> ReshardService::Submit(grpc::ServerContext& context, con
         if (valid.ok() && needs_free_output) {
           // An s3:// prefix: one LIST with the daemon's credentials.
           absl::StatusOr<ConversionSpec> conversion = ConversionSpecFromProto(*valid);
-          absl::Status free = !conversion.ok()          ? conversion.status()
-                              : IsS3Url(valid->output()) ? CheckObjectStoreOutputUsable(*conversion)
-                                                         : CheckOutputDirUsable(valid->output());
+          absl::Status free =
+              conversion.ok() ? CheckOutputUsable(*conversion) : conversion.status();
           if (!free.ok()) valid = free;
         }
         *checked = std::move(valid);

@@ -24,7 +24,7 @@ inline constexpr size_t kMaxIdempotencyKeyBytes = 256;
 // Checks a spec and returns it with its paths resolved (the canonical form stored with the
 // job). InvalidArgument names the field; PermissionDenied for paths outside the roots (also
 // through symlinks inside an input folder). Whether the output is free is checked separately
-// (CheckOutputDirUsable), since a resubmission of a finished job must still find that job.
+// (CheckOutputUsable, lib/engine/partitioned_conversion.h), since a resubmission of a finished job must still find that job.
 absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathPolicy& paths);
 
 // With an Authorizer, every call first authorizes its bearer token (scope per call, see

@@ -802,6 +802,12 @@ absl::StatusOr<ConversionResult> RunAnyConversion(const ConversionSpec& spec,
   return RunConversion(spec, control);
 }
 
+absl::Status CheckOutputUsable(const ConversionSpec& spec) {
+  // The output RunAnyConversion chooses for spec.output.
+  if (IsS3Url(spec.output)) return CheckObjectStoreOutputUsable(spec);
+  return CheckOutputDirUsable(spec.output);
+}
+
 absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& output_dir,
                                                              const RunControl& control) {
   const Clock::time_point start = Clock::now();

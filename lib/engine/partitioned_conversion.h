@@ -57,6 +57,11 @@ std::string PartitionAreaPathFor(const std::string& output_dir);
 absl::StatusOr<ConversionResult> RunAnyConversion(const ConversionSpec& spec,
                                                   const RunControl& control = {});
 
+// OK when RunAnyConversion may write spec.output (spec.overwrite aside): it is absent or empty,
+// or holds a published output of the same request. Nothing is written. The daemon checks
+// this at submit.
+absl::Status CheckOutputUsable(const ConversionSpec& spec);
+
 // Re-checks every worker's record against the files in the shared area of `output_dir`
 // (sizes and XXH3-64), then writes the index and manifest and publishes. FailedPrecondition
 // naming the partitions that have not recorded their files yet; DataLoss naming a file that

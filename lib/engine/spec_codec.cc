@@ -1,7 +1,6 @@
 #include "lib/engine/spec_codec.h"
 
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -14,7 +13,7 @@
 #include "lib/engine/partition_spec.h"
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/io/file_access.h"
-#include "lib/io/staging_dir.h"
+#include "lib/io/kvstore/location.h"
 #include "lib/plan/partition_rules.h"
 
 namespace reshard {
@@ -138,11 +137,10 @@ bool WhenPipelined(const ConversionSpec& spec) {
 }
 
 // Every run (worker, rerun, daemon) must name the same folders, wherever it was started from.
+// A path no driver here serves is kept as given: whoever runs the spec refuses it by name.
 std::string AbsolutePath(const std::string& path) {
-  if (path.empty() || IsRemotePath(path)) return path;  // s3://bucket/key is absolute already
-  std::error_code error;
-  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
-  return NormalizeOutputPath(error ? path : absolute.string());
+  absl::StatusOr<kvstore::Location> location = kvstore::ParseLocation(path);
+  return location.ok() ? location->driver->AbsolutePath(path) : path;
 }
 
 // The rules a `--rules` value names: a file's text, or a preset's rules as JSON when no such

@@ -211,6 +211,16 @@ absl::StatusOr<InputFileInfo> StatInputFile(const std::string& path) {
   return InputFileInfo{stat.size, std::move(stat.version)};
 }
 
+absl::StatusOr<InputListing> ListInput(const std::string& dir) {
+  ASSIGN_OR_RETURN(kvstore::Location location, Locate(dir));
+  ASSIGN_OR_RETURN(kvstore::Listing listing, ListAt(location));
+  InputListing names;
+  for (kvstore::FileEntry& entry : listing.files) names.files.push_back(std::move(entry.name));
+  names.folders = std::move(listing.folders);
+  names.others = std::move(listing.others);
+  return names;
+}
+
 absl::StatusOr<std::vector<std::string>> ListInputFolderEntries(const std::string& dir) {
   ASSIGN_OR_RETURN(kvstore::Location location, Locate(dir));
   ASSIGN_OR_RETURN(kvstore::Listing listing, ListAt(location));

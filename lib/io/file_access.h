@@ -78,6 +78,16 @@ struct InputFileInfo {
 // As InputFileSize, with the version.
 absl::StatusOr<InputFileInfo> StatInputFile(const std::string& path);
 
+// What input folder `dir` holds directly, from one listing (kvstore::Driver::List), each list
+// sorted by name, hidden names (".x") included: files (posix: regular files, symlinks
+// followed), folders, and (posix) entries that are neither. Errors name `dir`.
+struct InputListing {
+  std::vector<std::string> files;
+  std::vector<std::string> folders;
+  std::vector<std::string> others;
+};
+absl::StatusOr<InputListing> ListInput(const std::string& dir);
+
 // The names of the files directly inside input folder `dir`, hidden ones (".x") included,
 // unsorted (posix: regular files, symlinks followed). Errors name `dir`.
 absl::StatusOr<std::vector<std::string>> ListInputFolder(const std::string& dir);

@@ -1,7 +1,6 @@
 #include "lib/formats/deepspeed/universal_format.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -33,7 +32,6 @@
 namespace reshard {
 namespace {
 
-namespace fs = std::filesystem;
 using Kind = PickleValue::Kind;
 using zero_internal::Corrupt;
 using zero_internal::IsNone;
@@ -308,54 +306,30 @@ class UniversalReader {
     return absl::OkStatus();
   }
 
-  // The param folders of local zero/ (unordered) into `unlisted`; other regular files noted,
-  // anything else refused.
-  absl::Status ListLocalParams(std::vector<std::string>& unlisted) {
-    std::error_code error;
-    int64_t seen = 0;
-    for (fs::directory_iterator it(zero_, error), end; !error && it != end; it.increment(error)) {
-      if (++seen > kMaxUniversalParams + 16) {
-        return absl::InvalidArgumentError(absl::StrCat(zero_, " holds more than ",
-                                                       kMaxUniversalParams, " entries; at most ",
-                                                       kMaxUniversalParams, " params are read"));
-      }
-      const std::string name = it->path().filename().string();
-      if (name.empty() || name[0] == '.') continue;
-      std::error_code entry_error;
-      const fs::file_type type = it->status(entry_error).type();
-      if (type == fs::file_type::directory) {
-        unlisted.push_back(name);
-      } else if (type == fs::file_type::regular) {
-        if (name != kOptimizerStateName) {
-          notes_.push_back(absl::StrCat(kZeroDir, "/", name, ": not read"));
-        }
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            JoinPath(zero_, name), " is ",
-            entry_error ? absl::StrCat("unreadable (", entry_error.message(), ")")
-                        : "neither a regular file nor a folder",
-            "; a universal checkpoint's zero/ holds param folders and optimizer_state.pt"));
-      }
-    }
-    if (error) return ErrnoToStatus(error.value(), absl::StrCat("listing ", zero_));
-    return absl::OkStatus();
-  }
-
-  // The same for zero/ in an object store, which holds files and folders only.
-  absl::Status ListRemoteParams(std::vector<std::string>& unlisted) {
-    ASSIGN_OR_RETURN(std::vector<std::string> folders, ListInputSubfolders(zero_));
-    ASSIGN_OR_RETURN(std::vector<std::string> files, ListInputFolder(zero_));
-    if (folders.size() + files.size() > static_cast<size_t>(kMaxUniversalParams + 16)) {
+  // The param folders of zero/ (in name order) into `unlisted`, from one listing through its
+  // driver; other files are noted in name order, hidden entries skipped, and anything that is
+  // neither a file nor a folder (a FIFO, socket or device) refused.
+  absl::Status ListZeroParams(std::vector<std::string>& unlisted) {
+    ASSIGN_OR_RETURN(InputListing listing, ListInput(zero_));
+    if (listing.files.size() + listing.folders.size() + listing.others.size() >
+        static_cast<size_t>(kMaxUniversalParams + 16)) {
       return absl::InvalidArgumentError(absl::StrCat(zero_, " holds more than ",
                                                      kMaxUniversalParams, " entries; at most ",
                                                      kMaxUniversalParams, " params are read"));
     }
-    for (std::string& name : folders) {
-      if (!name.empty() && name[0] != '.') unlisted.push_back(std::move(name));
+    const auto hidden = [](const std::string& name) { return name.empty() || name[0] == '.'; };
+    for (const std::string& name : listing.others) {
+      if (hidden(name)) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          JoinPath(zero_, name),
+          " is neither a regular file nor a folder; a universal checkpoint's zero/ holds param "
+          "folders and optimizer_state.pt"));
     }
-    std::sort(files.begin(), files.end());
-    for (const std::string& name : files) {
-      if (name.empty() || name[0] == '.' || name == kOptimizerStateName) continue;
+    for (std::string& name : listing.folders) {
+      if (!hidden(name)) unlisted.push_back(std::move(name));
+    }
+    for (const std::string& name : listing.files) {
+      if (hidden(name) || name == kOptimizerStateName) continue;
       notes_.push_back(absl::StrCat(kZeroDir, "/", name, ": not read"));
     }
     return absl::OkStatus();
@@ -365,7 +339,7 @@ class UniversalReader {
   // regular files are noted; entries that are neither files nor folders are refused.
   absl::StatusOr<std::vector<std::string>> ListParams() {
     std::vector<std::string> unlisted;
-    RETURN_IF_ERROR(IsRemotePath(zero_) ? ListRemoteParams(unlisted) : ListLocalParams(unlisted));
+    RETURN_IF_ERROR(ListZeroParams(unlisted));
     if (static_cast<int64_t>(unlisted.size()) > kMaxUniversalParams) {
       return absl::InvalidArgumentError(absl::StrCat(zero_, " holds ", unlisted.size(),
                                                      " param folders; at most ",

@@ -342,6 +342,24 @@ TEST(UniversalInputTest, ParamsOutsideParamShapesAndOtherFilesAreKeptOrNoted) {
   EXPECT_NE(model->description.find(", 5 parameters"), std::string::npos) << model->description;
 }
 
+// zero/ is listed once through its driver, as on every storage: other files are noted in name
+// order, whatever order the folder lists them in.
+TEST(UniversalInputTest, OtherFilesOfZeroAreNotedInNameOrder) {
+  const std::string dir = Folder("universal_notes");
+  for (const char* name : {"notes-c", "notes-a", "notes-e", "notes-b", "notes-d"}) {
+    Touch(absl::StrCat(dir, "/zero/", name));
+  }
+  auto model = UniversalInput().Read(dir, ReadOptions{});
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<std::string> notes;
+  for (const std::string& entry : model->parts[0].other_entries) {
+    if (absl::StartsWith(entry, "zero/")) notes.push_back(entry);
+  }
+  EXPECT_EQ(notes, (std::vector<std::string>{"zero/notes-a: not read", "zero/notes-b: not read",
+                                             "zero/notes-c: not read", "zero/notes-d: not read",
+                                             "zero/notes-e: not read"}));
+}
+
 TEST(UniversalInputTest, TagsAndTrackerFile) {
   const std::string root = MakeTempDir("universal_tags");
   WriteUniversalFolder(root, UniversalFolderOptions{});

@@ -89,6 +89,25 @@ class Driver {
   // under it does, and a path's "." or empty segments would name another key.
   virtual bool has_folders() const { return false; }
 
+  // Whether `path` names the same file or folder from any working folder (posix: it starts
+  // with '/'). URLs always do.
+  virtual bool IsAbsolute(absl::string_view path) const { return true; }
+
+  // `path` spelled so that it names the same file or folder from any working folder (posix:
+  // made absolute against the current folder, "." and ".." and repeated '/' removed lexically,
+  // no trailing '/'). URLs are returned as given. Nothing is accessed.
+  virtual std::string AbsolutePath(const std::string& path) const { return path; }
+
+  // The one spelling of `path` that paths are confined by (reshardd's allowed roots): a path
+  // lies in a root when it equals the root's or continues it after a '/'. Posix: resolved with
+  // realpath(3), symlinks followed; with `must_exist` false a path that does not exist yet is
+  // resolved through its deepest existing ancestor, the names below it plain (PermissionDenied
+  // for "." or ".." there, or for a dangling symlink); NotFound naming `path` when it must
+  // exist and does not. Stores without folders of their own (S3, memory): the key is validated
+  // (InvalidArgument naming `path` for "." or ".." or empty segments; S3: the bucket name and
+  // key rules of ParseS3Url) and a trailing '/' dropped; nothing is accessed.
+  virtual absl::StatusOr<std::string> ConfinedPath(const std::string& path, bool must_exist) const;
+
   // The file or folder `path` names. NotFound naming `path` when neither exists.
   virtual absl::StatusOr<PathStat> Stat(const std::string& path) const = 0;
 

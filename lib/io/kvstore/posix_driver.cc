@@ -1,6 +1,8 @@
 #include "lib/io/kvstore/posix_driver.h"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
@@ -27,6 +30,14 @@ std::pair<std::string, std::string> SplitParent(const std::string& path) {
   const size_t slash = trimmed.rfind('/');
   if (slash == std::string::npos) return {".", trimmed};
   return {slash == 0 ? "/" : trimmed.substr(0, slash), trimmed.substr(slash + 1)};
+}
+
+absl::StatusOr<std::string> RealPath(const std::string& path) {
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) == nullptr) {
+    return ErrnoToStatus(errno, absl::StrCat("resolving ", path));
+  }
+  return std::string(resolved);
 }
 
 PathStat FromStat(const struct stat& st) {
@@ -98,6 +109,63 @@ absl::StatusOr<PathStat> PosixDriver::Stat(const std::string& path) const {
     if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
   }
   return FromStat(st);
+}
+
+bool PosixDriver::IsAbsolute(absl::string_view path) const {
+  return !path.empty() && path[0] == '/';
+}
+
+std::string PosixDriver::AbsolutePath(const std::string& path) const {
+  if (path.empty()) return path;
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  std::string result =
+      std::filesystem::path(error ? path : absolute.string()).lexically_normal().string();
+  while (result.size() > 1 && result.back() == '/') result.pop_back();
+  return result;
+}
+
+absl::StatusOr<std::string> PosixDriver::ConfinedPath(const std::string& path,
+                                                      bool must_exist) const {
+  if (must_exist) {
+    absl::StatusOr<std::string> resolved = RealPath(path);
+    if (absl::IsNotFound(resolved.status())) {
+      return absl::NotFoundError(absl::StrCat(path, " does not exist"));
+    }
+    return resolved;
+  }
+  // The deepest existing ancestor, and the plain names below it.
+  std::vector<std::string> missing;
+  std::string existing = path;
+  while (existing.size() > 1 && existing.back() == '/') existing.pop_back();
+  struct stat st;
+  while (::lstat(existing.c_str(), &st) != 0) {
+    if (errno != ENOENT) return ErrnoToStatus(errno, absl::StrCat("checking ", path));
+    const size_t slash = existing.rfind('/');
+    if (slash == std::string::npos) {
+      existing = ".";
+      break;
+    }
+    std::string name = existing.substr(slash + 1);
+    if (name == "." || name == "..") {
+      return absl::PermissionDeniedError(
+          absl::StrCat(path, " uses \"", name, "\" below an existing folder"));
+    }
+    if (!name.empty()) missing.insert(missing.begin(), name);
+    existing = slash == 0 ? "/" : existing.substr(0, slash);
+  }
+  absl::StatusOr<std::string> real_existing = RealPath(existing);
+  if (!real_existing.ok()) {
+    // lstat found it, realpath cannot follow it: a dangling symlink, wherever it points.
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": ", existing, " is a symlink that cannot be resolved (",
+                     real_existing.status().message(), ")"));
+  }
+  std::string resolved = *std::move(real_existing);
+  for (const std::string& name : missing) {
+    resolved = resolved == "/" ? "/" + name : resolved + "/" + name;
+  }
+  return resolved;
 }
 
 absl::StatusOr<Listing> PosixDriver::List(const std::string& path) const {

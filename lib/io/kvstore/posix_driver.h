@@ -28,6 +28,13 @@ class PosixDriver final : public Driver {
   bool maps_files() const override { return true; }
   bool has_folders() const override { return true; }
 
+  bool IsAbsolute(absl::string_view path) const override;
+  std::string AbsolutePath(const std::string& path) const override;
+  // realpath(3) of `path`, or of its deepest existing ancestor followed by the plain names
+  // below it (`must_exist` false); no trailing '/'.
+  absl::StatusOr<std::string> ConfinedPath(const std::string& path,
+                                           bool must_exist) const override;
+
   // stat(2) of `path` (symlinks followed); under a confinement the path is also opened
   // (O_PATH) beneath its root, so a path outside the roots is PermissionDenied. NotFound when
   // a component is missing or not a folder.

@@ -51,6 +51,13 @@ absl::StatusOr<S3Client*> S3Store::Client() const {
   return DefaultS3Client();
 }
 
+absl::StatusOr<std::string> S3Store::ConfinedPath(const std::string& url,
+                                                  bool /*must_exist*/) const {
+  ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
+  while (!location.key.empty() && location.key.back() == '/') location.key.pop_back();
+  return location.key.empty() ? absl::StrCat("s3://", location.bucket) : location.ToString();
+}
+
 absl::StatusOr<kvstore::PathStat> S3Store::Stat(const std::string& url) const {
   ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
   ASSIGN_OR_RETURN(S3Client * client, Client(), url);

@@ -32,6 +32,11 @@ class S3Store final : public kvstore::Driver {
 
   absl::string_view scheme() const override { return "s3"; }
 
+  // "s3://bucket" or "s3://bucket/key" validated by ParseS3Url (bucket name rules; no "." or
+  // ".." or empty key segments), without a trailing '/'.
+  absl::StatusOr<std::string> ConfinedPath(const std::string& url,
+                                           bool must_exist) const override;
+
   // HEAD of the key, then (not found, or failed without an S3 error code: HEAD answers have
   // no body) a one-entry LIST of "key/". NotFound naming the URL, the key and the prefix when
   // neither exists; the LIST's error (NoSuchBucket, SignatureDoesNotMatch, ...) otherwise.
