@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "lib/engine/testing/remote_metadata_measure.h"
 #include "lib/formats/dcp/dcp_fixture.h"
 #include "lib/formats/format_fixture.h"
-#include "lib/formats/remote_metadata_measure.h"
 
 namespace reshard {
 namespace {

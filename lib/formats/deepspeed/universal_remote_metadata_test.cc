@@ -10,9 +10,9 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "lib/core/catalog.h"
+#include "lib/engine/testing/remote_metadata_measure.h"
 #include "lib/formats/deepspeed/universal_fixture.h"
 #include "lib/formats/format_fixture.h"
-#include "lib/formats/remote_metadata_measure.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -43,9 +43,8 @@ std::map<std::string, std::string> UniversalSaveFiles() {
 TEST(UniversalRemoteMetadataTest, ParamFoldersReadConcurrentlyInOrder) {
   const std::string url = "mem://universal-metadata/save";
   const std::map<std::string, std::string> files = UniversalSaveFiles();
-  const MetadataLoad load = UploadAndMeasure(url, files, absl::Milliseconds(5),
-                                             absl::StrCat("universal, ", kExtraParams + 3,
-                                                          " params"));
+  const MetadataLoad load = UploadAndMeasure(
+      url, files, absl::Milliseconds(5), absl::StrCat("universal, ", kExtraParams + 3, " params"));
   ASSERT_TRUE(load.loaded.ok()) << load.loaded.status();
   EXPECT_GE(load.max_concurrent_reads, 8);
   EXPECT_LE(load.max_concurrent_reads, 16);

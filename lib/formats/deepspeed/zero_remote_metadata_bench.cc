@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "lib/formats/remote_metadata_measure.h"
+#include "lib/engine/testing/remote_metadata_measure.h"
 #include "lib/formats/deepspeed/zero_fixture.h"
 #include "lib/testing/test_files.h"
 

@@ -12,9 +12,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/core/catalog.h"
+#include "lib/engine/testing/remote_metadata_measure.h"
 #include "lib/formats/deepspeed/zero_fixture.h"
 #include "lib/formats/format_fixture.h"
-#include "lib/formats/remote_metadata_measure.h"
 #include "lib/io/kvstore/memory_driver.h"
 
 namespace reshard {

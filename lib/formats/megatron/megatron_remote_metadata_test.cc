@@ -10,8 +10,8 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "lib/core/catalog.h"
+#include "lib/engine/testing/remote_metadata_measure.h"
 #include "lib/formats/megatron/megatron_fixture.h"
-#include "lib/formats/remote_metadata_measure.h"
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_fixture.h"
 

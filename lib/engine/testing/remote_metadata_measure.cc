@@ -1,4 +1,4 @@
-#include "lib/formats/remote_metadata_measure.h"
+#include "lib/engine/testing/remote_metadata_measure.h"
 
 #include <cstdio>
 

@@ -4,8 +4,8 @@
 //
 // testonly.
 
-#ifndef RESHARD_LIB_FORMATS_REMOTE_METADATA_MEASURE_H_
-#define RESHARD_LIB_FORMATS_REMOTE_METADATA_MEASURE_H_
+#ifndef RESHARD_LIB_ENGINE_TESTING_REMOTE_METADATA_MEASURE_H_
+#define RESHARD_LIB_ENGINE_TESTING_REMOTE_METADATA_MEASURE_H_
 
 #include <map>
 #include <string>
@@ -38,14 +38,14 @@ MetadataLoad MeasureLoadInput(kvstore::MemoryDriver& store, const std::string& u
 // `files` uploaded at `url` of kvstore::GetMemoryDriver(), every read from then on waiting
 // `delay`, and LoadInput(`url`) measured; prints "remote metadata: <what>: <time>, <requests>".
 MetadataLoad UploadAndMeasure(const std::string& url,
-                              const std::map<std::string, std::string>& files,
-                              absl::Duration delay, const std::string& what);
+                              const std::map<std::string, std::string>& files, absl::Duration delay,
+                              const std::string& what);
 
 // Where tensor `name`'s pieces are, in piece order: each piece's first origin coordinate (the
 // row it starts at) and its file's path. Empty when the catalog has no such tensor.
 std::vector<std::pair<int64_t, std::string>> PieceRowsAndFiles(const Catalog& catalog,
-                                                              const std::string& name);
+                                                               const std::string& name);
 
 }  // namespace reshard
 
-#endif  // RESHARD_LIB_FORMATS_REMOTE_METADATA_MEASURE_H_
+#endif  // RESHARD_LIB_ENGINE_TESTING_REMOTE_METADATA_MEASURE_H_
