@@ -78,8 +78,8 @@ class CliTestCase(TempDirTestCase):
         return doc
 
 
-# Peak resident set size a conversion may reach, whatever the model's size (docs/benchmarks.md
-# measures about 45 MiB); the bounded-memory tests convert inputs well above it.
+# Peak resident set size a conversion may reach, whatever the model's size (docs/benchmarks.md,
+# "Peak RSS of every input format"); the bounded-memory tests convert inputs well above it.
 MAX_CONVERSION_RSS = 200 << 20
 
 

@@ -51,11 +51,12 @@ std::vector<WorkUnit> WorkUnits(const CopyPlan& plan) {
   // Of those, the files that read strips from the same source files, directly or through one
   // another: only they share rows. The parts of a model-parallel checkpoint of 2 files split
   // into 4 are two such groups (parts 0 and 1 read the first file, 2 and 3 the second). Written
-  // in turns all four, the strips of one source evicted the other's spans, and the split read
-  // its input 1.6 times. Only the tensors read in strips join files: the replicated ones (the
-  // norms, metaseq's `version` and position embeddings) are read by every part from the first
-  // source, which joined all four parts of a metaseq split again (1.45x its input read); their
-  // bytes are repeated ranges, kept in the page cache for the other parts (AnalyzeSourceReads).
+  // in turns all four, the strips of one source would evict the other's spans, and the input
+  // would be read more than once. Only the tensors read in strips join files: the replicated
+  // ones (the norms, metaseq's `version` and position embeddings) are read by every part from
+  // the first source, and joining on them would put all four parts of a metaseq split in one
+  // group again; their bytes are repeated ranges, kept in the page cache for the other parts
+  // (AnalyzeSourceReads).
   std::vector<size_t> group_of(plan.files.size());
   for (const auto& [unused, files] : alike) {
     std::map<int, size_t> reader_of_source;  // a source file -> a file that reads strips of it
@@ -99,9 +100,8 @@ std::vector<WorkUnit> WorkUnits(const CopyPlan& plan) {
     const std::vector<size_t>& files = group->second;
     const size_t n = files.size();
     // One unit when it can hold them all: it reads every row once, directly, with the span
-    // after the current one read ahead. Dealt into a unit per worker instead (rows read once
-    // per unit, through the page cache) the split into 4 of docs/benchmarks.md took 1.22x the
-    // wall time and 2.1x the CPU (9 alternating pairs).
+    // after the current one read ahead. A unit per worker would read the rows once per unit,
+    // through the page cache, which costs more wall time and CPU than the one unit saves.
     const size_t count = (n + kMaxLockstepFiles - 1) / kMaxLockstepFiles;
     for (size_t u = 0; u < count; ++u) {
       WorkUnit unit{{files.begin() + u * n / count, files.begin() + (u + 1) * n / count},

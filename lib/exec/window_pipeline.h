@@ -3,10 +3,9 @@
 // copies, dtype conversion) overlaps with writing the previous one. Two buffers of half the
 // window each: one being filled, one being written.
 //
-// The buffers belong to the worker thread and serve every file it writes: mapping fresh ones
-// per file made the kernel fault in and zero every byte of a many-file output (a DeepSpeed
-// universal checkpoint's three files per parameter) once more, 2.4x the kernel time of the
-// same bytes written as one file.
+// The buffers belong to the worker thread and serve every file it writes: fresh ones per file
+// would make the kernel fault in and zero every byte of a many-file output (a DeepSpeed
+// universal checkpoint's three files per parameter) once more.
 
 #ifndef RESHARD_LIB_EXEC_WINDOW_PIPELINE_H_
 #define RESHARD_LIB_EXEC_WINDOW_PIPELINE_H_

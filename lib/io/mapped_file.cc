@@ -67,9 +67,8 @@ absl::StatusOr<MappedFile> MappedFile::Adopt(int fd, const std::string& path,
       return ErrnoToStatus(error, absl::StrCat("mapping ", path));
     }
     file.data_ = static_cast<std::byte*>(address);
-    // No MADV_SEQUENTIAL: measured on this kernel it makes cold-cache faults three times slower
-    // (1 GiB: 6.1 s against 2.1 s with the default read-around; docs/benchmarks.md).
-    // Consumed pages are dropped with Release instead.
+    // No MADV_SEQUENTIAL: on this kernel it makes cold-cache faults slower than the default
+    // read-around. Consumed pages are dropped with Release instead.
   }
   file.fd_ = fd;
   return file;
