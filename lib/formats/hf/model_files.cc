@@ -157,6 +157,12 @@ bool OutputIsHuggingFaceModel(absl::string_view output_format, bool consolidate)
          (output_format == "torch" && consolidate);
 }
 
+absl::StatusOr<std::vector<ModelFile>> InputModelFiles(const std::string& input,
+                                                       absl::string_view input_format) {
+  if (input_format != "safetensors" && input_format != "torch") return std::vector<ModelFile>();
+  return FindModelFiles(input);
+}
+
 absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(const std::string& input,
                                                          absl::string_view input_format,
                                                          absl::string_view output_format,
@@ -171,8 +177,8 @@ absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(const std::string& inpu
         " output is not a Hugging Face model (tokenizers are carried into safetensors, hf, and "
         "consolidated torch outputs)"));
   }
-  if (!no_extra_files && (input_format == "safetensors" || input_format == "torch")) {
-    ASSIGN_OR_RETURN(files, FindModelFiles(input));
+  if (!no_extra_files) {
+    ASSIGN_OR_RETURN(files, InputModelFiles(input, input_format));
   }
   if (!tokenizer.empty()) {
     ASSIGN_OR_RETURN(std::vector<ModelFile> tokenizer_files, FindTokenizerFiles(tokenizer));

@@ -71,8 +71,13 @@ absl::StatusOr<std::vector<ModelFile>> FindTokenizerFiles(const std::string& dir
 // layout; the training formats are not Hugging Face models.
 bool OutputIsHuggingFaceModel(absl::string_view output_format, bool consolidate);
 
-// What a conversion carries beside the weights: the model files of its input (FindModelFiles)
-// when the input was read as safetensors or torch and `no_extra_files` is not set, with the
+// The model files of input `input` read as `input_format`: FindModelFiles for a safetensors or
+// torch input (the formats save_pretrained writes), none for the others. What `inspect` lists.
+absl::StatusOr<std::vector<ModelFile>> InputModelFiles(const std::string& input,
+                                                       absl::string_view input_format);
+
+// What a conversion carries beside the weights: the model files of its input
+// (InputModelFiles) unless `no_extra_files`, with the
 // tokenizer files of folder `tokenizer` (when not empty) over them; nothing when the output
 // is not a Hugging Face model (OutputIsHuggingFaceModel). InvalidArgument when `tokenizer` is
 // given for such an output.
