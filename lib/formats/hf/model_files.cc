@@ -188,6 +188,8 @@ absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(const std::string& inpu
 }
 
 absl::StatusOr<std::vector<ModelFile>> FindModelFiles(const std::string& input) {
+  // On a store (s3://, mem://) the folder's one listing answers the lookups and sizes below.
+  ScopedRemoteListingCache listings;
   const std::string path = WithoutTrailingSlash(input);
   ASSIGN_OR_RETURN(const bool is_folder, CheckInputFolder(path));
   std::string folder = path;
@@ -208,6 +210,7 @@ absl::StatusOr<std::vector<ModelFile>> FindModelFiles(const std::string& input) 
 }
 
 absl::StatusOr<std::vector<ModelFile>> FindTokenizerFiles(const std::string& dir) {
+  ScopedRemoteListingCache listings;
   const std::string folder = WithoutTrailingSlash(dir);
   ASSIGN_OR_RETURN(const bool is_folder, CheckInputFolder(folder));
   if (!is_folder) {
