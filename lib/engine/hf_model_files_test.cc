@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -13,8 +14,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/engine/conversion.h"
+#include "lib/engine/object_store_output.h"
 #include "lib/formats/safetensors/safetensors_fixture.h"
 #include "lib/io/kvstore/memory_driver.h"
+#include "lib/io/s3/testing/memory_s3_client.h"
 #include "lib/testing/test_files.h"
 #include "nlohmann/json.hpp"
 
@@ -199,6 +202,48 @@ TEST(HfModelFilesTest, AFolderInMemoryCarriesThemToo) {
                ReadAll(entry.path().string()));
   }
   ConsolidateAndExpectCarried("mem://hf-model-files/model", "from-mem");
+}
+
+TEST(HfModelFilesTest, AnObjectStoreOutputHoldsThemUnderItsManifest) {
+  const std::string in = MakeTempDir("hf-in") + "/model";
+  WriteHfFolder(in);
+  MemoryS3Client client;
+  ASSERT_TRUE(client.CreateBucket("models").ok());
+  auto result = RunConversionToObjectStore(Consolidate(in, "s3://models/tiny"), {}, client);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::map<std::string, std::string> objects = client.objects("models");
+  const Json manifest = Json::parse(objects.at(absl::StrCat("tiny/", kManifestName)));
+  std::set<std::string> listed;
+  for (const Json& file : manifest["files"]) listed.insert(file["name"].get<std::string>());
+  for (const auto& [name, contents] : ModelFilesOfFixture()) {
+    ASSERT_EQ(objects.count("tiny/" + name), 1u) << name;
+    EXPECT_EQ(listed.count(name), 1u) << name;
+    if (name != "config.json") EXPECT_EQ(objects.at("tiny/" + name), contents) << name;
+  }
+  EXPECT_THAT(objects.at("tiny/config.json"), HasSubstr("\"torch_dtype\": \"bfloat16\""));
+}
+
+// A reshard into safetensors parts is still a Hugging Face model's folder; torch parts
+// (metaseq's layout) are not.
+TEST(HfModelFilesTest, SafetensorsPartsCarryThemTorchPartsDoNot) {
+  const std::string in = MakeTempDir("hf-in") + "/model";
+  WriteHfFolder(in);
+  ConversionSpec spec = Consolidate(in, MakeTempDir("hf-out") + "/parts");
+  spec.kind = ConversionSpec::Kind::kReshard;
+  spec.parts = 2;
+  spec.rules_json = R"({"rules": [{"pattern": ".*", "split_dim": 0}]})";
+  auto result = RunConversion(spec);
+  ASSERT_TRUE(result.ok()) << result.status();
+  std::set<std::string> expected = {"model_part-0.safetensors", "model_part-1.safetensors",
+                                    kManifestName};
+  for (const auto& [name, contents] : ModelFilesOfFixture()) expected.insert(name);
+  EXPECT_EQ(FilesIn(spec.output), expected);
+  spec.output = MakeTempDir("hf-out") + "/torch-parts";
+  spec.output_format = "torch";
+  result = RunConversion(spec);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(FilesIn(spec.output),
+            (std::set<std::string>{"model_part-0.pt", "model_part-1.pt", kManifestName}));
 }
 
 TEST(HfModelFilesTest, TokenizerFolderIsCarriedForAnyInput) {
