@@ -199,6 +199,7 @@ TEST_F(CommandsTest, InspectAndPlanShowTheModelFilesCarried) {
   WriteAll(root_ + "/tokenizer.json", TestPattern(2 << 20));
   ASSERT_EQ(RunInspect(Input(model_), JsonFlags(), out_, err_), kExitOk) << err_.str();
   const Json doc = ParseJson(out_.str());
+  ASSERT_TRUE(doc.contains("model_files")) << doc.dump();
   EXPECT_EQ(doc["model_files"],
             Json::parse(absl::StrCat(R"([{"path": ")", root_, R"(/README.md", "bytes": 4}, )",
                                      R"({"path": ")", root_, R"(/config.json", "bytes": 26}, )",
