@@ -70,8 +70,9 @@ std::vector<std::pair<std::string, std::string>> ModelFilesOfFixture() {
 // shards, their index, the model files, and a file that is not carried.
 void WriteHfFolder(const std::string& dir) {
   fs::create_directories(dir);
-  WriteAll(dir + "/model-00001-of-00002.safetensors",
-           SafetensorsFileOf({{"model.embed_tokens.weight", DType::kF32, {4, 8}, FloatBytes(32, 0)}}));
+  WriteAll(
+      dir + "/model-00001-of-00002.safetensors",
+      SafetensorsFileOf({{"model.embed_tokens.weight", DType::kF32, {4, 8}, FloatBytes(32, 0)}}));
   WriteAll(dir + "/model-00002-of-00002.safetensors",
            SafetensorsFileOf({{"lm_head.weight", DType::kF32, {4, 8}, FloatBytes(32, 1)}}));
   WriteAll(dir + "/model.safetensors.index.json",

@@ -25,8 +25,9 @@ using OrderedJson = nlohmann::ordered_json;
 // member a row in SpecFields() (flag, JobSpec field, JSON key) and list it here.
 [[maybe_unused]] void EveryMemberHasARow(const ConversionSpec& spec) {
   [[maybe_unused]] const auto& [kind, input, output, dtype, max_shard_size, parts, pipeline_parts, update_latest,
-               no_extra_files, tokenizer, rules_json, rules_file, overwrite, duplicate_tied, output_format, read, threads,
-               window_bytes, skip_crc_check, io, partition_index, partition_count] = spec;
+               no_extra_files, tokenizer, rules_json, rules_file, overwrite, duplicate_tied,
+               output_format, read, threads, window_bytes, skip_crc_check, io, partition_index,
+               partition_count] = spec;
   [[maybe_unused]] const auto& [tag, include_optimizer] = read;
 }
 constexpr size_t kSpecMembers = 23;  // ConversionSpec's, with ReadOptions' two for `read`

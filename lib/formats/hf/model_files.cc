@@ -23,15 +23,15 @@ using OrderedJson = nlohmann::ordered_json;
 constexpr absl::string_view kConfigName = "config.json";
 
 constexpr absl::string_view kTokenizerNames[] = {
-    "added_tokens.json",       "chat_template.jinja", "chat_template.json",
-    "merges.txt",              "special_tokens_map.json", "tokenizer.json",
-    "tokenizer.model",         "tokenizer_config.json",   "vocab.json",
+    "added_tokens.json", "chat_template.jinja",     "chat_template.json",
+    "merges.txt",        "special_tokens_map.json", "tokenizer.json",
+    "tokenizer.model",   "tokenizer_config.json",   "vocab.json",
     "vocab.txt",
 };
 
 constexpr absl::string_view kOtherModelNames[] = {
-    "config.json", "generation_config.json", "preprocessor_config.json", "README.md",
-    "USE_POLICY.md",
+    "config.json", "generation_config.json", "preprocessor_config.json",
+    "README.md",   "USE_POLICY.md",
 };
 
 // Names of the weight files `save_pretrained` writes (safetensors or torch.save).
@@ -40,7 +40,8 @@ bool IsHuggingFaceWeightName(absl::string_view name) {
       name == "pytorch_model.bin" || name == "pytorch_model.bin.index.json") {
     return true;
   }
-  static const LazyRE2 kShard = {R"((model-\d+-of-\d+\.safetensors)|(pytorch_model-\d+-of-\d+\.bin))"};
+  static const LazyRE2 kShard = {
+      R"((model-\d+-of-\d+\.safetensors)|(pytorch_model-\d+-of-\d+\.bin))"};
   return RE2::FullMatch(re2::StringPiece(name.data(), name.size()), *kShard);
 }
 
@@ -99,9 +100,9 @@ absl::Status CheckLinksStayInside(const std::string& folder, const std::vector<M
     const std::filesystem::path link = std::filesystem::read_symlink(file.path, error);
     return absl::PermissionDeniedError(absl::StrCat(
         file.path, " is a symlink to ", error ? target : link.string(),
-        error || link.string() == target ? "" : absl::StrCat(" (", target, ")"),
-        ", outside ", boundary == real_folder ? "the folder " : "the Hugging Face cache repository ",
-        boundary, "; reshard does not follow a model file's symlink out of its folder"));
+        error || link.string() == target ? "" : absl::StrCat(" (", target, ")"), ", outside ",
+        boundary == real_folder ? "the folder " : "the Hugging Face cache repository ", boundary,
+        "; reshard does not follow a model file's symlink out of its folder"));
   }
   return absl::OkStatus();
 }
@@ -206,7 +207,8 @@ absl::StatusOr<std::vector<ModelFile>> FindModelFiles(const std::string& input) 
       !has([](const std::string& name) { return IsHuggingFaceWeightName(name); })) {
     return std::vector<ModelFile>();
   }
-  return SelectFiles(folder, listing, [](const std::string& name) { return IsModelFileName(name); });
+  return SelectFiles(folder, listing,
+                     [](const std::string& name) { return IsModelFileName(name); });
 }
 
 absl::StatusOr<std::vector<ModelFile>> FindTokenizerFiles(const std::string& dir) {
@@ -215,7 +217,9 @@ absl::StatusOr<std::vector<ModelFile>> FindTokenizerFiles(const std::string& dir
   ASSIGN_OR_RETURN(const bool is_folder, CheckInputFolder(folder));
   if (!is_folder) {
     ASSIGN_OR_RETURN(const bool exists, CheckInputExists(folder));
-    if (!exists) return absl::NotFoundError(absl::StrCat("tokenizer folder ", dir, " does not exist"));
+    if (!exists) {
+      return absl::NotFoundError(absl::StrCat("tokenizer folder ", dir, " does not exist"));
+    }
     return absl::InvalidArgumentError(absl::StrCat("tokenizer folder ", dir, " is not a folder"));
   }
   ASSIGN_OR_RETURN(const InputListing listing, ListInput(folder));
@@ -262,9 +266,9 @@ absl::Status AddModelFiles(const std::vector<ModelFile>& files, DTypePolicy dtyp
     if (!taken.insert(file.name).second) continue;
     if (file.name == kConfigName) {
       if (file.size > kMaxConfigBytes) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            file.path, " is ", file.size, " bytes; a config.json is carried up to ",
-            kMaxConfigBytes >> 20, " MiB"));
+        return absl::ResourceExhaustedError(absl::StrCat(file.path, " is ", file.size,
+                                                         " bytes; a config.json is carried up to ",
+                                                         kMaxConfigBytes >> 20, " MiB"));
       }
       ASSIGN_OR_RETURN(const std::string config, ReadSmallFile(file.path, kMaxConfigBytes));
       ASSIGN_OR_RETURN(std::string updated, UpdateConfigDtype(config, file.path, dtype));
@@ -279,8 +283,7 @@ absl::Status AddModelFiles(const std::vector<ModelFile>& files, DTypePolicy dtyp
   return absl::OkStatus();
 }
 
-std::vector<ModelFile> MergeModelFiles(std::vector<ModelFile> files,
-                                       std::vector<ModelFile> extra) {
+std::vector<ModelFile> MergeModelFiles(std::vector<ModelFile> files, std::vector<ModelFile> extra) {
   std::map<std::string, ModelFile> by_name;
   for (ModelFile& file : files) by_name[file.name] = std::move(file);
   for (ModelFile& file : extra) by_name[file.name] = std::move(file);

@@ -112,8 +112,7 @@ absl::Status AddModelFiles(const std::vector<ModelFile>& files, DTypePolicy dtyp
 
 // Merges the files of `extra` into `files`: an `extra` file replaces one of the same name
 // (`--tokenizer DIR` over the input's own tokenizer). Sorted by name.
-std::vector<ModelFile> MergeModelFiles(std::vector<ModelFile> files,
-                                       std::vector<ModelFile> extra);
+std::vector<ModelFile> MergeModelFiles(std::vector<ModelFile> files, std::vector<ModelFile> extra);
 
 }  // namespace reshard
 

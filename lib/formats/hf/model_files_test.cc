@@ -130,7 +130,8 @@ TEST(ModelFilesTest, FindsTheFilesOfAFolderInMemory) {
 
 TEST(ModelFilesTest, TokenizerFilesOfAnyFolder) {
   const std::string dir = MakeHfFolder("tok");
-  EXPECT_THAT(Names(FindTokenizerFiles(dir)), ElementsAre("tokenizer.json", "tokenizer_config.json"));
+  EXPECT_THAT(Names(FindTokenizerFiles(dir)),
+              ElementsAre("tokenizer.json", "tokenizer_config.json"));
   const std::string empty = MakeTempDir("no-tok");
   auto none = FindTokenizerFiles(empty);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound) << none.status();
@@ -146,10 +147,11 @@ TEST(ModelFilesTest, ConfigDtypeIsTheOnlyChange) {
       "  \"name\": \"caf\\u00e9\"\n}\n";
   auto updated = UpdateConfigDtype(config, "config.json", DTypePolicy::kBF16);
   ASSERT_OK(updated);
-  EXPECT_EQ(*updated,
-            "{\n  \"architectures\": [\n    \"LlamaForCausalLM\"\n  ],\n  \"dtype\": \"bfloat16\",\n"
-            "  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": 10000.0,\n  \"torch_dtype\": \"bfloat16\",\n"
-            "  \"name\": \"caf\\u00e9\"\n}\n");
+  EXPECT_EQ(
+      *updated,
+      "{\n  \"architectures\": [\n    \"LlamaForCausalLM\"\n  ],\n  \"dtype\": \"bfloat16\",\n"
+      "  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": 10000.0,\n  \"torch_dtype\": \"bfloat16\",\n"
+      "  \"name\": \"caf\\u00e9\"\n}\n");
   // Unchanged when nothing is cast; torch_dtype added when the config has neither key.
   EXPECT_THAT(UpdateConfigDtype(config, "config.json", DTypePolicy::kKeep), IsOkAndHolds(config));
   EXPECT_THAT(UpdateConfigDtype(R"({"a": 1})", "config.json", DTypePolicy::kF16),
