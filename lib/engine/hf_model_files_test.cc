@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "lib/engine/conversion.h"
 #include "lib/engine/object_store_output.h"
+#include "lib/engine/partitioned_conversion.h"
 #include "lib/formats/safetensors/safetensors_fixture.h"
 #include "lib/io/kvstore/memory_driver.h"
 #include "lib/io/s3/testing/memory_s3_client.h"
@@ -222,6 +223,29 @@ TEST(HfModelFilesTest, AnObjectStoreOutputHoldsThemUnderItsManifest) {
     if (name != "config.json") EXPECT_EQ(objects.at("tiny/" + name), contents) << name;
   }
   EXPECT_THAT(objects.at("tiny/config.json"), HasSubstr("\"torch_dtype\": \"bfloat16\""));
+}
+
+// Workers of a partitioned conversion write the verbatim copies among their data files; the
+// worker that publishes writes the companion files.
+TEST(HfModelFilesTest, APartitionedConversionCarriesThemOnce) {
+  const std::string in = MakeTempDir("hf-in") + "/model";
+  WriteHfFolder(in);
+  const std::string out = MakeTempDir("hf-out") + "/partitioned";
+  for (int index = 0; index < 2; ++index) {
+    ConversionSpec spec = Consolidate(in, out);
+    spec.max_shard_size = 100;  // one 64-byte bf16 tensor per shard: files for both workers
+    spec.partition_index = index;
+    spec.partition_count = 2;
+    auto result = RunAnyConversion(spec);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->published, index == 1);
+  }
+  std::set<std::string> expected = {"model-00001-of-00002.safetensors",
+                                    "model-00002-of-00002.safetensors",
+                                    "model.safetensors.index.json", kManifestName};
+  for (const auto& [name, contents] : ModelFilesOfFixture()) expected.insert(name);
+  EXPECT_EQ(FilesIn(out), expected);
+  EXPECT_EQ(ReadAll(out + "/tokenizer.json"), ModelFilesOfFixture()[2].second);
 }
 
 // A reshard into safetensors parts is still a Hugging Face model's folder; torch parts
