@@ -46,8 +46,10 @@ int RunInspect(const ConversionFlags& conversion, const OutputFlags& flags, std:
   auto loaded = LoadInput(conversion.input, *std::move(parsed_rules), /*require_model=*/false,
                           ReadOptionsFrom(conversion));
   if (!loaded.ok()) return Fail(loaded.status(), flags, flags.result_file, out, err);
-  return Emit(InspectDocument(conversion.input, *loaded), kExitOk, flags, flags.result_file,
-              PrintInspect, out, err);
+  auto model_files = InputModelFiles(conversion.input, loaded->model.format);
+  if (!model_files.ok()) return Fail(model_files.status(), flags, flags.result_file, out, err);
+  return Emit(InspectDocument(conversion.input, *loaded, *model_files), kExitOk, flags,
+              flags.result_file, PrintInspect, out, err);
 }
 
 int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::ostream& out,

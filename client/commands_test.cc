@@ -4,11 +4,13 @@
 
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/status/status.h"
 #include "client/exit_codes.h"
 #include "gtest/gtest.h"
@@ -187,6 +189,43 @@ TEST_F(CommandsTest, PlanJson) {
   EXPECT_EQ(doc["total_bytes"].get<uint64_t>(), sum);
   EXPECT_GT(doc["memory_bytes"].get<uint64_t>(), 0u);
   EXPECT_FALSE(fs::exists(root_ + "/out")) << "plan must not write";
+}
+
+// Beside model.safetensors, a Hugging Face folder's other files: listed by inspect, and
+// planned as output files (tokenizer.json, larger than a companion file, as a data file).
+TEST_F(CommandsTest, InspectAndPlanShowTheModelFilesCarried) {
+  WriteAll(root_ + "/config.json", "{\"torch_dtype\": \"float32\"}");
+  WriteAll(root_ + "/README.md", "# w\n");
+  WriteAll(root_ + "/tokenizer.json", TestPattern(2 << 20));
+  ASSERT_EQ(RunInspect(Input(model_), JsonFlags(), out_, err_), kExitOk) << err_.str();
+  const Json doc = ParseJson(out_.str());
+  ASSERT_TRUE(doc.contains("model_files")) << doc.dump();
+  EXPECT_EQ(doc["model_files"],
+            Json::parse(absl::StrCat(R"([{"path": ")", root_, R"(/README.md", "bytes": 4}, )",
+                                     R"({"path": ")", root_, R"(/config.json", "bytes": 26}, )",
+                                     R"({"path": ")", root_, R"(/tokenizer.json", "bytes": )",
+                                     2 << 20, "}]")));
+  std::ostringstream text, text_err;
+  OutputFlags flags;
+  ASSERT_EQ(RunInspect(Input(model_), flags, text, text_err), kExitOk) << text_err.str();
+  EXPECT_NE(text.str().find("model files (carried into Hugging Face outputs"), std::string::npos)
+      << text.str();
+
+  std::ostringstream plan_out, plan_err;
+  ConversionFlags conversion;
+  conversion.input = model_;
+  conversion.dtype = "bf16";
+  ASSERT_EQ(RunPlan(conversion, JsonFlags(), plan_out, plan_err), kExitOk) << plan_err.str();
+  std::map<std::string, uint64_t> planned;
+  const Json plan = ParseJson(plan_out.str());
+  for (const Json& file : plan["files"]) {
+    planned[file["name"].get<std::string>()] = file["bytes"].get<uint64_t>();
+  }
+  EXPECT_EQ(planned.size(), 4u) << plan_out.str();
+  EXPECT_EQ(planned["tokenizer.json"], 2u << 20);
+  EXPECT_EQ(planned["README.md"], 4u);
+  EXPECT_EQ(planned.count("config.json"), 1u);  // as cast: "bfloat16"
+  EXPECT_EQ(planned.count("model.safetensors"), 1u);
 }
 
 TEST_F(CommandsTest, ConvertJsonAndRefusesNonEmptyOutput) {

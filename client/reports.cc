@@ -39,7 +39,8 @@ std::string StatusCodeName(absl::StatusCode code) {
   return name.empty() ? "UNKNOWN" : name;
 }
 
-Json InspectDocument(const std::string& input, const LoadedInput& loaded) {
+Json InspectDocument(const std::string& input, const LoadedInput& loaded,
+                     const std::vector<ModelFile>& model_files) {
   const InputModel& model = loaded.model;
   const Catalog& shown = loaded.merged ? loaded.catalog : model.parts[0];
   Json doc;
@@ -66,6 +67,10 @@ Json InspectDocument(const std::string& input, const LoadedInput& loaded) {
   doc["total_bytes"] = total;
   doc["metadata"] = shown.metadata;
   doc["other_entries"] = shown.other_entries;
+  doc["model_files"] = Json::array();
+  for (const ModelFile& file : model_files) {
+    doc["model_files"].push_back({{"path", file.path}, {"bytes", file.size}});
+  }
   return doc;
 }
 
@@ -92,6 +97,10 @@ Json InspectDocument(const std::string& input, const v1::InspectResponse& respon
   doc["total_bytes"] = response.total_bytes();
   doc["metadata"] =
       std::map<std::string, std::string>(response.metadata().begin(), response.metadata().end());
+  doc["model_files"] = Json::array();
+  for (const v1::InputFile& file : response.model_files()) {
+    doc["model_files"].push_back({{"path", file.path()}, {"bytes", file.bytes()}});
+  }
   return doc;
 }
 
@@ -244,6 +253,13 @@ void PrintInspect(const Json& doc, std::ostream& out) {
   if (doc.contains("other_entries") && !doc["other_entries"].empty()) {
     out << "other entries (not tensors; carried to torch output unless noted):\n";
     for (const Json& entry : doc["other_entries"]) out << "  " << entry.get<std::string>() << "\n";
+  }
+  if (doc.contains("model_files") && !doc["model_files"].empty()) {
+    out << "model files (carried into Hugging Face outputs unless --no-extra-files):\n";
+    for (const Json& file : doc["model_files"]) {
+      out << absl::StrFormat("  %-60s %s\n", file["path"].get<std::string>(),
+                             HumanBytes(file["bytes"].get<double>()));
+    }
   }
   for (const Json& tensor : doc["tensors"]) {
     out << absl::StrFormat("  %-60s %-8s %-24s %s\n", tensor["name"].get<std::string>(),

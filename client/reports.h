@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "lib/engine/conversion.h"
+#include "lib/formats/hf/model_files.h"
 #include "nlohmann/json.hpp"
 #include "proto/reshard/v1/reshard.pb.h"
 
@@ -25,7 +26,9 @@ struct OutputFlags {
 };
 
 // Documents of local results.
-Json InspectDocument(const std::string& input, const LoadedInput& loaded);
+// `model_files`: what a conversion of the input carries beside the weights (InputModelFiles).
+Json InspectDocument(const std::string& input, const LoadedInput& loaded,
+                     const std::vector<ModelFile>& model_files = {});
 Json PlanDocument(const std::string& input, bool reshard, const PlannedConversion& planned);
 Json ConversionDocument(const std::string& input, bool reshard, const ConversionResult& result);
 // Adds "partitions" to a plan document: the first `data_files` of its "files" dealt to `count`

@@ -143,6 +143,8 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember(OutputFormatIds()))
         ->capture_default_str();
     AddSpecOption(command, conversion, "update_latest");
+    AddSpecOption(command, conversion, "no_extra_files");
+    AddSpecOption(command, conversion, "tokenizer");
     add_read_options(command);
     add_output(command);
   };

@@ -152,6 +152,8 @@ TEST_F(SpecParityTest, EveryOption) {
   flags.include_optimizer = true;
   flags.partition = "1/3";
   flags.overwrite = true;
+  flags.no_extra_files = true;
+  flags.tokenizer = "sub/../tok/";
   ExpectSameSpec(flags, /*reshard=*/true, DaemonFlags(),
                  R"({"method": "reshard", "args": ["./ckpt/", "sub/../tp4", 4, "rules.json"],
                      "kwargs": {"dtype": "fp16", "pipeline_parts": 2, "update_latest": true,
@@ -159,7 +161,8 @@ TEST_F(SpecParityTest, EveryOption) {
                                 "skip_crc_check": true, "io": "buffered",
                                 "output_format": "megatron", "tag": "global_step5",
                                 "include_optimizer": true, "overwrite": true,
-                                "partition_index": 1, "partition_count": 3}})");
+                                "partition_index": 1, "partition_count": 3,
+                                "no_extra_files": true, "tokenizer": "sub/../tok/"}})");
 }
 
 // Every field with a flag is an option of `consolidate` or `reshard` (reshardctl_main.cc

@@ -129,6 +129,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     ScopedPathConfinement confined(policy->confinement());
     absl::StatusOr<std::string> input = policy->CheckInputTree(job.spec().input());
     if (!input.ok()) return input.status();
+    if (!job.spec().tokenizer().empty()) {
+      RETURN_IF_ERROR(policy->CheckInputTree(job.spec().tokenizer()).status(), "spec.tokenizer");
+    }
     return engine(job, context);
   };
   MemoryEstimator estimator = options.estimator ? options.estimator : EstimateJobMemory;

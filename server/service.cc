@@ -12,6 +12,7 @@
 #include "lib/engine/partitioned_conversion.h"
 #include "lib/engine/spec_codec.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/hf/model_files.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/io/io_mode.h"
 #include "lib/plan/partition_rules.h"
@@ -122,6 +123,11 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
   if (spec.output().empty()) return absl::InvalidArgumentError("spec.output is required");
   if (spec.input().empty()) return absl::InvalidArgumentError("spec.input is required");
   ASSIGN_OR_RETURN(*valid.mutable_input(), paths.CheckInputTree(spec.input()));
+  // --tokenizer DIR is read like the input: inside the caller's roots, no link out of them.
+  if (!spec.tokenizer().empty()) {
+    ASSIGN_OR_RETURN(*valid.mutable_tokenizer(), paths.CheckInputTree(spec.tokenizer()),
+                     "spec.tokenizer");
+  }
   ASSIGN_OR_RETURN(*valid.mutable_output(), paths.CheckOutput(spec.output()));
   // Neither may hold the other: the output would be read back as input, or written into it.
   if (valid.output() == valid.input() || valid.input().rfind(valid.output() + "/", 0) == 0 ||
@@ -355,6 +361,17 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext* context,
       return;
     }
     response->set_description(loaded->model.description);
+    absl::StatusOr<std::vector<ModelFile>> model_files =
+        InputModelFiles(*input, loaded->model.format);
+    if (!model_files.ok()) {
+      status = model_files.status();
+      return;
+    }
+    for (const ModelFile& file : *model_files) {
+      v1::InputFile* out = response->add_model_files();
+      out->set_path(file.path);
+      out->set_bytes(file.size);
+    }
     const Catalog& shown = loaded->merged ? loaded->catalog : loaded->model.parts[0];
     response->set_format(loaded->model.format);
     response->set_layout(loaded->model.arrangement);

@@ -258,6 +258,36 @@ class TorchReadTests(Base):
         self.assertEqual(doc["layout"], "sharded")
         self.consolidate_and_compare(folder, sd)
 
+    def test_hf_pytorch_model_bin_folder_carries_its_model_files(self):
+        # save_pretrained with safe_serialization=False: pytorch_model.bin beside config.json,
+        # generation_config.json, a tokenizer and a card (as transformers 4 writes config.json:
+        # sorted keys, 2-space indent, torch_dtype).
+        sd = gpt2_like(seed=3)
+        folder = self.p("hf-bin")
+        os.makedirs(folder)
+        torch.save(sd, os.path.join(folder, "pytorch_model.bin"))
+        config = {"architectures": ["GPT2LMHeadModel"], "layer_norm_epsilon": 1e-05,
+                  "model_type": "gpt2", "n_embd": 64, "torch_dtype": "float32",
+                  "transformers_version": "4.46.0", "vocab_size": 256}
+        files = {"config.json": json.dumps(config, indent=2, sort_keys=True) + "\n",
+                 "generation_config.json": json.dumps({"bos_token_id": 0}, indent=2) + "\n",
+                 "vocab.json": json.dumps({"a": 0, "b": 1}), "merges.txt": "#version: 0.2\na b\n",
+                 "README.md": "# gpt2-like\n"}
+        for name, text in files.items():
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+        self.assertEqual([os.path.basename(f["path"]) for f in self.inspect(folder)["model_files"]],
+                         sorted(files))
+        out = self.consolidate_and_compare(
+            folder, {k: v.half() if v.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                     else v for k, v in sd.items()}, "--dtype", "fp16")
+        expected = dict(files)
+        expected["config.json"] = json.dumps(dict(config, torch_dtype="float16"), indent=2,
+                                             sort_keys=True) + "\n"
+        for name, text in expected.items():
+            with open(os.path.join(out, name)) as f:
+                self.assertEqual(f.read(), text, name)  # config.json: byte for byte as Python's
+
     def test_folder_of_parts_needs_rules(self):
         g = torch.Generator().manual_seed(11)
         parts = [{"w": torch.randn(4, 6, generator=g), "b": torch.ones(6)} for _ in range(3)]

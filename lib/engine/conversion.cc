@@ -19,6 +19,7 @@
 #include "lib/core/stopwatch.h"
 #include "lib/core/test_faults.h"
 #include "lib/engine/spec_codec.h"
+#include "lib/formats/hf/model_files.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/file_access.h"
 #include "lib/io/s3/s3_location.h"
@@ -158,6 +159,16 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   ASSIGN_OR_RETURN(ArrangedOutput arranged,
                    planned.writer->Arrange(std::move(planned.layout), request),
                    absl::StrCat(spec.input, ": arranging the ", spec.output_format, " output"));
+  // The format's companion files (index) describe its own files; the model files carried
+  // from a Hugging Face input (config, tokenizer, README) join the output after them.
+  ASSIGN_OR_RETURN(planned.companion_files, planned.writer->CompanionFiles(arranged.layout));
+  ASSIGN_OR_RETURN(const std::vector<ModelFile> model_files,
+                   ModelFilesToCarry(planned.input.path, planned.input.model.format,
+                                     spec.output_format, request.consolidate, spec.no_extra_files,
+                                     spec.tokenizer));
+  RETURN_IF_ERROR(AddModelFiles(model_files, spec.dtype, *plan_catalog, arranged,
+                                planned.companion_files),
+                  absl::StrCat(spec.input, ": carrying the model's files"));
   planned.layout = std::move(arranged.layout);
   planned.beside_output = std::move(arranged.beside_output);
   // Tensors only the format's arrangement reads (verbatim copies, training state).
@@ -186,7 +197,6 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   }
   ASSIGN_OR_RETURN(planned.plan, BuildCopyPlan(*plan_catalog, planned.layout, framings),
                    spec.input);
-  ASSIGN_OR_RETURN(planned.companion_files, planned.writer->CompanionFiles(planned.layout));
   planned.memory_bytes = EstimateExecutionMemory(planned.plan, ExecutorOptionsFor(spec));
   // An object store output holds each data file's upload parts besides (S3ObjectWriter): for
   // the files written at once, the largest ones.

@@ -76,6 +76,13 @@ struct ConversionSpec {
   // After publishing, also write the tracker file the output format keeps beside the output
   // folder (DeepSpeed's `latest_universal`), so that training resumes from it.
   bool update_latest = false;
+  // A Hugging Face input's other files (config.json with its torch_dtype updated, tokenizer,
+  // README, licence; lib/formats/hf/model_files.h) are carried into an output that is still a
+  // Hugging Face model; set, they are left out.
+  bool no_extra_files = false;
+  // A folder whose tokenizer files are carried into the output (replacing the input's own of
+  // the same name), whatever the input; empty: none.
+  std::string tokenizer;
   // Partition rules, needed to merge or split parts: inline JSON (the daemon's way), or a file.
   std::string rules_json;
   std::string rules_file;

@@ -25,11 +25,12 @@ using OrderedJson = nlohmann::ordered_json;
 // member a row in SpecFields() (flag, JobSpec field, JSON key) and list it here.
 [[maybe_unused]] void EveryMemberHasARow(const ConversionSpec& spec) {
   [[maybe_unused]] const auto& [kind, input, output, dtype, max_shard_size, parts, pipeline_parts, update_latest,
-               rules_json, rules_file, overwrite, duplicate_tied, output_format, read, threads,
-               window_bytes, skip_crc_check, io, partition_index, partition_count] = spec;
+               no_extra_files, tokenizer, rules_json, rules_file, overwrite, duplicate_tied,
+               output_format, read, threads, window_bytes, skip_crc_check, io, partition_index,
+               partition_count] = spec;
   [[maybe_unused]] const auto& [tag, include_optimizer] = read;
 }
-constexpr size_t kSpecMembers = 21;  // ConversionSpec's, with ReadOptions' two for `read`
+constexpr size_t kSpecMembers = 23;  // ConversionSpec's, with ReadOptions' two for `read`
 
 absl::string_view KindName(ConversionSpec::Kind kind) {
   return kind == ConversionSpec::Kind::kConsolidate ? "consolidate" : "reshard";
@@ -135,6 +136,8 @@ bool WhenResharding(const ConversionSpec& spec) {
 bool WhenPipelined(const ConversionSpec& spec) {
   return WhenResharding(spec) && spec.pipeline_parts > 0;
 }
+bool WhenNoExtraFiles(const ConversionSpec& spec) { return spec.no_extra_files; }
+bool WhenTokenizer(const ConversionSpec& spec) { return !spec.tokenizer.empty(); }
 
 // Every run (worker, rerun, daemon) must name the same folders, wherever it was started from.
 // A path no driver here serves is kept as given: whoever runs the spec refuses it by name.
@@ -298,6 +301,13 @@ constexpr SpecField kFields[] = {
        "also write the format's tracker file beside OUT (deepspeed-universal: latest_universal)",
        "update_latest", "update_latest", +[](S& s) -> bool& { return s.update_latest; },
        &F::update_latest},
+      {"no_extra_files", "--no-extra-files",
+       "leave out a Hugging Face input's other files (config.json, tokenizer, README, licence)",
+       "no_extra_files", "no_extra_files", +[](S& s) -> bool& { return s.no_extra_files; },
+       &F::no_extra_files, false, false, nullptr, &WhenNoExtraFiles},
+      {"tokenizer", "--tokenizer", "also carry the tokenizer files of folder DIR into OUT",
+       "tokenizer", "tokenizer", +[](S& s) -> std::string& { return s.tokenizer; },
+       &F::tokenizer, false, false, nullptr, &WhenTokenizer},
       {"overwrite", "--overwrite", "replace a non-empty output folder or s3:// prefix",
        "overwrite", "overwrite", +[](S& s) -> bool& { return s.overwrite; }, &F::overwrite},
       // Not part of the request's identity: they change no output byte.
@@ -376,6 +386,7 @@ absl::StatusOr<ConversionSpec> ParseConversionFlags(const ConversionFlags& flags
 absl::StatusOr<ConversionSpec> NormalizeSpec(ConversionSpec spec) {
   spec.input = AbsolutePath(spec.input);
   spec.output = AbsolutePath(spec.output);
+  if (!spec.tokenizer.empty()) spec.tokenizer = AbsolutePath(spec.tokenizer);
   if (!spec.rules_file.empty()) {
     if (spec.rules_json.empty()) {
       ASSIGN_OR_RETURN(spec.rules_json, ReadRulesFile(spec.rules_file));

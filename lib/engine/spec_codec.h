@@ -44,6 +44,8 @@ struct ConversionFlags {
   int parts = 0;
   int pipeline_parts = 0;      // reshard --format megatron: pipeline stages
   bool update_latest = false;  // also write the format's tracker file beside OUT
+  bool no_extra_files = false;  // leave out a Hugging Face input's config, tokenizer, README
+  std::string tokenizer;        // --tokenizer DIR: carry the tokenizer files of DIR
   std::string rules;           // a rules JSON file or a preset name
   int threads = 2;
   std::string window_size = "32MiB";

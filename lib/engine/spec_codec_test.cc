@@ -33,7 +33,8 @@ TEST(SpecCodecTest, RequestJsonKeepsItsKeysOrderAndValues) {
             R"("output_format":"safetensors","dtype":"bf16","max_shard_size":5000000000,)"
             R"("parts":2,"pipeline_parts":0,"rules_json":"{\"rules\": [{\"pattern\": \".*\", )"
             R"(\"replicate\": true}]}","duplicate_tied":false,"tag":"t",)"
-            R"("include_optimizer":false,"update_latest":false,"overwrite":false})");
+            R"("include_optimizer":false,"update_latest":false,"no_extra_files":false,"tokenizer":"",)"
+            R"("overwrite":false})");
 }
 
 TEST(SpecCodecTest, ManifestRequestHoldsWhatTheOutputIs) {
@@ -53,6 +54,12 @@ TEST(SpecCodecTest, ManifestRequestHoldsWhatTheOutputIs) {
   EXPECT_EQ(SpecToManifestRequest(spec).dump(),
             R"({"kind":"reshard","output_format":"torch","dtype":"keep","parts":2,)"
             R"("pipeline_parts":3})");
+  // The model files carried: named only when they differ from a default conversion's.
+  spec.no_extra_files = true;
+  spec.tokenizer = "/data/tok";
+  EXPECT_EQ(SpecToManifestRequest(spec).dump(),
+            R"({"kind":"reshard","output_format":"torch","dtype":"keep","parts":2,)"
+            R"("pipeline_parts":3,"no_extra_files":true,"tokenizer":"/data/tok"})");
 }
 
 TEST(SpecCodecTest, RequestJsonRoundTripsAndNamesAMissingKey) {

@@ -19,6 +19,8 @@ inline ConversionSpec EverySpecFieldSet() {
   spec.parts = 4;
   spec.pipeline_parts = 2;
   spec.update_latest = true;
+  spec.no_extra_files = true;
+  spec.tokenizer = "/data/tokenizer";
   spec.rules_json = R"({"rules": [{"pattern": ".*", "replicate": true}]})";
   spec.overwrite = true;
   spec.duplicate_tied = true;

@@ -76,6 +76,60 @@ class CoreTests(DaemonTestCase):
         self.assertEqual(doc["job"]["spec"]["dtype"], "DTYPE_BF16")
         self.assertConsolidated(self.src, out, dtype="bf16")
 
+    def test_hugging_face_folder_carries_its_model_files(self):
+        # A save_pretrained folder: sharded weights, config (both dtype keys, as transformers 5
+        # writes them), tokenizer (larger than a companion file: copied verbatim), card.
+        hf = make_checkpoint(self.r("hf_src"), "2MiB", "600KB", "--hidden", "64", "--layers", "2")
+        config = {"architectures": ["LlamaForCausalLM"], "dtype": "float32",
+                  "hidden_size": 64, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+                  "torch_dtype": "float32", "vocab_size": 32000}
+        carried = {"config.json": json.dumps(config, indent=2) + "\n",
+                   "tokenizer.json": json.dumps({"model": {"vocab": ["x" * 40] * 60000}}),
+                   "tokenizer_config.json": "{}", "README.md": "# tiny\n"}
+        self.assertGreater(len(carried["tokenizer.json"]), 1 << 21)
+        for name, text in carried.items():
+            with open(os.path.join(hf, name), "w") as f:
+                f.write(text)
+        # --tokenizer DIR: its files replace the input's of the same name.
+        tok = self.r("hf_tok")
+        os.makedirs(tok)
+        with open(os.path.join(tok, "tokenizer_config.json"), "w") as f:
+            f.write('{"from": "tok"}')
+        carried["tokenizer_config.json"] = '{"from": "tok"}'
+
+        doc = self.assertOk(self.ctl("inspect", hf))
+        self.assertEqual([os.path.basename(f["path"]) for f in doc["model_files"]],
+                         sorted(carried))
+        self.assertEqual(doc["model_files"], run_ctl(["inspect", hf]).doc["model_files"])
+
+        out = self.r("hf_out")
+        doc = self.assertOk(self.ctl("consolidate", hf, out, "--dtype", "bf16", "--tokenizer",
+                                     tok, "--no-progress"))
+        self.assertEqual(doc["job"]["spec"]["tokenizer"], os.path.realpath(tok))
+        self.assertOutputFilesMatch(out, doc)
+        self.assertConsolidated(hf, out, dtype="bf16")
+        for name, text in carried.items():
+            with open(os.path.join(out, name)) as f:
+                written = f.read()
+            if name == "config.json":
+                after = json.loads(written)
+                self.assertEqual(list(after), list(config))  # same keys, same order
+                self.assertEqual(after, dict(config, dtype="bfloat16", torch_dtype="bfloat16"))
+            else:
+                self.assertEqual(written, text, name)
+        with open(os.path.join(out, "reshard-manifest.json")) as f:
+            manifest = json.load(f)
+        listed = {f["name"]: f["bytes"] for f in manifest["files"]}
+        for name in carried:
+            self.assertEqual(listed[name], os.path.getsize(os.path.join(out, name)), name)
+        self.assertEqual(manifest["request"]["tokenizer"], os.path.realpath(tok))
+
+        bare = self.r("hf_bare")
+        doc = self.assertOk(self.ctl("consolidate", hf, bare, "--no-extra-files", "--no-progress"))
+        self.assertIs(doc["job"]["spec"]["no_extra_files"], True)
+        self.assertEqual([n for n in os.listdir(bare) if not n.endswith(".safetensors")],
+                         ["reshard-manifest.json"])
+
     def test_detach_watch_status_list(self):
         out = self.r("out_detach")
         r = self.ctl("consolidate", self.src, out, "--detach")
@@ -920,6 +974,16 @@ class SecurityTests(DaemonTestCase):
         self.assertError(self.ctl("inspect", self.r("link_in")), 3, "PERMISSION_DENIED")
         self.assertNoOutput(self.r("o_link_in"))
         self.assertEqual(sorted(os.listdir(self.outside)), ["secret", "target"])
+
+    def test_tokenizer_folder_outside_root(self):
+        tok = os.path.join(self.outside, "tok")
+        os.makedirs(tok)
+        with open(os.path.join(tok, "tokenizer.json"), "w") as f:
+            f.write("{}")
+        out = self.r("o_tok_outside")
+        self.assertError(self.ctl("consolidate", self.src, out, "--tokenizer", tok), 3,
+                         "PERMISSION_DENIED", "spec.tokenizer")
+        self.assertNoOutput(out)
 
     def test_symlinked_file_inside_input_folder(self):
         # A folder inside the root whose shard files are symlinks to files outside it: reading

@@ -380,6 +380,8 @@ _SIZE_FIELDS = ("max_shard_size", "memory_budget", "window_bytes")
 
 # JobSpec fields set by the methods' positional arguments, not by keyword options.
 _POSITIONAL_FIELDS = ("kind", "input", "output", "parts", "rules_json")
+# Keyword options that are paths: made absolute against the caller's folder, as input and output.
+_PATH_FIELDS = ("tokenizer",)
 
 
 def _dtype(value: Any) -> int:
@@ -600,6 +602,8 @@ class Client:
             elif field.type == field.TYPE_BOOL:
                 if not isinstance(value, bool):
                     raise TypeError("%s must be True or False, not %r" % (name, value))
+            elif name in _PATH_FIELDS:
+                value = _absolute(value)  # a folder on the daemon's machine, as input/output
             elif field.type == field.TYPE_STRING:
                 if not isinstance(value, str):
                     raise TypeError("%s must be a string, not %r" % (name, value))
@@ -636,7 +640,9 @@ class Client:
                 (bytes or "5GB"), output_format ("safetensors", "torch", ...), priority
                 (-100..100), threads, window_bytes, memory_budget, overwrite, duplicate_tied,
                 tag, include_optimizer, skip_crc_check, update_latest, io ("auto", "direct",
-                "buffered"), partition_index, partition_count, pipeline_parts.
+                "buffered"), partition_index, partition_count, pipeline_parts, no_extra_files
+                (leave out a Hugging Face input's config.json, tokenizer, README and licence),
+                tokenizer (a folder whose tokenizer files are carried into the output).
 
         Returns:
             The job id. Follow it with wait(), watch() or get().

@@ -1,0 +1,295 @@
+#include "lib/formats/hf/model_files.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <system_error>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "lib/core/status.h"
+#include "lib/io/file_access.h"
+#include "lib/io/kvstore/location.h"
+#include "nlohmann/json.hpp"
+#include "re2/re2.h"
+
+namespace reshard {
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+constexpr absl::string_view kConfigName = "config.json";
+
+constexpr absl::string_view kTokenizerNames[] = {
+    "added_tokens.json", "chat_template.jinja",     "chat_template.json",
+    "merges.txt",        "special_tokens_map.json", "tokenizer.json",
+    "tokenizer.model",   "tokenizer_config.json",   "vocab.json",
+    "vocab.txt",
+};
+
+constexpr absl::string_view kOtherModelNames[] = {
+    "config.json", "generation_config.json", "preprocessor_config.json",
+    "README.md",   "USE_POLICY.md",
+};
+
+// Names of the weight files `save_pretrained` writes (safetensors or torch.save).
+bool IsHuggingFaceWeightName(absl::string_view name) {
+  if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
+      name == "pytorch_model.bin" || name == "pytorch_model.bin.index.json") {
+    return true;
+  }
+  static const LazyRE2 kShard = {
+      R"((model-\d+-of-\d+\.safetensors)|(pytorch_model-\d+-of-\d+\.bin))"};
+  return RE2::FullMatch(re2::StringPiece(name.data(), name.size()), *kShard);
+}
+
+// `path` without trailing '/' (a key prefix "s3://b/model/" names folder "s3://b/model").
+std::string WithoutTrailingSlash(std::string path) {
+  while (path.size() > 1 && absl::EndsWith(path, "/") && !absl::EndsWith(path, "://")) {
+    path.pop_back();
+  }
+  return path;
+}
+
+std::string ParentOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string NameOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool IsAtOrBelow(const std::string& path, const std::string& folder) {
+  if (folder == "/") return true;
+  return path == folder || absl::StartsWith(path, absl::StrCat(folder, "/"));
+}
+
+// Where files of resolved folder `real_folder` may link to: the folder itself, or for a
+// Hugging Face cache snapshot (models--org--name/snapshots/<rev>) the repository folder, whose
+// blobs/ holds the files the snapshot links to.
+std::string LinkBoundary(const std::string& real_folder) {
+  const std::filesystem::path folder(real_folder);
+  const std::filesystem::path snapshots = folder.parent_path();
+  const std::filesystem::path repo = snapshots.parent_path();
+  if (snapshots.filename() == "snapshots" &&
+      absl::StartsWith(repo.filename().string(), "models--")) {
+    return repo.string();
+  }
+  return real_folder;
+}
+
+// PermissionDenied when a file of `files` (in folder `folder`) resolves outside the folder
+// (see LinkBoundary). Only posix has symlinks; keys of other stores are what they are named.
+absl::Status CheckLinksStayInside(const std::string& folder, const std::vector<ModelFile>& files) {
+  ASSIGN_OR_RETURN(const kvstore::Location location, kvstore::ParseLocation(folder));
+  if (!location.driver->has_folders() || files.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::string real_folder,
+                   location.driver->ConfinedPath(folder, /*must_exist=*/true), folder);
+  const std::string boundary = LinkBoundary(real_folder);
+  for (const ModelFile& file : files) {
+    ASSIGN_OR_RETURN(const std::string target,
+                     location.driver->ConfinedPath(file.path, /*must_exist=*/true), file.path);
+    if (IsAtOrBelow(target, boundary)) continue;
+    std::error_code error;
+    const std::filesystem::path link = std::filesystem::read_symlink(file.path, error);
+    return absl::PermissionDeniedError(absl::StrCat(
+        file.path, " is a symlink to ", error ? target : link.string(),
+        error || link.string() == target ? "" : absl::StrCat(" (", target, ")"), ", outside ",
+        boundary == real_folder ? "the folder " : "the Hugging Face cache repository ", boundary,
+        "; reshard does not follow a model file's symlink out of its folder"));
+  }
+  return absl::OkStatus();
+}
+
+// The files of `listing` (of folder `folder`) that `keep` accepts, sized, sorted by name.
+template <typename Keep>
+absl::StatusOr<std::vector<ModelFile>> SelectFiles(const std::string& folder,
+                                                   const InputListing& listing, Keep keep) {
+  std::vector<ModelFile> files;
+  for (const std::string& name : listing.files) {
+    if (!keep(name)) continue;
+    ModelFile file;
+    file.name = name;
+    file.path = folder == "/" ? absl::StrCat("/", name) : absl::StrCat(folder, "/", name);
+    files.push_back(std::move(file));
+  }
+  RETURN_IF_ERROR(CheckLinksStayInside(folder, files));
+  for (ModelFile& file : files) {
+    ASSIGN_OR_RETURN(file.size, InputFileSize(file.path));
+  }
+  return files;
+}
+
+absl::string_view TorchDtypeName(DTypePolicy dtype) {
+  switch (dtype) {
+    case DTypePolicy::kF32:
+      return "float32";
+    case DTypePolicy::kBF16:
+      return "bfloat16";
+    case DTypePolicy::kF16:
+      return "float16";
+    case DTypePolicy::kKeep:
+      break;
+  }
+  return "";
+}
+
+}  // namespace
+
+bool IsTokenizerFileName(absl::string_view name) {
+  return std::find(std::begin(kTokenizerNames), std::end(kTokenizerNames), name) !=
+         std::end(kTokenizerNames);
+}
+
+bool IsModelFileName(absl::string_view name) {
+  return IsTokenizerFileName(name) || absl::StartsWith(name, "LICENSE") ||
+         std::find(std::begin(kOtherModelNames), std::end(kOtherModelNames), name) !=
+             std::end(kOtherModelNames);
+}
+
+bool OutputIsHuggingFaceModel(absl::string_view output_format, bool consolidate) {
+  return output_format == "safetensors" || output_format == "hf" ||
+         (output_format == "torch" && consolidate);
+}
+
+absl::StatusOr<std::vector<ModelFile>> InputModelFiles(const std::string& input,
+                                                       absl::string_view input_format) {
+  if (input_format != "safetensors" && input_format != "torch") return std::vector<ModelFile>();
+  return FindModelFiles(input);
+}
+
+absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(const std::string& input,
+                                                         absl::string_view input_format,
+                                                         absl::string_view output_format,
+                                                         bool consolidate, bool no_extra_files,
+                                                         const std::string& tokenizer) {
+  std::vector<ModelFile> files;
+  if (!OutputIsHuggingFaceModel(output_format, consolidate)) {
+    if (tokenizer.empty()) return files;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokenizer ", tokenizer, ": a ", consolidate ? "consolidated" : "resharded", " --format ",
+        output_format,
+        " output is not a Hugging Face model (tokenizers are carried into safetensors, hf, and "
+        "consolidated torch outputs)"));
+  }
+  if (!no_extra_files) {
+    ASSIGN_OR_RETURN(files, InputModelFiles(input, input_format));
+  }
+  if (!tokenizer.empty()) {
+    ASSIGN_OR_RETURN(std::vector<ModelFile> tokenizer_files, FindTokenizerFiles(tokenizer));
+    files = MergeModelFiles(std::move(files), std::move(tokenizer_files));
+  }
+  return files;
+}
+
+absl::StatusOr<std::vector<ModelFile>> FindModelFiles(const std::string& input) {
+  // On a store (s3://, mem://) the folder's one listing answers the lookups and sizes below.
+  ScopedRemoteListingCache listings;
+  const std::string path = WithoutTrailingSlash(input);
+  ASSIGN_OR_RETURN(const bool is_folder, CheckInputFolder(path));
+  std::string folder = path;
+  if (!is_folder) {
+    // One weight file of a Hugging Face folder: the folder is the model.
+    if (!IsHuggingFaceWeightName(NameOf(path))) return std::vector<ModelFile>();
+    folder = ParentOf(path);
+  }
+  ASSIGN_OR_RETURN(const InputListing listing, ListInput(folder));
+  const auto has = [&](auto predicate) {
+    return std::any_of(listing.files.begin(), listing.files.end(), predicate);
+  };
+  if (!has([](const std::string& name) { return name == kConfigName; }) ||
+      !has([](const std::string& name) { return IsHuggingFaceWeightName(name); })) {
+    return std::vector<ModelFile>();
+  }
+  return SelectFiles(folder, listing,
+                     [](const std::string& name) { return IsModelFileName(name); });
+}
+
+absl::StatusOr<std::vector<ModelFile>> FindTokenizerFiles(const std::string& dir) {
+  ScopedRemoteListingCache listings;
+  const std::string folder = WithoutTrailingSlash(dir);
+  ASSIGN_OR_RETURN(const bool is_folder, CheckInputFolder(folder));
+  if (!is_folder) {
+    ASSIGN_OR_RETURN(const bool exists, CheckInputExists(folder));
+    if (!exists) {
+      return absl::NotFoundError(absl::StrCat("tokenizer folder ", dir, " does not exist"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer folder ", dir, " is not a folder"));
+  }
+  ASSIGN_OR_RETURN(const InputListing listing, ListInput(folder));
+  ASSIGN_OR_RETURN(std::vector<ModelFile> files,
+                   SelectFiles(folder, listing,
+                               [](const std::string& name) { return IsTokenizerFileName(name); }));
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrCat("tokenizer folder ", dir,
+                                            " holds no tokenizer file (looked for ",
+                                            absl::StrJoin(kTokenizerNames, ", "), ")"));
+  }
+  return files;
+}
+
+absl::StatusOr<std::string> UpdateConfigDtype(absl::string_view config, absl::string_view path,
+                                              DTypePolicy dtype) {
+  const absl::string_view torch_dtype = TorchDtypeName(dtype);
+  if (torch_dtype.empty()) return std::string(config);
+  OrderedJson json = OrderedJson::parse(config.begin(), config.end(), nullptr,
+                                        /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::DataLossError(absl::StrCat(path, ": not a JSON object (",
+                                            json.is_discarded() ? "invalid JSON" : "another value",
+                                            "); cannot set its torch_dtype for --dtype"));
+  }
+  bool found = false;
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (!json.contains(key)) continue;
+    json[key] = std::string(torch_dtype);
+    found = true;
+  }
+  if (!found) json["torch_dtype"] = std::string(torch_dtype);
+  // transformers: json.dumps(config, indent=2, sort_keys=True) + "\n".
+  return json.dump(2, ' ', /*ensure_ascii=*/true, OrderedJson::error_handler_t::replace) + "\n";
+}
+
+absl::Status AddModelFiles(const std::vector<ModelFile>& files, DTypePolicy dtype,
+                           const Catalog& catalog, ArrangedOutput& arranged,
+                           std::vector<std::pair<std::string, std::string>>& companions) {
+  std::set<std::string> taken;
+  for (const OutputFileLayout& file : arranged.layout.files) taken.insert(file.name);
+  for (const auto& companion : companions) taken.insert(companion.first);
+  for (const ModelFile& file : files) {
+    if (!taken.insert(file.name).second) continue;
+    if (file.name == kConfigName) {
+      if (file.size > kMaxConfigBytes) {
+        return absl::ResourceExhaustedError(absl::StrCat(file.path, " is ", file.size,
+                                                         " bytes; a config.json is carried up to ",
+                                                         kMaxConfigBytes >> 20, " MiB"));
+      }
+      ASSIGN_OR_RETURN(const std::string config, ReadSmallFile(file.path, kMaxConfigBytes));
+      ASSIGN_OR_RETURN(std::string updated, UpdateConfigDtype(config, file.path, dtype));
+      companions.emplace_back(file.name, std::move(updated));
+    } else if (file.size <= kModelFileCompanionBytes) {
+      ASSIGN_OR_RETURN(std::string contents, ReadSmallFile(file.path, kModelFileCompanionBytes));
+      companions.emplace_back(file.name, std::move(contents));
+    } else {
+      RETURN_IF_ERROR(AddVerbatimCopy(file.path, file.name, catalog, arranged));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ModelFile> MergeModelFiles(std::vector<ModelFile> files, std::vector<ModelFile> extra) {
+  std::map<std::string, ModelFile> by_name;
+  for (ModelFile& file : files) by_name[file.name] = std::move(file);
+  for (ModelFile& file : extra) by_name[file.name] = std::move(file);
+  std::vector<ModelFile> merged;
+  for (auto& [name, file] : by_name) merged.push_back(std::move(file));
+  return merged;
+}
+
+}  // namespace reshard
