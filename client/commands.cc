@@ -15,6 +15,7 @@
 #include "lib/engine/partition_spec.h"
 #include "lib/engine/partitioned_conversion.h"
 #include "lib/engine/verify.h"
+#include "lib/formats/hf/hf_output.h"
 #include "lib/io/io_mode.h"
 
 namespace reshard {
@@ -46,6 +47,7 @@ int RunInspect(const ConversionFlags& conversion, const OutputFlags& flags, std:
   auto loaded = LoadInput(conversion.input, *std::move(parsed_rules), /*require_model=*/false,
                           ReadOptionsFrom(conversion));
   if (!loaded.ok()) return Fail(loaded.status(), flags, flags.result_file, out, err);
+  loaded->model.description = WithHfFamilyNote(loaded->model, loaded->catalog);
   return Emit(InspectDocument(conversion.input, *loaded), kExitOk, flags, flags.result_file,
               PrintInspect, out, err);
 }

@@ -10,6 +10,7 @@
 #include "lib/engine/conversion.h"
 #include "lib/engine/partition_spec.h"
 #include "lib/engine/partitioned_conversion.h"
+#include "lib/formats/hf/hf_output.h"
 #include "lib/engine/spec_codec.h"
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/torch/pickle.h"
@@ -354,7 +355,7 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext* context,
       status = loaded.status();
       return;
     }
-    response->set_description(loaded->model.description);
+    response->set_description(WithHfFamilyNote(loaded->model, loaded->catalog));
     const Catalog& shown = loaded->merged ? loaded->catalog : loaded->model.parts[0];
     response->set_format(loaded->model.format);
     response->set_layout(loaded->model.arrangement);

@@ -636,7 +636,8 @@ class Client:
                 (bytes or "5GB"), output_format ("safetensors", "torch", ...), priority
                 (-100..100), threads, window_bytes, memory_budget, overwrite, duplicate_tied,
                 tag, include_optimizer, skip_crc_check, update_latest, io ("auto", "direct",
-                "buffered"), partition_index, partition_count, pipeline_parts.
+                "buffered"), partition_index, partition_count, pipeline_parts, hf_family,
+                hf_config_file, hf_vocab_size (output_format "hf").
 
         Returns:
             The job id. Follow it with wait(), watch() or get().
