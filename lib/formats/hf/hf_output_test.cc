@@ -134,6 +134,31 @@ TEST(HfOutputTest, MissingArgsWithoutConfigNameTheKeys) {
             "not record; give it in --config FILE (a JSON object of config.json keys)");
 }
 
+TEST(HfOutputTest, ExtraStateIsSkippedAndAQkvBiasOutsideQwen2IsRefused) {
+  Fixture f = Llama(2);
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = absl::StrCat("language_model.encoder.layers.", i, ".");
+    f.catalog.tensors.push_back({p + "self_attention.core_attention._extra_state", DType::kU8,
+                                 {4}, {{0, 0, Box::Full({4}), {1}}}});
+    f.catalog.tensors.push_back({p + "self_attention.query_key_value.bias", DType::kF32,
+                                 {16}, {{0, 0, Box::Full({16}), {1}}}});
+  }
+  f.catalog.Reindex();
+  auto qwen2 = Arrange(f);  // auto: the bias makes it qwen2
+  ASSERT_TRUE(qwen2.ok()) << qwen2.status();
+  EXPECT_NE(Find(*qwen2, "model.layers.1.self_attn.v_proj.bias"), nullptr);
+  for (const OutputFileLayout& file : qwen2->layout.files) {
+    for (const OutputTensor& tensor : file.tensors) {
+      EXPECT_EQ(tensor.name.find("extra_state"), std::string::npos) << tensor.name;
+    }
+  }
+  HfExportOptions hf;
+  hf.family = "llama";
+  EXPECT_EQ(Arrange(f, hf).status().message(),
+            "tensor \"language_model.encoder.layers.0.self_attention.query_key_value.bias\" is a "
+            "QKV bias, which family llama has no place for (qwen2 has: --family qwen2)");
+}
+
 TEST(HfOutputTest, UnknownFamilyIsRefused) {
   HfExportOptions hf;
   hf.family = "gpt-j";
