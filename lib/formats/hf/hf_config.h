@@ -79,8 +79,7 @@ std::string HfGenerationConfigJson(const nlohmann::ordered_json& config);
 // --config FILE read and parsed: InvalidArgument naming the file unless a JSON object.
 absl::StatusOr<nlohmann::ordered_json> ReadHfConfigOverrides(const std::string& path);
 
-// An arg of the Namespace as a number, bool or string; nullopt-like defaults when absent or
-// None.
+// The arg `key` of the Namespace's attributes `args`; null when absent or None.
 const StructureNode* HfArg(const StructureNode* args, absl::string_view key);
 
 }  // namespace reshard
