@@ -15,6 +15,7 @@
 #include "lib/engine/partition_spec.h"
 #include "lib/engine/partitioned_conversion.h"
 #include "lib/engine/verify.h"
+#include "lib/formats/hf/hf_output.h"
 #include "lib/io/io_mode.h"
 
 namespace reshard {
@@ -48,6 +49,7 @@ int RunInspect(const ConversionFlags& conversion, const OutputFlags& flags, std:
   if (!loaded.ok()) return Fail(loaded.status(), flags, flags.result_file, out, err);
   auto model_files = InputModelFiles(conversion.input, loaded->model.format);
   if (!model_files.ok()) return Fail(model_files.status(), flags, flags.result_file, out, err);
+  loaded->model.description = WithHfFamilyNote(loaded->model, loaded->catalog);
   return Emit(InspectDocument(conversion.input, *loaded, *model_files), kExitOk, flags,
               flags.result_file, PrintInspect, out, err);
 }

@@ -138,6 +138,9 @@ int main(int argc, char** argv) {
     AddSpecOption(command, conversion, "io")
         ->check(CLI::IsMember({"auto", "direct", "buffered"}))
         ->capture_default_str();
+    AddSpecOption(command, conversion, "hf_family");
+    AddSpecOption(command, conversion, "hf_config_file");
+    AddSpecOption(command, conversion, "hf_vocab_size");
     AddSpecOption(command, conversion, "output_format")
         ->description(absl::StrCat("output format: ", absl::StrJoin(OutputFormatIds(), " | ")))
         ->check(CLI::IsMember(OutputFormatIds()))

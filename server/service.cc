@@ -12,6 +12,7 @@
 #include "lib/engine/partitioned_conversion.h"
 #include "lib/engine/spec_codec.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/hf/hf_output.h"
 #include "lib/formats/hf/model_files.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/io/io_mode.h"
@@ -360,7 +361,7 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext* context,
       status = loaded.status();
       return;
     }
-    response->set_description(loaded->model.description);
+    response->set_description(WithHfFamilyNote(loaded->model, loaded->catalog));
     absl::StatusOr<std::vector<ModelFile>> model_files =
         InputModelFiles(*input, loaded->model.format);
     if (!model_files.ok()) {

@@ -303,6 +303,14 @@ absl::StatusOr<StructureNode> StructureFromJsonValue(const Json& json, int depth
 
 }  // namespace
 
+std::optional<int64_t> IntAttribute(const StructureNode* dict, absl::string_view key) {
+  const StructureNode* value = FindKey(dict, key);
+  if (value == nullptr) return std::nullopt;
+  if (value->kind == StructureNode::Kind::kInt) return value->integer;
+  if (value->kind == StructureNode::Kind::kBool) return value->boolean ? 1 : 0;
+  return std::nullopt;
+}
+
 const StructureNode* StructureNode::Find(absl::string_view key) const {
   if (kind != Kind::kDict) return nullptr;
   for (size_t i = 0; i < keys.size() && i < values.size(); ++i) {

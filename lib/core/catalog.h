@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -199,6 +200,10 @@ inline const StructureNode* FindKey(const StructureNode* dict, absl::string_view
 inline StructureNode* FindKey(StructureNode* dict, absl::string_view key) {
   return dict == nullptr ? nullptr : dict->Find(key);
 }
+
+// An int (or bool, as 0 / 1) value of `dict` (an args Namespace's attributes); nullopt when
+// absent, None or another kind.
+std::optional<int64_t> IntAttribute(const StructureNode* dict, absl::string_view key);
 
 // StructureNode as JSON (the form safetensors output carries in `__metadata__`, so that
 // nesting survives a trip through safetensors), and back.

@@ -151,6 +151,8 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   request.parts = spec.parts;
   request.pipeline_parts = spec.pipeline_parts;
   request.dtype = spec.dtype;
+  request.max_shard_size = spec.max_shard_size;
+  request.hf = spec.hf;
   request.output_name = std::filesystem::path(spec.output).lexically_normal().filename().string();
   if (request.output_name.empty()) {
     request.output_name =

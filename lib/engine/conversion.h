@@ -94,6 +94,8 @@ struct ConversionSpec {
   std::string output_format = "safetensors";
   // What to read from a training checkpoint (DeepSpeed tag, optimizer moments).
   ReadOptions read;
+  // --format hf: the model family, a config.json to override the args with, the vocabulary.
+  HfExportOptions hf;
   int threads = 2;
   uint64_t window_bytes = 32ull << 20;
   // Skip checking the CRC-32s that torch.save archives record for their storage records

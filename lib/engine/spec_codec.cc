@@ -26,11 +26,13 @@ using OrderedJson = nlohmann::ordered_json;
 [[maybe_unused]] void EveryMemberHasARow(const ConversionSpec& spec) {
   [[maybe_unused]] const auto& [kind, input, output, dtype, max_shard_size, parts, pipeline_parts, update_latest,
                no_extra_files, tokenizer, rules_json, rules_file, overwrite, duplicate_tied,
-               output_format, read, threads, window_bytes, skip_crc_check, io, partition_index,
+               output_format, read, hf, threads, window_bytes, skip_crc_check, io, partition_index,
                partition_count] = spec;
   [[maybe_unused]] const auto& [tag, include_optimizer] = read;
+  [[maybe_unused]] const auto& [family, config_file, vocab_size] = hf;
 }
-constexpr size_t kSpecMembers = 23;  // ConversionSpec's, with ReadOptions' two for `read`
+// ConversionSpec's, with ReadOptions' two for `read` and HfExportOptions' three for `hf`.
+constexpr size_t kSpecMembers = 26;
 
 absl::string_view KindName(ConversionSpec::Kind kind) {
   return kind == ConversionSpec::Kind::kConsolidate ? "consolidate" : "reshard";
@@ -138,6 +140,14 @@ bool WhenPipelined(const ConversionSpec& spec) {
 }
 bool WhenNoExtraFiles(const ConversionSpec& spec) { return spec.no_extra_files; }
 bool WhenTokenizer(const ConversionSpec& spec) { return !spec.tokenizer.empty(); }
+
+bool WhenHfOutput(const ConversionSpec& spec) { return spec.output_format == "hf"; }
+
+absl::Status CheckHfVocabSize(const ConversionSpec& spec, const SpecField& field,
+                              SpecNaming naming) {
+  if (spec.hf.vocab_size < 0) return Invalid(field, naming, "must not be negative (0: from the args)");
+  return absl::OkStatus();
+}
 
 // Every run (worker, rerun, daemon) must name the same folders, wherever it was started from.
 // A path no driver here serves is kept as given: whoever runs the spec refuses it by name.
@@ -297,6 +307,20 @@ constexpr SpecField kFields[] = {
        "also read the Adam moments (<param>.exp_avg, <param>.exp_avg_sq)", "include_optimizer",
        "include_optimizer", +[](S& s) -> bool& { return s.read.include_optimizer; },
        &F::include_optimizer},
+      {"hf_family", "--family",
+       "--format hf: model family, auto (from the args and names) | llama | mistral | qwen2 | "
+       "qwen3",
+       "hf_family", "hf_family", +[](S& s) -> std::string& { return s.hf.family; },
+       &F::hf_family, false, false, nullptr, &WhenHfOutput},
+      {"hf_config_file", "--config",
+       "--format hf: a JSON file whose keys override or complete the config.json made from the "
+       "checkpoint's args",
+       "hf_config_file", "hf_config_file", +[](S& s) -> std::string& { return s.hf.config_file; },
+       &F::hf_config_file, false, false, nullptr, &WhenHfOutput},
+      {"hf_vocab_size", "--vocab-size",
+       "--format hf: the true vocabulary (the tokenizer's size); padded rows past it are dropped",
+       "hf_vocab_size", "hf_vocab_size", +[](S& s) -> int& { return s.hf.vocab_size; },
+       &F::hf_vocab_size, false, false, &CheckHfVocabSize, &WhenHfOutput},
       {"update_latest", "--update-latest",
        "also write the format's tracker file beside OUT (deepspeed-universal: latest_universal)",
        "update_latest", "update_latest", +[](S& s) -> bool& { return s.update_latest; },
@@ -387,6 +411,7 @@ absl::StatusOr<ConversionSpec> NormalizeSpec(ConversionSpec spec) {
   spec.input = AbsolutePath(spec.input);
   spec.output = AbsolutePath(spec.output);
   if (!spec.tokenizer.empty()) spec.tokenizer = AbsolutePath(spec.tokenizer);
+  if (!spec.hf.config_file.empty()) spec.hf.config_file = AbsolutePath(spec.hf.config_file);
   if (!spec.rules_file.empty()) {
     if (spec.rules_json.empty()) {
       ASSIGN_OR_RETURN(spec.rules_json, ReadRulesFile(spec.rules_file));

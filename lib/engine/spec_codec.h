@@ -56,6 +56,10 @@ struct ConversionFlags {
   // Training checkpoints: DeepSpeed tag to read, and whether to read Adam moments too.
   std::string tag;
   bool include_optimizer = false;
+  // --format hf: --family, --config FILE, --vocab-size.
+  std::string hf_family;
+  std::string hf_config_file;
+  int hf_vocab_size = 0;
   // consolidate/reshard: `--partition I/K | auto | auto/K` (lib/engine/partition_spec.h);
   // empty: not partitioned. plan: `--partitions K` shows each partition's files.
   std::string partition;

@@ -33,8 +33,8 @@ TEST(SpecCodecTest, RequestJsonKeepsItsKeysOrderAndValues) {
             R"("output_format":"safetensors","dtype":"bf16","max_shard_size":5000000000,)"
             R"("parts":2,"pipeline_parts":0,"rules_json":"{\"rules\": [{\"pattern\": \".*\", )"
             R"(\"replicate\": true}]}","duplicate_tied":false,"tag":"t",)"
-            R"("include_optimizer":false,"update_latest":false,"no_extra_files":false,"tokenizer":"",)"
-            R"("overwrite":false})");
+            R"("include_optimizer":false,"hf_family":"","hf_config_file":"","hf_vocab_size":0,)"
+            R"("update_latest":false,"no_extra_files":false,"tokenizer":"","overwrite":false})");
 }
 
 TEST(SpecCodecTest, ManifestRequestHoldsWhatTheOutputIs) {

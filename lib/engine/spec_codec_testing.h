@@ -27,6 +27,9 @@ inline ConversionSpec EverySpecFieldSet() {
   spec.output_format = "megatron";
   spec.read.tag = "global_step7";
   spec.read.include_optimizer = true;
+  spec.hf.family = "qwen2";
+  spec.hf.config_file = "/data/config.json";
+  spec.hf.vocab_size = 32000;
   spec.threads = 5;
   spec.window_bytes = 1 << 20;
   spec.skip_crc_check = true;

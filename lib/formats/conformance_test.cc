@@ -175,10 +175,12 @@ TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
 // Writers of training checkpoints that take input of their own framework only (they carry its
 // args and iteration, or its optimizer state): writer -> the input formats it writes from.
 // Other inputs are refused. deepspeed-universal needs the Adam moments, which no conformance
-// fixture holds (tests/universal_output_e2e_test.py covers it with real ZeRO checkpoints).
+// fixture holds (tests/universal_output_e2e_test.py covers it with real ZeRO checkpoints); hf
+// needs a whole Megatron decoder to rename and split, which no conformance fixture is
+// (tests/hf_export_e2e_test.py covers it with real Megatron checkpoints).
 const std::map<std::string, std::set<std::string>>& FrameworkWriters() {
   static const auto* writers = new std::map<std::string, std::set<std::string>>{
-      {"megatron", {"megatron"}}, {"deepspeed-universal", {}}};
+      {"megatron", {"megatron"}}, {"deepspeed-universal", {}}, {"hf", {}}};
   return *writers;
 }
 

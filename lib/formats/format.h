@@ -9,6 +9,7 @@
 #ifndef RESHARD_LIB_FORMATS_FORMAT_H_
 #define RESHARD_LIB_FORMATS_FORMAT_H_
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -105,6 +106,19 @@ class InputFormat {
                                           const ReadOptions& options) const = 0;
 };
 
+// What a user can say about the model when writing a Hugging Face model (`--format hf`) that the
+// checkpoint may not record.
+struct HfExportOptions {
+  // The model family (lib/formats/hf/hf_family.h): "llama", "mistral", ...; empty or "auto":
+  // decided from the checkpoint's args and tensor names.
+  std::string family;
+  // A JSON object whose keys override or complete the config.json made from the args.
+  std::string config_file;
+  // The true vocabulary (the tokenizer's size): padded rows past it are dropped. 0: from
+  // --config or the args.
+  int vocab_size = 0;
+};
+
 // What an OutputFormat that arranges its own files is given (see OutputFormat::Arrange).
 struct ArrangeRequest {
   const InputModel& model;
@@ -116,6 +130,10 @@ struct ArrangeRequest {
   DTypePolicy dtype = DTypePolicy::kKeep;
   // The output folder's name (its last path component), for trackers that name it.
   std::string output_name;
+  // Consolidate: the largest output file (the engine layout's rule), for formats that shard
+  // their own tensors.
+  uint64_t max_shard_size = 5'000'000'000ull;
+  HfExportOptions hf;
 };
 
 // An OutputFormat's own arrangement of the output.

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lib/core/catalog.h"
@@ -86,6 +87,9 @@ struct TargetLayout {
   enum class Kind { kConsolidated, kParts };
   Kind kind = Kind::kConsolidated;
   std::vector<OutputFileLayout> files;
+  // Small files an OutputFormat's Arrange composes from the input (an hf output's config.json),
+  // (name, contents): its CompanionFiles returns them with the others.
+  std::vector<std::pair<std::string, std::string>> format_files;
 };
 
 // How the Writer lays out one output file: a sequence of segments written front to back.

@@ -99,20 +99,12 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
                                                  "\"; use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"));
 }
 
-absl::StatusOr<TargetLayout> BuildConsolidateLayout(const Catalog& catalog, DTypePolicy dtype,
-                                                    uint64_t max_shard_size,
-                                                    const OutputNaming& naming, bool dedupe_tied) {
-  if (max_shard_size == 0) return absl::InvalidArgumentError("max shard size must be positive");
-  const std::vector<int> aliases =
-      dedupe_tied ? FindAliases(catalog) : std::vector<int>(catalog.tensors.size(), -1);
+std::vector<std::vector<OutputTensor>> PackShards(std::vector<OutputTensor> tensors,
+                                                  uint64_t max_shard_size) {
   std::vector<std::vector<OutputTensor>> shards;
   std::vector<OutputTensor> current;
   uint64_t current_size = 0;
-  for (size_t i = 0; i < catalog.tensors.size(); ++i) {
-    if (aliases[i] >= 0) continue;  // placed with the tensor it aliases, below
-    const CatalogTensor& tensor = catalog.tensors[i];
-    OutputTensor out{tensor.name, static_cast<int>(i), Box::Full(tensor.shape),
-                     ApplyDTypePolicy(dtype, tensor.dtype)};
+  for (OutputTensor& out : tensors) {
     const uint64_t size = out.bytes();
     if (size > max_shard_size) {
       shards.push_back({std::move(out)});
@@ -127,6 +119,23 @@ absl::StatusOr<TargetLayout> BuildConsolidateLayout(const Catalog& catalog, DTyp
     current.push_back(std::move(out));
   }
   if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
+  return shards;
+}
+
+absl::StatusOr<TargetLayout> BuildConsolidateLayout(const Catalog& catalog, DTypePolicy dtype,
+                                                    uint64_t max_shard_size,
+                                                    const OutputNaming& naming, bool dedupe_tied) {
+  if (max_shard_size == 0) return absl::InvalidArgumentError("max shard size must be positive");
+  const std::vector<int> aliases =
+      dedupe_tied ? FindAliases(catalog) : std::vector<int>(catalog.tensors.size(), -1);
+  std::vector<OutputTensor> stored;
+  for (size_t i = 0; i < catalog.tensors.size(); ++i) {
+    if (aliases[i] >= 0) continue;  // placed with the tensor it aliases, below
+    const CatalogTensor& tensor = catalog.tensors[i];
+    stored.push_back({tensor.name, static_cast<int>(i), Box::Full(tensor.shape),
+                      ApplyDTypePolicy(dtype, tensor.dtype)});
+  }
+  std::vector<std::vector<OutputTensor>> shards = PackShards(std::move(stored), max_shard_size);
   for (size_t i = 0; i < catalog.tensors.size(); ++i) {
     if (aliases[i] < 0) continue;
     for (std::vector<OutputTensor>& shard : shards) {
@@ -274,6 +283,32 @@ void ForEachBlock(const SourcePiece& piece, int dim, int64_t block_size, DType d
 
 }  // namespace
 
+absl::StatusOr<CatalogTensor> ViewAsBlocks(const CatalogTensor& tensor, int dim, int64_t blocks) {
+  if (dim < 0 || dim >= static_cast<int>(tensor.shape.size()) || blocks < 1 ||
+      tensor.shape[dim] % blocks != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor \"", tensor.name, "\" of shape ", ShapeToString(tensor.shape), ": dimension ",
+        dim, " does not hold ", blocks, " equal blocks"));
+  }
+  const int64_t block = tensor.shape[dim] / blocks;
+  CatalogTensor viewed = tensor;
+  viewed.pieces.clear();
+  viewed.replicas.clear();
+  for (const SourcePiece& piece : tensor.pieces) {
+    ForEachBlock(piece, dim, block, tensor.dtype, [&](int64_t j, SourcePiece sub) {
+      // [.., rows, ..] -> [.., 1 block, rows within the block, ..]
+      sub.box.origin.insert(sub.box.origin.begin() + dim, j);
+      sub.box.origin[dim + 1] -= j * block;
+      sub.box.extent.insert(sub.box.extent.begin() + dim, 1);
+      sub.strides.insert(sub.strides.begin() + dim, sub.strides[dim] * block);
+      viewed.pieces.push_back(std::move(sub));
+    });
+  }
+  viewed.shape.insert(viewed.shape.begin() + dim, blocks);
+  viewed.shape[dim + 1] = block;
+  return viewed;
+}
+
 absl::StatusOr<Catalog> ViewFusedTensors(const Catalog& catalog, const PartitionRules& rules) {
   Catalog viewed = catalog;
   for (CatalogTensor& tensor : viewed.tensors) {
@@ -285,21 +320,9 @@ absl::StatusOr<Catalog> ViewFusedTensors(const Catalog& catalog, const Partition
           absl::StrCat("tensor \"", tensor.name, "\": dimension ", dim, " (size ",
                        tensor.shape[dim], ") does not hold ", rule->fused, " equal fused blocks"));
     }
-    const int64_t block = tensor.shape[dim] / rule->fused;
-    std::vector<SourcePiece> pieces;
-    for (const SourcePiece& piece : tensor.pieces) {
-      ForEachBlock(piece, dim, block, tensor.dtype, [&](int64_t j, SourcePiece sub) {
-        // [.., rows, ..] -> [.., 1 block, rows within the block, ..]
-        sub.box.origin.insert(sub.box.origin.begin() + dim, j);
-        sub.box.origin[dim + 1] -= j * block;
-        sub.box.extent.insert(sub.box.extent.begin() + dim, 1);
-        sub.strides.insert(sub.strides.begin() + dim, sub.strides[dim] * block);
-        pieces.push_back(std::move(sub));
-      });
-    }
-    tensor.pieces = std::move(pieces);
-    tensor.shape.insert(tensor.shape.begin() + dim, rule->fused);
-    tensor.shape[dim + 1] = block;
+    std::vector<SourcePiece> replicas = std::move(tensor.replicas);
+    ASSIGN_OR_RETURN(tensor, ViewAsBlocks(tensor, dim, rule->fused));
+    tensor.replicas = std::move(replicas);
   }
   viewed.Reindex();
   return viewed;

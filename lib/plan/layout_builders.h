@@ -39,6 +39,12 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 // Tied weights (FindAliases) are stored once when `dedupe_tied`: the alias goes into the file
 // of the tensor it aliases, marked `alias_of`, and does not count towards the file's size
 // (Hugging Face places shared tensors the same way). Otherwise every name gets its own copy.
+// The tensors, in their order, packed into files of at most `max_shard_size` bytes with Hugging
+// Face's rule (below): a tensor larger than the limit alone in a file of its own; otherwise a
+// new file starts when the current one would overflow. At least one (possibly empty) file.
+std::vector<std::vector<OutputTensor>> PackShards(std::vector<OutputTensor> tensors,
+                                                  uint64_t max_shard_size);
+
 absl::StatusOr<TargetLayout> BuildConsolidateLayout(const Catalog& catalog, DTypePolicy dtype,
                                                     uint64_t max_shard_size,
                                                     const OutputNaming& naming,
@@ -56,6 +62,13 @@ absl::StatusOr<TargetLayout> BuildSplitLayout(const Catalog& catalog, const Part
 // viewed as shape [..., K, size/K, ...]: pieces are cut at block boundaries. BuildSplitLayout
 // needs this view to give each part its slice of every block. Other tensors are unchanged.
 absl::StatusOr<Catalog> ViewFusedTensors(const Catalog& catalog, const PartitionRules& rules);
+
+// `tensor` with dimension `dim` viewed as [blocks, size / blocks]: the same elements in the
+// same order, its pieces cut at block boundaries (no data is read). Views of views split a
+// dimension further: a fused QKV [ng * (r + 2) * d, h] viewed at dim 0 by ng, then at dim 1 by
+// r + 2, is [ng, r + 2, d, h]. InvalidArgument naming the tensor when `blocks` does not divide
+// the dimension.
+absl::StatusOr<CatalogTensor> ViewAsBlocks(const CatalogTensor& tensor, int dim, int64_t blocks);
 
 // Merges N model-parallel parts (each a Catalog of its local tensors, in rank order) into one
 // Catalog of global tensors. Every part must hold the same tensor names. Split tensors are

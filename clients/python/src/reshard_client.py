@@ -642,7 +642,8 @@ class Client:
                 tag, include_optimizer, skip_crc_check, update_latest, io ("auto", "direct",
                 "buffered"), partition_index, partition_count, pipeline_parts, no_extra_files
                 (leave out a Hugging Face input's config.json, tokenizer, README and licence),
-                tokenizer (a folder whose tokenizer files are carried into the output).
+                tokenizer (a folder whose tokenizer files are carried into the output),
+                hf_family, hf_config_file, hf_vocab_size (output_format "hf").
 
         Returns:
             The job id. Follow it with wait(), watch() or get().

@@ -32,11 +32,7 @@ constexpr char kOutputLayer[] = "language_model.output_layer.weight";
 
 // An int (or bool) attribute; nullopt when absent, None or another kind.
 std::optional<int64_t> IntArg(const StructureNode* attributes, absl::string_view key) {
-  const StructureNode* value = FindKey(attributes, key);
-  if (value == nullptr) return std::nullopt;
-  if (value->kind == Kind::kInt) return value->integer;
-  if (value->kind == Kind::kBool) return value->boolean ? 1 : 0;
-  return std::nullopt;
+  return IntAttribute(attributes, key);
 }
 
 // Sets an attribute that is present (args of other Megatron versions may lack it).

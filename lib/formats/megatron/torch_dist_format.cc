@@ -17,6 +17,7 @@
 #include "lib/formats/dcp/dcp_format.h"
 #include "lib/formats/folder_model.h"
 #include "lib/formats/megatron/megatron_layout.h"
+#include "lib/formats/torch/pickle_structure.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/formats/torch/torch_format.h"
 #include "lib/io/file_access.h"
@@ -196,6 +197,15 @@ absl::Status AddCommonState(const std::string& dir, InputModel& model) {
   if (!exists) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
   ASSIGN_OR_RETURN(Catalog common, CatalogFromValue(*archive, archive->root(), "common"), path);
+  // The args Namespace, as the Megatron-LM reader carries it (training_state "megatron.args"),
+  // for outputs that read the model's sizes from it (--format hf's config.json). Args that
+  // PickleToStructure refuses are left out; such outputs then say which sizes they lack.
+  if (const PickleValue* args = PickleField(archive->root(), "args");
+      args != nullptr && args->kind != PickleValue::Kind::kNone) {
+    if (absl::StatusOr<StructureNode> node = PickleToStructure(args); node.ok()) {
+      model.training_state.values["megatron.args"] = *std::move(node);
+    }
+  }
   Catalog& catalog = model.parts.front();
   for (const CatalogTensor& tensor : common.tensors) {
     if (catalog.Find(tensor.name) >= 0) {

@@ -1,0 +1,202 @@
+#include "lib/formats/hf/hf_config.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "lib/core/status.h"
+#include "lib/io/file_access.h"
+
+namespace reshard {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Kind = StructureNode::Kind;
+
+// --config files are small; this bounds what is read.
+constexpr uint64_t kMaxConfigBytes = 1 << 20;
+
+std::optional<double> FloatArg(const StructureNode* args, absl::string_view key) {
+  const StructureNode* value = HfArg(args, key);
+  if (value == nullptr) return std::nullopt;
+  if (value->kind == Kind::kFloat) return value->real;
+  if (value->kind == Kind::kInt) return static_cast<double>(value->integer);
+  return std::nullopt;
+}
+
+// torch_dtype's names.
+absl::string_view TorchDTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    default:
+      return DTypeName(dtype);
+  }
+}
+
+// config[key] as a positive integer.
+absl::StatusOr<int64_t> PositiveInt(const Json& config, const char* key) {
+  const Json& value = config[key];
+  if (!value.is_number_integer() || value.get<int64_t>() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json's ", key, " must be a positive integer, got ", value.dump()));
+  }
+  return value.get<int64_t>();
+}
+
+}  // namespace
+
+const StructureNode* HfArg(const StructureNode* args, absl::string_view key) {
+  const StructureNode* value = FindKey(args, key);
+  if (value == nullptr || value->kind == Kind::kNone) return nullptr;
+  return value;
+}
+
+absl::StatusOr<Json> ReadHfConfigOverrides(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(path, kMaxConfigBytes),
+                   absl::StrCat("--config ", path));
+  Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config ", path, ": not a JSON object (config.json's keys and values)"));
+  }
+  return parsed;
+}
+
+absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources) {
+  const StructureNode* args = sources.args;
+  const HfFamily& family = *sources.family;
+  Json config = Json::object();
+  // Keys the args could not give, with the arg each comes from.
+  std::vector<std::pair<std::string, std::string>> missing;
+  auto from_int = [&](const char* key, std::optional<int64_t> value, const char* arg) {
+    if (value.has_value()) {
+      config[key] = *value;
+    } else {
+      config[key] = nullptr;
+      missing.emplace_back(key, arg);
+    }
+  };
+  config["architectures"] = Json::array({std::string(family.architecture)});
+  config["model_type"] = std::string(family.model_type);
+  from_int("hidden_size", IntAttribute(args, "hidden_size"), "args.hidden_size");
+  from_int("intermediate_size", IntAttribute(args, "ffn_hidden_size"), "args.ffn_hidden_size");
+  from_int("num_hidden_layers", IntAttribute(args, "num_layers"), "args.num_layers");
+  const std::optional<int64_t> heads = IntAttribute(args, "num_attention_heads");
+  from_int("num_attention_heads", heads, "args.num_attention_heads");
+  std::optional<int64_t> kv_heads = heads;
+  if (IntAttribute(args, "group_query_attention").value_or(0) != 0) {
+    kv_heads = IntAttribute(args, "num_query_groups");
+  }
+  from_int("num_key_value_heads", kv_heads, "args.num_query_groups");
+  std::optional<int64_t> head_dim = IntAttribute(args, "kv_channels");
+  const std::optional<int64_t> hidden = IntAttribute(args, "hidden_size");
+  if (!head_dim.has_value() && hidden.has_value() && heads.value_or(0) > 0) {
+    head_dim = *hidden / *heads;
+  }
+  from_int("head_dim", head_dim, "args.kv_channels");
+  config["hidden_act"] = "silu";
+  from_int("max_position_embeddings", IntAttribute(args, "max_position_embeddings"),
+           "args.max_position_embeddings");
+  std::optional<double> eps = FloatArg(args, "norm_epsilon");
+  if (!eps.has_value()) eps = FloatArg(args, "layernorm_epsilon");
+  if (eps.has_value()) {
+    config["rms_norm_eps"] = *eps;
+  } else {
+    config["rms_norm_eps"] = nullptr;
+    missing.emplace_back("rms_norm_eps", "args.norm_epsilon");
+  }
+  if (const std::optional<double> theta = FloatArg(args, "rotary_base"); theta.has_value()) {
+    config["rope_theta"] = *theta;
+  } else {
+    config["rope_theta"] = nullptr;
+    missing.emplace_back("rope_theta", "args.rotary_base");
+  }
+  if (IntAttribute(args, "use_rope_scaling").value_or(0) != 0) {
+    Json scaling = Json::object();
+    scaling["rope_type"] = "llama3";
+    scaling["factor"] = FloatArg(args, "rope_scaling_factor").value_or(8.0);
+    scaling["low_freq_factor"] = 1.0;
+    scaling["high_freq_factor"] = 4.0;
+    scaling["original_max_position_embeddings"] = 8192;
+    config["rope_scaling"] = std::move(scaling);
+  } else {
+    config["rope_scaling"] = nullptr;
+  }
+  std::optional<int64_t> vocab = IntAttribute(args, "vocab_size");
+  if (sources.vocab_size > 0) vocab = sources.vocab_size;
+  from_int("vocab_size", vocab, "--vocab-size or args.vocab_size");
+  config["tie_word_embeddings"] = sources.tied;
+  if (family.sliding_window) {
+    const std::optional<int64_t> window = IntAttribute(args, "sliding_window");
+    config["sliding_window"] = window.has_value() ? Json(*window) : Json(nullptr);
+  } else {
+    config["attention_bias"] = family.qkv_bias;
+  }
+  config["torch_dtype"] = std::string(TorchDTypeName(sources.dtype));
+  config["use_cache"] = true;
+
+  // --config completes and overrides; --vocab-size beats both.
+  if (sources.overrides.is_object()) {
+    for (const auto& [key, value] : sources.overrides.items()) {
+      if (key == "tie_word_embeddings" && value != Json(sources.tied)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--config says tie_word_embeddings ", value.dump(), ", but the checkpoint ",
+            sources.tied ? "has no separate output layer (its embeddings are tied)"
+                         : "has a separate output layer"));
+      }
+      config[key] = value;
+    }
+  }
+  if (sources.vocab_size > 0) config["vocab_size"] = sources.vocab_size;
+  std::vector<std::string> still_missing;
+  for (const auto& [key, arg] : missing) {
+    if (config[key].is_null()) still_missing.push_back(absl::StrCat(key, " (from ", arg, ")"));
+  }
+  if (!still_missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json needs ", absl::StrJoin(still_missing, ", "),
+        ", which the checkpoint's args do not record; give ",
+        still_missing.size() == 1 ? "it" : "them", " in --config FILE (a JSON object of "
+        "config.json keys)",
+        absl::StrContains(absl::StrJoin(still_missing, ","), "vocab_size")
+            ? " or give the true vocabulary with --vocab-size N"
+            : ""));
+  }
+
+  HfModelConfig model;
+  ASSIGN_OR_RETURN(model.hidden, PositiveInt(config, "hidden_size"));
+  ASSIGN_OR_RETURN(model.intermediate, PositiveInt(config, "intermediate_size"));
+  ASSIGN_OR_RETURN(model.layers, PositiveInt(config, "num_hidden_layers"));
+  ASSIGN_OR_RETURN(model.heads, PositiveInt(config, "num_attention_heads"));
+  ASSIGN_OR_RETURN(model.kv_heads, PositiveInt(config, "num_key_value_heads"));
+  ASSIGN_OR_RETURN(model.head_dim, PositiveInt(config, "head_dim"));
+  ASSIGN_OR_RETURN(model.vocab, PositiveInt(config, "vocab_size"));
+  if (model.heads % model.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_attention_heads ", model.heads, " is not divisible by num_key_value_heads ",
+        model.kv_heads, " (query groups): every group must hold the same number of query heads"));
+  }
+  model.json = std::move(config);
+  return model;
+}
+
+std::string HfGenerationConfigJson(const Json& config) {
+  Json generation = Json::object();
+  generation["_from_model_config"] = true;
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (config.contains(key) && !config[key].is_null()) generation[key] = config[key];
+  }
+  return generation.dump(2) + "\n";
+}
+
+}  // namespace reshard

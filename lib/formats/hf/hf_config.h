@@ -1,0 +1,87 @@
+// config.json and generation_config.json of a Hugging Face model written from a Megatron
+// checkpoint (`--format hf`), made from the checkpoint's args (the argparse.Namespace Megatron
+// saves, InputModel::training_state "megatron.args") and completed or overridden by the keys
+// of `--config FILE`.
+//
+// config.json keys, in order, and where each comes from when --config does not give it:
+//   architectures, model_type        the family (hf_family.h)
+//   hidden_size                      args.hidden_size
+//   intermediate_size                args.ffn_hidden_size
+//   num_hidden_layers                args.num_layers
+//   num_attention_heads              args.num_attention_heads
+//   num_key_value_heads              args.num_query_groups with args.group_query_attention,
+//                                    else num_attention_heads
+//   head_dim                         args.kv_channels, else hidden_size / num_attention_heads
+//   hidden_act                       "silu" (SwiGLU)
+//   max_position_embeddings          args.max_position_embeddings
+//   rms_norm_eps                     args.norm_epsilon, else args.layernorm_epsilon
+//   rope_theta                       args.rotary_base
+//   rope_scaling                     args.use_rope_scaling: Llama 3.1's {"rope_type": "llama3",
+//                                    "factor": args.rope_scaling_factor (8.0 when absent),
+//                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+//                                    "original_max_position_embeddings": 8192}, as Megatron's
+//                                    apply_rope_scaling fixes them; else null
+//   vocab_size                       --vocab-size, else args.vocab_size
+//   tie_word_embeddings              whether the checkpoint has no separate output layer
+//   attention_bias                   the family's QKV bias (not for mistral)
+//   sliding_window                   mistral: args.sliding_window (null when absent)
+//   torch_dtype                      the weights' dtype as written (after --dtype)
+//   use_cache                        true
+// A key the args lack and --config does not give is refused, naming the key and the arg.
+
+#ifndef RESHARD_LIB_FORMATS_HF_HF_CONFIG_H_
+#define RESHARD_LIB_FORMATS_HF_HF_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "lib/core/catalog.h"
+#include "lib/core/dtype.h"
+#include "lib/formats/hf/hf_family.h"
+#include "nlohmann/json.hpp"
+
+namespace reshard {
+
+// What the config is made from.
+struct HfConfigSources {
+  // The args' attributes (StructureNode::Attributes of the Namespace); null without args.
+  const StructureNode* args = nullptr;
+  const HfFamily* family = nullptr;
+  // --config's object; null when not given.
+  nlohmann::ordered_json overrides;
+  int64_t vocab_size = 0;  // --vocab-size; 0: not given
+  bool tied = false;       // the checkpoint has no output layer
+  DType dtype = DType::kF32;
+};
+
+// config.json, and the figures the export splits tensors by, read back from it.
+struct HfModelConfig {
+  nlohmann::ordered_json json;
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab = 0;
+};
+
+// InvalidArgument naming the missing keys (and the args they come from) and --config; naming
+// a key of the wrong type; when num_attention_heads is not divisible by num_key_value_heads;
+// and when --config contradicts the tensors about tie_word_embeddings.
+absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources);
+
+// generation_config.json: {"_from_model_config": true, "bos_token_id", "eos_token_id" (when
+// config.json has them)}.
+std::string HfGenerationConfigJson(const nlohmann::ordered_json& config);
+
+// --config FILE read and parsed: InvalidArgument naming the file unless a JSON object.
+absl::StatusOr<nlohmann::ordered_json> ReadHfConfigOverrides(const std::string& path);
+
+// The arg `key` of the Namespace's attributes `args`; null when absent or None.
+const StructureNode* HfArg(const StructureNode* args, absl::string_view key);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_HF_HF_CONFIG_H_

@@ -1,0 +1,126 @@
+#include "lib/formats/hf/hf_family.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+
+namespace reshard {
+namespace {
+
+using Kind = MegatronRole::Kind;
+
+// A layer's tensors below `layers.<i>.`, Megatron-LM's and Megatron-Core's names alike.
+constexpr std::pair<absl::string_view, Kind> kLayerTensors[] = {
+    {"input_layernorm.weight", Kind::kInputNorm},
+    {"self_attention.linear_qkv.layer_norm_weight", Kind::kInputNorm},
+    {"self_attention.query_key_value.weight", Kind::kQkvWeight},
+    {"self_attention.linear_qkv.weight", Kind::kQkvWeight},
+    {"self_attention.query_key_value.bias", Kind::kQkvBias},
+    {"self_attention.linear_qkv.bias", Kind::kQkvBias},
+    {"self_attention.dense.weight", Kind::kAttentionOutput},
+    {"self_attention.linear_proj.weight", Kind::kAttentionOutput},
+    {"self_attention.q_layernorm.weight", Kind::kQNorm},
+    {"self_attention.k_layernorm.weight", Kind::kKNorm},
+    {"post_attention_layernorm.weight", Kind::kPostAttentionNorm},
+    {"pre_mlp_layernorm.weight", Kind::kPostAttentionNorm},
+    {"mlp.linear_fc1.layer_norm_weight", Kind::kPostAttentionNorm},
+    {"mlp.dense_h_to_4h.weight", Kind::kFc1Weight},
+    {"mlp.linear_fc1.weight", Kind::kFc1Weight},
+    {"mlp.dense_4h_to_h.weight", Kind::kFc2Weight},
+    {"mlp.linear_fc2.weight", Kind::kFc2Weight},
+};
+
+// Tensors outside the layers, with the stack prefix (`language_model.encoder.`, `decoder.`)
+// already removed for the final norm.
+constexpr std::pair<absl::string_view, Kind> kModelTensors[] = {
+    {"language_model.embedding.word_embeddings.weight", Kind::kEmbedding},
+    {"embedding.word_embeddings.weight", Kind::kEmbedding},
+    {"language_model.output_layer.weight", Kind::kOutputLayer},
+    {"output_layer.weight", Kind::kOutputLayer},
+};
+
+constexpr absl::string_view kStacks[] = {"language_model.encoder.", "language_model.transformer.",
+                                         "decoder."};
+
+}  // namespace
+
+const std::vector<HfFamily>& HfFamilies() {
+  static const std::vector<HfFamily>* const kFamilies = new std::vector<HfFamily>{
+      {"llama", "LlamaForCausalLM", "llama", false, false, false},
+      {"mistral", "MistralForCausalLM", "mistral", false, false, true},
+      {"qwen2", "Qwen2ForCausalLM", "qwen2", true, false, false},
+      {"qwen3", "Qwen3ForCausalLM", "qwen3", false, true, false},
+  };
+  return *kFamilies;
+}
+
+std::string HfFamilyList() {
+  std::vector<std::string> ids;
+  for (const HfFamily& family : HfFamilies()) ids.emplace_back(family.id);
+  return absl::StrJoin(ids, ", ");
+}
+
+absl::StatusOr<const HfFamily*> FindHfFamily(absl::string_view id) {
+  for (const HfFamily& family : HfFamilies()) {
+    if (family.id == id) return &family;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown model family \"", id, "\" for --format hf; the families are ", HfFamilyList(),
+      " (--family F picks one, --family auto decides from the checkpoint; --config FILE "
+      "overrides what the args say)"));
+}
+
+absl::StatusOr<MegatronRole> MegatronTensorRole(absl::string_view name) {
+  absl::string_view rest = name;
+  absl::ConsumePrefix(&rest, "module.") || absl::ConsumePrefix(&rest, "model.");
+  if (absl::EndsWith(rest, "._extra_state")) return MegatronRole{Kind::kSkipped, -1};
+  for (const auto& [key, kind] : kModelTensors) {
+    if (rest == key) return MegatronRole{kind, -1};
+  }
+  for (absl::string_view stack : kStacks) {
+    absl::string_view inside = rest;
+    if (!absl::ConsumePrefix(&inside, stack)) continue;
+    if (inside == "final_layernorm.weight") return MegatronRole{Kind::kFinalNorm, -1};
+    if (!absl::ConsumePrefix(&inside, "layers.")) break;
+    const size_t dot = inside.find('.');
+    int64_t layer = -1;
+    if (dot == absl::string_view::npos || !absl::SimpleAtoi(inside.substr(0, dot), &layer) ||
+        layer < 0) {
+      break;
+    }
+    const absl::string_view key = inside.substr(dot + 1);
+    for (const auto& [layer_key, kind] : kLayerTensors) {
+      if (key == layer_key) return MegatronRole{kind, layer};
+    }
+    break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tensor \"", name,
+      "\" has no counterpart in the Hugging Face decoder families reshard writes (", HfFamilyList(),
+      "): only the word embeddings, RMSNorm weights, fused QKV (with its bias), attention "
+      "output, gated MLP and output layer map onto their names"));
+}
+
+absl::StatusOr<const HfFamily*> ChooseHfFamily(absl::string_view requested,
+                                               const FamilyEvidence& evidence) {
+  if (!requested.empty() && requested != "auto") return FindHfFamily(requested);
+  absl::string_view id = "llama";
+  if (evidence.qk_norm) {
+    id = "qwen3";
+  } else if (evidence.qkv_bias) {
+    id = "qwen2";
+  } else if (evidence.sliding_window) {
+    id = "mistral";
+  }
+  return FindHfFamily(id);
+}
+
+}  // namespace reshard

@@ -1,0 +1,93 @@
+// The Hugging Face model families reshard writes (`--format hf`), and how the tensors of a
+// Megatron checkpoint map onto each family's parameter names.
+//
+// Names read, after a NeMo prefix (`model.` NeMo 1, `module.` NeMo 2) is stripped:
+//   Megatron-LM (legacy, merged TP x PP with global layer numbers):
+//     language_model.embedding.word_embeddings.weight, language_model.output_layer.weight,
+//     language_model.{encoder,transformer}.final_layernorm.weight,
+//     language_model.{encoder,transformer}.layers.<i>.<rest>, <rest> one of
+//     input_layernorm.weight, self_attention.query_key_value.{weight,bias},
+//     self_attention.dense.weight, post_attention_layernorm.weight, mlp.dense_h_to_4h.weight,
+//     mlp.dense_4h_to_h.weight
+//   Megatron-Core (torch_dist unstacked, TE or local spec):
+//     embedding.word_embeddings.weight, output_layer.weight, decoder.final_layernorm.weight,
+//     decoder.layers.<i>.<rest>, <rest> one of self_attention.linear_qkv.layer_norm_weight,
+//     input_layernorm.weight, self_attention.linear_qkv.{weight,bias},
+//     self_attention.linear_proj.weight, self_attention.{q,k}_layernorm.weight,
+//     mlp.linear_fc1.layer_norm_weight, pre_mlp_layernorm.weight, mlp.linear_fc1.weight,
+//     mlp.linear_fc2.weight
+// and TransformerEngine's `*._extra_state` (FP8 metadata), which has no HF counterpart.
+
+#ifndef RESHARD_LIB_FORMATS_HF_HF_FAMILY_H_
+#define RESHARD_LIB_FORMATS_HF_HF_FAMILY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace reshard {
+
+// What one family's HF model has and is called.
+struct HfFamily {
+  absl::string_view id;            // --family: "llama"
+  absl::string_view architecture;  // config.json "architectures": "LlamaForCausalLM"
+  absl::string_view model_type;    // config.json "model_type": "llama"
+  bool qkv_bias = false;           // q/k/v projections have biases (Qwen2)
+  bool qk_norm = false;            // per-head RMSNorm of queries and keys (Qwen3)
+  bool sliding_window = false;     // config.json carries "sliding_window" (Mistral)
+};
+
+// The families, in the order messages list them.
+const std::vector<HfFamily>& HfFamilies();
+
+// The family `id`; InvalidArgument listing the families and the flags that override the
+// checkpoint (--family, --config) otherwise.
+absl::StatusOr<const HfFamily*> FindHfFamily(absl::string_view id);
+
+// "llama, mistral, qwen2, qwen3".
+std::string HfFamilyList();
+
+// What a Megatron tensor is in the model, and its layer (-1 outside the layers).
+struct MegatronRole {
+  enum class Kind {
+    kEmbedding,
+    kOutputLayer,
+    kFinalNorm,
+    kInputNorm,
+    kPostAttentionNorm,
+    kQkvWeight,
+    kQkvBias,
+    kAttentionOutput,
+    kQNorm,
+    kKNorm,
+    kFc1Weight,
+    kFc2Weight,
+    kSkipped,  // TransformerEngine's _extra_state
+  };
+  Kind kind = Kind::kSkipped;
+  int64_t layer = -1;
+};
+
+// The role of the tensor `name`; InvalidArgument naming it when it has none in a Llama-style
+// decoder (biases of linear layers other than QKV, layer-norm biases, position embeddings, ...).
+absl::StatusOr<MegatronRole> MegatronTensorRole(absl::string_view name);
+
+// What the checkpoint says that decides its family.
+struct FamilyEvidence {
+  bool qk_norm = false;         // q/k layernorm tensors, or args.qk_layernorm
+  bool qkv_bias = false;        // a QKV bias tensor, or args.add_qkv_bias
+  bool sliding_window = false;  // args.window_size / args.sliding_window set
+};
+
+// `requested` ("" or "auto": decided from `evidence` as docs/formats.md says: q/k norms ->
+// qwen3, else a QKV bias -> qwen2, else a sliding window -> mistral, else llama); otherwise
+// FindHfFamily(requested).
+absl::StatusOr<const HfFamily*> ChooseHfFamily(absl::string_view requested,
+                                               const FamilyEvidence& evidence);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_HF_HF_FAMILY_H_

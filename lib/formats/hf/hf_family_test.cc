@@ -1,0 +1,62 @@
+#include "lib/formats/hf/hf_family.h"
+
+#include "gtest/gtest.h"
+
+namespace reshard {
+namespace {
+
+using Kind = MegatronRole::Kind;
+
+TEST(MegatronTensorRoleTest, LegacyCoreAndNeMoNamesMapToTheSameRoles) {
+  struct Case {
+    const char* name;
+    Kind kind;
+    int64_t layer;
+  };
+  for (const Case& c : {
+           Case{"language_model.embedding.word_embeddings.weight", Kind::kEmbedding, -1},
+           Case{"embedding.word_embeddings.weight", Kind::kEmbedding, -1},
+           Case{"language_model.encoder.layers.12.self_attention.query_key_value.weight",
+                Kind::kQkvWeight, 12},
+           Case{"language_model.transformer.layers.0.mlp.dense_h_to_4h.weight", Kind::kFc1Weight,
+                0},
+           Case{"decoder.layers.3.self_attention.linear_qkv.bias", Kind::kQkvBias, 3},
+           Case{"decoder.layers.3.self_attention.linear_qkv.layer_norm_weight", Kind::kInputNorm,
+                3},
+           Case{"decoder.layers.1.mlp.linear_fc1.layer_norm_weight", Kind::kPostAttentionNorm, 1},
+           Case{"decoder.layers.1.self_attention.k_layernorm.weight", Kind::kKNorm, 1},
+           Case{"module.decoder.final_layernorm.weight", Kind::kFinalNorm, -1},
+           Case{"model.language_model.output_layer.weight", Kind::kOutputLayer, -1},
+           Case{"decoder.layers.0.mlp.linear_fc1._extra_state", Kind::kSkipped, -1},
+       }) {
+    auto role = MegatronTensorRole(c.name);
+    ASSERT_TRUE(role.ok()) << c.name << ": " << role.status();
+    EXPECT_EQ(role->kind, c.kind) << c.name;
+    EXPECT_EQ(role->layer, c.layer) << c.name;
+  }
+}
+
+TEST(MegatronTensorRoleTest, TensorsWithoutCounterpartAreRefusedByName) {
+  auto role = MegatronTensorRole("language_model.embedding.position_embeddings.weight");
+  EXPECT_EQ(role.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(role.status().message().find("position_embeddings"), std::string::npos);
+}
+
+TEST(ChooseHfFamilyTest, AutoDecidesFromTheEvidence) {
+  EXPECT_EQ((*ChooseHfFamily("auto", {}))->id, "llama");
+  EXPECT_EQ((*ChooseHfFamily("", {false, false, true}))->id, "mistral");
+  EXPECT_EQ((*ChooseHfFamily("auto", {false, true, true}))->id, "qwen2");
+  EXPECT_EQ((*ChooseHfFamily("auto", {true, true, false}))->id, "qwen3");
+  EXPECT_EQ((*ChooseHfFamily("mistral", {}))->id, "mistral");
+}
+
+TEST(ChooseHfFamilyTest, UnknownFamilyListsFamiliesAndFlags) {
+  auto family = ChooseHfFamily("falcon", {});
+  EXPECT_EQ(family.status().message(),
+            "unknown model family \"falcon\" for --format hf; the families are llama, mistral, "
+            "qwen2, qwen3 (--family F picks one, --family auto decides from the checkpoint; "
+            "--config FILE overrides what the args say)");
+}
+
+}  // namespace
+}  // namespace reshard

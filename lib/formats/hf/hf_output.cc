@@ -1,0 +1,375 @@
+#include "lib/formats/hf/hf_output.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "lib/core/status.h"
+#include "lib/formats/hf/hf_config.h"
+#include "lib/formats/hf/hf_family.h"
+#include "lib/plan/layout_builders.h"
+#include "nlohmann/json.hpp"
+
+namespace reshard {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Role = MegatronRole::Kind;
+
+// The input formats whose tensors carry Megatron's names.
+constexpr absl::string_view kMegatronFormats[] = {"megatron", "megatron-torch-dist"};
+
+constexpr char kConfigName[] = "config.json";
+constexpr char kGenerationConfigName[] = "generation_config.json";
+
+// The args Namespace's attributes: the Megatron-LM reader's "megatron.args", or the `args` of
+// a torch_dist checkpoint's common state; null when neither holds them.
+const StructureNode* FindArgs(const InputModel& model, const Catalog& catalog) {
+  if (const StructureNode* saved = model.training_state.Value("megatron.args")) {
+    if (const StructureNode* attributes = saved->Attributes()) return attributes;
+  }
+  const StructureNode* root = catalog.structure.get();
+  for (const StructureNode* holder : {FindKey(root, "common"), root}) {
+    if (const StructureNode* args = FindKey(holder, "args")) {
+      if (const StructureNode* attributes = args->Attributes()) return attributes;
+    }
+  }
+  return nullptr;
+}
+
+bool ArgSet(const StructureNode* args, absl::string_view key) {
+  const StructureNode* value = HfArg(args, key);
+  if (value == nullptr) return false;
+  if (value->kind == StructureNode::Kind::kBool) return value->boolean;
+  if (value->kind == StructureNode::Kind::kInt) return value->integer != 0;
+  return true;
+}
+
+// The tensors of one layer, by role (catalog indices).
+struct LayerTensors {
+  std::map<Role, int> by_role;
+};
+
+// The HF name of a layer tensor's role, for messages about a missing one.
+absl::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kInputNorm:
+      return "input_layernorm.weight";
+    case Role::kPostAttentionNorm:
+      return "post_attention_layernorm.weight";
+    case Role::kQkvWeight:
+      return "self_attn.{q,k,v}_proj.weight (fused QKV)";
+    case Role::kQkvBias:
+      return "self_attn.{q,k,v}_proj.bias (fused QKV bias)";
+    case Role::kAttentionOutput:
+      return "self_attn.o_proj.weight";
+    case Role::kQNorm:
+      return "self_attn.q_norm.weight";
+    case Role::kKNorm:
+      return "self_attn.k_norm.weight";
+    case Role::kFc1Weight:
+      return "mlp.{gate,up}_proj.weight (fused fc1)";
+    case Role::kFc2Weight:
+      return "mlp.down_proj.weight";
+    default:
+      return "?";
+  }
+}
+
+// Refuses `tensor` unless its shape is `expected`, naming both and what made the expectation.
+absl::Status CheckShape(const CatalogTensor& tensor, const Shape& expected,
+                        const std::string& because) {
+  if (tensor.shape == expected) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tensor \"", tensor.name, "\" has shape ", ShapeToString(tensor.shape), ", but config.json (",
+      because, ") makes it ", ShapeToString(expected),
+      ": the checkpoint's args (or --config) disagree with its weights"));
+}
+
+// A Megatron model's tensors by role, and what decides its family.
+struct ScannedModel {
+  const StructureNode* args = nullptr;
+  std::map<Role, int> model_tensors;
+  std::map<int64_t, LayerTensors> layers;
+  FamilyEvidence evidence;
+  int first_qkv_bias = -1;  // catalog index, -1: none
+  int first_qk_norm = -1;
+};
+
+absl::StatusOr<ScannedModel> Scan(const InputModel& model, const Catalog& catalog) {
+  ScannedModel scanned;
+  scanned.args = FindArgs(model, catalog);
+  scanned.evidence.qk_norm = ArgSet(scanned.args, "qk_layernorm");
+  scanned.evidence.qkv_bias = ArgSet(scanned.args, "add_qkv_bias");
+  scanned.evidence.sliding_window =
+      ArgSet(scanned.args, "sliding_window") || ArgSet(scanned.args, "window_size");
+  for (size_t i = 0; i < catalog.tensors.size(); ++i) {
+    ASSIGN_OR_RETURN(const MegatronRole role, MegatronTensorRole(catalog.tensors[i].name));
+    if (role.kind == Role::kSkipped) continue;
+    const int index = static_cast<int>(i);
+    if (role.kind == Role::kQkvBias && scanned.first_qkv_bias < 0) scanned.first_qkv_bias = index;
+    if ((role.kind == Role::kQNorm || role.kind == Role::kKNorm) && scanned.first_qk_norm < 0) {
+      scanned.first_qk_norm = index;
+    }
+    auto& slot = role.layer < 0 ? scanned.model_tensors : scanned.layers[role.layer].by_role;
+    if (!slot.emplace(role.kind, index).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensors \"", catalog.tensors[slot[role.kind]].name, "\" and \"",
+          catalog.tensors[i].name, "\" are the same parameter of the model under two names"));
+    }
+  }
+  scanned.evidence.qkv_bias = scanned.evidence.qkv_bias || scanned.first_qkv_bias >= 0;
+  scanned.evidence.qk_norm = scanned.evidence.qk_norm || scanned.first_qk_norm >= 0;
+  return scanned;
+}
+
+bool IsMegatron(const InputModel& model) {
+  return std::find(std::begin(kMegatronFormats), std::end(kMegatronFormats), model.format) !=
+         std::end(kMegatronFormats);
+}
+
+}  // namespace
+
+std::string WithHfFamilyNote(const InputModel& model, const Catalog& catalog) {
+  if (!IsMegatron(model) || catalog.tensors.empty()) return model.description;
+  absl::StatusOr<ScannedModel> scanned = Scan(model, catalog);
+  if (!scanned.ok()) return model.description;
+  absl::StatusOr<const HfFamily*> family = ChooseHfFamily("auto", scanned->evidence);
+  if (!family.ok()) return model.description;
+  const FamilyEvidence& evidence = scanned->evidence;
+  const char* why = evidence.qk_norm          ? "q/k norms"
+                    : evidence.qkv_bias       ? "a QKV bias"
+                    : evidence.sliding_window ? "a sliding window"
+                                              : "no q/k norms, QKV bias or sliding window";
+  return absl::StrCat(model.description, model.description.empty() ? "" : "; ",
+                      "--format hf --family auto: ", (*family)->id, " (", why, ")");
+}
+
+absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
+                                                 const ArrangeRequest& request) const {
+  const InputModel& model = request.model;
+  const Catalog& catalog = request.catalog;
+  if (!IsMegatron(model)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--format hf writes Hugging Face models from Megatron checkpoints (megatron, "
+        "megatron-torch-dist input), not from ",
+        model.format, " input; a model already under Hugging Face names is written by --format "
+        "safetensors"));
+  }
+  if (!request.consolidate) {
+    return absl::InvalidArgumentError(
+        "--format hf writes one model: use `reshardctl consolidate IN OUT --format hf`");
+  }
+
+  ASSIGN_OR_RETURN(ScannedModel scanned, Scan(model, catalog));
+  const StructureNode* args = scanned.args;
+  const std::map<Role, int>& model_tensors = scanned.model_tensors;
+  const std::map<int64_t, LayerTensors>& layers = scanned.layers;
+  ASSIGN_OR_RETURN(const HfFamily* family, ChooseHfFamily(request.hf.family, scanned.evidence));
+  if (scanned.first_qkv_bias >= 0 && !family->qkv_bias) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor \"", catalog.tensors[scanned.first_qkv_bias].name,
+        "\" is a QKV bias, which family ", family->id,
+        " has no place for (qwen2 has: --family qwen2)"));
+  }
+  if (scanned.first_qk_norm >= 0 && !family->qk_norm) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor \"", catalog.tensors[scanned.first_qk_norm].name, "\" is a q/k norm, which family ",
+        family->id, " has no place for (qwen3 has: --family qwen3)"));
+  }
+  const auto embedding = model_tensors.find(Role::kEmbedding);
+  if (embedding == model_tensors.end()) {
+    return absl::InvalidArgumentError(
+        "the checkpoint has no word embeddings (embedding.word_embeddings.weight), which a "
+        "Hugging Face model needs");
+  }
+  const auto output_layer = model_tensors.find(Role::kOutputLayer);
+  const bool tied = output_layer == model_tensors.end();
+  const CatalogTensor& embeddings = catalog.tensors[embedding->second];
+
+  HfConfigSources sources;
+  sources.args = args;
+  sources.family = family;
+  sources.vocab_size = request.hf.vocab_size;
+  sources.tied = tied;
+  sources.dtype = ApplyDTypePolicy(request.dtype, embeddings.dtype);
+  if (!request.hf.config_file.empty()) {
+    ASSIGN_OR_RETURN(sources.overrides, ReadHfConfigOverrides(request.hf.config_file));
+  }
+  ASSIGN_OR_RETURN(const HfModelConfig config, MakeHfConfig(sources));
+  const int64_t h = config.hidden;
+  const int64_t d = config.head_dim;
+  const int64_t nh = config.heads;
+  const int64_t ng = config.kv_heads;
+  const int64_t r = nh / ng;
+  const int64_t ffn = config.intermediate;
+  const std::string sizes =
+      absl::StrCat("hidden_size ", h, ", num_attention_heads ", nh, ", num_key_value_heads ", ng,
+                   ", head_dim ", d, ", intermediate_size ", ffn);
+
+  // The vocabulary rows: the padded ones, of which the first vocab_size are written.
+  for (auto it : {embedding, output_layer}) {
+    if (it == model_tensors.end()) continue;
+    const CatalogTensor& tensor = catalog.tensors[it->second];
+    if (tensor.shape.size() != 2 || tensor.shape[1] != h) {
+      return CheckShape(tensor, {config.vocab, h}, sizes);
+    }
+    if (tensor.shape[0] < config.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json's vocab_size ", config.vocab, " is more than the ", tensor.shape[0],
+          " rows of tensor \"", tensor.name, "\" ", ShapeToString(tensor.shape)));
+    }
+  }
+  if (const auto norm = model_tensors.find(Role::kFinalNorm); norm != model_tensors.end()) {
+    RETURN_IF_ERROR(CheckShape(catalog.tensors[norm->second], {h}, sizes));
+  } else {
+    return absl::InvalidArgumentError(
+        "the checkpoint has no final norm (final_layernorm.weight), which a Hugging Face model "
+        "needs");
+  }
+
+  // Every layer 0..L-1 with the tensors of its family, shaped as config.json says.
+  std::vector<Role> required = {Role::kInputNorm,        Role::kQkvWeight, Role::kAttentionOutput,
+                                Role::kPostAttentionNorm, Role::kFc1Weight, Role::kFc2Weight};
+  if (family->qkv_bias) required.push_back(Role::kQkvBias);
+  if (family->qk_norm) {
+    required.push_back(Role::kQNorm);
+    required.push_back(Role::kKNorm);
+  }
+  const int64_t qkv_rows = (nh + 2 * ng) * d;
+  const std::map<Role, Shape> expected = {
+      {Role::kInputNorm, {h}},          {Role::kPostAttentionNorm, {h}},
+      {Role::kQkvWeight, {qkv_rows, h}}, {Role::kQkvBias, {qkv_rows}},
+      {Role::kAttentionOutput, {h, nh * d}}, {Role::kQNorm, {d}},
+      {Role::kKNorm, {d}},               {Role::kFc1Weight, {2 * ffn, h}},
+      {Role::kFc2Weight, {h, ffn}}};
+  if (!layers.empty() && layers.rbegin()->first >= config.layers) {
+    const LayerTensors& extra = layers.rbegin()->second;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor \"", catalog.tensors[extra.by_role.begin()->second].name, "\" is in layer ",
+        layers.rbegin()->first, ", but config.json's num_hidden_layers is ", config.layers));
+  }
+  for (int64_t layer = 0; layer < config.layers; ++layer) {
+    const auto found = layers.find(layer);
+    for (Role role : required) {
+      if (found == layers.end() || found->second.by_role.count(role) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer ", layer, " of the checkpoint has no tensor for ", RoleName(role),
+            " (family ", family->id, ", num_hidden_layers ", config.layers, ")"));
+      }
+    }
+    for (const auto& [role, index] : found->second.by_role) {
+      RETURN_IF_ERROR(CheckShape(catalog.tensors[index], expected.at(role), sizes));
+    }
+  }
+
+  // The HF tensors, in the order transformers names them.
+  ArrangedOutput arranged;
+  std::vector<OutputTensor> tensors;
+  const int base = static_cast<int>(catalog.tensors.size());
+  auto whole = [&](std::string name, int source) {
+    const CatalogTensor& tensor = catalog.tensors[source];
+    tensors.push_back({std::move(name), source, Box::Full(tensor.shape),
+                       ApplyDTypePolicy(request.dtype, tensor.dtype)});
+  };
+  auto rows = [&](std::string name, int source, int64_t count) {
+    const CatalogTensor& tensor = catalog.tensors[source];
+    Box region = Box::Full(tensor.shape);
+    region.extent[0] = count;
+    tensors.push_back(
+        {std::move(name), source, region, ApplyDTypePolicy(request.dtype, tensor.dtype)});
+  };
+  // A view of a catalog tensor, read as an extra tensor: its index as an OutputTensor source.
+  auto view = [&](CatalogTensor viewed) {
+    arranged.extra_tensors.push_back(std::move(viewed));
+    return base + static_cast<int>(arranged.extra_tensors.size()) - 1;
+  };
+  // Block `block` (`count` blocks from it) of dimension `dim` of a view, written as `written`.
+  auto region = [&](std::string name, int source, const CatalogTensor& viewed, int dim,
+                    int64_t block, int64_t count, Shape written) {
+    Box box = Box::Full(viewed.shape);
+    box.origin[dim] = block;
+    box.extent[dim] = count;
+    OutputTensor out{std::move(name), source, box, ApplyDTypePolicy(request.dtype, viewed.dtype)};
+    out.written_shape = std::move(written);
+    tensors.push_back(std::move(out));
+  };
+
+  rows("model.embed_tokens.weight", embedding->second, config.vocab);
+  for (int64_t layer = 0; layer < config.layers; ++layer) {
+    const std::map<Role, int>& by_role = layers.at(layer).by_role;
+    const std::string prefix = absl::StrCat("model.layers.", layer, ".");
+    whole(prefix + "input_layernorm.weight", by_role.at(Role::kInputNorm));
+    // QKV: [ng * (r + 2) * d, ...] viewed as [ng, r + 2, d, ...].
+    for (Role role : {Role::kQkvWeight, Role::kQkvBias}) {
+      const auto it = by_role.find(role);
+      if (it == by_role.end()) continue;
+      const char* suffix = role == Role::kQkvWeight ? ".weight" : ".bias";
+      ASSIGN_OR_RETURN(CatalogTensor grouped, ViewAsBlocks(catalog.tensors[it->second], 0, ng));
+      ASSIGN_OR_RETURN(CatalogTensor viewed, ViewAsBlocks(grouped, 1, r + 2));
+      const int source = view(viewed);
+      auto flat = [&](int64_t heads) {
+        return role == Role::kQkvWeight ? Shape{heads * d, h} : Shape{heads * d};
+      };
+      region(absl::StrCat(prefix, "self_attn.q_proj", suffix), source, viewed, 1, 0, r,
+             flat(nh));
+      region(absl::StrCat(prefix, "self_attn.k_proj", suffix), source, viewed, 1, r, 1,
+             flat(ng));
+      region(absl::StrCat(prefix, "self_attn.v_proj", suffix), source, viewed, 1, r + 1, 1,
+             flat(ng));
+    }
+    whole(prefix + "self_attn.o_proj.weight", by_role.at(Role::kAttentionOutput));
+    if (family->qk_norm) {
+      whole(prefix + "self_attn.q_norm.weight", by_role.at(Role::kQNorm));
+      whole(prefix + "self_attn.k_norm.weight", by_role.at(Role::kKNorm));
+    }
+    whole(prefix + "post_attention_layernorm.weight", by_role.at(Role::kPostAttentionNorm));
+    // Gated fc1: [gate; up] viewed as [2, ffn, h].
+    ASSIGN_OR_RETURN(CatalogTensor fc1,
+                     ViewAsBlocks(catalog.tensors[by_role.at(Role::kFc1Weight)], 0, 2));
+    const int fc1_source = view(fc1);
+    region(prefix + "mlp.gate_proj.weight", fc1_source, fc1, 0, 0, 1, {ffn, h});
+    region(prefix + "mlp.up_proj.weight", fc1_source, fc1, 0, 1, 1, {ffn, h});
+    whole(prefix + "mlp.down_proj.weight", by_role.at(Role::kFc2Weight));
+  }
+  whole("model.norm.weight", model_tensors.at(Role::kFinalNorm));
+  if (!tied) rows("lm_head.weight", output_layer->second, config.vocab);
+  // The views' pieces index the catalog's files; extra tensors index extra_files.
+  if (!arranged.extra_tensors.empty()) arranged.extra_files = catalog.files;
+
+  std::vector<std::vector<OutputTensor>> shards =
+      PackShards(std::move(tensors), request.max_shard_size);
+  const OutputNaming names = naming();
+  arranged.layout.kind = TargetLayout::Kind::kConsolidated;
+  const int count = static_cast<int>(shards.size());
+  for (int i = 0; i < count; ++i) {
+    OutputFileLayout file;
+    file.name = names.shard_file(i, count);
+    file.tensors = std::move(shards[i]);
+    arranged.layout.files.push_back(std::move(file));
+  }
+  arranged.layout.format_files.emplace_back(kConfigName, config.json.dump(2) + "\n");
+  arranged.layout.format_files.emplace_back(kGenerationConfigName,
+                                            HfGenerationConfigJson(config.json));
+  // Tokenizer files and the model's other files (issue 27 item 3, lib/formats/hf/model_files.h)
+  // join the output here, as further format_files or verbatim copies (AddVerbatimCopy).
+  return arranged;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> HfOutput::CompanionFiles(
+    const TargetLayout& layout) const {
+  ASSIGN_OR_RETURN(auto files, safetensors_.CompanionFiles(layout));
+  for (const auto& file : layout.format_files) files.push_back(file);
+  return files;
+}
+
+namespace {
+const OutputFormatRegistration<HfOutput> register_output;
+}  // namespace
+
+}  // namespace reshard

@@ -1,0 +1,68 @@
+// Writes a Hugging Face transformers model (`HfOutput`, id "hf") from a Megatron checkpoint:
+//
+//   reshardctl consolidate IN OUT --format hf [--family F] [--config FILE] [--vocab-size N]
+//                                             [--dtype D] [--max-shard-size S]
+//
+//   OUT/model.safetensors  or  model-0000i-of-0000N.safetensors + model.safetensors.index.json
+//   OUT/config.json, OUT/generation_config.json                               (hf_config.h)
+//
+// IN is a Megatron-LM / Megatron-DeepSpeed TP x PP checkpoint (merged by the megatron reader:
+// TP shards joined, stage-local layer numbers made global) or a Megatron-Core torch_dist one
+// (layers unstacked by its reader). Every tensor is renamed to the family's HF name
+// (hf_family.h) and written as a region of the input tensor or of a view of it, so nothing is
+// materialised and memory stays bounded by the copy window:
+//   - fused QKV [ng * (r + 2) * d, h] (ng query groups, r = heads / ng, d = head_dim), viewed as
+//     [ng, r + 2, d, h]: q_proj = [:, :r], k_proj = [:, r], v_proj = [:, r + 1], each written
+//     flattened ([nh * d, h], [ng * d, h]); its bias (qwen2) likewise;
+//   - gated fc1: the merged tensor is [gate; up] (the megatron reader joins each TP shard's
+//     [gate_t; up_t] halves, torch_dist saves it so), viewed as [2, ffn, h];
+//   - word embeddings and an untied output layer: the first vocab_size rows (config.json's
+//     vocab_size) of the padded vocabulary; tied embeddings: no lm_head.weight;
+//   - TransformerEngine `_extra_state`: not written.
+// The files are sharded and framed as the safetensors output does (Hugging Face's rule).
+//
+// Refused before anything is written, naming what: input that is not Megatron; reshard (the
+// output is one model); an unknown family; a tensor with no HF counterpart; a QKV bias or q/k
+// norms the family lacks (or lacks them when the family has them); config.json keys the args
+// lack without --config; a tensor whose shape disagrees with config.json (both shapes named);
+// heads not divisible by groups; a vocabulary larger than the rows.
+
+#ifndef RESHARD_LIB_FORMATS_HF_HF_OUTPUT_H_
+#define RESHARD_LIB_FORMATS_HF_HF_OUTPUT_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lib/formats/format.h"
+#include "lib/formats/safetensors/safetensors_format.h"
+
+namespace reshard {
+
+class HfOutput : public OutputFormat {
+ public:
+  static constexpr char kId[] = "hf";
+  absl::string_view id() const override { return kId; }
+  OutputNaming naming() const override { return safetensors_.naming(); }
+  absl::StatusOr<ArrangedOutput> Arrange(TargetLayout engine_layout,
+                                         const ArrangeRequest& request) const override;
+  absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const override {
+    return safetensors_.Frame(file);
+  }
+  // The safetensors index when sharded, then config.json and generation_config.json.
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> CompanionFiles(
+      const TargetLayout& layout) const override;
+
+ private:
+  SafetensorsOutput safetensors_;
+};
+
+// For `inspect` of a Megatron checkpoint whose merged model is `catalog`: model.description
+// with the family `--family auto` picks and why ("...; --format hf --family auto: qwen2 (a QKV
+// bias)"). The description unchanged for other input, an empty catalog, or when a tensor has
+// no HF counterpart.
+std::string WithHfFamilyNote(const InputModel& model, const Catalog& catalog);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_HF_HF_OUTPUT_H_
