@@ -7,20 +7,54 @@
 #include "absl/strings/str_cat.h"
 #include "lib/core/stopwatch.h"
 #include "lib/exec/read_analysis.h"
-#include "lib/io/crc32.h"
 
 namespace reshard {
 
 absl::Status FileWriter::Start(const Directory& dir) {
-  ASSIGN_OR_RETURN(AtomicFile created, AtomicFile::Create(dir, plan_.name, options_.io));
-  auto file = std::make_unique<AtomicFileWriter>(std::move(created));
-  local_file_ = file.get();
-  return StartChain(std::move(file));
+  ASSIGN_OR_RETURN(chain_, WriterChain::ToFile(dir, options_.io, ChainSpec()));
+  return StartPipeline();
 }
 
 absl::Status FileWriter::Start(OutputSink& sink) {
   ASSIGN_OR_RETURN(std::unique_ptr<ByteWriter> file, sink.Open(plan_.name, plan_.bytes));
-  return StartChain(std::move(file));
+  ASSIGN_OR_RETURN(chain_, WriterChain::To(std::move(file), ChainSpec()));
+  return StartPipeline();
+}
+
+WriterChainSpec FileWriter::ChainSpec() const {
+  WriterChainSpec spec;
+  spec.name = plan_.name;
+  spec.size = plan_.bytes;
+  spec.xxh3_64 = true;
+  // Indexed like plan_.tensors, so that the chain's CRC-32s are the framing's TensorChecksums.
+  if (plan_.needs_crc32) spec.crc32_ranges.resize(plan_.tensors.size());
+  std::vector<int> deferred_ids;
+  uint64_t offset = 0;
+  for (const FramingSegment& segment : plan_.segments) {
+    switch (segment.kind) {
+      case FramingSegment::Kind::kBytes:
+        offset += segment.bytes.size();
+        break;
+      case FramingSegment::Kind::kTensor: {
+        const uint64_t bytes = plan_.tensors[segment.tensor].dst_bytes();
+        if (plan_.needs_crc32) spec.crc32_ranges[segment.tensor] = {offset, bytes};
+        offset += bytes;
+        break;
+      }
+      case FramingSegment::Kind::kDeferred:
+        spec.deferred.push_back({offset, segment.size});
+        deferred_ids.push_back(segment.deferred);
+        offset += segment.size;
+        break;
+    }
+  }
+  if (!spec.deferred.empty()) {
+    spec.produce = [this, ids = std::move(deferred_ids)](
+                       size_t range, const TensorChecksums& crc32s) -> absl::StatusOr<std::string> {
+      return plan_.deferred(ids[range], crc32s);
+    };
+  }
+  return spec;
 }
 
 absl::Status FileWriter::Advance(size_t segment, int64_t elements, const SpanReader::Run* following,
@@ -34,23 +68,16 @@ absl::Status FileWriter::Advance(size_t segment, int64_t elements, const SpanRea
       if (segment_ == segment && target <= tensor_done_ && target < copy.num_elements) {
         return absl::OkStatus();  // nothing of it yet
       }
-      RETURN_IF_ERROR(
-          FillTensor(copy, target, following, strips_whole, &checksums_[current.tensor]),
-          absl::StrCat("writing tensor \"", copy.name, "\""));
+      RETURN_IF_ERROR(FillTensor(copy, target, following, strips_whole),
+                      absl::StrCat("writing tensor \"", copy.name, "\""));
       if (tensor_done_ < copy.num_elements) return absl::OkStatus();
       EndTensor();
     } else if (segment_ == segment) {
       return absl::OkStatus();  // written with the segments before the next step's
     } else if (current.kind == FramingSegment::Kind::kBytes) {
       RETURN_IF_ERROR(AppendBytes(current.bytes));
-    } else {  // kDeferred
-      const std::string bytes = plan_.deferred(current.deferred, checksums_);
-      if (bytes.size() != current.size) {
-        return absl::InternalError(absl::StrCat(plan_.name, ": deferred segment ", current.deferred,
-                                                " is ", bytes.size(),
-                                                " bytes, the framing promised ", current.size));
-      }
-      RETURN_IF_ERROR(AppendBytes(bytes));
+    } else {  // kDeferred: produced by the chain (ChainSpec) from the bytes before it
+      RETURN_IF_ERROR(AppendPlaceholder(current.size));
     }
     ++segment_;
   }
@@ -64,26 +91,22 @@ absl::StatusOr<WrittenFile> FileWriter::Finish() {
   phases_.write += pipeline_->sink_seconds();
   pipeline_.reset();
   const Clock::time_point commit_start = Clock::now();
-  RETURN_IF_ERROR(exact_->Close());
+  RETURN_IF_ERROR(chain_->Close());
   phases_.fsync += SecondsSince(commit_start);
-  direct_ = local_file_ != nullptr && local_file_->file().direct();
+  direct_ = chain_->direct();
   WrittenFile written;
   written.name = plan_.name;
-  written.bytes = exact_->pos();
-  written.xxh3_64 = digest_->xxh3_64();
+  written.bytes = chain_->front().pos();
+  written.xxh3_64 = chain_->xxh3_64();
   written.tensors = static_cast<int>(plan_.tensors.size());
   progress_.Add(0, pending_tensors_, 1);
   pending_tensors_ = 0;
   return written;
 }
 
-absl::Status FileWriter::StartChain(std::unique_ptr<ByteWriter> file) {
-  file_ = std::move(file);
-  digest_ = std::make_unique<DigestingWriter>(file_.get(), DigestingWriter::Digests{true, false});
-  exact_ = std::make_unique<ExactSizeWriter>(digest_.get(), plan_.bytes, plan_.name);
+absl::Status FileWriter::StartPipeline() {
   WindowPipeline::Prepare(buffers_, window_bytes_);
-  pipeline_ = std::make_unique<WindowPipeline>(*exact_, buffers_);
-  checksums_.assign(plan_.tensors.size(), 0);
+  pipeline_ = std::make_unique<WindowPipeline>(chain_->front(), buffers_);
   return absl::OkStatus();
 }
 
@@ -98,18 +121,26 @@ absl::Status FileWriter::AppendBytes(absl::string_view bytes) {
   return absl::OkStatus();
 }
 
+absl::Status FileWriter::AppendPlaceholder(uint64_t size) {
+  while (size > 0) {
+    if (room() == 0) RETURN_IF_ERROR(Flush());
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(size, room()));
+    used_ += n;  // the chain ignores the placeholder's bytes
+    size -= n;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FileWriter::FillTensor(const TensorCopy& copy, int64_t target,
-                                    const SpanReader::Run* following, bool strips_whole,
-                                    uint32_t* crc32) {
+                                    const SpanReader::Run* following, bool strips_whole) {
   if (filler_ == nullptr) {
     filler_ = std::make_unique<TensorFiller>(copy, sources_, source_checksums_, &spans_);
     for (const TensorCopy& term : copy.mean_terms) {  // OutputTensor::mean_of
       term_fillers_.push_back(std::make_unique<TensorFiller>(term, sources_, source_checksums_));
     }
     // A gather of remote runs queues its requests, the window's writer waits for them (Flush),
-    // unless the filling thread reads the bytes right after the fill (a CRC-32 of the output,
-    // a mean).
-    if (!plan_.needs_crc32 && copy.mean_terms.empty()) filler_->set_run_queue(&run_queue_);
+    // unless the filling thread reads the bytes right after the fill (a mean).
+    if (copy.mean_terms.empty()) filler_->set_run_queue(&run_queue_);
     tensor_done_ = 0;
   }
   // The run read after this tensor's (or this step's) last is read ahead while that one is
@@ -153,9 +184,6 @@ absl::Status FileWriter::FillTensor(const TensorCopy& copy, int64_t target,
     filler_->ReleaseConsumed();  // the data is in the buffer now
     if (!copy.mean_terms.empty()) {
       RETURN_IF_ERROR(AverageInPlace(tensor_done_, count, reinterpret_cast<float*>(out)));
-    }
-    if (plan_.needs_crc32) {
-      *crc32 = Crc32(*crc32, out, static_cast<size_t>(count) * element_size);
     }
     (filler_->plain_copy() ? phases_.read : phases_.convert) += SecondsSince(fill_start);
     used_ += static_cast<size_t>(count) * element_size;

@@ -25,11 +25,11 @@
 #include "lib/exec/span_reader.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/exec/window_pipeline.h"
-#include "lib/io/atomic_file.h"
 #include "lib/io/byte_writer.h"
 #include "lib/io/directory.h"
 #include "lib/io/mapped_file.h"
 #include "lib/io/remote_runs.h"
+#include "lib/io/writer_chain.h"
 #include "lib/plan/layout.h"
 
 namespace reshard {
@@ -90,19 +90,24 @@ class FileWriter {
   const PhaseSeconds& phases() const { return phases_; }
 
  private:
-  // The file, then the chain in front of it: the manifest and resumes need the file's
-  // XXH3-64; a framing that promised another size than the plan's is a bug caught before the
-  // file gets its final name.
-  absl::Status StartChain(std::unique_ptr<ByteWriter> file);
+  // What the file's chain (lib/io/writer_chain.h) must do, from the plan: the manifest and
+  // resumes need the file's XXH3-64; a torch zip framing needs the CRC-32 of each tensor's
+  // bytes, which its deferred segments (data descriptors, central directory) carry; a framing
+  // that promised another size than the plan's is a bug caught before the file gets its final
+  // name.
+  WriterChainSpec ChainSpec() const;
+  absl::Status StartPipeline();
 
   size_t room() const { return pipeline_->capacity() - used_; }
 
   absl::Status AppendBytes(absl::string_view bytes);
+  // Leaves `size` bytes of the window for the chain to fill in (a deferred segment).
+  absl::Status AppendPlaceholder(uint64_t size);
 
   // Fills the tensor's data up to element `target`, creating its fillers at its first
-  // element; `crc32` accumulates its CRC-32 when the framing needs it.
+  // element.
   absl::Status FillTensor(const TensorCopy& copy, int64_t target, const SpanReader::Run* following,
-                          bool strips_whole, uint32_t* crc32);
+                          bool strips_whole);
 
   // The tensor is written: its fillers go.
   void EndTensor();
@@ -127,12 +132,9 @@ class FileWriter {
   // (Flush). Declared before the pipeline, whose writer thread waits on it, and the buffers'
   // owner outlives it: its destructor waits for every request.
   RemoteRunQueue run_queue_{MappedFile::kRemotePiecesInFlight, TensorFiller::kRunScratchBytes};
-  // The chain, file first; destroyed unclosed (an error), the file leaves nothing under its
-  // name. The pipeline is declared last so that its writer thread stops first.
-  std::unique_ptr<ByteWriter> file_;
-  AtomicFileWriter* local_file_ = nullptr;  // file_ when it is a local AtomicFile
-  std::unique_ptr<DigestingWriter> digest_;
-  std::unique_ptr<ExactSizeWriter> exact_;
+  // Destroyed unclosed (an error), the file leaves nothing under its name. The pipeline is
+  // declared last so that its writer thread stops first.
+  std::unique_ptr<WriterChain> chain_;
   std::unique_ptr<WindowPipeline> pipeline_;
   size_t segment_ = 0;                    // the next segment to write (or the tensor being filled)
   std::unique_ptr<TensorFiller> filler_;  // of the tensor being filled
@@ -142,7 +144,6 @@ class FileWriter {
   uint64_t bytes_read_ = 0;
   bool direct_ = false;
   int64_t pending_tensors_ = 0;
-  TensorChecksums checksums_;
   PhaseSeconds phases_;
   std::vector<float> mean_scratch_;  // another term's elements while averaging
 };

@@ -2,18 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <xxhash.h>
-#if defined(__x86_64__)
-// XXH3 of libxxhash with runtime dispatch to AVX2 / AVX-512: its plain entry points use SSE2.
-#include <xxh_x86dispatch.h>
-#endif
-
 #include <algorithm>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/core/stopwatch.h"
+#include "lib/io/byte_source.h"
+#include "lib/io/digesting_source.h"
 
 namespace reshard {
 
@@ -33,17 +29,10 @@ absl::StatusOr<uint64_t> HashFile(const Directory& dir, const std::string& name)
 }
 
 absl::StatusOr<uint64_t> HashMappedFile(const MappedFile& file) {
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  constexpr uint64_t kChunk = 16 << 20;
-  for (uint64_t offset = 0; offset < file.size(); offset += kChunk) {
-    const uint64_t length = std::min(kChunk, file.size() - offset);
-    XXH3_64bits_update(state, file.data() + offset, length);
-    file.Release(offset, length);
-  }
-  const uint64_t hash = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return hash;
+  ViewByteSource view(
+      absl::string_view(reinterpret_cast<const char*>(file.data()), file.size()), file.path());
+  return Xxh3OfSource(view, 16 << 20,
+                      [&file](uint64_t offset, uint64_t length) { file.Release(offset, length); });
 }
 
 std::optional<WrittenFile> ReuseCompletedFile(const FilePlan& file, const Directory& dir,

@@ -185,6 +185,20 @@ absl::Status AtomicFile::Append(absl::string_view data) {
       continue;
     }
     if (stage_.size() == 0) stage_ = PageBuffer(kStageBytes);
+    // A window cut by bytes written on their own (a zip data descriptor a chain stage
+    // produced): the caller's buffer lines up with the file's blocks again at the next block
+    // boundary, so only the bytes up to it are staged and the rest goes straight.
+    const size_t to_block =
+        (kDirectAlignment - bytes_written_ % kDirectAlignment) % kDirectAlignment;
+    if (stage_used_ > 0 && data.size() >= to_block + kDirectAlignment &&
+        Aligned(data.data() + to_block)) {
+      std::memcpy(stage_.data() + stage_used_, data.data(), to_block);
+      stage_used_ += to_block;
+      bytes_written_ += to_block;
+      data.remove_prefix(to_block);
+      RETURN_IF_ERROR(FlushStage(/*final=*/false));
+      continue;
+    }
     const size_t n = std::min(data.size(), stage_.size() - stage_used_);
     std::memcpy(stage_.data() + stage_used_, data.data(), n);
     stage_used_ += n;

@@ -197,6 +197,29 @@ TEST(AtomicFileTest, DirectAndBufferedWritesKeepEveryByte) {
   }
 }
 
+// A window cut by bytes written on their own (a writer chain's produced zip descriptor): the
+// window's bytes before the cut, the produced bytes, then the rest of the window from its own
+// address. Every byte lands where appended.
+TEST(AtomicFileTest, DirectWindowCutByProducedBytesKeepsEveryByte) {
+  const size_t window = 3 << 20;
+  const std::string data = Pattern(window + 16);
+  for (const size_t cut : {size_t{100}, size_t{4096}, size_t{(1 << 20) + 5}}) {
+    SCOPED_TRACE(testing::Message() << "cut at " << cut);
+    const std::string dir = MakeTempDir("direct");
+    auto file = AtomicFile::Create(OpenDir(dir), "out.bin", IoMode::kDirect);
+    ASSERT_TRUE(file.ok()) << file.status();
+    PageBuffer buffer(window + 16);
+    std::memcpy(buffer.data(), data.data(), data.size());
+    ASSERT_TRUE(file->Append(absl::string_view(buffer.data(), cut)).ok());
+    const std::string produced = data.substr(cut, 16);
+    ASSERT_TRUE(file->Append(produced).ok());
+    ASSERT_TRUE(file->Append(absl::string_view(buffer.data() + cut + 16, window - cut)).ok());
+    EXPECT_TRUE(file->direct());
+    ASSERT_TRUE(file->Commit().ok());
+    EXPECT_TRUE(ReadAll(dir + "/out.bin") == data) << "content differs";
+  }
+}
+
 // Written with kAuto, neither a direct file nor a buffered one stays in the page cache; with
 // kBuffered it does (what the mode is for).
 TEST(AtomicFileTest, AutoLeavesNothingInThePageCache) {

@@ -27,15 +27,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "lib/io/byte_range.h"
 #include "lib/io/mapped_file.h"
 
 namespace reshard {
-
-// Bytes [offset, offset + length) of a file.
-struct ByteRange {
-  uint64_t offset = 0;
-  uint64_t length = 0;
-};
 
 class ByteSource {
  public:

@@ -1,16 +1,17 @@
-// Byte sinks that chain, in riegeli's manner: each writer passes what it is given on to the
-// next and adds one concern (digesting, holding a size), the last one writes the file. `Close`
-// returns the status of the whole stream and closes the chain front to back, so an output is
-// complete, checked and durable exactly when its Close returned OK.
+// Byte sinks that chain, in riegeli's manner: each stage passes what it is given on to the
+// next and adds one concern (a size held, bytes produced late, a digest), the last one writes
+// the file. `Close` returns the status of the whole stream and closes the chain front to
+// back, so an output is complete, checked and durable exactly when its Close returned OK.
+// lib/io/writer_chain.h builds a chain from what an output needs; by hand:
 //
 //   AtomicFileWriter file(*AtomicFile::Create(dir, name));
-//   DigestingWriter digest(&file, {.xxh3_64 = true});
+//   Xxh3Writer digest(&file);
 //   ExactSizeWriter exact(&digest, planned_bytes, name);
 //   RETURN_IF_ERROR(exact.Write(...));        // ...
 //   RETURN_IF_ERROR(exact.Close());           // size checked, file committed
 //   manifest_hash = digest.xxh3_64();
 //
-// Writers are not thread safe; one thread writes a chain at a time.
+// Stages are not thread safe; one thread writes a chain at a time.
 
 #ifndef RESHARD_LIB_IO_BYTE_WRITER_H_
 #define RESHARD_LIB_IO_BYTE_WRITER_H_
@@ -22,12 +23,18 @@
 #include <xxh_x86dispatch.h>
 #endif
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "lib/io/atomic_file.h"
+#include "lib/io/byte_range.h"
 
 namespace reshard {
 
@@ -42,8 +49,8 @@ class ByteWriter {
   virtual uint64_t pos() const = 0;
 };
 
-// The end of a chain: an AtomicFile, made durable under its final name by Close (Commit).
-// Destroyed unclosed, the partial file is removed.
+// The end of a chain: an AtomicFile (direct or buffered, as created), made durable under its
+// final name by Close (Commit). Destroyed unclosed, the partial file is removed.
 class AtomicFileWriter final : public ByteWriter {
  public:
   explicit AtomicFileWriter(AtomicFile file) : file_(std::move(file)) {}
@@ -54,37 +61,6 @@ class AtomicFileWriter final : public ByteWriter {
 
  private:
   AtomicFile file_;
-};
-
-// Passes bytes on to `dest` and digests them on the way: the XXH3-64 of the whole stream
-// (manifests, resume checks) and/or the CRC-32 (zip records) of the bytes since the last
-// `RestartCrc32`. Asked only for what the caller needs: an unrequested digest costs nothing.
-class DigestingWriter final : public ByteWriter {
- public:
-  struct Digests {
-    bool xxh3_64 = true;
-    bool crc32 = false;
-  };
-  DigestingWriter(ByteWriter* dest, Digests digests);
-  ~DigestingWriter() override;
-  DigestingWriter(const DigestingWriter&) = delete;
-  DigestingWriter& operator=(const DigestingWriter&) = delete;
-
-  absl::Status Write(absl::string_view data) override;
-  absl::Status Close() override;
-  uint64_t pos() const override { return dest_->pos(); }
-
-  // XXH3-64 (seed 0) of everything written so far.
-  uint64_t xxh3_64() const;
-  // CRC-32 (zip's, zlib's) of the bytes written since construction or the last RestartCrc32.
-  uint32_t crc32() const { return crc32_; }
-  void RestartCrc32() { crc32_ = 0; }
-
- private:
-  ByteWriter* const dest_;
-  const Digests digests_;
-  XXH3_state_t* xxh3_ = nullptr;
-  uint32_t crc32_ = 0;
 };
 
 // Passes bytes on to `dest` and holds the stream to exactly `size` bytes: a Write past the end
@@ -103,6 +79,82 @@ class ExactSizeWriter final : public ByteWriter {
   ByteWriter* const dest_;
   const uint64_t size_;
   const std::string name_;
+};
+
+// Passes bytes on to `dest`, replacing the placeholder bytes of each of `ranges` (disjoint,
+// in stream order) with the bytes `produce(i)` returns for range i when the stream reaches
+// it: bytes that depend on what precedes them (a zip data descriptor carries the CRC-32 of the
+// record before it), so the stages behind this one have seen those bytes when it asks. The
+// placeholders' contents are ignored. Produced bytes of another length than the range's are
+// Internal naming `name` and the range's offset.
+class DeferredBytesWriter final : public ByteWriter {
+ public:
+  using Producer = std::function<absl::StatusOr<std::string>(size_t range)>;
+
+  DeferredBytesWriter(ByteWriter* dest, std::vector<ByteRange> ranges, Producer produce,
+                      std::string name)
+      : dest_(dest), ranges_(std::move(ranges)), produce_(std::move(produce)),
+        name_(std::move(name)) {}
+
+  absl::Status Write(absl::string_view data) override;
+  absl::Status Close() override { return dest_->Close(); }
+  uint64_t pos() const override { return dest_->pos(); }
+
+ private:
+  ByteWriter* const dest_;
+  const std::vector<ByteRange> ranges_;
+  const Producer produce_;
+  const std::string name_;
+  size_t next_ = 0;       // the first range not passed on whole
+  std::string produced_;  // ranges_[next_]'s bytes once produced
+};
+
+// Passes bytes on to `dest` and computes the CRC-32 (zip's, zlib's) of each of `ranges`
+// (disjoint, in any order): crc32s()[i] is that of the bytes of ranges[i] written so far.
+class Crc32Writer final : public ByteWriter {
+ public:
+  // InvalidArgument when two ranges overlap.
+  static absl::StatusOr<std::unique_ptr<Crc32Writer>> Create(ByteWriter* dest,
+                                                             std::vector<ByteRange> ranges);
+
+  absl::Status Write(absl::string_view data) override;
+  absl::Status Close() override { return dest_->Close(); }
+  uint64_t pos() const override { return dest_->pos(); }
+
+  const std::vector<uint32_t>& crc32s() const { return crc32s_; }
+
+ private:
+  Crc32Writer(ByteWriter* dest, std::vector<ByteRange> ranges, std::vector<size_t> order)
+      : dest_(dest), ranges_(std::move(ranges)), order_(std::move(order)),
+        crc32s_(ranges_.size(), 0) {}
+
+  ByteWriter* const dest_;
+  const std::vector<ByteRange> ranges_;
+  const std::vector<size_t> order_;  // indices of ranges_ by offset
+  std::vector<uint32_t> crc32s_;
+  size_t next_ = 0;  // in order_: the first range not complete
+  uint64_t at_ = 0;  // bytes passed through
+};
+
+// Passes bytes on to `dest` and computes the XXH3-64 (seed 0) of the whole stream: the
+// manifest's and resume's check of a file.
+class Xxh3Writer final : public ByteWriter {
+ public:
+  explicit Xxh3Writer(ByteWriter* dest);
+  ~Xxh3Writer() override;
+  Xxh3Writer(const Xxh3Writer&) = delete;
+  Xxh3Writer& operator=(const Xxh3Writer&) = delete;
+
+  absl::Status Write(absl::string_view data) override;
+  absl::Status Close() override { return dest_->Close(); }
+  uint64_t pos() const override { return dest_->pos(); }
+
+  // Of everything written so far.
+  uint64_t xxh3_64() const;
+
+ private:
+  ByteWriter* const dest_;
+  XXH3_state_t* const state_;
 };
 
 }  // namespace reshard

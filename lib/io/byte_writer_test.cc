@@ -23,7 +23,7 @@ AtomicFileWriter NewFile(const std::string& dir, const std::string& name) {
 TEST(ByteWriterTest, ChainDigestsChecksSizeAndCommits) {
   const std::string dir = MakeTempDir();
   AtomicFileWriter file = NewFile(dir, "out.bin");
-  DigestingWriter digest(&file, {/*xxh3_64=*/true, /*crc32=*/true});
+  Xxh3Writer digest(&file);
   ExactSizeWriter exact(&digest, 11, "out.bin");
   ASSERT_TRUE(exact.Write("hello ").ok());
   ASSERT_TRUE(exact.Write("world").ok());
@@ -32,22 +32,24 @@ TEST(ByteWriterTest, ChainDigestsChecksSizeAndCommits) {
   ASSERT_TRUE(exact.Close().ok());
   EXPECT_EQ(ReadAll(dir + "/out.bin"), "hello world");
   EXPECT_EQ(digest.xxh3_64(), XXH3_64bits("hello world", 11));
-  EXPECT_EQ(digest.crc32(),
-            static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>("hello world"), 11)));
   EXPECT_EQ(exact.Write("x").code(), absl::StatusCode::kInternal);  // past the size
 }
 
-TEST(ByteWriterTest, Crc32RestartsPerRecord) {
+// Each range's CRC-32 covers its bytes only, across Writes; a range not reached yet is 0.
+TEST(ByteWriterTest, Crc32OfEachRange) {
   const std::string dir = MakeTempDir();
   AtomicFileWriter file = NewFile(dir, "zip.bin");
-  DigestingWriter digest(&file, {/*xxh3_64=*/false, /*crc32=*/true});
-  ASSERT_TRUE(digest.Write("first").ok());
-  digest.RestartCrc32();
-  ASSERT_TRUE(digest.Write("second").ok());
-  EXPECT_EQ(digest.crc32(),
-            static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>("second"), 6)));
-  EXPECT_EQ(digest.xxh3_64(), 0u);  // not asked for
-  ASSERT_TRUE(digest.Close().ok());
+  auto crc = Crc32Writer::Create(&file, {{6, 6}, {0, 5}, {12, 0}, {20, 4}});
+  ASSERT_TRUE(crc.ok()) << crc.status();
+  ASSERT_TRUE((*crc)->Write("first se").ok());
+  ASSERT_TRUE((*crc)->Write("cond").ok());
+  auto zlib = [](absl::string_view s) {
+    return static_cast<uint32_t>(
+        ::crc32(0, reinterpret_cast<const Bytef*>(s.data()), static_cast<uInt>(s.size())));
+  };
+  EXPECT_EQ((*crc)->crc32s(), (std::vector<uint32_t>{zlib("second"), zlib("first"), 0, 0}));
+  ASSERT_TRUE((*crc)->Close().ok());
+  EXPECT_EQ(ReadAll(dir + "/zip.bin"), "first second");
 }
 
 // A stream short of, or past, its planned size never reaches its final name.

@@ -10,7 +10,7 @@
 // find by its key prefix on the rerun).
 //
 //   ASSIGN_OR_RETURN(auto object, S3ObjectWriter::Create(client, bucket, key, {}));
-//   DigestingWriter digest(object.get(), {.xxh3_64 = true});
+//   Xxh3Writer digest(object.get());
 //   RETURN_IF_ERROR(digest.Write(...));
 //   RETURN_IF_ERROR(digest.Close());  // the object exists from here on
 //
