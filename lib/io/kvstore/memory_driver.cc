@@ -101,7 +101,9 @@ absl::StatusOr<PathStat> MemoryDriver::Stat(const std::string& url) const {
   if (absl::Status failure = LookupLocked(url); !failure.ok()) return failure;
   auto it = files_.find(url);
   if (it != files_.end()) {
-    return PathStat{/*is_folder=*/false, it->second.data.size(), it->second.version};
+    PathStat stat{/*is_folder=*/false, it->second.data.size(), it->second.version};
+    stat.generation = it->second.version;
+    return stat;
   }
   const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
   auto next = files_.lower_bound(prefix);
@@ -190,7 +192,8 @@ absl::Status MemoryDriver::CreateExclusive(const std::string& url,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Writer>> MemoryDriver::Write(const std::string& url) const {
+absl::StatusOr<std::unique_ptr<Writer>> MemoryDriver::Write(
+    const std::string& url, const WriteOptions& /*options*/) const {
   return std::unique_ptr<Writer>(new MemoryWriter(this, url));
 }
 

@@ -63,13 +63,13 @@ TEST(MemoryDriverTest, CreateExclusiveLetsOneOfManyWin) {
 TEST(MemoryDriverTest, WriterPublishesOnCommitOnly) {
   MemoryDriver driver;
   {
-    absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write("mem://b/w");
+    absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write("mem://b/w", {});
     ASSERT_OK(writer);
     ASSERT_OK((*writer)->Append("gone"));
     (*writer)->Abort();
   }
   EXPECT_TRUE(absl::IsNotFound(driver.Stat("mem://b/w").status()));
-  absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write("mem://b/w");
+  absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write("mem://b/w", {});
   ASSERT_OK(writer);
   ASSERT_OK((*writer)->Append("ab"));
   ASSERT_OK((*writer)->Append("c"));
