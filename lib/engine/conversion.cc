@@ -21,8 +21,7 @@
 #include "lib/engine/spec_codec.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/file_access.h"
-#include "lib/io/s3/s3_location.h"
-#include "lib/io/s3/s3_object_writer.h"
+#include "lib/io/kvstore/location.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/planner.h"
 #include "nlohmann/json.hpp"
@@ -188,19 +187,23 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
                    spec.input);
   ASSIGN_OR_RETURN(planned.companion_files, planned.writer->CompanionFiles(planned.layout));
   planned.memory_bytes = EstimateExecutionMemory(planned.plan, ExecutorOptionsFor(spec));
-  // An object store output holds each data file's upload parts besides (S3ObjectWriter): for
-  // the files written at once, the largest ones.
-  if (IsRemotePath(spec.output)) {
+  // A driver's writer may hold part of each data file besides (S3: the upload's parts in
+  // flight): for the files written at once, the largest ones.
+  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output),
+                   "output");
+  uint64_t largest = 0;
+  for (const FilePlan& file : planned.plan.files) largest = std::max(largest, file.bytes);
+  kvstore::WriteOptions largest_write;
+  largest_write.size_hint = largest;
+  const uint64_t per_file = output.driver->WriteMemoryBound(largest_write);
+  if (per_file > 0) {
     size_t files_at_once = 0;
     for (const WorkUnit& unit : WorkUnits(planned.plan)) {
       files_at_once = std::max(files_at_once, unit.files.size());
     }
     files_at_once = std::min(planned.plan.files.size(),
                              files_at_once * static_cast<size_t>(std::max(spec.threads, 1)));
-    uint64_t largest = 0;
-    for (const FilePlan& file : planned.plan.files) largest = std::max(largest, file.bytes);
-    planned.memory_bytes +=
-        files_at_once * S3ObjectWriter::MemoryBound(S3ObjectWriter::OptionsFor(largest));
+    planned.memory_bytes += files_at_once * per_file;
   }
   return planned;
 }
@@ -314,12 +317,14 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
         "a partitioned conversion runs through RunAnyConversion (partitioned_conversion.h)");
   }
   RETURN_IF_ERROR(CheckInputPath(spec.input, "input"));
-  if (IsS3Url(spec.output)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("output ", spec.output,
-                     ": s3:// outputs run through RunAnyConversion (partitioned_conversion.h)"));
+  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output),
+                   "output");
+  if (!output.driver->has_folders()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output ", spec.output,
+        ": outputs on storage without folders run through RunAnyConversion "
+        "(partitioned_conversion.h)"));
   }
-  RETURN_IF_ERROR(CheckLocalPath(spec.output, "output"));
   if (control.resume && !control.job_id.empty()) {
     ASSIGN_OR_RETURN(std::optional<ConversionResult> published,
                      FindPublishedOutput(spec, control.job_id));

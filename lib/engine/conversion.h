@@ -139,7 +139,8 @@ struct ConversionResult {
   // converting, the write calls, fsync, and checksumming reused files on resume.
   PhaseSeconds data_phases;
   // Reused files whose checksum no longer matched on resume (they were rewritten); for an
-  // s3:// output, recorded objects whose size or ETag no longer matched (uploaded again).
+  // output written in place (s3://, mem://), recorded files whose size or generation no longer
+  // matched (written again).
   int verification_failures = 0;
   // Data files an earlier attempt had finished that were kept instead of written again (local
   // resume; an s3:// rerun into an unfinished prefix), and their bytes. bytes_written counts
@@ -181,9 +182,10 @@ struct RunControl {
   std::string job_id;
 };
 
-// Plans and runs a conversion, publishing the output folder only when complete. Local outputs
-// only: s3:// outputs run through RunAnyConversion (partitioned_conversion.h), which sends them
-// to RunConversionToObjectStore (object_store_output.h).
+// Plans and runs a conversion, publishing the output folder only when complete. Outputs on
+// storage with folders (posix) only: the others (s3://, mem://) run through RunAnyConversion
+// (partitioned_conversion.h), which sends them to RunConversionToObjectStore
+// (object_store_output.h).
 absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
                                                const RunControl& control = {});
 

@@ -19,6 +19,7 @@ class MemoryWriter final : public Writer {
   absl::Status Append(absl::string_view data) override {
     if (done_) return absl::FailedPreconditionError(absl::StrCat(url_, ": writer finished"));
     data_.append(data.data(), data.size());
+    pos_ += data.size();
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> Commit() override {
@@ -31,12 +32,13 @@ class MemoryWriter final : public Writer {
     done_ = true;
     data_.clear();
   }
-  uint64_t pos() const override { return data_.size(); }
+  uint64_t pos() const override { return pos_; }
 
  private:
   const MemoryDriver* const driver_;
   const std::string url_;
   std::string data_;
+  uint64_t pos_ = 0;  // bytes appended; data_ is handed over at Commit
   bool done_ = false;
 };
 
