@@ -10,7 +10,8 @@
 //   block:PATH  like wait:PATH but deaf to `interrupted`: a worker stuck where cancelling
 //               cannot reach it (as in a hung system call)
 //
-// Points: "before-publish" (output complete in the staging folder, not yet renamed) and
+// Points: "file-recorded" (a data file and its record committed in the staging folder),
+// "before-publish" (output complete in the staging folder, not yet renamed) and
 // "after-publish" (output renamed into place, the caller not yet told); for partitioned
 // conversions "partition-file-committed", "partition-recorded" and "partition-before-claim"
 // (every record seen, publishing not yet claimed); for outputs written in place (s3://, mem://)

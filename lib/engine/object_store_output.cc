@@ -93,10 +93,8 @@ absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec
     return absl::UnimplementedError(absl::StrCat(
         "output ", spec.output, ": partitioned conversions write local folders only"));
   }
-  // A resumed job (reshardd restarted mid-run) lists the files its first run finished
-  // (control.completed_files). They are not needed here: the output holds that run's marker
-  // and the records of its finished files, so this run takes it over like any rerun and keeps
-  // the files whose records still hold.
+  // A resumed job (reshardd restarted mid-run) finds its first run's marker and records in
+  // the output, and takes it over like any rerun.
   ASSIGN_OR_RETURN(const std::string root, OutputRoot(spec, driver));
   const std::string parent = ParentOf(root);
   if (spec.update_latest && parent.empty()) {
@@ -111,7 +109,10 @@ absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec
   ASSIGN_OR_RETURN(const AreaContents existing, area.List());
   RETURN_IF_ERROR(CheckUsable(spec, root, existing));
   ASSIGN_OR_RETURN(PlannedConversion planned, PlanConversion(spec));
-  ASSIGN_OR_RETURN(const std::string plan_id, OutputPlanId(spec, root, planned.plan));
+  ConversionSpec normalized = spec;
+  normalized.output = root;
+  ASSIGN_OR_RETURN(const std::string request, ConversionRequestJson(normalized));
+  const std::string plan_id = OutputPlanId(request, planned.plan);
   ASSIGN_OR_RETURN(const ReusableFiles reuse, area.FindReusable(existing, planned.plan, plan_id));
   RETURN_IF_ERROR(Cancelled(control));
   RETURN_IF_ERROR(area.Prepare(existing, reuse.kept, spec.input));

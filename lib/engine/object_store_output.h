@@ -19,9 +19,8 @@ namespace reshard {
 // (kvstore::ParseLocation). The result lists the data files and the index as RunConversion's
 // does; its `output` is spec.output without a trailing '/'. Partitioned conversions are not
 // supported (Unimplemented). A rerun into an unfinished output keeps the data files an earlier
-// run of the same plan finished (the result's reused_files and reused_bytes);
-// control.completed_files is not needed for that and ignored. Errors name the file and the
-// storage's error.
+// run of the same plan finished (the result's reused_files and reused_bytes). Errors name the
+// file and the storage's error.
 absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec& spec,
                                                             const RunControl& control = {});
 

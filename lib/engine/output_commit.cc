@@ -39,15 +39,13 @@ absl::Status ListBelow(const kvstore::Driver& driver, const std::string& path,
 
 }  // namespace
 
-absl::StatusOr<std::string> OutputPlanId(const ConversionSpec& spec, const std::string& output,
-                                         const CopyPlan& plan) {
-  ConversionSpec normalized = spec;
-  normalized.output = output;
-  ASSIGN_OR_RETURN(const std::string request_text, ConversionRequestJson(normalized));
-  OrderedJson request = OrderedJson::parse(request_text);
-  // They change no byte of the output.
-  request.erase("overwrite");
-  request.erase("update_latest");
+std::string OutputPlanId(const std::string& request_json, const CopyPlan& plan) {
+  OrderedJson request = OrderedJson::parse(request_json, nullptr, /*allow_exceptions=*/false);
+  if (request.is_object()) {
+    // They change no byte of the output.
+    request.erase("overwrite");
+    request.erase("update_latest");
+  }
   OrderedJson identity;
   identity["version"] = kReshardVersion;
   identity["request"] = std::move(request);

@@ -23,12 +23,16 @@
 //      size and XXH3-64.
 //   6. Removes the records and the marker (best effort: beside a manifest they mean nothing).
 //
-// How the files reach their final names is the driver's: on posix the area is a staging
-// folder beside the output, published by one rename after step 5 (lib/io/staging_dir.h), so
-// the output's own name never holds a partial output; on stores without rename (S3, memory)
-// the area is the output itself and the manifest alone marks it finished. A run killed before
-// 5 leaves no manifest and no index; before 3 it changes nothing. Rerunning the same command
-// takes the unfinished area over and reuses the data files the killed run finished.
+// How the files reach their final names is the driver's. On stores without rename (S3,
+// memory; lib/engine/object_store_output.h) the area is the output itself and the steps run as
+// above. On posix (RunConversion, lib/engine/conversion.h) the area is the staging folder
+// beside the output (lib/io/staging_dir.h), whose name and lock mark it as reshard's instead
+// of a marker file: step 1 is the output folder's check, step 3 takes a staging folder a
+// killed run left over (everything but the reused files and their records is removed), the
+// records go before the manifest is written, and one rename publishes the folder after step
+// 5, so the output's own name never holds a partial output. A run killed before 5 leaves no
+// manifest and no index; before 3 it changes nothing. Rerunning the same command takes the
+// unfinished area over and reuses the data files the killed run finished.
 //
 // Reuse. Every finished data file gets its own small record, written once (no shared journal:
 // S3 has no append, and rewriting one object per finished file would serialize the workers
@@ -45,8 +49,9 @@
 // written (killed between the two) is written again. A kept file goes into the manifest with
 // its recorded size and XXH3-64, so the finished output and its manifest are those of an
 // uninterrupted run. On posix a generation cannot see a rewrite in place that keeps the size
-// within the filesystem's timestamp granularity, so the local executor also checks each kept
-// file's XXH3-64 against its record before reusing it (ExecutorOptions::completed_files).
+// within the filesystem's timestamp granularity, so the executor also hashes each kept file
+// and compares its XXH3-64 with the record before reusing it (ExecutorOptions::
+// completed_files into a folder); on S3 and memory the generation is trusted.
 //
 // Not detected: an input rewritten in place with the same file sizes between the runs on a
 // driver without versions (posix; the plan id cannot see its bytes), and two runs writing one
@@ -70,12 +75,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "lib/engine/conversion.h"
 #include "lib/exec/executor_options.h"
 #include "lib/io/kvstore/driver.h"
+#include "lib/plan/layout.h"
 
 namespace reshard {
 
+// The manifest, the commit mark of every output.
+inline constexpr char kManifestName[] = "reshard-manifest.json";
 // The file that marks an area as being written by a run of reshard.
 inline constexpr char kInProgressMarkerName[] = "reshard-in-progress.json";
 // The folder of the records of finished data files while a run writes an area.
@@ -83,10 +90,10 @@ inline constexpr char kFileRecordsFolder[] = ".reshard-progress";
 // A record is a few hundred bytes; anything larger among the records is not one.
 inline constexpr uint64_t kMaxFileRecordBytes = 64 << 10;
 
-// The identity of the plan (see above), as 16 hex digits. `output` is the output as every run
-// spells it (the caller normalizes it: no trailing '/').
-absl::StatusOr<std::string> OutputPlanId(const ConversionSpec& spec, const std::string& output,
-                                         const CopyPlan& plan);
+// The identity of the plan (see above), as 16 hex digits. `request_json` is the request as
+// ConversionRequestJson gives it (lib/engine/conversion.h), of the spec with the output as
+// every run spells it (no trailing '/').
+std::string OutputPlanId(const std::string& request_json, const CopyPlan& plan);
 
 // The record of one finished data file.
 struct FileRecord {
