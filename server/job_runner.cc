@@ -10,7 +10,6 @@ absl::StatusOr<ConversionResult> RunJobWithEngine(const v1::Job& job, JobContext
   control.cancelled = &context.cancelled;
   control.preserve_staging = &context.preserve_staging;
   control.resume = context.resume;
-  control.completed_files = context.completed_files;
   control.on_progress = context.on_progress;
   control.on_file_committed = context.on_file_committed;
   control.job_id = job.id();

@@ -10,12 +10,13 @@
 //   block:PATH  like wait:PATH but deaf to `interrupted`: a worker stuck where cancelling
 //               cannot reach it (as in a hung system call)
 //
-// Points: "before-publish" (output complete in the staging folder, not yet renamed) and
+// Points: "file-recorded" (a data file and its record committed in the staging folder),
+// "before-publish" (output complete in the staging folder, not yet renamed) and
 // "after-publish" (output renamed into place, the caller not yet told); for partitioned
 // conversions "partition-file-committed", "partition-recorded" and "partition-before-claim"
-// (every record seen, publishing not yet claimed); for s3:// outputs "object-upload-started"
-// (a data object's multipart upload started after another data object was completed), and
-// "before-publish" / "after-publish" around the PUT of the manifest.
+// (every record seen, publishing not yet claimed); for outputs written in place (s3://, mem://)
+// "object-upload-started" (a data file's write started after another data file was
+// committed), and "before-publish" / "after-publish" around the write of the manifest.
 
 #ifndef RESHARD_LIB_CORE_TEST_FAULTS_H_
 #define RESHARD_LIB_CORE_TEST_FAULTS_H_

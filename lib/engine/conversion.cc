@@ -8,6 +8,7 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <set>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -22,8 +23,8 @@
 #include "lib/formats/hf/model_files.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/file_access.h"
-#include "lib/io/s3/s3_location.h"
-#include "lib/io/s3/s3_object_writer.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/posix_driver.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/planner.h"
 #include "nlohmann/json.hpp"
@@ -35,6 +36,54 @@ using OrderedJson = nlohmann::ordered_json;
 
 // Manifests list every tensor; this bounds what a hostile one can make us allocate.
 constexpr uint64_t kMaxManifestBytes = 256ull << 20;
+
+// Removes everything below `dir` (named `relative` inside the staging folder) but the regular
+// files named in `kept`, and the folders left empty: nothing a taken-over staging folder held
+// is published unless it is reused.
+absl::Status RemoveAllBut(const Directory& dir, const std::string& relative,
+                          const std::set<std::string>& kept) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> names, dir.List());
+  for (const std::string& name : names) {
+    const std::string path = relative.empty() ? name : absl::StrCat(relative, "/", name);
+    ASSIGN_OR_RETURN(const struct stat st, dir.StatChild(name));
+    if (S_ISDIR(st.st_mode)) {
+      ASSIGN_OR_RETURN(const Directory child, dir.OpenChild(name));
+      RETURN_IF_ERROR(RemoveAllBut(child, path, kept));
+      ASSIGN_OR_RETURN(const std::vector<std::string> left, child.List());
+      if (left.empty()) RETURN_IF_ERROR(dir.RemoveTree(name));
+    } else if (!S_ISREG(st.st_mode) || kept.count(path) == 0) {
+      RETURN_IF_ERROR(dir.RemoveTree(name));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Takes over what a killed run left in the staging folder `area` (empty for a new one): keeps
+// the data files its records show finished for plan `plan_id`, with their records, and
+// removes everything else (other plans' files, a manifest written before the run was killed,
+// damaged records).
+absl::StatusOr<ReusableFiles> TakeOverStaging(const OutputArea& area, const StagingDir& staging,
+                                              const PlannedConversion& planned,
+                                              const std::string& plan_id) {
+  ASSIGN_OR_RETURN(const AreaContents contents, area.List());
+  ReusableFiles reuse;
+  if (!contents.files.empty()) {
+    ASSIGN_OR_RETURN(reuse, area.FindReusable(contents, planned.plan, plan_id));
+  }
+  RETURN_IF_ERROR(RemoveAllBut(staging.dir(), "", reuse.kept),
+                  absl::StrCat("removing what an earlier run left in ", staging.path()));
+  return reuse;
+}
+
+// Writes the record of data file `file`, committed in the staging folder `area`, with its
+// generation as the posix driver's Stat gives it.
+absl::Status RecordStagedFile(const OutputArea& area, const std::string& plan_id,
+                              const WrittenFile& file) {
+  ASSIGN_OR_RETURN(const kvstore::PathStat stat, area.driver().Stat(area.PathOf(file.name)),
+                   absl::StrCat("recording the finished data file ", area.PathOf(file.name)));
+  return area.WriteRecord(FileRecord{plan_id, file.name, file.bytes, file.xxh3_64,
+                                     stat.generation});
+}
 
 }  // namespace
 
@@ -200,19 +249,23 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   ASSIGN_OR_RETURN(planned.plan, BuildCopyPlan(*plan_catalog, planned.layout, framings),
                    spec.input);
   planned.memory_bytes = EstimateExecutionMemory(planned.plan, ExecutorOptionsFor(spec));
-  // An object store output holds each data file's upload parts besides (S3ObjectWriter): for
-  // the files written at once, the largest ones.
-  if (IsRemotePath(spec.output)) {
+  // A driver's writer may hold part of each data file besides (S3: the upload's parts in
+  // flight): for the files written at once, the largest ones.
+  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output),
+                   "output");
+  uint64_t largest = 0;
+  for (const FilePlan& file : planned.plan.files) largest = std::max(largest, file.bytes);
+  kvstore::WriteOptions largest_write;
+  largest_write.size_hint = largest;
+  const uint64_t per_file = output.driver->WriteMemoryBound(largest_write);
+  if (per_file > 0) {
     size_t files_at_once = 0;
     for (const WorkUnit& unit : WorkUnits(planned.plan)) {
       files_at_once = std::max(files_at_once, unit.files.size());
     }
     files_at_once = std::min(planned.plan.files.size(),
                              files_at_once * static_cast<size_t>(std::max(spec.threads, 1)));
-    uint64_t largest = 0;
-    for (const FilePlan& file : planned.plan.files) largest = std::max(largest, file.bytes);
-    planned.memory_bytes +=
-        files_at_once * S3ObjectWriter::MemoryBound(S3ObjectWriter::OptionsFor(largest));
+    planned.memory_bytes += files_at_once * per_file;
   }
   return planned;
 }
@@ -326,12 +379,14 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
         "a partitioned conversion runs through RunAnyConversion (partitioned_conversion.h)");
   }
   RETURN_IF_ERROR(CheckInputPath(spec.input, "input"));
-  if (IsS3Url(spec.output)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("output ", spec.output,
-                     ": s3:// outputs run through RunAnyConversion (partitioned_conversion.h)"));
+  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output),
+                   "output");
+  if (!output.driver->has_folders()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output ", spec.output,
+        ": outputs on storage without folders run through RunAnyConversion "
+        "(partitioned_conversion.h)"));
   }
-  RETURN_IF_ERROR(CheckLocalPath(spec.output, "output"));
   if (control.resume && !control.job_id.empty()) {
     ASSIGN_OR_RETURN(std::optional<ConversionResult> published,
                      FindPublishedOutput(spec, control.job_id));
@@ -344,7 +399,9 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   if (!spec.overwrite) RETURN_IF_ERROR(CheckOutputDirUsable(spec.output));
   ASSIGN_OR_RETURN(PlannedConversion planned, PlanConversion(spec));
   StagingOptions staging_options;
-  staging_options.resume = control.resume;
+  // A staging folder a killed run left is taken over: the data files it recorded are reused
+  // (output_commit.h), everything else in it is deleted below.
+  staging_options.resume = true;
   staging_options.overwrite = spec.overwrite;
   ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(spec.output, staging_options));
   // Runs before `staging` is destroyed on any early return.
@@ -355,12 +412,34 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
       if (preserve != nullptr && preserve->load()) staging.Keep();
     }
   } keep_for_resume{staging, control.preserve_staging};
+
+  // The output commit on posix (output_commit.h): the staging folder is the area, its records
+  // say which data files an earlier run finished, and the rename of Publish is the publish step.
+  const OutputArea area(kvstore::GetPosixDriver(), staging.path());
+  ASSIGN_OR_RETURN(const std::string request, ConversionRequestJson(spec));
+  const std::string plan_id = OutputPlanId(request, planned.plan);
+  ASSIGN_OR_RETURN(const ReusableFiles reuse, TakeOverStaging(area, staging, planned, plan_id));
   const double plan_seconds = SecondsSince(start);
 
   const auto write_start = Clock::now();
   ExecutorOptions options = ExecutorOptionsFor(spec, control);
-  if (control.resume) options.completed_files = control.completed_files;
+  // Checked again by the executor, size and XXH3-64, before it reuses them: a posix
+  // generation cannot see a rewrite in place of the same size within the filesystem's
+  // timestamp granularity.
+  options.completed_files = reuse.files;
+  // The first error recording a finished file; the executor calls on_file_committed
+  // serialized.
+  absl::Status record_status;
+  options.on_file_committed = [&](const WrittenFile& file) {
+    if (record_status.ok()) record_status = RecordStagedFile(area, plan_id, file);
+    TestFaultPoint("file-recorded", control.cancelled);
+    if (control.on_file_committed) control.on_file_committed(file);
+  };
   ASSIGN_OR_RETURN(ExecutionResult executed, Execute(planned.plan, staging.dir(), options));
+  RETURN_IF_ERROR(record_status);
+  // Nothing of the commit's own is published with the output.
+  RETURN_IF_ERROR(staging.dir().RemoveTree(kFileRecordsFolder),
+                  "removing the records of finished data files before publishing");
 
   const auto publish_start = Clock::now();
   ConversionResult result;
@@ -368,6 +447,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   result.data_files_seconds = std::chrono::duration<double>(publish_start - write_start).count();
   result.output = staging.output_dir();
   RecordExecution(executed, result);
+  result.verification_failures += reuse.mismatches;
   for (const FilePlan& file : planned.plan.files) result.tensors += file.tensors.size();
   RETURN_IF_ERROR(
       WriteCompanionsAndManifest(staging.dir(), spec, planned, control, /*split_id=*/"", result));

@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 #include "lib/core/version.h"
+#include "lib/engine/output_commit.h"
 #include "lib/exec/executor.h"
 #include "lib/formats/format.h"
 #include "lib/io/directory.h"
@@ -31,7 +32,6 @@
 
 namespace reshard {
 
-inline constexpr char kManifestName[] = "reshard-manifest.json";
 
 // Limits of a ConversionSpec, checked by PlanConversion and by the daemon at submit.
 inline constexpr int kMaxConversionThreads = 64;
@@ -148,7 +148,8 @@ struct ConversionResult {
   // converting, the write calls, fsync, and checksumming reused files on resume.
   PhaseSeconds data_phases;
   // Reused files whose checksum no longer matched on resume (they were rewritten); for an
-  // s3:// output, recorded objects whose size or ETag no longer matched (uploaded again).
+  // output written in place (s3://, mem://), recorded files whose size or generation no longer
+  // matched (written again).
   int verification_failures = 0;
   // Data files an earlier attempt had finished that were kept instead of written again (local
   // resume; an s3:// rerun into an unfinished prefix), and their bytes. bytes_written counts
@@ -173,12 +174,11 @@ struct ConversionResult {
 struct RunControl {
   std::function<void(const Progress&)> on_progress;
   const std::atomic<bool>* cancelled = nullptr;
-  // Resuming an interrupted attempt: keep its staging folder and reuse the data files listed
-  // here (name -> XXH3-64) when they are intact.
+  // Resuming an interrupted attempt of job `job_id` (see job_id). The data files an earlier
+  // run finished are reused on every rerun, resuming or not, from the records it left with
+  // them (lib/engine/output_commit.h).
   bool resume = false;
-  std::map<std::string, uint64_t> completed_files;
-  // Called after each data file is committed in the staging folder, so a caller can record it
-  // for a later resume.
+  // Called after each data file is committed (and recorded), e.g. for progress reports.
   std::function<void(const WrittenFile&)> on_file_committed;
   // When set and true at the moment the conversion fails or is cancelled, its staging folder is
   // kept for a later resume instead of being removed (the daemon sets it when shutting down).
@@ -190,9 +190,10 @@ struct RunControl {
   std::string job_id;
 };
 
-// Plans and runs a conversion, publishing the output folder only when complete. Local outputs
-// only: s3:// outputs run through RunAnyConversion (partitioned_conversion.h), which sends them
-// to RunConversionToObjectStore (object_store_output.h).
+// Plans and runs a conversion, publishing the output folder only when complete. Outputs on
+// storage with folders (posix) only: the others (s3://, mem://) run through RunAnyConversion
+// (partitioned_conversion.h), which sends them to RunConversionToObjectStore
+// (object_store_output.h).
 absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
                                                const RunControl& control = {});
 

@@ -1,10 +1,15 @@
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -131,6 +136,10 @@ class EngineTest : public testing::Test {
     spec.window_bytes = 4096;
     return spec;
   }
+
+  // A consolidation into `out` in several files, one thread, killed right after it recorded
+  // its second data file (RunKilledAfter); returns its spec.
+  ConversionSpec KilledAfterTwoFiles(const std::string& out);
 
   const uint32_t seed_ = 8675309;
   std::string root_, input_, original_, rules_;
@@ -326,6 +335,108 @@ TEST_F(EngineTest, CancelledLeavesNothing) {
     EXPECT_EQ(entry.path().filename().string().find("reshard-staging"), std::string::npos)
         << entry.path();
   }
+}
+
+// name -> contents of every file below `dir`, the manifest without its timestamp.
+std::map<std::string, std::string> OutputFiles(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    const std::string name = fs::relative(entry.path(), dir).string();
+    files[name] = entry.is_regular_file() ? ReadAll(entry.path().string()) : "(folder)";
+  }
+  if (files.count(kManifestName) > 0) {
+    nlohmann::ordered_json manifest = nlohmann::ordered_json::parse(files[kManifestName]);
+    manifest.erase("created_unix");
+    files[kManifestName] = manifest.dump();
+  }
+  return files;
+}
+
+// Runs `spec` in a child process that is killed (SIGKILL) right after it recorded its
+// `files`-th data file, as a kill would stop reshardctl there.
+void RunKilledAfter(const ConversionSpec& spec, int files) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int recorded = 0;
+    RunControl control;
+    control.on_file_committed = [&recorded, files](const WrittenFile&) {
+      if (++recorded == files) ::raise(SIGKILL);
+    };
+    RunConversion(spec, control).IgnoreError();
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+}
+
+ConversionSpec EngineTest::KilledAfterTwoFiles(const std::string& out) {
+  ConversionSpec spec = Consolidate(input_, out);
+  spec.max_shard_size = 200;
+  spec.threads = 1;
+  RunKilledAfter(spec, 2);
+  return spec;
+}
+
+uint64_t InodeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+// A conversion killed (SIGKILL) right after it recorded its second data file, then rerun as
+// reshardctl reruns it (no daemon, not resuming a job): the rerun keeps exactly those two files
+// from the staging folder (the same inodes are published) and publishes what an uninterrupted
+// run publishes, with nothing of the records left.
+TEST_F(EngineTest, RerunAfterAKillReusesTheRecordedFiles) {
+  const std::string out = root_ + "/out";
+  const std::string staging = StagingPathFor(out);
+  const ConversionSpec spec = KilledAfterTwoFiles(out);
+  if (HasFatalFailure()) return;
+  EXPECT_FALSE(fs::exists(out));
+  std::map<std::string, uint64_t> finished;  // data file -> inode
+  for (const auto& entry : fs::directory_iterator(staging)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && name.rfind("model-", 0) == 0) {
+      finished[name] = InodeOf(entry.path().string());
+    }
+  }
+  ASSERT_EQ(finished.size(), 2u);
+  for (const auto& [name, inode] : finished) {
+    EXPECT_TRUE(fs::exists(staging + "/.reshard-progress/" + name + ".json")) << name;
+  }
+
+  auto rerun = RunConversion(spec);
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_EQ(rerun->reused_files, 2);
+  EXPECT_EQ(rerun->verification_failures, 0);
+  EXPECT_FALSE(fs::exists(staging));
+  for (const auto& [name, inode] : finished) EXPECT_EQ(InodeOf(out + "/" + name), inode) << name;
+  const std::map<std::string, std::string> resumed = OutputFiles(out);
+
+  fs::remove_all(out);
+  auto uninterrupted = RunConversion(spec);
+  ASSERT_TRUE(uninterrupted.ok()) << uninterrupted.status();
+  EXPECT_EQ(uninterrupted->reused_files, 0);
+  EXPECT_EQ(OutputFiles(out), resumed);
+}
+
+// A stale staging folder of another request (here another shard size) is taken over and
+// emptied: none of its files is reused or published.
+TEST_F(EngineTest, StaleStagingOfAnotherPlanIsNotReused) {
+  const std::string out = root_ + "/out";
+  ConversionSpec spec = KilledAfterTwoFiles(out);
+  if (HasFatalFailure()) return;
+  WriteAll(StagingPathFor(out) + "/stray.bin", "not the output's");
+  spec.max_shard_size = 300;
+  auto result = RunConversion(spec);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->reused_files, 0);
+  const std::map<std::string, std::string> published = OutputFiles(out);
+  fs::remove_all(out);
+  ASSERT_TRUE(RunConversion(spec).ok());
+  EXPECT_EQ(OutputFiles(out), published);
 }
 
 TEST_F(EngineTest, CorruptInputFailsBeforeWriting) {

@@ -58,6 +58,7 @@
 #include "lib/formats/format_fixture.h"
 #include "lib/formats/safetensors/safetensors_fixture.h"
 #include "lib/io/io_mode.h"
+#include "lib/io/s3/s3_store.h"
 #include "lib/io/s3/testing/memory_s3_client.h"
 #include "lib/testing/test_files.h"
 #include "nlohmann/json.hpp"
@@ -274,7 +275,7 @@ std::vector<std::string> ConvertIn(const GoldenConversion& conversion, const Exe
     EXPECT_TRUE(s3.CreateBucket(bucket).ok());
     spec.output = absl::StrCat("s3://", bucket, "/", prefix);
     spec.output.pop_back();
-    absl::StatusOr<ConversionResult> result = RunConversionToObjectStore(spec, {}, s3);
+    absl::StatusOr<ConversionResult> result = RunConversionToObjectStore(spec, {}, S3Store(&s3));
     if (!result.ok()) {
       ADD_FAILURE() << "conversion " << conversion.id << " (" << execution.name
                     << "): " << result.status();

@@ -1,10 +1,11 @@
 // The checks RunConversionToObjectStore makes before it reads the input or writes anything,
-// and the reuse of finished data objects by a rerun, against an in-memory S3
-// (MemoryS3Client). The protocol also runs against a real radosgw in
-// //tests/s3:s3_output_test.
+// and the reuse of finished data objects by a rerun, against an in-memory S3 (MemoryS3Client
+// behind the S3 driver) and the memory driver (mem://). The protocol also runs against a real
+// radosgw in //tests/s3:s3_output_test.
 
 #include "lib/engine/object_store_output.h"
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
@@ -14,9 +15,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "gtest/gtest.h"
 #include "lib/formats/safetensors/safetensors_format.h"
+#include "lib/engine/output_commit.h"
+#include "lib/engine/partitioned_conversion.h"
 #include "lib/io/s3/s3_client.h"
+#include "lib/io/s3/s3_store.h"
 #include "lib/io/s3/testing/memory_s3_client.h"
 #include "lib/io/kvstore/location.h"
 #include "lib/io/kvstore/memory_driver.h"
@@ -74,7 +79,8 @@ TEST(ObjectStoreOutputTest, RefusedBeforeAnyRequest) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec.input + " -> " + c.spec.output);
-    absl::StatusOr<ConversionResult> result = RunConversionToObjectStore(c.spec, {}, *client);
+    absl::StatusOr<ConversionResult> result =
+        RunConversionToObjectStore(c.spec, {}, S3Store(client.get()));
     EXPECT_EQ(result.status().code(), c.code) << result.status();
     EXPECT_NE(result.status().message().find(c.message), absl::string_view::npos)
         << result.status();
@@ -88,7 +94,7 @@ TEST(ObjectStoreOutputTest, SiblingPrefixIsNotInsideAndListingErrorsNameTheOutpu
   std::unique_ptr<S3Client> client = UnreachableClient();
   ASSERT_NE(client, nullptr);
   absl::StatusOr<ConversionResult> result = RunConversionToObjectStore(
-      Consolidate("s3://bucket/output/model", "s3://bucket/out"), {}, *client);
+      Consolidate("s3://bucket/output/model", "s3://bucket/out"), {}, S3Store(client.get()));
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
   EXPECT_NE(result.status().message().find("checking the output s3://bucket/out"),
@@ -125,7 +131,7 @@ constexpr char kManifestKey[] = "ckpt/out/reshard-manifest.json";
 std::string DataName(int file) { return absl::StrCat("model-0000", file, "-of-00004.safetensors"); }
 std::string DataKey(int file) { return kPrefix + DataName(file); }
 std::string RecordKey(int file) {
-  return absl::StrCat(kPrefix, kObjectRecordsFolder, "/", DataName(file), ".json");
+  return absl::StrCat(kPrefix, kFileRecordsFolder, "/", DataName(file), ".json");
 }
 
 // The objects of `client`'s bucket, the manifest without its timestamp.
@@ -167,7 +173,7 @@ class ObjectReuseTest : public ::testing::Test {
       if (op == "CompleteMultipartUpload") completed_.push_back(std::string(key));
       return absl::OkStatus();
     });
-    return RunConversionToObjectStore(spec, {}, client_);
+    return RunConversionToObjectStore(spec, {}, S3Store(&client_));
   }
 
   // The objects under the prefix, with the manifest's timestamp removed.
@@ -177,7 +183,8 @@ class ObjectReuseTest : public ::testing::Test {
   std::map<std::string, std::string> Uninterrupted() {
     MemoryS3Client fresh;
     EXPECT_TRUE(fresh.CreateBucket(kBucket).ok());
-    absl::StatusOr<ConversionResult> result = RunConversionToObjectStore(Spec(), {}, fresh);
+    absl::StatusOr<ConversionResult> result =
+        RunConversionToObjectStore(Spec(), {}, S3Store(&fresh));
     EXPECT_TRUE(result.ok()) << result.status();
     return WithoutTimestamp(fresh);
   }
@@ -270,6 +277,98 @@ TEST_F(ObjectReuseTest, AnotherPlanReusesNothing) {
   ConversionSpec other = Spec();
   other.duplicate_tied = true;
   ExpectRerunUploadsEverything(other, /*mismatches=*/0);
+}
+
+
+// Every file of the output `root` on the memory driver with its bytes, the manifest without
+// its timestamp.
+std::map<std::string, std::string> MemoryOutput(const std::string& root) {
+  const kvstore::Driver& driver = kvstore::GetMemoryDriver();
+  absl::StatusOr<AreaContents> contents = OutputArea(driver, root).List();
+  EXPECT_TRUE(contents.ok()) << contents.status();
+  std::map<std::string, std::string> files;
+  if (!contents.ok()) return files;
+  for (const kvstore::FileEntry& file : contents->files) {
+    const std::string path = absl::StrCat(root, "/", file.name);
+    absl::StatusOr<kvstore::PathStat> stat = driver.Stat(path);
+    EXPECT_TRUE(stat.ok()) << stat.status();
+    if (!stat.ok()) continue;
+    std::string bytes(stat->size, '\0');
+    EXPECT_TRUE(driver.ReadRange(path, 0, absl::MakeSpan(bytes), *stat).ok()) << path;
+    if (file.name == kManifestName) {
+      nlohmann::ordered_json manifest = nlohmann::ordered_json::parse(bytes);
+      manifest.erase("created_unix");
+      bytes = manifest.dump();
+    }
+    files[file.name] = std::move(bytes);
+  }
+  return files;
+}
+
+// A conversion into mem:// (the memory driver: no rename, files written in place under the
+// marker) stopped after two data files and rerun: the rerun keeps exactly the two recorded
+// files and its output is an uninterrupted run's. A killed process would take the memory
+// driver's files with it, so the first run is stopped by cancelling it once the second file
+// is recorded, which leaves the output as a kill there would.
+TEST(MemoryOutputTest, RerunAfterAStopReusesExactlyTheRecordedFiles) {
+  kvstore::MemoryDriver& driver = kvstore::GetMemoryDriver();
+  const std::string root = "mem://outputs/stopped/out";
+  ConversionSpec spec = Consolidate(WriteModel(), root);
+  spec.max_shard_size = 70'000;
+  spec.threads = 1;
+  auto url = [&root](int file) { return absl::StrCat(root, "/", DataName(file)); };
+
+  std::atomic<bool> cancelled{false};
+  int committed = 0;
+  RunControl stopping;
+  stopping.cancelled = &cancelled;
+  stopping.on_file_committed = [&](const WrittenFile&) {
+    if (++committed == 2) cancelled.store(true);
+  };
+  absl::StatusOr<ConversionResult> stopped = RunAnyConversion(spec, stopping);
+  ASSERT_EQ(stopped.status().code(), absl::StatusCode::kCancelled) << stopped.status();
+  std::set<std::string> left;
+  for (const auto& [name, bytes] : MemoryOutput(root)) left.insert(name);
+  EXPECT_EQ(left, (std::set<std::string>{
+                      kInProgressMarkerName, DataName(1), DataName(2),
+                      absl::StrCat(kFileRecordsFolder, "/", DataName(1), ".json"),
+                      absl::StrCat(kFileRecordsFolder, "/", DataName(2), ".json")}));
+  const std::string version1 = driver.version(url(1));
+  const std::string version2 = driver.version(url(2));
+
+  absl::StatusOr<ConversionResult> rerun = RunAnyConversion(spec, {});
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_EQ(rerun->output, root);
+  EXPECT_EQ(rerun->reused_files, 2);
+  EXPECT_EQ(rerun->verification_failures, 0);
+  // The recorded files were kept (same version), the others written.
+  EXPECT_EQ(driver.version(url(1)), version1);
+  EXPECT_EQ(driver.version(url(2)), version2);
+  const std::map<std::string, std::string> resumed = MemoryOutput(root);
+  ASSERT_EQ(resumed.size(), 6u);  // four data files, the index, the manifest
+
+  driver.RemovePrefix(root + "/");
+  absl::StatusOr<ConversionResult> uninterrupted = RunAnyConversion(spec, {});
+  ASSERT_TRUE(uninterrupted.ok()) << uninterrupted.status();
+  EXPECT_EQ(uninterrupted->reused_files, 0);
+  EXPECT_EQ(MemoryOutput(root), resumed);
+}
+
+// A finished mem:// output is refused without --overwrite, and replaced with it.
+TEST(MemoryOutputTest, FinishedOutputIsRefusedWithoutOverwrite) {
+  ConversionSpec spec = Consolidate(WriteModel(), "mem://outputs/finished/out");
+  spec.max_shard_size = 70'000;
+  ASSERT_TRUE(RunAnyConversion(spec, {}).ok());
+  absl::StatusOr<ConversionResult> again = RunAnyConversion(spec, {});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+  EXPECT_NE(again.status().message().find("mem://outputs/finished/out is not empty"),
+            absl::string_view::npos)
+      << again.status();
+  EXPECT_EQ(CheckOutputUsable(spec).code(), absl::StatusCode::kFailedPrecondition);
+  spec.overwrite = true;
+  absl::StatusOr<ConversionResult> replaced = RunAnyConversion(spec, {});
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_EQ(replaced->reused_files, 0);
 }
 
 }  // namespace

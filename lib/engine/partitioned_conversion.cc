@@ -40,7 +40,7 @@
 #include "lib/io/directory.h"
 #include "lib/io/file_access.h"
 #include "lib/io/mapped_file.h"
-#include "lib/io/s3/s3_location.h"
+#include "lib/io/kvstore/location.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/layout_builders.h"
 #include "nlohmann/json.hpp"
@@ -64,11 +64,15 @@ namespace fs = std::filesystem;
 
 // Partitioned conversions coordinate through a shared folder (link, rename); s3:// outputs
 // have neither.
-absl::Status ObjectStoreUnsupported(const std::string& output) {
+// OK when output `path` is on storage with folders of its own (posix), where a partition area
+// lives; Unimplemented naming the output otherwise (S3, memory), or when no driver serves it.
+absl::Status CheckPartitionedOutput(const std::string& path) {
+  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(path), "output");
+  if (output.driver->has_folders()) return absl::OkStatus();
   return absl::UnimplementedError(absl::StrCat(
-      "output ", output,
-      ": partitioned conversions (--partition) write local or mounted folders only; run an "
-      "s3:// output as one conversion"));
+      "output ", path,
+      ": partitioned conversions (--partition) write folders on local or mounted filesystems "
+      "only; run an output on ", output.driver->scheme(), ":// as one conversion"));
 }
 
 struct OutputPlace {
@@ -623,7 +627,7 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   }
   if (spec.output.empty()) return absl::InvalidArgumentError("no output folder given");
   RETURN_IF_ERROR(CheckInputPath(spec.input, "input"));
-  RETURN_IF_ERROR(CheckLocalPath(spec.output, "output"));
+  RETURN_IF_ERROR(CheckPartitionedOutput(spec.output));
   // A non-empty output is refused before reading anything, unless it is this split's own
   // (a worker rerun after another one published).
   const std::string published_split = PublishedSplitId(spec.output);
@@ -794,25 +798,29 @@ std::string PartitionAreaPathFor(const std::string& output_dir) {
 
 absl::StatusOr<ConversionResult> RunAnyConversion(const ConversionSpec& spec,
                                                   const RunControl& control) {
-  if (IsS3Url(spec.output)) {
-    if (spec.partition_count > 0) return ObjectStoreUnsupported(spec.output);
-    return RunConversionToObjectStore(spec, control);
-  }
+  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output),
+                   "output");
   if (spec.partition_count > 0) return RunPartition(spec, control);
+  // Storage without folders has no rename to publish a staging folder with: the output is
+  // written in place under its in-progress marker (object_store_output.h).
+  if (!output.driver->has_folders()) {
+    return RunConversionToObjectStore(spec, control, *output.driver);
+  }
   return RunConversion(spec, control);
 }
 
 absl::Status CheckOutputUsable(const ConversionSpec& spec) {
   // The output RunAnyConversion chooses for spec.output.
-  if (IsS3Url(spec.output)) return CheckObjectStoreOutputUsable(spec);
+  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output),
+                   "output");
+  if (!output.driver->has_folders()) return CheckObjectStoreOutputUsable(spec);
   return CheckOutputDirUsable(spec.output);
 }
 
 absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& output_dir,
                                                              const RunControl& control) {
   const Clock::time_point start = Clock::now();
-  if (IsS3Url(output_dir)) return ObjectStoreUnsupported(output_dir);
-  RETURN_IF_ERROR(CheckLocalPath(output_dir, "output"));
+  RETURN_IF_ERROR(CheckPartitionedOutput(output_dir));
   absl::StatusOr<Area> area = OpenArea(output_dir, /*create=*/false);
   if (!area.ok()) {
     if (!absl::IsNotFound(area.status())) return area.status();

@@ -51,9 +51,10 @@ namespace reshard {
 // The shared area's path for output folder `output_dir`.
 std::string PartitionAreaPathFor(const std::string& output_dir);
 
-// Runs `spec` as RunConversion does, or, when spec.partition_count > 0, as worker
-// spec.partition_index of a partitioned conversion (see above). The CLI and the daemon call
-// this.
+// Runs `spec` as RunConversion does (an output on storage without folders, s3:// or mem://,
+// as RunConversionToObjectStore does), or, when spec.partition_count > 0, as worker
+// spec.partition_index of a partitioned conversion (see above; posix outputs only,
+// Unimplemented otherwise). The CLI and the daemon call this.
 absl::StatusOr<ConversionResult> RunAnyConversion(const ConversionSpec& spec,
                                                   const RunControl& control = {});
 

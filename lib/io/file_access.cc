@@ -162,15 +162,6 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t max_
   return contents;
 }
 
-bool IsRemotePath(const std::string& path) { return kvstore::HasScheme(path); }
-
-absl::Status CheckLocalPath(const std::string& path, const std::string& what) {
-  if (!IsRemotePath(path)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      what, " ", path, " is a remote storage URL (", path.substr(0, path.find("://") + 3),
-      "); reshard reads and writes local (or mounted) paths only for now"));
-}
-
 absl::Status CheckInputPath(const std::string& path, const std::string& what) {
   return Annotate(Locate(path).status(), what);
 }

@@ -32,14 +32,6 @@ absl::StatusOr<std::string> ReadFilePrefix(const std::string& path, size_t max_b
 // PathConfinement a local path outside the roots is PermissionDenied.
 absl::Status CheckInputFileType(const std::string& path);
 
-// Whether `path` has a URL scheme ("s3://bucket/key", "gs://..."): kvstore::HasScheme, for the
-// output side, which writes local folders (lib/io/staging_dir.h) or S3 objects
-// (lib/engine/object_store_output.h).
-bool IsRemotePath(const std::string& path);
-// InvalidArgument for a path with a scheme where only local paths are written, naming `what`
-// and the path.
-absl::Status CheckLocalPath(const std::string& path, const std::string& what);
-
 // OK when a driver in this binary serves `path` (kvstore::ParseLocation); Unimplemented
 // naming `what`, the path and the schemes served otherwise. Nothing is accessed.
 absl::Status CheckInputPath(const std::string& path, const std::string& what);

@@ -133,18 +133,5 @@ TEST(LocalInputTest, FilesFoldersAndSizes) {
   EXPECT_NE(none.status().message().find(root + "/none"), absl::string_view::npos);
 }
 
-TEST(RemotePathTest, SchemesAreRecognized) {
-  EXPECT_TRUE(IsRemotePath("s3://bucket/out"));
-  EXPECT_TRUE(IsRemotePath("gs://b/k"));
-  EXPECT_TRUE(IsRemotePath("hf+https://x"));
-  EXPECT_FALSE(IsRemotePath("/data/s3://x"));
-  EXPECT_FALSE(IsRemotePath("relative/out"));
-  EXPECT_FALSE(IsRemotePath("://x"));
-  EXPECT_FALSE(IsRemotePath("1s3://x"));
-  absl::Status status = CheckLocalPath("s3://bucket/out", "output");
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("s3://bucket/out"), absl::string_view::npos) << status;
-}
-
 }  // namespace
 }  // namespace reshard

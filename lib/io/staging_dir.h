@@ -4,7 +4,8 @@
 // output folder, and `Publish` renames the staging folder onto the output (which must not exist
 // or be empty; rename(2) replaces an empty folder atomically). A process killed at any point
 // leaves nothing under the output's name. The staging folder is locked with flock while in use;
-// an unlocked one left by a killed run is stale and is removed by the next run.
+// an unlocked one left by a killed run is stale: the next run removes it, or takes it over with
+// StagingOptions::resume (RunConversion does, to reuse its recorded files).
 //
 // Everything after `Create` goes through folder handles (lib/io/directory.h): the output's
 // parent is opened once, and creating, renaming and removing the staging folder happen
@@ -27,8 +28,8 @@ namespace reshard {
 absl::Status CheckOutputDirUsable(const std::string& output_dir);
 
 struct StagingOptions {
-  // Keep the files of a stale staging folder (a killed earlier attempt of the same job) so
-  // that finished output files can be reused; `.partial` files are always removed.
+  // Keep the files of a stale staging folder (a killed earlier run) so that finished output
+  // files can be reused; `.partial` files are always removed.
   bool resume = false;
   // Allow a non-empty output folder; Publish replaces it. Default: refused.
   bool overwrite = false;

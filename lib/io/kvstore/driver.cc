@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "lib/core/status.h"
 
 namespace reshard {
 namespace kvstore {
@@ -23,6 +24,19 @@ absl::StatusOr<std::string> Driver::ConfinedPath(const std::string& path,
     }
   }
   return confined;
+}
+
+absl::StatusOr<std::string> Driver::WriteFile(const std::string& path,
+                                              absl::string_view bytes) const {
+  WriteOptions options;
+  options.size_hint = bytes.size();
+  ASSIGN_OR_RETURN(std::unique_ptr<Writer> writer, Write(path, options));
+  absl::Status appended = writer->Append(bytes);
+  if (!appended.ok()) {
+    writer->Abort();
+    return appended;
+  }
+  return writer->Commit();
 }
 
 }  // namespace kvstore

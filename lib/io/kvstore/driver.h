@@ -16,6 +16,7 @@
 #define RESHARD_LIB_IO_KVSTORE_DRIVER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,8 +34,14 @@ struct PathStat {
   bool is_folder = false;
   uint64_t size = 0;  // of a file; 0 for a folder
   // Which version of the file this is (S3: its ETag), when the driver has versions; empty
-  // otherwise (posix).
+  // otherwise (posix). Reads compare it (ReadRange's `opened`).
   std::string version;
+  // What tells this file's contents from a replacement's without reading it, on every driver:
+  // S3 the ETag, memory the version, posix "<inode>:<mtime ns>:<size>" (a file renamed over
+  // it has another inode; a write in place moves the mtime, except one that keeps the size
+  // within the filesystem's timestamp granularity). Empty for a folder. Output commits record
+  // it to decide whether a finished file can be reused (lib/engine/output_commit.h).
+  std::string generation;
   // What a path that is neither a regular file nor a folder is (posix, symlinks followed: "a
   // FIFO (named pipe)", "a socket", ...); empty for files and folders.
   std::string special;
@@ -55,6 +62,15 @@ struct Listing {
   std::vector<std::string> others;
 };
 
+// How a file is written.
+struct WriteOptions {
+  // The file's size when known in advance (S3: the upload's part size); 0 when not.
+  uint64_t size_hint = 0;
+  // Kept with the file where the storage has user metadata (S3: x-amz-meta-<name>); ignored
+  // elsewhere.
+  std::map<std::string, std::string> metadata;
+};
+
 // A file being written: it appears under its path, whole, only when Commit returns OK; a
 // writer destroyed or aborted before leaves nothing under the path. Not thread safe.
 class Writer {
@@ -62,8 +78,9 @@ class Writer {
   virtual ~Writer() = default;
   // Appends `data`. Errors name the path.
   virtual absl::Status Append(absl::string_view data) = 0;
-  // Publishes the file under its path, replacing what was there. Returns the file's version
-  // (S3: its ETag; empty where the driver has none).
+  // Publishes the file under its path, replacing what was there. Returns the file's
+  // generation (PathStat::generation) where the storage gives it with the write (S3: the
+  // ETag; memory: the version); empty otherwise (posix: Stat gives it).
   virtual absl::StatusOr<std::string> Commit() = 0;
   // Drops what was written; the path is left as it was. Idempotent.
   virtual void Abort() = 0;
@@ -130,7 +147,25 @@ class Driver {
 
   // A streamed writer of file `path` (posix: a temporary file renamed into its folder; S3: a
   // multipart upload). Missing parent folders are created where the storage has folders.
-  virtual absl::StatusOr<std::unique_ptr<Writer>> Write(const std::string& path) const = 0;
+  virtual absl::StatusOr<std::unique_ptr<Writer>> Write(const std::string& path,
+                                                        const WriteOptions& options) const = 0;
+
+  // Writes file `path` holding `bytes` (a small file: a record, an index, a manifest), replacing
+  // what was there; returns as Writer::Commit. S3: one PUT. By default through Write.
+  virtual absl::StatusOr<std::string> WriteFile(const std::string& path,
+                                                absl::string_view bytes) const;
+
+  // The most memory a Writer made with `options` holds besides what the caller gives it (S3:
+  // the upload's parts in flight; memory: the whole file until Commit). Default: none.
+  virtual uint64_t WriteMemoryBound(const WriteOptions& options) const { return 0; }
+
+  // Drops the writes under way of files whose path starts with `prefix` that a killed process
+  // left (S3: unfinished multipart uploads, which are billed and invisible). OK when the
+  // storage has none of its own (posix: a killed writer's temporary file is named so that
+  // nothing reads it; memory: nothing survives the process).
+  virtual absl::Status AbortUnfinishedWrites(const std::string& prefix) const {
+    return absl::OkStatus();
+  }
 
   // Deletes file `path`; OK when there is none (S3's DELETE does not tell).
   virtual absl::Status Delete(const std::string& path) const = 0;

@@ -42,6 +42,10 @@ TEST(LocationTest, RegisteredDriversServeTheirScheme) {
   EXPECT_EQ(SchemeOf("s3+x.y-z://b"), "s3+x.y-z");
   EXPECT_TRUE(HasScheme("s3://b"));
   EXPECT_FALSE(HasScheme("://b"));
+  EXPECT_TRUE(HasScheme("hf+https://x"));
+  EXPECT_FALSE(HasScheme("/data/s3://x"));
+  EXPECT_FALSE(HasScheme("relative/out"));
+  EXPECT_FALSE(HasScheme("1s3://x"));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ class MemoryWriter final : public Writer {
   absl::Status Append(absl::string_view data) override {
     if (done_) return absl::FailedPreconditionError(absl::StrCat(url_, ": writer finished"));
     data_.append(data.data(), data.size());
+    pos_ += data.size();
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> Commit() override {
@@ -31,12 +32,13 @@ class MemoryWriter final : public Writer {
     done_ = true;
     data_.clear();
   }
-  uint64_t pos() const override { return data_.size(); }
+  uint64_t pos() const override { return pos_; }
 
  private:
   const MemoryDriver* const driver_;
   const std::string url_;
   std::string data_;
+  uint64_t pos_ = 0;  // bytes appended; data_ is handed over at Commit
   bool done_ = false;
 };
 
@@ -101,7 +103,9 @@ absl::StatusOr<PathStat> MemoryDriver::Stat(const std::string& url) const {
   if (absl::Status failure = LookupLocked(url); !failure.ok()) return failure;
   auto it = files_.find(url);
   if (it != files_.end()) {
-    return PathStat{/*is_folder=*/false, it->second.data.size(), it->second.version};
+    PathStat stat{/*is_folder=*/false, it->second.data.size(), it->second.version};
+    stat.generation = it->second.version;
+    return stat;
   }
   const std::string prefix = absl::EndsWith(url, "/") ? url : absl::StrCat(url, "/");
   auto next = files_.lower_bound(prefix);
@@ -190,7 +194,8 @@ absl::Status MemoryDriver::CreateExclusive(const std::string& url,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Writer>> MemoryDriver::Write(const std::string& url) const {
+absl::StatusOr<std::unique_ptr<Writer>> MemoryDriver::Write(
+    const std::string& url, const WriteOptions& /*options*/) const {
   return std::unique_ptr<Writer>(new MemoryWriter(this, url));
 }
 

@@ -6,7 +6,7 @@
 //
 // A folder is any prefix followed by '/'. Every Put (and every Write or CreateExclusive) makes
 // a new version of its file (an ETag-like "\"v7\"", one counter per driver), which Stat and
-// List give, and ReadRange refuses a read of another version than the current one
+// List give (Stat as its generation too), and ReadRange refuses a read of another version than the current one
 // (FailedPrecondition naming the file, both versions and the offset), as S3's If-Match does.
 // Thread safe.
 
@@ -70,7 +70,12 @@ class MemoryDriver final : public Driver {
                          const PathStat& opened) const override;
   absl::Status CreateExclusive(const std::string& url, absl::string_view bytes) const override;
   // The file is stored at Commit, whole.
-  absl::StatusOr<std::unique_ptr<Writer>> Write(const std::string& url) const override;
+  absl::StatusOr<std::unique_ptr<Writer>> Write(const std::string& url,
+                                                const WriteOptions& options) const override;
+  // The whole file, held until Commit.
+  uint64_t WriteMemoryBound(const WriteOptions& options) const override {
+    return options.size_hint;
+  }
   absl::Status Delete(const std::string& url) const override;
 
  private:

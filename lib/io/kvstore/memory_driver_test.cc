@@ -63,13 +63,13 @@ TEST(MemoryDriverTest, CreateExclusiveLetsOneOfManyWin) {
 TEST(MemoryDriverTest, WriterPublishesOnCommitOnly) {
   MemoryDriver driver;
   {
-    absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write("mem://b/w");
+    absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write("mem://b/w", {});
     ASSERT_OK(writer);
     ASSERT_OK((*writer)->Append("gone"));
     (*writer)->Abort();
   }
   EXPECT_TRUE(absl::IsNotFound(driver.Stat("mem://b/w").status()));
-  absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write("mem://b/w");
+  absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write("mem://b/w", {});
   ASSERT_OK(writer);
   ASSERT_OK((*writer)->Append("ab"));
   ASSERT_OK((*writer)->Append("c"));
@@ -78,6 +78,9 @@ TEST(MemoryDriverTest, WriterPublishesOnCommitOnly) {
   ASSERT_OK(version);
   EXPECT_EQ(*version, driver.version("mem://b/w"));
   EXPECT_EQ(driver.Stat("mem://b/w")->size, 3u);
+  EXPECT_EQ(driver.Stat("mem://b/w")->generation, *version);
+  // What was written stays counted after Commit (the executor sizes the file by it).
+  EXPECT_EQ((*writer)->pos(), 3u);
   ASSERT_OK(driver.Delete("mem://b/w"));
   EXPECT_TRUE(absl::IsNotFound(driver.Stat("mem://b/w").status()));
 }

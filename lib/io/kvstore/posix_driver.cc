@@ -45,6 +45,12 @@ PathStat FromStat(const struct stat& st) {
   stat.is_folder = S_ISDIR(st.st_mode);
   if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) stat.special = DescribeFileType(st.st_mode);
   stat.size = S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+  if (S_ISREG(st.st_mode)) {
+    const int64_t mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
+                             static_cast<int64_t>(st.st_mtim.tv_nsec);
+    stat.generation = absl::StrCat(static_cast<uint64_t>(st.st_ino), ":", mtime_ns, ":",
+                                   stat.size);
+  }
   return stat;
 }
 
@@ -252,7 +258,8 @@ absl::Status PosixDriver::CreateExclusive(const std::string& path,
   return dir.Sync();
 }
 
-absl::StatusOr<std::unique_ptr<Writer>> PosixDriver::Write(const std::string& path) const {
+absl::StatusOr<std::unique_ptr<Writer>> PosixDriver::Write(
+    const std::string& path, const WriteOptions& /*options*/) const {
   const auto [parent, name] = SplitParent(path);
   ASSIGN_OR_RETURN(Directory dir, OpenFolderCreating(parent), absl::StrCat("writing ", path));
   ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir, name));

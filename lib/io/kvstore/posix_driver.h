@@ -5,7 +5,8 @@
 // opened as given; FIFOs, sockets and devices are never opened for reading. Files can be
 // memory-mapped (maps_files), which MappedFile does for data reads. Writes go through the
 // parent folder's handle: a temporary file renamed into place (Write), or linked under its name
-// only when nothing is there (CreateExclusive). Files have no versions.
+// only when nothing is there (CreateExclusive). Files have no versions; their generation is
+// "<inode>:<mtime ns>:<size>" (PathStat::generation).
 
 #ifndef RESHARD_LIB_IO_KVSTORE_POSIX_DRIVER_H_
 #define RESHARD_LIB_IO_KVSTORE_POSIX_DRIVER_H_
@@ -47,7 +48,8 @@ class PosixDriver final : public Driver {
   absl::Status ReadRange(const std::string& path, uint64_t offset, absl::Span<char> out,
                          const PathStat& opened) const override;
   absl::Status CreateExclusive(const std::string& path, absl::string_view bytes) const override;
-  absl::StatusOr<std::unique_ptr<Writer>> Write(const std::string& path) const override;
+  absl::StatusOr<std::unique_ptr<Writer>> Write(const std::string& path,
+                                                const WriteOptions& options) const override;
   absl::Status Delete(const std::string& path) const override;
 };
 

@@ -96,14 +96,14 @@ TEST(PosixDriverTest, WriterPublishesOnCommitOnly) {
   const std::string path = root + "/out/sub/file.bin";
   const PosixDriver& driver = GetPosixDriver();
   {
-    absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write(path);
+    absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write(path, {});
     ASSERT_OK(writer);
     ASSERT_OK((*writer)->Append("abandoned"));
     (*writer)->Abort();
   }
   EXPECT_FALSE(fs::exists(path));
   EXPECT_TRUE(fs::is_empty(root + "/out/sub"));
-  absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write(path);
+  absl::StatusOr<std::unique_ptr<Writer>> writer = driver.Write(path, {});
   ASSERT_OK(writer);
   ASSERT_OK((*writer)->Append("abc"));
   ASSERT_OK((*writer)->Append("def"));

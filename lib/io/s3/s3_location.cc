@@ -40,7 +40,6 @@ S3Location S3Location::Child(absl::string_view name) const {
   return child;
 }
 
-bool IsS3Url(absl::string_view path) { return absl::StartsWith(path, kScheme); }
 
 absl::Status ValidateBucketName(absl::string_view bucket) {
   auto invalid = [&](absl::string_view why) {
@@ -84,7 +83,7 @@ absl::Status ValidateObjectKey(absl::string_view key) {
 
 absl::StatusOr<S3Location> ParseS3Url(absl::string_view url) {
   const std::string context = absl::StrCat("S3 URL \"", absl::CHexEscape(url), "\"");
-  if (!IsS3Url(url)) {
+  if (!absl::StartsWith(url, kScheme)) {
     return absl::InvalidArgumentError(absl::StrCat(context, ": does not start with s3://"));
   }
   absl::string_view rest = url.substr(kScheme.size());

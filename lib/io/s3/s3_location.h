@@ -37,9 +37,6 @@ struct S3Location {
   }
 };
 
-// True when `path` starts with "s3://" (the caller should parse it as an S3Location).
-bool IsS3Url(absl::string_view path);
-
 // Parses "s3://bucket" or "s3://bucket/key". InvalidArgument naming `url` when it is not an s3
 // URL, the bucket name is invalid or the key is invalid.
 absl::StatusOr<S3Location> ParseS3Url(absl::string_view url);

@@ -64,7 +64,11 @@ absl::StatusOr<kvstore::PathStat> S3Store::Stat(const std::string& url) const {
   absl::Status head_error;
   if (!location.key.empty() && location.key.back() != '/') {
     absl::StatusOr<S3ObjectInfo> head = client->Head(location.bucket, location.key);
-    if (head.ok()) return kvstore::PathStat{/*is_folder=*/false, head->size, head->etag};
+    if (head.ok()) {
+      kvstore::PathStat stat{/*is_folder=*/false, head->size, head->etag};
+      stat.generation = head->etag;
+      return stat;
+    }
     head_error = head.status();
   }
   const std::string prefix = FolderPrefix(location.key);
@@ -116,13 +120,41 @@ absl::Status S3Store::CreateExclusive(const std::string& url, absl::string_view 
   return client->PutIfAbsent(location.bucket, location.key, bytes).status();
 }
 
-absl::StatusOr<std::unique_ptr<kvstore::Writer>> S3Store::Write(const std::string& url) const {
+namespace {
+
+S3ObjectWriter::Options UploadOptions(const kvstore::WriteOptions& options) {
+  S3ObjectWriter::Options upload = S3ObjectWriter::OptionsFor(options.size_hint);
+  upload.metadata = options.metadata;
+  return upload;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<kvstore::Writer>> S3Store::Write(
+    const std::string& url, const kvstore::WriteOptions& options) const {
   ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
   ASSIGN_OR_RETURN(S3Client * client, Client(), url);
   ASSIGN_OR_RETURN(std::unique_ptr<S3ObjectWriter> object,
                    S3ObjectWriter::Create(client, location.bucket, location.key,
-                                          S3ObjectWriter::Options()));
+                                          UploadOptions(options)));
   return std::unique_ptr<kvstore::Writer>(new S3Writer(std::move(object)));
+}
+
+absl::StatusOr<std::string> S3Store::WriteFile(const std::string& url,
+                                               absl::string_view bytes) const {
+  ASSIGN_OR_RETURN(S3Location location, ParseS3Url(url));
+  ASSIGN_OR_RETURN(S3Client * client, Client(), url);
+  return client->Put(location.bucket, location.key, bytes);
+}
+
+uint64_t S3Store::WriteMemoryBound(const kvstore::WriteOptions& options) const {
+  return S3ObjectWriter::MemoryBound(UploadOptions(options));
+}
+
+absl::Status S3Store::AbortUnfinishedWrites(const std::string& prefix) const {
+  ASSIGN_OR_RETURN(S3Location location, ParseS3Url(prefix));
+  ASSIGN_OR_RETURN(S3Client * client, Client(), prefix);
+  return AbortStaleUploads(*client, location.bucket, location.key).status();
 }
 
 absl::Status S3Store::Delete(const std::string& url) const {

@@ -51,9 +51,18 @@ class S3Store final : public kvstore::Driver {
   // retried after its first attempt created the object but the answer was lost gets 412 and
   // reports AlreadyExists: a caller that must know compares the object's bytes.
   absl::Status CreateExclusive(const std::string& url, absl::string_view bytes) const override;
-  // A multipart upload (S3ObjectWriter, S3ObjectWriter::Options defaults); Commit returns the
-  // object's ETag.
-  absl::StatusOr<std::unique_ptr<kvstore::Writer>> Write(const std::string& url) const override;
+  // A multipart upload (S3ObjectWriter, S3ObjectWriter::OptionsFor the size hint, the
+  // metadata as x-amz-meta-*); Commit returns the object's ETag.
+  absl::StatusOr<std::unique_ptr<kvstore::Writer>> Write(
+      const std::string& url, const kvstore::WriteOptions& options) const override;
+  // One PUT; returns the object's ETag.
+  absl::StatusOr<std::string> WriteFile(const std::string& url,
+                                        absl::string_view bytes) const override;
+  // The upload's parts in flight and the one filling (S3ObjectWriter::MemoryBound).
+  uint64_t WriteMemoryBound(const kvstore::WriteOptions& options) const override;
+  // Aborts the unfinished multipart uploads of keys starting with `prefix`'s key
+  // (AbortStaleUploads).
+  absl::Status AbortUnfinishedWrites(const std::string& prefix) const override;
   absl::Status Delete(const std::string& url) const override;
 
  private:

@@ -233,13 +233,13 @@ TEST_F(S3StoreTest, WriterPublishesOnCommitOnly) {
   ASSERT_OK(store_->Delete(url));
   const std::string data = TestPattern(9 << 20, 5);  // two parts
   {
-    absl::StatusOr<std::unique_ptr<kvstore::Writer>> writer = store_->Write(url);
+    absl::StatusOr<std::unique_ptr<kvstore::Writer>> writer = store_->Write(url, {});
     ASSERT_OK(writer);
     ASSERT_OK((*writer)->Append(data));
     (*writer)->Abort();
   }
   EXPECT_TRUE(absl::IsNotFound(store_->Stat(url).status()));
-  absl::StatusOr<std::unique_ptr<kvstore::Writer>> writer = store_->Write(url);
+  absl::StatusOr<std::unique_ptr<kvstore::Writer>> writer = store_->Write(url, {});
   ASSERT_OK(writer);
   ASSERT_OK((*writer)->Append(absl::string_view(data).substr(0, 1000)));
   ASSERT_OK((*writer)->Append(absl::string_view(data).substr(1000)));

@@ -1,0 +1,292 @@
+#include "lib/engine/output_commit.h"
+
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <ctime>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/types/span.h"
+#include "lib/core/status.h"
+#include "lib/core/test_faults.h"
+#include "lib/core/version.h"
+#include "nlohmann/json.hpp"
+
+namespace reshard {
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+// Adds every file below `path` (named `relative` inside the area, "" for the root) to `files`.
+absl::Status ListBelow(const kvstore::Driver& driver, const std::string& path,
+                       const std::string& relative, std::vector<kvstore::FileEntry>& files) {
+  ASSIGN_OR_RETURN(kvstore::Listing listing, driver.List(path));
+  for (kvstore::FileEntry& file : listing.files) {
+    file.name = relative.empty() ? file.name : absl::StrCat(relative, "/", file.name);
+    files.push_back(std::move(file));
+  }
+  for (const std::string& folder : listing.folders) {
+    RETURN_IF_ERROR(ListBelow(driver, absl::StrCat(path, "/", folder),
+                              relative.empty() ? folder : absl::StrCat(relative, "/", folder),
+                              files));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string OutputPlanId(const std::string& request_json, const CopyPlan& plan) {
+  OrderedJson request = OrderedJson::parse(request_json, nullptr, /*allow_exceptions=*/false);
+  if (request.is_object()) {
+    // They change no byte of the output.
+    request.erase("overwrite");
+    request.erase("update_latest");
+  }
+  OrderedJson identity;
+  identity["version"] = kReshardVersion;
+  identity["request"] = std::move(request);
+  OrderedJson files = OrderedJson::array();
+  for (const FilePlan& file : plan.files) files.push_back({file.name, file.bytes});
+  identity["files"] = std::move(files);
+  OrderedJson sources = OrderedJson::array();
+  for (const SourceFile& source : plan.sources) {
+    // A source's version too, where its storage has them: files finished from a replaced
+    // input are not kept.
+    OrderedJson entry = {source.path, source.size};
+    if (!source.version.empty()) entry.push_back(source.version);
+    sources.push_back(std::move(entry));
+  }
+  identity["sources"] = std::move(sources);
+  const std::string canonical = identity.dump();
+  return absl::StrFormat("%016x", XXH3_64bits(canonical.data(), canonical.size()));
+}
+
+std::string FileRecordJson(const FileRecord& record) {
+  OrderedJson json;
+  json["tool"] = "reshard";
+  json["plan_id"] = record.plan_id;
+  json["name"] = record.name;
+  json["bytes"] = record.bytes;
+  json["xxh3_64"] = absl::StrFormat("%016x", record.xxh3_64);
+  json["generation"] = record.generation;
+  return json.dump(1) + "\n";
+}
+
+std::optional<FileRecord> ParseFileRecord(absl::string_view text) {
+  const OrderedJson json = OrderedJson::parse(text.begin(), text.end(), nullptr,
+                                              /*allow_exceptions=*/false);
+  FileRecord record;
+  if (!json.is_object() || json.value("tool", "") != "reshard" || !json.contains("bytes") ||
+      !json["bytes"].is_number_unsigned() || !json.contains("generation") ||
+      !json["generation"].is_string() ||
+      !absl::SimpleHexAtoi(json.value("xxh3_64", ""), &record.xxh3_64)) {
+    return std::nullopt;
+  }
+  record.plan_id = json.value("plan_id", "");
+  record.name = json.value("name", "");
+  record.bytes = json["bytes"].get<uint64_t>();
+  record.generation = json["generation"].get<std::string>();
+  if (record.plan_id.empty() || record.name.empty() || record.generation.empty()) {
+    return std::nullopt;
+  }
+  return record;
+}
+
+std::string FileRecordName(absl::string_view name) {
+  return absl::StrCat(kFileRecordsFolder, "/", name, ".json");
+}
+
+OutputArea::OutputArea(const kvstore::Driver& driver, std::string root)
+    : driver_(&driver), root_(std::move(root)) {}
+
+std::string OutputArea::PathOf(absl::string_view name) const {
+  return absl::StrCat(root_, "/", name);
+}
+
+absl::StatusOr<AreaContents> OutputArea::List() const {
+  AreaContents contents;
+  const absl::Status listed = ListBelow(*driver_, root_, "", contents.files);
+  if (absl::IsNotFound(listed)) return AreaContents();
+  RETURN_IF_ERROR(listed, absl::StrCat("checking the output ", root_));
+  for (const kvstore::FileEntry& file : contents.files) {
+    contents.manifest = contents.manifest || file.name == kManifestName;
+    contents.marker = contents.marker || file.name == kInProgressMarkerName;
+  }
+  return contents;
+}
+
+absl::Status OutputArea::Put(absl::string_view name, absl::string_view contents) const {
+  return driver_->WriteFile(PathOf(name), contents).status();
+}
+
+absl::Status OutputArea::WriteMarker(const std::string& input) const {
+  OrderedJson marker;
+  marker["tool"] = "reshard";
+  marker["version"] = kReshardVersion;
+  marker["input"] = input;
+  marker["started_unix"] = static_cast<int64_t>(std::time(nullptr));
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) == 0) marker["host"] = host;
+  marker["pid"] = static_cast<int64_t>(getpid());
+  return Annotate(Put(kInProgressMarkerName, marker.dump(2) + "\n"),
+                  "marking the output as being written");
+}
+
+absl::Status OutputArea::WriteRecord(const FileRecord& record) const {
+  return Annotate(Put(FileRecordName(record.name), FileRecordJson(record)),
+                  absl::StrCat("recording the finished data file ", PathOf(record.name)));
+}
+
+absl::StatusOr<ReusableFiles> OutputArea::FindReusable(const AreaContents& contents,
+                                                       const CopyPlan& plan,
+                                                       const std::string& plan_id) const {
+  std::map<std::string, uint64_t> planned;
+  for (const FilePlan& file : plan.files) planned[file.name] = file.bytes;
+  const std::string records = absl::StrCat(kFileRecordsFolder, "/");
+  ReusableFiles reuse;
+  for (const kvstore::FileEntry& entry : contents.files) {
+    if (!absl::StartsWith(entry.name, records) || !absl::EndsWith(entry.name, ".json") ||
+        entry.size > kMaxFileRecordBytes) {
+      continue;
+    }
+    const std::string path = PathOf(entry.name);
+    const absl::StatusOr<kvstore::PathStat> stat = driver_->Stat(path);
+    if (absl::IsNotFound(stat.status())) continue;  // removed since the listing
+    RETURN_IF_ERROR(stat.status(), absl::StrCat("reading the record ", path));
+    if (stat->is_folder || stat->size > kMaxFileRecordBytes) continue;
+    std::string text(stat->size, '\0');
+    const absl::Status read = driver_->ReadRange(path, 0, absl::MakeSpan(text), *stat);
+    if (absl::IsNotFound(read)) continue;
+    RETURN_IF_ERROR(read, absl::StrCat("reading the record ", path, " of a finished data file"));
+    const std::optional<FileRecord> record = ParseFileRecord(text);
+    if (!record.has_value() || record->plan_id != plan_id) continue;
+    auto file = planned.find(record->name);
+    if (file == planned.end() || file->second != record->bytes ||
+        entry.name != FileRecordName(record->name)) {
+      continue;
+    }
+    // The file itself, now: it may have been replaced or removed since it was recorded.
+    const absl::StatusOr<kvstore::PathStat> now = driver_->Stat(PathOf(record->name));
+    if (!now.ok() && !absl::IsNotFound(now.status())) {
+      return Annotate(now.status(), absl::StrCat("checking the finished data file ",
+                                                 PathOf(record->name), " for reuse"));
+    }
+    if (!now.ok() || now->is_folder || now->size != record->bytes ||
+        now->generation != record->generation) {
+      ++reuse.mismatches;
+      continue;
+    }
+    reuse.files[record->name] = record->xxh3_64;
+    reuse.kept.insert(entry.name);
+    reuse.kept.insert(record->name);
+  }
+  return reuse;
+}
+
+absl::Status OutputArea::Prepare(const AreaContents& contents, const std::set<std::string>& kept,
+                                 const std::string& input) const {
+  if (contents.manifest) {
+    RETURN_IF_ERROR(driver_->Delete(PathOf(kManifestName)),
+                    "removing the old manifest before replacing the output");
+  }
+  RETURN_IF_ERROR(WriteMarker(input));
+  for (const kvstore::FileEntry& file : contents.files) {
+    if (file.name == kManifestName || file.name == kInProgressMarkerName ||
+        kept.count(file.name) > 0) {
+      continue;
+    }
+    RETURN_IF_ERROR(driver_->Delete(PathOf(file.name)),
+                    "removing the old contents of the output");
+  }
+  return Annotate(driver_->AbortUnfinishedWrites(absl::StrCat(root_, "/")),
+                  absl::StrCat("dropping unfinished writes under ", root_));
+}
+
+void OutputArea::RemoveRecordsAndMarker() const {
+  std::vector<kvstore::FileEntry> records;
+  if (ListBelow(*driver_, PathOf(kFileRecordsFolder), kFileRecordsFolder, records).ok()) {
+    for (const kvstore::FileEntry& record : records) {
+      driver_->Delete(PathOf(record.name)).IgnoreError();
+    }
+  }
+  driver_->Delete(PathOf(kInProgressMarkerName)).IgnoreError();
+}
+
+// Streams into the driver's Writer; Close commits the file and tells the sink its generation.
+class OutputAreaSink::FileWriter final : public ByteWriter {
+ public:
+  FileWriter(std::unique_ptr<kvstore::Writer> file, OutputAreaSink& sink, std::string name)
+      : file_(std::move(file)), sink_(sink), name_(std::move(name)) {}
+  // A file not committed leaves nothing under its name.
+  ~FileWriter() override {
+    if (!closed_) file_->Abort();
+  }
+
+  absl::Status Write(absl::string_view data) override {
+    if (closed_) return absl::FailedPreconditionError(absl::StrCat(name_, ": written after Close"));
+    return file_->Append(data);
+  }
+  absl::Status Close() override {
+    if (closed_) return absl::FailedPreconditionError(absl::StrCat(name_, ": closed twice"));
+    closed_ = true;
+    ASSIGN_OR_RETURN(std::string generation, file_->Commit());
+    sink_.Committed(name_, std::move(generation));
+    return absl::OkStatus();
+  }
+  uint64_t pos() const override { return file_->pos(); }
+
+ private:
+  const std::unique_ptr<kvstore::Writer> file_;
+  OutputAreaSink& sink_;
+  const std::string name_;
+  bool closed_ = false;
+};
+
+OutputAreaSink::OutputAreaSink(const OutputArea& area, std::string plan_id,
+                               std::map<std::string, std::string> metadata,
+                               const std::atomic<bool>* cancelled)
+    : area_(area),
+      plan_id_(std::move(plan_id)),
+      metadata_(std::move(metadata)),
+      cancelled_(cancelled) {}
+
+absl::StatusOr<std::unique_ptr<ByteWriter>> OutputAreaSink::Open(const std::string& name,
+                                                                  uint64_t bytes) {
+  kvstore::WriteOptions options;
+  options.size_hint = bytes;
+  options.metadata = metadata_;
+  ASSIGN_OR_RETURN(std::unique_ptr<kvstore::Writer> file,
+                   area_.driver().Write(area_.PathOf(name), options));
+  // A kill here leaves finished files and an unfinished write (crash tests).
+  if (committed_.load() > 0) TestFaultPoint("object-upload-started", cancelled_);
+  return std::unique_ptr<ByteWriter>(new FileWriter(std::move(file), *this, name));
+}
+
+void OutputAreaSink::Committed(const std::string& name, std::string generation) {
+  absl::MutexLock lock(&mu_);
+  generations_[name] = std::move(generation);
+}
+
+absl::Status OutputAreaSink::Record(const WrittenFile& file) {
+  committed_.fetch_add(1);
+  std::optional<std::string> generation;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = generations_.find(file.name);
+    if (it != generations_.end()) generation = it->second;
+  }
+  if (!generation.has_value()) return absl::OkStatus();  // reused: recorded already
+  if (generation->empty()) {
+    // The driver gives it only on a Stat (posix).
+    ASSIGN_OR_RETURN(const kvstore::PathStat stat, area_.driver().Stat(area_.PathOf(file.name)),
+                     absl::StrCat("recording the finished data file ", area_.PathOf(file.name)));
+    generation = stat.generation;
+  }
+  return area_.WriteRecord(FileRecord{plan_id_, file.name, file.bytes, file.xxh3_64, *generation});
+}
+
+}  // namespace reshard

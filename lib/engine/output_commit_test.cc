@@ -1,0 +1,164 @@
+// The commit protocol's pieces (records, reuse, preparing and cleaning an area) on the memory
+// and posix drivers.
+
+#include "lib/engine/output_commit.h"
+
+#include <xxhash.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "lib/io/kvstore/memory_driver.h"
+#include "lib/io/kvstore/posix_driver.h"
+#include "lib/testing/test_files.h"
+
+namespace reshard {
+namespace {
+
+enum class Storage { kMemory, kPosix };
+
+std::atomic<int> area_counter{0};
+
+class OutputCommitTest : public ::testing::TestWithParam<Storage> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Storage::kMemory) {
+      driver_ = &kvstore::GetMemoryDriver();
+      root_ = absl::StrCat("mem://commit-test/area", area_counter.fetch_add(1));
+    } else {
+      driver_ = &kvstore::GetPosixDriver();
+      root_ = MakeTempDir("area");
+    }
+    area_ = std::make_unique<OutputArea>(*driver_, root_);
+    plan_.files.push_back(FilePlan{"a.bin", {}, {}, 1000});
+    plan_.files.push_back(FilePlan{"sub/b.bin", {}, {}, 2000});
+  }
+
+  // Writes data file `name` through the sink and records it, as an execution does.
+  void WriteAndRecord(OutputAreaSink& sink, const std::string& name, const std::string& data) {
+    absl::StatusOr<std::unique_ptr<ByteWriter>> writer = sink.Open(name, data.size());
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->Write(data).ok());
+    ASSERT_TRUE((*writer)->Close().ok());
+    const absl::Status recorded =
+        sink.Record(WrittenFile{name, data.size(), XXH3_64bits(data.data(), data.size()), 0});
+    ASSERT_TRUE(recorded.ok()) << recorded;
+  }
+
+  // Replaces file `name` with `data` the way the storage's other writers would.
+  void Replace(const std::string& name, const std::string& data) {
+    absl::StatusOr<std::string> written = driver_->WriteFile(area_->PathOf(name), data);
+    ASSERT_TRUE(written.ok()) << written.status();
+  }
+
+  AreaContents List() {
+    absl::StatusOr<AreaContents> contents = area_->List();
+    EXPECT_TRUE(contents.ok()) << contents.status();
+    return contents.ok() ? *contents : AreaContents();
+  }
+
+  std::set<std::string> Names() {
+    std::set<std::string> names;
+    for (const kvstore::FileEntry& file : List().files) names.insert(file.name);
+    return names;
+  }
+
+  ReusableFiles Reusable(const std::string& plan_id) {
+    absl::StatusOr<ReusableFiles> reuse = area_->FindReusable(List(), plan_, plan_id);
+    EXPECT_TRUE(reuse.ok()) << reuse.status();
+    return reuse.ok() ? *reuse : ReusableFiles();
+  }
+
+  const kvstore::Driver* driver_ = nullptr;
+  std::string root_;
+  std::unique_ptr<OutputArea> area_;
+  CopyPlan plan_;
+  const std::string a_ = std::string(1000, 'a');
+  const std::string b_ = std::string(2000, 'b');
+};
+
+TEST_P(OutputCommitTest, RecordRoundTripsAndDamagedRecordsAreNone) {
+  const FileRecord record{"0123456789abcdef", "sub/b.bin", 2000, 0xfeedULL, "\"v3\""};
+  const std::optional<FileRecord> parsed = ParseFileRecord(FileRecordJson(record));
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->plan_id, record.plan_id);
+  EXPECT_EQ(parsed->name, record.name);
+  EXPECT_EQ(parsed->bytes, record.bytes);
+  EXPECT_EQ(parsed->xxh3_64, record.xxh3_64);
+  EXPECT_EQ(parsed->generation, record.generation);
+  EXPECT_FALSE(ParseFileRecord("{\"tool\": \"reshard\"").has_value());
+  EXPECT_FALSE(ParseFileRecord("{\"tool\":\"reshard\",\"plan_id\":\"p\",\"name\":\"a\","
+                               "\"bytes\":1,\"xxh3_64\":\"00\"}")
+                   .has_value());  // no generation
+}
+
+TEST_P(OutputCommitTest, RecordedFilesOfThisPlanAreReused) {
+  OutputAreaSink sink(*area_, "plan1", {}, nullptr);
+  WriteAndRecord(sink, "a.bin", a_);
+  WriteAndRecord(sink, "sub/b.bin", b_);
+  EXPECT_EQ(Names(), (std::set<std::string>{"a.bin", "sub/b.bin", ".reshard-progress/a.bin.json",
+                                            ".reshard-progress/sub/b.bin.json"}));
+  const ReusableFiles reuse = Reusable("plan1");
+  EXPECT_EQ(reuse.files, (std::map<std::string, uint64_t>{
+                             {"a.bin", XXH3_64bits(a_.data(), a_.size())},
+                             {"sub/b.bin", XXH3_64bits(b_.data(), b_.size())}}));
+  EXPECT_EQ(reuse.kept.size(), 4u);
+  EXPECT_EQ(reuse.mismatches, 0);
+  EXPECT_TRUE(Reusable("plan2").files.empty());
+}
+
+TEST_P(OutputCommitTest, ReplacedOrMissingFilesAreMismatches) {
+  OutputAreaSink sink(*area_, "plan1", {}, nullptr);
+  WriteAndRecord(sink, "a.bin", a_);
+  WriteAndRecord(sink, "sub/b.bin", b_);
+  // Same size, another generation (posix: renamed over, another inode).
+  Replace("a.bin", std::string(1000, 'x'));
+  ASSERT_TRUE(driver_->Delete(area_->PathOf("sub/b.bin")).ok());
+  const ReusableFiles reuse = Reusable("plan1");
+  EXPECT_TRUE(reuse.files.empty());
+  EXPECT_TRUE(reuse.kept.empty());
+  EXPECT_EQ(reuse.mismatches, 2);
+}
+
+TEST_P(OutputCommitTest, PrepareKeepsOnlyReusedFilesAndCleanupLeavesTheOutput) {
+  OutputAreaSink sink(*area_, "plan1", {}, nullptr);
+  WriteAndRecord(sink, "a.bin", a_);
+  Replace("stale.bin", "old");
+  Replace(kManifestName, "{}");
+  const AreaContents before = List();
+  EXPECT_TRUE(before.manifest);
+  EXPECT_FALSE(before.marker);
+  const ReusableFiles reuse = Reusable("plan1");
+  ASSERT_TRUE(area_->Prepare(before, reuse.kept, "/in").ok());
+  const AreaContents prepared = List();
+  EXPECT_FALSE(prepared.manifest);
+  EXPECT_TRUE(prepared.marker);
+  EXPECT_EQ(Names(), (std::set<std::string>{"a.bin", ".reshard-progress/a.bin.json",
+                                            kInProgressMarkerName}));
+  WriteAndRecord(sink, "sub/b.bin", b_);
+  ASSERT_TRUE(area_->Put(kManifestName, "{}").ok());
+  area_->RemoveRecordsAndMarker();
+  EXPECT_EQ(Names(), (std::set<std::string>{"a.bin", "sub/b.bin", kManifestName}));
+}
+
+TEST_P(OutputCommitTest, MissingAreaListsEmpty) {
+  OutputArea missing(*driver_, root_ + "/nothing-here");
+  absl::StatusOr<AreaContents> contents = missing.List();
+  ASSERT_TRUE(contents.ok()) << contents.status();
+  EXPECT_TRUE(contents->files.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Drivers, OutputCommitTest,
+                         ::testing::Values(Storage::kMemory, Storage::kPosix),
+                         [](const ::testing::TestParamInfo<Storage>& info) {
+                           return info.param == Storage::kMemory ? "Memory" : "Posix";
+                         });
+
+}  // namespace
+}  // namespace reshard
