@@ -1,19 +1,9 @@
 #include "server/job_result.h"
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace reshard {
-
-std::map<std::string, uint64_t> CompletedFiles(const v1::Job& job) {
-  std::map<std::string, uint64_t> completed;
-  for (const v1::OutputFile& file : job.committed_files()) {
-    uint64_t hash = 0;
-    if (absl::SimpleHexAtoi(file.xxh3_64(), &hash)) completed[file.name()] = hash;
-  }
-  return completed;
-}
 
 void SetJobProgress(const Progress& p, v1::Job& job) {
   v1::Progress* progress = job.mutable_progress();

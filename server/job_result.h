@@ -7,18 +7,12 @@
 #define RESHARD_SERVER_JOB_RESULT_H_
 
 #include <cstdint>
-#include <map>
 #include <string>
 
 #include "lib/engine/conversion.h"
 #include "proto/reshard/v1/reshard.pb.h"
 
 namespace reshard {
-
-// The files `job` recorded as committed, by name, with their XXH3-64: what the next attempt
-// may reuse (JobContext::completed_files). A record whose checksum is not 16 hex digits is left
-// out, so that file is written again.
-std::map<std::string, uint64_t> CompletedFiles(const v1::Job& job);
 
 // Copies the engine's progress into `job.progress`.
 void SetJobProgress(const Progress& progress, v1::Job& job);

@@ -109,17 +109,6 @@ TEST(JobResultTest, SetJobProgressCopiesEveryCounter) {
   )pb");
 }
 
-// The committed files come back with their checksums; a record whose checksum is not hex is
-// left out, so the next attempt writes that file again.
-TEST(JobResultTest, CompletedFilesSkipsUnreadableChecksums) {
-  const v1::Job job = ParseJob(R"pb(
-    committed_files { name: "a.bin" bytes: 1 xxh3_64: "00000000000000ff" }
-    committed_files { name: "b.bin" bytes: 2 xxh3_64: "not-hex" }
-    committed_files { name: "c.bin" bytes: 3 xxh3_64: "fedcba9876543210" }
-  )pb");
-  EXPECT_EQ(CompletedFiles(job),
-            (std::map<std::string, uint64_t>{{"a.bin", 0xff}, {"c.bin", 0xfedcba9876543210ull}}));
-}
 
 }  // namespace
 }  // namespace reshard

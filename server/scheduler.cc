@@ -434,11 +434,9 @@ void Scheduler::WorkerLoop() {
     auto context = std::make_shared<JobContext>();
     const bool resume = entry.job.attempts() > 0;
     context->resume = resume;
-    if (resume) {
-      context->completed_files = CompletedFiles(entry.job);
-    } else {
-      entry.job.clear_committed_files();
-    }
+    // A resumed attempt finds the files the last one finished in the output's own records
+    // (lib/engine/output_commit.h); the job keeps listing them until they are written again.
+    if (!resume) entry.job.clear_committed_files();
     entry.context = context;
     entry.job.set_state(v1::JOB_STATE_RUNNING);
     entry.job.set_attempts(entry.job.attempts() + 1);

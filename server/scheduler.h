@@ -51,7 +51,6 @@ struct JobContext {
   // Set with `cancelled` at shutdown: keep the staging folder so the job can resume.
   std::atomic<bool> preserve_staging{false};
   bool resume = false;
-  std::map<std::string, uint64_t> completed_files;
   std::function<void(const Progress&)> on_progress;
   std::function<void(const WrittenFile&)> on_file_committed;
 };

@@ -56,7 +56,6 @@ class FakeRunner {
   struct Call {
     std::string id;
     bool resume = false;
-    std::map<std::string, uint64_t> completed_files;
     int attempts = 0;
     bool saw_cancelled = false;
     bool saw_preserve_staging = false;
@@ -142,7 +141,6 @@ class FakeRunner {
       call = Call();
       call.id = job.id();
       call.resume = context.resume;
-      call.completed_files = context.completed_files;
       call.attempts = job.attempts();
       running_contexts_[name] = &context;
       reserved_ += job.reserved_memory_bytes();
@@ -723,10 +721,6 @@ TEST_F(SchedulerTest, RestartResumesInterruptedJobs) {
   const FakeRunner::Call call = runner_.LastCall("resumable");
   EXPECT_TRUE(call.resume);
   EXPECT_EQ(call.attempts, 2);
-  EXPECT_EQ(call.completed_files,
-            (std::map<std::string, uint64_t>{
-                {"model-00001-of-00002.safetensors", 0xff},
-                {"model-00002-of-00002.safetensors", 0xfedcba9876543210ull}}));
 
   // A job that never started runs fresh; its idempotency key still finds it.
   const v1::Job fresh = WaitTerminal("j-queued");
