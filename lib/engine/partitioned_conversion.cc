@@ -33,6 +33,7 @@
 #include "lib/core/stopwatch.h"
 #include "lib/core/test_faults.h"
 #include "lib/engine/object_store_output.h"
+#include "lib/engine/output_commit.h"
 #include "lib/engine/partition_spec.h"
 #include "lib/engine/spec_codec.h"
 #include "lib/exec/executor.h"
@@ -41,6 +42,7 @@
 #include "lib/io/file_access.h"
 #include "lib/io/mapped_file.h"
 #include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/posix_driver.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/layout_builders.h"
 #include "nlohmann/json.hpp"
@@ -53,7 +55,7 @@ using OrderedJson = nlohmann::ordered_json;
 constexpr char kSplitName[] = "split.json";
 constexpr char kDataName[] = "data";
 constexpr char kClaimName[] = "publish.claim";
-// Records, journals, split.json and the claim are small; a larger one is not ours.
+// Records, split.json and the claims are small; a larger one is not ours.
 constexpr uint64_t kMaxRecordBytes = 64ull << 20;
 // A worker's claim on its partition index is refreshed this often; one not refreshed for
 // kClaimLease is stale when its worker cannot be checked directly (another host).
@@ -93,9 +95,6 @@ absl::StatusOr<OutputPlace> PlaceOf(const std::string& output_dir) {
 
 std::string RecordName(int index, int count) {
   return absl::StrFormat("partition-%05d-of-%05d.json", index, count);
-}
-std::string JournalName(int index, int count) {
-  return absl::StrFormat("partition-%05d-of-%05d.journal", index, count);
 }
 std::string ClaimName(int index, int count) {
   return absl::StrFormat("partition-%05d-of-%05d.claim", index, count);
@@ -140,7 +139,7 @@ absl::Status CreateExclusively(const Directory& dir, const std::string& name,
   return dir.Sync();
 }
 
-// The contents of a small area file (a record, a journal, split.json, a claim).
+// The contents of a small area file (a record, split.json, a claim).
 absl::StatusOr<std::string> ReadSmallFileIn(const Directory& dir, const std::string& name) {
   ASSIGN_OR_RETURN(int fd, dir.OpenFile(name, O_RDONLY | O_NONBLOCK));
   ASSIGN_OR_RETURN(MappedFile file, MappedFile::Adopt(fd, dir.PathOf(name)));
@@ -213,7 +212,7 @@ struct Area {
   std::string path() const { return parent.PathOf(place.area_name); }
 };
 
-// A worker's record, or the files of its journal: name -> (bytes, XXH3-64).
+// A worker's record: name -> (bytes, XXH3-64).
 using FileRecords = std::map<std::string, std::pair<uint64_t, uint64_t>>;
 
 std::string RecordJson(const Split& split, int index, const FileRecords& files) {
@@ -229,7 +228,7 @@ std::string RecordJson(const Split& split, int index, const FileRecords& files) 
   return record.dump(1) + "\n";
 }
 
-// Reads a record or journal of partition `index`; NotFound when absent, DataLoss naming the
+// Reads the record of partition `index`; NotFound when absent, DataLoss naming the
 // file and what to rerun when it is not one of this split's records of that partition.
 absl::StatusOr<FileRecords> ReadRecord(const Area& area, const std::string& name,
                                        const Split& split, int index) {
@@ -387,6 +386,9 @@ absl::StatusOr<ConversionResult> Publish(const Area& area, const Split& split,
     result.bytes_written += file.bytes;
     result.tensors += static_cast<int64_t>(file.tensors.size());
   }
+  // The per-file records (output_commit.h) have served once every partition's record is in.
+  RETURN_IF_ERROR(data.RemoveTree(kFileRecordsFolder),
+                  "removing the records of finished data files before publishing");
   RETURN_IF_ERROR(data.Sync());  // the data files of every worker
   RETURN_IF_ERROR(WriteCompanionsAndManifest(data, spec, planned, control, split.id, result));
   RETURN_IF_ERROR(data.Sync());
@@ -655,23 +657,19 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   for (const FilePlan& file : planned.plan.files) bytes.push_back(file.bytes);
   const std::vector<int> assignment = AssignPartitions(bytes, count);
   const std::string record_name = RecordName(index, count);
-  const std::string journal_name = JournalName(index, count);
   FileRecords committed;
-  for (const std::string& name : {record_name, journal_name}) {
-    absl::StatusOr<FileRecords> earlier = ReadRecord(area, name, split, index);
-    if (earlier.ok()) {
-      committed.insert(earlier->begin(), earlier->end());
-    } else if (absl::IsDataLoss(earlier.status())) {
-      // A damaged record or journal of this partition: its files are checked and written as if
-      // none had been committed, and the record written again.
-      RETURN_IF_ERROR(area.dir.RemoveFile(name));
-    } else if (!absl::IsNotFound(earlier.status())) {
-      return earlier.status();
-    }
+  absl::StatusOr<FileRecords> earlier = ReadRecord(area, record_name, split, index);
+  if (earlier.ok()) {
+    committed = *std::move(earlier);
+  } else if (absl::IsDataLoss(earlier.status())) {
+    // A damaged record of this partition: its files are checked and written as if none had
+    // been recorded, and the record written again.
+    RETURN_IF_ERROR(area.dir.RemoveFile(record_name));
+  } else if (!absl::IsNotFound(earlier.status())) {
+    return earlier.status();
   }
   CopyPlan mine;
   mine.sources = planned.plan.sources;
-  std::map<std::string, uint64_t> completed;
   for (size_t f = 0; f < planned.plan.files.size(); ++f) {
     if (assignment[f] != index) continue;
     FilePlan& file = planned.plan.files[f];
@@ -680,34 +678,36 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
     if (auto place = data.OpenParentOf(file.name); place.ok()) {
       RETURN_IF_ERROR(place->folder.RemoveFile(absl::StrCat(place->name, ".partial")));
     }
-    if (auto it = committed.find(file.name); it != committed.end()) {
-      completed[file.name] = it->second.second;
-    }
     mine.total_bytes += file.bytes;
     mine.files.push_back(file);
   }
   mine.source_bytes_read = planned.plan.source_bytes_read;
 
+  // Every data file this worker commits gets its output_commit record in data/ (plan id: the
+  // split's), so that a rerun of a killed attempt reuses the files it finished. Records of
+  // other partitions' files name no file of `mine` and are left alone.
+  const OutputArea records(kvstore::GetPosixDriver(), data.path());
+  ASSIGN_OR_RETURN(const AreaContents contents, records.List());
+  ASSIGN_OR_RETURN(const ReusableFiles reuse, records.FindReusable(contents, mine, split.id),
+                   absl::StrCat("partition ", PartitionName({index, count})));
+  // Checked again by the executor, size and XXH3-64, before it reuses them.
+  std::map<std::string, uint64_t> completed = reuse.files;
+  for (const auto& [name, facts] : committed) completed.emplace(name, facts.second);
+
   ExecutorOptions options = ExecutorOptionsFor(spec, control);
   options.completed_files = completed;
-  FileRecords journal;
-  absl::Mutex journal_mu;
-  absl::Status journal_status;
+  // The first error recording a finished file; the executor calls on_file_committed
+  // serialized.
+  absl::Status record_status;
   options.on_file_committed = [&](const WrittenFile& file) {
-    {
-      absl::MutexLock lock(&journal_mu);
-      journal[file.name] = {file.bytes, file.xxh3_64};
-      absl::Status written =
-          WriteFileAtomically(area.dir, journal_name, RecordJson(split, index, journal));
-      if (!written.ok() && journal_status.ok()) journal_status = written;
-    }
+    if (record_status.ok()) record_status = records.RecordCommitted(split.id, file);
     if (control.on_file_committed) control.on_file_committed(file);
     TestFaultPoint("partition-file-committed", control.cancelled);
   };
   const Clock::time_point write_start = Clock::now();
   ASSIGN_OR_RETURN(ExecutionResult executed, Execute(mine, data, options),
                    absl::StrCat("partition ", PartitionName({index, count})));
-  RETURN_IF_ERROR(journal_status, "recording the committed files in the journal");
+  RETURN_IF_ERROR(record_status);
 
   FileRecords recorded;
   std::map<std::string, uint64_t> hashed;  // every file of this run was hashed as written or reused
@@ -719,7 +719,6 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   RETURN_IF_ERROR(WriteFileAtomically(area.dir, record_name, RecordJson(split, index, recorded)),
                   "recording this partition's files");
   RETURN_IF_ERROR(area.dir.Sync());
-  area.dir.RemoveFile(journal_name).IgnoreError();  // the record says it all now
   TestFaultPoint("partition-recorded", control.cancelled);
 
   ConversionResult result;
