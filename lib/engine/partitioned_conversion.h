@@ -14,14 +14,16 @@
 //   publish.claim                     who publishes
 //
 // The protocol uses only operations that are atomic on NFS and Lustre: creating a file under its
-// final name with link(2) (fails when the name exists) and rename(2); no flock, no appends. A
+// final name only when nothing is there (kvstore::Driver::CreateExclusive: link(2) on posix),
+// through which split.json and the claims are created, read and removed, and rename(2); no
+// flock, no appends. A
 // worker (1) plans the conversion and creates split.json, or checks that the one there describes
 // the same conversion split the same way (a worker of another split is refused); (2) claims its
-// index by linking its .claim (a second worker of the index stops with FailedPrecondition naming
+// index by creating its .claim (a second worker of the index stops with FailedPrecondition naming
 // the holder; a claim whose worker is gone is taken over, see PartitionClaim in the .cc; the claim
-// is removed when the worker ends); (3) writes its files into data/, recording each (output_commit's per-file record);
-// (4) renames its record into place; (5) looks for all K records: the worker that finds them claims
-// publishing by linking publish.claim, checks every record against the plan (each of the
+// is removed when the worker ends); (3) writes its files into data/, recording each
+// (output_commit's per-file record); (4) renames its record into place; (5) looks for all K records: the worker that finds them claims
+// publishing by creating publish.claim, checks every record against the plan (each of the
 // partition's files once, at its planned size) and every other worker's file against its record
 // (size and XXH3-64: the files may have changed since they were recorded; its own it hashed while
 // writing), writes the index and the manifest (the commit mark) into data/ (the per-file records removed), renames data/ to the
