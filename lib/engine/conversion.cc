@@ -75,16 +75,6 @@ absl::StatusOr<ReusableFiles> TakeOverStaging(const OutputArea& area, const Stag
   return reuse;
 }
 
-// Writes the record of data file `file`, committed in the staging folder `area`, with its
-// generation as the posix driver's Stat gives it.
-absl::Status RecordStagedFile(const OutputArea& area, const std::string& plan_id,
-                              const WrittenFile& file) {
-  ASSIGN_OR_RETURN(const kvstore::PathStat stat, area.driver().Stat(area.PathOf(file.name)),
-                   absl::StrCat("recording the finished data file ", area.PathOf(file.name)));
-  return area.WriteRecord(FileRecord{plan_id, file.name, file.bytes, file.xxh3_64,
-                                     stat.generation});
-}
-
 }  // namespace
 
 absl::StatusOr<PartitionRules> LoadRules(const std::string& rules_json,
@@ -431,7 +421,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   // serialized.
   absl::Status record_status;
   options.on_file_committed = [&](const WrittenFile& file) {
-    if (record_status.ok()) record_status = RecordStagedFile(area, plan_id, file);
+    if (record_status.ok()) record_status = area.RecordCommitted(plan_id, file);
     TestFaultPoint("file-recorded", control.cancelled);
     if (control.on_file_committed) control.on_file_committed(file);
   };

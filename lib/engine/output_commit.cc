@@ -141,6 +141,13 @@ absl::Status OutputArea::WriteRecord(const FileRecord& record) const {
                   absl::StrCat("recording the finished data file ", PathOf(record.name)));
 }
 
+absl::Status OutputArea::RecordCommitted(const std::string& plan_id,
+                                         const WrittenFile& file) const {
+  ASSIGN_OR_RETURN(const kvstore::PathStat stat, driver_->Stat(PathOf(file.name)),
+                   absl::StrCat("recording the finished data file ", PathOf(file.name)));
+  return WriteRecord(FileRecord{plan_id, file.name, file.bytes, file.xxh3_64, stat.generation});
+}
+
 absl::StatusOr<ReusableFiles> OutputArea::FindReusable(const AreaContents& contents,
                                                        const CopyPlan& plan,
                                                        const std::string& plan_id) const {

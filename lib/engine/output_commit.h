@@ -155,6 +155,10 @@ class OutputArea {
   // Writes the record of a finished data file.
   absl::Status WriteRecord(const FileRecord& record) const;
 
+  // Writes the record of data file `file`, just committed below the root by a writer that
+  // gives no generation with its commit (posix), with the generation Stat gives it now.
+  absl::Status RecordCommitted(const std::string& plan_id, const WrittenFile& file) const;
+
   // Reads the records among `contents` and keeps each data file of plan `plan_id` that `plan`
   // has, of the recorded size, whose Stat now shows the recorded size and generation. Errors
   // (reading a record or a Stat failing other than NotFound) name the file.

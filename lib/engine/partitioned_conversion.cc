@@ -1,6 +1,5 @@
 #include "lib/engine/partitioned_conversion.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -33,14 +32,15 @@
 #include "lib/core/stopwatch.h"
 #include "lib/core/test_faults.h"
 #include "lib/engine/object_store_output.h"
+#include "lib/engine/output_commit.h"
 #include "lib/engine/partition_spec.h"
 #include "lib/engine/spec_codec.h"
 #include "lib/exec/executor.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/directory.h"
 #include "lib/io/file_access.h"
-#include "lib/io/mapped_file.h"
 #include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/posix_driver.h"
 #include "lib/io/staging_dir.h"
 #include "lib/plan/layout_builders.h"
 #include "nlohmann/json.hpp"
@@ -53,7 +53,7 @@ using OrderedJson = nlohmann::ordered_json;
 constexpr char kSplitName[] = "split.json";
 constexpr char kDataName[] = "data";
 constexpr char kClaimName[] = "publish.claim";
-// Records, journals, split.json and the claim are small; a larger one is not ours.
+// Records, split.json and the claims are small; a larger one is not ours.
 constexpr uint64_t kMaxRecordBytes = 64ull << 20;
 // A worker's claim on its partition index is refreshed this often; one not refreshed for
 // kClaimLease is stale when its worker cannot be checked directly (another host).
@@ -94,9 +94,6 @@ absl::StatusOr<OutputPlace> PlaceOf(const std::string& output_dir) {
 std::string RecordName(int index, int count) {
   return absl::StrFormat("partition-%05d-of-%05d.json", index, count);
 }
-std::string JournalName(int index, int count) {
-  return absl::StrFormat("partition-%05d-of-%05d.journal", index, count);
-}
 std::string ClaimName(int index, int count) {
   return absl::StrFormat("partition-%05d-of-%05d.claim", index, count);
 }
@@ -122,41 +119,26 @@ absl::StatusOr<std::string> WriteUniqueTemporary(const Directory& dir, const std
   return temp;
 }
 
-// Writes `contents` under `name` in `dir` unless the name exists (AlreadyExists then): written
-// and synced under a unique temporary name, then link(2)ed to `name`, which is atomic on local
-// filesystems, NFS and Lustre alike, and never replaces an existing file.
-absl::Status CreateExclusively(const Directory& dir, const std::string& name,
-                               absl::string_view contents) {
-  ASSIGN_OR_RETURN(const std::string temp, WriteUniqueTemporary(dir, name, contents));
-  const int linked = ::linkat(dir.fd(), temp.c_str(), dir.fd(), name.c_str(), 0);
-  const int link_error = errno;
-  RETURN_IF_ERROR(dir.RemoveFile(temp));
-  if (linked != 0) {
-    if (link_error == EEXIST) {
-      return absl::AlreadyExistsError(absl::StrCat(dir.PathOf(name), " exists"));
-    }
-    return ErrnoToStatus(link_error, absl::StrCat("creating ", dir.PathOf(name)));
-  }
-  return dir.Sync();
-}
-
-// The contents of a small area file (a record, a journal, split.json, a claim).
-absl::StatusOr<std::string> ReadSmallFileIn(const Directory& dir, const std::string& name) {
-  ASSIGN_OR_RETURN(int fd, dir.OpenFile(name, O_RDONLY | O_NONBLOCK));
-  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Adopt(fd, dir.PathOf(name)));
-  if (file.size() > kMaxRecordBytes) {
-    return absl::DataLossError(absl::StrCat(dir.PathOf(name), " is larger than ", kMaxRecordBytes,
+// The contents of small file `path` of `driver` (a record, split.json, a claim, a manifest):
+// NotFound when absent, DataLoss naming it when larger than any of reshard's.
+absl::StatusOr<std::string> ReadSmallFileAt(const kvstore::Driver& driver,
+                                            const std::string& path) {
+  ASSIGN_OR_RETURN(const kvstore::PathStat stat, driver.Stat(path));
+  if (stat.is_folder || stat.size > kMaxRecordBytes) {
+    return absl::DataLossError(absl::StrCat(path, " is a folder or larger than ", kMaxRecordBytes,
                                             " bytes; not a reshard record"));
   }
-  return std::string(reinterpret_cast<const char*>(file.data()), file.size());
+  std::string text(stat.size, '\0');
+  RETURN_IF_ERROR(driver.ReadRange(path, 0, absl::MakeSpan(text), stat));
+  return text;
 }
 
-absl::StatusOr<OrderedJson> ReadJsonIn(const Directory& dir, const std::string& name) {
-  ASSIGN_OR_RETURN(const std::string text, ReadSmallFileIn(dir, name));
+absl::StatusOr<OrderedJson> ReadJsonAt(const kvstore::Driver& driver, const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadSmallFileAt(driver, path));
   OrderedJson json =
       text.empty() ? OrderedJson() : OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!json.is_object()) {
-    return absl::DataLossError(absl::StrCat(dir.PathOf(name), " is not a JSON object"));
+    return absl::DataLossError(absl::StrCat(path, " is not a JSON object"));
   }
   return json;
 }
@@ -206,14 +188,18 @@ std::string DescribeSplit(const OrderedJson& split) {
 }
 
 // The shared area of one output, opened.
+// Its small files (split.json, records, claims) are created, read and removed through
+// `driver` (CreateExclusive for the ones of which exactly one may exist).
 struct Area {
   OutputPlace place;
   Directory parent;
   Directory dir;
+  const kvstore::Driver* driver = &kvstore::GetPosixDriver();
   std::string path() const { return parent.PathOf(place.area_name); }
+  std::string PathOf(const std::string& name) const { return dir.PathOf(name); }
 };
 
-// A worker's record, or the files of its journal: name -> (bytes, XXH3-64).
+// A worker's record: name -> (bytes, XXH3-64).
 using FileRecords = std::map<std::string, std::pair<uint64_t, uint64_t>>;
 
 std::string RecordJson(const Split& split, int index, const FileRecords& files) {
@@ -229,12 +215,12 @@ std::string RecordJson(const Split& split, int index, const FileRecords& files) 
   return record.dump(1) + "\n";
 }
 
-// Reads a record or journal of partition `index`; NotFound when absent, DataLoss naming the
+// Reads the record of partition `index`; NotFound when absent, DataLoss naming the
 // file and what to rerun when it is not one of this split's records of that partition.
 absl::StatusOr<FileRecords> ReadRecord(const Area& area, const std::string& name,
                                        const Split& split, int index) {
   const std::string hint = RerunHint(index, split.count);
-  absl::StatusOr<OrderedJson> read = ReadJsonIn(area.dir, name);
+  absl::StatusOr<OrderedJson> read = ReadJsonAt(*area.driver, area.PathOf(name));
   if (absl::IsDataLoss(read.status())) {
     return absl::DataLossError(absl::StrCat(read.status().message(), "; ", hint));
   }
@@ -282,9 +268,10 @@ absl::StatusOr<Area> OpenArea(const std::string& output_dir, bool create) {
 
 // Creates split.json, or checks that the one there is this split.
 absl::Status JoinSplit(const Area& area, const Split& split) {
-  const absl::Status created = CreateExclusively(area.dir, kSplitName, split.json.dump(1) + "\n");
+  const absl::Status created =
+      area.driver->CreateExclusive(area.PathOf(kSplitName), split.json.dump(1) + "\n");
   if (created.ok() || !absl::IsAlreadyExists(created)) return created;
-  ASSIGN_OR_RETURN(OrderedJson existing, ReadJsonIn(area.dir, kSplitName));
+  ASSIGN_OR_RETURN(OrderedJson existing, ReadJsonAt(*area.driver, area.PathOf(kSplitName)));
   if (FieldOr<std::string>(existing, "split_id", "") == split.id) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "the output is being assembled by another partitioned conversion (", area.path(),
@@ -295,9 +282,10 @@ absl::Status JoinSplit(const Area& area, const Split& split) {
 
 // The split that published `output_dir`, from its manifest; empty when none.
 std::string PublishedSplitId(const std::string& output_dir) {
-  absl::StatusOr<Directory> out = OpenExistingFolder(output_dir);
+  absl::StatusOr<kvstore::Location> out = kvstore::ParseLocation(output_dir);
   if (!out.ok()) return "";
-  absl::StatusOr<OrderedJson> manifest = ReadJsonIn(*out, kManifestName);
+  absl::StatusOr<OrderedJson> manifest =
+      ReadJsonAt(*out->driver, absl::StrCat(absl::StripSuffix(output_dir, "/"), "/", kManifestName));
   if (!manifest.ok()) return "";
   return FieldOr<std::string>(*manifest, "split_id", "");
 }
@@ -387,6 +375,9 @@ absl::StatusOr<ConversionResult> Publish(const Area& area, const Split& split,
     result.bytes_written += file.bytes;
     result.tensors += static_cast<int64_t>(file.tensors.size());
   }
+  // The per-file records (output_commit.h) have served once every partition's record is in.
+  RETURN_IF_ERROR(data.RemoveTree(kFileRecordsFolder),
+                  "removing the records of finished data files before publishing");
   RETURN_IF_ERROR(data.Sync());  // the data files of every worker
   RETURN_IF_ERROR(WriteCompanionsAndManifest(data, spec, planned, control, split.id, result));
   RETURN_IF_ERROR(data.Sync());
@@ -481,7 +472,7 @@ OrderedJson ThisProcess() {
 
 // A worker's hold on its partition index: `partition-IIIII-of-KKKKK.claim` in the area, so
 // that a second worker of the same index stops at once instead of removing the first one's
-// `.partial` files. Created with link(2) (CreateExclusively); its worker touches it every
+// `.partial` files. Created with Driver::CreateExclusive (link(2) on posix); its worker touches it every
 // kClaimRefresh and removes it when it finishes, successful or not. A claim whose worker is
 // gone is taken over: on the same host, boot and pid namespace when its pid is gone or belongs
 // to a process started at another time; elsewhere when it was not refreshed for kClaimLease
@@ -502,14 +493,14 @@ class PartitionClaim {
     const std::string text = contents.dump() + "\n";
     const std::string where = area.dir.PathOf(name);
     for (int look = 0; look < 8; ++look) {
-      const absl::Status created = CreateExclusively(area.dir, name, text);
+      const absl::Status created = area.driver->CreateExclusive(area.PathOf(name), text);
       if (created.ok()) {
-        return std::unique_ptr<PartitionClaim>(new PartitionClaim(area.dir, name, text));
+        return std::unique_ptr<PartitionClaim>(new PartitionClaim(area, name, text));
       }
       if (!absl::IsAlreadyExists(created)) {
         return Annotate(created, absl::StrCat("claiming partition ", index, " of ", count));
       }
-      absl::StatusOr<std::string> held = ReadSmallFileIn(area.dir, name);
+      absl::StatusOr<std::string> held = ReadSmallFileAt(*area.driver, area.PathOf(name));
       absl::StatusOr<struct stat> st = area.dir.StatChild(name);
       if (absl::IsNotFound(held.status()) || absl::IsNotFound(st.status())) continue;  // released
       RETURN_IF_ERROR(held.status(), absl::StrCat("reading the claim ", where));
@@ -525,14 +516,14 @@ class PartitionClaim {
       }
       const std::string marker =
           absl::StrCat(name, ".taken-", Hex(XXH3_64bits(held->data(), held->size())));
-      const absl::Status won = CreateExclusively(area.dir, marker, text);
+      const absl::Status won = area.driver->CreateExclusive(area.PathOf(marker), text);
       if (absl::IsAlreadyExists(won)) continue;  // another worker took it over first
       RETURN_IF_ERROR(won, absl::StrCat("taking over the stale claim ", where));
       ASSIGN_OR_RETURN(const std::string fresh, WriteUniqueTemporary(area.dir, name, text));
       RETURN_IF_ERROR(area.dir.Rename(fresh, name),
                       absl::StrCat("taking over the stale claim ", where));
       RETURN_IF_ERROR(area.dir.Sync());
-      return std::unique_ptr<PartitionClaim>(new PartitionClaim(area.dir, name, text));
+      return std::unique_ptr<PartitionClaim>(new PartitionClaim(area, name, text));
     }
     return absl::FailedPreconditionError(
         absl::StrCat(where, " keeps changing: other workers of partition ", index, " of ", count,
@@ -549,8 +540,8 @@ class PartitionClaim {
       stop_ = true;
     }
     refresher_.join();
-    absl::StatusOr<std::string> held = ReadSmallFileIn(dir_, name_);
-    if (held.ok() && *held == contents_) dir_.RemoveFile(name_).IgnoreError();
+    absl::StatusOr<std::string> held = ReadSmallFileAt(*area_.driver, area_.PathOf(name_));
+    if (held.ok() && *held == contents_) area_.driver->Delete(area_.PathOf(name_)).IgnoreError();
   }
 
   // FailedPrecondition when another worker has taken the claim over (this one was judged gone:
@@ -559,15 +550,15 @@ class PartitionClaim {
     absl::MutexLock lock(&mu_);
     if (!lost_) return absl::OkStatus();
     return absl::FailedPreconditionError(
-        absl::StrCat(dir_.PathOf(name_),
+        absl::StrCat(area_.PathOf(name_),
                      " was taken over by another worker while this one wrote (stalled for "
                      "longer than ",
                      absl::FormatDuration(kClaimLease), "); its files are that worker's now"));
   }
 
  private:
-  PartitionClaim(const Directory& dir, std::string name, std::string contents)
-      : dir_(dir), name_(std::move(name)), contents_(std::move(contents)) {
+  PartitionClaim(const Area& area, std::string name, std::string contents)
+      : area_(area), name_(std::move(name)), contents_(std::move(contents)) {
     refresher_ = std::thread([this] { Refresh(); });
   }
 
@@ -596,17 +587,17 @@ class PartitionClaim {
   void Refresh() {
     absl::MutexLock lock(&mu_);
     while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), kClaimRefresh)) {
-      absl::StatusOr<std::string> held = ReadSmallFileIn(dir_, name_);
+      absl::StatusOr<std::string> held = ReadSmallFileAt(*area_.driver, area_.PathOf(name_));
       if (held.ok() && *held != contents_) {
         lost_ = true;
         return;
       }
       // Absent: the area was published and removed. A failed touch is retried next time.
-      if (held.ok()) ::utimensat(dir_.fd(), name_.c_str(), nullptr, 0);
+      if (held.ok()) ::utimensat(area_.dir.fd(), name_.c_str(), nullptr, 0);
     }
   }
 
-  const Directory& dir_;
+  const Area& area_;
   const std::string name_;
   const std::string contents_;
   mutable absl::Mutex mu_;
@@ -655,23 +646,19 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   for (const FilePlan& file : planned.plan.files) bytes.push_back(file.bytes);
   const std::vector<int> assignment = AssignPartitions(bytes, count);
   const std::string record_name = RecordName(index, count);
-  const std::string journal_name = JournalName(index, count);
   FileRecords committed;
-  for (const std::string& name : {record_name, journal_name}) {
-    absl::StatusOr<FileRecords> earlier = ReadRecord(area, name, split, index);
-    if (earlier.ok()) {
-      committed.insert(earlier->begin(), earlier->end());
-    } else if (absl::IsDataLoss(earlier.status())) {
-      // A damaged record or journal of this partition: its files are checked and written as if
-      // none had been committed, and the record written again.
-      RETURN_IF_ERROR(area.dir.RemoveFile(name));
-    } else if (!absl::IsNotFound(earlier.status())) {
-      return earlier.status();
-    }
+  absl::StatusOr<FileRecords> earlier = ReadRecord(area, record_name, split, index);
+  if (earlier.ok()) {
+    committed = *std::move(earlier);
+  } else if (absl::IsDataLoss(earlier.status())) {
+    // A damaged record of this partition: its files are checked and written as if none had
+    // been recorded, and the record written again.
+    RETURN_IF_ERROR(area.driver->Delete(area.PathOf(record_name)));
+  } else if (!absl::IsNotFound(earlier.status())) {
+    return earlier.status();
   }
   CopyPlan mine;
   mine.sources = planned.plan.sources;
-  std::map<std::string, uint64_t> completed;
   for (size_t f = 0; f < planned.plan.files.size(); ++f) {
     if (assignment[f] != index) continue;
     FilePlan& file = planned.plan.files[f];
@@ -680,34 +667,36 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
     if (auto place = data.OpenParentOf(file.name); place.ok()) {
       RETURN_IF_ERROR(place->folder.RemoveFile(absl::StrCat(place->name, ".partial")));
     }
-    if (auto it = committed.find(file.name); it != committed.end()) {
-      completed[file.name] = it->second.second;
-    }
     mine.total_bytes += file.bytes;
     mine.files.push_back(file);
   }
   mine.source_bytes_read = planned.plan.source_bytes_read;
 
+  // Every data file this worker commits gets its output_commit record in data/ (plan id: the
+  // split's), so that a rerun of a killed attempt reuses the files it finished. Records of
+  // other partitions' files name no file of `mine` and are left alone.
+  const OutputArea records(kvstore::GetPosixDriver(), data.path());
+  ASSIGN_OR_RETURN(const AreaContents contents, records.List());
+  ASSIGN_OR_RETURN(const ReusableFiles reuse, records.FindReusable(contents, mine, split.id),
+                   absl::StrCat("partition ", PartitionName({index, count})));
+  // Checked again by the executor, size and XXH3-64, before it reuses them.
+  std::map<std::string, uint64_t> completed = reuse.files;
+  for (const auto& [name, facts] : committed) completed.emplace(name, facts.second);
+
   ExecutorOptions options = ExecutorOptionsFor(spec, control);
   options.completed_files = completed;
-  FileRecords journal;
-  absl::Mutex journal_mu;
-  absl::Status journal_status;
+  // The first error recording a finished file; the executor calls on_file_committed
+  // serialized.
+  absl::Status record_status;
   options.on_file_committed = [&](const WrittenFile& file) {
-    {
-      absl::MutexLock lock(&journal_mu);
-      journal[file.name] = {file.bytes, file.xxh3_64};
-      absl::Status written =
-          WriteFileAtomically(area.dir, journal_name, RecordJson(split, index, journal));
-      if (!written.ok() && journal_status.ok()) journal_status = written;
-    }
+    if (record_status.ok()) record_status = records.RecordCommitted(split.id, file);
     if (control.on_file_committed) control.on_file_committed(file);
     TestFaultPoint("partition-file-committed", control.cancelled);
   };
   const Clock::time_point write_start = Clock::now();
   ASSIGN_OR_RETURN(ExecutionResult executed, Execute(mine, data, options),
                    absl::StrCat("partition ", PartitionName({index, count})));
-  RETURN_IF_ERROR(journal_status, "recording the committed files in the journal");
+  RETURN_IF_ERROR(record_status);
 
   FileRecords recorded;
   std::map<std::string, uint64_t> hashed;  // every file of this run was hashed as written or reused
@@ -719,7 +708,6 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   RETURN_IF_ERROR(WriteFileAtomically(area.dir, record_name, RecordJson(split, index, recorded)),
                   "recording this partition's files");
   RETURN_IF_ERROR(area.dir.Sync());
-  area.dir.RemoveFile(journal_name).IgnoreError();  // the record says it all now
   TestFaultPoint("partition-recorded", control.cancelled);
 
   ConversionResult result;
@@ -734,18 +722,19 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
 
   // Looked for after this worker's record is in: the last worker to finish sees all of them.
   for (int i = 0; i < count; ++i) {
-    if (area.dir.StatChild(RecordName(i, count)).ok()) ++result.partitions_recorded;
+    if (area.driver->Stat(area.PathOf(RecordName(i, count))).ok()) ++result.partitions_recorded;
   }
   if (result.partitions_recorded == count) {
     TestFaultPoint("partition-before-claim", control.cancelled);
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     OrderedJson claim = {{"partition", index}, {"host", host}, {"pid", ::getpid()}};
-    absl::Status claimed = CreateExclusively(area.dir, kClaimName, claim.dump() + "\n");
+    absl::Status claimed =
+        area.driver->CreateExclusive(area.PathOf(kClaimName), claim.dump() + "\n");
     if (absl::IsAlreadyExists(claimed)) {
       // Another worker publishes, unless the claim is this partition's own from an attempt
       // killed while publishing.
-      absl::StatusOr<OrderedJson> holder = ReadJsonIn(area.dir, kClaimName);
+      absl::StatusOr<OrderedJson> holder = ReadJsonAt(*area.driver, area.PathOf(kClaimName));
       if (holder.ok()) {
         if (FieldOr(*holder, "partition", -1) == index) claimed = absl::OkStatus();
       } else {
@@ -770,7 +759,7 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
       if (!published.ok()) {
         // Nothing was published: a rerun of the partition the error names publishes.
         if (PublishedSplitId(result.output) != split.id) {
-          area.dir.RemoveFile(kClaimName).IgnoreError();
+          area.driver->Delete(area.PathOf(kClaimName)).IgnoreError();
         }
         return Annotate(published.status(), "publishing the output");
       }
@@ -833,7 +822,7 @@ absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& 
                                             " to commit (", PartitionAreaPathFor(output_dir),
                                             " does not exist)"));
   }
-  ASSIGN_OR_RETURN(OrderedJson stored, ReadJsonIn(area->dir, kSplitName));
+  ASSIGN_OR_RETURN(OrderedJson stored, ReadJsonAt(*area->driver, area->PathOf(kSplitName)));
   const std::string where = area->dir.PathOf(kSplitName);
   const int count = FieldOr(stored, "partitions", 0);
   if (count < 1 || count > kMaxPartitions || !stored.contains("request")) {
@@ -842,7 +831,7 @@ absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& 
   ASSIGN_OR_RETURN(ConversionSpec spec, SpecFromRequestJson(stored["request"], where));
   std::vector<int> missing;
   for (int i = 0; i < count; ++i) {
-    if (!area->dir.StatChild(RecordName(i, count)).ok()) missing.push_back(i);
+    if (!area->driver->Stat(area->PathOf(RecordName(i, count))).ok()) missing.push_back(i);
   }
   if (!missing.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -859,11 +848,14 @@ absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& 
   }
   // Explicit: a claim left by a worker killed while publishing is taken over.
   absl::Status claimed =
-      CreateExclusively(area->dir, kClaimName, OrderedJson({{"commit", true}}).dump() + "\n");
+      area->driver->CreateExclusive(area->PathOf(kClaimName),
+                                    OrderedJson({{"commit", true}}).dump() + "\n");
   if (!claimed.ok() && !absl::IsAlreadyExists(claimed)) return claimed;
   absl::StatusOr<ConversionResult> result = Publish(*area, split, spec, planned, control, {});
   if (!result.ok()) {
-    if (PublishedSplitId(output_dir) != split.id) area->dir.RemoveFile(kClaimName).IgnoreError();
+    if (PublishedSplitId(output_dir) != split.id) {
+      area->driver->Delete(area->PathOf(kClaimName)).IgnoreError();
+    }
     return result.status();
   }
   result->seconds = SecondsSince(start);

@@ -22,6 +22,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "lib/engine/output_commit.h"
 #include "lib/engine/partition_spec.h"
 #include "lib/formats/safetensors/safetensors_format.h"
 #include "lib/testing/test_files.h"
@@ -232,14 +233,21 @@ TEST_F(PartitionedConversionTest, InterruptedWorkerRerunReusesItsCommittedFiles)
   int committed = 0;
   RunControl control;
   control.cancelled = &cancelled;
-  control.on_file_committed = [&](const WrittenFile&) {
+  std::vector<std::string> finished;
+  control.on_file_committed = [&](const WrittenFile& file) {
+    finished.push_back(file.name);
     if (++committed == 2) cancelled.store(true);
   };
   auto interrupted = RunAnyConversion(Spec(out, 1, 2), control);
   ASSERT_FALSE(interrupted.ok());
   EXPECT_TRUE(absl::IsCancelled(interrupted.status())) << interrupted.status();
   const std::string area = PartitionAreaPathFor(out);
-  EXPECT_TRUE(fs::exists(area + "/partition-00001-of-00002.journal"));
+  // Each finished file has its output_commit record (output_commit.h), and no journal.
+  ASSERT_FALSE(finished.empty());
+  for (const std::string& name : finished) {
+    EXPECT_TRUE(fs::exists(absl::StrCat(area, "/data/", FileRecordName(name)))) << name;
+  }
+  EXPECT_FALSE(fs::exists(area + "/partition-00001-of-00002.journal"));
   EXPECT_FALSE(fs::exists(area + "/partition-00001-of-00002.json"));
 
   ASSERT_TRUE(RunAnyConversion(Spec(out, 0, 2)).ok());
@@ -248,7 +256,7 @@ TEST_F(PartitionedConversionTest, InterruptedWorkerRerunReusesItsCommittedFiles)
   ASSERT_TRUE(rerun.ok()) << rerun.status();
   EXPECT_TRUE(rerun->published);
   EXPECT_EQ(rerun->verification_failures, 0);
-  EXPECT_GT(rerun->data_phases.verify, 0.0) << "the journal's files were checked and reused";
+  EXPECT_GT(rerun->data_phases.verify, 0.0) << "the recorded files were checked and reused";
   ExpectSameAsSingle(out);
 }
 
@@ -427,16 +435,19 @@ TEST_F(PartitionedConversionTest, TamperedRecordIsRefusedAndRepairedByItsRerun) 
   }
 }
 
-TEST_F(PartitionedConversionTest, TamperedJournalIsSetAsideByItsRerun) {
+TEST_F(PartitionedConversionTest, DamagedFileRecordIsWrittenAgainByItsRerun) {
   const std::string out = root_ + "/out";
-  const std::string journal = PartitionAreaPathFor(out) + "/partition-00001-of-00002.journal";
   std::atomic<bool> cancelled{false};
   RunControl control;
   control.cancelled = &cancelled;
-  control.on_file_committed = [&](const WrittenFile&) { cancelled.store(true); };
+  std::string record;
+  control.on_file_committed = [&](const WrittenFile& file) {
+    record = absl::StrCat(PartitionAreaPathFor(out), "/data/", FileRecordName(file.name));
+    cancelled.store(true);
+  };
   ASSERT_TRUE(absl::IsCancelled(RunAnyConversion(Spec(out, 1, 2), control).status()));
-  ASSERT_TRUE(fs::exists(journal));
-  WriteAll(journal, "{\"files\": [");
+  ASSERT_TRUE(fs::exists(record));
+  WriteAll(record, "{\"files\": [");
   ASSERT_TRUE(RunAnyConversion(Spec(out, 0, 2)).ok());
 
   ExpectPublishes(out, 1, 2);

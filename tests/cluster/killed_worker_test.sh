@@ -1,8 +1,8 @@
 #!/bin/bash
 # A partition worker killed with SIGKILL mid-way (no chance to clean up, unlike scancel's
 # SIGTERM in slurm_test) publishes nothing and records nothing; rerunning the same index reuses
-# the files its journal lists (they keep the old modification time this test gives them; a
-# rewritten file would not) and publishes an output equal to a single worker's.
+# the files it recorded (data/.reshard-progress/<file>.json: each keeps its inode; a rewritten
+# file is a new one renamed over it) and publishes an output equal to a single worker's.
 #
 # Flags (tests/e2e.bzl): --reshardctl PATH --make-checkpoint PATH --same-output PATH
 set -euo pipefail
@@ -31,23 +31,26 @@ run() {  # run INDEX RESULT_FILE [env...]; with RUN_EXEC=exec the shell becomes 
 (RUN_EXEC=exec run 1 "$work/killed.json" "RESHARD_TEST_FAULTS=partition-file-committed=wait:$work/never") &
 victim_pid=$!
 area=$work/.out.reshard-partitions
-journal=$area/partition-00001-of-00002.journal
+records=$area/data/.reshard-progress
+recorded() { find "$records" -name '*.json' 2>/dev/null | grep -q .; }
 for _ in $(seq 600); do
-  [ -e "$journal" ] && break
+  recorded && break
   sleep 0.1
 done
-[ -e "$journal" ] || { echo "FAIL: worker 1 committed no file"; exit 1; }
+recorded || { echo "FAIL: worker 1 committed no file"; exit 1; }
 kill -9 "$victim_pid"
 wait "$victim_pid" 2>/dev/null || true
 victim_pid=
 [ ! -e "$area/partition-00001-of-00002.json" ] || { echo "FAIL: the killed worker recorded"; exit 1; }
 [ ! -e "$work/out" ] || { echo "FAIL: the output was published by a killed worker"; exit 1; }
 committed=$(/usr/bin/python3 -c '
-import json, sys
-print(" ".join(f["name"] for f in json.load(open(sys.argv[1]))["files"]))' "$journal")
-[ -n "$committed" ] || { echo "FAIL: the journal lists no file"; exit 1; }
-# Marked with a modification time in 2001: a file written again gets the current time.
-for name in $committed; do touch -m -d @1000000000 "$area/data/$name"; done
+import json, pathlib, sys
+print(" ".join(json.load(open(p))["name"] for p in sorted(pathlib.Path(sys.argv[1]).rglob("*.json"))))' \
+  "$records")
+[ -n "$committed" ] || { echo "FAIL: no file record names a file"; exit 1; }
+# Each file's inode: a file written again is a new file renamed over the old one.
+declare -A inode
+for name in $committed; do inode[$name]=$(stat -c %i "$area/data/$name"); done
 
 # Worker 0 records its files; partition 1 is missing, so nothing is published.
 run 0 "$work/w0.json"
@@ -60,7 +63,7 @@ r = json.load(open(sys.argv[1]))
 assert r["published"] and r["partition"] == {"index": 1, "count": 2, "recorded": 2}, r' \
   "$work/rerun.json"
 for name in $committed; do
-  [ "$(stat -c %Y "$work/out/$name")" = 1000000000 ] ||
+  [ "$(stat -c %i "$work/out/$name")" = "${inode[$name]}" ] ||
     { echo "FAIL: $name was rewritten by the rerun instead of reused"; exit 1; }
 done
 /usr/bin/python3 "$same_output" "$work/ref" "$work/out"

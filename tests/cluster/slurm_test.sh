@@ -167,7 +167,8 @@ export RESHARD_TEST_FAULTS="partition-file-committed=wait:$base/release"
 job=$(RESHARD_OUT=$base/out2 sbatch --parsable --array=0-3 --output="$base/logs/%A_%a.out" "$sbatch_script")
 area=$base/.out2.reshard-partitions
 for _ in $(seq 1 600); do
-  n=$( (ls "$area"/partition-*.journal 2>/dev/null || true) | wc -l)
+  # Tasks with a recorded file (each records under data/.reshard-progress/).
+  n=$( (cat "$area"/data/.reshard-progress/*.json 2>/dev/null || true) | grep -c '"name"' || true)
   [ "$n" -ge 4 ] && break
   sleep 0.2
 done
@@ -183,7 +184,6 @@ touch "$base/release"
 wait_for_empty_queue
 unset RESHARD_TEST_FAULTS
 [ ! -e "$base/out2" ] || { echo "FAIL: out2 was published without partition 2"; exit 1; }
-[ -e "$area/partition-00002-of-00004.journal" ] || { echo "FAIL: the cancelled task's journal is gone"; exit 1; }
 [ ! -e "$area/partition-00002-of-00004.json" ] || { echo "FAIL: the cancelled task recorded its files"; exit 1; }
 for i in 0 1 3; do
   [ -e "$area/partition-0000$i-of-00004.json" ] || { echo "FAIL: task $i did not record its files"; exit 1; }
@@ -194,20 +194,25 @@ fi
 grep -q "partitions 2 of 4 have not recorded" "$base/commit.txt" || { cat "$base/commit.txt"; exit 1; }
 echo "task 2 cancelled: nothing published, commit refuses ($(head -c 120 "$base/commit.txt"))"
 
-# The files the cancelled task had committed, marked with a modification time in 2001: its rerun
-# must reuse them (a file written again gets the current time).
+# The files the cancelled task had committed (its file records, less the other tasks' files):
+# its rerun must reuse them.
 committed=$(/usr/bin/python3 -c '
-import json, sys
-print(" ".join(f["name"] for f in json.load(open(sys.argv[1]))["files"]))' \
-  "$area/partition-00002-of-00004.journal")
-[ -n "$committed" ] || { echo "FAIL: the cancelled task's journal lists no file"; exit 1; }
-for name in $committed; do touch -m -d @1000000000 "$area/data/$name"; done
+import json, pathlib, sys
+area = pathlib.Path(sys.argv[1])
+others = {f["name"] for i in (0, 1, 3)
+          for f in json.load(open(area / f"partition-0000{i}-of-00004.json"))["files"]}
+recorded = {json.load(open(p))["name"] for p in (area / "data/.reshard-progress").rglob("*.json")}
+print(" ".join(sorted(recorded - others)))' "$area")
+[ -n "$committed" ] || { echo "FAIL: no file record of the cancelled task"; exit 1; }
+# Each file's inode: a file written again is a new file renamed over the old one.
+declare -A inode
+for name in $committed; do inode[$name]=$(stat -c %i "$area/data/$name"); done
 
 RESHARD_OUT=$base/out2 RESHARD_PARTITION_COUNT=4 RESHARD_RESULT_DIR=$base/results \
   sbatch --wait --array=2 --output="$base/logs/%A_%a.out" "$sbatch_script" >/dev/null
 same_as_reference "$base/out2"
 for name in $committed; do
-  [ "$(stat -c %Y "$base/out2/$name")" = 1000000000 ] ||
+  [ "$(stat -c %i "$base/out2/$name")" = "${inode[$name]}" ] ||
     { echo "FAIL: $name was rewritten by the rerun of task 2 instead of reused"; exit 1; }
 done
 echo "rerun of task 2 reused its committed $committed"
