@@ -203,13 +203,13 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   // The format's companion files (index) describe its own files; the model files carried
   // from a Hugging Face input (config, tokenizer, README) join the output after them.
   ASSIGN_OR_RETURN(planned.companion_files, planned.writer->CompanionFiles(arranged.layout));
-  ASSIGN_OR_RETURN(const std::vector<ModelFile> model_files,
-                   ModelFilesToCarry(planned.input.path, planned.input.model.format,
-                                     spec.output_format, request.consolidate, spec.no_extra_files,
-                                     spec.tokenizer));
-  RETURN_IF_ERROR(AddModelFiles(model_files, spec.dtype, *plan_catalog, arranged,
-                                planned.companion_files),
-                  absl::StrCat(spec.input, ": carrying the model's files"));
+  ASSIGN_OR_RETURN(
+      const std::vector<ModelFile> model_files,
+      ModelFilesToCarry(planned.input.path, planned.input.model.format, spec.output_format,
+                        request.consolidate, spec.no_extra_files, spec.tokenizer));
+  RETURN_IF_ERROR(
+      AddModelFiles(model_files, spec.dtype, *plan_catalog, arranged, planned.companion_files),
+      absl::StrCat(spec.input, ": carrying the model's files"));
   planned.layout = std::move(arranged.layout);
   planned.beside_output = std::move(arranged.beside_output);
   // Tensors only the format's arrangement reads (verbatim copies, training state).
@@ -241,8 +241,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   planned.memory_bytes = EstimateExecutionMemory(planned.plan, ExecutorOptionsFor(spec));
   // A driver's writer may hold part of each data file besides (S3: the upload's parts in
   // flight): for the files written at once, the largest ones.
-  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output),
-                   "output");
+  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output), "output");
   uint64_t largest = 0;
   for (const FilePlan& file : planned.plan.files) largest = std::max(largest, file.bytes);
   kvstore::WriteOptions largest_write;
@@ -262,7 +261,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
 
 absl::StatusOr<std::string> ConversionRequestJson(const ConversionSpec& spec) {
   ASSIGN_OR_RETURN(const OrderedJson request, SpecToRequestJson(spec));
-  return request.dump();
+  return request.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
 }
 
 ExecutorOptions ExecutorOptionsFor(const ConversionSpec& spec, const RunControl& control) {
@@ -369,13 +368,12 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
         "a partitioned conversion runs through RunAnyConversion (partitioned_conversion.h)");
   }
   RETURN_IF_ERROR(CheckInputPath(spec.input, "input"));
-  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output),
-                   "output");
+  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output), "output");
   if (!output.driver->has_folders()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "output ", spec.output,
-        ": outputs on storage without folders run through RunAnyConversion "
-        "(partitioned_conversion.h)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("output ", spec.output,
+                     ": outputs on storage without folders run through RunAnyConversion "
+                     "(partitioned_conversion.h)"));
   }
   if (control.resume && !control.job_id.empty()) {
     ASSIGN_OR_RETURN(std::optional<ConversionResult> published,

@@ -18,6 +18,7 @@
 #include "lib/engine/partitioned_conversion.h"
 #include "lib/formats/safetensors/safetensors_fixture.h"
 #include "lib/io/kvstore/memory_driver.h"
+#include "lib/io/s3/s3_store.h"
 #include "lib/io/s3/testing/memory_s3_client.h"
 #include "lib/testing/test_files.h"
 #include "nlohmann/json.hpp"
@@ -211,7 +212,8 @@ TEST(HfModelFilesTest, AnObjectStoreOutputHoldsThemUnderItsManifest) {
   WriteHfFolder(in);
   MemoryS3Client client;
   ASSERT_TRUE(client.CreateBucket("models").ok());
-  auto result = RunConversionToObjectStore(Consolidate(in, "s3://models/tiny"), {}, client);
+  auto result =
+      RunConversionToObjectStore(Consolidate(in, "s3://models/tiny"), {}, S3Store(&client));
   ASSERT_TRUE(result.ok()) << result.status();
   const std::map<std::string, std::string> objects = client.objects("models");
   const Json manifest = Json::parse(objects.at(absl::StrCat("tiny/", kManifestName)));
@@ -220,7 +222,9 @@ TEST(HfModelFilesTest, AnObjectStoreOutputHoldsThemUnderItsManifest) {
   for (const auto& [name, contents] : ModelFilesOfFixture()) {
     ASSERT_EQ(objects.count("tiny/" + name), 1u) << name;
     EXPECT_EQ(listed.count(name), 1u) << name;
-    if (name != "config.json") EXPECT_EQ(objects.at("tiny/" + name), contents) << name;
+    if (name != "config.json") {
+      EXPECT_EQ(objects.at("tiny/" + name), contents) << name;
+    }
   }
   EXPECT_THAT(objects.at("tiny/config.json"), HasSubstr("\"torch_dtype\": \"bfloat16\""));
 }

@@ -61,7 +61,8 @@ std::string OutputPlanId(const std::string& request_json, const CopyPlan& plan) 
     sources.push_back(std::move(entry));
   }
   identity["sources"] = std::move(sources);
-  const std::string canonical = identity.dump();
+  const std::string canonical =
+      identity.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
   return absl::StrFormat("%016x", XXH3_64bits(canonical.data(), canonical.size()));
 }
 
@@ -73,7 +74,7 @@ std::string FileRecordJson(const FileRecord& record) {
   json["bytes"] = record.bytes;
   json["xxh3_64"] = absl::StrFormat("%016x", record.xxh3_64);
   json["generation"] = record.generation;
-  return json.dump(1) + "\n";
+  return json.dump(1, ' ', false, OrderedJson::error_handler_t::replace) + "\n";
 }
 
 std::optional<FileRecord> ParseFileRecord(absl::string_view text) {
@@ -132,7 +133,8 @@ absl::Status OutputArea::WriteMarker(const std::string& input) const {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) == 0) marker["host"] = host;
   marker["pid"] = static_cast<int64_t>(getpid());
-  return Annotate(Put(kInProgressMarkerName, marker.dump(2) + "\n"),
+  return Annotate(Put(kInProgressMarkerName,
+                      marker.dump(2, ' ', false, OrderedJson::error_handler_t::replace) + "\n"),
                   "marking the output as being written");
 }
 
@@ -206,8 +208,7 @@ absl::Status OutputArea::Prepare(const AreaContents& contents, const std::set<st
         kept.count(file.name) > 0) {
       continue;
     }
-    RETURN_IF_ERROR(driver_->Delete(PathOf(file.name)),
-                    "removing the old contents of the output");
+    RETURN_IF_ERROR(driver_->Delete(PathOf(file.name)), "removing the old contents of the output");
   }
   return Annotate(driver_->AbortUnfinishedWrites(absl::StrCat(root_, "/")),
                   absl::StrCat("dropping unfinished writes under ", root_));
@@ -262,7 +263,7 @@ OutputAreaSink::OutputAreaSink(const OutputArea& area, std::string plan_id,
       cancelled_(cancelled) {}
 
 absl::StatusOr<std::unique_ptr<ByteWriter>> OutputAreaSink::Open(const std::string& name,
-                                                                  uint64_t bytes) {
+                                                                 uint64_t bytes) {
   kvstore::WriteOptions options;
   options.size_hint = bytes;
   options.metadata = metadata_;

@@ -72,7 +72,8 @@ absl::Status CheckPartitionedOutput(const std::string& path) {
   return absl::UnimplementedError(absl::StrCat(
       "output ", path,
       ": partitioned conversions (--partition) write folders on local or mounted filesystems "
-      "only; run an output on ", output.driver->scheme(), ":// as one conversion"));
+      "only; run an output on ",
+      output.driver->scheme(), ":// as one conversion"));
 }
 
 struct OutputPlace {
@@ -172,7 +173,8 @@ Split MakeSplit(OrderedJson request, int count, const CopyPlan& plan) {
   split.json["request"] = std::move(request);
   split.json["partitions"] = count;
   split.json["files"] = std::move(files);
-  const std::string canonical = split.json.dump();
+  const std::string canonical =
+      split.json.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
   split.id = Hex(XXH3_64bits(canonical.data(), canonical.size()));
   split.json["split_id"] = split.id;
   return split;
@@ -212,7 +214,7 @@ std::string RecordJson(const Split& split, int index, const FileRecords& files) 
     list.push_back({{"name", name}, {"bytes", facts.first}, {"xxh3_64", Hex(facts.second)}});
   }
   record["files"] = std::move(list);
-  return record.dump(1) + "\n";
+  return record.dump(1, ' ', false, OrderedJson::error_handler_t::replace) + "\n";
 }
 
 // Reads the record of partition `index`; NotFound when absent, DataLoss naming the
@@ -268,8 +270,9 @@ absl::StatusOr<Area> OpenArea(const std::string& output_dir, bool create) {
 
 // Creates split.json, or checks that the one there is this split.
 absl::Status JoinSplit(const Area& area, const Split& split) {
-  const absl::Status created =
-      area.driver->CreateExclusive(area.PathOf(kSplitName), split.json.dump(1) + "\n");
+  const absl::Status created = area.driver->CreateExclusive(
+      area.PathOf(kSplitName),
+      split.json.dump(1, ' ', false, OrderedJson::error_handler_t::replace) + "\n");
   if (created.ok() || !absl::IsAlreadyExists(created)) return created;
   ASSIGN_OR_RETURN(OrderedJson existing, ReadJsonAt(*area.driver, area.PathOf(kSplitName)));
   if (FieldOr<std::string>(existing, "split_id", "") == split.id) return absl::OkStatus();
@@ -284,8 +287,8 @@ absl::Status JoinSplit(const Area& area, const Split& split) {
 std::string PublishedSplitId(const std::string& output_dir) {
   absl::StatusOr<kvstore::Location> out = kvstore::ParseLocation(output_dir);
   if (!out.ok()) return "";
-  absl::StatusOr<OrderedJson> manifest =
-      ReadJsonAt(*out->driver, absl::StrCat(absl::StripSuffix(output_dir, "/"), "/", kManifestName));
+  absl::StatusOr<OrderedJson> manifest = ReadJsonAt(
+      *out->driver, absl::StrCat(absl::StripSuffix(output_dir, "/"), "/", kManifestName));
   if (!manifest.ok()) return "";
   return FieldOr<std::string>(*manifest, "split_id", "");
 }
@@ -472,8 +475,8 @@ OrderedJson ThisProcess() {
 
 // A worker's hold on its partition index: `partition-IIIII-of-KKKKK.claim` in the area, so
 // that a second worker of the same index stops at once instead of removing the first one's
-// `.partial` files. Created with Driver::CreateExclusive (link(2) on posix); its worker touches it every
-// kClaimRefresh and removes it when it finishes, successful or not. A claim whose worker is
+// `.partial` files. Created with Driver::CreateExclusive (link(2) on posix); its worker touches it
+// every kClaimRefresh and removes it when it finishes, successful or not. A claim whose worker is
 // gone is taken over: on the same host, boot and pid namespace when its pid is gone or belongs
 // to a process started at another time; elsewhere when it was not refreshed for kClaimLease
 // (measured against a file written in the area now, so both times come from the file server's
@@ -490,7 +493,8 @@ class PartitionClaim {
     contents["partitions"] = count;
     contents["since"] = absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone());
     contents["token"] = Hex((uint64_t{std::random_device()()} << 32) | std::random_device()());
-    const std::string text = contents.dump() + "\n";
+    const std::string text =
+        contents.dump(-1, ' ', false, OrderedJson::error_handler_t::replace) + "\n";
     const std::string where = area.dir.PathOf(name);
     for (int look = 0; look < 8; ++look) {
       const absl::Status created = area.driver->CreateExclusive(area.PathOf(name), text);
@@ -729,8 +733,9 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     OrderedJson claim = {{"partition", index}, {"host", host}, {"pid", ::getpid()}};
-    absl::Status claimed =
-        area.driver->CreateExclusive(area.PathOf(kClaimName), claim.dump() + "\n");
+    absl::Status claimed = area.driver->CreateExclusive(
+        area.PathOf(kClaimName),
+        claim.dump(-1, ' ', false, OrderedJson::error_handler_t::replace) + "\n");
     if (absl::IsAlreadyExists(claimed)) {
       // Another worker publishes, unless the claim is this partition's own from an attempt
       // killed while publishing.
@@ -787,8 +792,7 @@ std::string PartitionAreaPathFor(const std::string& output_dir) {
 
 absl::StatusOr<ConversionResult> RunAnyConversion(const ConversionSpec& spec,
                                                   const RunControl& control) {
-  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output),
-                   "output");
+  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output), "output");
   if (spec.partition_count > 0) return RunPartition(spec, control);
   // Storage without folders has no rename to publish a staging folder with: the output is
   // written in place under its in-progress marker (object_store_output.h).
@@ -800,8 +804,7 @@ absl::StatusOr<ConversionResult> RunAnyConversion(const ConversionSpec& spec,
 
 absl::Status CheckOutputUsable(const ConversionSpec& spec) {
   // The output RunAnyConversion chooses for spec.output.
-  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output),
-                   "output");
+  ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output), "output");
   if (!output.driver->has_folders()) return CheckObjectStoreOutputUsable(spec);
   return CheckOutputDirUsable(spec.output);
 }
@@ -847,9 +850,8 @@ absl::StatusOr<ConversionResult> CommitPartitionedConversion(const std::string& 
                      " lists (it changed after the workers ran); rerun the conversion"));
   }
   // Explicit: a claim left by a worker killed while publishing is taken over.
-  absl::Status claimed =
-      area->driver->CreateExclusive(area->PathOf(kClaimName),
-                                    OrderedJson({{"commit", true}}).dump() + "\n");
+  absl::Status claimed = area->driver->CreateExclusive(
+      area->PathOf(kClaimName), OrderedJson({{"commit", true}}).dump() + "\n");
   if (!claimed.ok() && !absl::IsAlreadyExists(claimed)) return claimed;
   absl::StatusOr<ConversionResult> result = Publish(*area, split, spec, planned, control, {});
   if (!result.ok()) {

@@ -163,14 +163,15 @@ absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources) {
     if (config[key].is_null()) still_missing.push_back(absl::StrCat(key, " (from ", arg, ")"));
   }
   if (!still_missing.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json needs ", absl::StrJoin(still_missing, ", "),
-        ", which the checkpoint's args do not record; give ",
-        still_missing.size() == 1 ? "it" : "them", " in --config FILE (a JSON object of "
-        "config.json keys)",
-        absl::StrContains(absl::StrJoin(still_missing, ","), "vocab_size")
-            ? " or give the true vocabulary with --vocab-size N"
-            : ""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json needs ", absl::StrJoin(still_missing, ", "),
+                     ", which the checkpoint's args do not record; give ",
+                     still_missing.size() == 1 ? "it" : "them",
+                     " in --config FILE (a JSON object of "
+                     "config.json keys)",
+                     absl::StrContains(absl::StrJoin(still_missing, ","), "vocab_size")
+                         ? " or give the true vocabulary with --vocab-size N"
+                         : ""));
   }
 
   HfModelConfig model;
@@ -196,7 +197,7 @@ std::string HfGenerationConfigJson(const Json& config) {
   for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
     if (config.contains(key) && !config[key].is_null()) generation[key] = config[key];
   }
-  return generation.dump(2) + "\n";
+  return generation.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace reshard

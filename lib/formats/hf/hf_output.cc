@@ -85,10 +85,10 @@ absl::string_view RoleName(Role role) {
 absl::Status CheckShape(const CatalogTensor& tensor, const Shape& expected,
                         const std::string& because) {
   if (tensor.shape == expected) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "tensor \"", tensor.name, "\" has shape ", ShapeToString(tensor.shape), ", but config.json (",
-      because, ") makes it ", ShapeToString(expected),
-      ": the checkpoint's args (or --config) disagree with its weights"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor \"", tensor.name, "\" has shape ", ShapeToString(tensor.shape),
+                   ", but config.json (", because, ") makes it ", ShapeToString(expected),
+                   ": the checkpoint's args (or --config) disagree with its weights"));
 }
 
 // A Megatron model's tensors by role, and what decides its family.
@@ -119,8 +119,8 @@ absl::StatusOr<ScannedModel> Scan(const InputModel& model, const Catalog& catalo
     auto& slot = role.layer < 0 ? scanned.model_tensors : scanned.layers[role.layer].by_role;
     if (!slot.emplace(role.kind, index).second) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensors \"", catalog.tensors[slot[role.kind]].name, "\" and \"",
-          catalog.tensors[i].name, "\" are the same parameter of the model under two names"));
+          "tensors \"", catalog.tensors[slot[role.kind]].name, "\" and \"", catalog.tensors[i].name,
+          "\" are the same parameter of the model under two names"));
     }
   }
   scanned.evidence.qkv_bias = scanned.evidence.qkv_bias || scanned.first_qkv_bias >= 0;
@@ -155,11 +155,12 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
   const InputModel& model = request.model;
   const Catalog& catalog = request.catalog;
   if (!IsMegatron(model)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--format hf writes Hugging Face models from Megatron checkpoints (megatron, "
-        "megatron-torch-dist input), not from ",
-        model.format, " input; a model already under Hugging Face names is written by --format "
-        "safetensors"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format hf writes Hugging Face models from Megatron checkpoints (megatron, "
+                     "megatron-torch-dist input), not from ",
+                     model.format,
+                     " input; a model already under Hugging Face names is written by --format "
+                     "safetensors"));
   }
   if (!request.consolidate) {
     return absl::InvalidArgumentError(
@@ -172,10 +173,10 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
   const std::map<int64_t, LayerTensors>& layers = scanned.layers;
   ASSIGN_OR_RETURN(const HfFamily* family, ChooseHfFamily(request.hf.family, scanned.evidence));
   if (scanned.first_qkv_bias >= 0 && !family->qkv_bias) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor \"", catalog.tensors[scanned.first_qkv_bias].name,
-        "\" is a QKV bias, which family ", family->id,
-        " has no place for (qwen2 has: --family qwen2)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", catalog.tensors[scanned.first_qkv_bias].name,
+                     "\" is a QKV bias, which family ", family->id,
+                     " has no place for (qwen2 has: --family qwen2)"));
   }
   if (scanned.first_qk_norm >= 0 && !family->qk_norm) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -234,7 +235,7 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
   }
 
   // Every layer 0..L-1 with the tensors of its family, shaped as config.json says.
-  std::vector<Role> required = {Role::kInputNorm,        Role::kQkvWeight, Role::kAttentionOutput,
+  std::vector<Role> required = {Role::kInputNorm,         Role::kQkvWeight, Role::kAttentionOutput,
                                 Role::kPostAttentionNorm, Role::kFc1Weight, Role::kFc2Weight};
   if (family->qkv_bias) required.push_back(Role::kQkvBias);
   if (family->qk_norm) {
@@ -242,12 +243,15 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
     required.push_back(Role::kKNorm);
   }
   const int64_t qkv_rows = (nh + 2 * ng) * d;
-  const std::map<Role, Shape> expected = {
-      {Role::kInputNorm, {h}},          {Role::kPostAttentionNorm, {h}},
-      {Role::kQkvWeight, {qkv_rows, h}}, {Role::kQkvBias, {qkv_rows}},
-      {Role::kAttentionOutput, {h, nh * d}}, {Role::kQNorm, {d}},
-      {Role::kKNorm, {d}},               {Role::kFc1Weight, {2 * ffn, h}},
-      {Role::kFc2Weight, {h, ffn}}};
+  const std::map<Role, Shape> expected = {{Role::kInputNorm, {h}},
+                                          {Role::kPostAttentionNorm, {h}},
+                                          {Role::kQkvWeight, {qkv_rows, h}},
+                                          {Role::kQkvBias, {qkv_rows}},
+                                          {Role::kAttentionOutput, {h, nh * d}},
+                                          {Role::kQNorm, {d}},
+                                          {Role::kKNorm, {d}},
+                                          {Role::kFc1Weight, {2 * ffn, h}},
+                                          {Role::kFc2Weight, {h, ffn}}};
   if (!layers.empty() && layers.rbegin()->first >= config.layers) {
     const LayerTensors& extra = layers.rbegin()->second;
     return absl::InvalidArgumentError(absl::StrCat(
@@ -258,9 +262,9 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
     const auto found = layers.find(layer);
     for (Role role : required) {
       if (found == layers.end() || found->second.by_role.count(role) == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "layer ", layer, " of the checkpoint has no tensor for ", RoleName(role),
-            " (family ", family->id, ", num_hidden_layers ", config.layers, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", layer, " of the checkpoint has no tensor for ", RoleName(role),
+                         " (family ", family->id, ", num_hidden_layers ", config.layers, ")"));
       }
     }
     for (const auto& [role, index] : found->second.by_role) {
@@ -316,10 +320,8 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
       auto flat = [&](int64_t heads) {
         return role == Role::kQkvWeight ? Shape{heads * d, h} : Shape{heads * d};
       };
-      region(absl::StrCat(prefix, "self_attn.q_proj", suffix), source, viewed, 1, 0, r,
-             flat(nh));
-      region(absl::StrCat(prefix, "self_attn.k_proj", suffix), source, viewed, 1, r, 1,
-             flat(ng));
+      region(absl::StrCat(prefix, "self_attn.q_proj", suffix), source, viewed, 1, 0, r, flat(nh));
+      region(absl::StrCat(prefix, "self_attn.k_proj", suffix), source, viewed, 1, r, 1, flat(ng));
       region(absl::StrCat(prefix, "self_attn.v_proj", suffix), source, viewed, 1, r + 1, 1,
              flat(ng));
     }
@@ -353,7 +355,9 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
     file.tensors = std::move(shards[i]);
     arranged.layout.files.push_back(std::move(file));
   }
-  arranged.layout.format_files.emplace_back(kConfigName, config.json.dump(2) + "\n");
+  arranged.layout.format_files.emplace_back(
+      kConfigName,
+      config.json.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
   arranged.layout.format_files.emplace_back(kGenerationConfigName,
                                             HfGenerationConfigJson(config.json));
   // Tokenizer files and the model's other files (issue 27 item 3, lib/formats/hf/model_files.h)
