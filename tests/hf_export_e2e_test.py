@@ -1,5 +1,5 @@
 """End-to-end tests of `reshardctl consolidate IN OUT --format hf` (lib/formats/hf): Megatron-LM
-TP x PP (and Megatron-Core torch_dist) checkpoints of Llama, Mistral, Qwen2 and Qwen3 models,
+TP x PP (and Megatron-Core torch_dist) checkpoints of Llama, Mistral, Qwen2, Qwen3 and GPT-2 models,
 written with real torch by
 tests/fixtures/hf_megatron_fixture.py from a known Hugging Face state dict, exported back to a
 Hugging Face folder.
@@ -15,6 +15,8 @@ transformers' documentation gives them: no transformers package is installed her
 config is not loaded by transformers itself.
 """
 
+import argparse
+import collections
 import json
 import os
 import sys
@@ -25,6 +27,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "fixtures"))
 import harness  # noqa: E402
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import hf_megatron_fixture as hmf  # noqa: E402
 from st_torch import read_file as st_tensors  # noqa: E402
@@ -190,6 +193,140 @@ class TorchDistTests(Base):
         self.check_config(out, spec)
 
 
+class Gpt2Tests(Base):
+    """GPT-2 (Megatron-LM legacy names, checkpoint_version 3): LayerNorm and linear biases,
+    learned positions, fused QKV per head [nh, 3, d], and HF's Conv1D weights [in, out].
+
+    The fixture starts from a known HF GPT-2 state dict, lays it out as Megatron does (numpy,
+    below) and saves it with real torch; the expected output is that state dict cut to the
+    true vocabulary, so the transposes and the QKV reordering are checked against formulas
+    written here, not reshard's."""
+
+    H, HEADS, LAYERS, POSITIONS, VOCAB = 16, 4, 2, 32, 50
+
+    def hf_state_dict(self, seed):
+        rng = np.random.default_rng(seed)
+        h = self.H
+
+        def r(*shape):
+            return rng.standard_normal(shape).astype(np.float32)
+
+        hf = {"transformer.wte.weight": r(self.VOCAB, h),
+              "transformer.wpe.weight": r(self.POSITIONS, h)}
+        for i in range(self.LAYERS):
+            p = "transformer.h.%d." % i
+            hf.update({p + "ln_1.weight": r(h), p + "ln_1.bias": r(h),
+                       p + "attn.c_attn.weight": r(h, 3 * h), p + "attn.c_attn.bias": r(3 * h),
+                       p + "attn.c_proj.weight": r(h, h), p + "attn.c_proj.bias": r(h),
+                       p + "ln_2.weight": r(h), p + "ln_2.bias": r(h),
+                       p + "mlp.c_fc.weight": r(h, 4 * h), p + "mlp.c_fc.bias": r(4 * h),
+                       p + "mlp.c_proj.weight": r(4 * h, h), p + "mlp.c_proj.bias": r(h)})
+        hf["transformer.ln_f.weight"] = r(h)
+        hf["transformer.ln_f.bias"] = r(h)
+        return hf
+
+    def megatron_qkv(self, fused):
+        """HF's [q; k; v] rows (c_attn.weight.T, or the bias) as Megatron's [nh, 3, d] rows."""
+        d = self.H // self.HEADS
+        rest = fused.shape[1:]
+        return fused.reshape((3, self.HEADS, d) + rest).swapaxes(0, 1).reshape(fused.shape)
+
+    def write(self, hf, tp, padded, seed):
+        """Megatron-LM TP x 1 files of `hf`, the vocabulary padded to `padded` rows."""
+        h = self.H
+        pad = np.random.default_rng(seed).standard_normal((padded - self.VOCAB, h))
+        word = np.concatenate([hf["transformer.wte.weight"], pad.astype(np.float32)])
+        folder = self.p("save/iter_0000100")
+        for t in range(tp):
+            def split(a, axis):
+                return torch.from_numpy(np.ascontiguousarray(np.split(a, tp, axis=axis)[t]))
+
+            def whole(a):
+                return torch.from_numpy(np.ascontiguousarray(a))
+
+            enc = collections.OrderedDict()
+            for i in range(self.LAYERS):
+                p, m = "transformer.h.%d." % i, "layers.%d." % i
+                enc[m + "input_layernorm.weight"] = whole(hf[p + "ln_1.weight"])
+                enc[m + "input_layernorm.bias"] = whole(hf[p + "ln_1.bias"])
+                enc[m + "self_attention.query_key_value.weight"] = split(
+                    self.megatron_qkv(hf[p + "attn.c_attn.weight"].T), 0)
+                enc[m + "self_attention.query_key_value.bias"] = split(
+                    self.megatron_qkv(hf[p + "attn.c_attn.bias"]), 0)
+                enc[m + "self_attention.dense.weight"] = split(hf[p + "attn.c_proj.weight"].T, 1)
+                enc[m + "self_attention.dense.bias"] = whole(hf[p + "attn.c_proj.bias"])
+                enc[m + "post_attention_layernorm.weight"] = whole(hf[p + "ln_2.weight"])
+                enc[m + "post_attention_layernorm.bias"] = whole(hf[p + "ln_2.bias"])
+                enc[m + "mlp.dense_h_to_4h.weight"] = split(hf[p + "mlp.c_fc.weight"].T, 0)
+                enc[m + "mlp.dense_h_to_4h.bias"] = split(hf[p + "mlp.c_fc.bias"], 0)
+                enc[m + "mlp.dense_4h_to_h.weight"] = split(hf[p + "mlp.c_proj.weight"].T, 1)
+                enc[m + "mlp.dense_4h_to_h.bias"] = whole(hf[p + "mlp.c_proj.bias"])
+            enc["final_layernorm.weight"] = whole(hf["transformer.ln_f.weight"])
+            enc["final_layernorm.bias"] = whole(hf["transformer.ln_f.bias"])
+            lm = collections.OrderedDict(
+                embedding={"word_embeddings": {"weight": split(word, 0)},
+                           "position_embeddings": {"weight": whole(hf["transformer.wpe.weight"])}},
+                encoder=enc)
+            args = argparse.Namespace(
+                num_layers=self.LAYERS, hidden_size=h, ffn_hidden_size=4 * h,
+                num_attention_heads=self.HEADS, max_position_embeddings=self.POSITIONS,
+                seq_length=self.POSITIONS, padded_vocab_size=padded, make_vocab_size_divisible_by=8,
+                tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
+                virtual_pipeline_model_parallel_size=None, swiglu=False,
+                untie_embeddings_and_output_weights=False,
+                position_embedding_type="learned_absolute", normalization="LayerNorm",
+                layernorm_epsilon=1e-5, add_bias_linear=True, openai_gelu=True,
+                bias_gelu_fusion=False, params_dtype=torch.float32, fp16=False, bf16=False,
+                rank=t, world_size=tp, data_parallel_size=1, iteration=100)
+            ckpt = collections.OrderedDict(args=args, checkpoint_version=3.0, iteration=100,
+                                           model={"language_model": lm})
+            os.makedirs(os.path.join(folder, "mp_rank_%02d" % t))
+            torch.save(ckpt, os.path.join(folder, "mp_rank_%02d" % t, "model_optim_rng.pt"))
+        with open(self.p("save/latest_checkpointed_iteration.txt"), "w") as f:
+            f.write("100")
+        return folder
+
+    def run_case(self, tp, padded, seed):
+        hf = self.hf_state_dict(seed)
+        folder = self.write(hf, tp, padded, seed + 1)
+        out = self.p("out")
+        self.export(folder, out, "--vocab-size", str(self.VOCAB))
+        self.check_tensors(out, hf)
+        # GPT2Config's keys and JSON types (transformers' documentation), and the values
+        # convert_megatron_gpt2_checkpoint.py gives them.
+        config = self.read_json(out, "config.json")
+        self.assertEqual(config, {
+            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": self.VOCAB,
+            "n_positions": self.POSITIONS, "n_embd": self.H, "n_layer": self.LAYERS,
+            "n_head": self.HEADS, "n_inner": None, "activation_function": "gelu_new",
+            "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-5,
+            "initializer_range": 0.02, "scale_attn_weights": True, "tie_word_embeddings": True,
+            "torch_dtype": "float32", "use_cache": True})
+        for key in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+            self.assertIs(type(config[key]), int, key)
+        for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon",
+                    "initializer_range"):
+            self.assertIs(type(config[key]), float, key)
+        doc = self.inspect_json(folder)
+        description = doc.get("result", doc)["description"]
+        self.assertTrue(description.endswith(
+            "; --format hf --family auto: gpt2 (LayerNorm biases or learned position "
+            "embeddings)"), description)
+
+    def test_gpt2_tp1_padded_vocab(self):
+        self.run_case(1, 56, 11)
+
+    def test_gpt2_tp2_padded_vocab(self):
+        self.run_case(2, 64, 12)
+
+    def test_gpt2_tensors_refused_by_a_llama_style_family(self):
+        folder = self.write(self.hf_state_dict(13), 1, 56, 14)
+        self.refused(folder, self.p("out"), ["--family", "llama", "--vocab-size", "50"],
+                     "tensor \"language_model.embedding.position_embeddings.weight\" is a "
+                     "LayerNorm or linear bias or a learned position embedding, which family llama "
+                     "has no place for (gpt2 has: --family gpt2)")
+
+
 class RefusalTests(Base):
     def checkpoint(self, spec=None, tp=2, pp=1, **arg_overrides):
         spec = spec or hmf.Spec("llama", groups=2)
@@ -199,7 +336,7 @@ class RefusalTests(Base):
     def test_unknown_family_lists_the_families_and_flags(self):
         self.refused(self.checkpoint(), self.p("out"), ["--family", "falcon", "--vocab-size", "50"],
                      "unknown model family \"falcon\" for --format hf; the families are llama, "
-                     "mistral, qwen2, qwen3 (--family F picks one, --family auto decides from the "
+                     "mistral, qwen2, qwen3, gpt2 (--family F picks one, --family auto decides from the "
                      "checkpoint; --config FILE overrides what the args say)")
 
     def test_heads_not_divisible_by_groups(self):

@@ -24,6 +24,7 @@
 #include "lib/exec/testing/plan_fixture.h"
 #include "lib/io/kvstore/memory_driver.h"
 #include "lib/io/scratch_copy.h"
+#include "lib/plan/layout_builders.h"
 #include "lib/plan/planner.h"
 #include "lib/testing/test_files.h"
 
@@ -134,6 +135,32 @@ TEST(ExecutorTest, LargerTensorSpansManyWindows) {
   RunAndCompare(57, 181, 97);
 }
 
+// The plan of a file `name` holding the one tensor `tensor` and nothing else.
+absl::StatusOr<CopyPlan> PlanOneTensor(const Catalog& catalog, const std::string& name,
+                                       OutputTensor tensor) {
+  TargetLayout layout;
+  layout.files.push_back({name, {std::move(tensor)}, {}});
+  FileFraming framing;
+  framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
+  return BuildCopyPlan(catalog, layout, {framing});
+}
+
+// `plan` executed with a window of `window` bytes into a fresh folder: the bytes of its file
+// `name`, and the source bytes read.
+struct WindowRun {
+  std::string data;
+  uint64_t bytes_read = 0;
+};
+WindowRun RunWithWindow(const CopyPlan& plan, uint64_t window, const std::string& name) {
+  const std::string out = MakeTempDir("out");
+  ExecutorOptions options;
+  options.window_bytes = window;
+  auto result = Execute(plan, OutputDir(out), options);
+  EXPECT_TRUE(result.ok()) << result.status();
+  if (!result.ok()) return {};
+  return {ReadAll(out + "/" + name), result->bytes_read};
+}
+
 // Rows beyond the source (OutputTensor::zero_fill, a vocabulary padded again) are zeros in
 // every dtype, across window boundaries; the rows inside are the source's.
 TEST(ExecutorTest, ZeroFilledRowsBeyondTheSource) {
@@ -141,27 +168,60 @@ TEST(ExecutorTest, ZeroFilledRowsBeyondTheSource) {
   Fixture fixture = MakeSource(src, 37, 53, 20);
   const Box inside{{30, 0}, {7, 53}};
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    TargetLayout layout;
     OutputTensor tensor{"w", 0, Box{{30, 0}, {19, 53}}, dtype};
     tensor.zero_fill = true;
-    layout.files.push_back({"padded.bin", {tensor}, {}});
-    FileFraming framing;
-    framing.segments.push_back({FramingSegment::Kind::kTensor, "", 0});
-    auto plan = BuildCopyPlan(fixture.catalog, layout, {framing});
+    auto plan = PlanOneTensor(fixture.catalog, "padded.bin", tensor);
     ASSERT_TRUE(plan.ok()) << plan.status();
     const std::string expected =
         Expected(inside, dtype) + std::string(12 * 53 * DTypeSize(dtype), '\0');
     for (uint64_t window : {uint64_t{4096}, uint64_t{1} << 20}) {
-      const std::string out = MakeTempDir("out");
-      ExecutorOptions options;
-      options.window_bytes = window;
-      auto result = Execute(*plan, OutputDir(out), options);
-      ASSERT_TRUE(result.ok()) << result.status();
-      EXPECT_TRUE(ReadAll(out + "/padded.bin") == expected)
-          << DTypeName(dtype) << " window " << window;
-      EXPECT_EQ(result->bytes_read, 7u * 53 * 4);
+      const WindowRun run = RunWithWindow(*plan, window, "padded.bin");
+      EXPECT_TRUE(run.data == expected) << DTypeName(dtype) << " window " << window;
+      EXPECT_EQ(run.bytes_read, 7u * 53 * 4);
     }
   }
+}
+
+// A region of a transposed view (ViewPermuted {1, 0}: a Hugging Face Conv1D weight [in, out]
+// from a [out, in] one) of a tensor stored as two column pieces is written as the transpose,
+// element by element, in F32 and narrowed to BF16, whatever the window; every source byte is
+// read once.
+TEST(ExecutorTest, TransposedViewWritesTheTranspose) {
+  const std::string src = MakeTempDir("src");
+  const int64_t rows = 45, cols = 131;
+  Fixture fixture = MakeSource(src, rows, cols, 50);
+  Catalog catalog = fixture.catalog;
+  auto transposed = ViewPermuted(catalog.tensors[0], {1, 0});
+  ASSERT_TRUE(transposed.ok()) << transposed.status();
+  ASSERT_EQ(transposed->shape, (Shape{cols, rows}));
+  catalog.tensors.push_back(*transposed);
+  const int source = static_cast<int>(catalog.tensors.size()) - 1;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    // Rows 3.. of the transpose: columns 3.. of the source, across both pieces.
+    const Box region{{3, 0}, {cols - 3, rows}};
+    auto plan = PlanOneTensor(catalog, "t.bin", OutputTensor{"t", source, region, dtype});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::string expected;
+    for (int64_t c = 3; c < cols; ++c) {
+      expected += Expected(Box{{0, c}, {rows, 1}}, dtype);
+    }
+    for (uint64_t window : {uint64_t{4096}, uint64_t{1} << 20}) {
+      const WindowRun run = RunWithWindow(*plan, window, "t.bin");
+      EXPECT_TRUE(run.data == expected) << DTypeName(dtype) << " window " << window;
+      EXPECT_EQ(run.bytes_read, uint64_t(rows) * (cols - 3) * 4);
+    }
+  }
+}
+
+// ViewPermuted refuses an order that is not a permutation of the tensor's dimensions.
+TEST(ExecutorTest, ViewPermutedRefusesAnOrderThatIsNoPermutation) {
+  const std::string src = MakeTempDir("src");
+  Fixture fixture = MakeSource(src, 4, 6, 2);
+  auto bad = ViewPermuted(fixture.catalog.tensors[0], {1, 1});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::HasSubstr("dimension order [1, 1] is not a permutation of its 2 "
+                                   "dimensions"));
 }
 
 // OutputTensor::mean_of: the element-wise mean of three float32 tensors (one of them split in

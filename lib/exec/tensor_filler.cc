@@ -124,6 +124,9 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
     const int64_t src_stride = item.src_strides.back();
     const MappedFile& source = sources_[item.src_file];
     Touched& touched = touched_[item.src_file];
+    // Strided rows gathered through the mapping, converted after the loop in blocks
+    // (GatherInBlocks).
+    std::vector<StridedRun> strided;
     while (!cursor.done && cursor.row_dst < end) {
       const int64_t row_end = cursor.row_dst + row_length;
       const int64_t from = std::max(cursor.row_dst, begin);
@@ -188,6 +191,12 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           Touched& gathered = staged_touched_[i];
           gathered.begin = std::min(gathered.begin, src_byte);
           gathered.end = std::max(gathered.end, src_byte + src_span);
+        } else if (src_stride > 1) {
+          strided.push_back({src_byte, to - from, destination});
+          bytes_read_ += static_cast<uint64_t>(to - from) * src_element_size_;
+          if (checksums_ != nullptr) {
+            checksums_->Record(item.src_file, src_byte, src_span, nullptr, copy_.name);
+          }
         } else {
           mapped = true;
           ConvertElements(source.data() + src_byte, src_stride, copy_.src_dtype, destination,
@@ -223,9 +232,34 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
       if (row_end > end) break;  // the row continues in the next window
       Advance(item, cursor);
     }
+    if (!strided.empty()) GatherInBlocks(source, src_stride, strided);
     if (cursor.done) Unstage(i);
   }
   return absl::OkStatus();
+}
+
+void TensorFiller::GatherInBlocks(const MappedFile& source, int64_t stride,
+                                  const std::vector<StridedRun>& runs) {
+  // Each block reads kGatherBlockBytes of pages at most: `block` elements of every run, each
+  // element on its own source row of `runs.size()` neighbouring elements (a page or two).
+  const uint64_t row_bytes = runs.size() * src_element_size_ + 4096;
+  const int64_t block = std::max<int64_t>(1, kGatherBlockBytes / row_bytes);
+  int64_t longest = 0;
+  for (const StridedRun& run : runs) longest = std::max(longest, run.count);
+  const uint64_t step = static_cast<uint64_t>(stride) * src_element_size_;
+  for (int64_t first = 0; first < longest; first += block) {
+    uint64_t begin = UINT64_MAX, stop = 0;
+    for (const StridedRun& run : runs) {
+      if (first >= run.count) continue;
+      const int64_t count = std::min(block, run.count - first);
+      const uint64_t src = run.src_byte + static_cast<uint64_t>(first) * step;
+      ConvertElements(source.data() + src, stride, copy_.src_dtype,
+                      run.out + first * dst_element_size_, copy_.dst_dtype, count);
+      begin = std::min(begin, src);
+      stop = std::max(stop, src + static_cast<uint64_t>(count - 1) * step + src_element_size_);
+    }
+    if (stop > begin) source.Release(begin, stop - begin);
+  }
 }
 
 absl::Status TensorFiller::FillRemoteRuns(int64_t begin, int64_t end, std::byte* out) {

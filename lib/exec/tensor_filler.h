@@ -164,6 +164,19 @@ class TensorFiller {
                                const SpanReader::Run& next, bool direct, uint64_t lead,
                                std::byte* out);
 
+  // Strided elements of a mapped source (a transposed view: each element on its own source
+  // row) are gathered block by block across all the window's rows of the item, and each
+  // block's pages are released before the next: a window of whole output rows would
+  // otherwise fault in every page of the tensor's source (a page per source row) at once.
+  static constexpr uint64_t kGatherBlockBytes = 1 << 20;
+  struct StridedRun {
+    uint64_t src_byte = 0;  // the run's first element
+    int64_t count = 0;
+    std::byte* out = nullptr;
+  };
+  void GatherInBlocks(const MappedFile& source, int64_t stride,
+                      const std::vector<StridedRun>& runs);
+
   // The window's part of an item: one run of its source file and of the output.
   struct Part {
     int file = -1;

@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 
@@ -306,6 +307,38 @@ absl::StatusOr<CatalogTensor> ViewAsBlocks(const CatalogTensor& tensor, int dim,
   }
   viewed.shape.insert(viewed.shape.begin() + dim, blocks);
   viewed.shape[dim + 1] = block;
+  return viewed;
+}
+
+absl::StatusOr<CatalogTensor> ViewPermuted(const CatalogTensor& tensor,
+                                           const std::vector<int>& order) {
+  const size_t rank = tensor.shape.size();
+  std::vector<bool> seen(rank, false);
+  bool valid = order.size() == rank;
+  for (size_t d = 0; valid && d < rank; ++d) {
+    valid = order[d] >= 0 && static_cast<size_t>(order[d]) < rank && !seen[order[d]];
+    if (valid) seen[order[d]] = true;
+  }
+  if (!valid) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", tensor.name, "\" of shape ", ShapeToString(tensor.shape),
+                     ": dimension order [", absl::StrJoin(order, ", "),
+                     "] is not a permutation of its ", rank, " dimensions"));
+  }
+  auto permute = [&](const std::vector<int64_t>& values) {
+    std::vector<int64_t> permuted(rank);
+    for (size_t d = 0; d < rank; ++d) permuted[d] = values[order[d]];
+    return permuted;
+  };
+  CatalogTensor viewed = tensor;
+  viewed.shape = permute(tensor.shape);
+  for (std::vector<SourcePiece>* pieces : {&viewed.pieces, &viewed.replicas}) {
+    for (SourcePiece& piece : *pieces) {
+      piece.box.origin = permute(piece.box.origin);
+      piece.box.extent = permute(piece.box.extent);
+      piece.strides = permute(piece.strides);
+    }
+  }
   return viewed;
 }
 

@@ -70,6 +70,14 @@ absl::StatusOr<Catalog> ViewFusedTensors(const Catalog& catalog, const Partition
 // the dimension.
 absl::StatusOr<CatalogTensor> ViewAsBlocks(const CatalogTensor& tensor, int dim, int64_t blocks);
 
+// `tensor` with its dimensions reordered: dimension d of the view is dimension `order[d]` of
+// `tensor`, as torch's `permute(order)` (a 2-D transpose is order {1, 0}). Its pieces keep
+// their bytes and take permuted boxes and strides, so a region of the view is a strided gather
+// of the source (no data is read here). InvalidArgument naming the tensor unless `order` is a
+// permutation of its dimensions.
+absl::StatusOr<CatalogTensor> ViewPermuted(const CatalogTensor& tensor,
+                                           const std::vector<int>& order);
+
 // Merges N model-parallel parts (each a Catalog of its local tensors, in rank order) into one
 // Catalog of global tensors. Every part must hold the same tensor names. Split tensors are
 // concatenated along the rule's dimension in part order; replicated ones must agree in shape

@@ -61,6 +61,14 @@ const StructureNode* HfArg(const StructureNode* args, absl::string_view key) {
   return value;
 }
 
+bool HfArgSet(const StructureNode* args, absl::string_view key) {
+  const StructureNode* value = HfArg(args, key);
+  if (value == nullptr) return false;
+  if (value->kind == Kind::kBool) return value->boolean;
+  if (value->kind == Kind::kInt) return value->integer != 0;
+  return true;
+}
+
 absl::StatusOr<Json> ReadHfConfigOverrides(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(path, kMaxConfigBytes),
                    absl::StrCat("--config ", path));
@@ -72,78 +80,143 @@ absl::StatusOr<Json> ReadHfConfigOverrides(const std::string& path) {
   return parsed;
 }
 
+namespace {
+
+// config.json keys the args could not give, with the arg each comes from.
+using MissingKeys = std::vector<std::pair<std::string, std::string>>;
+
+// Sets config[key] to `value`, or to null and records it as missing.
+void SetInt(Json& config, MissingKeys& missing, const char* key, std::optional<int64_t> value,
+            const char* arg) {
+  if (value.has_value()) {
+    config[key] = *value;
+  } else {
+    config[key] = nullptr;
+    missing.emplace_back(key, arg);
+  }
+}
+
+std::optional<double> LayerNormEpsilon(const StructureNode* args) {
+  std::optional<double> eps = FloatArg(args, "norm_epsilon");
+  if (!eps.has_value()) eps = FloatArg(args, "layernorm_epsilon");
+  return eps;
+}
+
+// GPT2Config's keys (hf_config.h): the figures transformers' convert_megatron_gpt2_checkpoint.py
+// takes from the args, its fixed dropout and initialisation values, and the activation it
+// derives from the args.
+Json Gpt2ConfigJson(const HfConfigSources& sources, MissingKeys& missing) {
+  const StructureNode* args = sources.args;
+  Json config = Json::object();
+  config["architectures"] = Json::array({std::string(sources.family->architecture)});
+  config["model_type"] = std::string(sources.family->model_type);
+  std::optional<int64_t> vocab = IntAttribute(args, "vocab_size");
+  if (sources.vocab_size > 0) vocab = sources.vocab_size;
+  SetInt(config, missing, "vocab_size", vocab, "--vocab-size or args.vocab_size");
+  SetInt(config, missing, "n_positions", IntAttribute(args, "max_position_embeddings"),
+         "args.max_position_embeddings");
+  const std::optional<int64_t> hidden = IntAttribute(args, "hidden_size");
+  SetInt(config, missing, "n_embd", hidden, "args.hidden_size");
+  SetInt(config, missing, "n_layer", IntAttribute(args, "num_layers"), "args.num_layers");
+  SetInt(config, missing, "n_head", IntAttribute(args, "num_attention_heads"),
+         "args.num_attention_heads");
+  // GPT2Config's n_inner: null means 4 * n_embd.
+  const std::optional<int64_t> ffn = IntAttribute(args, "ffn_hidden_size");
+  config["n_inner"] =
+      ffn.has_value() && !(hidden.has_value() && *ffn == 4 * *hidden) ? Json(*ffn) : Json(nullptr);
+  // Megatron's fused bias-gelu and openai_gelu are the tanh approximation, its plain gelu the
+  // erf one.
+  config["activation_function"] = HfArgSet(args, "bias_gelu_fusion") ? "gelu_fast"
+                                  : HfArgSet(args, "openai_gelu")    ? "gelu_new"
+                                                                     : "gelu";
+  config["resid_pdrop"] = 0.1;
+  config["embd_pdrop"] = 0.1;
+  config["attn_pdrop"] = 0.1;
+  if (const std::optional<double> eps = LayerNormEpsilon(args); eps.has_value()) {
+    config["layer_norm_epsilon"] = *eps;
+  } else {
+    config["layer_norm_epsilon"] = nullptr;
+    missing.emplace_back("layer_norm_epsilon", "args.layernorm_epsilon");
+  }
+  config["initializer_range"] = 0.02;
+  config["scale_attn_weights"] = true;
+  config["tie_word_embeddings"] = sources.tied;
+  config["torch_dtype"] = std::string(TorchDTypeName(sources.dtype));
+  config["use_cache"] = true;
+  return config;
+}
+
+}  // namespace
+
 absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources) {
   const StructureNode* args = sources.args;
   const HfFamily& family = *sources.family;
   Json config = Json::object();
-  // Keys the args could not give, with the arg each comes from.
-  std::vector<std::pair<std::string, std::string>> missing;
+  MissingKeys missing;
   auto from_int = [&](const char* key, std::optional<int64_t> value, const char* arg) {
-    if (value.has_value()) {
-      config[key] = *value;
-    } else {
-      config[key] = nullptr;
-      missing.emplace_back(key, arg);
-    }
+    SetInt(config, missing, key, value, arg);
   };
-  config["architectures"] = Json::array({std::string(family.architecture)});
-  config["model_type"] = std::string(family.model_type);
-  from_int("hidden_size", IntAttribute(args, "hidden_size"), "args.hidden_size");
-  from_int("intermediate_size", IntAttribute(args, "ffn_hidden_size"), "args.ffn_hidden_size");
-  from_int("num_hidden_layers", IntAttribute(args, "num_layers"), "args.num_layers");
-  const std::optional<int64_t> heads = IntAttribute(args, "num_attention_heads");
-  from_int("num_attention_heads", heads, "args.num_attention_heads");
-  std::optional<int64_t> kv_heads = heads;
-  if (IntAttribute(args, "group_query_attention").value_or(0) != 0) {
-    kv_heads = IntAttribute(args, "num_query_groups");
-  }
-  from_int("num_key_value_heads", kv_heads, "args.num_query_groups");
-  std::optional<int64_t> head_dim = IntAttribute(args, "kv_channels");
-  const std::optional<int64_t> hidden = IntAttribute(args, "hidden_size");
-  if (!head_dim.has_value() && hidden.has_value() && heads.value_or(0) > 0) {
-    head_dim = *hidden / *heads;
-  }
-  from_int("head_dim", head_dim, "args.kv_channels");
-  config["hidden_act"] = "silu";
-  from_int("max_position_embeddings", IntAttribute(args, "max_position_embeddings"),
-           "args.max_position_embeddings");
-  std::optional<double> eps = FloatArg(args, "norm_epsilon");
-  if (!eps.has_value()) eps = FloatArg(args, "layernorm_epsilon");
-  if (eps.has_value()) {
-    config["rms_norm_eps"] = *eps;
+  if (family.gpt2) {
+    config = Gpt2ConfigJson(sources, missing);
   } else {
-    config["rms_norm_eps"] = nullptr;
-    missing.emplace_back("rms_norm_eps", "args.norm_epsilon");
+    config["architectures"] = Json::array({std::string(family.architecture)});
+    config["model_type"] = std::string(family.model_type);
+    from_int("hidden_size", IntAttribute(args, "hidden_size"), "args.hidden_size");
+    from_int("intermediate_size", IntAttribute(args, "ffn_hidden_size"), "args.ffn_hidden_size");
+    from_int("num_hidden_layers", IntAttribute(args, "num_layers"), "args.num_layers");
+    const std::optional<int64_t> heads = IntAttribute(args, "num_attention_heads");
+    from_int("num_attention_heads", heads, "args.num_attention_heads");
+    std::optional<int64_t> kv_heads = heads;
+    if (IntAttribute(args, "group_query_attention").value_or(0) != 0) {
+      kv_heads = IntAttribute(args, "num_query_groups");
+    }
+    from_int("num_key_value_heads", kv_heads, "args.num_query_groups");
+    std::optional<int64_t> head_dim = IntAttribute(args, "kv_channels");
+    const std::optional<int64_t> hidden = IntAttribute(args, "hidden_size");
+    if (!head_dim.has_value() && hidden.has_value() && heads.value_or(0) > 0) {
+      head_dim = *hidden / *heads;
+    }
+    from_int("head_dim", head_dim, "args.kv_channels");
+    config["hidden_act"] = "silu";
+    from_int("max_position_embeddings", IntAttribute(args, "max_position_embeddings"),
+             "args.max_position_embeddings");
+    const std::optional<double> eps = LayerNormEpsilon(args);
+    if (eps.has_value()) {
+      config["rms_norm_eps"] = *eps;
+    } else {
+      config["rms_norm_eps"] = nullptr;
+      missing.emplace_back("rms_norm_eps", "args.norm_epsilon");
+    }
+    if (const std::optional<double> theta = FloatArg(args, "rotary_base"); theta.has_value()) {
+      config["rope_theta"] = *theta;
+    } else {
+      config["rope_theta"] = nullptr;
+      missing.emplace_back("rope_theta", "args.rotary_base");
+    }
+    if (IntAttribute(args, "use_rope_scaling").value_or(0) != 0) {
+      Json scaling = Json::object();
+      scaling["rope_type"] = "llama3";
+      scaling["factor"] = FloatArg(args, "rope_scaling_factor").value_or(8.0);
+      scaling["low_freq_factor"] = 1.0;
+      scaling["high_freq_factor"] = 4.0;
+      scaling["original_max_position_embeddings"] = 8192;
+      config["rope_scaling"] = std::move(scaling);
+    } else {
+      config["rope_scaling"] = nullptr;
+    }
+    std::optional<int64_t> vocab = IntAttribute(args, "vocab_size");
+    if (sources.vocab_size > 0) vocab = sources.vocab_size;
+    from_int("vocab_size", vocab, "--vocab-size or args.vocab_size");
+    config["tie_word_embeddings"] = sources.tied;
+    if (family.sliding_window) {
+      const std::optional<int64_t> window = IntAttribute(args, "sliding_window");
+      config["sliding_window"] = window.has_value() ? Json(*window) : Json(nullptr);
+    } else {
+      config["attention_bias"] = family.qkv_bias;
+    }
+    config["torch_dtype"] = std::string(TorchDTypeName(sources.dtype));
+    config["use_cache"] = true;
   }
-  if (const std::optional<double> theta = FloatArg(args, "rotary_base"); theta.has_value()) {
-    config["rope_theta"] = *theta;
-  } else {
-    config["rope_theta"] = nullptr;
-    missing.emplace_back("rope_theta", "args.rotary_base");
-  }
-  if (IntAttribute(args, "use_rope_scaling").value_or(0) != 0) {
-    Json scaling = Json::object();
-    scaling["rope_type"] = "llama3";
-    scaling["factor"] = FloatArg(args, "rope_scaling_factor").value_or(8.0);
-    scaling["low_freq_factor"] = 1.0;
-    scaling["high_freq_factor"] = 4.0;
-    scaling["original_max_position_embeddings"] = 8192;
-    config["rope_scaling"] = std::move(scaling);
-  } else {
-    config["rope_scaling"] = nullptr;
-  }
-  std::optional<int64_t> vocab = IntAttribute(args, "vocab_size");
-  if (sources.vocab_size > 0) vocab = sources.vocab_size;
-  from_int("vocab_size", vocab, "--vocab-size or args.vocab_size");
-  config["tie_word_embeddings"] = sources.tied;
-  if (family.sliding_window) {
-    const std::optional<int64_t> window = IntAttribute(args, "sliding_window");
-    config["sliding_window"] = window.has_value() ? Json(*window) : Json(nullptr);
-  } else {
-    config["attention_bias"] = family.qkv_bias;
-  }
-  config["torch_dtype"] = std::string(TorchDTypeName(sources.dtype));
-  config["use_cache"] = true;
 
   // --config completes and overrides; --vocab-size beats both.
   if (sources.overrides.is_object()) {
@@ -175,6 +248,27 @@ absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources) {
   }
 
   HfModelConfig model;
+  if (family.gpt2) {
+    ASSIGN_OR_RETURN(model.hidden, PositiveInt(config, "n_embd"));
+    ASSIGN_OR_RETURN(model.layers, PositiveInt(config, "n_layer"));
+    ASSIGN_OR_RETURN(model.heads, PositiveInt(config, "n_head"));
+    ASSIGN_OR_RETURN(model.positions, PositiveInt(config, "n_positions"));
+    ASSIGN_OR_RETURN(model.vocab, PositiveInt(config, "vocab_size"));
+    if (config["n_inner"].is_null()) {
+      model.intermediate = 4 * model.hidden;
+    } else {
+      ASSIGN_OR_RETURN(model.intermediate, PositiveInt(config, "n_inner"));
+    }
+    if (model.hidden % model.heads != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("n_embd ", model.hidden, " is not divisible by n_head ", model.heads,
+                       ": GPT-2's heads split the hidden size evenly"));
+    }
+    model.kv_heads = model.heads;
+    model.head_dim = model.hidden / model.heads;
+    model.json = std::move(config);
+    return model;
+  }
   ASSIGN_OR_RETURN(model.hidden, PositiveInt(config, "hidden_size"));
   ASSIGN_OR_RETURN(model.intermediate, PositiveInt(config, "intermediate_size"));
   ASSIGN_OR_RETURN(model.layers, PositiveInt(config, "num_hidden_layers"));

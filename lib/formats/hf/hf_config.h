@@ -27,6 +27,20 @@
 //   sliding_window                   mistral: args.sliding_window (null when absent)
 //   torch_dtype                      the weights' dtype as written (after --dtype)
 //   use_cache                        true
+// gpt2 (GPT2Config) has its own keys instead, in order:
+//   architectures, model_type        "GPT2LMHeadModel", "gpt2"
+//   vocab_size                       --vocab-size, else args.vocab_size
+//   n_positions                      args.max_position_embeddings
+//   n_embd, n_layer, n_head          args.hidden_size, args.num_layers, args.num_attention_heads
+//   n_inner                          args.ffn_hidden_size, null when 4 * n_embd (or absent)
+//   activation_function              "gelu_fast" with args.bias_gelu_fusion, else "gelu_new"
+//                                    with args.openai_gelu, else "gelu" (as transformers'
+//                                    convert_megatron_gpt2_checkpoint.py decides)
+//   resid_pdrop, embd_pdrop,         0.1, 0.1, 0.1, 0.02 (that script's values)
+//   attn_pdrop, initializer_range
+//   layer_norm_epsilon               args.layernorm_epsilon (or args.norm_epsilon)
+//   scale_attn_weights               true
+//   tie_word_embeddings, torch_dtype, use_cache   as above
 // A key the args lack and --config does not give is refused, naming the key and the arg.
 
 #ifndef RESHARD_LIB_FORMATS_HF_HF_CONFIG_H_
@@ -65,11 +79,13 @@ struct HfModelConfig {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   int64_t vocab = 0;
+  int64_t positions = 0;  // gpt2: n_positions, the rows of the position embeddings
 };
 
 // InvalidArgument naming the missing keys (and the args they come from) and --config; naming
-// a key of the wrong type; when num_attention_heads is not divisible by num_key_value_heads;
-// and when --config contradicts the tensors about tie_word_embeddings.
+// a key of the wrong type; when n_embd is not divisible by n_head (gpt2); when num_attention_heads
+// is not divisible by num_key_value_heads; and when --config contradicts the tensors about
+// tie_word_embeddings.
 absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources);
 
 // generation_config.json: {"_from_model_config": true, "bos_token_id", "eos_token_id" (when
@@ -81,6 +97,9 @@ absl::StatusOr<nlohmann::ordered_json> ReadHfConfigOverrides(const std::string& 
 
 // The arg `key` of the Namespace's attributes `args`; null when absent or None.
 const StructureNode* HfArg(const StructureNode* args, absl::string_view key);
+
+// Whether the arg `key` is set: true, a nonzero integer, or any other value but None.
+bool HfArgSet(const StructureNode* args, absl::string_view key);
 
 }  // namespace reshard
 

@@ -36,6 +36,17 @@ constexpr std::pair<absl::string_view, Kind> kLayerTensors[] = {
     {"mlp.linear_fc1.weight", Kind::kFc1Weight},
     {"mlp.dense_4h_to_h.weight", Kind::kFc2Weight},
     {"mlp.linear_fc2.weight", Kind::kFc2Weight},
+    {"input_layernorm.bias", Kind::kInputNormBias},
+    {"self_attention.linear_qkv.layer_norm_bias", Kind::kInputNormBias},
+    {"post_attention_layernorm.bias", Kind::kPostAttentionNormBias},
+    {"pre_mlp_layernorm.bias", Kind::kPostAttentionNormBias},
+    {"mlp.linear_fc1.layer_norm_bias", Kind::kPostAttentionNormBias},
+    {"self_attention.dense.bias", Kind::kAttentionOutputBias},
+    {"self_attention.linear_proj.bias", Kind::kAttentionOutputBias},
+    {"mlp.dense_h_to_4h.bias", Kind::kFc1Bias},
+    {"mlp.linear_fc1.bias", Kind::kFc1Bias},
+    {"mlp.dense_4h_to_h.bias", Kind::kFc2Bias},
+    {"mlp.linear_fc2.bias", Kind::kFc2Bias},
 };
 
 // Tensors outside the layers, with the stack prefix (`language_model.encoder.`, `decoder.`)
@@ -45,6 +56,8 @@ constexpr std::pair<absl::string_view, Kind> kModelTensors[] = {
     {"embedding.word_embeddings.weight", Kind::kEmbedding},
     {"language_model.output_layer.weight", Kind::kOutputLayer},
     {"output_layer.weight", Kind::kOutputLayer},
+    {"language_model.embedding.position_embeddings.weight", Kind::kPositionEmbedding},
+    {"embedding.position_embeddings.weight", Kind::kPositionEmbedding},
 };
 
 constexpr absl::string_view kStacks[] = {"language_model.encoder.", "language_model.transformer.",
@@ -58,6 +71,7 @@ const std::vector<HfFamily>& HfFamilies() {
       {"mistral", "MistralForCausalLM", "mistral", false, false, true},
       {"qwen2", "Qwen2ForCausalLM", "qwen2", true, false, false},
       {"qwen3", "Qwen3ForCausalLM", "qwen3", false, true, false},
+      {"gpt2", "GPT2LMHeadModel", "gpt2", true, false, false, true},
   };
   return *kFamilies;
 }
@@ -78,6 +92,21 @@ absl::StatusOr<const HfFamily*> FindHfFamily(absl::string_view id) {
       "overrides what the args say)"));
 }
 
+bool IsGpt2OnlyRole(MegatronRole::Kind kind) {
+  switch (kind) {
+    case Kind::kPositionEmbedding:
+    case Kind::kFinalNormBias:
+    case Kind::kInputNormBias:
+    case Kind::kPostAttentionNormBias:
+    case Kind::kAttentionOutputBias:
+    case Kind::kFc1Bias:
+    case Kind::kFc2Bias:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::StatusOr<MegatronRole> MegatronTensorRole(absl::string_view name) {
   absl::string_view rest = name;
   absl::ConsumePrefix(&rest, "module.") || absl::ConsumePrefix(&rest, "model.");
@@ -89,6 +118,7 @@ absl::StatusOr<MegatronRole> MegatronTensorRole(absl::string_view name) {
     absl::string_view inside = rest;
     if (!absl::ConsumePrefix(&inside, stack)) continue;
     if (inside == "final_layernorm.weight") return MegatronRole{Kind::kFinalNorm, -1};
+    if (inside == "final_layernorm.bias") return MegatronRole{Kind::kFinalNormBias, -1};
     if (!absl::ConsumePrefix(&inside, "layers.")) break;
     const size_t dot = inside.find('.');
     int64_t layer = -1;
@@ -105,15 +135,17 @@ absl::StatusOr<MegatronRole> MegatronTensorRole(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat(
       "tensor \"", name,
       "\" has no counterpart in the Hugging Face decoder families reshard writes (", HfFamilyList(),
-      "): only the word embeddings, RMSNorm weights, fused QKV (with its bias), attention "
-      "output, gated MLP and output layer map onto their names"));
+      "): only the word and position embeddings, norm weights and biases, fused QKV, attention "
+      "output and MLP (with their biases) and output layer map onto their names"));
 }
 
 absl::StatusOr<const HfFamily*> ChooseHfFamily(absl::string_view requested,
                                                const FamilyEvidence& evidence) {
   if (!requested.empty() && requested != "auto") return FindHfFamily(requested);
   absl::string_view id = "llama";
-  if (evidence.qk_norm) {
+  if (evidence.gpt2) {
+    id = "gpt2";
+  } else if (evidence.qk_norm) {
     id = "qwen3";
   } else if (evidence.qkv_bias) {
     id = "qwen2";

@@ -9,13 +9,21 @@
 //     input_layernorm.weight, self_attention.query_key_value.{weight,bias},
 //     self_attention.dense.weight, post_attention_layernorm.weight, mlp.dense_h_to_4h.weight,
 //     mlp.dense_4h_to_h.weight
+//   and GPT-2's LayerNorm biases, linear biases and learned positions:
+//     language_model.embedding.position_embeddings.weight,
+//     language_model.{encoder,transformer}.final_layernorm.bias, and in a layer
+//     input_layernorm.bias, post_attention_layernorm.bias, self_attention.dense.bias,
+//     mlp.dense_h_to_4h.bias, mlp.dense_4h_to_h.bias
 //   Megatron-Core (torch_dist unstacked, TE or local spec):
 //     embedding.word_embeddings.weight, output_layer.weight, decoder.final_layernorm.weight,
 //     decoder.layers.<i>.<rest>, <rest> one of self_attention.linear_qkv.layer_norm_weight,
 //     input_layernorm.weight, self_attention.linear_qkv.{weight,bias},
 //     self_attention.linear_proj.weight, self_attention.{q,k}_layernorm.weight,
 //     mlp.linear_fc1.layer_norm_weight, pre_mlp_layernorm.weight, mlp.linear_fc1.weight,
-//     mlp.linear_fc2.weight
+//     mlp.linear_fc2.weight, and GPT-2's embedding.position_embeddings.weight,
+//     decoder.final_layernorm.bias, self_attention.linear_qkv.layer_norm_bias,
+//     input_layernorm.bias, self_attention.linear_proj.bias, mlp.linear_fc1.layer_norm_bias,
+//     pre_mlp_layernorm.bias, mlp.linear_fc1.bias, mlp.linear_fc2.bias
 // and TransformerEngine's `*._extra_state` (FP8 metadata), which has no HF counterpart.
 
 #ifndef RESHARD_LIB_FORMATS_HF_HF_FAMILY_H_
@@ -38,6 +46,9 @@ struct HfFamily {
   bool qkv_bias = false;           // q/k/v projections have biases (Qwen2)
   bool qk_norm = false;            // per-head RMSNorm of queries and keys (Qwen3)
   bool sliding_window = false;     // config.json carries "sliding_window" (Mistral)
+  // GPT-2: LayerNorm with biases, learned position embeddings, biased linear layers, an MLP
+  // without gate, and Conv1D weights stored [in, out] (the transpose of Megatron's).
+  bool gpt2 = false;
 };
 
 // The families, in the order messages list them.
@@ -47,7 +58,7 @@ const std::vector<HfFamily>& HfFamilies();
 // checkpoint (--family, --config) otherwise.
 absl::StatusOr<const HfFamily*> FindHfFamily(absl::string_view id);
 
-// "llama, mistral, qwen2, qwen3".
+// "llama, mistral, qwen2, qwen3, gpt2".
 std::string HfFamilyList();
 
 // What a Megatron tensor is in the model, and its layer (-1 outside the layers).
@@ -65,14 +76,26 @@ struct MegatronRole {
     kKNorm,
     kFc1Weight,
     kFc2Weight,
+    // GPT-2's (HfFamily::gpt2) tensors beyond the Llama-style ones.
+    kPositionEmbedding,
+    kFinalNormBias,
+    kInputNormBias,
+    kPostAttentionNormBias,
+    kAttentionOutputBias,
+    kFc1Bias,
+    kFc2Bias,
     kSkipped,  // TransformerEngine's _extra_state
   };
   Kind kind = Kind::kSkipped;
   int64_t layer = -1;
 };
 
-// The role of the tensor `name`; InvalidArgument naming it when it has none in a Llama-style
-// decoder (biases of linear layers other than QKV, layer-norm biases, position embeddings, ...).
+// Whether tensors of `kind` exist only in GPT-2 models (LayerNorm and linear biases, learned
+// position embeddings).
+bool IsGpt2OnlyRole(MegatronRole::Kind kind);
+
+// The role of the tensor `name`; InvalidArgument naming it when it has none in the families'
+// decoders.
 absl::StatusOr<MegatronRole> MegatronTensorRole(absl::string_view name);
 
 // What the checkpoint says that decides its family.
@@ -80,11 +103,14 @@ struct FamilyEvidence {
   bool qk_norm = false;         // q/k layernorm tensors, or args.qk_layernorm
   bool qkv_bias = false;        // a QKV bias tensor, or args.add_qkv_bias
   bool sliding_window = false;  // args.window_size / args.sliding_window set
+  // LayerNorm biases or learned position embeddings (tensors or args.normalization
+  // "LayerNorm" with args.position_embedding_type "learned_absolute"): a GPT-2 model.
+  bool gpt2 = false;
 };
 
-// `requested` ("" or "auto": decided from `evidence` as docs/formats.md says: q/k norms ->
-// qwen3, else a QKV bias -> qwen2, else a sliding window -> mistral, else llama); otherwise
-// FindHfFamily(requested).
+// `requested` ("" or "auto": decided from `evidence` as docs/formats.md says: LayerNorm
+// biases or learned position embeddings -> gpt2, else q/k norms -> qwen3, else a QKV bias -> qwen2,
+// else a sliding window -> mistral, else llama); otherwise FindHfFamily(requested).
 absl::StatusOr<const HfFamily*> ChooseHfFamily(absl::string_view requested,
                                                const FamilyEvidence& evidence);
 

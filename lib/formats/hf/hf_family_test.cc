@@ -28,6 +28,16 @@ TEST(MegatronTensorRoleTest, LegacyCoreAndNeMoNamesMapToTheSameRoles) {
            Case{"module.decoder.final_layernorm.weight", Kind::kFinalNorm, -1},
            Case{"model.language_model.output_layer.weight", Kind::kOutputLayer, -1},
            Case{"decoder.layers.0.mlp.linear_fc1._extra_state", Kind::kSkipped, -1},
+           // GPT-2's biases and learned positions.
+           Case{"language_model.embedding.position_embeddings.weight", Kind::kPositionEmbedding,
+                -1},
+           Case{"language_model.encoder.final_layernorm.bias", Kind::kFinalNormBias, -1},
+           Case{"language_model.encoder.layers.2.input_layernorm.bias", Kind::kInputNormBias, 2},
+           Case{"decoder.layers.2.mlp.linear_fc1.layer_norm_bias", Kind::kPostAttentionNormBias, 2},
+           Case{"language_model.encoder.layers.0.self_attention.dense.bias",
+                Kind::kAttentionOutputBias, 0},
+           Case{"language_model.encoder.layers.0.mlp.dense_h_to_4h.bias", Kind::kFc1Bias, 0},
+           Case{"decoder.layers.0.mlp.linear_fc2.bias", Kind::kFc2Bias, 0},
        }) {
     auto role = MegatronTensorRole(c.name);
     ASSERT_TRUE(role.ok()) << c.name << ": " << role.status();
@@ -37,9 +47,9 @@ TEST(MegatronTensorRoleTest, LegacyCoreAndNeMoNamesMapToTheSameRoles) {
 }
 
 TEST(MegatronTensorRoleTest, TensorsWithoutCounterpartAreRefusedByName) {
-  auto role = MegatronTensorRole("language_model.embedding.position_embeddings.weight");
+  auto role = MegatronTensorRole("language_model.embedding.tokentype_embeddings.weight");
   EXPECT_EQ(role.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(role.status().message().find("position_embeddings"), std::string::npos);
+  EXPECT_NE(role.status().message().find("tokentype_embeddings"), std::string::npos);
 }
 
 TEST(ChooseHfFamilyTest, AutoDecidesFromTheEvidence) {
@@ -48,13 +58,16 @@ TEST(ChooseHfFamilyTest, AutoDecidesFromTheEvidence) {
   EXPECT_EQ((*ChooseHfFamily("auto", {false, true, true}))->id, "qwen2");
   EXPECT_EQ((*ChooseHfFamily("auto", {true, true, false}))->id, "qwen3");
   EXPECT_EQ((*ChooseHfFamily("mistral", {}))->id, "mistral");
+  // LayerNorm biases / learned positions decide before everything else.
+  EXPECT_EQ((*ChooseHfFamily("auto", {false, true, false, true}))->id, "gpt2");
+  EXPECT_EQ((*ChooseHfFamily("gpt2", {}))->id, "gpt2");
 }
 
 TEST(ChooseHfFamilyTest, UnknownFamilyListsFamiliesAndFlags) {
   auto family = ChooseHfFamily("falcon", {});
   EXPECT_EQ(family.status().message(),
             "unknown model family \"falcon\" for --format hf; the families are llama, mistral, "
-            "qwen2, qwen3 (--family F picks one, --family auto decides from the checkpoint; "
+            "qwen2, qwen3, gpt2 (--family F picks one, --family auto decides from the checkpoint; "
             "--config FILE overrides what the args say)");
 }
 

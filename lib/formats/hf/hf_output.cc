@@ -42,14 +42,6 @@ const StructureNode* FindArgs(const InputModel& model, const Catalog& catalog) {
   return nullptr;
 }
 
-bool ArgSet(const StructureNode* args, absl::string_view key) {
-  const StructureNode* value = HfArg(args, key);
-  if (value == nullptr) return false;
-  if (value->kind == StructureNode::Kind::kBool) return value->boolean;
-  if (value->kind == StructureNode::Kind::kInt) return value->integer != 0;
-  return true;
-}
-
 // The tensors of one layer, by role (catalog indices).
 struct LayerTensors {
   std::map<Role, int> by_role;
@@ -76,6 +68,16 @@ absl::string_view RoleName(Role role) {
       return "mlp.{gate,up}_proj.weight (fused fc1)";
     case Role::kFc2Weight:
       return "mlp.down_proj.weight";
+    case Role::kInputNormBias:
+      return "ln_1.bias";
+    case Role::kPostAttentionNormBias:
+      return "ln_2.bias";
+    case Role::kAttentionOutputBias:
+      return "attn.c_proj.bias";
+    case Role::kFc1Bias:
+      return "mlp.c_fc.bias";
+    case Role::kFc2Bias:
+      return "mlp.c_proj.bias";
     default:
       return "?";
   }
@@ -99,15 +101,16 @@ struct ScannedModel {
   FamilyEvidence evidence;
   int first_qkv_bias = -1;  // catalog index, -1: none
   int first_qk_norm = -1;
+  int first_gpt2_only = -1;  // a LayerNorm or linear bias, or learned position embeddings
 };
 
 absl::StatusOr<ScannedModel> Scan(const InputModel& model, const Catalog& catalog) {
   ScannedModel scanned;
   scanned.args = FindArgs(model, catalog);
-  scanned.evidence.qk_norm = ArgSet(scanned.args, "qk_layernorm");
-  scanned.evidence.qkv_bias = ArgSet(scanned.args, "add_qkv_bias");
+  scanned.evidence.qk_norm = HfArgSet(scanned.args, "qk_layernorm");
+  scanned.evidence.qkv_bias = HfArgSet(scanned.args, "add_qkv_bias");
   scanned.evidence.sliding_window =
-      ArgSet(scanned.args, "sliding_window") || ArgSet(scanned.args, "window_size");
+      HfArgSet(scanned.args, "sliding_window") || HfArgSet(scanned.args, "window_size");
   for (size_t i = 0; i < catalog.tensors.size(); ++i) {
     ASSIGN_OR_RETURN(const MegatronRole role, MegatronTensorRole(catalog.tensors[i].name));
     if (role.kind == Role::kSkipped) continue;
@@ -115,6 +118,9 @@ absl::StatusOr<ScannedModel> Scan(const InputModel& model, const Catalog& catalo
     if (role.kind == Role::kQkvBias && scanned.first_qkv_bias < 0) scanned.first_qkv_bias = index;
     if ((role.kind == Role::kQNorm || role.kind == Role::kKNorm) && scanned.first_qk_norm < 0) {
       scanned.first_qk_norm = index;
+    }
+    if (IsGpt2OnlyRole(role.kind) && scanned.first_gpt2_only < 0) {
+      scanned.first_gpt2_only = index;
     }
     auto& slot = role.layer < 0 ? scanned.model_tensors : scanned.layers[role.layer].by_role;
     if (!slot.emplace(role.kind, index).second) {
@@ -125,6 +131,7 @@ absl::StatusOr<ScannedModel> Scan(const InputModel& model, const Catalog& catalo
   }
   scanned.evidence.qkv_bias = scanned.evidence.qkv_bias || scanned.first_qkv_bias >= 0;
   scanned.evidence.qk_norm = scanned.evidence.qk_norm || scanned.first_qk_norm >= 0;
+  scanned.evidence.gpt2 = scanned.first_gpt2_only >= 0;
   return scanned;
 }
 
@@ -142,7 +149,8 @@ std::string WithHfFamilyNote(const InputModel& model, const Catalog& catalog) {
   absl::StatusOr<const HfFamily*> family = ChooseHfFamily("auto", scanned->evidence);
   if (!family.ok()) return model.description;
   const FamilyEvidence& evidence = scanned->evidence;
-  const char* why = evidence.qk_norm          ? "q/k norms"
+  const char* why = evidence.gpt2             ? "LayerNorm biases or learned position embeddings"
+                    : evidence.qk_norm        ? "q/k norms"
                     : evidence.qkv_bias       ? "a QKV bias"
                     : evidence.sliding_window ? "a sliding window"
                                               : "no q/k norms, QKV bias or sliding window";
@@ -172,6 +180,13 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
   const std::map<Role, int>& model_tensors = scanned.model_tensors;
   const std::map<int64_t, LayerTensors>& layers = scanned.layers;
   ASSIGN_OR_RETURN(const HfFamily* family, ChooseHfFamily(request.hf.family, scanned.evidence));
+  // GPT-2's tensors first: its QKV bias would otherwise be blamed on the family.
+  if (scanned.first_gpt2_only >= 0 && !family->gpt2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor \"", catalog.tensors[scanned.first_gpt2_only].name,
+        "\" is a LayerNorm or linear bias or a learned position embedding, which family ",
+        family->id, " has no place for (gpt2 has: --family gpt2)"));
+  }
   if (scanned.first_qkv_bias >= 0 && !family->qkv_bias) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor \"", catalog.tensors[scanned.first_qkv_bias].name,
@@ -182,6 +197,17 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor \"", catalog.tensors[scanned.first_qk_norm].name, "\" is a q/k norm, which family ",
         family->id, " has no place for (qwen3 has: --family qwen3)"));
+  }
+  if (family->gpt2) {
+    // Megatron-LM's checkpoint_version < 2 orders the fused QKV rows otherwise ([3, nh, d] or
+    // [nh, d, 3]); the views below read [nh, 3, d].
+    if (const StructureNode* version = model.training_state.Value("megatron.checkpoint_version");
+        version != nullptr && version->kind == StructureNode::Kind::kFloat && version->real < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the checkpoint's checkpoint_version is ", version->real,
+          ": --format hf --family gpt2 reads the fused QKV of checkpoint_version 2 and later "
+          "([heads, 3, head_dim] rows); load and save it with a newer Megatron-LM first"));
+    }
   }
   const auto embedding = model_tensors.find(Role::kEmbedding);
   if (embedding == model_tensors.end()) {
@@ -210,8 +236,10 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
   const int64_t r = nh / ng;
   const int64_t ffn = config.intermediate;
   const std::string sizes =
-      absl::StrCat("hidden_size ", h, ", num_attention_heads ", nh, ", num_key_value_heads ", ng,
-                   ", head_dim ", d, ", intermediate_size ", ffn);
+      family->gpt2
+          ? absl::StrCat("n_embd ", h, ", n_head ", nh, ", n_inner ", ffn)
+          : absl::StrCat("hidden_size ", h, ", num_attention_heads ", nh, ", num_key_value_heads ",
+                         ng, ", head_dim ", d, ", intermediate_size ", ffn);
 
   // The vocabulary rows: the padded ones, of which the first vocab_size are written.
   for (auto it : {embedding, output_layer}) {
@@ -237,12 +265,20 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
   // Every layer 0..L-1 with the tensors of its family, shaped as config.json says.
   std::vector<Role> required = {Role::kInputNorm,         Role::kQkvWeight, Role::kAttentionOutput,
                                 Role::kPostAttentionNorm, Role::kFc1Weight, Role::kFc2Weight};
+  if (family->gpt2) {
+    for (Role role : {Role::kInputNormBias, Role::kAttentionOutputBias,
+                      Role::kPostAttentionNormBias, Role::kFc1Bias, Role::kFc2Bias}) {
+      required.push_back(role);
+    }
+  }
   if (family->qkv_bias) required.push_back(Role::kQkvBias);
   if (family->qk_norm) {
     required.push_back(Role::kQNorm);
     required.push_back(Role::kKNorm);
   }
   const int64_t qkv_rows = (nh + 2 * ng) * d;
+  // GPT-2's MLP has no gate: fc1 is [ffn, h].
+  const int64_t fc1_rows = family->gpt2 ? ffn : 2 * ffn;
   const std::map<Role, Shape> expected = {{Role::kInputNorm, {h}},
                                           {Role::kPostAttentionNorm, {h}},
                                           {Role::kQkvWeight, {qkv_rows, h}},
@@ -250,8 +286,29 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
                                           {Role::kAttentionOutput, {h, nh * d}},
                                           {Role::kQNorm, {d}},
                                           {Role::kKNorm, {d}},
-                                          {Role::kFc1Weight, {2 * ffn, h}},
-                                          {Role::kFc2Weight, {h, ffn}}};
+                                          {Role::kFc1Weight, {fc1_rows, h}},
+                                          {Role::kFc2Weight, {h, ffn}},
+                                          {Role::kInputNormBias, {h}},
+                                          {Role::kPostAttentionNormBias, {h}},
+                                          {Role::kAttentionOutputBias, {h}},
+                                          {Role::kFc1Bias, {ffn}},
+                                          {Role::kFc2Bias, {h}}};
+  if (family->gpt2) {
+    // The model-level tensors GPT-2 adds: learned positions and the final norm's bias.
+    for (const auto& [role, want] : std::vector<std::pair<Role, Shape>>{
+             {Role::kPositionEmbedding, {config.positions, h}}, {Role::kFinalNormBias, {h}}}) {
+      const auto found = model_tensors.find(role);
+      if (found == model_tensors.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the checkpoint has no ",
+            role == Role::kPositionEmbedding ? "position embeddings (position_embeddings.weight)"
+                                             : "final norm bias (final_layernorm.bias)",
+            ", which a GPT-2 model needs"));
+      }
+      RETURN_IF_ERROR(CheckShape(catalog.tensors[found->second], want,
+                                 absl::StrCat(sizes, ", n_positions ", config.positions)));
+    }
+  }
   if (!layers.empty() && layers.rbegin()->first >= config.layers) {
     const LayerTensors& extra = layers.rbegin()->second;
     return absl::InvalidArgumentError(absl::StrCat(
@@ -304,42 +361,88 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
     tensors.push_back(std::move(out));
   };
 
-  rows("model.embed_tokens.weight", embedding->second, config.vocab);
-  for (int64_t layer = 0; layer < config.layers; ++layer) {
-    const std::map<Role, int>& by_role = layers.at(layer).by_role;
-    const std::string prefix = absl::StrCat("model.layers.", layer, ".");
-    whole(prefix + "input_layernorm.weight", by_role.at(Role::kInputNorm));
-    // QKV: [ng * (r + 2) * d, ...] viewed as [ng, r + 2, d, ...].
-    for (Role role : {Role::kQkvWeight, Role::kQkvBias}) {
-      const auto it = by_role.find(role);
-      if (it == by_role.end()) continue;
-      const char* suffix = role == Role::kQkvWeight ? ".weight" : ".bias";
-      ASSIGN_OR_RETURN(CatalogTensor grouped, ViewAsBlocks(catalog.tensors[it->second], 0, ng));
-      ASSIGN_OR_RETURN(CatalogTensor viewed, ViewAsBlocks(grouped, 1, r + 2));
-      const int source = view(viewed);
-      auto flat = [&](int64_t heads) {
-        return role == Role::kQkvWeight ? Shape{heads * d, h} : Shape{heads * d};
-      };
-      region(absl::StrCat(prefix, "self_attn.q_proj", suffix), source, viewed, 1, 0, r, flat(nh));
-      region(absl::StrCat(prefix, "self_attn.k_proj", suffix), source, viewed, 1, r, 1, flat(ng));
-      region(absl::StrCat(prefix, "self_attn.v_proj", suffix), source, viewed, 1, r + 1, 1,
-             flat(ng));
+  // A Conv1D weight ([in, out]): the transpose of Megatron's [out, in].
+  auto transposed = [&](std::string name, int source) -> absl::Status {
+    ASSIGN_OR_RETURN(CatalogTensor viewed, ViewPermuted(catalog.tensors[source], {1, 0}));
+    const int viewed_source = view(viewed);
+    region(std::move(name), viewed_source, viewed, 0, 0, viewed.shape[0], {});
+    return absl::OkStatus();
+  };
+
+  if (family->gpt2) {
+    rows("transformer.wte.weight", embedding->second, config.vocab);
+    whole("transformer.wpe.weight", model_tensors.at(Role::kPositionEmbedding));
+    for (int64_t layer = 0; layer < config.layers; ++layer) {
+      const std::map<Role, int>& by_role = layers.at(layer).by_role;
+      const std::string prefix = absl::StrCat("transformer.h.", layer, ".");
+      whole(prefix + "ln_1.weight", by_role.at(Role::kInputNorm));
+      whole(prefix + "ln_1.bias", by_role.at(Role::kInputNormBias));
+      // c_attn.weight [h, 3h] is the transpose of [Q; K; V]: the fused QKV [nh * 3 * d, h]
+      // viewed as [nh, 3, d, h] and permuted to [h, 3, nh, d]; its bias [nh, 3, d] to
+      // [3, nh, d]. (transformers' convert_megatron_gpt2_checkpoint.py: transpose(0, 1) of
+      // the [nh, 3, d, ...] view, then of the matrix.)
+      for (Role role : {Role::kQkvWeight, Role::kQkvBias}) {
+        const bool weight = role == Role::kQkvWeight;
+        ASSIGN_OR_RETURN(CatalogTensor heads,
+                         ViewAsBlocks(catalog.tensors[by_role.at(role)], 0, nh));
+        ASSIGN_OR_RETURN(CatalogTensor split, ViewAsBlocks(heads, 1, 3));
+        ASSIGN_OR_RETURN(
+            CatalogTensor viewed,
+            ViewPermuted(split, weight ? std::vector<int>{3, 1, 0, 2} : std::vector<int>{1, 0, 2}));
+        const int source = view(viewed);
+        region(prefix + (weight ? "attn.c_attn.weight" : "attn.c_attn.bias"), source, viewed, 0, 0,
+               viewed.shape[0], weight ? Shape{h, 3 * h} : Shape{3 * h});
+      }
+      RETURN_IF_ERROR(
+          transposed(prefix + "attn.c_proj.weight", by_role.at(Role::kAttentionOutput)));
+      whole(prefix + "attn.c_proj.bias", by_role.at(Role::kAttentionOutputBias));
+      whole(prefix + "ln_2.weight", by_role.at(Role::kPostAttentionNorm));
+      whole(prefix + "ln_2.bias", by_role.at(Role::kPostAttentionNormBias));
+      RETURN_IF_ERROR(transposed(prefix + "mlp.c_fc.weight", by_role.at(Role::kFc1Weight)));
+      whole(prefix + "mlp.c_fc.bias", by_role.at(Role::kFc1Bias));
+      RETURN_IF_ERROR(transposed(prefix + "mlp.c_proj.weight", by_role.at(Role::kFc2Weight)));
+      whole(prefix + "mlp.c_proj.bias", by_role.at(Role::kFc2Bias));
     }
-    whole(prefix + "self_attn.o_proj.weight", by_role.at(Role::kAttentionOutput));
-    if (family->qk_norm) {
-      whole(prefix + "self_attn.q_norm.weight", by_role.at(Role::kQNorm));
-      whole(prefix + "self_attn.k_norm.weight", by_role.at(Role::kKNorm));
+    whole("transformer.ln_f.weight", model_tensors.at(Role::kFinalNorm));
+    whole("transformer.ln_f.bias", model_tensors.at(Role::kFinalNormBias));
+  } else {
+    rows("model.embed_tokens.weight", embedding->second, config.vocab);
+    for (int64_t layer = 0; layer < config.layers; ++layer) {
+      const std::map<Role, int>& by_role = layers.at(layer).by_role;
+      const std::string prefix = absl::StrCat("model.layers.", layer, ".");
+      whole(prefix + "input_layernorm.weight", by_role.at(Role::kInputNorm));
+      // QKV: [ng * (r + 2) * d, ...] viewed as [ng, r + 2, d, ...].
+      for (Role role : {Role::kQkvWeight, Role::kQkvBias}) {
+        const auto it = by_role.find(role);
+        if (it == by_role.end()) continue;
+        const char* suffix = role == Role::kQkvWeight ? ".weight" : ".bias";
+        ASSIGN_OR_RETURN(CatalogTensor grouped, ViewAsBlocks(catalog.tensors[it->second], 0, ng));
+        ASSIGN_OR_RETURN(CatalogTensor viewed, ViewAsBlocks(grouped, 1, r + 2));
+        const int source = view(viewed);
+        auto flat = [&](int64_t heads) {
+          return role == Role::kQkvWeight ? Shape{heads * d, h} : Shape{heads * d};
+        };
+        region(absl::StrCat(prefix, "self_attn.q_proj", suffix), source, viewed, 1, 0, r, flat(nh));
+        region(absl::StrCat(prefix, "self_attn.k_proj", suffix), source, viewed, 1, r, 1, flat(ng));
+        region(absl::StrCat(prefix, "self_attn.v_proj", suffix), source, viewed, 1, r + 1, 1,
+               flat(ng));
+      }
+      whole(prefix + "self_attn.o_proj.weight", by_role.at(Role::kAttentionOutput));
+      if (family->qk_norm) {
+        whole(prefix + "self_attn.q_norm.weight", by_role.at(Role::kQNorm));
+        whole(prefix + "self_attn.k_norm.weight", by_role.at(Role::kKNorm));
+      }
+      whole(prefix + "post_attention_layernorm.weight", by_role.at(Role::kPostAttentionNorm));
+      // Gated fc1: [gate; up] viewed as [2, ffn, h].
+      ASSIGN_OR_RETURN(CatalogTensor fc1,
+                       ViewAsBlocks(catalog.tensors[by_role.at(Role::kFc1Weight)], 0, 2));
+      const int fc1_source = view(fc1);
+      region(prefix + "mlp.gate_proj.weight", fc1_source, fc1, 0, 0, 1, {ffn, h});
+      region(prefix + "mlp.up_proj.weight", fc1_source, fc1, 0, 1, 1, {ffn, h});
+      whole(prefix + "mlp.down_proj.weight", by_role.at(Role::kFc2Weight));
     }
-    whole(prefix + "post_attention_layernorm.weight", by_role.at(Role::kPostAttentionNorm));
-    // Gated fc1: [gate; up] viewed as [2, ffn, h].
-    ASSIGN_OR_RETURN(CatalogTensor fc1,
-                     ViewAsBlocks(catalog.tensors[by_role.at(Role::kFc1Weight)], 0, 2));
-    const int fc1_source = view(fc1);
-    region(prefix + "mlp.gate_proj.weight", fc1_source, fc1, 0, 0, 1, {ffn, h});
-    region(prefix + "mlp.up_proj.weight", fc1_source, fc1, 0, 1, 1, {ffn, h});
-    whole(prefix + "mlp.down_proj.weight", by_role.at(Role::kFc2Weight));
+    whole("model.norm.weight", model_tensors.at(Role::kFinalNorm));
   }
-  whole("model.norm.weight", model_tensors.at(Role::kFinalNorm));
   if (!tied) rows("lm_head.weight", output_layer->second, config.vocab);
   // The views' pieces index the catalog's files; extra tensors index extra_files.
   if (!arranged.extra_tensors.empty()) arranged.extra_files = catalog.files;
