@@ -38,6 +38,9 @@ from st_torch import read_file as st_tensors  # noqa: E402
 
 RESHARDCTL = None
 L = mf.ENCODER + "layers."
+# What `inspect` adds for these GPT-style fixtures (LayerNorm biases): the family
+# `--format hf --family auto` would pick, and why.
+GPT2_FAMILY_NOTE = "; --format hf --family auto: gpt2 (LayerNorm biases or learned position embeddings)"
 
 
 class Base(harness.CliTestCase):
@@ -132,7 +135,8 @@ class MegatronLMTests(Base):
             doc = self.inspect(path)
             self.assertEqual(doc["format"], "megatron")
             self.assertEqual(doc["layout"], "model-parallel-parts")
-            self.assertEqual(doc["description"], "Megatron-LM TP2 x PP2, 4 layers, iteration 100")
+            self.assertEqual(doc["description"],
+                             "Megatron-LM TP2 x PP2, 4 layers, iteration 100" + GPT2_FAMILY_NOTE)
             self.assertEqual(doc["parts"], 2)
             self.assertTrue(doc["merged"])
             self.assertEqual(len(doc["files"]), 4)
@@ -153,11 +157,11 @@ class MegatronLMTests(Base):
             self.assertTensorsEqual(self.consolidate_st(save, "--tag", tag),
                                     mf.full_tensors(old), "--tag %s" % tag)
         self.assertEqual(self.inspect(save, "--tag", "100")["description"],
-                         "Megatron-LM TP2 x PP1, 4 layers, iteration 100")
+                         "Megatron-LM TP2 x PP1, 4 layers, iteration 100" + GPT2_FAMILY_NOTE)
         rel = self.p("rel")
         mf.write_megatron_lm(rel, old, tp=2, pp=1, release=True)
         self.assertEqual(self.inspect(rel)["description"],
-                         "Megatron-LM TP2 x PP1, 4 layers, release")
+                         "Megatron-LM TP2 x PP1, 4 layers, release" + GPT2_FAMILY_NOTE)
         self.assertTensorsEqual(self.consolidate_pt(rel), mf.full_tensors(old), "release")
         res = self.ctl("inspect", save, "--tag", "iter_0000300")
         self.assertExit(res, 3)
@@ -198,7 +202,7 @@ class MegatronLMTests(Base):
         # PP rank 1's chunk 0 holds global layers 2, 3 (Megatron's interleaving).
         self.assertEqual(mf.vpp_stage_layers(model, 2, 2)[(1, 0)], [2, 3])
         self.assertEqual(self.inspect(folder)["description"],
-                         "Megatron-LM TP2 x PP2 x 2 virtual stages, 8 layers, iteration 100")
+                         "Megatron-LM TP2 x PP2 x 2 virtual stages, 8 layers, iteration 100" + GPT2_FAMILY_NOTE)
         self.assertTensorsEqual(self.consolidate_st(folder), mf.full_tensors(model), "VPP")
 
     def test_tp1_reshard_4_and_back(self):
@@ -504,7 +508,8 @@ class MegatronOutputTests(Base):
                               % mf.rank_folder(tp - 1, pp - 1, pp), names)
         doc = json.loads(self.ok("inspect", out, "--json").stdout.decode())
         doc = doc.get("result", doc)
-        self.assertEqual(doc["description"], "Megatron-LM TP2 x PP4, 8 layers, iteration 100")
+        self.assertEqual(doc["description"],
+                         "Megatron-LM TP2 x PP4, 8 layers, iteration 100" + GPT2_FAMILY_NOTE)
 
     def test_default_one_stage_and_consolidate_as_tp1(self):
         model = mf.GPT(train_tp=2, seed=32)
