@@ -463,8 +463,8 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
       config.json.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
   arranged.layout.format_files.emplace_back(kGenerationConfigName,
                                             HfGenerationConfigJson(config.json));
-  // Tokenizer files and the model's other files (issue 27 item 3, lib/formats/hf/model_files.h)
-  // join the output here, as further format_files or verbatim copies (AddVerbatimCopy).
+  // Tokenizer files (--tokenizer) join the output in PlanConversion (AddModelFiles,
+  // lib/formats/hf/model_files.h), which leaves the two files written here as they are.
   return arranged;
 }
 
