@@ -6,7 +6,8 @@ Run:  /usr/bin/python3 tests/torch_dist_output_e2e_test.py --reshardctl PATH [un
 The input is a Llama-style GPT (GQA: 4 heads in 2 query groups, SwiGLU, untied output layer,
 vocabulary 50 padded to 64) written by tests/fixtures/hf_megatron_fixture.py from a known
 Hugging Face state dict, as a Megatron-LM TP 2 x PP 2 checkpoint (write_megatron_lm) or as a
-Megatron-Core torch_dist one (write_torch_dist). The expected output tensors are the
+Megatron-Core torch_dist one (write_torch_dist), or a GPT-2 style one saved by
+Megatron-DeepSpeed's pipeline engine (tests/fixtures/megatron_fixture.py). The expected output tensors are the
 fixture's numpy reference of Megatron-Core's keys (megatron_core_tensors: layers stacked,
 fused QKV per group, fc1 the global [gate; up]), never reshard's code. The output is read back
 with real torch: common.pt by torch.load, `.metadata` by the strict unpickler of
@@ -29,6 +30,7 @@ import harness  # noqa: E402
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import dcp_output_test as O  # noqa: E402
 import hf_megatron_fixture as hmf  # noqa: E402
+import megatron_fixture as mf  # noqa: E402
 from st_torch import read_file as st_tensors  # noqa: E402
 
 ITER = "iter_0000100"
@@ -38,11 +40,17 @@ METADATA_JSON = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
 # from Megatron-Core's TransformerLayer, independently of reshard's table.
 LEGACY_TO_CORE = {
     "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+    "input_layernorm.bias": "self_attention.linear_qkv.layer_norm_bias",
     "self_attention.query_key_value.weight": "self_attention.linear_qkv.weight",
+    "self_attention.query_key_value.bias": "self_attention.linear_qkv.bias",
     "self_attention.dense.weight": "self_attention.linear_proj.weight",
+    "self_attention.dense.bias": "self_attention.linear_proj.bias",
     "post_attention_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
+    "post_attention_layernorm.bias": "mlp.linear_fc1.layer_norm_bias",
     "mlp.dense_h_to_4h.weight": "mlp.linear_fc1.weight",
+    "mlp.dense_h_to_4h.bias": "mlp.linear_fc1.bias",
     "mlp.dense_4h_to_h.weight": "mlp.linear_fc2.weight",
+    "mlp.dense_4h_to_h.bias": "mlp.linear_fc2.bias",
 }
 
 
@@ -50,7 +58,10 @@ def core_name(legacy):
     """A merged Megatron-LM name as reshard's torch_dist reader names the tensor back."""
     outside = {"language_model.embedding.word_embeddings.weight":
                "embedding.word_embeddings.weight",
+               "language_model.embedding.position_embeddings.weight":
+               "embedding.position_embeddings.weight",
                "language_model.encoder.final_layernorm.weight": "decoder.final_layernorm.weight",
+               "language_model.encoder.final_layernorm.bias": "decoder.final_layernorm.bias",
                "language_model.output_layer.weight": "output_layer.weight"}
     if legacy in outside:
         return outside[legacy]
@@ -186,6 +197,33 @@ class TorchDistOutputTests(Base):
         self.check_tensors(again, self.expected)
         common = torch.load(os.path.join(again, "common.pt"), map_location="cpu")
         self.assertEqual((common["iteration"], common["args"].num_layers), (100, 4))
+
+
+    def test_megatron_deepspeed_pipe_tp2_pp2_to_two_ranks(self):
+        # GPT-2 style (LayerNorm and linear biases, learned positions, GeLU), tied embeddings,
+        # saved by Megatron-DeepSpeed's pipeline engine; the expected keys stack the fixture's
+        # full Megatron-LM tensors layer by layer.
+        model = mf.GPT(layers=4, hidden=16, heads=4, train_tp=2, seed=5)
+        save = self.p("save")
+        mf.write_deepspeed_pipe(save, model, 2, 2)
+        expected = {}
+        for name, tensor in mf.full_tensors(model).items():
+            core = core_name(name)
+            parts = core.split(".")
+            if parts[:2] == ["decoder", "layers"]:
+                key = ".".join(parts[:2] + parts[3:])
+                expected.setdefault(key, []).append(tensor)
+            else:
+                expected[core] = tensor
+        expected = {k: torch.stack(v) if isinstance(v, list) else v for k, v in expected.items()}
+        order = ["embedding.word_embeddings.weight", "embedding.position_embeddings.weight"] + [
+            "decoder.layers." + LEGACY_TO_CORE[k] for k in mf.layer_rank(model, 0, 0, 1)] + [
+            "decoder.final_layernorm.weight", "decoder.final_layernorm.bias"]
+        folder = self.convert("reshard", save, self.p("out"), "--parts", "2")
+        md = self.check_tensors(folder, {key: expected[key] for key in order})
+        # GeLU: fc1 rows split in two, one chunk per rank.
+        self.assertEqual(self.chunks(md, "decoder.layers.mlp.linear_fc1.bias"), [
+            ((0, 0), (4, 32), "__0_0.distcp"), ((0, 32), (4, 32), "__1_0.distcp")])
 
 
 class TorchDistOutputRefusalTests(Base):
