@@ -245,25 +245,25 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   ArrangedOutput arranged;
   const int base = static_cast<int>(catalog.tensors.size());
   std::vector<std::vector<OutputTensor>> rank_tensors(ranks);
-  for (const Entry& entry : entries) {
+  for (Entry& entry : entries) {
+    // Stacked and merged tensors are read as extra tensors, the others from the catalog.
     int source = entry.whole_source;
-    const CatalogTensor* tensor =
-        source >= 0 ? &catalog.tensors[source] : entry.stacked ? nullptr : &entry.whole;
-    if (entry.stacked) {
-      ASSIGN_OR_RETURN(CatalogTensor stacked, Stack(entry, layers));
-      arranged.extra_tensors.push_back(std::move(stacked));
-    } else if (source < 0) {
-      arranged.extra_tensors.push_back(entry.whole);
-    }
     if (source < 0) {
+      if (entry.stacked) {
+        ASSIGN_OR_RETURN(CatalogTensor stacked, Stack(entry, layers));
+        arranged.extra_tensors.push_back(std::move(stacked));
+      } else {
+        arranged.extra_tensors.push_back(std::move(entry.whole));
+      }
       source = base + static_cast<int>(arranged.extra_tensors.size()) - 1;
-      tensor = &arranged.extra_tensors.back();
     }
-    const Shape& shape = tensor->shape;
+    const CatalogTensor& tensor =
+        source < base ? catalog.tensors[source] : arranged.extra_tensors[source - base];
+    const Shape shape = tensor.shape;
     OutputTensor chunk;
     chunk.name = entry.key;
     chunk.source = source;
-    chunk.dtype = tensor->dtype;
+    chunk.dtype = tensor.dtype;
     chunk.global_shape = shape;
     chunk.region = Box::Full(shape);
     const int axis = entry.tp_axis < 0 ? -1 : entry.tp_axis + (entry.stacked ? 1 : 0);

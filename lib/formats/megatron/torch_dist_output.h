@@ -35,9 +35,10 @@
 // swiglu sharding); a replicated tensor one chunk, stored by rank 0. Each chunk spans all
 // layers of a stacked tensor (Megatron-Core saves one chunk per layer; DCP loads any tiling).
 // The common state carries the input's args (tensor_model_parallel_size N,
-// pipeline_model_parallel_size 1), checkpoint_version (3.0 when the input has none) and
-// iteration.
+// pipeline_model_parallel_size 1, no virtual stages, ckpt_format "torch_dist", each where the
+// args have it), checkpoint_version (3.0 when the input has none) and iteration.
 //
+// Megatron-LM loads it with --ckpt-format torch_dist (or --auto-detect-ckpt-format).
 // Not written: the optimizer state and RNG state (resume with --no-load-optim --no-load-rng),
 // nor `_extra_state` (with TransformerEngine layers, load with a --dist-ckpt-strictness that
 // tolerates keys missing from the checkpoint, such as log_unexpected).
