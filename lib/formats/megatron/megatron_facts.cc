@@ -152,11 +152,12 @@ void NoteTopLevel(const PickleValue* root, const std::vector<std::string>& skip,
       continue;
     }
     // The merged parts have no nesting to carry these in (Catalog::structure is null); the
-    // megatron output takes some from the training state.
+    // Megatron outputs take some from the training state.
     const bool to_megatron = std::find(carried.begin(), carried.end(), key->text) != carried.end();
-    notes.push_back(absl::StrCat(key->text, ": ", RenderValue(value).text,
-                                 to_megatron ? " (carried to --format megatron output only)"
-                                             : " (not carried to any output)"));
+    notes.push_back(absl::StrCat(
+        key->text, ": ", RenderValue(value).text,
+        to_megatron ? " (carried to --format megatron and megatron-torch-dist output)"
+                    : " (not carried to any output)"));
   }
 }
 

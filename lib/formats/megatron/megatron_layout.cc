@@ -1,5 +1,6 @@
 #include "lib/formats/megatron/megatron_layout.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
@@ -115,6 +116,17 @@ std::optional<std::string> IterationFolderFromTracker(absl::string_view text) {
   int64_t iteration = 0;
   if (!absl::SimpleAtoi(text, &iteration)) return std::nullopt;
   return absl::StrFormat("iter_%07d", iteration);
+}
+
+absl::StatusOr<std::string> TrackerTextFor(absl::string_view file_name) {
+  const absl::string_view folder = file_name.substr(0, file_name.find('/'));
+  if (folder == "release") return std::string(folder);
+  absl::string_view digits = folder;
+  int64_t iteration = 0;
+  if (!absl::ConsumePrefix(&digits, "iter_") || !absl::SimpleAtoi(digits, &iteration)) {
+    return absl::InternalError(absl::StrCat("unexpected iteration folder ", folder));
+  }
+  return absl::StrCat(iteration);
 }
 
 absl::StatusOr<Catalog> MergePipelineStages(std::vector<PipelineStage> stages,
@@ -257,6 +269,56 @@ std::vector<PartitionRule> MegatronPartitionRules(bool swiglu, int64_t qkv_unit_
                  PartitionRule{"query_key_value\\.(weight|bias)$", false, 0, 1, qkv_unit_rows});
   }
   return rules;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> PipeNamesToMegatronLM(
+    const std::vector<std::string>& names) {
+  std::map<std::string, std::string> renamed;
+  std::map<int, std::vector<std::string>> keys;  // layer index -> keys
+  for (const std::string& name : names) {
+    const size_t dot = name.find('.');
+    const std::optional<int> index =
+        dot == std::string::npos ? std::nullopt : ParseMegatronIndex(name.substr(0, dot));
+    if (!index.has_value()) {
+      if (keys.empty()) return renamed;  // Megatron-LM names
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", name, "\" is not named `<layer index>.<key>` as the others are"));
+    }
+    keys[*index].push_back(name.substr(dot + 1));
+  }
+  std::optional<int> embedding;
+  std::vector<int> layers;
+  for (const auto& [index, list] : keys) {
+    for (const std::string& key : list) {
+      if (key == "word_embeddings.weight" && !embedding.has_value()) embedding = index;
+      if (absl::StartsWith(key, "input_layernorm.") && (layers.empty() || layers.back() != index)) {
+        layers.push_back(index);
+      }
+    }
+  }
+  for (const auto& [index, list] : keys) {
+    const auto layer = std::find(layers.begin(), layers.end(), index);
+    for (const std::string& key : list) {
+      const std::string name = absl::StrCat(index, ".", key);
+      std::string to;
+      if (embedding.has_value() && index == *embedding) {
+        to = absl::StrCat("language_model.embedding.", key);
+      } else if (layer != layers.end()) {
+        to = absl::StrCat("language_model.encoder.layers.", layer - layers.begin(), ".", key);
+      } else if (key == "lm_head.weight") {
+        to = "language_model.output_layer.weight";
+      } else if (!layers.empty() && index > layers.back() && (key == "weight" || key == "bias")) {
+        to = absl::StrCat("language_model.encoder.final_layernorm.", key);
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", name,
+            "\" of the Megatron-DeepSpeed pipeline checkpoint has no Megatron-LM counterpart the "
+            "megatron output knows (embedding, transformer layer, final norm, lm_head)"));
+      }
+      renamed.emplace(name, std::move(to));
+    }
+  }
+  return renamed;
 }
 
 }  // namespace reshard

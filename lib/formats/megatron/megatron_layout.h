@@ -8,6 +8,7 @@
 #define RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_LAYOUT_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,6 +59,11 @@ std::string PipeLayerFileName(int layer, int tp);
 // "release" -> "release"; nullopt for anything else. Whitespace around it is ignored.
 std::optional<std::string> IterationFolderFromTracker(absl::string_view text);
 
+// What latest_checkpointed_iteration.txt says for the iteration folder of the output file
+// `file_name` ("iter_0000100/..." -> "100", "release/..." -> "release"), as Megatron writes it;
+// InternalError naming any other folder.
+absl::StatusOr<std::string> TrackerTextFor(absl::string_view file_name);
+
 // One pipeline stage of one TP rank: its tensors with stage-local layer numbers.
 struct PipelineStage {
   std::string name;  // "mp_rank_00_001", for messages
@@ -84,6 +90,15 @@ absl::StatusOr<Catalog> MergePipelineStages(std::vector<PipelineStage> stages,
 // mlp.dense_h_to_4h.weight has twice as many rows as its mlp.dense_4h_to_h.weight has columns.
 // nullopt when the catalog has no such pair.
 std::optional<bool> SwiGLUFromShapes(const Catalog& catalog);
+
+// Megatron-DeepSpeed's pipeline names (`<layer spec index>.<key>`, as its layer files and
+// ds_to_universal name them) -> the names Megatron-LM's GPTModel gives the same tensors: the
+// layer holding word_embeddings is the embedding, the layers holding input_layernorm are the
+// transformer layers in order, a later one holding only weight / bias the final norm, and
+// `lm_head.weight` the untied output layer. An empty map when the names are not such;
+// InvalidArgument naming a tensor that has no Megatron-LM counterpart.
+absl::StatusOr<std::map<std::string, std::string>> PipeNamesToMegatronLM(
+    const std::vector<std::string>& names);
 
 // The `megatron` rule preset (registered as "megatron" for --rules): Megatron-LM GPT tensor
 // parallelism, checkpoint version >= 2, GeLU MLP; Megatron-LM names and Megatron-DeepSpeed

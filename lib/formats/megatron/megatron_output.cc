@@ -87,61 +87,6 @@ absl::StatusOr<Placement> Place(const std::string& name) {
   return placement;
 }
 
-// Megatron-DeepSpeed's pipeline names (`<layer spec index>.<key>`, as its layer files and
-// ds_to_universal name them) -> the names Megatron-LM's GPTModel gives the same tensors: the
-// layer holding word_embeddings is the embedding, the layers holding input_layernorm are the
-// transformer layers in order, a later one holding only weight / bias the final norm, and
-// `lm_head.weight` the untied output layer. An empty map when the names are not such.
-absl::StatusOr<std::map<std::string, std::string>> PipeNamesToMegatronLM(
-    const std::vector<OutputTensor>& tensors) {
-  std::map<std::string, std::string> renamed;
-  std::map<int, std::vector<std::string>> keys;  // layer index -> keys
-  for (const OutputTensor& tensor : tensors) {
-    const size_t dot = tensor.name.find('.');
-    const std::optional<int> index =
-        dot == std::string::npos ? std::nullopt : ParseMegatronIndex(tensor.name.substr(0, dot));
-    if (!index.has_value()) {
-      if (keys.empty()) return renamed;  // Megatron-LM names
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", tensor.name, "\" is not named `<layer index>.<key>` as the others are"));
-    }
-    keys[*index].push_back(tensor.name.substr(dot + 1));
-  }
-  std::optional<int> embedding;
-  std::vector<int> layers;
-  for (const auto& [index, list] : keys) {
-    for (const std::string& key : list) {
-      if (key == "word_embeddings.weight" && !embedding.has_value()) embedding = index;
-      if (absl::StartsWith(key, "input_layernorm.") && (layers.empty() || layers.back() != index)) {
-        layers.push_back(index);
-      }
-    }
-  }
-  for (const auto& [index, list] : keys) {
-    const auto layer = std::find(layers.begin(), layers.end(), index);
-    for (const std::string& key : list) {
-      const std::string name = absl::StrCat(index, ".", key);
-      std::string to;
-      if (embedding.has_value() && index == *embedding) {
-        to = absl::StrCat("language_model.embedding.", key);
-      } else if (layer != layers.end()) {
-        to = absl::StrCat("language_model.encoder.layers.", layer - layers.begin(), ".", key);
-      } else if (key == "lm_head.weight") {
-        to = "language_model.output_layer.weight";
-      } else if (!layers.empty() && index > layers.back() && (key == "weight" || key == "bias")) {
-        to = absl::StrCat("language_model.encoder.final_layernorm.", key);
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor \"", name,
-            "\" of the Megatron-DeepSpeed pipeline checkpoint has no Megatron-LM counterpart the "
-            "megatron output knows (embedding, transformer layer, final norm, lm_head)"));
-      }
-      renamed.emplace(name, std::move(to));
-    }
-  }
-  return renamed;
-}
-
 // The module of an embedding tensor ("word_embeddings") and its key below ("weight").
 std::pair<std::string, std::string> SplitModule(const std::string& rest) {
   const size_t dot = rest.find('.');
@@ -321,7 +266,9 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
   RETURN_IF_ERROR(CheckDivides(args, "num_key_value_heads", plan.tp));
 
   // Megatron-DeepSpeed pipeline names, mapped to Megatron-LM's.
-  ASSIGN_OR_RETURN(const auto renamed, PipeNamesToMegatronLM(parts[0]));
+  std::vector<std::string> names;
+  for (const OutputTensor& tensor : parts[0]) names.push_back(tensor.name);
+  ASSIGN_OR_RETURN(const auto renamed, PipeNamesToMegatronLM(names));
   if (!renamed.empty()) {
     for (std::vector<OutputTensor>& part : parts) {
       for (OutputTensor& tensor : part) {
@@ -486,18 +433,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> MegatronOutput:
     const TargetLayout& layout) const {
   std::vector<std::pair<std::string, std::string>> files;
   if (layout.files.empty()) return files;
-  const std::string& name = layout.files[0].name;
-  const std::string folder = name.substr(0, name.find('/'));
-  std::string text = folder;
-  absl::string_view digits = folder;
-  if (absl::ConsumePrefix(&digits, "iter_")) {
-    int64_t iteration = 0;
-    if (!absl::SimpleAtoi(digits, &iteration)) {
-      return absl::InternalError(absl::StrCat("unexpected iteration folder ", folder));
-    }
-    text = absl::StrCat(iteration);
-  }
-  files.emplace_back(kTrackerName, text);
+  ASSIGN_OR_RETURN(std::string text, TrackerTextFor(layout.files[0].name));
+  files.emplace_back(kTrackerName, std::move(text));
   return files;
 }
 

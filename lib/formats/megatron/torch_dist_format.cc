@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -206,6 +207,18 @@ absl::Status AddCommonState(const std::string& dir, InputModel& model) {
       model.training_state.values["megatron.args"] = *std::move(node);
     }
   }
+  // The iteration and checkpoint version, for outputs that write checkpoints to resume from.
+  for (const auto& [field, value_name] :
+       {std::pair<const char*, const char*>{"iteration", "megatron.iteration"},
+        {"checkpoint_version", "megatron.checkpoint_version"}}) {
+    const PickleValue* value = PickleField(archive->root(), field);
+    if (value == nullptr) continue;
+    if (absl::StatusOr<StructureNode> node = PickleToStructure(value);
+        node.ok() && (node->kind == StructureNode::Kind::kInt ||
+                      node->kind == StructureNode::Kind::kFloat)) {
+      model.training_state.values[value_name] = *std::move(node);
+    }
+  }
   Catalog& catalog = model.parts.front();
   for (const CatalogTensor& tensor : common.tensors) {
     if (catalog.Find(tensor.name) >= 0) {
@@ -339,6 +352,18 @@ absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
   RETURN_IF_ERROR(CheckMetadataJson(dir), context);
   ASSIGN_OR_RETURN(InputModel model, ReadDcpCheckpoint(dir), context);
   RETURN_IF_ERROR(AddCommonState(dir, model), context);
+  // Without an iteration in common.pt (newer saves keep it in the common_state item), the
+  // folder's name says it.
+  if (model.training_state.Value("megatron.iteration") == nullptr) {
+    const std::string base = BaseName(dir);
+    absl::string_view name = base;
+    int64_t iteration = 0;
+    if (name == "release") {
+      model.training_state.values["megatron.release"] = StructureNode::Bool(true);
+    } else if (absl::ConsumePrefix(&name, "iter_") && absl::SimpleAtoi(name, &iteration)) {
+      model.training_state.values["megatron.iteration"] = StructureNode::Int(iteration);
+    }
+  }
   Catalog& catalog = model.parts.front();
   int64_t stacked = 0;
   ASSIGN_OR_RETURN(const int64_t layers, UnstackLayers(catalog, &stacked), context);

@@ -22,7 +22,10 @@
 // than the layer axis (MoE experts' prepended axis) are kept.
 //
 // Non-tensor values are carried as the DCP reader carries them (ShardedObjects and
-// `common_state` under their keys); common.pt's contents under "common". Refused before
+// `common_state` under their keys); common.pt's contents under "common", and its args,
+// iteration and checkpoint_version as the training state "megatron.args", "megatron.iteration"
+// and "megatron.checkpoint_version" (megatron_format.h's names; without an iteration in
+// common.pt, the iteration folder's name gives it, or "megatron.release"). Refused before
 // anything is written, naming what is missing: a folder without metadata.json, a backend other
 // than torch_dist (zarr), a missing `.metadata` or data file, and everything the DCP reader
 // refuses. `inspect` names the layout ("Megatron-Core torch_dist, iter_0000100, 2 layers

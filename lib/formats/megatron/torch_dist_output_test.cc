@@ -1,0 +1,234 @@
+#include "lib/formats/megatron/torch_dist_output.h"
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "lib/formats/megatron/megatron_layout.h"
+#include "lib/plan/layout_builders.h"
+#include "lib/plan/partition_rules.h"
+
+namespace reshard {
+namespace {
+
+using Kind = StructureNode::Kind;
+
+// A Llama-style GPT: hidden 8, 4 heads in 2 query groups of head dim 2 (QKV rows
+// 2 x (2 + 2) x 2 = 16), SwiGLU ffn 12 (fc1 [gate; up] 24 rows), untied, vocabulary 16 rows.
+constexpr int64_t kHidden = 8;
+constexpr int64_t kQkvRows = 16;
+constexpr int64_t kFfn = 12;
+constexpr int64_t kVocab = 16;
+const std::string kEncoder = "language_model.encoder.";
+
+InputModel Model(int layers) {
+  InputModel model;
+  model.format = kMegatronFormatId;
+  Catalog catalog;
+  catalog.format = kMegatronFormatId;
+  catalog.files.push_back({"/in/model_optim_rng.pt", 1 << 30});
+  uint64_t offset = 0;
+  auto add = [&](const std::string& name, Shape shape) {
+    catalog.tensors.push_back({name, DType::kF32, shape, {}});
+    catalog.tensors.back().pieces.push_back(
+        {0, offset, Box::Full(shape), RowMajorStrides(shape)});
+    offset += NumElementsUnchecked(shape) * 4;
+  };
+  add("language_model.embedding.word_embeddings.weight", {kVocab, kHidden});
+  for (int i = 0; i < layers; ++i) {
+    const std::string l = absl::StrCat(kEncoder, "layers.", i, ".");
+    add(l + "input_layernorm.weight", {kHidden});
+    add(l + "self_attention.query_key_value.weight", {kQkvRows, kHidden});
+    add(l + "self_attention.dense.weight", {kHidden, kHidden});
+    add(l + "post_attention_layernorm.weight", {kHidden});
+    add(l + "mlp.dense_h_to_4h.weight", {2 * kFfn, kHidden});
+    add(l + "mlp.dense_4h_to_h.weight", {kHidden, kFfn});
+  }
+  add(kEncoder + "final_layernorm.weight", {kHidden});
+  add("language_model.output_layer.weight", {kVocab, kHidden});
+  catalog.Reindex();
+  model.parts.push_back(std::move(catalog));
+  model.default_rules = MegatronPartitionRules(/*swiglu=*/true, kQkvRows / 2);
+  StructureNode args = StructureNode::Dict();
+  for (const auto& [key, value] :
+       std::map<std::string, int64_t>{{"num_layers", layers},
+                                      {"num_attention_heads", 4},
+                                      {"group_query_attention", 1},
+                                      {"num_query_groups", 2},
+                                      {"tensor_model_parallel_size", 2},
+                                      {"pipeline_model_parallel_size", 2}}) {
+    args.Add(StructureNode::String(key), StructureNode::Int(value));
+  }
+  model.training_state.values["megatron.args"] = args;
+  model.training_state.values["megatron.iteration"] = StructureNode::Int(100);
+  return model;
+}
+
+// What the engine does for `consolidate` (parts 0) or `reshard --parts N`.
+absl::StatusOr<ArrangedOutput> Arrange(const InputModel& model, int parts) {
+  const TorchDistOutput output;
+  if (parts == 0) {
+    ArrangeRequest request{model, model.parts[0]};
+    return output.Arrange(TargetLayout{}, request);
+  }
+  auto rules = PartitionRules::Create(model.default_rules);
+  EXPECT_TRUE(rules.ok()) << rules.status();
+  static Catalog viewed;
+  auto view = ViewFusedTensors(model.parts[0], *rules);
+  EXPECT_TRUE(view.ok()) << view.status();
+  viewed = *std::move(view);
+  ArrangeRequest request{model, viewed};
+  request.consolidate = false;
+  request.parts = parts;
+  return output.Arrange(TargetLayout{}, request);
+}
+
+// name -> (global shape, chunk boxes) of a file.
+std::map<std::string, std::pair<Shape, std::vector<std::string>>> Chunks(
+    const OutputFileLayout& file) {
+  std::map<std::string, std::pair<Shape, std::vector<std::string>>> chunks;
+  for (const OutputTensor& tensor : file.tensors) {
+    chunks[tensor.name].first = tensor.global_shape;
+    chunks[tensor.name].second.push_back(BoxToString(tensor.region));
+  }
+  return chunks;
+}
+
+TEST(TorchDistOutputTest, ConsolidatedKeysAndLayerStackedGlobalShapes) {
+  const InputModel model = Model(2);
+  absl::StatusOr<ArrangedOutput> arranged = Arrange(model, 0);
+  ASSERT_TRUE(arranged.ok()) << arranged.status();
+  const std::vector<OutputFileLayout>& files = arranged->layout.files;
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[0].name, "iter_0000100/__0_0.distcp");
+  EXPECT_EQ(files[1].name, "iter_0000100/common.pt");
+  std::vector<std::pair<std::string, Shape>> keys;
+  for (const OutputTensor& tensor : files[0].tensors) {
+    EXPECT_EQ(tensor.region, Box::Full(tensor.global_shape)) << tensor.name;
+    keys.emplace_back(tensor.name, tensor.global_shape);
+  }
+  const std::vector<std::pair<std::string, Shape>> expected = {
+      {"embedding.word_embeddings.weight", {kVocab, kHidden}},
+      {"decoder.layers.self_attention.linear_qkv.layer_norm_weight", {2, kHidden}},
+      {"decoder.layers.self_attention.linear_qkv.weight", {2, kQkvRows, kHidden}},
+      {"decoder.layers.self_attention.linear_proj.weight", {2, kHidden, kHidden}},
+      {"decoder.layers.mlp.linear_fc1.layer_norm_weight", {2, kHidden}},
+      {"decoder.layers.mlp.linear_fc1.weight", {2, 2 * kFfn, kHidden}},
+      {"decoder.layers.mlp.linear_fc2.weight", {2, kHidden, kFfn}},
+      {"decoder.final_layernorm.weight", {kHidden}},
+      {"output_layer.weight", {kVocab, kHidden}},
+  };
+  EXPECT_EQ(keys, expected);
+  // A stacked key reads layer l's tensor at [l, ...]: layer 1's QKV from its own bytes.
+  const OutputTensor& qkv = files[0].tensors[2];
+  const int base = static_cast<int>(model.parts[0].tensors.size());
+  ASSERT_GE(qkv.source, base);
+  const CatalogTensor& stacked = arranged->extra_tensors[qkv.source - base];
+  ASSERT_EQ(stacked.pieces.size(), 2u);
+  const CatalogTensor& layer1 = model.parts[0].tensors[model.parts[0].Find(
+      kEncoder + "layers.1.self_attention.query_key_value.weight")];
+  EXPECT_EQ(BoxToString(stacked.pieces[1].box), BoxToString(Box{{1, 0, 0}, {1, 16, 8}}));
+  EXPECT_EQ(stacked.pieces[1].byte_offset, layer1.pieces[0].byte_offset);
+  // Tensors outside the layers are read from the catalog as they are.
+  EXPECT_EQ(files[0].tensors[0].source, 0);
+  // The common state.
+  ASSERT_NE(files[1].structure, nullptr);
+  const StructureNode& common = *files[1].structure;
+  ASSERT_EQ(common.keys.size(), 3u);
+  EXPECT_EQ(common.keys[0].text, "args");
+  EXPECT_EQ(common.keys[1].text, "checkpoint_version");
+  EXPECT_EQ(common.values[1].real, 3.0);
+  EXPECT_EQ(common.keys[2].text, "iteration");
+  EXPECT_EQ(common.values[2].integer, 100);
+  EXPECT_EQ(IntAttribute(&common.values[0], "tensor_model_parallel_size"), 1);
+  EXPECT_EQ(IntAttribute(&common.values[0], "pipeline_model_parallel_size"), 1);
+}
+
+TEST(TorchDistOutputTest, TwoRanksChunkAsMegatronCoreShardsWithGatedHalves) {
+  const InputModel model = Model(2);
+  absl::StatusOr<ArrangedOutput> arranged = Arrange(model, 2);
+  ASSERT_TRUE(arranged.ok()) << arranged.status();
+  const std::vector<OutputFileLayout>& files = arranged->layout.files;
+  ASSERT_EQ(files.size(), 3u);
+  EXPECT_EQ(files[0].name, "iter_0000100/__0_0.distcp");
+  EXPECT_EQ(files[1].name, "iter_0000100/__1_0.distcp");
+  EXPECT_EQ(files[2].name, "iter_0000100/common.pt");
+  auto rank0 = Chunks(files[0]);
+  auto rank1 = Chunks(files[1]);
+  using Chunk = std::pair<Shape, std::vector<std::string>>;
+  // fc1: each rank's gate rows and its up rows of the global [gate; up], over both layers.
+  EXPECT_EQ(rank0["decoder.layers.mlp.linear_fc1.weight"],
+            (Chunk{{2, 24, 8}, {"[0:2, 0:6, 0:8]", "[0:2, 12:18, 0:8]"}}));
+  EXPECT_EQ(rank1["decoder.layers.mlp.linear_fc1.weight"],
+            (Chunk{{2, 24, 8}, {"[0:2, 6:12, 0:8]", "[0:2, 18:24, 0:8]"}}));
+  EXPECT_EQ(rank1["decoder.layers.self_attention.linear_qkv.weight"],
+            (Chunk{{2, 16, 8}, {"[0:2, 8:16, 0:8]"}}));
+  EXPECT_EQ(rank1["decoder.layers.self_attention.linear_proj.weight"],
+            (Chunk{{2, 8, 8}, {"[0:2, 0:8, 4:8]"}}));
+  EXPECT_EQ(rank1["decoder.layers.mlp.linear_fc2.weight"],
+            (Chunk{{2, 8, 12}, {"[0:2, 0:8, 6:12]"}}));
+  EXPECT_EQ(rank1["embedding.word_embeddings.weight"], (Chunk{{16, 8}, {"[8:16, 0:8]"}}));
+  EXPECT_EQ(rank1["output_layer.weight"], (Chunk{{16, 8}, {"[8:16, 0:8]"}}));
+  // Replicated tensors once, by rank 0.
+  EXPECT_EQ(rank1.count("decoder.final_layernorm.weight"), 0u);
+  EXPECT_EQ(rank0["decoder.final_layernorm.weight"], (Chunk{{8}, {"[0:8]"}}));
+  EXPECT_EQ(rank0["decoder.layers.mlp.linear_fc1.layer_norm_weight"],
+            (Chunk{{2, 8}, {"[0:2, 0:8]"}}));
+  EXPECT_EQ(IntAttribute(&files[2].structure->values[0], "tensor_model_parallel_size"), 2);
+}
+
+TEST(TorchDistOutputTest, CompanionFilesNameTheIterationAndTheBackends) {
+  const TorchDistOutput output;
+  absl::StatusOr<ArrangedOutput> arranged = Arrange(Model(1), 0);
+  ASSERT_TRUE(arranged.ok()) << arranged.status();
+  auto files = output.CompanionFiles(arranged->layout);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 3u);
+  EXPECT_EQ((*files)[0].first, "iter_0000100/.metadata");
+  EXPECT_EQ((*files)[1].first, "iter_0000100/metadata.json");
+  EXPECT_EQ((*files)[1].second,
+            "{\"sharded_backend\": \"torch_dist\", \"sharded_backend_version\": 1, "
+            "\"common_backend\": \"torch\", \"common_backend_version\": 1}");
+  EXPECT_EQ((*files)[2], std::make_pair(std::string("latest_checkpointed_iteration.txt"),
+                                        std::string("100")));
+}
+
+TEST(TorchDistOutputTest, RefusesOtherInputNamingItsFormat) {
+  InputModel model = Model(1);
+  model.format = "safetensors";
+  absl::StatusOr<ArrangedOutput> arranged = Arrange(model, 0);
+  ASSERT_EQ(arranged.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(arranged.status().message(),
+            "the megatron-torch-dist output writes Megatron-Core checkpoints from Megatron input "
+            "only (Megatron-LM, Megatron-DeepSpeed or Megatron-Core torch_dist: its args, "
+            "iteration and layers), not from safetensors input");
+}
+
+TEST(TorchDistOutputTest, RefusesRanksThatSplitAQueryGroup) {
+  absl::StatusOr<ArrangedOutput> arranged = Arrange(Model(1), 4);
+  ASSERT_EQ(arranged.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(arranged.status().message(),
+            "args.num_query_groups is 2, which --parts 4 does not divide: every tensor-parallel "
+            "rank of Megatron-Core holds whole query groups");
+}
+
+TEST(TorchDistOutputTest, RefusesALayerMissingFromAStackedKey) {
+  InputModel model = Model(2);
+  Catalog& catalog = model.parts[0];
+  const std::string gone = kEncoder + "layers.1.self_attention.dense.weight";
+  catalog.tensors.erase(catalog.tensors.begin() + catalog.Find(gone));
+  catalog.Reindex();
+  absl::StatusOr<ArrangedOutput> arranged = Arrange(model, 0);
+  ASSERT_EQ(arranged.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(arranged.status().message(),
+            "\"decoder.layers.self_attention.linear_proj.weight\" has no tensor for layer 1 of 2 "
+            "(from \"language_model.encoder.layers.0.self_attention.dense.weight\" and its "
+            "siblings); Megatron-Core stacks every layer's tensors under one key, so every layer "
+            "must hold them");
+}
+
+}  // namespace
+}  // namespace reshard
