@@ -52,7 +52,7 @@
 // chunks spanning several layers and the missing `_extra_state` under the strictness above, and
 // that `common.pt` without `num_floating_point_operations_so_far` and `rng_state` loads with
 // --no-load-rng. The keys, shapes, metadata.json and the DCP framing follow Megatron-Core's
-// source as /work/shared/reference/training-checkpoints.md §6 describes it.
+// source (megatron/core/dist_checkpointing and models/gpt).
 
 #ifndef RESHARD_LIB_FORMATS_MEGATRON_TORCH_DIST_OUTPUT_H_
 #define RESHARD_LIB_FORMATS_MEGATRON_TORCH_DIST_OUTPUT_H_
