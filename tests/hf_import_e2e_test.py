@@ -368,8 +368,9 @@ class ImportRefusalTests(Base):
     def test_missing_config_json(self):
         hf_dir = self.model().save(self.p("hf"))
         os.remove(os.path.join(hf_dir, "config.json"))
-        self.refused(hf_dir, ["--parts", "1"], "config.json not found: importing a Hugging "
-                                               "Face model into Megatron-LM needs the config.json")
+        self.refused(hf_dir, ["--parts", "1"],
+                     os.path.join(hf_dir, "config.json") + " not found: a Hugging Face model is "
+                     "imported into Megatron-LM with the config.json save_pretrained writes")
 
     def test_tensor_without_megatron_counterpart(self):
         m = self.model()

@@ -555,8 +555,9 @@ absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* co
   if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(absl::StrCat(
         *config_path,
-        " not found: importing a Hugging Face model into Megatron-LM needs the "
-        "config.json save_pretrained writes beside the weights (sizes, heads, vocabulary)"));
+        " not found: a Hugging Face model is imported into Megatron-LM with the config.json "
+        "save_pretrained writes beside the weights (sizes, heads, vocabulary); other input "
+        "must be a Megatron checkpoint"));
   }
   if (!text.ok()) return Annotate(text.status(), *config_path);
   Json parsed = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
