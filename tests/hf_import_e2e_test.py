@@ -72,8 +72,9 @@ class Model(object):
     """One HF model: family, sizes, state dict and config.json."""
 
     def __init__(self, family, layers=6, hidden=16, heads=4, groups=2, head_dim=None, ffn=24,
-                 vocab=300, tied=False, seed=0, rope_scaling=None):
+                 vocab=300, tied=False, seed=0, rope_scaling=None, dtype=torch.float32):
         self.family, self.layers, self.hidden, self.heads = family, layers, hidden, heads
+        self.dtype = dtype
         self.groups = heads if family == "gpt2" else groups
         self.head_dim = head_dim or hidden // heads
         self.ffn = 4 * hidden if family == "gpt2" else ffn
@@ -104,6 +105,11 @@ class Model(object):
                 self.config["sliding_window"] = 4096
             else:
                 self.config["attention_bias"] = family == "qwen2"
+        if dtype == torch.bfloat16:
+            # bf16 weights, kept here as the float32 numbers they are (exactly).
+            self.hf = collections.OrderedDict(
+                (k, torch.from_numpy(v).to(dtype).float().numpy()) for k, v in self.hf.items())
+            self.config["torch_dtype"] = "bfloat16"
 
     def save(self, folder, shards=2):
         """save_pretrained's layout: model-0000i-of-0000N.safetensors, the index, config.json."""
@@ -115,7 +121,8 @@ class Model(object):
             file = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
             part = names[i * per:(i + 1) * per]
             write_file(os.path.join(folder, file),
-                       collections.OrderedDict((n, torch.from_numpy(self.hf[n])) for n in part))
+                       collections.OrderedDict(
+                           (n, torch.from_numpy(self.hf[n]).to(self.dtype)) for n in part))
             weight_map.update({n: file for n in part})
         with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": weight_map}, f)
@@ -254,8 +261,8 @@ class ImportTests(Base):
                 want = megatron_rank(m, t, tp, p, pp)
                 self.assertEqual(list(got), list(want), name)
                 for key, value in want.items():
-                    self.assertEqual(got[key].dtype, torch.float32, key)
-                    self.assertTrue(torch.equal(got[key], torch.from_numpy(
+                    self.assertEqual(got[key].dtype, m.dtype, key)
+                    self.assertTrue(torch.equal(got[key].float(), torch.from_numpy(
                         np.ascontiguousarray(value))), "%s: %s differs" % (name, key))
                 self.check_args(m, ckpt["args"], tp, pp, t, p)
 
@@ -270,8 +277,8 @@ class ImportTests(Base):
             "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
             "world_size": tp * pp, "rank": t + tp * p, "swiglu": not gpt2,
             "untie_embeddings_and_output_weights": not m.tied,
-            "qk_layernorm": m.family == "qwen3", "params_dtype": torch.float32,
-            "bf16": False, "fp16": False,
+            "qk_layernorm": m.family == "qwen3", "params_dtype": m.dtype,
+            "bf16": m.dtype == torch.bfloat16, "fp16": False,
             "normalization": "LayerNorm" if gpt2 else "RMSNorm",
             "position_embedding_type": "learned_absolute" if gpt2 else "rope",
             "max_position_embeddings": m.positions if gpt2 else 128,
@@ -291,7 +298,9 @@ class ImportTests(Base):
         got = read_folder(back)
         self.assertEqual(sorted(got), sorted(m.hf), "tensor names")
         for name, value in m.hf.items():
-            self.assertTrue(torch.equal(got[name], torch.from_numpy(value)), "%s differs" % name)
+            self.assertEqual(got[name].dtype, m.dtype, name)
+            self.assertTrue(torch.equal(got[name].float(), torch.from_numpy(value)),
+                            "%s differs" % name)
         with open(os.path.join(back, "config.json")) as f:
             config = json.load(f)
         for key, value in m.config.items():
@@ -328,9 +337,10 @@ class ImportTests(Base):
     def test_qwen2_qkv_bias(self):
         self.run_model(Model("qwen2", hidden=32, heads=8, groups=4, vocab=50, seed=3), self.ALL)
 
-    def test_qwen3_qk_norm_head_dim(self):
-        # head_dim 8 != hidden / heads.
-        self.run_model(Model("qwen3", heads=4, groups=2, head_dim=8, seed=4),
+    def test_qwen3_qk_norm_head_dim_bf16(self):
+        # head_dim 8 != hidden / heads; bf16 weights (params_dtype, bf16 in the args).
+        self.run_model(Model("qwen3", heads=4, groups=2, head_dim=8, seed=4,
+                             dtype=torch.bfloat16),
                        [(1, 1), (2, 1), (2, 2), (1, 3)])
 
     def test_gpt2_odd_vocabulary(self):
