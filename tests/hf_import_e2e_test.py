@@ -323,6 +323,8 @@ class ImportTests(Base):
 
     ALL = [(1, 1), (2, 1), (2, 2), (4, 1), (1, 3)]
 
+
+class LlamaMistralImportTests(ImportTests):
     def test_llama_gqa_untied_padded_vocab_rope_scaling(self):
         # 8 heads in 4 groups (r = 2), vocabulary 1000: not a multiple of 128 x TP.
         self.run_model(Model("llama", hidden=32, heads=8, groups=4, vocab=1000,
@@ -334,6 +336,8 @@ class ImportTests(Base):
     def test_mistral_groups_equal_heads_tied(self):
         self.run_model(Model("mistral", heads=4, groups=4, tied=True, seed=2), self.ALL)
 
+
+class QwenGpt2ImportTests(ImportTests):
     def test_qwen2_qkv_bias(self):
         self.run_model(Model("qwen2", hidden=32, heads=8, groups=4, vocab=50, seed=3), self.ALL)
 

@@ -29,7 +29,6 @@ constexpr char kConfigName[] = "config.json";
 constexpr uint64_t kMaxConfigBytes = 16 << 20;
 // Megatron-LM's default --make-vocab-size-divisible-by.
 constexpr int64_t kVocabDivisibleBy = 128;
-constexpr char kLanguageModel[] = "language_model.";
 constexpr char kEncoder[] = "language_model.encoder.";
 
 // The model's figures, from config.json.
@@ -161,10 +160,13 @@ absl::StatusOr<Sizes> ReadSizes(const Config& config, const HfFamily& family) {
                        " (query groups): every group must hold the same number of query heads"));
     }
     if (const Json* scaling = config.Find("rope_scaling")) {
-      const bool llama3 = scaling->is_object() && scaling->value("rope_type", "") == "llama3" &&
-                          scaling->value("low_freq_factor", 0.0) == 1.0 &&
-                          scaling->value("high_freq_factor", 0.0) == 4.0 &&
-                          scaling->value("original_max_position_embeddings", 0) == 8192 &&
+      // The keys compared as JSON values: a key of another type is no match (no exception).
+      auto is = [&](const char* key, const Json& want) {
+        return scaling->is_object() && scaling->contains(key) && (*scaling)[key] == want;
+      };
+      const bool llama3 = is("rope_type", "llama3") && is("low_freq_factor", 1.0) &&
+                          is("high_freq_factor", 4.0) &&
+                          is("original_max_position_embeddings", 8192) &&
                           scaling->contains("factor") && (*scaling)["factor"].is_number();
       if (!llama3) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -230,7 +232,10 @@ StructureNode MakeArgs(const HfFamily& family, const Sizes& sizes, const Json& c
     set("swiglu", StructureNode::Bool(false));
     set("add_bias_linear", StructureNode::Bool(true));
     set("add_qkv_bias", StructureNode::Bool(true));
-    const std::string activation = config.value("activation_function", "gelu_new");
+    const auto found = config.find("activation_function");
+    const std::string activation = found != config.end() && found->is_string()
+                                       ? found->get<std::string>()
+                                       : std::string("gelu_new");
     set("openai_gelu", StructureNode::Bool(activation == "gelu_new"));
     set("bias_gelu_fusion", StructureNode::Bool(activation == "gelu_fast"));
   } else {

@@ -393,6 +393,17 @@ TEST(HfImportTest, Refusals) {
             std::string::npos)
       << status;
 
+  // Only Llama 3.1's rope scaling has args; a key of another JSON type is no match.
+  Json linear = config;
+  linear["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", 8.0},
+                            {"low_freq_factor", "1"},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 8192}};
+  status = ImportHfAsMegatron(catalog, linear, "/in/config.json", 1, 1).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("is not Llama 3.1's"), std::string::npos) << status;
+
   HfCatalog extra = LlamaTensors(m);
   extra.Add("model.layers.0.mlp.router.weight", {4, m.hidden});
   status = ImportHfAsMegatron(extra.catalog(), config, "/in/config.json", 1, 1).status();
