@@ -610,7 +610,8 @@ class MegatronOutputTests(Base):
         with open(st, "wb") as f:
             f.write(b'\x02\x00\x00\x00\x00\x00\x00\x00{}')
         self.refused(["reshard", st, self.p("o4"), "--parts", 1, "--rules", "megatron",
-                      "--format", "megatron"], "from Megatron input only")
+                      "--format", "megatron"],
+                     "other input must be a Megatron checkpoint")
 
     def test_deepspeed_pipeline_in(self):
         # GPTModelPipe's layer files (1.*, 3..6.*, 8.weight) under Megatron-LM's names.

@@ -161,6 +161,20 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   }
   if (!loaded.ok()) return loaded.status();
   planned.input = *std::move(loaded);
+  {
+    const bool reshard = spec.kind == ConversionSpec::Kind::kReshard;
+    ASSIGN_OR_RETURN(
+        const bool presented,
+        planned.writer->PresentInput(planned.input.path, reshard ? spec.parts : 1,
+                                     reshard ? std::max(spec.pipeline_parts, 1) : 1,
+                                     planned.input.model, planned.input.catalog),
+        absl::StrCat(spec.input, ": presenting the input to the ", spec.output_format, " output"));
+    if (presented) {
+      ASSIGN_OR_RETURN(planned.input.rules,
+                       PartitionRules::Create(planned.input.model.default_rules),
+                       absl::StrCat(spec.input, ": ", spec.output_format, " rules"));
+    }
+  }
   const PartitionRules& rules = planned.input.rules;
   const Catalog& catalog = planned.input.catalog;
   // What the plan reads: the input's Catalog, or its fused-block view for a split.

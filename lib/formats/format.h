@@ -172,6 +172,17 @@ class OutputFormat {
     arranged.layout = std::move(engine_layout);
     return arranged;
   }
+  // Output formats that write the model under another framework's names may present the input
+  // as that framework's model before the engine lays it out (megatron: a Hugging Face model as
+  // the merged Megatron-LM model, lib/formats/hf/hf_import.h). `input` is the path the user
+  // gave, `catalog` the merged model, `parts` and `pipeline_parts` the sizes asked for (1 to
+  // consolidate). When it returns true, `model` (its training_state and default_rules, which
+  // replace any --rules) and `catalog` are what the layout and Arrange see. The default: false.
+  virtual absl::StatusOr<bool> PresentInput(const std::string& input, int parts,
+                                            int pipeline_parts, InputModel& model,
+                                            Catalog& catalog) const {
+    return false;
+  }
   // Lays out one output file: the bytes the format owns and where each tensor's data goes.
   virtual absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const = 0;
   // Files written after the data files, such as a sharded model's index: (name, contents).

@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "lib/core/status.h"
+#include "lib/formats/hf/hf_import.h"
 #include "lib/formats/megatron/megatron_layout.h"
 
 namespace reshard {
@@ -203,10 +204,13 @@ OutputNaming MegatronOutput::naming() const {
 absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layout,
                                                        const ArrangeRequest& request) const {
   const InputModel& model = request.model;
-  if (model.format != kMegatronFormatId) {
+  // Megatron input, or a Hugging Face model PresentInput made a Megatron-LM one.
+  if (model.format != kMegatronFormatId &&
+      model.training_state.Value(kHfImportFamilyKey) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the megatron output writes Megatron-LM checkpoints from Megatron input only (its args, "
-        "iteration and layer layout), not from ",
+        "the megatron output writes Megatron-LM checkpoints from Megatron input (its args, "
+        "iteration and layer layout) or from a Hugging Face model (safetensors and "
+        "config.json), not from ",
         model.format, " input"));
   }
   if (request.dtype != DTypePolicy::kKeep) {
@@ -423,6 +427,23 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
     }
   }
   return arranged;
+}
+
+absl::StatusOr<bool> MegatronOutput::PresentInput(const std::string& input, int parts,
+                                                  int pipeline_parts, InputModel& model,
+                                                  Catalog& catalog) const {
+  if (!IsHfImportInput(model)) return false;
+  std::string config_path;
+  ASSIGN_OR_RETURN(const nlohmann::ordered_json config, ReadHfInputConfig(input, &config_path));
+  ASSIGN_OR_RETURN(MegatronImport imported,
+                   ImportHfAsMegatron(catalog, config, config_path, parts, pipeline_parts));
+  catalog = std::move(imported.catalog);
+  model.training_state = std::move(imported.training_state);
+  model.default_rules = std::move(imported.rules);
+  model.description = absl::StrCat(model.description, model.description.empty() ? "" : "; ",
+                                   "Hugging Face ", imported.family->id,
+                                   " model imported as Megatron-LM");
+  return true;
 }
 
 absl::StatusOr<FileFraming> MegatronOutput::Frame(const OutputFileLayout& file) const {

@@ -1,0 +1,638 @@
+#include "lib/formats/hf/hf_import.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "lib/core/status.h"
+#include "lib/formats/megatron/megatron_layout.h"
+#include "lib/io/file_access.h"
+#include "lib/plan/layout_builders.h"
+
+namespace reshard {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Kind = StructureNode::Kind;
+
+constexpr char kConfigName[] = "config.json";
+// config.json files are small; this bounds what is read.
+constexpr uint64_t kMaxConfigBytes = 16 << 20;
+// Megatron-LM's default --make-vocab-size-divisible-by.
+constexpr int64_t kVocabDivisibleBy = 128;
+constexpr char kEncoder[] = "language_model.encoder.";
+
+// The model's figures, from config.json.
+struct Sizes {
+  int64_t hidden = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t groups = 0;  // num_key_value_heads
+  int64_t head_dim = 0;
+  int64_t ffn = 0;
+  int64_t vocab = 0;
+  int64_t positions = 0;
+  double norm_epsilon = 0;
+  std::optional<double> rope_theta;
+  std::optional<double> rope_scaling_factor;  // Llama 3.1's rope_scaling
+  bool tied = false;
+};
+
+// config.json as read, with its path for messages.
+class Config {
+ public:
+  Config(const Json& json, const std::string& path) : json_(json), path_(path) {}
+
+  const Json* Find(const char* key) const {
+    auto it = json_.find(key);
+    if (it == json_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  // A positive integer `key`; `fallback` when absent (nullopt: required).
+  absl::StatusOr<int64_t> Int(const char* key,
+                              std::optional<int64_t> fallback = std::nullopt) const {
+    const Json* value = Find(key);
+    if (value == nullptr) {
+      if (fallback.has_value()) return *fallback;
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, " has no ", key, ", which the Megatron-LM args need"));
+    }
+    if (!value->is_number_integer() || value->get<int64_t>() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": ", key, " must be a positive integer, got ", value->dump()));
+    }
+    return value->get<int64_t>();
+  }
+
+  absl::StatusOr<double> Number(const char* key, double fallback) const {
+    return Typed<double>(key, fallback, &Json::is_number, "a number");
+  }
+
+  absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
+    return Typed<bool>(key, fallback, &Json::is_boolean, "true or false");
+  }
+
+  const std::string& path() const { return path_; }
+
+ private:
+  // `key` as a T when `is` accepts it; `fallback` when absent.
+  template <typename T>
+  absl::StatusOr<T> Typed(const char* key, T fallback, bool (Json::*is)() const noexcept,
+                          const char* what) const {
+    const Json* value = Find(key);
+    if (value == nullptr) return fallback;
+    if (!(value->*is)()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": ", key, " must be ", what, ", got ", value->dump()));
+    }
+    return value->get<T>();
+  }
+
+  const Json& json_;
+  const std::string& path_;
+};
+
+// The family config.json names: model_type, else the first of architectures.
+absl::StatusOr<const HfFamily*> FamilyOfConfig(const Config& config) {
+  std::string model_type;
+  std::string architecture;
+  if (const Json* value = config.Find("model_type"); value != nullptr && value->is_string()) {
+    model_type = value->get<std::string>();
+  }
+  if (const Json* value = config.Find("architectures");
+      value != nullptr && value->is_array() && !value->empty() && (*value)[0].is_string()) {
+    architecture = (*value)[0].get<std::string>();
+  }
+  for (const HfFamily& family : HfFamilies()) {
+    if (!model_type.empty() ? family.model_type == model_type
+                            : family.architecture == architecture) {
+      return &family;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      config.path(), " describes a model of model_type \"", model_type, "\" (architectures \"",
+      architecture,
+      "\"), which is none of the families reshard imports into Megatron-LM: ", HfFamilyList()));
+}
+
+absl::StatusOr<Sizes> ReadSizes(const Config& config, const HfFamily& family) {
+  Sizes sizes;
+  if (family.gpt2) {
+    ASSIGN_OR_RETURN(sizes.hidden, config.Int("n_embd"));
+    ASSIGN_OR_RETURN(sizes.layers, config.Int("n_layer"));
+    ASSIGN_OR_RETURN(sizes.heads, config.Int("n_head"));
+    ASSIGN_OR_RETURN(sizes.ffn, config.Int("n_inner", 4 * sizes.hidden));
+    ASSIGN_OR_RETURN(sizes.positions, config.Int("n_positions"));
+    ASSIGN_OR_RETURN(sizes.norm_epsilon, config.Number("layer_norm_epsilon", 1e-5));
+    ASSIGN_OR_RETURN(sizes.tied, config.Bool("tie_word_embeddings", true));
+    if (sizes.hidden % sizes.heads != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config.path(), ": n_embd ", sizes.hidden, " is not divisible by n_head ",
+                       sizes.heads, ": GPT-2's heads split the hidden size evenly"));
+    }
+    sizes.groups = sizes.heads;
+    sizes.head_dim = sizes.hidden / sizes.heads;
+  } else {
+    ASSIGN_OR_RETURN(sizes.hidden, config.Int("hidden_size"));
+    ASSIGN_OR_RETURN(sizes.layers, config.Int("num_hidden_layers"));
+    ASSIGN_OR_RETURN(sizes.heads, config.Int("num_attention_heads"));
+    ASSIGN_OR_RETURN(sizes.groups, config.Int("num_key_value_heads", sizes.heads));
+    ASSIGN_OR_RETURN(sizes.head_dim, config.Int("head_dim", sizes.hidden / sizes.heads));
+    ASSIGN_OR_RETURN(sizes.ffn, config.Int("intermediate_size"));
+    ASSIGN_OR_RETURN(sizes.positions, config.Int("max_position_embeddings"));
+    ASSIGN_OR_RETURN(sizes.norm_epsilon, config.Number("rms_norm_eps", 1e-6));
+    ASSIGN_OR_RETURN(sizes.rope_theta, config.Number("rope_theta", 10000.0));
+    ASSIGN_OR_RETURN(sizes.tied, config.Bool("tie_word_embeddings", false));
+    if (sizes.heads % sizes.groups != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config.path(), ": num_attention_heads ", sizes.heads,
+                       " is not divisible by num_key_value_heads ", sizes.groups,
+                       " (query groups): every group must hold the same number of query heads"));
+    }
+    if (const Json* scaling = config.Find("rope_scaling")) {
+      // The keys compared as JSON values: a key of another type is no match (no exception).
+      auto is = [&](const char* key, const Json& want) {
+        return scaling->is_object() && scaling->contains(key) && (*scaling)[key] == want;
+      };
+      const bool llama3 = is("rope_type", "llama3") && is("low_freq_factor", 1.0) &&
+                          is("high_freq_factor", 4.0) &&
+                          is("original_max_position_embeddings", 8192) &&
+                          scaling->contains("factor") && (*scaling)["factor"].is_number();
+      if (!llama3) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            config.path(), ": rope_scaling ", scaling->dump(),
+            " is not Llama 3.1's (rope_type llama3, low_freq_factor 1, high_freq_factor 4, "
+            "original_max_position_embeddings 8192), the only one Megatron-LM's args can say "
+            "(use_rope_scaling, rope_scaling_factor)"));
+      }
+      sizes.rope_scaling_factor = (*scaling)["factor"].get<double>();
+    }
+  }
+  ASSIGN_OR_RETURN(sizes.vocab, config.Int("vocab_size"));
+  return sizes;
+}
+
+// ---------------------------------------------------------------------------- args
+
+StructureNode Float(double value) {
+  StructureNode node;
+  node.kind = Kind::kFloat;
+  node.real = value;
+  return node;
+}
+
+StructureNode TorchDType(DType dtype) {
+  StructureNode node;
+  node.kind = Kind::kGlobal;
+  node.module = "torch";
+  node.name = dtype == DType::kBF16 ? "bfloat16" : dtype == DType::kF16 ? "float16" : "float32";
+  return node;
+}
+
+// A number as Megatron's int arguments hold it when it is integral (rotary_base is an int
+// there), else as a float.
+StructureNode IntOrFloat(double value) {
+  if (std::floor(value) == value && std::fabs(value) < 1e15) {
+    return StructureNode::Int(static_cast<int64_t>(value));
+  }
+  return Float(value);
+}
+
+// The argparse.Namespace of a Megatron-LM run of the model (the file comment lists the args).
+StructureNode MakeArgs(const HfFamily& family, const Sizes& sizes, const Json& config, DType dtype,
+                       int tp, int pp) {
+  StructureNode attributes = StructureNode::Dict();
+  auto set = [&](const char* key, StructureNode value) {
+    attributes.Add(StructureNode::String(key), std::move(value));
+  };
+  const bool gqa = sizes.groups != sizes.heads;
+  set("num_layers", StructureNode::Int(sizes.layers));
+  set("hidden_size", StructureNode::Int(sizes.hidden));
+  set("ffn_hidden_size", StructureNode::Int(sizes.ffn));
+  set("num_attention_heads", StructureNode::Int(sizes.heads));
+  set("group_query_attention", StructureNode::Bool(gqa));
+  set("num_query_groups", StructureNode::Int(sizes.groups));
+  set("kv_channels", StructureNode::Int(sizes.head_dim));
+  set("max_position_embeddings", StructureNode::Int(sizes.positions));
+  set("seq_length", StructureNode::Int(sizes.positions));
+  set("norm_epsilon", Float(sizes.norm_epsilon));
+  if (family.gpt2) {
+    set("normalization", StructureNode::String("LayerNorm"));
+    set("position_embedding_type", StructureNode::String("learned_absolute"));
+    set("swiglu", StructureNode::Bool(false));
+    set("add_bias_linear", StructureNode::Bool(true));
+    set("add_qkv_bias", StructureNode::Bool(true));
+    const auto found = config.find("activation_function");
+    const std::string activation = found != config.end() && found->is_string()
+                                       ? found->get<std::string>()
+                                       : std::string("gelu_new");
+    set("openai_gelu", StructureNode::Bool(activation == "gelu_new"));
+    set("bias_gelu_fusion", StructureNode::Bool(activation == "gelu_fast"));
+  } else {
+    set("normalization", StructureNode::String("RMSNorm"));
+    set("position_embedding_type", StructureNode::String("rope"));
+    set("rotary_base", IntOrFloat(sizes.rope_theta.value_or(10000.0)));
+    set("use_rope_scaling", StructureNode::Bool(sizes.rope_scaling_factor.has_value()));
+    if (sizes.rope_scaling_factor.has_value()) {
+      set("rope_scaling_factor", Float(*sizes.rope_scaling_factor));
+    }
+    set("swiglu", StructureNode::Bool(true));
+    set("add_bias_linear", StructureNode::Bool(false));
+    set("add_qkv_bias", StructureNode::Bool(family.qkv_bias));
+    if (family.sliding_window) {
+      const auto window = config.find("sliding_window");
+      set("sliding_window", window != config.end() && window->is_number_integer()
+                                ? StructureNode::Int(window->get<int64_t>())
+                                : StructureNode());
+    }
+  }
+  set("qk_layernorm", StructureNode::Bool(family.qk_norm));
+  set("untie_embeddings_and_output_weights", StructureNode::Bool(!sizes.tied));
+  set("vocab_size", StructureNode::Int(sizes.vocab));
+  set("make_vocab_size_divisible_by", StructureNode::Int(kVocabDivisibleBy));
+  const int64_t multiple = kVocabDivisibleBy * tp;
+  set("padded_vocab_size", StructureNode::Int((sizes.vocab + multiple - 1) / multiple * multiple));
+  set("params_dtype", TorchDType(dtype));
+  set("fp16", StructureNode::Bool(dtype == DType::kF16));
+  set("bf16", StructureNode::Bool(dtype == DType::kBF16));
+  set("tensor_model_parallel_size", StructureNode::Int(tp));
+  set("pipeline_model_parallel_size", StructureNode::Int(pp));
+  set("virtual_pipeline_model_parallel_size", StructureNode());
+  set("data_parallel_size", StructureNode::Int(1));
+  set("world_size", StructureNode::Int(int64_t{tp} * pp));
+  set("rank", StructureNode::Int(0));
+  StructureNode args;
+  args.kind = Kind::kObject;
+  args.module = "argparse";
+  args.name = "Namespace";
+  args.construction = StructureNode::Construction::kNewObj;
+  args.state.push_back(std::move(attributes));
+  return args;
+}
+
+// ---------------------------------------------------------------------------- tensors
+
+// Builds the Megatron tensors from the HF catalog's, remembering which HF tensors were used.
+class Builder {
+ public:
+  Builder(const Catalog& hf, const std::string& config_path, const HfFamily& family)
+      : hf_(hf), config_path_(config_path), family_(family) {}
+
+  // The HF tensor `name` of shape `shape`: InvalidArgument naming it when absent or shaped
+  // otherwise, or of another dtype than the first one taken.
+  absl::StatusOr<const CatalogTensor*> Take(const std::string& name, const Shape& shape) {
+    const int index = hf_.Find(name);
+    if (index < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("the model has no tensor \"", name,
+                                                     "\", which a ", family_.id, " model of ",
+                                                     config_path_, " has"));
+    }
+    const CatalogTensor& tensor = hf_.tensors[index];
+    if (tensor.shape != shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", name, "\" has shape ", ShapeToString(tensor.shape), ", but ",
+                       config_path_, " makes it ", ShapeToString(shape)));
+    }
+    if (!dtype_.has_value()) dtype_ = tensor.dtype;
+    if (tensor.dtype != *dtype_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", name, "\" is ", DTypeName(tensor.dtype), " but the tensors before it are ",
+          DTypeName(*dtype_), ": a Megatron-LM checkpoint holds one params_dtype"));
+    }
+    used_.insert(index);
+    return &tensor;
+  }
+
+  // `from` as the Megatron tensor `name`.
+  void Whole(std::string name, const CatalogTensor& from) {
+    CatalogTensor tensor = from;
+    tensor.name = std::move(name);
+    tensor.replicas.clear();
+    out_.push_back(std::move(tensor));
+  }
+
+  absl::Status Copy(const std::string& hf_name, std::string name, const Shape& shape) {
+    ASSIGN_OR_RETURN(const CatalogTensor* from, Take(hf_name, shape));
+    Whole(std::move(name), *from);
+    return absl::OkStatus();
+  }
+
+  // A Conv1D weight [in, out] as Megatron's [out, in].
+  absl::Status Transposed(const std::string& hf_name, std::string name, const Shape& hf_shape) {
+    ASSIGN_OR_RETURN(const CatalogTensor* from, Take(hf_name, hf_shape));
+    ASSIGN_OR_RETURN(CatalogTensor viewed, ViewPermuted(*from, {1, 0}));
+    Whole(std::move(name), viewed);
+    return absl::OkStatus();
+  }
+
+  void Add(CatalogTensor tensor) { out_.push_back(std::move(tensor)); }
+
+  // The HF tensors no Megatron tensor was made from, other than those in `skipped`.
+  absl::Status CheckAllUsed(const std::set<std::string>& skipped) const {
+    for (size_t i = 0; i < hf_.tensors.size(); ++i) {
+      const std::string& name = hf_.tensors[i].name;
+      if (used_.count(static_cast<int>(i)) != 0 || skipped.count(name) != 0) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", name, "\" has no Megatron-LM counterpart in a ", family_.id, " model (",
+          config_path_, "), so it cannot be imported; the families reshard imports ", "are ",
+          HfFamilyList()));
+    }
+    return absl::OkStatus();
+  }
+
+  DType dtype() const { return dtype_.value_or(DType::kF32); }
+  std::vector<CatalogTensor> TakeTensors() { return std::move(out_); }
+
+ private:
+  const Catalog& hf_;
+  const std::string& config_path_;
+  const HfFamily& family_;
+  std::optional<DType> dtype_;
+  std::set<int> used_;
+  std::vector<CatalogTensor> out_;
+};
+
+// Adds to `to` the pieces of `from` that hold `region` of it, placed at `to_origin`: each a
+// byte range (or strided run) of the same file, so nothing is read.
+void AddRegionPieces(const CatalogTensor& from, const Box& region,
+                     const std::vector<int64_t>& to_origin, CatalogTensor& to) {
+  const uint64_t element_size = DTypeSize(from.dtype);
+  for (const SourcePiece& piece : from.pieces) {
+    const std::optional<Box> common = Intersect(region, piece.box);
+    if (!common.has_value()) continue;
+    SourcePiece placed;
+    placed.file = piece.file;
+    placed.strides = piece.strides;
+    placed.box.extent = common->extent;
+    uint64_t skip = 0;
+    for (size_t d = 0; d < common->rank(); ++d) {
+      skip += (common->origin[d] - piece.box.origin[d]) * piece.strides[d];
+      placed.box.origin.push_back(to_origin[d] + common->origin[d] - region.origin[d]);
+    }
+    placed.byte_offset = piece.byte_offset + skip * element_size;
+    to.pieces.push_back(std::move(placed));
+  }
+}
+
+// Rows [begin, begin + count) of `tensor` (a matrix or a vector).
+Box Rows(const CatalogTensor& tensor, int64_t begin, int64_t count) {
+  Box box = Box::Full(tensor.shape);
+  box.origin[0] = begin;
+  box.extent[0] = count;
+  return box;
+}
+
+std::vector<int64_t> RowOrigin(const CatalogTensor& tensor, int64_t row) {
+  std::vector<int64_t> origin(tensor.shape.size(), 0);
+  origin[0] = row;
+  return origin;
+}
+
+// Rows of one of q, k, v: a tensor and the row where its heads start.
+struct HeadRows {
+  const CatalogTensor* tensor = nullptr;
+  int64_t first_row = 0;
+};
+
+// Megatron's fused query_key_value (or its bias): per query group g, its r query heads, then
+// key head g, then value head g, each head_dim rows.
+CatalogTensor FuseQkv(std::string name, const Sizes& sizes, HeadRows q, HeadRows k, HeadRows v) {
+  const int64_t d = sizes.head_dim;
+  const int64_t r = sizes.heads / sizes.groups;
+  CatalogTensor fused;
+  fused.name = std::move(name);
+  fused.dtype = q.tensor->dtype;
+  fused.shape = q.tensor->shape;
+  fused.shape[0] = sizes.groups * (r + 2) * d;
+  for (int64_t g = 0; g < sizes.groups; ++g) {
+    const int64_t base = g * (r + 2) * d;
+    AddRegionPieces(*q.tensor, Rows(*q.tensor, q.first_row + g * r * d, r * d),
+                    RowOrigin(fused, base), fused);
+    AddRegionPieces(*k.tensor, Rows(*k.tensor, k.first_row + g * d, d),
+                    RowOrigin(fused, base + r * d), fused);
+    AddRegionPieces(*v.tensor, Rows(*v.tensor, v.first_row + g * d, d),
+                    RowOrigin(fused, base + (r + 1) * d), fused);
+  }
+  return fused;
+}
+
+// [gate; up]: Megatron's merged SwiGLU dense_h_to_4h.
+CatalogTensor FuseGateUp(std::string name, const CatalogTensor& gate, const CatalogTensor& up) {
+  CatalogTensor fused;
+  fused.name = std::move(name);
+  fused.dtype = gate.dtype;
+  fused.shape = {2 * gate.shape[0], gate.shape[1]};
+  AddRegionPieces(gate, Box::Full(gate.shape), {0, 0}, fused);
+  AddRegionPieces(up, Box::Full(up.shape), {gate.shape[0], 0}, fused);
+  return fused;
+}
+
+// The word embeddings from HF's `embeddings`, then `layer(hf, megatron)` for every layer, with
+// the name prefixes of its tensors (`<hf_layers><i>.`, `language_model.encoder.layers.<i>.`).
+absl::Status BuildEmbeddingAndLayers(
+    const Sizes& sizes, Builder& builder, const std::string& embeddings,
+    const std::string& hf_layers,
+    const std::function<absl::Status(const std::string&, const std::string&)>& layer) {
+  RETURN_IF_ERROR(builder.Copy(embeddings, "language_model.embedding.word_embeddings.weight",
+                               {sizes.vocab, sizes.hidden}));
+  for (int64_t i = 0; i < sizes.layers; ++i) {
+    RETURN_IF_ERROR(
+        layer(absl::StrCat(hf_layers, i, "."), absl::StrCat(kEncoder, "layers.", i, ".")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BuildLlamaStyle(const HfFamily& family, const Sizes& sizes, Builder& builder) {
+  const int64_t h = sizes.hidden, d = sizes.head_dim, nh = sizes.heads, ng = sizes.groups;
+  const int64_t ffn = sizes.ffn;
+  auto layer = [&](const std::string& hf, const std::string& mg) -> absl::Status {
+    RETURN_IF_ERROR(
+        builder.Copy(hf + "input_layernorm.weight", mg + "input_layernorm.weight", {h}));
+    for (const char* suffix : {"weight", "bias"}) {
+      const bool weight = absl::string_view(suffix) == "weight";
+      if (!weight && !family.qkv_bias) continue;
+      auto shape = [&](int64_t heads) { return weight ? Shape{heads * d, h} : Shape{heads * d}; };
+      ASSIGN_OR_RETURN(const CatalogTensor* q,
+                       builder.Take(absl::StrCat(hf, "self_attn.q_proj.", suffix), shape(nh)));
+      ASSIGN_OR_RETURN(const CatalogTensor* k,
+                       builder.Take(absl::StrCat(hf, "self_attn.k_proj.", suffix), shape(ng)));
+      ASSIGN_OR_RETURN(const CatalogTensor* v,
+                       builder.Take(absl::StrCat(hf, "self_attn.v_proj.", suffix), shape(ng)));
+      builder.Add(FuseQkv(absl::StrCat(mg, "self_attention.query_key_value.", suffix), sizes,
+                          {q, 0}, {k, 0}, {v, 0}));
+    }
+    if (family.qk_norm) {
+      RETURN_IF_ERROR(builder.Copy(hf + "self_attn.q_norm.weight",
+                                   mg + "self_attention.q_layernorm.weight", {d}));
+      RETURN_IF_ERROR(builder.Copy(hf + "self_attn.k_norm.weight",
+                                   mg + "self_attention.k_layernorm.weight", {d}));
+    }
+    RETURN_IF_ERROR(builder.Copy(hf + "self_attn.o_proj.weight", mg + "self_attention.dense.weight",
+                                 {h, nh * d}));
+    RETURN_IF_ERROR(builder.Copy(hf + "post_attention_layernorm.weight",
+                                 mg + "post_attention_layernorm.weight", {h}));
+    ASSIGN_OR_RETURN(const CatalogTensor* gate,
+                     builder.Take(hf + "mlp.gate_proj.weight", {ffn, h}));
+    ASSIGN_OR_RETURN(const CatalogTensor* up, builder.Take(hf + "mlp.up_proj.weight", {ffn, h}));
+    builder.Add(FuseGateUp(mg + "mlp.dense_h_to_4h.weight", *gate, *up));
+    RETURN_IF_ERROR(
+        builder.Copy(hf + "mlp.down_proj.weight", mg + "mlp.dense_4h_to_h.weight", {h, ffn}));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(
+      BuildEmbeddingAndLayers(sizes, builder, "model.embed_tokens.weight", "model.layers.", layer));
+  RETURN_IF_ERROR(
+      builder.Copy("model.norm.weight", absl::StrCat(kEncoder, "final_layernorm.weight"), {h}));
+  return absl::OkStatus();
+}
+
+absl::Status BuildGpt2(const Sizes& sizes, Builder& builder) {
+  const int64_t h = sizes.hidden, ffn = sizes.ffn;
+  auto layer = [&](const std::string& hf, const std::string& mg) -> absl::Status {
+    for (const char* suffix : {"weight", "bias"}) {
+      RETURN_IF_ERROR(builder.Copy(absl::StrCat(hf, "ln_1.", suffix),
+                                   absl::StrCat(mg, "input_layernorm.", suffix), {h}));
+    }
+    // c_attn.weight [h, 3h] holds [Q | K | V] in its columns: its transpose [3h, h] holds
+    // them as row blocks of h, each nh heads of d rows.
+    ASSIGN_OR_RETURN(const CatalogTensor* c_attn,
+                     builder.Take(hf + "attn.c_attn.weight", {h, 3 * h}));
+    ASSIGN_OR_RETURN(const CatalogTensor qkv_rows, ViewPermuted(*c_attn, {1, 0}));
+    builder.Add(FuseQkv(mg + "self_attention.query_key_value.weight", sizes, {&qkv_rows, 0},
+                        {&qkv_rows, h}, {&qkv_rows, 2 * h}));
+    ASSIGN_OR_RETURN(const CatalogTensor* c_attn_bias,
+                     builder.Take(hf + "attn.c_attn.bias", {3 * h}));
+    builder.Add(FuseQkv(mg + "self_attention.query_key_value.bias", sizes, {c_attn_bias, 0},
+                        {c_attn_bias, h}, {c_attn_bias, 2 * h}));
+    RETURN_IF_ERROR(
+        builder.Transposed(hf + "attn.c_proj.weight", mg + "self_attention.dense.weight", {h, h}));
+    RETURN_IF_ERROR(builder.Copy(hf + "attn.c_proj.bias", mg + "self_attention.dense.bias", {h}));
+    for (const char* suffix : {"weight", "bias"}) {
+      RETURN_IF_ERROR(builder.Copy(absl::StrCat(hf, "ln_2.", suffix),
+                                   absl::StrCat(mg, "post_attention_layernorm.", suffix), {h}));
+    }
+    RETURN_IF_ERROR(
+        builder.Transposed(hf + "mlp.c_fc.weight", mg + "mlp.dense_h_to_4h.weight", {h, ffn}));
+    RETURN_IF_ERROR(builder.Copy(hf + "mlp.c_fc.bias", mg + "mlp.dense_h_to_4h.bias", {ffn}));
+    RETURN_IF_ERROR(
+        builder.Transposed(hf + "mlp.c_proj.weight", mg + "mlp.dense_4h_to_h.weight", {ffn, h}));
+    RETURN_IF_ERROR(builder.Copy(hf + "mlp.c_proj.bias", mg + "mlp.dense_4h_to_h.bias", {h}));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(
+      BuildEmbeddingAndLayers(sizes, builder, "transformer.wte.weight", "transformer.h.", layer));
+  // Megatron's embedding holds the learned positions beside the words.
+  RETURN_IF_ERROR(builder.Copy("transformer.wpe.weight",
+                               "language_model.embedding.position_embeddings.weight",
+                               {sizes.positions, h}));
+  for (const char* suffix : {"weight", "bias"}) {
+    RETURN_IF_ERROR(builder.Copy(absl::StrCat("transformer.ln_f.", suffix),
+                                 absl::StrCat(kEncoder, "final_layernorm.", suffix), {h}));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsHfImportInput(const InputModel& model) {
+  return model.format == "safetensors" && model.parts.size() == 1;
+}
+
+absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* config_path) {
+  std::string folder = input;
+  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
+  if (absl::EndsWith(folder, ".safetensors") || absl::EndsWith(folder, ".json")) {
+    const size_t slash = folder.rfind('/');
+    folder = slash == std::string::npos ? "." : folder.substr(0, slash);
+  }
+  *config_path = absl::StrCat(folder, "/", kConfigName);
+  absl::StatusOr<std::string> text = ReadSmallFile(*config_path, kMaxConfigBytes);
+  if (absl::IsNotFound(text.status())) {
+    return absl::NotFoundError(absl::StrCat(
+        *config_path,
+        " not found: a Hugging Face model is imported into Megatron-LM with the config.json "
+        "save_pretrained writes beside the weights (sizes, heads, vocabulary); other input "
+        "must be a Megatron checkpoint"));
+  }
+  if (!text.ok()) return Annotate(text.status(), *config_path);
+  Json parsed = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(*config_path, ": not a JSON object"));
+  }
+  return parsed;
+}
+
+absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const Json& config_json,
+                                                  const std::string& config_path,
+                                                  int tensor_parallel, int pipeline_parallel) {
+  const Config config(config_json, config_path);
+  MegatronImport imported;
+  ASSIGN_OR_RETURN(imported.family, FamilyOfConfig(config));
+  const HfFamily& family = *imported.family;
+  ASSIGN_OR_RETURN(const Sizes sizes, ReadSizes(config, family));
+  const int tp = std::max(tensor_parallel, 1);
+  if (sizes.heads % tp != 0 || sizes.groups % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config_path, ": ", sizes.heads, " attention heads in ", sizes.groups,
+        " query groups do not divide into TP ", tp,
+        ": Megatron keeps whole heads and query groups on every tensor-parallel rank"));
+  }
+
+  Builder builder(catalog, config_path, family);
+  if (family.gpt2) {
+    RETURN_IF_ERROR(BuildGpt2(sizes, builder));
+  } else {
+    RETURN_IF_ERROR(BuildLlamaStyle(family, sizes, builder));
+  }
+  std::set<std::string> skipped;
+  if (family.gpt2) {
+    // The causal-mask buffers older transformers saved with GPT-2: not parameters.
+    for (int64_t i = 0; i < sizes.layers; ++i) {
+      skipped.insert(absl::StrCat("transformer.h.", i, ".attn.bias"));
+      skipped.insert(absl::StrCat("transformer.h.", i, ".attn.masked_bias"));
+    }
+  }
+  const std::string lm_head = "lm_head.weight";
+  if (sizes.tied) {
+    // A tied model's head is the embedding: transformers ties it on load, whatever is saved.
+    skipped.insert(lm_head);
+  } else {
+    RETURN_IF_ERROR(
+        builder.Copy(lm_head, "language_model.output_layer.weight", {sizes.vocab, sizes.hidden}));
+  }
+  RETURN_IF_ERROR(builder.CheckAllUsed(skipped));
+
+  imported.catalog.format = catalog.format;
+  imported.catalog.files = catalog.files;
+  imported.catalog.tensors = builder.TakeTensors();
+  imported.catalog.Reindex();
+
+  TrainingState& state = imported.training_state;
+  state.values["megatron.args"] =
+      MakeArgs(family, sizes, config_json, builder.dtype(), tp, std::max(pipeline_parallel, 1));
+  state.values["megatron.iteration"] = StructureNode::Int(0);
+  state.values["megatron.checkpoint_version"] = Float(3.0);
+  state.values["megatron.release"] = StructureNode::Bool(true);
+  state.values[kHfImportFamilyKey] = StructureNode::String(std::string(family.id));
+
+  imported.rules = MegatronPartitionRules(/*swiglu=*/!family.gpt2,
+                                          (sizes.heads / sizes.groups + 2) * sizes.head_dim);
+  // The output cuts the vocabulary for each TP rank itself, padded (megatron_output.h).
+  imported.rules.insert(
+      imported.rules.begin(),
+      {PartitionRule{"^language_model\\.embedding\\.word_embeddings\\.weight$", true},
+       PartitionRule{"^language_model\\.output_layer\\.weight$", true}});
+  return imported;
+}
+
+}  // namespace reshard

@@ -1,0 +1,125 @@
+// A Hugging Face model (the tensors of a `save_pretrained` folder and its config.json) presented
+// as the merged Megatron-LM model the megatron reader would have made of a Megatron-LM run of
+// the same weights, for the outputs that write Megatron checkpoints from it:
+//
+//   reshardctl reshard HF_DIR OUT --format megatron --parts TP [--pipeline-parts PP]
+//
+// ImportHfAsMegatron is the one entry point. It renames every HF tensor to Megatron-LM's legacy
+// name (language_model.embedding.*, language_model.encoder.layers.<i>.*,
+// language_model.encoder.final_layernorm.*, language_model.output_layer.weight) and builds the
+// fused tensors from pieces of the HF tensors, without reading any data: each Megatron tensor's
+// source pieces are byte ranges (or strided views) of the HF files, so the plan gathers them
+// within the copy window like any other box and the bytes are copied exactly.
+//
+//   HF (llama, mistral, qwen2, qwen3)       Megatron-LM (layer i under language_model.encoder.)
+//   model.embed_tokens.weight               language_model.embedding.word_embeddings.weight
+//   model.layers.i.input_layernorm.weight   layers.i.input_layernorm.weight
+//   self_attn.{q,k,v}_proj.weight (.bias)   layers.i.self_attention.query_key_value.weight (.bias)
+//   self_attn.o_proj.weight                 layers.i.self_attention.dense.weight
+//   self_attn.{q,k}_norm.weight             layers.i.self_attention.{q,k}_layernorm.weight
+//   post_attention_layernorm.weight         layers.i.post_attention_layernorm.weight
+//   mlp.{gate,up}_proj.weight               layers.i.mlp.dense_h_to_4h.weight
+//   mlp.down_proj.weight                    layers.i.mlp.dense_4h_to_h.weight
+//   model.norm.weight                       final_layernorm.weight
+//   lm_head.weight (untied)                 language_model.output_layer.weight
+//
+//   HF (gpt2, Conv1D weights [in, out])     Megatron-LM
+//   transformer.wte.weight, wpe.weight      word_embeddings.weight, position_embeddings.weight
+//   transformer.h.i.ln_1.{weight,bias}      layers.i.input_layernorm.{weight,bias}
+//   attn.c_attn.{weight,bias}               self_attention.query_key_value.{weight,bias}
+//   attn.c_proj.{weight,bias}               self_attention.dense.{weight,bias}
+//   ln_2.{weight,bias}                      post_attention_layernorm.{weight,bias}
+//   mlp.c_fc.{weight,bias}                  mlp.dense_h_to_4h.{weight,bias}
+//   mlp.c_proj.{weight,bias}                mlp.dense_4h_to_h.{weight,bias}
+//   transformer.ln_f.{weight,bias}          final_layernorm.{weight,bias}
+//   (Conv1D weights transposed to Megatron's [out, in]; attn.bias / attn.masked_bias, the causal
+//   mask buffers older transformers saved, are not parameters and are left out.)
+//
+// The fused tensors, as Megatron-LM (checkpoint_version 3) lays them out:
+//   - query_key_value [ng * (r + 2) * d, h] (ng query groups = num_key_value_heads, r = heads /
+//     ng, d = head_dim): per group g the rows of its r query heads, then k head g, then v head g,
+//     i.e. viewed [ng, r + 2, d, h]; its bias [ng * (r + 2) * d] likewise. GPT-2 is multi-head:
+//     ng = nh, r = 1, its c_attn columns [Q | K | V] regrouped per head;
+//   - dense_h_to_4h (SwiGLU) [2 * ffn, h] = [gate; up], the global order the megatron reader
+//     merges and the megatron output regroups as [gate_t; up_t] per TP rank.
+// The word embeddings and an untied output layer keep the HF model's vocab_size rows; the args
+// say vocab_size and make_vocab_size_divisible_by (128), and the megatron output appends the
+// zero rows of Megatron's padding for the TP it writes (padded_vocab_size). The partition rules
+// returned keep those two tensors whole in the engine's split (the output cuts them, padded),
+// so the vocabulary need not divide by TP.
+//
+// The args (MegatronImport::training_state "megatron.args", an argparse.Namespace) are what a
+// Megatron-LM run of the model would have been started with, from config.json: num_layers,
+// hidden_size, ffn_hidden_size, num_attention_heads, group_query_attention, num_query_groups,
+// kv_channels, max_position_embeddings, seq_length, norm_epsilon, rotary_base (rope models),
+// use_rope_scaling / rope_scaling_factor (Llama 3.1's rope_scaling), swiglu,
+// untie_embeddings_and_output_weights, add_qkv_bias, add_bias_linear, qk_layernorm,
+// normalization (RMSNorm; GPT-2 LayerNorm), position_embedding_type (rope; GPT-2
+// learned_absolute), openai_gelu / bias_gelu_fusion (GPT-2's activation_function gelu_new /
+// gelu_fast), sliding_window (Mistral), vocab_size, make_vocab_size_divisible_by,
+// padded_vocab_size, params_dtype / fp16 / bf16 (the weights' dtype), tensor_ and
+// pipeline_model_parallel_size, data_parallel_size, world_size, rank and
+// virtual_pipeline_model_parallel_size (None). The checkpoint is a "release" one (iteration 0,
+// checkpoint_version 3.0), as Megatron-LM loads converted pretrained weights.
+//
+// Refused, naming what (InvalidArgument): config.json whose model_type / architectures is none
+// of the families (listing them); heads not divisible by num_key_value_heads, or heads or
+// groups not divisible by `tensor_parallel`; a tensor the
+// family has no Megatron counterpart for; a tensor missing or shaped otherwise than config.json
+// says (both shapes named); tensors of different dtypes; rope_scaling other than Llama 3.1's.
+
+#ifndef RESHARD_LIB_FORMATS_HF_HF_IMPORT_H_
+#define RESHARD_LIB_FORMATS_HF_HF_IMPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "lib/core/catalog.h"
+#include "lib/formats/format.h"
+#include "lib/formats/hf/hf_family.h"
+#include "lib/plan/partition_rules.h"
+#include "nlohmann/json.hpp"
+
+namespace reshard {
+
+// The training-state value (a string: "llama", ...) that says a model was imported from a
+// Hugging Face model of that family.
+inline constexpr char kHfImportFamilyKey[] = "hf_import.family";
+
+// The HF model as Megatron-LM's merged model.
+struct MegatronImport {
+  const HfFamily* family = nullptr;
+  // Megatron-LM names, in Megatron's order; the pieces index the input catalog's files, which
+  // `catalog.files` repeats.
+  Catalog catalog;
+  // "megatron.args", "megatron.iteration" (0), "megatron.checkpoint_version" (3.0) and
+  // "megatron.release" (true), as the megatron reader sets them (megatron_format.h); and
+  // kHfImportFamilyKey.
+  TrainingState training_state;
+  // How the engine splits the model over TP: Megatron's rules (MegatronPartitionRules, SwiGLU
+  // fc1 as 2 fused blocks, QKV in whole groups) with the vocabulary tensors replicated.
+  std::vector<PartitionRule> rules;
+};
+
+// `catalog`: the HF model's tensors (one merged model); `config`: its config.json, read from
+// `config_path` (named in messages); `tensor_parallel`, `pipeline_parallel`: the sizes the args
+// record (the megatron output updates them per file).
+absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog,
+                                                  const nlohmann::ordered_json& config,
+                                                  const std::string& config_path,
+                                                  int tensor_parallel, int pipeline_parallel);
+
+// The config.json beside the Hugging Face weights `input` (a folder, or a weight file or index
+// in it), parsed. NotFound naming the file when there is none; InvalidArgument when it is not a
+// JSON object.
+absl::StatusOr<nlohmann::ordered_json> ReadHfInputConfig(const std::string& input,
+                                                         std::string* config_path);
+
+// Whether `model` is a Hugging Face model ImportHfAsMegatron takes: one safetensors model.
+bool IsHfImportInput(const InputModel& model);
+
+}  // namespace reshard
+
+#endif  // RESHARD_LIB_FORMATS_HF_HF_IMPORT_H_

@@ -1,0 +1,426 @@
+#include "lib/formats/hf/hf_import.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "lib/plan/layout_builders.h"
+#include "lib/plan/partition_rules.h"
+#include "nlohmann/json.hpp"
+
+namespace reshard {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// An HF model's tensors, each one dense row-major piece of file 0 at its own byte offset, so
+// that the byte an element of a Megatron tensor is read from says which HF element it is.
+class HfCatalog {
+ public:
+  void Add(const std::string& name, Shape shape, DType dtype = DType::kF32) {
+    CatalogTensor tensor{name, dtype, shape, {}};
+    tensor.pieces.push_back({0, next_, Box::Full(shape), RowMajorStrides(shape)});
+    offsets_[name] = next_;
+    next_ += NumElementsUnchecked(shape) * DTypeSize(dtype);
+    catalog_.tensors.push_back(std::move(tensor));
+  }
+  // Byte of element `index` of HF tensor `name`, computed from its row-major layout.
+  uint64_t ByteOf(const std::string& name, std::vector<int64_t> index) const {
+    const int i = catalog_.Find(name);
+    const std::vector<int64_t> strides = RowMajorStrides(catalog_.tensors[i].shape);
+    uint64_t element = 0;
+    for (size_t d = 0; d < index.size(); ++d) element += index[d] * strides[d];
+    return offsets_.at(name) + element * DTypeSize(catalog_.tensors[i].dtype);
+  }
+  const Catalog& catalog() {
+    catalog_.files = {{"/in/model.safetensors", next_}};
+    catalog_.Reindex();
+    return catalog_;
+  }
+
+ private:
+  Catalog catalog_;
+  std::map<std::string, uint64_t> offsets_;
+  uint64_t next_ = 64;
+};
+
+// The byte element `index` of `tensor` is read from, through its pieces; -1 when no piece holds
+// it, -2 when two do.
+int64_t SourceByte(const CatalogTensor& tensor, const std::vector<int64_t>& index) {
+  int64_t found = -1;
+  for (const SourcePiece& piece : tensor.pieces) {
+    bool inside = true;
+    uint64_t element = 0;
+    for (size_t d = 0; d < index.size(); ++d) {
+      const int64_t local = index[d] - piece.box.origin[d];
+      if (local < 0 || local >= piece.box.extent[d]) inside = false;
+      element += local * piece.strides[d];
+    }
+    if (!inside) continue;
+    if (found != -1) return -2;
+    found = static_cast<int64_t>(piece.byte_offset + element * DTypeSize(tensor.dtype));
+  }
+  return found;
+}
+
+struct Llama {
+  int64_t hidden = 8, heads = 4, groups = 2, head_dim = 2, ffn = 6, vocab = 10, layers = 1;
+  bool tied = false;
+  bool bias = false;  // qwen2
+};
+
+Json LlamaConfig(const Llama& m, const std::string& model_type) {
+  Json config = {{"architectures", {"LlamaForCausalLM"}},
+                 {"model_type", model_type},
+                 {"hidden_size", m.hidden},
+                 {"intermediate_size", m.ffn},
+                 {"num_hidden_layers", m.layers},
+                 {"num_attention_heads", m.heads},
+                 {"num_key_value_heads", m.groups},
+                 {"head_dim", m.head_dim},
+                 {"max_position_embeddings", 64},
+                 {"rms_norm_eps", 1e-5},
+                 {"rope_theta", 500000.0},
+                 {"vocab_size", m.vocab},
+                 {"tie_word_embeddings", m.tied},
+                 {"torch_dtype", "float32"}};
+  return config;
+}
+
+HfCatalog LlamaTensors(const Llama& m) {
+  HfCatalog hf;
+  const int64_t h = m.hidden, d = m.head_dim;
+  hf.Add("model.embed_tokens.weight", {m.vocab, h});
+  for (int64_t i = 0; i < m.layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    hf.Add(p + "input_layernorm.weight", {h});
+    hf.Add(p + "self_attn.q_proj.weight", {m.heads * d, h});
+    hf.Add(p + "self_attn.k_proj.weight", {m.groups * d, h});
+    hf.Add(p + "self_attn.v_proj.weight", {m.groups * d, h});
+    if (m.bias) {
+      hf.Add(p + "self_attn.q_proj.bias", {m.heads * d});
+      hf.Add(p + "self_attn.k_proj.bias", {m.groups * d});
+      hf.Add(p + "self_attn.v_proj.bias", {m.groups * d});
+    }
+    hf.Add(p + "self_attn.o_proj.weight", {h, m.heads * d});
+    hf.Add(p + "post_attention_layernorm.weight", {h});
+    hf.Add(p + "mlp.gate_proj.weight", {m.ffn, h});
+    hf.Add(p + "mlp.up_proj.weight", {m.ffn, h});
+    hf.Add(p + "mlp.down_proj.weight", {h, m.ffn});
+  }
+  hf.Add("model.norm.weight", {h});
+  if (!m.tied) hf.Add("lm_head.weight", {m.vocab, h});
+  return hf;
+}
+
+const CatalogTensor& Tensor(const Catalog& catalog, const std::string& name) {
+  const int index = catalog.Find(name);
+  EXPECT_GE(index, 0) << name;
+  static const CatalogTensor kNone;
+  return index < 0 ? kNone : catalog.tensors[index];
+}
+
+const std::string kLayer0 = "language_model.encoder.layers.0.";
+
+// Fused QKV row (g, s, e) for s < r is q head g * r + s, s == r k head g, s == r + 1 v head g:
+// Megatron's [ng, r + 2, d] row order, computed here from the definition.
+void ExpectQkvOrder(const Llama& m) {
+  SCOPED_TRACE(absl::StrCat("heads ", m.heads, ", groups ", m.groups));
+  HfCatalog hf = LlamaTensors(m);
+  const Json config = LlamaConfig(m, m.bias ? "qwen2" : "llama");
+  auto imported = ImportHfAsMegatron(hf.catalog(), config, "/in/config.json", 1, 1);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const int64_t r = m.heads / m.groups, d = m.head_dim;
+  for (const char* suffix : {"weight", "bias"}) {
+    const bool weight = std::string(suffix) == "weight";
+    if (!weight && !m.bias) continue;
+    const CatalogTensor& qkv =
+        Tensor(imported->catalog, absl::StrCat(kLayer0, "self_attention.query_key_value.", suffix));
+    const int64_t rows = m.groups * (r + 2) * d;
+    ASSERT_EQ(qkv.shape, weight ? Shape({rows, m.hidden}) : Shape({rows}));
+    const int64_t cols = weight ? m.hidden : 1;
+    for (int64_t g = 0; g < m.groups; ++g) {
+      for (int64_t s = 0; s < r + 2; ++s) {
+        for (int64_t e = 0; e < d; ++e) {
+          const int64_t row = (g * (r + 2) + s) * d + e;
+          std::string from = "self_attn.q_proj.";
+          int64_t from_row = (g * r + s) * d + e;
+          if (s == r) from = "self_attn.k_proj.", from_row = g * d + e;
+          if (s == r + 1) from = "self_attn.v_proj.", from_row = g * d + e;
+          for (int64_t c = 0; c < cols; ++c) {
+            std::vector<int64_t> at =
+                weight ? std::vector<int64_t>{row, c} : std::vector<int64_t>{row};
+            std::vector<int64_t> hf_at =
+                weight ? std::vector<int64_t>{from_row, c} : std::vector<int64_t>{from_row};
+            ASSERT_EQ(SourceByte(qkv, at),
+                      static_cast<int64_t>(
+                          hf.ByteOf(absl::StrCat("model.layers.0.", from, suffix), hf_at)))
+                << qkv.name << " row " << row << " col " << c;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(HfImportTest, FusedQkvOneGroup) { ExpectQkvOrder({8, 4, 1, 2, 6, 10, 1}); }
+
+TEST(HfImportTest, FusedQkvGroupsEqualHeads) { ExpectQkvOrder({8, 4, 4, 2, 6, 10, 1}); }
+
+TEST(HfImportTest, FusedQkvAndBiasTwoGroupsOfTwoHeads) {
+  Llama m;
+  m.bias = true;
+  ExpectQkvOrder(m);
+}
+
+TEST(HfImportTest, GateUpAreStackedAndOtherTensorsRenamed) {
+  Llama m;
+  HfCatalog hf = LlamaTensors(m);
+  auto imported = ImportHfAsMegatron(hf.catalog(), LlamaConfig(m, "llama"), "config.json", 1, 1);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const CatalogTensor& fc1 = Tensor(imported->catalog, kLayer0 + "mlp.dense_h_to_4h.weight");
+  ASSERT_EQ(fc1.shape, Shape({2 * m.ffn, m.hidden}));
+  for (int64_t row = 0; row < 2 * m.ffn; ++row) {
+    for (int64_t c = 0; c < m.hidden; ++c) {
+      const std::string from = row < m.ffn ? "mlp.gate_proj.weight" : "mlp.up_proj.weight";
+      EXPECT_EQ(SourceByte(fc1, {row, c}),
+                static_cast<int64_t>(hf.ByteOf("model.layers.0." + from, {row % m.ffn, c})));
+    }
+  }
+  const std::map<std::string, std::string> renamed = {
+      {"language_model.embedding.word_embeddings.weight", "model.embed_tokens.weight"},
+      {kLayer0 + "input_layernorm.weight", "model.layers.0.input_layernorm.weight"},
+      {kLayer0 + "self_attention.dense.weight", "model.layers.0.self_attn.o_proj.weight"},
+      {kLayer0 + "post_attention_layernorm.weight",
+       "model.layers.0.post_attention_layernorm.weight"},
+      {kLayer0 + "mlp.dense_4h_to_h.weight", "model.layers.0.mlp.down_proj.weight"},
+      {"language_model.encoder.final_layernorm.weight", "model.norm.weight"},
+      {"language_model.output_layer.weight", "lm_head.weight"}};
+  for (const auto& [megatron, hf_name] : renamed) {
+    const CatalogTensor& tensor = Tensor(imported->catalog, megatron);
+    EXPECT_EQ(
+        SourceByte(tensor, std::vector<int64_t>(tensor.shape.size(), 0)),
+        static_cast<int64_t>(hf.ByteOf(hf_name, std::vector<int64_t>(tensor.shape.size(), 0))))
+        << megatron;
+  }
+  EXPECT_EQ(imported->catalog.tensors.size(), 9u);
+}
+
+// The args' attribute `key`.
+const StructureNode* Arg(const MegatronImport& imported, const std::string& key) {
+  const StructureNode* args = imported.training_state.Value("megatron.args");
+  EXPECT_NE(args, nullptr);
+  return args == nullptr ? nullptr : FindKey(args->Attributes(), key);
+}
+
+TEST(HfImportTest, ArgsFromConfig) {
+  Llama m;
+  m.vocab = 1000;
+  m.tied = true;
+  HfCatalog hf = LlamaTensors(m);
+  auto imported = ImportHfAsMegatron(hf.catalog(), LlamaConfig(m, "llama"), "config.json", 2, 2);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const std::map<std::string, int64_t> ints = {{"num_layers", 1},
+                                               {"hidden_size", 8},
+                                               {"ffn_hidden_size", 6},
+                                               {"num_attention_heads", 4},
+                                               {"num_query_groups", 2},
+                                               {"kv_channels", 2},
+                                               {"max_position_embeddings", 64},
+                                               {"vocab_size", 1000},
+                                               {"make_vocab_size_divisible_by", 128},
+                                               // ceil(1000 / (128 * 2)) * 128 * 2
+                                               {"padded_vocab_size", 1024},
+                                               {"rotary_base", 500000},
+                                               {"tensor_model_parallel_size", 2},
+                                               {"pipeline_model_parallel_size", 2},
+                                               {"world_size", 4}};
+  for (const auto& [key, value] : ints) {
+    const StructureNode* arg = Arg(*imported, key);
+    ASSERT_NE(arg, nullptr) << key;
+    EXPECT_EQ(arg->kind, StructureNode::Kind::kInt) << key;
+    EXPECT_EQ(arg->integer, value) << key;
+  }
+  const std::map<std::string, bool> bools = {{"group_query_attention", true},
+                                             {"swiglu", true},
+                                             {"add_qkv_bias", false},
+                                             {"qk_layernorm", false},
+                                             {"add_bias_linear", false},
+                                             {"bf16", false},
+                                             {"fp16", false},
+                                             {"untie_embeddings_and_output_weights", false},
+                                             {"use_rope_scaling", false}};
+  for (const auto& [key, value] : bools) {
+    const StructureNode* arg = Arg(*imported, key);
+    ASSERT_NE(arg, nullptr) << key;
+    EXPECT_EQ(arg->kind, StructureNode::Kind::kBool) << key;
+    EXPECT_EQ(arg->boolean, value) << key;
+  }
+  EXPECT_EQ(Arg(*imported, "norm_epsilon")->real, 1e-5);
+  EXPECT_EQ(Arg(*imported, "normalization")->text, "RMSNorm");
+  EXPECT_EQ(Arg(*imported, "position_embedding_type")->text, "rope");
+  EXPECT_EQ(Arg(*imported, "params_dtype")->module, "torch");
+  EXPECT_EQ(Arg(*imported, "params_dtype")->name, "float32");
+  const StructureNode* release = imported->training_state.Value("megatron.release");
+  ASSERT_NE(release, nullptr);
+  EXPECT_TRUE(release->boolean);
+  // Tied: no output layer.
+  EXPECT_LT(imported->catalog.Find("language_model.output_layer.weight"), 0);
+}
+
+// The vocabulary keeps its rows and is replicated in the engine's split, so that 1000 rows,
+// which TP 3 does not divide, still split (the megatron output cuts them, padded).
+TEST(HfImportTest, VocabularyIsWholeInEverySplitPart) {
+  Llama m;
+  m.vocab = 1000;
+  m.heads = 6;
+  m.groups = 3;
+  m.ffn = 6;
+  HfCatalog hf = LlamaTensors(m);
+  auto imported = ImportHfAsMegatron(hf.catalog(), LlamaConfig(m, "llama"), "config.json", 3, 1);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(Tensor(imported->catalog, "language_model.embedding.word_embeddings.weight").shape,
+            Shape({1000, 8}));
+  EXPECT_EQ(Arg(*imported, "padded_vocab_size")->integer, 1152);  // ceil(1000 / 384) * 384
+  auto rules = PartitionRules::Create(imported->rules);
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  auto viewed = ViewFusedTensors(imported->catalog, *rules);
+  ASSERT_TRUE(viewed.ok()) << viewed.status();
+  OutputNaming naming;
+  naming.part_file = [](int rank, int) { return absl::StrCat("part", rank); };
+  auto layout = BuildSplitLayout(*viewed, *rules, 3, DTypePolicy::kKeep, naming);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  for (const OutputFileLayout& file : layout->files) {
+    for (const OutputTensor& tensor : file.tensors) {
+      if (tensor.name == "language_model.embedding.word_embeddings.weight" ||
+          tensor.name == "language_model.output_layer.weight") {
+        EXPECT_EQ(tensor.region, Box::Full({1000, 8})) << file.name << " " << tensor.name;
+      }
+    }
+  }
+}
+
+TEST(HfImportTest, Gpt2ConvWeightsTransposedAndQkvPerHead) {
+  const int64_t h = 6, nh = 3, d = 2, vocab = 11, positions = 5;
+  HfCatalog hf;
+  hf.Add("transformer.wte.weight", {vocab, h});
+  hf.Add("transformer.wpe.weight", {positions, h});
+  const std::string p = "transformer.h.0.";
+  hf.Add(p + "ln_1.weight", {h});
+  hf.Add(p + "ln_1.bias", {h});
+  hf.Add(p + "attn.c_attn.weight", {h, 3 * h});
+  hf.Add(p + "attn.c_attn.bias", {3 * h});
+  hf.Add(p + "attn.c_proj.weight", {h, h});
+  hf.Add(p + "attn.c_proj.bias", {h});
+  hf.Add(p + "attn.bias", {1, 1, positions, positions}, DType::kBool);
+  hf.Add(p + "ln_2.weight", {h});
+  hf.Add(p + "ln_2.bias", {h});
+  hf.Add(p + "mlp.c_fc.weight", {h, 4 * h});
+  hf.Add(p + "mlp.c_fc.bias", {4 * h});
+  hf.Add(p + "mlp.c_proj.weight", {4 * h, h});
+  hf.Add(p + "mlp.c_proj.bias", {h});
+  hf.Add("transformer.ln_f.weight", {h});
+  hf.Add("transformer.ln_f.bias", {h});
+  const Json config = {{"architectures", {"GPT2LMHeadModel"}},
+                       {"model_type", "gpt2"},
+                       {"n_embd", h},
+                       {"n_layer", 1},
+                       {"n_head", nh},
+                       {"n_positions", positions},
+                       {"vocab_size", vocab},
+                       {"activation_function", "gelu_new"}};
+  auto imported = ImportHfAsMegatron(hf.catalog(), config, "config.json", 1, 1);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const CatalogTensor& qkv =
+      Tensor(imported->catalog, kLayer0 + "self_attention.query_key_value.weight");
+  ASSERT_EQ(qkv.shape, Shape({3 * h, h}));
+  // Row (n, j, e) of [nh, 3, d] is column j * h + n * d + e of c_attn.
+  for (int64_t n = 0; n < nh; ++n) {
+    for (int64_t j = 0; j < 3; ++j) {
+      for (int64_t e = 0; e < d; ++e) {
+        for (int64_t c = 0; c < h; ++c) {
+          EXPECT_EQ(
+              SourceByte(qkv, {(n * 3 + j) * d + e, c}),
+              static_cast<int64_t>(hf.ByteOf(p + "attn.c_attn.weight", {c, j * h + n * d + e})));
+        }
+      }
+    }
+  }
+  const CatalogTensor& fc1 = Tensor(imported->catalog, kLayer0 + "mlp.dense_h_to_4h.weight");
+  ASSERT_EQ(fc1.shape, Shape({4 * h, h}));
+  EXPECT_EQ(SourceByte(fc1, {5, 1}),
+            static_cast<int64_t>(hf.ByteOf(p + "mlp.c_fc.weight", {1, 5})));
+  const CatalogTensor& fc2 = Tensor(imported->catalog, kLayer0 + "mlp.dense_4h_to_h.weight");
+  ASSERT_EQ(fc2.shape, Shape({h, 4 * h}));
+  EXPECT_EQ(SourceByte(fc2, {1, 5}),
+            static_cast<int64_t>(hf.ByteOf(p + "mlp.c_proj.weight", {5, 1})));
+  EXPECT_EQ(Arg(*imported, "normalization")->text, "LayerNorm");
+  EXPECT_EQ(Arg(*imported, "position_embedding_type")->text, "learned_absolute");
+  EXPECT_TRUE(Arg(*imported, "openai_gelu")->boolean);
+  EXPECT_FALSE(Arg(*imported, "swiglu")->boolean);
+  EXPECT_FALSE(Arg(*imported, "untie_embeddings_and_output_weights")->boolean);
+  EXPECT_LT(imported->catalog.Find("transformer.h.0.attn.bias"), 0);
+}
+
+TEST(HfImportTest, Refusals) {
+  Llama m;
+  HfCatalog hf = LlamaTensors(m);
+  const Catalog& catalog = hf.catalog();
+  Json config = LlamaConfig(m, "llama");
+
+  Json unknown = config;
+  unknown["model_type"] = "falcon";
+  auto status = ImportHfAsMegatron(catalog, unknown, "/in/config.json", 1, 1).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("\"falcon\""), std::string::npos) << status;
+  EXPECT_NE(status.message().find("llama, mistral, qwen2, qwen3, gpt2"), std::string::npos)
+      << status;
+
+  Json uneven = config;
+  uneven["num_key_value_heads"] = 3;
+  status = ImportHfAsMegatron(catalog, uneven, "/in/config.json", 1, 1).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      status.message().find("num_attention_heads 4 is not divisible by num_key_value_heads 3"),
+      std::string::npos)
+      << status;
+
+  status = ImportHfAsMegatron(catalog, config, "/in/config.json", 4, 1).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("4 attention heads in 2 query groups do not divide into TP 4"),
+            std::string::npos)
+      << status;
+
+  // Only Llama 3.1's rope scaling has args; a key of another JSON type is no match.
+  Json linear = config;
+  linear["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", 8.0},
+                            {"low_freq_factor", "1"},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 8192}};
+  status = ImportHfAsMegatron(catalog, linear, "/in/config.json", 1, 1).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("is not Llama 3.1's"), std::string::npos) << status;
+
+  HfCatalog extra = LlamaTensors(m);
+  extra.Add("model.layers.0.mlp.router.weight", {4, m.hidden});
+  status = ImportHfAsMegatron(extra.catalog(), config, "/in/config.json", 1, 1).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("tensor \"model.layers.0.mlp.router.weight\" has no Megatron-LM"),
+            std::string::npos)
+      << status;
+
+  Json wider = config;
+  wider["intermediate_size"] = 7;
+  status = ImportHfAsMegatron(catalog, wider, "/in/config.json", 1, 1).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("tensor \"model.layers.0.mlp.gate_proj.weight\" has shape [6, "
+                                  "8], but /in/config.json makes it [7, 8]"),
+            std::string::npos)
+      << status;
+}
+
+}  // namespace
+}  // namespace reshard

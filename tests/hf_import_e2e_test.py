@@ -1,0 +1,399 @@
+"""End-to-end tests of `reshardctl reshard HF_DIR OUT --format megatron --parts TP
+--pipeline-parts PP` (lib/formats/hf/hf_import.h): a Hugging Face model folder (safetensors and
+config.json, as save_pretrained writes them) of each family imported into Megatron-LM's legacy
+TP x PP layout, and back with `reshardctl consolidate OUT BACK --format hf`.
+
+Run:  /usr/bin/python3 tests/hf_import_e2e_test.py --reshardctl PATH [unittest args]
+
+The HF state dicts are random (tests/fixtures/hf_megatron_fixture.py for the Llama family, a
+GPT-2 one here). Every model_optim_rng.pt is loaded with real torch and compared tensor by
+tensor (torch.equal) with Megatron's layout computed here in numpy from the HF tensors
+(`megatron_rank`), never by reshard: fused QKV per query group, [gate_t; up_t] per TP rank,
+row / column splits, the vocabulary padded with zero rows to a multiple of 128 x TP, PP stages
+holding their layers under stage-local numbers. The round trip back to HF must give the original
+tensors bit for bit and config.json's sizes.
+"""
+
+import argparse
+import collections
+import json
+import os
+import sys
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "fixtures"))
+import harness  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402  -- a missing torch is a failure, not a skip
+import hf_megatron_fixture as hmf  # noqa: E402
+from st_torch import read_folder, write_file  # noqa: E402
+
+DIVISIBLE_BY = 128  # Megatron-LM's default make_vocab_size_divisible_by
+ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                "gpt2": "GPT2LMHeadModel"}
+LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def padded_vocab(vocab, tp):
+    multiple = DIVISIBLE_BY * tp
+    return (vocab + multiple - 1) // multiple * multiple
+
+
+def gpt2_state_dict(layers, hidden, vocab, positions, seed):
+    """A GPT-2 model's tensors under transformers' names (Conv1D weights [in, out])."""
+    rng = np.random.default_rng(seed)
+
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+    out = collections.OrderedDict()
+    out["transformer.wte.weight"] = r(vocab, hidden)
+    out["transformer.wpe.weight"] = r(positions, hidden)
+    for i in range(layers):
+        p = "transformer.h.%d." % i
+        out[p + "ln_1.weight"], out[p + "ln_1.bias"] = r(hidden), r(hidden)
+        out[p + "attn.c_attn.weight"], out[p + "attn.c_attn.bias"] = (
+            r(hidden, 3 * hidden), r(3 * hidden))
+        out[p + "attn.c_proj.weight"], out[p + "attn.c_proj.bias"] = r(hidden, hidden), r(hidden)
+        out[p + "ln_2.weight"], out[p + "ln_2.bias"] = r(hidden), r(hidden)
+        out[p + "mlp.c_fc.weight"], out[p + "mlp.c_fc.bias"] = (
+            r(hidden, 4 * hidden), r(4 * hidden))
+        out[p + "mlp.c_proj.weight"], out[p + "mlp.c_proj.bias"] = (
+            r(4 * hidden, hidden), r(hidden))
+    out["transformer.ln_f.weight"], out["transformer.ln_f.bias"] = r(hidden), r(hidden)
+    return out
+
+
+class Model(object):
+    """One HF model: family, sizes, state dict and config.json."""
+
+    def __init__(self, family, layers=6, hidden=16, heads=4, groups=2, head_dim=None, ffn=24,
+                 vocab=300, tied=False, seed=0, rope_scaling=None, dtype=torch.float32):
+        self.family, self.layers, self.hidden, self.heads = family, layers, hidden, heads
+        self.dtype = dtype
+        self.groups = heads if family == "gpt2" else groups
+        self.head_dim = head_dim or hidden // heads
+        self.ffn = 4 * hidden if family == "gpt2" else ffn
+        self.vocab, self.tied = vocab, True if family == "gpt2" else tied
+        self.positions = 32
+        if family == "gpt2":
+            self.hf = gpt2_state_dict(layers, hidden, vocab, self.positions, seed)
+            self.config = {
+                "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                "vocab_size": vocab, "n_positions": self.positions, "n_embd": hidden,
+                "n_layer": layers, "n_head": heads, "n_inner": None,
+                "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+                "tie_word_embeddings": True, "torch_dtype": "float32"}
+        else:
+            spec = hmf.Spec(family=family, layers=layers, hidden=hidden, heads=heads,
+                            groups=groups, head_dim=head_dim, ffn=ffn, vocab=vocab, tied=tied,
+                            seed=seed)
+            self.hf = hmf.hf_state_dict(spec)
+            self.config = {
+                "architectures": [ARCHITECTURE[family]], "model_type": family,
+                "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
+                "num_attention_heads": heads, "num_key_value_heads": groups,
+                "head_dim": self.head_dim, "hidden_act": "silu",
+                "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 500000.0,
+                "rope_scaling": rope_scaling, "vocab_size": vocab, "tie_word_embeddings": tied,
+                "torch_dtype": "float32"}
+            if family == "mistral":
+                self.config["sliding_window"] = 4096
+            else:
+                self.config["attention_bias"] = family == "qwen2"
+        if dtype == torch.bfloat16:
+            # bf16 weights, kept here as the float32 numbers they are (exactly).
+            self.hf = collections.OrderedDict(
+                (k, torch.from_numpy(v).to(dtype).float().numpy()) for k, v in self.hf.items())
+            self.config["torch_dtype"] = "bfloat16"
+
+    def save(self, folder, shards=2):
+        """save_pretrained's layout: model-0000i-of-0000N.safetensors, the index, config.json."""
+        os.makedirs(folder)
+        names = list(self.hf)
+        per = (len(names) + shards - 1) // shards
+        weight_map = {}
+        for i in range(shards):
+            file = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
+            part = names[i * per:(i + 1) * per]
+            write_file(os.path.join(folder, file),
+                       collections.OrderedDict(
+                           (n, torch.from_numpy(self.hf[n]).to(self.dtype)) for n in part))
+            weight_map.update({n: file for n in part})
+        with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f)
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(self.config, f)
+        return folder
+
+
+def megatron_layer(m, i, t, tp):
+    """Layer i's tensors on TP rank t, as Megatron-LM's ParallelTransformerLayer keys them."""
+    ng, nh, d = m.groups, m.heads, m.head_dim
+    out = collections.OrderedDict()
+    if m.family == "gpt2":
+        p = "transformer.h.%d." % i
+        h = m.hidden
+        # c_attn's transpose holds [Q; K; V] as rows; Megatron's rows are [nh, 3, d].
+        w = m.hf[p + "attn.c_attn.weight"].T.reshape(3, nh, d, h).transpose(1, 0, 2, 3)
+        b = m.hf[p + "attn.c_attn.bias"].reshape(3, nh, d).transpose(1, 0, 2)
+        local = nh // tp
+        out["input_layernorm.weight"] = m.hf[p + "ln_1.weight"]
+        out["input_layernorm.bias"] = m.hf[p + "ln_1.bias"]
+        out["self_attention.query_key_value.weight"] = (
+            w[t * local:(t + 1) * local].reshape(-1, h))
+        out["self_attention.query_key_value.bias"] = b[t * local:(t + 1) * local].reshape(-1)
+        out["self_attention.dense.weight"] = np.split(m.hf[p + "attn.c_proj.weight"].T, tp,
+                                                      axis=1)[t]
+        out["self_attention.dense.bias"] = m.hf[p + "attn.c_proj.bias"]
+        out["post_attention_layernorm.weight"] = m.hf[p + "ln_2.weight"]
+        out["post_attention_layernorm.bias"] = m.hf[p + "ln_2.bias"]
+        out["mlp.dense_h_to_4h.weight"] = np.split(m.hf[p + "mlp.c_fc.weight"].T, tp, axis=0)[t]
+        out["mlp.dense_h_to_4h.bias"] = np.split(m.hf[p + "mlp.c_fc.bias"], tp, axis=0)[t]
+        out["mlp.dense_4h_to_h.weight"] = np.split(m.hf[p + "mlp.c_proj.weight"].T, tp,
+                                                   axis=1)[t]
+        out["mlp.dense_4h_to_h.bias"] = m.hf[p + "mlp.c_proj.bias"]
+        return out
+    p = "model.layers.%d." % i
+    r = nh // ng
+
+    def fused(kind):
+        q, k, v = (m.hf[p + "self_attn.%s_proj.%s" % (x, kind)] for x in "qkv")
+        cols = q.shape[1:]
+        grouped = np.concatenate([q.reshape(ng, r, d, *cols), k.reshape(ng, 1, d, *cols),
+                                  v.reshape(ng, 1, d, *cols)], axis=1)
+        local = ng // tp
+        return grouped[t * local:(t + 1) * local].reshape(-1, *cols)
+    out["input_layernorm.weight"] = m.hf[p + "input_layernorm.weight"]
+    out["self_attention.query_key_value.weight"] = fused("weight")
+    if m.family == "qwen2":
+        out["self_attention.query_key_value.bias"] = fused("bias")
+    if m.family == "qwen3":
+        out["self_attention.q_layernorm.weight"] = m.hf[p + "self_attn.q_norm.weight"]
+        out["self_attention.k_layernorm.weight"] = m.hf[p + "self_attn.k_norm.weight"]
+    out["self_attention.dense.weight"] = np.split(m.hf[p + "self_attn.o_proj.weight"], tp,
+                                                  axis=1)[t]
+    out["post_attention_layernorm.weight"] = m.hf[p + "post_attention_layernorm.weight"]
+    out["mlp.dense_h_to_4h.weight"] = np.concatenate(
+        [np.split(m.hf[p + "mlp.gate_proj.weight"], tp, axis=0)[t],
+         np.split(m.hf[p + "mlp.up_proj.weight"], tp, axis=0)[t]], axis=0)
+    out["mlp.dense_4h_to_h.weight"] = np.split(m.hf[p + "mlp.down_proj.weight"], tp, axis=1)[t]
+    return out
+
+
+def megatron_rank(m, t, tp, p, pp):
+    """Every tensor of rank (t, p)'s model_optim_rng.pt, by its dotted path below "model"."""
+    gpt2 = m.family == "gpt2"
+    embed = m.hf["transformer.wte.weight" if gpt2 else "model.embed_tokens.weight"]
+    rows = padded_vocab(m.vocab, tp)
+
+    def vocab_slice(table):
+        padded = np.concatenate([table, np.zeros((rows - m.vocab, m.hidden), np.float32)])
+        return np.split(padded, tp, axis=0)[t]
+    out = collections.OrderedDict()
+    per = m.layers // pp
+    if p == 0:
+        out["language_model.embedding.word_embeddings.weight"] = vocab_slice(embed)
+        if gpt2:
+            out["language_model.embedding.position_embeddings.weight"] = m.hf[
+                "transformer.wpe.weight"]
+    for local, i in enumerate(range(p * per, (p + 1) * per)):
+        for key, value in megatron_layer(m, i, t, tp).items():
+            out["language_model.encoder.layers.%d.%s" % (local, key)] = value
+    if p == pp - 1:
+        out["language_model.encoder.final_layernorm.weight"] = m.hf[
+            "transformer.ln_f.weight" if gpt2 else "model.norm.weight"]
+        if gpt2:
+            out["language_model.encoder.final_layernorm.bias"] = m.hf["transformer.ln_f.bias"]
+        if not m.tied:
+            out["language_model.output_layer.weight"] = vocab_slice(m.hf["lm_head.weight"])
+        elif pp > 1:
+            out["word_embeddings_for_head.weight"] = vocab_slice(embed)
+    return out
+
+
+def flatten(node, prefix=""):
+    out = collections.OrderedDict()
+    for key, value in node.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, prefix + key + "."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+class Base(harness.CliTestCase):
+    TMP_PREFIX = "reshard-hf-import"
+    TIMEOUT = 60
+
+    def import_(self, folder, out, tp, pp, *extra):
+        return self.ctl("reshard", folder, out, "--format", "megatron", "--parts", tp,
+                        "--pipeline-parts", pp, "--no-progress", *extra)
+
+    def refused(self, folder, args, message):
+        """Exit 3, the message holds `message`, and OUT is not created."""
+        out = self.p("refused-out")
+        res = self.ctl("reshard", folder, out, "--format", "megatron", "--no-progress", *args)
+        self.assertExit(res, 3)
+        self.assertIn(message, res.text, self.describe(res))
+        self.assertFalse(os.path.exists(out), "%s created by a refused import" % out)
+
+
+class ImportTests(Base):
+    def check_megatron(self, m, out, tp, pp):
+        with open(os.path.join(out, "latest_checkpointed_iteration.txt")) as f:
+            self.assertEqual(f.read(), "release")
+        self.assertEqual(sorted(os.listdir(os.path.join(out, "release"))), sorted(
+            "mp_rank_%02d" % t if pp == 1 else "mp_rank_%02d_%03d" % (t, p)
+            for t in range(tp) for p in range(pp)))
+        for t in range(tp):
+            for p in range(pp):
+                name = "mp_rank_%02d" % t if pp == 1 else "mp_rank_%02d_%03d" % (t, p)
+                ckpt = torch.load(os.path.join(out, "release", name, "model_optim_rng.pt"))
+                self.assertEqual(list(ckpt), ["args", "checkpoint_version", "iteration", "model"])
+                self.assertEqual(ckpt["checkpoint_version"], 3.0)
+                self.assertEqual(ckpt["iteration"], 0)
+                got = flatten(ckpt["model"])
+                want = megatron_rank(m, t, tp, p, pp)
+                self.assertEqual(list(got), list(want), name)
+                for key, value in want.items():
+                    self.assertEqual(got[key].dtype, m.dtype, key)
+                    self.assertTrue(torch.equal(got[key].float(), torch.from_numpy(
+                        np.ascontiguousarray(value))), "%s: %s differs" % (name, key))
+                self.check_args(m, ckpt["args"], tp, pp, t, p)
+
+    def check_args(self, m, args, tp, pp, t, p):
+        gpt2 = m.family == "gpt2"
+        want = {
+            "num_layers": m.layers, "hidden_size": m.hidden, "ffn_hidden_size": m.ffn,
+            "num_attention_heads": m.heads, "num_query_groups": m.groups,
+            "group_query_attention": m.groups != m.heads, "kv_channels": m.head_dim,
+            "vocab_size": m.vocab, "make_vocab_size_divisible_by": DIVISIBLE_BY,
+            "padded_vocab_size": padded_vocab(m.vocab, tp),
+            "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+            "world_size": tp * pp, "rank": t + tp * p, "swiglu": not gpt2,
+            "untie_embeddings_and_output_weights": not m.tied,
+            "qk_layernorm": m.family == "qwen3", "params_dtype": m.dtype,
+            "bf16": m.dtype == torch.bfloat16, "fp16": False,
+            "normalization": "LayerNorm" if gpt2 else "RMSNorm",
+            "position_embedding_type": "learned_absolute" if gpt2 else "rope",
+            "max_position_embeddings": m.positions if gpt2 else 128,
+        }
+        if gpt2:
+            want.update(add_bias_linear=True, openai_gelu=True, norm_epsilon=1e-5)
+        else:
+            want.update(add_qkv_bias=m.family == "qwen2", add_bias_linear=False,
+                        rotary_base=500000, norm_epsilon=1e-6,
+                        use_rope_scaling=m.config["rope_scaling"] is not None)
+        if m.family == "mistral":
+            want["sliding_window"] = 4096
+        self.assertIsInstance(args, argparse.Namespace)
+        self.assertEqual({k: getattr(args, k, "<absent>") for k in want}, want)
+
+    def check_back(self, m, back):
+        got = read_folder(back)
+        self.assertEqual(sorted(got), sorted(m.hf), "tensor names")
+        for name, value in m.hf.items():
+            self.assertEqual(got[name].dtype, m.dtype, name)
+            self.assertTrue(torch.equal(got[name].float(), torch.from_numpy(value)),
+                            "%s differs" % name)
+        with open(os.path.join(back, "config.json")) as f:
+            config = json.load(f)
+        for key, value in m.config.items():
+            if key == "n_inner":
+                continue  # null means 4 x n_embd; the export writes it so too
+            self.assertEqual(config.get(key, "<absent>"), value, "config.json " + key)
+
+    def run_model(self, m, topologies):
+        hf_dir = m.save(self.p("hf"))
+        for tp, pp in topologies:
+            with self.subTest(tp=tp, pp=pp):
+                out = self.p("megatron-tp%d-pp%d" % (tp, pp))
+                res = self.import_(hf_dir, out, tp, pp)
+                self.assertExit(res, 0)
+                self.check_megatron(m, out, tp, pp)
+                back = self.p("back-tp%d-pp%d" % (tp, pp))
+                self.assertExit(self.ctl("consolidate", out, back, "--format", "hf",
+                                         "--no-progress"), 0)
+                self.check_back(m, back)
+
+    ALL = [(1, 1), (2, 1), (2, 2), (4, 1), (1, 3)]
+
+
+class LlamaMistralImportTests(ImportTests):
+    def test_llama_gqa_untied_padded_vocab_rope_scaling(self):
+        # 8 heads in 4 groups (r = 2), vocabulary 1000: not a multiple of 128 x TP.
+        self.run_model(Model("llama", hidden=32, heads=8, groups=4, vocab=1000,
+                             rope_scaling=LLAMA31_ROPE), self.ALL)
+
+    def test_llama_one_group_tied(self):
+        self.run_model(Model("llama", heads=4, groups=1, tied=True, seed=1), [(1, 1), (1, 3)])
+
+    def test_mistral_groups_equal_heads_tied(self):
+        self.run_model(Model("mistral", heads=4, groups=4, tied=True, seed=2), self.ALL)
+
+
+class QwenGpt2ImportTests(ImportTests):
+    def test_qwen2_qkv_bias(self):
+        self.run_model(Model("qwen2", hidden=32, heads=8, groups=4, vocab=50, seed=3), self.ALL)
+
+    def test_qwen3_qk_norm_head_dim_bf16(self):
+        # head_dim 8 != hidden / heads; bf16 weights (params_dtype, bf16 in the args).
+        self.run_model(Model("qwen3", heads=4, groups=2, head_dim=8, seed=4,
+                             dtype=torch.bfloat16),
+                       [(1, 1), (2, 1), (2, 2), (1, 3)])
+
+    def test_gpt2_odd_vocabulary(self):
+        # 257 rows: not even divisible by TP 2; the padding makes it 256 x TP rows.
+        self.run_model(Model("gpt2", vocab=257, seed=5), self.ALL)
+
+
+class ImportRefusalTests(Base):
+    def model(self, **kw):
+        return Model("llama", layers=2, heads=8, groups=4, hidden=32, **kw)
+
+    def test_heads_not_divisible_by_tp(self):
+        hf_dir = self.model().save(self.p("hf"))
+        self.refused(hf_dir, ["--parts", "3"],
+                     "8 attention heads in 4 query groups do not divide into TP 3: Megatron "
+                     "keeps whole heads and query groups on every tensor-parallel rank")
+
+    def test_heads_not_divisible_by_groups(self):
+        m = self.model()
+        m.config["num_key_value_heads"] = 3
+        hf_dir = m.save(self.p("hf"))
+        self.refused(hf_dir, ["--parts", "1"],
+                     "num_attention_heads 8 is not divisible by num_key_value_heads 3")
+
+    def test_unknown_family_lists_the_families(self):
+        m = self.model()
+        m.config["model_type"] = "falcon"
+        m.config["architectures"] = ["FalconForCausalLM"]
+        hf_dir = m.save(self.p("hf"))
+        self.refused(hf_dir, ["--parts", "1"],
+                     "model_type \"falcon\" (architectures \"FalconForCausalLM\"), which is none "
+                     "of the families reshard imports into Megatron-LM: llama, mistral, qwen2, "
+                     "qwen3, gpt2")
+
+    def test_missing_config_json(self):
+        hf_dir = self.model().save(self.p("hf"))
+        os.remove(os.path.join(hf_dir, "config.json"))
+        self.refused(hf_dir, ["--parts", "1"],
+                     os.path.join(hf_dir, "config.json") + " not found: a Hugging Face model is "
+                     "imported into Megatron-LM with the config.json save_pretrained writes")
+
+    def test_tensor_without_megatron_counterpart(self):
+        m = self.model()
+        m.hf["model.layers.1.mlp.router.weight"] = np.zeros((4, 32), np.float32)
+        hf_dir = m.save(self.p("hf"))
+        self.refused(hf_dir, ["--parts", "2"],
+                     "tensor \"model.layers.1.mlp.router.weight\" has no Megatron-LM counterpart "
+                     "in a llama model")
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main(globals(), "reshardctl"))
