@@ -389,6 +389,13 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   if (spec.output.empty()) return absl::InvalidArgumentError("no output folder given");
   RETURN_IF_ERROR(CheckInputPath(spec.input, "input"));
   ASSIGN_OR_RETURN(const PartitionArea area, LocatePartitionArea(spec.output));
+  if (WritesInPlace(area)) {
+    // An input inside the output is refused even when overwriting: publishing in place
+    // deletes what the plan does not write.
+    ConversionSpec overwriting = spec;
+    overwriting.overwrite = true;
+    RETURN_IF_ERROR(CheckObjectStoreOutputUsable(overwriting));
+  }
   // A non-empty output is refused before reading anything, unless it is this split's own
   // (a worker rerun after another one published).
   const std::string published_split = PublishedSplitId(area);

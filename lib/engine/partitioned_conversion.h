@@ -49,7 +49,8 @@
 
 namespace reshard {
 
-// The shared area's path for output folder `output_dir`.
+// The shared area's path for output `output_dir` (partition_area.h); empty when the output
+// has no place beside it (a whole bucket).
 std::string PartitionAreaPathFor(const std::string& output_dir);
 
 // Runs `spec` as RunConversion does (an output on storage without folders, s3:// or mem://,

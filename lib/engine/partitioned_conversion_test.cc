@@ -722,6 +722,24 @@ TEST_F(MemoryPartitionsTest, ReplacedFileIsRefusedAtPublishAndRewrittenByItsReru
   ExpectSameAsMemorySingle(out);
 }
 
+// An input inside the output is refused before anything is written, even when overwriting:
+// publishing in place deletes what the plan does not write.
+TEST_F(MemoryPartitionsTest, InputInsideTheOutputIsRefused) {
+  const std::string out = base_ + "/holding";
+  kvstore::GetMemoryDriver().Put(out + "/model.safetensors", ReadAll(input_));
+  ConversionSpec spec = Spec(out, 0, 2);
+  spec.input = out + "/model.safetensors";
+  spec.overwrite = true;
+  auto refused = RunAnyConversion(spec);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                absl::StrCat("output ", out, " contains the input ", spec.input)),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(MemoryFiles(out).size(), 1u);
+  EXPECT_TRUE(MemoryFiles(PartitionAreaPathFor(out)).empty());
+}
+
 // Overwriting an earlier output: its manifest goes before any data file is written, and what
 // it held beyond this plan's files is removed when the new one is published.
 TEST_F(MemoryPartitionsTest, OverwriteReplacesAnEarlierOutput) {
