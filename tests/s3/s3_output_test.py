@@ -211,12 +211,14 @@ class S3OutputTest(unittest.TestCase):
                                     "s3://%s/same" % BUCKET, "--overwrite")
         self.assertEqual(code, 3, err)
         self.assertIn("contains the input", doc["error"]["message"])
-        # Partitioned conversions stay local.
-        code, doc, err = reshardctl("consolidate", self.src, "s3://%s/split" % BUCKET,
+        # A partitioned conversion needs a place beside the output for its shared area.
+        code, doc, err = reshardctl("consolidate", self.src, "s3://%s" % BUCKET,
                                     "--partition", "0/2")
-        self.assertNotEqual(code, 0)
-        self.assertEqual(doc["error"]["code"], "UNIMPLEMENTED")
-        self.assertEqual(self.keys("denied") + self.keys("split"), [])
+        self.assertEqual(code, 3, err)
+        self.assertEqual(doc["error"]["code"], "INVALID_ARGUMENT")
+        self.assertIn("output s3://%s does not end in a folder name" % BUCKET,
+                      doc["error"]["message"])
+        self.assertEqual(self.keys("denied"), [])
 
     def test_kill_mid_upload_then_rerun(self):
         prefix = "killed"
