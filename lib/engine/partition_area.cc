@@ -134,9 +134,8 @@ absl::StatusOr<PartitionArea> LocatePartitionArea(const std::string& output) {
                      "beside the output for its shared area"));
   }
   const std::string area_name = absl::StrCat(".", area.name, ".reshard-partitions");
-  area.root = area.driver->has_folders()
-                  ? (std::filesystem::path(area.parent) / area_name).string()
-                  : absl::StrCat(area.parent, "/", area_name);
+  area.root = area.driver->has_folders() ? (std::filesystem::path(area.parent) / area_name).string()
+                                         : absl::StrCat(area.parent, "/", area_name);
   return area;
 }
 
@@ -161,8 +160,8 @@ absl::StatusOr<std::pair<std::string, kvstore::PathStat>> ReadSmallFile(
     const kvstore::Driver& driver, const std::string& path) {
   ASSIGN_OR_RETURN(const kvstore::PathStat stat, driver.Stat(path));
   if (stat.is_folder || stat.size > kMaxAreaFileBytes) {
-    return absl::DataLossError(absl::StrCat(path, " is a folder or larger than ",
-                                            kMaxAreaFileBytes, " bytes; not a reshard record"));
+    return absl::DataLossError(absl::StrCat(path, " is a folder or larger than ", kMaxAreaFileBytes,
+                                            " bytes; not a reshard record"));
   }
   std::string text(stat.size, '\0');
   RETURN_IF_ERROR(driver.ReadRange(path, 0, absl::MakeSpan(text), stat));
@@ -219,8 +218,7 @@ absl::Status JoinSplit(const PartitionArea& area, const Split& split) {
   return absl::FailedPreconditionError(absl::StrCat(
       "the output is being assembled by another partitioned conversion (", path, ": ",
       DescribeSplit(existing), "); this worker's is ", DescribeSplit(split.json),
-      " with another request or plan. Finish that one (reshardctl commit) or remove ",
-      area.root));
+      " with another request or plan. Finish that one (reshardctl commit) or remove ", area.root));
 }
 
 absl::Status WritePartitionRecord(const PartitionArea& area, const Split& split, int index,
@@ -240,7 +238,7 @@ absl::Status WritePartitionRecord(const PartitionArea& area, const Split& split,
 }
 
 absl::StatusOr<RecordedFiles> ReadPartitionRecord(const PartitionArea& area, const Split& split,
-                                                   int index) {
+                                                  int index) {
   const std::string hint = RerunHint(index, split.count);
   const std::string where = area.PathOf(PartitionRecordName(index, split.count));
   absl::StatusOr<OrderedJson> read = ReadJsonFile(*area.driver, where);
@@ -317,13 +315,12 @@ absl::StatusOr<std::unique_ptr<PartitionClaim>> PartitionClaim::Acquire(const Pa
     // Rewritten between the Stat and the read: the holder refreshed it.
     if (absl::IsFailedPrecondition(held.status())) continue;
     RETURN_IF_ERROR(held.status(), absl::StrCat("reading the claim ", where));
-    const OrderedJson holder =
-        OrderedJson::parse(held->first, nullptr, /*allow_exceptions=*/false);
+    const OrderedJson holder = OrderedJson::parse(held->first, nullptr, /*allow_exceptions=*/false);
     if (HolderIsLive(holder, options)) return HeldBy(holder, index, count, where, "");
     if (options.on_stale) options.on_stale();
     // Stale: taken over by the one worker that creates the marker of these bytes.
-    const std::string marker = absl::StrCat(
-        where, ".taken-", Hex16(XXH3_64bits(held->first.data(), held->first.size())));
+    const std::string marker =
+        absl::StrCat(where, ".taken-", Hex16(XXH3_64bits(held->first.data(), held->first.size())));
     const absl::Status won = area.driver->CreateExclusive(marker, text);
     if (absl::IsAlreadyExists(won)) {
       return absl::FailedPreconditionError(
@@ -337,8 +334,8 @@ absl::StatusOr<std::unique_ptr<PartitionClaim>> PartitionClaim::Acquire(const Pa
       // Its holder refreshed it after all, or a worker that found none created it.
       return absl::FailedPreconditionError(absl::StrCat(
           "partition ", index, " of ", count, " is being written by another worker: ", where,
-          " changed while this worker took it over (generation ", held->second.generation,
-          ", now ", now->generation, "); run one worker per partition"));
+          " changed while this worker took it over (generation ", held->second.generation, ", now ",
+          now->generation, "); run one worker per partition"));
     }
     if (!now.ok() && !absl::IsNotFound(now.status())) return now.status();
     RETURN_IF_ERROR(area.driver->Delete(where),
@@ -346,9 +343,8 @@ absl::StatusOr<std::unique_ptr<PartitionClaim>> PartitionClaim::Acquire(const Pa
     const absl::Status replaced = area.driver->CreateExclusive(where, text);
     if (absl::IsAlreadyExists(replaced)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "partition ", index, " of ", count,
-          " is being written by another worker, which created ", where,
-          " while this one took over its stale claim; run one worker per partition"));
+          "partition ", index, " of ", count, " is being written by another worker, which created ",
+          where, " while this one took over its stale claim; run one worker per partition"));
     }
     RETURN_IF_ERROR(replaced, absl::StrCat("taking over the stale claim ", where));
     return std::unique_ptr<PartitionClaim>(

@@ -131,7 +131,7 @@ absl::Status WritePartitionRecord(const PartitionArea& area, const Split& split,
 // Reads partition `index`'s record: NotFound when absent, DataLoss naming the file and what
 // to rerun when it is not this split's record of that partition.
 absl::StatusOr<RecordedFiles> ReadPartitionRecord(const PartitionArea& area, const Split& split,
-                                                   int index);
+                                                  int index);
 
 // How claims are held and judged; tests drive the clock.
 struct ClaimOptions {

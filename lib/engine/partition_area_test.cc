@@ -41,8 +41,8 @@ ClaimOptions WorkerOn(const std::string& host, int pid, TestClock& clock) {
   options.lease = absl::Seconds(120);
   options.refresh = absl::Hours(1);
   options.now = clock.Function();
-  options.identity = {{"pid", pid}, {"host", host}, {"boot_id", "b"}, {"pid_ns", "n"},
-                      {"start_time", "1"}};
+  options.identity = {
+      {"pid", pid}, {"host", host}, {"boot_id", "b"}, {"pid_ns", "n"}, {"start_time", "1"}};
   return options;
 }
 

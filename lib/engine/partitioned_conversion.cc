@@ -45,8 +45,7 @@ bool WritesInPlace(const PartitionArea& area) { return !area.driver->has_folders
 
 // The area where the data files and their per-file records (output_commit.h) are written.
 OutputArea DataArea(const PartitionArea& area) {
-  return OutputArea(*area.driver,
-                    WritesInPlace(area) ? area.output : area.PathOf(kAreaDataName));
+  return OutputArea(*area.driver, WritesInPlace(area) ? area.output : area.PathOf(kAreaDataName));
 }
 
 // The split that published the output, from its manifest; empty when none.
@@ -87,9 +86,9 @@ absl::Status CheckRecordedFile(const PartitionArea& area, const Split& split, co
   }
   if (hashed != nullptr) {
     if (*hashed == recorded) return absl::OkStatus();
-    return absl::DataLossError(
-        absl::StrCat(area.PathOf(PartitionRecordName(owner, split.count)),
-                     " no longer has the XXH3-64 of ", file.name, " this worker wrote", tail));
+    return absl::DataLossError(absl::StrCat(area.PathOf(PartitionRecordName(owner, split.count)),
+                                            " no longer has the XXH3-64 of ", file.name,
+                                            " this worker wrote", tail));
   }
   if (WritesInPlace(area)) {
     absl::StatusOr<std::pair<std::string, kvstore::PathStat>> text =
@@ -101,8 +100,8 @@ absl::Status CheckRecordedFile(const PartitionArea& area, const Split& split, co
       return absl::DataLossError(absl::StrCat(
           path, " is not the file partition ", owner, " recorded (generation ", stat->generation,
           ", its record ", data.PathOf(FileRecordName(file.name)),
-          record ? absl::StrCat(" says ", record->generation) : " is missing or damaged", ")",
-          tail, ", which publishes"));
+          record ? absl::StrCat(" says ", record->generation) : " is missing or damaged", ")", tail,
+          ", which publishes"));
     }
     return absl::OkStatus();
   }
@@ -178,8 +177,7 @@ absl::Status PublishInPlace(const PartitionArea& area, const Split& split,
   RETURN_IF_ERROR(WriteCompanions(planned, put, result));
   TestFaultPoint("before-publish", control.cancelled);
   RETURN_IF_ERROR(Cancelled(control));
-  const std::string manifest =
-      BuildManifest(spec, planned, result.files, control.job_id, split.id);
+  const std::string manifest = BuildManifest(spec, planned, result.files, control.job_id, split.id);
   RETURN_IF_ERROR(put(kManifestName, manifest));
   result.bytes_written += manifest.size();
   data.RemoveRecordsAndMarker();
@@ -230,9 +228,9 @@ absl::StatusOr<ConversionResult> Publish(const PartitionArea& area, const Split&
     const int owner = assignment[f];
     auto it = records[owner].find(file.name);
     if (it == records[owner].end()) {
-      return absl::DataLossError(absl::StrCat(
-          area.PathOf(PartitionRecordName(owner, split.count)), " does not list ", file.name,
-          "; nothing was published; ", RerunHint(owner, split.count)));
+      return absl::DataLossError(
+          absl::StrCat(area.PathOf(PartitionRecordName(owner, split.count)), " does not list ",
+                       file.name, "; nothing was published; ", RerunHint(owner, split.count)));
     }
     auto own = hashed.find(file.name);
     RETURN_IF_ERROR(CheckRecordedFile(area, split, file, owner, it->second.second,
