@@ -91,7 +91,8 @@ absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec
   const Clock::time_point start = Clock::now();
   if (spec.partition_count > 0) {
     return absl::UnimplementedError(absl::StrCat(
-        "output ", spec.output, ": partitioned conversions write local folders only"));
+        "output ", spec.output,
+        ": a partitioned conversion runs through RunAnyConversion (partitioned_conversion.h)"));
   }
   // A resumed job (reshardd restarted mid-run) finds its first run's marker and records in
   // the output, and takes it over like any rerun.

@@ -17,8 +17,8 @@ namespace reshard {
 
 // Runs the conversion `spec` into spec.output with the driver that serves it
 // (kvstore::ParseLocation). The result lists the data files and the index as RunConversion's
-// does; its `output` is spec.output without a trailing '/'. Partitioned conversions are not
-// supported (Unimplemented). A rerun into an unfinished output keeps the data files an earlier
+// does; its `output` is spec.output without a trailing '/'. A partitioned spec is refused
+// (Unimplemented): RunAnyConversion runs those (partitioned_conversion.h). A rerun into an unfinished output keeps the data files an earlier
 // run of the same plan finished (the result's reused_files and reused_bytes). Errors name the
 // file and the storage's error.
 absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec& spec,

@@ -23,6 +23,7 @@
 #include "lib/io/s3/s3_client.h"
 #include "lib/io/s3/s3_store.h"
 #include "lib/io/s3/testing/memory_s3_client.h"
+#include "lib/io/kvstore/driver_testutil.h"
 #include "lib/io/kvstore/location.h"
 #include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
@@ -283,24 +284,12 @@ TEST_F(ObjectReuseTest, AnotherPlanReusesNothing) {
 // Every file of the output `root` on the memory driver with its bytes, the manifest without
 // its timestamp.
 std::map<std::string, std::string> MemoryOutput(const std::string& root) {
-  const kvstore::Driver& driver = kvstore::GetMemoryDriver();
-  absl::StatusOr<AreaContents> contents = OutputArea(driver, root).List();
-  EXPECT_TRUE(contents.ok()) << contents.status();
-  std::map<std::string, std::string> files;
-  if (!contents.ok()) return files;
-  for (const kvstore::FileEntry& file : contents->files) {
-    const std::string path = absl::StrCat(root, "/", file.name);
-    absl::StatusOr<kvstore::PathStat> stat = driver.Stat(path);
-    EXPECT_TRUE(stat.ok()) << stat.status();
-    if (!stat.ok()) continue;
-    std::string bytes(stat->size, '\0');
-    EXPECT_TRUE(driver.ReadRange(path, 0, absl::MakeSpan(bytes), *stat).ok()) << path;
-    if (file.name == kManifestName) {
-      nlohmann::ordered_json manifest = nlohmann::ordered_json::parse(bytes);
-      manifest.erase("created_unix");
-      bytes = manifest.dump();
-    }
-    files[file.name] = std::move(bytes);
+  std::map<std::string, std::string> files = kvstore::ReadTree(kvstore::GetMemoryDriver(), root);
+  auto manifest = files.find(kManifestName);
+  if (manifest != files.end()) {
+    nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(manifest->second);
+    parsed.erase("created_unix");
+    manifest->second = parsed.dump();
   }
   return files;
 }

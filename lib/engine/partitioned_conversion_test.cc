@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +26,8 @@
 #include "lib/engine/output_commit.h"
 #include "lib/engine/partition_spec.h"
 #include "lib/formats/safetensors/safetensors_format.h"
+#include "lib/io/kvstore/driver_testutil.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 #include "nlohmann/json.hpp"
 
@@ -76,9 +79,10 @@ std::string HostName() {
   return host;
 }
 
-// A worker's claim on partition `index` of `count` as another process would have written it.
+// A worker's claim on partition `index` of `count` as another process would have written it,
+// its lease ending at `expires`.
 std::string ClaimOf(pid_t pid, const std::string& host, const std::string& start_time, int index,
-                    int count) {
+                    int count, absl::Time expires = absl::Now() + absl::Hours(1)) {
   char pid_ns[128] = {};
   EXPECT_GT(readlink("/proc/self/ns/pid", pid_ns, sizeof(pid_ns) - 1), 0);
   return nlohmann::json{{"pid", pid},
@@ -89,7 +93,10 @@ std::string ClaimOf(pid_t pid, const std::string& host, const std::string& start
                         {"partition", index},
                         {"partitions", count},
                         {"since", "2026-01-01T00:00:00Z"},
-                        {"token", "00000000000000aa"}}
+                        {"token", "00000000000000aa"},
+                        {"heartbeat", 7},
+                        {"expires", absl::FormatTime(absl::RFC3339_full, expires,
+                                                     absl::UTCTimeZone())}}
       .dump();
 }
 
@@ -487,13 +494,11 @@ TEST_F(PartitionedConversionTest, ClaimOfAGoneWorkerIsTakenOver) {
   const std::string out = root_ + "/out";
   const std::string area = PartitionAreaPathFor(out);
   fs::create_directories(area);
-  // Partition 0's worker died on this host; partition 1's, on another host, stopped
-  // refreshing its claim an hour ago.
+  // Partition 0's worker died on this host; the lease of partition 1's, on another host,
+  // ended an hour ago.
   WriteAll(area + "/partition-00000-of-00002.claim", ClaimOf(DeadPid(), HostName(), "1", 0, 2));
-  const std::string other_host = area + "/partition-00001-of-00002.claim";
-  WriteAll(other_host, ClaimOf(1, "elsewhere.example", "1", 1, 2));
-  const struct timespec hour_ago[2] = {{time(nullptr) - 3600, 0}, {time(nullptr) - 3600, 0}};
-  ASSERT_EQ(utimensat(AT_FDCWD, other_host.c_str(), hour_ago, 0), 0);
+  WriteAll(area + "/partition-00001-of-00002.claim",
+           ClaimOf(1, "elsewhere.example", "1", 1, 2, absl::Now() - absl::Hours(1)));
 
   auto first = RunAnyConversion(Spec(out, 0, 2));
   ASSERT_TRUE(first.ok()) << first.status();
@@ -557,7 +562,7 @@ TEST_F(PartitionedConversionTest, ClaimOfALiveWorkerIsRefused) {
       << refused.status();
   EXPECT_TRUE(fs::exists(live)) << "a live worker's claim stays";
 
-  // A worker on another host whose claim is fresh is live too.
+  // A worker on another host whose lease has not ended is live too.
   WriteAll(area + "/partition-00001-of-00002.claim", ClaimOf(1, "elsewhere.example", "1", 1, 2));
   auto other_host = RunAnyConversion(Spec(out, 1, 2));
   ASSERT_FALSE(other_host.ok());
@@ -566,6 +571,191 @@ TEST_F(PartitionedConversionTest, ClaimOfALiveWorkerIsRefused) {
                 "elsewhere.example, since 2026-01-01T00:00:00Z"),
             std::string::npos)
       << other_host.status();
+}
+
+// name -> contents of every file below `root` of the memory driver (mem://...).
+std::map<std::string, std::string> MemoryFiles(const std::string& root) {
+  return kvstore::ReadTree(kvstore::GetMemoryDriver(), root);
+}
+
+// Partitioned conversions into mem:// (the memory driver: no folders, no rename): the data
+// files are written in place and the manifest is the commit mark.
+class MemoryPartitionsTest : public PartitionedConversionTest {
+ protected:
+  void SetUp() override {
+    PartitionedConversionTest::SetUp();
+    const std::string name = testing::UnitTest::GetInstance()->current_test_info()->name();
+    base_ = absl::StrCat("mem://partitions/", name);
+    auto single = RunAnyConversion(Spec(base_ + "/single", 0, 0));
+    ASSERT_TRUE(single.ok()) << single.status();
+    memory_single_ = MemoryFiles(base_ + "/single");
+    ASSERT_EQ(memory_single_.size(), single_files_.size());
+  }
+
+  // The published output equals the unpartitioned run into mem://: every data file and the
+  // index byte for byte, the manifest's files, tensors and request; the area is gone.
+  void ExpectSameAsMemorySingle(const std::string& out) {
+    std::map<std::string, std::string> files = MemoryFiles(out);
+    std::set<std::string> names, single_names;
+    for (const auto& [name, contents] : files) names.insert(name);
+    for (const auto& [name, contents] : memory_single_) single_names.insert(name);
+    ASSERT_EQ(names, single_names);
+    for (const auto& [name, contents] : memory_single_) {
+      if (name == kManifestName) {
+        auto a = nlohmann::json::parse(contents);
+        auto b = nlohmann::json::parse(files[name]);
+        EXPECT_EQ(a["files"], b["files"]);
+        EXPECT_EQ(a["tensors"], b["tensors"]);
+        EXPECT_EQ(b["split_id"].get<std::string>().size(), 16u);
+        continue;
+      }
+      EXPECT_TRUE(files[name] == contents) << name << " differs from the single-worker run";
+    }
+    EXPECT_TRUE(MemoryFiles(PartitionAreaPathFor(out)).empty()) << "the shared area is removed";
+  }
+
+  std::string base_;
+  std::map<std::string, std::string> memory_single_;
+};
+
+TEST_F(MemoryPartitionsTest, ThreeWorkersPublishTheUnpartitionedOutput) {
+  const std::string out = base_ + "/out";
+  EXPECT_EQ(PartitionAreaPathFor(out), base_ + "/.out.reshard-partitions");
+  for (int i = 0; i < 3; ++i) {
+    auto result = RunAnyConversion(Spec(out, i, 3));
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->output, out);
+    EXPECT_EQ(result->partitions_recorded, i + 1);
+    EXPECT_EQ(result->published, i == 2);
+    EXPECT_EQ(MemoryFiles(out).count(kManifestName), i == 2 ? 1u : 0u);
+    EXPECT_EQ(MemoryFiles(out).count(kInProgressMarkerName), i == 2 ? 0u : 1u);
+  }
+  ExpectSameAsMemorySingle(out);
+  auto rerun = RunAnyConversion(Spec(out, 0, 3));
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_TRUE(rerun->found_published);
+  ExpectSameAsMemorySingle(out);
+}
+
+TEST_F(MemoryPartitionsTest, ConcurrentWorkersPublishExactlyOnce) {
+  const std::string out = base_ + "/out";
+  std::vector<absl::StatusOr<ConversionResult>> results(3, absl::UnknownError("not run"));
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 3; ++i) {
+    workers.emplace_back([&, i] { results[i] = RunAnyConversion(Spec(out, i, 3)); });
+  }
+  for (std::thread& worker : workers) worker.join();
+  int published = 0;
+  for (const auto& result : results) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    published += result->published ? 1 : 0;
+  }
+  EXPECT_EQ(published, 1);
+  ExpectSameAsMemorySingle(out);
+}
+
+// A worker stopped after committing two files (the memory driver's files die with a killed
+// process, so it is cancelled there, which leaves the store as a kill would) and rerun keeps
+// exactly those two files (same versions) and writes the rest.
+TEST_F(MemoryPartitionsTest, StoppedWorkerRerunReusesExactlyTheRecordedFiles) {
+  const std::string out = base_ + "/out";
+  std::atomic<bool> cancelled{false};
+  RunControl control;
+  control.cancelled = &cancelled;
+  std::vector<std::string> finished;
+  control.on_file_committed = [&](const WrittenFile& file) {
+    finished.push_back(file.name);
+    if (finished.size() == 2) cancelled.store(true);
+  };
+  ConversionSpec stopped_spec = Spec(out, 1, 3);
+  stopped_spec.threads = 1;
+  auto stopped = RunAnyConversion(stopped_spec, control);
+  ASSERT_EQ(stopped.status().code(), absl::StatusCode::kCancelled) << stopped.status();
+  ASSERT_EQ(finished.size(), 2u);
+  kvstore::MemoryDriver& driver = kvstore::GetMemoryDriver();
+  std::map<std::string, std::string> versions;
+  for (const std::string& name : finished) {
+    versions[name] = driver.version(absl::StrCat(out, "/", name));
+    EXPECT_FALSE(versions[name].empty()) << name;
+    EXPECT_TRUE(MemoryFiles(out).count(FileRecordName(name))) << name;
+  }
+  EXPECT_TRUE(MemoryFiles(PartitionAreaPathFor(out)).count("partition-00001-of-00003.claim") == 0)
+      << "released when the worker stopped";
+
+  ASSERT_TRUE(RunAnyConversion(Spec(out, 0, 3)).ok());
+  ASSERT_TRUE(RunAnyConversion(Spec(out, 2, 3)).ok());
+  auto rerun = RunAnyConversion(Spec(out, 1, 3));
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_TRUE(rerun->published);
+  EXPECT_EQ(rerun->reused_files, 2);
+  EXPECT_EQ(rerun->verification_failures, 0);
+  for (const auto& [name, version] : versions) {
+    EXPECT_EQ(driver.version(absl::StrCat(out, "/", name)), version) << name << " was rewritten";
+  }
+  ExpectSameAsMemorySingle(out);
+}
+
+// A file replaced after its worker recorded it is refused at publishing (nothing published,
+// the partition to rerun named), and the rerun of that partition writes it again and
+// publishes.
+TEST_F(MemoryPartitionsTest, ReplacedFileIsRefusedAtPublishAndRewrittenByItsRerun) {
+  const std::string out = base_ + "/out";
+  auto first = RunAnyConversion(Spec(out, 0, 2));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_FALSE(first->files.empty());
+  const std::string replaced = absl::StrCat(out, "/", first->files.front().name);
+  kvstore::GetMemoryDriver().Put(replaced, MemoryFiles(out)[first->files.front().name]);
+  auto last = RunAnyConversion(Spec(out, 1, 2));
+  ASSERT_EQ(last.status().code(), absl::StatusCode::kDataLoss) << last.status();
+  EXPECT_NE(last.status().message().find(
+                absl::StrCat(replaced, " is not the file partition 0 recorded")),
+            std::string::npos)
+      << last.status();
+  EXPECT_NE(last.status().message().find("rerun partition 0 of 2 (--partition 0/2)"),
+            std::string::npos)
+      << last.status();
+  EXPECT_EQ(MemoryFiles(out).count(kManifestName), 0u);
+  auto rerun = RunAnyConversion(Spec(out, 0, 2));
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_TRUE(rerun->published);
+  EXPECT_EQ(rerun->reused_files, static_cast<int>(first->files.size()) - 1);
+  ExpectSameAsMemorySingle(out);
+}
+
+// An input inside the output is refused before anything is written, even when overwriting:
+// publishing in place deletes what the plan does not write.
+TEST_F(MemoryPartitionsTest, InputInsideTheOutputIsRefused) {
+  const std::string out = base_ + "/holding";
+  kvstore::GetMemoryDriver().Put(out + "/model.safetensors", ReadAll(input_));
+  ConversionSpec spec = Spec(out, 0, 2);
+  spec.input = out + "/model.safetensors";
+  spec.overwrite = true;
+  auto refused = RunAnyConversion(spec);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                absl::StrCat("output ", out, " contains the input ", spec.input)),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(MemoryFiles(out).size(), 1u);
+  EXPECT_TRUE(MemoryFiles(PartitionAreaPathFor(out)).empty());
+}
+
+// Overwriting an earlier output: its manifest goes before any data file is written, and what
+// it held beyond this plan's files is removed when the new one is published.
+TEST_F(MemoryPartitionsTest, OverwriteReplacesAnEarlierOutput) {
+  const std::string out = base_ + "/out";
+  kvstore::GetMemoryDriver().Put(out + "/stray.bin", "old");
+  kvstore::GetMemoryDriver().Put(absl::StrCat(out, "/", kManifestName), "{}");
+  auto refused = RunAnyConversion(Spec(out, 0, 2));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  for (int i = 0; i < 2; ++i) {
+    ConversionSpec spec = Spec(out, i, 2);
+    spec.overwrite = true;
+    auto result = RunAnyConversion(spec);
+    ASSERT_TRUE(result.ok()) << result.status();
+    if (i == 0) EXPECT_EQ(MemoryFiles(out).count(kManifestName), 0u);
+  }
+  ExpectSameAsMemorySingle(out);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ import time
 import unittest
 
 import boto3
+import numpy as np
 import botocore.config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -210,12 +211,14 @@ class S3OutputTest(unittest.TestCase):
                                     "s3://%s/same" % BUCKET, "--overwrite")
         self.assertEqual(code, 3, err)
         self.assertIn("contains the input", doc["error"]["message"])
-        # Partitioned conversions stay local.
-        code, doc, err = reshardctl("consolidate", self.src, "s3://%s/split" % BUCKET,
+        # A partitioned conversion needs a place beside the output for its shared area.
+        code, doc, err = reshardctl("consolidate", self.src, "s3://%s" % BUCKET,
                                     "--partition", "0/2")
-        self.assertNotEqual(code, 0)
-        self.assertEqual(doc["error"]["code"], "UNIMPLEMENTED")
-        self.assertEqual(self.keys("denied") + self.keys("split"), [])
+        self.assertEqual(code, 3, err)
+        self.assertEqual(doc["error"]["code"], "INVALID_ARGUMENT")
+        self.assertIn("output s3://%s does not end in a folder name" % BUCKET,
+                      doc["error"]["message"])
+        self.assertEqual(self.keys("denied"), [])
 
     def test_kill_mid_upload_then_rerun(self):
         prefix = "killed"
@@ -311,6 +314,83 @@ class S3OutputTest(unittest.TestCase):
         self.assertGreater(after["failed_503"], before["failed_503"])
         self.assertGreater(after["dropped"], before["dropped"])
         self.assertSameAsLocal(prefix, "keep")
+
+
+    def test_partitioned_workers_then_a_killed_one_rerun(self):
+        """Three workers (--partition I/3) as separate processes write one s3:// output. The
+        worker with two files is killed while its second upload runs, the others finish (not
+        publishing: its record is missing), and its rerun keeps the finished object, writes the
+        other, and publishes. The output is the unpartitioned local one, byte for byte and
+        element by element read with the reference reader."""
+        prefix = "partitioned"
+        url = "s3://%s/%s" % (BUCKET, prefix)
+        area = ".%s.reshard-partitions" % prefix
+        proc = subprocess.run([ARGS.reshardctl, "plan", self.src, "--partitions", "3",
+                               "--max-shard-size", SHARD, "--json"], capture_output=True,
+                              text=True, timeout=600, check=True)
+        plan = json.loads(proc.stdout)
+        killed = [p for p in plan["partitions"] if len(p["files"]) >= 2][0]
+        index = killed["partition"]
+
+        def worker(i, env=None):
+            return reshardctl("consolidate", self.src, url, "--max-shard-size", SHARD,
+                              "--threads", "1", "--partition", "%d/3" % i, env=env)
+
+        env = s3_env()
+        env["RESHARD_TEST_FAULTS"] = "object-upload-started=kill"
+        code, _, err = worker(index, env)
+        self.assertEqual(code, -9, err)
+        keys = self.keys(prefix)
+        self.assertIn(MARKER, keys)
+        self.assertNotIn(MANIFEST, keys)
+        finished = [k for k in keys if k.endswith(".safetensors")]
+        self.assertEqual(finished, killed["files"][:1])
+        self.assertEqual(sorted(k for k in keys if k.startswith(RECORDS + "/")),
+                         ["%s/%s.json" % (RECORDS, finished[0])])
+        self.assertNotEqual(self.uploads(prefix), [], "the second upload was under way")
+        self.assertIn("partition-%05d-of-00003.claim" % index, self.keys(area))
+
+        for i in range(3):
+            if i == index:
+                continue
+            code, doc, err = worker(i)
+            self.assertEqual(code, 0, err)
+            self.assertFalse(doc["published"], doc)
+        self.assertNotIn(MANIFEST, self.keys(prefix))
+        before = self.objects(prefix)
+        time.sleep(1.1)  # LastModified has whole seconds: an object uploaded again would differ
+
+        # The killed worker's claim is taken over (its process is gone), its unfinished upload
+        # aborted, its finished object kept.
+        code, doc, err = worker(index)
+        self.assertEqual(code, 0, err)
+        self.assertTrue(doc["published"], doc)
+        self.assertEqual(doc["reused_files"], 1, doc)
+        self.assertEqual(doc["verification_failures"], 0, doc)
+        after = self.objects(prefix)
+        self.assertEqual(after[finished[0]]["LastModified"], before[finished[0]]["LastModified"])
+        self.assertSameAsLocal(prefix, "keep")
+        self.assertEqual(self.keys(area), [], "the shared area is removed")
+        self.assertEqual(self.uploads(area), [])
+
+        # Element by element, read with the reference reader, against the input.
+        import st_reference  # noqa: E402  (ARGS.st_reference's folder is on sys.path)
+        local = os.path.join(ARGS.work, "partitioned-download")
+        os.makedirs(local)
+        for name in self.keys(prefix):
+            with open(os.path.join(local, name), "wb") as f:
+                f.write(self.get(prefix, name))
+        got = st_reference.read_folder(local)
+        want = st_reference.read_folder(self.src)
+        self.assertEqual(sorted(got), sorted(want))
+        for name, tensor in want.items():
+            self.assertEqual(got[name].dtype, tensor.dtype, name)
+            self.assertTrue(np.array_equal(got[name].array, tensor.array), name)
+
+        # A worker rerun after publishing finds its split's output.
+        code, doc, err = worker(0)
+        self.assertEqual(code, 0, err)
+        self.assertTrue(doc["found_published"], doc)
 
 
 def main():

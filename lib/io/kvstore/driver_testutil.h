@@ -4,6 +4,7 @@
 #ifndef RESHARD_LIB_IO_KVSTORE_DRIVER_TESTUTIL_H_
 #define RESHARD_LIB_IO_KVSTORE_DRIVER_TESTUTIL_H_
 
+#include <map>
 #include <string>
 
 #include "lib/io/kvstore/driver.h"
@@ -15,6 +16,10 @@ namespace kvstore {
 // expects (gtest) exactly one to succeed and the others to fail with AlreadyExists naming the
 // path. Returns the winner's index, -1 when none won.
 int RaceCreateExclusive(const Driver& driver, const std::string& path, int threads);
+
+// Every file below folder `root` of `driver` (sub-folders too), named relative to it ("a/b"),
+// with its bytes; empty when there is none. Failures are gtest failures.
+std::map<std::string, std::string> ReadTree(const Driver& driver, const std::string& root);
 
 }  // namespace kvstore
 }  // namespace reshard
