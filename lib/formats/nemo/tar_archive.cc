@@ -267,8 +267,10 @@ absl::StatusOr<TarArchive> TarArchive::Parse(ByteSource& source) {
     const uint64_t data_offset = offset + kBlock;
     if (*member_size > size - data_offset) {
       return absl::DataLossError(absl::StrCat(
-          path, ": truncated archive: member ", raw_name, " (header at byte offset ", offset,
-          ") has ", *member_size, " bytes from byte offset ", data_offset,
+          path, ": truncated archive: member ",
+          pax.path.has_value() ? *pax.path : long_name.value_or(std::string(raw_name)),
+          " (header at byte offset ",
+          *member_start, ") has ", *member_size, " bytes from byte offset ", data_offset,
           " but the archive ends at byte offset ", size));
     }
     const uint64_t padded = (*member_size + kBlock - 1) / kBlock * kBlock;
