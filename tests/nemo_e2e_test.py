@@ -24,8 +24,13 @@ import st_reference as R  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import nemo_fixture as N  # noqa: E402
+import hf_export_e2e_test as H  # noqa: E402
+import hf_megatron_fixture as hmf  # noqa: E402
 
 RESHARDCTL = None
+
+# What inspect adds for a Megatron model with biases (the fixture's), which --format hf reads.
+GPT2_NOTE = "; --format hf --family auto: gpt2 (LayerNorm biases or learned position embeddings)"
 
 
 class NemoTests(harness.CliTestCase):
@@ -55,7 +60,7 @@ class NemoTests(harness.CliTestCase):
                 self.assertEqual(
                     doc["description"],
                     "NeMo 1 archive, TP1 x PP1, one model_weights.ckpt, 2 layers; tokenizer and "
-                    "other files: tokenizer.model")
+                    "other files: tokenizer.model" + GPT2_NOTE)
                 self.consolidate_and_compare(path, full)
 
     def test_nemo1_mp_rank_per_tp_rank(self):
@@ -64,7 +69,7 @@ class NemoTests(harness.CliTestCase):
         doc = self.inspect_json(path)
         self.assertEqual(doc["description"],
                          "NeMo 1 archive, TP2 x PP1, model_weights.ckpt per rank, 2 layers; "
-                         "tokenizer and other files: tokenizer.model")
+                         "tokenizer and other files: tokenizer.model" + GPT2_NOTE)
         self.consolidate_and_compare(path, full)
 
     def test_nemo1_tp_pp_ranks(self):
@@ -117,6 +122,21 @@ class NemoTests(harness.CliTestCase):
         N.write_nemo1(path, tp=2, pp=2, layers=4, skip_rank=(1, 1))
         self.assertRefused(path, "%s: NeMo 1 TP2 x PP2 (model_config.yaml): member "
                                  "tp_rank_01_pp_rank_001/model_weights.ckpt is missing" % path)
+
+
+class NemoHfTests(H.Base):
+    """--format hf from a NeMo 1 archive: the config from model_config.yaml (NeMo's keys are
+    Megatron's args), the vocabulary from --vocab-size (NeMo keeps it in the tokenizer)."""
+
+    def test_llama_tp2_archive_to_hf(self):
+        spec = hmf.Spec("llama", groups=2, seed=11)
+        hf = hmf.hf_state_dict(spec)
+        path = self.p("llama.nemo")
+        N.write_nemo1_hf(path, spec, hf, tp=2)
+        out = self.p("out")
+        self.export(path, out, "--vocab-size", "50")
+        self.check_tensors(out, hf)
+        self.check_config(out, spec)
 
 
 if __name__ == "__main__":

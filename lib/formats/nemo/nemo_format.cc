@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -80,6 +81,51 @@ absl::StatusOr<Catalog> ReadCkptMember(OpenedArchive& archive, const TarMember& 
   return catalog;
 }
 
+// A config's scalars as Megatron's args (NeMo's config keys are Megatron's arg names), for
+// `--format hf` (hf_config.h reads "megatron.args"): ints, floats, booleans, null and strings as
+// such; nested mappings and sequences left out. Megatron's group_query_attention and swiglu,
+// which NeMo spells otherwise, are derived from num_query_groups and activation.
+StructureNode ConfigAsArgs(const YamlNode& config) {
+  StructureNode args;
+  args.kind = StructureNode::Kind::kDict;
+  auto add = [&](const std::string& key, StructureNode value) {
+    args.keys.push_back(StructureNode::String(key));
+    args.values.push_back(std::move(value));
+  };
+  for (const auto& [key, node] : config.map) {
+    if (node.kind == YamlNode::Kind::kNull) {
+      add(key, StructureNode());
+      continue;
+    }
+    if (node.kind != YamlNode::Kind::kScalar) continue;
+    if (std::optional<int64_t> integer = YamlInt(&node)) {
+      add(key, StructureNode::Int(*integer));
+    } else if (std::optional<bool> boolean = YamlBool(&node)) {
+      add(key, StructureNode::Bool(*boolean));
+    } else if (double real = 0; absl::SimpleAtod(node.scalar, &real) &&
+                                node.scalar.find_first_of(".eE") != std::string::npos) {
+      StructureNode value;
+      value.kind = StructureNode::Kind::kFloat;
+      value.real = real;
+      add(key, value);
+    } else {
+      add(key, StructureNode::String(node.scalar));
+    }
+  }
+  const std::optional<int64_t> heads = YamlInt(config.Get("num_attention_heads"));
+  const std::optional<int64_t> groups = YamlInt(config.Get("num_query_groups"));
+  if (config.Get("group_query_attention") == nullptr) {
+    add("group_query_attention",
+        StructureNode::Bool(groups.has_value() && heads.has_value() && *groups != *heads));
+  }
+  if (config.Get("swiglu") == nullptr) {
+    const std::optional<std::string> activation = YamlString(config.Get("activation"));
+    add("swiglu", StructureNode::Bool(activation.has_value() &&
+                                      absl::StrContains(*activation, "swiglu")));
+  }
+  return args;
+}
+
 // What model_config.yaml says.
 struct NemoConfig {
   int tp = 1;
@@ -87,6 +133,7 @@ struct NemoConfig {
   std::optional<int64_t> num_layers;
   std::optional<bool> swiglu;  // from `activation`
   int64_t qkv_unit_rows = 1;
+  StructureNode args;  // ConfigAsArgs
 };
 
 absl::StatusOr<NemoConfig> ReadConfig(OpenedArchive& archive) {
@@ -126,6 +173,7 @@ absl::StatusOr<NemoConfig> ReadConfig(OpenedArchive& archive) {
     return absl::DataLossError(absl::StrCat(tar.Describe(**member), ": TP ", config.tp, " x PP ",
                                             config.pp, " is not a real topology"));
   }
+  config.args = ConfigAsArgs(root);
   config.num_layers = YamlInt(root.Get("num_layers"));
   if (std::optional<std::string> activation = YamlString(root.Get("activation"))) {
     config.swiglu = absl::StrContains(*activation, "swiglu");
@@ -268,7 +316,7 @@ absl::StatusOr<InputModel> ReadNemo1(const std::string& path) {
         "/): not read inside the archive; extract it (tar -xf) and give reshard the ",
         kDistFolder, "/ folder (a megatron-torch-dist input when torch_dist)"));
   }
-  ASSIGN_OR_RETURN(const NemoConfig config, ReadConfig(archive));
+  ASSIGN_OR_RETURN(NemoConfig config, ReadConfig(archive));
   const std::string what =
       absl::StrCat(path, ": ", megatron_internal::Topology("NeMo 1", config.tp, config.pp),
                    " (", kConfigMember, ")");
@@ -352,6 +400,7 @@ absl::StatusOr<InputModel> ReadNemo1(const std::string& path) {
     absl::StrAppend(&model.description, "; tokenizer and other files: ",
                     absl::StrJoin(artifacts, ", "));
   }
+  model.training_state.values["megatron.args"] = std::move(config.args);
   // Only metadata pages were touched; give them back before any conversion runs.
   archive.file->Release(0, archive.file->size());
   return model;
@@ -369,6 +418,23 @@ absl::StatusOr<InputModel> ReadNemo2(const std::string& path, const ReadOptions&
   if (has_tokenizer) {
     ASSIGN_OR_RETURN(InputListing listing, ListInput(tokenizer_dir));
     tokenizer = listing.files;
+  }
+  // context/model.yaml's `config` (the model's dataclass, serialized by fiddle) as args for
+  // `--format hf`, when it is YAML this reader reads; otherwise --config gives the config.
+  const std::string model_yaml = JoinPath(JoinPath(path, "context"), "model.yaml");
+  ASSIGN_OR_RETURN(const bool has_model_yaml, CheckInputFile(model_yaml));
+  if (has_model_yaml) {
+    ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(model_yaml, kMaxConfigBytes));
+    absl::StatusOr<YamlNode> root = ParseYamlSubset(text, model_yaml);
+    const YamlNode* config = root.ok() ? root->Get("config") : nullptr;
+    if (config != nullptr && config->kind == YamlNode::Kind::kMap) {
+      model.training_state.values["megatron.args"] = ConfigAsArgs(*config);
+    } else {
+      model.parts[0].other_entries.push_back(absl::StrCat(
+          "context/model.yaml: no model config read (",
+          root.ok() ? "no `config` mapping" : root.status().message(),
+          "); --format hf needs --config"));
+    }
   }
   model.description = absl::StrCat(
       "NeMo 2 folder (context/, weights/)",
