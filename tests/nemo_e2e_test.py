@@ -128,16 +128,22 @@ class NemoHfTests(H.Base):
     """--format hf from a NeMo 1 archive: the config from model_config.yaml (NeMo's keys are
     Megatron's args), the vocabulary from --vocab-size (NeMo keeps it in the tokenizer)."""
 
-    def test_llama_tp2_archive_to_hf(self):
-        spec = hmf.Spec("llama", groups=2, seed=11)
+    def export_and_check(self, write, path, seed):
+        """Writes the Llama model of `seed` with write(path, spec, hf, tp=2), exports it and
+        compares tensors and config.json with the HF state dict it came from."""
+        spec = hmf.Spec("llama", groups=2, seed=seed)
         hf = hmf.hf_state_dict(spec)
-        path = self.p("llama.nemo")
-        N.write_nemo1_hf(path, spec, hf, tp=2)
+        write(path, spec, hf, tp=2)
         out = self.p("out")
         self.export(path, out, "--vocab-size", "50")
         self.check_tensors(out, hf)
         self.check_config(out, spec)
 
+    def test_llama_tp2_archive_to_hf(self):
+        self.export_and_check(N.write_nemo1_hf, self.p("llama.nemo"), seed=11)
+
+    def test_nemo2_folder_to_hf(self):
+        self.export_and_check(N.write_nemo2_hf, self.p("nemo2"), seed=12)
 
 if __name__ == "__main__":
     sys.exit(harness.main(globals(), "reshardctl"))

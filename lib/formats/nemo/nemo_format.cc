@@ -83,8 +83,9 @@ absl::StatusOr<Catalog> ReadCkptMember(OpenedArchive& archive, const TarMember& 
 
 // A config's scalars as Megatron's args (NeMo's config keys are Megatron's arg names), for
 // `--format hf` (hf_config.h reads "megatron.args"): ints, floats, booleans, null and strings as
-// such; nested mappings and sequences left out. Megatron's group_query_attention and swiglu,
-// which NeMo spells otherwise, are derived from num_query_groups and activation.
+// such; nested mappings and sequences left out. Megatron's group_query_attention, swiglu and
+// max_position_embeddings, which NeMo spells otherwise, are derived from num_query_groups,
+// activation or gated_linear_unit (NeMo 2), and seq_length (NeMo 2).
 StructureNode ConfigAsArgs(const YamlNode& config) {
   StructureNode args;
   args.kind = StructureNode::Kind::kDict;
@@ -120,8 +121,15 @@ StructureNode ConfigAsArgs(const YamlNode& config) {
   }
   if (config.Get("swiglu") == nullptr) {
     const std::optional<std::string> activation = YamlString(config.Get("activation"));
-    add("swiglu", StructureNode::Bool(activation.has_value() &&
-                                      absl::StrContains(*activation, "swiglu")));
+    add("swiglu", StructureNode::Bool(
+                      (activation.has_value() && absl::StrContains(*activation, "swiglu")) ||
+                      YamlBool(config.Get("gated_linear_unit")).value_or(false)));
+  }
+  // NeMo 2's GPTConfig says seq_length.
+  if (config.Get("max_position_embeddings") == nullptr) {
+    if (std::optional<int64_t> length = YamlInt(config.Get("seq_length"))) {
+      add("max_position_embeddings", StructureNode::Int(*length));
+    }
   }
   return args;
 }
@@ -291,6 +299,11 @@ absl::StatusOr<InputModel> ReadNemo1(const std::string& path) {
     }
   }
   const int layouts = (single != nullptr) + !ranks.empty() + distributed;
+  if (layouts == 0 && tar.Find(kConfigMember) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": a tar archive, but not a NeMo 1 archive (neither ", kConfigMember,
+        " nor weights in it)"));
+  }
   if (layouts == 0) {
     return absl::DataLossError(absl::StrCat(
         path, ": a tar archive without NeMo weights (no ", kWeightsMember, ", mp_rank_XX/",

@@ -99,6 +99,16 @@ TEST(NemoInputTest, ADistributedCheckpointInsideTheArchiveSaysWhatToDo) {
   EXPECT_THAT(model.status().message(), HasSubstr("a Zarr-backend distributed checkpoint"));
 }
 
+TEST(NemoInputTest, ATarWithoutNemoMembersIsNotANemoArchive) {
+  const std::string dir = MakeTempDir("nemo");
+  WriteAll(dir + "/x.tar", tar_testing::BuildTar({{"./notes.txt", "hello"}}).bytes);
+  absl::StatusOr<InputModel> model = NemoInput().Read(dir + "/x.tar", {});
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model.status().message(),
+            dir + "/x.tar: a tar archive, but not a NeMo 1 archive (neither model_config.yaml "
+                  "nor weights in it)");
+}
+
 TEST(NemoInputTest, StripsArtifactHashes) {
   EXPECT_EQ(StripArtifactHash("0123456789abcdef0123456789abcdef_tokenizer.model"),
             "tokenizer.model");
