@@ -475,6 +475,8 @@ std::vector<PartitionRule> NemoPartitionRules(bool swiglu, int64_t qkv_unit_rows
       PartitionRule{"linear_fc1\\.(weight|bias)$", false, 0, swiglu ? 2 : 1},
       PartitionRule{"(linear_proj|linear_fc2)\\.weight$", false, 1},
       PartitionRule{"(linear_proj|linear_fc2)\\.bias$|layer_norm_(weight|bias)$", true},
+      // Transformer Engine's extra state when saved as a tensor (its FP8 metadata).
+      PartitionRule{"\\._extra_state$", true},
   };
   for (PartitionRule& rule : MegatronPartitionRules(swiglu, qkv_unit_rows)) {
     rules.push_back(std::move(rule));

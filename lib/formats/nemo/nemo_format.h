@@ -64,7 +64,8 @@ class NemoInput : public InputFormat {
 };
 
 // The partition rules of a NeMo GPT's per-rank weights: Megatron-Core names (linear_qkv,
-// linear_proj, linear_fc1, linear_fc2, their fused layer norms) in front of the `megatron`
+// linear_proj, linear_fc1, linear_fc2, their fused layer norms, Transformer Engine's
+// `_extra_state` replicated) in front of the `megatron`
 // preset (legacy names). `swiglu`: linear_fc1 / dense_h_to_4h hold [gate; up] (2 fused blocks);
 // `qkv_unit_rows` > 1: QKV rows stay whole in units of one head group.
 std::vector<PartitionRule> NemoPartitionRules(bool swiglu, int64_t qkv_unit_rows);

@@ -10,6 +10,7 @@
 #include "lib/formats/nemo/tar_writer.h"
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_fixture.h"
+#include "lib/plan/partition_rules.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -107,6 +108,22 @@ TEST(NemoInputTest, ATarWithoutNemoMembersIsNotANemoArchive) {
   EXPECT_EQ(model.status().message(),
             dir + "/x.tar: a tar archive, but not a NeMo 1 archive (neither model_config.yaml "
                   "nor weights in it)");
+}
+
+TEST(NemoInputTest, PartitionRulesCoverMegatronCoreNames) {
+  absl::StatusOr<PartitionRules> rules = PartitionRules::Create(NemoPartitionRules(true, 12));
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  auto match = [&](const std::string& name) { return *rules->Match(name).value(); };
+  const PartitionRule qkv = match("model.decoder.layers.0.self_attention.linear_qkv.weight");
+  EXPECT_EQ(qkv.split_dim, 0);
+  EXPECT_EQ(qkv.unit, 12);
+  EXPECT_EQ(match("model.decoder.layers.0.mlp.linear_fc1.weight").fused, 2);
+  EXPECT_EQ(match("model.decoder.layers.0.mlp.linear_fc2.weight").split_dim, 1);
+  EXPECT_TRUE(match("model.decoder.layers.0.mlp.linear_fc1.layer_norm_weight").replicate);
+  EXPECT_TRUE(match("model.decoder.layers.0.self_attention.core_attention._extra_state").replicate);
+  EXPECT_TRUE(match("model.decoder.final_layernorm.weight").replicate);
+  EXPECT_EQ(match("model.language_model.encoder.layers.0.mlp.dense_h_to_4h.weight").fused, 2);
+  EXPECT_EQ(match("model.output_layer.weight").split_dim, 0);
 }
 
 TEST(NemoInputTest, StripsArtifactHashes) {
