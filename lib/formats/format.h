@@ -96,8 +96,9 @@ class InputFormat {
   // checkpoint, which also hold .pt files) are asked before generic ones (a folder of .pt
   // files): higher first. Every format gives its own, distinct priority, so that detection
   // does not depend on registration (static-initialization) order:
-  //   megatron-torch-dist 45 (a Megatron-Core torch_dist folder holds DCP files and sits where
-  //   Megatron-LM's iterations do), megatron 40, colossalai-dist 35, torch-dcp 30,
+  //   nemo 50 (a NeMo 2 folder's weights/ is a torch_dist folder), megatron-torch-dist 45
+  //   (a Megatron-Core torch_dist folder holds DCP files and sits where Megatron-LM's
+  //   iterations do), megatron 40, colossalai-dist 35, torch-dcp 30,
   //   deepspeed-universal 25, deepspeed-zero 20, olmo-safetensors 15 (a safetensors file
   //   recognized by its entry names), safetensors 10, torch 0.
   virtual int probe_priority() const = 0;

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -282,8 +283,12 @@ TEST_P(RemoteConformanceTest, ObjectReplacedSinceItsMetadataIsRefused) {
   ASSERT_FALSE(sources.empty());
   absl::StatusOr<Directory> dir = OpenFolderCreating(out + "/staging");
   ASSERT_TRUE(dir.ok()) << dir.status();
+  // Sources may name one object more than once (the parts of a NeMo archive are ranges of
+  // it): each object is replaced once.
+  std::set<std::string> replaced;
   for (size_t s = sources.size(); s-- > 0;) {
     const SourceFile& source = sources[s];
+    if (!replaced.insert(source.path).second) continue;
     SCOPED_TRACE(source.path);
     const std::string then = Store()->version(source.path);
     ASSERT_EQ(source.version, then);

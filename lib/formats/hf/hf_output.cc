@@ -21,8 +21,8 @@ namespace {
 using Json = nlohmann::ordered_json;
 using Role = MegatronRole::Kind;
 
-// The input formats whose tensors carry Megatron's names.
-constexpr absl::string_view kMegatronFormats[] = {"megatron", "megatron-torch-dist"};
+// The input formats whose tensors carry Megatron's names (NeMo's under `model.` / `module.`).
+constexpr absl::string_view kMegatronFormats[] = {"megatron", "megatron-torch-dist", "nemo"};
 
 constexpr char kConfigName[] = "config.json";
 constexpr char kGenerationConfigName[] = "generation_config.json";
@@ -165,7 +165,7 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
   if (!IsMegatron(model)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--format hf writes Hugging Face models from Megatron checkpoints (megatron, "
-                     "megatron-torch-dist input), not from ",
+                     "megatron-torch-dist, nemo input), not from ",
                      model.format,
                      " input; a model already under Hugging Face names is written by --format "
                      "safetensors"));

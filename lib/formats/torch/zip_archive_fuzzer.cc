@@ -7,30 +7,22 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/string_view.h"
 #include "lib/formats/torch/zip_archive.h"
 #include "lib/io/byte_source.h"
+#include "lib/testing/fuzz_sources.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::string_view bytes(reinterpret_cast<const char*>(data), size);
   auto archive = reshard::ZipArchive::Parse(bytes, "fuzz.pt");
 
-  reshard::RangeReadOptions options;
-  options.merge_gap = 64;
-  options.max_read = 256;
-  options.reads_in_flight = 2;
-  reshard::RangeReadSource source(
-      "fuzz.pt", size,
-      [&](uint64_t offset, absl::Span<char> out) {
-        if (offset > size || out.size() > size - offset) std::abort();  // a read past the end
-        if (!out.empty()) std::memcpy(out.data(), data + offset, out.size());
-        return absl::OkStatus();
-      },
-      options);
+  std::unique_ptr<reshard::RangeReadSource> source =
+      reshard::SmallWindowRangeReads(data, size, "fuzz.pt");
   reshard::ZipArchive::ParseOptions parse_options;
   parse_options.prefetch_payloads = {"data.pkl"};
-  auto sparse = reshard::ZipArchive::Parse(source, parse_options);
+  auto sparse = reshard::ZipArchive::Parse(*source, parse_options);
   if (archive.ok() != sparse.ok()) std::abort();
   if (!archive.ok()) {
     if (archive.status() != sparse.status()) std::abort();

@@ -1,0 +1,149 @@
+"""End-to-end tests of reshard's NeMo reader (format nemo) against checkpoints written with real
+torch and Python's tarfile (tests/fixtures/nemo_fixture.py).
+
+Run:  /usr/bin/python3 tests/nemo_e2e_test.py --reshardctl PATH [unittest args]
+
+NeMo 1 `.nemo` archives in each weight layout (one model_weights.ckpt, mp_rank_XX per TP rank,
+tp_rank_XX_pp_rank_YYY per TP x PP rank) and a NeMo 2 folder are inspected and consolidated to
+safetensors; the outputs are read back by tests/st_reference.py (json, struct, numpy only) and
+compared element by element with the fixture's numpy arrays. Bad archives (truncated, a member
+leaving the archive, a missing rank) fail naming the archive and member, and write nothing.
+"""
+
+import os
+import sys
+import tarfile
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "fixtures"))
+import harness  # noqa: E402
+import st_reference as R  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402  -- a missing torch is a failure, not a skip
+import nemo_fixture as N  # noqa: E402
+import hf_export_e2e_test as H  # noqa: E402
+import hf_megatron_fixture as hmf  # noqa: E402
+
+RESHARDCTL = None
+
+# What inspect adds for a Megatron model with biases (the fixture's), which --format hf reads.
+GPT2_NOTE = "; --format hf --family auto: gpt2 (LayerNorm biases or learned position embeddings)"
+
+
+class NemoTests(harness.CliTestCase):
+    TMP_PREFIX = "reshard-nemo"
+
+    def assertSameAsNumpy(self, out, full):
+        got = R.read_folder(out)
+        self.assertEqual(sorted(got), sorted(full))
+        for name, want in full.items():
+            self.assertEqual(got[name].dtype, "F32", name)
+            self.assertEqual(tuple(got[name].array.shape), tuple(want.shape), name)
+            self.assertTrue(np.array_equal(got[name].array, want.numpy()), name)
+
+    def consolidate_and_compare(self, path, full):
+        out = self.p("out-" + os.path.basename(path))
+        self.ok("consolidate", path, out, "--no-progress")
+        self.assertSameAsNumpy(out, full)
+        self.assertExit(self.ctl("verify", path, out), 0)
+
+    def test_nemo1_single_ckpt(self):
+        for fmt, label in ((tarfile.PAX_FORMAT, "pax"), (tarfile.GNU_FORMAT, "gnu")):
+            with self.subTest(tar=label):
+                path = self.p("single-%s.nemo" % label)
+                full = N.write_nemo1(path, fmt=fmt)
+                doc = self.inspect_json(path)
+                self.assertEqual(doc["format"], "nemo")
+                self.assertEqual(
+                    doc["description"],
+                    "NeMo 1 archive, TP1 x PP1, one model_weights.ckpt, 2 layers; tokenizer and "
+                    "other files: tokenizer.model" + GPT2_NOTE)
+                self.consolidate_and_compare(path, full)
+
+    def test_nemo1_mp_rank_per_tp_rank(self):
+        path = self.p("tp2.nemo")
+        full = N.write_nemo1(path, tp=2)
+        doc = self.inspect_json(path)
+        self.assertEqual(doc["description"],
+                         "NeMo 1 archive, TP2 x PP1, model_weights.ckpt per rank, 2 layers; "
+                         "tokenizer and other files: tokenizer.model" + GPT2_NOTE)
+        self.consolidate_and_compare(path, full)
+
+    def test_nemo1_tp_pp_ranks(self):
+        path = self.p("tp2pp2.nemo")
+        full = N.write_nemo1(path, tp=2, pp=2, layers=4)
+        with tarfile.open(path) as tar:
+            self.assertIn("./tp_rank_01_pp_rank_001/model_weights.ckpt", tar.getnames())
+        self.assertIn("TP2 x PP2, model_weights.ckpt per rank, 4 layers",
+                      self.inspect_json(path)["description"])
+        self.consolidate_and_compare(path, full)
+
+    def test_nemo2_folder(self):
+        folder = self.p("nemo2")
+        full = N.write_nemo2(folder)
+        doc = self.inspect_json(folder)
+        self.assertEqual(doc["format"], "nemo")
+        self.assertTrue(doc["description"].startswith(
+            "NeMo 2 folder (context/, weights/), tokenizer files: tokenizer.json; "
+            "Megatron-Core torch_dist, weights, 2 layers unstacked"), doc["description"])
+        self.consolidate_and_compare(folder, full)
+
+    def assertRefused(self, path, message):
+        out = self.p("out-refused")
+        res = self.ctl("consolidate", path, out, "--no-progress")
+        self.assertExit(res, 3)
+        self.assertIn(message, res.stderr_text)
+        self.assertFalse(os.path.exists(out))
+
+    def test_truncated_archive_names_member_and_offset(self):
+        path = self.p("cut.nemo")
+        N.write_nemo1(path, tp=2)
+        with tarfile.open(path) as tar:
+            member = tar.getmember("./mp_rank_01/model_weights.ckpt")
+        keep = member.offset_data + 100
+        N.truncate(path, keep)
+        self.assertRefused(path, "%s: truncated archive: member ./mp_rank_01/model_weights.ckpt "
+                                 "(header at byte offset %d) has %d bytes from byte offset %d but "
+                                 "the archive ends at byte offset %d"
+                           % (path, member.offset, member.size, member.offset_data, keep))
+
+    def test_member_leaving_the_archive_is_refused(self):
+        path = self.p("evil.nemo")
+        N.write_tar(path, [("./model_config.yaml", b"tensor_model_parallel_size: 1\n"),
+                           ("../model_weights.ckpt", b"x")])
+        self.assertRefused(path, "%s: header at byte offset 1024: member "
+                                 "\"../model_weights.ckpt\" leaves the archive" % path)
+
+    def test_missing_rank_is_refused(self):
+        path = self.p("missing.nemo")
+        N.write_nemo1(path, tp=2, pp=2, layers=4, skip_rank=(1, 1))
+        self.assertRefused(path, "%s: NeMo 1 TP2 x PP2 (model_config.yaml): member "
+                                 "tp_rank_01_pp_rank_001/model_weights.ckpt is missing" % path)
+
+
+class NemoHfTests(H.Base):
+    """--format hf from a NeMo 1 archive: the config from model_config.yaml (NeMo's keys are
+    Megatron's args), the vocabulary from --vocab-size (NeMo keeps it in the tokenizer)."""
+
+    def export_and_check(self, write, path, seed):
+        """Writes the Llama model of `seed` with write(path, spec, hf, tp=2), exports it and
+        compares tensors and config.json with the HF state dict it came from."""
+        spec = hmf.Spec("llama", groups=2, seed=seed)
+        hf = hmf.hf_state_dict(spec)
+        write(path, spec, hf, tp=2)
+        out = self.p("out")
+        self.export(path, out, "--vocab-size", "50")
+        self.check_tensors(out, hf)
+        self.check_config(out, spec)
+
+    def test_llama_tp2_archive_to_hf(self):
+        self.export_and_check(N.write_nemo1_hf, self.p("llama.nemo"), seed=11)
+
+    def test_nemo2_folder_to_hf(self):
+        self.export_and_check(N.write_nemo2_hf, self.p("nemo2"), seed=12)
+
+if __name__ == "__main__":
+    sys.exit(harness.main(globals(), "reshardctl"))
