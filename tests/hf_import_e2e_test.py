@@ -28,7 +28,9 @@ import harness  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
+import dcp_output_test as O  # noqa: E402
 import hf_megatron_fixture as hmf  # noqa: E402
+import torch_dist_output_e2e_test as TDO  # noqa: E402
 from st_torch import read_folder, write_file  # noqa: E402
 
 DIVISIBLE_BY = 128  # Megatron-LM's default make_vocab_size_divisible_by
@@ -185,15 +187,27 @@ def megatron_layer(m, i, t, tp):
     return out
 
 
+def padded_rows(m, table, tp):
+    """A vocabulary table with zero rows appended up to a multiple of 128 x TP."""
+    pad = np.zeros((padded_vocab(m.vocab, tp) - m.vocab, m.hidden), np.float32)
+    return np.concatenate([table, pad])
+
+
+def final_norm(m):
+    """The final norm's tensors by their key below Megatron's encoder (decoder)."""
+    if m.family != "gpt2":
+        return {"final_layernorm.weight": m.hf["model.norm.weight"]}
+    return {"final_layernorm.weight": m.hf["transformer.ln_f.weight"],
+            "final_layernorm.bias": m.hf["transformer.ln_f.bias"]}
+
+
 def megatron_rank(m, t, tp, p, pp):
     """Every tensor of rank (t, p)'s model_optim_rng.pt, by its dotted path below "model"."""
     gpt2 = m.family == "gpt2"
     embed = m.hf["transformer.wte.weight" if gpt2 else "model.embed_tokens.weight"]
-    rows = padded_vocab(m.vocab, tp)
 
     def vocab_slice(table):
-        padded = np.concatenate([table, np.zeros((rows - m.vocab, m.hidden), np.float32)])
-        return np.split(padded, tp, axis=0)[t]
+        return np.split(padded_rows(m, table, tp), tp, axis=0)[t]
     out = collections.OrderedDict()
     per = m.layers // pp
     if p == 0:
@@ -205,10 +219,8 @@ def megatron_rank(m, t, tp, p, pp):
         for key, value in megatron_layer(m, i, t, tp).items():
             out["language_model.encoder.layers.%d.%s" % (local, key)] = value
     if p == pp - 1:
-        out["language_model.encoder.final_layernorm.weight"] = m.hf[
-            "transformer.ln_f.weight" if gpt2 else "model.norm.weight"]
-        if gpt2:
-            out["language_model.encoder.final_layernorm.bias"] = m.hf["transformer.ln_f.bias"]
+        for key, value in final_norm(m).items():
+            out["language_model.encoder." + key] = value
         if not m.tied:
             out["language_model.output_layer.weight"] = vocab_slice(m.hf["lm_head.weight"])
         elif pp > 1:
@@ -350,6 +362,88 @@ class QwenGpt2ImportTests(ImportTests):
     def test_gpt2_odd_vocabulary(self):
         # 257 rows: not even divisible by TP 2; the padding makes it 256 x TP rows.
         self.run_model(Model("gpt2", vocab=257, seed=5), self.ALL)
+
+
+def megatron_core_checkpoint(m, tp):
+    """Every tensor of the Megatron-Core torch_dist checkpoint of `m` for TP `tp`, by key, as
+    Megatron-Core's GPTModel (Transformer Engine spec) saves it: each layer tensor the layer's
+    whole Megatron-LM tensor (megatron_layer at TP 1) stacked over all layers under
+    `decoder.layers.<rest>` (Megatron-Core's names from TDO.LEGACY_TO_CORE), the vocabulary
+    padded with zero rows to a multiple of 128 x TP, no output layer when tied."""
+    gpt2 = m.family == "gpt2"
+    out = {"embedding.word_embeddings.weight": padded_rows(
+        m, m.hf["transformer.wte.weight" if gpt2 else "model.embed_tokens.weight"], tp)}
+    if gpt2:
+        out["embedding.position_embeddings.weight"] = m.hf["transformer.wpe.weight"]
+    layers = [megatron_layer(m, i, 0, 1) for i in range(m.layers)]
+    for legacy in layers[0]:
+        core = TDO.LEGACY_TO_CORE.get(legacy, legacy)  # q/k layernorms keep their names
+        out["decoder.layers." + core] = np.stack([layer[legacy] for layer in layers])
+    for key, value in final_norm(m).items():
+        out["decoder." + key] = value
+    if not m.tied:
+        out["output_layer.weight"] = padded_rows(m, m.hf["lm_head.weight"], tp)
+    return out
+
+
+class TorchDistImportTests(ImportTests):
+    """`reshard HF_DIR OUT --parts N --format megatron-torch-dist`, read back with real torch
+    (common.pt by torch.load, `.metadata` and every chunk by tests/dcp_output_test.py's reader),
+    and back to HF."""
+
+    def check_torch_dist(self, m, out, tp):
+        with open(os.path.join(out, "latest_checkpointed_iteration.txt")) as f:
+            self.assertEqual(f.read(), "release")
+        folder = os.path.join(out, "release")
+        self.assertEqual(sorted(os.listdir(folder)), sorted(
+            [".metadata", "common.pt", "metadata.json"] +
+            ["__%d_0.distcp" % r for r in range(tp)]))
+        common = torch.load(os.path.join(folder, "common.pt"), map_location="cpu")
+        self.assertEqual(list(common), ["args", "checkpoint_version", "iteration"])
+        self.assertEqual((common["checkpoint_version"], common["iteration"]), (3.0, 0))
+        self.check_args(m, common["args"], tp, 1, 0, 0)
+        md, got = O.read_dcp(folder)  # every tensor's chunks tile it exactly once
+        want = megatron_core_checkpoint(m, tp)
+        self.assertEqual(sorted(got), sorted(want))
+        for key, value in want.items():
+            self.assertEqual(got[key].dtype, m.dtype, key)
+            self.assertTrue(torch.equal(got[key].float(), torch.from_numpy(
+                np.ascontiguousarray(value))), "%s differs" % key)
+        # The vocabulary in TP row blocks of padded_vocab / TP rows, rank r's in __r_0.distcp.
+        rows = padded_vocab(m.vocab, tp) // tp
+        entry = md.state_dict_metadata["embedding.word_embeddings.weight"]
+        self.assertEqual(
+            [(tuple(c.offsets), tuple(c.sizes),
+              md.storage_data[O.MetadataIndex_("embedding.word_embeddings.weight",
+                                               c.offsets)].relative_path)
+             for c in entry.chunks],
+            [((r * rows, 0), (rows, m.hidden), "__%d_0.distcp" % r) for r in range(tp)])
+
+    def run_torch_dist(self, m):
+        hf_dir = m.save(self.p("hf"))
+        for tp in (1, 2):
+            with self.subTest(tp=tp):
+                out = self.p("torch-dist-tp%d" % tp)
+                self.assertExit(self.ctl("reshard", hf_dir, out, "--format",
+                                         "megatron-torch-dist", "--parts", tp,
+                                         "--no-progress"), 0)
+                self.check_torch_dist(m, out, tp)
+                back = self.p("back-tp%d" % tp)
+                self.assertExit(self.ctl("consolidate", out, back, "--format", "hf",
+                                         "--no-progress"), 0)
+                self.check_back(m, back)
+
+    def test_llama_gqa_untied_padded_vocab(self):
+        # 8 heads in 4 groups, vocabulary 1000: zero rows up to 1024 (TP 1) and 1024 (TP 2).
+        self.run_torch_dist(Model("llama", layers=3, hidden=32, heads=8, groups=4, vocab=1000,
+                                  seed=6))
+
+    def test_qwen3_qk_norm_head_dim(self):
+        self.run_torch_dist(Model("qwen3", layers=2, heads=4, groups=2, head_dim=8, vocab=300,
+                                  seed=7))
+
+    def test_gpt2_tied_odd_vocabulary(self):
+        self.run_torch_dist(Model("gpt2", layers=2, vocab=257, seed=8))
 
 
 class ImportRefusalTests(Base):

@@ -228,14 +228,27 @@ class TorchDistOutputTests(Base):
 
 class TorchDistOutputRefusalTests(Base):
     def test_non_megatron_input_is_refused_naming_its_format(self):
+        legacy = self.legacy()
         st = self.p("st")
-        self.ok("consolidate", self.legacy(), st, "--format", "safetensors", "--no-progress")
+        self.ok("consolidate", legacy, st, "--format", "safetensors", "--no-progress")
+        pt = self.p("pt")
+        self.ok("consolidate", legacy, pt, "--format", "torch", "--no-progress")
         out = self.p("out")
+        # A safetensors model is taken as a Hugging Face model, which needs its config.json.
         res = self.ctl("consolidate", st, out, "--format", "megatron-torch-dist", "--no-progress")
         self.assertExit(res, 3)
+        self.assertIn("presenting the input to the megatron-torch-dist output: %s not found: a "
+                      "Hugging Face model is imported" % os.path.join(st, "config.json"),
+                      res.text, self.describe(res))
+        self.assertIn("other input must be a Megatron checkpoint", res.text, self.describe(res))
+        self.assertFalse(os.path.exists(out), "%s created by a refused conversion" % out)
+        res = self.ctl("consolidate", pt, out, "--format", "megatron-torch-dist", "--no-progress")
+        self.assertExit(res, 3)
         self.assertIn("the megatron-torch-dist output writes Megatron-Core checkpoints from "
-                      "Megatron input only", res.text, self.describe(res))
-        self.assertIn("not from safetensors input", res.text, self.describe(res))
+                      "Megatron input (Megatron-LM, Megatron-DeepSpeed or Megatron-Core "
+                      "torch_dist: its args, iteration and layers) or from a Hugging Face model "
+                      "(one safetensors model and its config.json), not from torch input",
+                      res.text, self.describe(res))
         self.assertFalse(os.path.exists(out), "%s created by a refused conversion" % out)
 
     def test_parts_splitting_a_query_group_is_refused(self):

@@ -572,6 +572,23 @@ absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* co
   return parsed;
 }
 
+absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tensor_parallel,
+                                              int pipeline_parallel, absl::string_view as_what,
+                                              InputModel& model, Catalog& catalog) {
+  if (!IsHfImportInput(model)) return false;
+  std::string config_path;
+  ASSIGN_OR_RETURN(const Json config, ReadHfInputConfig(input, &config_path));
+  ASSIGN_OR_RETURN(MegatronImport imported, ImportHfAsMegatron(catalog, config, config_path,
+                                                               tensor_parallel, pipeline_parallel));
+  catalog = std::move(imported.catalog);
+  model.training_state = std::move(imported.training_state);
+  model.default_rules = std::move(imported.rules);
+  model.description = absl::StrCat(model.description, model.description.empty() ? "" : "; ",
+                                   "Hugging Face ", imported.family->id, " model imported as ",
+                                   as_what);
+  return true;
+}
+
 absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const Json& config_json,
                                                   const std::string& config_path,
                                                   int tensor_parallel, int pipeline_parallel) {

@@ -3,13 +3,15 @@
 // the same weights, for the outputs that write Megatron checkpoints from it:
 //
 //   reshardctl reshard HF_DIR OUT --format megatron --parts TP [--pipeline-parts PP]
+//   reshardctl reshard HF_DIR OUT --format megatron-torch-dist --parts TP
 //
-// ImportHfAsMegatron is the one entry point. It renames every HF tensor to Megatron-LM's legacy
-// name (language_model.embedding.*, language_model.encoder.layers.<i>.*,
+// ImportHfAsMegatron is the one entry point (PresentHfModelAsMegatron, the outputs' hook, calls it
+// with the config.json beside the weights). It renames every HF tensor to Megatron-LM's legacy name
+// (language_model.embedding.*, language_model.encoder.layers.<i>.*,
 // language_model.encoder.final_layernorm.*, language_model.output_layer.weight) and builds the
 // fused tensors from pieces of the HF tensors, without reading any data: each Megatron tensor's
-// source pieces are byte ranges (or strided views) of the HF files, so the plan gathers them
-// within the copy window like any other box and the bytes are copied exactly.
+// source pieces are byte ranges (or strided views) of the HF files, so the plan gathers them within
+// the copy window like any other box and the bytes are copied exactly.
 //
 //   HF (llama, mistral, qwen2, qwen3)       Megatron-LM (layer i under language_model.encoder.)
 //   model.embed_tokens.weight               language_model.embedding.word_embeddings.weight
@@ -76,6 +78,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
 #include "lib/formats/format.h"
 #include "lib/formats/hf/hf_family.h"
@@ -119,6 +122,17 @@ absl::StatusOr<nlohmann::ordered_json> ReadHfInputConfig(const std::string& inpu
 
 // Whether `model` is a Hugging Face model ImportHfAsMegatron takes: one safetensors model.
 bool IsHfImportInput(const InputModel& model);
+
+// OutputFormat::PresentInput of the outputs that write Megatron checkpoints (megatron,
+// megatron-torch-dist): when `model` is a Hugging Face model (IsHfImportInput), reads the
+// config.json beside `input` and replaces `catalog` with ImportHfAsMegatron's Megatron-LM
+// model, `model.training_state` with its args (recording `tensor_parallel` x
+// `pipeline_parallel`), `model.default_rules` with its rules, and adds to `model.description`
+// which family was imported as `as_what` ("Megatron-LM"); returns true. Returns false, changing
+// nothing, for any other input. The errors are ReadHfInputConfig's and ImportHfAsMegatron's.
+absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tensor_parallel,
+                                              int pipeline_parallel, absl::string_view as_what,
+                                              InputModel& model, Catalog& catalog);
 
 }  // namespace reshard
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "lib/plan/layout_builders.h"
+#include "lib/testing/test_files.h"
 #include "lib/plan/partition_rules.h"
 #include "nlohmann/json.hpp"
 
@@ -420,6 +421,64 @@ TEST(HfImportTest, Refusals) {
                                   "8], but /in/config.json makes it [7, 8]"),
             std::string::npos)
       << status;
+}
+
+// The outputs' hook: a safetensors model whose folder holds config.json becomes the imported
+// Megatron-LM model, with the args of the TP x PP asked for; other input is left alone.
+TEST(HfImportTest, PresentHfModelAsMegatron) {
+  Llama m;
+  m.vocab = 300;
+  HfCatalog hf = LlamaTensors(m);
+  const std::string folder = MakeTempDir("hf_present");
+  WriteAll(folder + "/config.json", LlamaConfig(m, "llama").dump());
+
+  InputModel model;
+  model.format = "safetensors";
+  model.parts = {hf.catalog()};
+  model.description = "safetensors, one model";
+  Catalog catalog = hf.catalog();
+  auto presented = PresentHfModelAsMegatron(folder + "/model.safetensors", 2, 1, "Megatron-Core",
+                                            model, catalog);
+  ASSERT_TRUE(presented.ok()) << presented.status();
+  EXPECT_TRUE(*presented);
+  EXPECT_EQ(model.description,
+            "safetensors, one model; Hugging Face llama model imported as Megatron-Core");
+  EXPECT_EQ(catalog.tensors.size(), 9u);
+  EXPECT_EQ(Tensor(catalog, "language_model.embedding.word_embeddings.weight").shape,
+            (Shape{300, 8}));
+  EXPECT_EQ(Tensor(catalog, kLayer0 + "self_attention.query_key_value.weight").shape,
+            (Shape{16, 8}));
+  EXPECT_LT(catalog.Find("model.embed_tokens.weight"), 0);
+  const StructureNode* family = model.training_state.Value(kHfImportFamilyKey);
+  ASSERT_NE(family, nullptr);
+  EXPECT_EQ(family->text, "llama");
+  const StructureNode* args = model.training_state.Value("megatron.args");
+  ASSERT_NE(args, nullptr);
+  EXPECT_EQ(FindKey(args->Attributes(), "tensor_model_parallel_size")->integer, 2);
+  EXPECT_EQ(FindKey(args->Attributes(), "pipeline_model_parallel_size")->integer, 1);
+  EXPECT_EQ(FindKey(args->Attributes(), "padded_vocab_size")->integer, 512);
+  ASSERT_FALSE(model.default_rules.empty());
+  EXPECT_EQ(model.default_rules[0].pattern,
+            "^language_model\\.embedding\\.word_embeddings\\.weight$");
+
+  // Not a Hugging Face model: nothing changes.
+  InputModel torch_model;
+  torch_model.format = "torch";
+  torch_model.parts = {hf.catalog()};
+  Catalog unchanged = hf.catalog();
+  presented = PresentHfModelAsMegatron(folder, 1, 1, "Megatron-LM", torch_model, unchanged);
+  ASSERT_TRUE(presented.ok()) << presented.status();
+  EXPECT_FALSE(*presented);
+  EXPECT_GE(unchanged.Find("model.embed_tokens.weight"), 0);
+  EXPECT_EQ(torch_model.training_state.Value(kHfImportFamilyKey), nullptr);
+
+  // A safetensors model without config.json beside it: NotFound naming the file.
+  const std::string bare = MakeTempDir("hf_present_bare");
+  Catalog bare_catalog = hf.catalog();
+  presented = PresentHfModelAsMegatron(bare, 1, 1, "Megatron-LM", model, bare_catalog);
+  EXPECT_EQ(presented.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(presented.status().message().find(bare + "/config.json not found"), std::string::npos)
+      << presented.status();
 }
 
 }  // namespace

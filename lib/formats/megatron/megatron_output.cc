@@ -432,18 +432,7 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
 absl::StatusOr<bool> MegatronOutput::PresentInput(const std::string& input, int parts,
                                                   int pipeline_parts, InputModel& model,
                                                   Catalog& catalog) const {
-  if (!IsHfImportInput(model)) return false;
-  std::string config_path;
-  ASSIGN_OR_RETURN(const nlohmann::ordered_json config, ReadHfInputConfig(input, &config_path));
-  ASSIGN_OR_RETURN(MegatronImport imported,
-                   ImportHfAsMegatron(catalog, config, config_path, parts, pipeline_parts));
-  catalog = std::move(imported.catalog);
-  model.training_state = std::move(imported.training_state);
-  model.default_rules = std::move(imported.rules);
-  model.description = absl::StrCat(model.description, model.description.empty() ? "" : "; ",
-                                   "Hugging Face ", imported.family->id,
-                                   " model imported as Megatron-LM");
-  return true;
+  return PresentHfModelAsMegatron(input, parts, pipeline_parts, "Megatron-LM", model, catalog);
 }
 
 absl::StatusOr<FileFraming> MegatronOutput::Frame(const OutputFileLayout& file) const {

@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "lib/core/status.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/hf/hf_import.h"
 #include "lib/formats/megatron/megatron_core_names.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/formats/megatron/torch_dist_format.h"
@@ -28,6 +29,8 @@ using Kind = StructureNode::Kind;
 constexpr char kFc1Key[] = "decoder.layers.mlp.linear_fc1.weight";
 constexpr char kFc1BiasKey[] = "decoder.layers.mlp.linear_fc1.bias";
 constexpr char kFc2Key[] = "decoder.layers.mlp.linear_fc2.weight";
+constexpr char kWordEmbeddingsKey[] = "embedding.word_embeddings.weight";
+constexpr char kOutputLayerKey[] = "output_layer.weight";
 // Megatron-Core's CheckpointingConfig as json.dump(asdict(config)) writes it.
 constexpr char kMetadataJson[] =
     R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, )"
@@ -139,11 +142,14 @@ absl::Status CheckWholeGroups(const StructureNode* args, int ranks) {
 absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_layout*/,
                                                         const ArrangeRequest& request) const {
   const InputModel& model = request.model;
-  if (model.format != kMegatronFormatId && model.format != kId) {
+  // Megatron input, or a Hugging Face model PresentInput made a Megatron-LM one.
+  if (model.format != kMegatronFormatId && model.format != kId &&
+      model.training_state.Value(kHfImportFamilyKey) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the megatron-torch-dist output writes Megatron-Core checkpoints from Megatron input "
-        "only (Megatron-LM, Megatron-DeepSpeed or Megatron-Core torch_dist: its args, iteration "
-        "and layers), not from ",
+        "(Megatron-LM, Megatron-DeepSpeed or Megatron-Core torch_dist: its args, iteration "
+        "and layers) or from a Hugging Face model (one safetensors model and its config.json), "
+        "not from ",
         model.format, " input"));
   }
   if (request.dtype != DTypePolicy::kKeep) {
@@ -158,6 +164,10 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   if (saved_args != nullptr && saved_args->Attributes() == nullptr) saved_args = nullptr;
   const StructureNode* args = saved_args != nullptr ? saved_args->Attributes() : nullptr;
   RETURN_IF_ERROR(CheckWholeGroups(args, ranks));
+  // Megatron-Core's vocabulary rows: args.padded_vocab_size (make_vocab_size_divisible_by x TP)
+  // when the input has fewer (an imported Hugging Face model's vocab_size rows), else the
+  // input's own, already padded for the TP it was trained at.
+  const int64_t padded_vocab = IntAttribute(args, "padded_vocab_size").value_or(0);
   const StructureNode* impl = FindKey(args, "transformer_impl");
   const MegatronCoreSpec spec = impl != nullptr && impl->kind == Kind::kString &&
                                         impl->text == "local"
@@ -259,13 +269,17 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
     }
     const CatalogTensor& tensor =
         source < base ? catalog.tensors[source] : arranged.extra_tensors[source - base];
-    const Shape shape = tensor.shape;
+    Shape shape = tensor.shape;
+    const bool vocabulary = entry.key == kWordEmbeddingsKey || entry.key == kOutputLayerKey;
+    if (vocabulary && !shape.empty() && padded_vocab > shape[0]) shape[0] = padded_vocab;
     OutputTensor chunk;
     chunk.name = entry.key;
     chunk.source = source;
     chunk.dtype = tensor.dtype;
     chunk.global_shape = shape;
     chunk.region = Box::Full(shape);
+    // The rows past the input's are written as zeros.
+    chunk.zero_fill = shape != tensor.shape;
     const int axis = entry.tp_axis < 0 ? -1 : entry.tp_axis + (entry.stacked ? 1 : 0);
     if (ranks == 1 || axis < 0 || axis >= static_cast<int>(shape.size())) {
       rank_tensors[0].push_back(std::move(chunk));
@@ -323,6 +337,14 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   common_file.structure = std::move(common);
   arranged.layout.files.push_back(std::move(common_file));
   return arranged;
+}
+
+absl::StatusOr<bool> TorchDistOutput::PresentInput(const std::string& input, int parts,
+                                                   int /*pipeline_parts*/, InputModel& model,
+                                                   Catalog& catalog) const {
+  // One pipeline stage in the args, as Arrange writes them (CommonArgs).
+  return PresentHfModelAsMegatron(input, parts, /*pipeline_parallel=*/1, "Megatron-Core",
+                                  model, catalog);
 }
 
 absl::StatusOr<FileFraming> TorchDistOutput::Frame(const OutputFileLayout& file) const {

@@ -1,5 +1,6 @@
 // Writes Megatron-Core `torch_dist` distributed checkpoints (`TorchDistOutput`, id
-// "megatron-torch-dist") from Megatron input, for Megatron-Core to load at any TP x PP:
+// "megatron-torch-dist") from Megatron input or a Hugging Face model, for Megatron-Core to load
+// at any TP x PP:
 //
 //   reshardctl consolidate IN OUT --format megatron-torch-dist             world size 1
 //   reshardctl reshard IN OUT --parts N --format megatron-torch-dist       world size N
@@ -18,7 +19,10 @@
 //
 // IN is what the megatron readers give (Megatron-LM and Megatron-DeepSpeed TP x PP, merged:
 // TP shards joined, global layer numbers; Megatron-DeepSpeed pipeline names first mapped to
-// Megatron-LM's) or the torch_dist reader's model (layers unstacked). Every tensor is named by
+// Megatron-LM's), the torch_dist reader's model (layers unstacked), or a Hugging Face model
+// (one safetensors model and its config.json) that PresentInput presents as the merged
+// Megatron-LM model with its args (PresentHfModelAsMegatron, lib/formats/hf/hf_import.h: TP N,
+// PP 1, a release checkpoint). Every tensor is named by
 // MegatronCoreName (megatron_core_names.h): the keys and global shapes of Megatron-Core's GPTModel
 // `sharded_state_dict`, flat (DCP fqn = key), a layer's tensors stacked under
 // `decoder.layers.<rest>` with a leading axis over all num_layers layers (pipeline stages
@@ -27,8 +31,11 @@
 // exactly: the fused QKV is Megatron-Core's (query groups in order, each [its query heads; k; v])
 // as the merged legacy tensor is, and the gated fc1 is the global [gate; up] that Megatron-Core's
 // apply_swiglu_sharded_factory saves, as the megatron reader merges legacy [gate_t; up_t] shards.
-// The word embeddings and output layer keep the input's padded rows (Megatron-Core loads them
-// with allow_shape_mismatch at any TP). TransformerEngine's `_extra_state` is not written.
+// The word embeddings and output layer have args.padded_vocab_size rows when the input has
+// fewer (an imported HF model's vocab_size rows; zero rows appended, as Megatron-Core pads the
+// vocabulary to make_vocab_size_divisible_by x TP); Megatron input keeps its own rows, already
+// padded for the TP it was trained at (Megatron-Core loads them with allow_shape_mismatch at any
+// TP). TransformerEngine's `_extra_state` is not written.
 //
 // Chunks (world size N): a TP-split tensor has N chunks along its TP axis, rank R's in
 // `__R_0.distcp`, a gated fc1 two per rank (its gate rows and its up rows, Megatron-Core's
@@ -43,7 +50,8 @@
 // nor `_extra_state` (with TransformerEngine layers, load with a --dist-ckpt-strictness that
 // tolerates keys missing from the checkpoint, such as log_unexpected).
 //
-// Refused before anything is written, naming what: input that is not Megatron; --dtype other
+// Refused before anything is written, naming what: input that is neither Megatron nor a Hugging
+// Face model (a safetensors model without config.json: the missing file); --dtype other
 // than keep (the args name the dtype); a tensor with no Megatron-Core name; layers missing from
 // a stacked key or disagreeing in shape or dtype; N that does not divide a split axis, the
 // query groups (attention heads) or the gated halves; an input without iteration.
@@ -74,6 +82,12 @@ class TorchDistOutput : public OutputFormat {
   OutputNaming naming() const override { return dcp_.naming(); }
   absl::StatusOr<ArrangedOutput> Arrange(TargetLayout engine_layout,
                                          const ArrangeRequest& request) const override;
+  // A Hugging Face model (one safetensors model with its config.json) is presented as the
+  // merged Megatron-LM model of the same weights, its args recording TP `parts` and one
+  // pipeline stage (PresentHfModelAsMegatron, lib/formats/hf/hf_import.h); other input is left
+  // as it is.
+  absl::StatusOr<bool> PresentInput(const std::string& input, int parts, int pipeline_parts,
+                                    InputModel& model, Catalog& catalog) const override;
   // common.pt by the torch writer, the `.distcp` files by DcpOutput.
   absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const override;
   // `.metadata`, metadata.json, latest_checkpointed_iteration.txt.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "lib/formats/hf/hf_import.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/plan/layout_builders.h"
 #include "lib/plan/partition_rules.h"
@@ -203,8 +204,59 @@ TEST(TorchDistOutputTest, RefusesOtherInputNamingItsFormat) {
   ASSERT_EQ(arranged.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(arranged.status().message(),
             "the megatron-torch-dist output writes Megatron-Core checkpoints from Megatron input "
-            "only (Megatron-LM, Megatron-DeepSpeed or Megatron-Core torch_dist: its args, "
-            "iteration and layers), not from safetensors input");
+            "(Megatron-LM, Megatron-DeepSpeed or Megatron-Core torch_dist: its args, iteration "
+            "and layers) or from a Hugging Face model (one safetensors model and its "
+            "config.json), not from safetensors input");
+}
+
+// An imported Hugging Face model: its vocab_size rows (10) padded with zero rows to
+// args.padded_vocab_size (16), cut into TP row blocks; Megatron input keeps its 16 rows.
+TEST(TorchDistOutputTest, ImportedVocabularyIsPaddedToPaddedVocabSize) {
+  InputModel model = Model(1);
+  model.format = "safetensors";
+  model.training_state.values[kHfImportFamilyKey] = StructureNode::String("llama");
+  model.training_state.values["megatron.release"] = StructureNode::Bool(true);
+  model.training_state.values["megatron.args"].Add(StructureNode::String("padded_vocab_size"),
+                                                   StructureNode::Int(kVocab));
+  for (CatalogTensor& tensor : model.parts[0].tensors) {
+    if (tensor.shape[0] == kVocab) {
+      tensor.shape[0] = 10;
+      tensor.pieces[0].box.extent[0] = 10;
+    }
+  }
+  absl::StatusOr<ArrangedOutput> arranged = Arrange(model, 2);
+  ASSERT_TRUE(arranged.ok()) << arranged.status();
+  ASSERT_EQ(arranged->layout.files.size(), 3u);
+  for (int r = 0; r < 2; ++r) {
+    const OutputFileLayout& file = arranged->layout.files[r];
+    EXPECT_EQ(file.name, absl::StrCat("release/__", r, "_0.distcp"));
+    int vocabulary = 0;
+    for (const OutputTensor& tensor : file.tensors) {
+      if (tensor.name != "embedding.word_embeddings.weight" &&
+          tensor.name != "output_layer.weight") {
+        EXPECT_FALSE(tensor.zero_fill) << tensor.name;
+        continue;
+      }
+      ++vocabulary;
+      EXPECT_EQ(tensor.global_shape, (Shape{kVocab, kHidden})) << tensor.name;
+      EXPECT_EQ(tensor.region, (Box{{8 * r, 0}, {8, kHidden}})) << tensor.name;
+      EXPECT_TRUE(tensor.zero_fill) << tensor.name;
+    }
+    EXPECT_EQ(vocabulary, 2);
+  }
+
+  // Megatron input whose rows the args' padded_vocab_size already describes: unchanged.
+  InputModel megatron = Model(1);
+  megatron.training_state.values["megatron.args"].Add(StructureNode::String("padded_vocab_size"),
+                                                      StructureNode::Int(kVocab));
+  arranged = Arrange(megatron, 2);
+  ASSERT_TRUE(arranged.ok()) << arranged.status();
+  for (const OutputTensor& tensor : arranged->layout.files[1].tensors) {
+    EXPECT_FALSE(tensor.zero_fill) << tensor.name;
+    if (tensor.name == "embedding.word_embeddings.weight") {
+      EXPECT_EQ(tensor.region, (Box{{8, 0}, {8, kHidden}}));
+    }
+  }
 }
 
 TEST(TorchDistOutputTest, RefusesRanksThatSplitAQueryGroup) {
