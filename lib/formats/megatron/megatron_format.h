@@ -52,7 +52,8 @@
 // (megatron_output.h writes them back).
 //
 // Checks, each failing with a message naming the file or folder:
-//   - topology from `args` (tensor_model_parallel_size, pipeline_model_parallel_size), or from
+//   - topology from `args` (tensor_model_parallel_size, pipeline_model_parallel_size,
+//     expert_model_parallel_size), or from
 //     the folder names when the files hold no args; every (TP, PP) folder and every
 //     (layer, TP) file must be present: "Megatron TP2 x PP2: mp_rank_01_001/model_optim_rng.pt
 //     is missing"; unexpected ones are refused too;
@@ -62,8 +63,18 @@
 //     no uneven split, and the stages together hold num_layers;
 //   - word_embeddings rows x TP = args.padded_vocab_size;
 //   - checkpoint_version >= 2 (older query_key_value orderings are not the per-head layout the
-//     partition rules assume): Unimplemented otherwise; expert-parallel folders
-//     (`mp_rank_XX_YYY_ZZZ`): Unimplemented.
+//     partition rules assume): Unimplemented otherwise.
+//
+// Mixture-of-experts with expert parallelism (Megatron-Core GPT in these folders): EP > 1 adds
+// `_EEE` to the folder names (mp_rank_TT_PPP_EEE; with PP = 1 mp_rank_TT_EEE, told apart from a
+// PP folder by args.pipeline_model_parallel_size and expert_model_parallel_size). The EP ranks
+// of a TP rank are merged into its part: local expert l of EP rank e (SequentialMLP
+// `mlp.experts.local_experts.<l>.*` or TEGroupedMLP `mlp.experts.linear_fc1.weight<l>`) becomes
+// `mlp.experts.local_experts.<e * E_local + l>.*`; every expert of every MoE layer exactly once
+// (a missing one is DataLoss, one held twice InvalidArgument, both naming the expert and the
+// folders); the other tensors come from EP rank 0 and their EP copies are their replicas
+// (CatalogTensor::replicas), which `verify` compares when the input has one TP rank (MergeParts
+// keeps part 0's pieces only).
 //
 // Partition rules (default_rules): the `megatron` preset (MegatronPresetRules): column-parallel
 // (dim 0) word_embeddings, query_key_value (since checkpoint version 2 every rank holds whole

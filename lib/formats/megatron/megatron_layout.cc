@@ -43,7 +43,7 @@ std::optional<LayerName> SplitLayerName(absl::string_view name) {
 
 bool IsMainStack(absl::string_view prefix) {
   return prefix == "layers" || absl::EndsWith(prefix, "encoder.layers") ||
-         absl::EndsWith(prefix, "transformer.layers");
+         absl::EndsWith(prefix, "transformer.layers") || prefix == "decoder.layers";
 }
 
 }  // namespace
@@ -89,9 +89,72 @@ std::optional<MegatronRankDir> ParseMegatronRankDir(absl::string_view name) {
   return rank;
 }
 
-std::string MegatronRankDirName(int tp, int pp, bool has_pp) {
-  return has_pp ? absl::StrFormat("mp_rank_%02d_%03d", tp, pp)
-                : absl::StrFormat("mp_rank_%02d", tp);
+std::string MegatronRankDirName(int tp, int pp, bool has_pp, int ep) {
+  std::string name = has_pp ? absl::StrFormat("mp_rank_%02d_%03d", tp, pp)
+                            : absl::StrFormat("mp_rank_%02d", tp);
+  if (ep >= 0) absl::StrAppendFormat(&name, "_%03d", ep);
+  return name;
+}
+
+std::optional<MegatronRankDir> InterpretMegatronRankDir(const MegatronRankDir& parsed,
+                                                        bool pipeline, bool expert) {
+  const int numbers = 1 + (parsed.has_pp ? 1 : 0) + (parsed.ep >= 0 ? 1 : 0);
+  MegatronRankDir rank;
+  rank.tp = parsed.tp;
+  rank.ep = 0;
+  if (expert) {
+    if (numbers == 2 && !pipeline) {
+      rank.ep = parsed.pp;  // mp_rank_TT_EEE
+      return rank;
+    }
+    if (numbers != 3 || (!pipeline && parsed.pp != 0)) return std::nullopt;
+    rank.has_pp = true;
+    rank.pp = parsed.pp;
+    rank.ep = parsed.ep;
+    return rank;
+  }
+  if (numbers == 3 || (numbers == 1 && pipeline) || (numbers == 2 && !pipeline && parsed.pp != 0)) {
+    return std::nullopt;
+  }
+  rank.has_pp = parsed.has_pp;
+  rank.pp = parsed.pp;
+  return rank;
+}
+
+std::optional<ExpertTensorName> ParseExpertTensorName(absl::string_view name) {
+  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
+  for (size_t i = 0; i + 2 < parts.size(); ++i) {
+    if (parts[i] != "experts") continue;
+    ExpertTensorName result;
+    result.experts = absl::StrJoin(parts.begin(), parts.begin() + i + 1, ".");
+    if (parts[i + 1] == "local_experts" && i + 3 < parts.size()) {
+      const std::optional<int> local = ParseMegatronIndex(parts[i + 2]);
+      if (!local.has_value()) return std::nullopt;
+      result.local = *local;
+      result.rest = absl::StrJoin(parts.begin() + i + 3, parts.end(), ".");
+      return result;
+    }
+    // TEGroupedMLP: linear_fc1.weight<l>, linear_fc2.bias<l>.
+    if (i + 3 != parts.size() || !absl::StartsWith(parts[i + 1], "linear_fc")) return std::nullopt;
+    absl::string_view last = parts[i + 2];
+    absl::string_view kind;
+    for (absl::string_view prefix : {"weight", "bias"}) {
+      if (absl::ConsumePrefix(&last, prefix)) {
+        kind = prefix;
+        break;
+      }
+    }
+    const std::optional<int> local = ParseMegatronIndex(last);
+    if (kind.empty() || !local.has_value()) return std::nullopt;
+    result.local = *local;
+    result.rest = absl::StrCat(parts[i + 1], ".", kind);
+    return result;
+  }
+  return std::nullopt;
+}
+
+std::string ExpertTensorNameFor(const ExpertTensorName& name, int64_t expert) {
+  return absl::StrCat(name.experts, ".local_experts.", expert, ".", name.rest);
 }
 
 std::optional<PipeLayerFile> ParsePipeLayerFile(absl::string_view name) {
@@ -256,17 +319,27 @@ std::vector<PartitionRule> MegatronPresetRules() {
       replicate("(attention\\.dense|dense_4h_to_h)\\.bias|layernorm|position_embeddings"),
       split("(^|\\.)(output_layer|lm_head)\\.weight$", 0),
       replicate("_norm\\.(weight|bias)$|^\\d+\\.(weight|bias)$"),
+      // Megatron-Core names in the same rank folders (GPTModel saved with --ckpt-format
+      // torch), mixture-of-experts layers included: every expert and the shared experts are
+      // TP-split as a dense MLP; the router is replicated.
+      split("linear_qkv\\.(weight|bias)$", 0),
+      split("linear_fc1\\.(weight|bias)$", 0),
+      split("(linear_proj|linear_fc2)\\.weight$", 1),
+      replicate("(linear_proj|linear_fc2)\\.bias$|layer_norm_(weight|bias)$"),
+      replicate("mlp\\.router\\.(weight|bias|expert_bias)$"),
   };
 }
 
 std::vector<PartitionRule> MegatronPartitionRules(bool swiglu, int64_t qkv_unit_rows) {
   std::vector<PartitionRule> rules = MegatronPresetRules();
   if (swiglu) {
-    rules.insert(rules.begin(), PartitionRule{"dense_h_to_4h\\.(weight|bias)$", false, 0, 2});
+    rules.insert(rules.begin(),
+                 PartitionRule{"(dense_h_to_4h|linear_fc1)\\.(weight|bias)$", false, 0, 2});
   }
   if (qkv_unit_rows > 1) {
     rules.insert(rules.begin(),
-                 PartitionRule{"query_key_value\\.(weight|bias)$", false, 0, 1, qkv_unit_rows});
+                 PartitionRule{"(query_key_value|linear_qkv)\\.(weight|bias)$", false, 0, 1,
+                               qkv_unit_rows});
   }
   return rules;
 }

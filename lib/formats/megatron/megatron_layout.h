@@ -43,8 +43,38 @@ struct MegatronRankDir {
   int ep = -1;          // expert-parallel rank ("mp_rank_00_000_001"), -1 when absent
 };
 std::optional<MegatronRankDir> ParseMegatronRankDir(absl::string_view name);
-// "mp_rank_01" or "mp_rank_01_002", as Megatron's get_checkpoint_name spells them.
-std::string MegatronRankDirName(int tp, int pp, bool has_pp);
+// "mp_rank_01" or "mp_rank_01_002", as Megatron's get_checkpoint_name spells them; with
+// `ep` >= 0 the expert-parallel rank follows: "mp_rank_01_003" (PP = 1), "mp_rank_01_002_003".
+std::string MegatronRankDirName(int tp, int pp, bool has_pp, int ep = -1);
+
+// The ranks a parsed rank folder name stands for in a save of the given sizes. Megatron's
+// get_checkpoint_name appends _PPP when PP > 1 and then _EEE when EP > 1, so with PP = 1 and
+// EP > 1 "mp_rank_00_001" is EP rank 1, not PP rank 1. The result has `ep` = 0 when EP = 1
+// and `has_pp` as the name has it. "mp_rank_XX_000" (a PP rank spelled out with PP = 1) is
+// accepted as other writers make it. nullopt: the name has more or fewer numbers than the sizes
+// give it.
+std::optional<MegatronRankDir> InterpretMegatronRankDir(const MegatronRankDir& parsed,
+                                                        bool pipeline, bool expert);
+
+// A tensor of one expert of a mixture-of-experts layer, as Megatron-Core names it: SequentialMLP
+// "decoder.layers.3.mlp.experts.local_experts.2.linear_fc1.weight" and TEGroupedMLP
+// "decoder.layers.3.mlp.experts.linear_fc1.weight2" both give experts =
+// "decoder.layers.3.mlp.experts", local = 2, rest = "linear_fc1.weight". (`shared_experts.*`
+// are dense, not experts.)
+struct ExpertTensorName {
+  std::string experts;
+  int local = 0;
+  std::string rest;
+};
+std::optional<ExpertTensorName> ParseExpertTensorName(absl::string_view name);
+// The name of `expert`'s tensor in a consolidated model: "<experts>.local_experts.<expert>.<rest>",
+// SequentialMLP's spelling with the global expert id.
+std::string ExpertTensorNameFor(const ExpertTensorName& name, int64_t expert);
+// The global id of local expert `local` of EP rank `ep_rank`, each rank holding `local_experts`
+// (Megatron-Core's local_expert_indices: ep_rank * local_experts + local).
+inline int64_t GlobalExpertId(int ep_rank, int64_t local_experts, int64_t local) {
+  return static_cast<int64_t>(ep_rank) * local_experts + local;
+}
 
 // A DeepSpeed pipeline layer file name: "layer_03-model_01-model_states.pt".
 struct PipeLayerFile {
@@ -72,7 +102,7 @@ struct PipelineStage {
 
 struct StageMergeOptions {
   // Layers every stage must hold in the main stack (`*.encoder.layers`,
-  // `*.transformer.layers`); unchecked when unset.
+  // `*.transformer.layers`, Megatron-Core's `decoder.layers`); unchecked when unset.
   std::optional<int64_t> layers_per_stage;
   // Layers all stages must hold together in the main stack; unchecked when unset.
   std::optional<int64_t> total_layers;

@@ -2,6 +2,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -206,6 +207,25 @@ TEST(MergePipelineStagesTest, Refusals) {
   }
 }
 
+// Each (name, dim) of `cases` matches a rule splitting dimension `dim`, or a replicating one
+// when `dim` < 0; split rules have `fused` blocks when given.
+void ExpectRules(const PartitionRules& rules,
+                 const std::vector<std::pair<std::string, int>>& cases, std::optional<int> fused) {
+  for (const auto& [name, dim] : cases) {
+    auto match = rules.Match(name);
+    ASSERT_TRUE(match.ok()) << name << ": " << match.status();
+    if (dim < 0) {
+      EXPECT_TRUE((*match)->replicate) << name;
+    } else {
+      EXPECT_FALSE((*match)->replicate) << name;
+      EXPECT_EQ((*match)->split_dim, dim) << name;
+      if (fused.has_value()) {
+        EXPECT_EQ((*match)->fused, *fused) << name;
+      }
+    }
+  }
+}
+
 TEST(MegatronRulesTest, SwiGLUFromShapes) {
   Catalog gelu = StageCatalog("/a.pt", {});
   gelu.tensors.push_back({"1.mlp.dense_h_to_4h.weight", DType::kF32, {64, 16}, {}});
@@ -291,21 +311,106 @@ TEST(MegatronRulesTest, PresetCoversBothNamingSchemes) {
       {"8.bias", -1},
       {"9.lm_head.weight", 0},
   };
-  for (const auto& [name, dim] : cases) {
-    auto match = rules->Match(name);
-    ASSERT_TRUE(match.ok()) << name << ": " << match.status();
-    if (dim < 0) {
-      EXPECT_TRUE((*match)->replicate) << name;
-    } else {
-      EXPECT_FALSE((*match)->replicate) << name;
-      EXPECT_EQ((*match)->split_dim, dim) << name;
-      EXPECT_EQ((*match)->fused, 1) << name;
-    }
-  }
+  ExpectRules(*rules, cases, /*fused=*/1);
   for (const char* name : {"language_model.encoder.layers.0.adapter.weight", "3.router.weight",
                            "word_embeddings_for_head.weight", "x.12.weight"}) {
     EXPECT_FALSE(rules->Match(name).ok()) << name;
   }
+}
+
+}  // namespace
+}  // namespace reshard
+
+namespace reshard {
+namespace {
+
+// The ranks a folder name stands for with PP > 1 or not, EP > 1 or not: "tp/pp/ep", or
+// "none" when the name does not fit.
+std::string Interpret(const char* name, bool pipeline, bool expert) {
+  const std::optional<MegatronRankDir> parsed = ParseMegatronRankDir(name);
+  if (!parsed.has_value()) return "unparsed";
+  const std::optional<MegatronRankDir> rank = InterpretMegatronRankDir(*parsed, pipeline, expert);
+  if (!rank.has_value()) return "none";
+  return absl::StrCat(rank->tp, "/", rank->pp, "/", rank->ep);
+}
+
+TEST(MegatronExpertsTest, FolderNamesDependOnPipelineAndExpertSizes) {
+  // PP = 1, EP = 2: mp_rank_TT_EEE, the second number is the EP rank.
+  EXPECT_EQ(Interpret("mp_rank_01_001", /*pipeline=*/false, /*expert=*/true), "1/0/1");
+  // PP = 2, EP = 1: the same name is PP rank 1.
+  EXPECT_EQ(Interpret("mp_rank_01_001", /*pipeline=*/true, /*expert=*/false), "1/1/0");
+  // PP = 2, EP = 4: mp_rank_TT_PPP_EEE.
+  EXPECT_EQ(Interpret("mp_rank_00_001_003", /*pipeline=*/true, /*expert=*/true), "0/1/3");
+  // PP = 1, EP = 1: mp_rank_TT, and mp_rank_TT_000 as other writers spell it.
+  EXPECT_EQ(Interpret("mp_rank_02", /*pipeline=*/false, /*expert=*/false), "2/0/0");
+  EXPECT_EQ(Interpret("mp_rank_02_000", /*pipeline=*/false, /*expert=*/false), "2/0/0");
+  // Names with too many or too few numbers for the sizes.
+  EXPECT_EQ(Interpret("mp_rank_00_001", false, false), "none");
+  EXPECT_EQ(Interpret("mp_rank_00_001_001", false, false), "none");
+  EXPECT_EQ(Interpret("mp_rank_00_001_001", true, false), "none");
+  EXPECT_EQ(Interpret("mp_rank_00", false, true), "none");
+  EXPECT_EQ(Interpret("mp_rank_00_001", true, true), "none");
+  EXPECT_EQ(Interpret("mp_rank_00", true, false), "none");
+
+  EXPECT_EQ(MegatronRankDirName(1, 0, false, 3), "mp_rank_01_003");
+  EXPECT_EQ(MegatronRankDirName(1, 2, true, 3), "mp_rank_01_002_003");
+  EXPECT_EQ(MegatronRankDirName(1, 2, true), "mp_rank_01_002");
+}
+
+TEST(MegatronExpertsTest, ExpertNamesAndGlobalIds) {
+  auto sequential =
+      ParseExpertTensorName("decoder.layers.3.mlp.experts.local_experts.2.linear_fc1.weight");
+  ASSERT_TRUE(sequential.has_value());
+  EXPECT_EQ(sequential->experts, "decoder.layers.3.mlp.experts");
+  EXPECT_EQ(sequential->local, 2);
+  EXPECT_EQ(sequential->rest, "linear_fc1.weight");
+  auto grouped = ParseExpertTensorName("decoder.layers.0.mlp.experts.linear_fc2.weight11");
+  ASSERT_TRUE(grouped.has_value());
+  EXPECT_EQ(grouped->experts, "decoder.layers.0.mlp.experts");
+  EXPECT_EQ(grouped->local, 11);
+  EXPECT_EQ(grouped->rest, "linear_fc2.weight");
+  auto bias = ParseExpertTensorName("decoder.layers.0.mlp.experts.linear_fc1.bias0");
+  ASSERT_TRUE(bias.has_value());
+  EXPECT_EQ(bias->rest, "linear_fc1.bias");
+
+  for (const char* name : {"decoder.layers.0.mlp.shared_experts.linear_fc1.weight",
+                           "decoder.layers.0.mlp.router.weight",
+                           "decoder.layers.0.mlp.experts.linear_fc1.weight",
+                           "decoder.layers.0.mlp.experts.local_experts.x.linear_fc1.weight",
+                           "decoder.layers.0.mlp.linear_fc1.weight"}) {
+    EXPECT_FALSE(ParseExpertTensorName(name).has_value()) << name;
+  }
+
+  // 8 experts over EP 4: rank 3's local expert 1 is expert 7.
+  EXPECT_EQ(GlobalExpertId(3, 2, 1), 7);
+  EXPECT_EQ(GlobalExpertId(0, 4, 3), 3);
+  EXPECT_EQ(GlobalExpertId(1, 4, 0), 4);
+  EXPECT_EQ(ExpertTensorNameFor(*grouped, GlobalExpertId(1, 4, 3)),
+            "decoder.layers.0.mlp.experts.local_experts.7.linear_fc2.weight");
+}
+
+TEST(MegatronExpertsTest, RulesOfMegatronCoreNames) {
+  auto rules = PartitionRules::Create(MegatronPartitionRules(/*swiglu=*/true, 24));
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  const std::vector<std::pair<std::string, int>> cases = {
+      {"embedding.word_embeddings.weight", 0},
+      {"decoder.layers.0.self_attention.linear_qkv.weight", 0},
+      {"decoder.layers.0.self_attention.linear_qkv.layer_norm_weight", -1},
+      {"decoder.layers.0.self_attention.linear_proj.weight", 1},
+      {"decoder.layers.0.pre_mlp_layernorm.weight", -1},
+      {"decoder.layers.0.mlp.router.weight", -1},
+      {"decoder.layers.0.mlp.experts.local_experts.5.linear_fc1.weight", 0},
+      {"decoder.layers.0.mlp.experts.local_experts.5.linear_fc2.weight", 1},
+      {"decoder.layers.0.mlp.shared_experts.linear_fc1.weight", 0},
+      {"decoder.layers.0.mlp.shared_experts.linear_fc2.weight", 1},
+      {"decoder.final_layernorm.weight", -1},
+      {"output_layer.weight", 0},
+  };
+  ExpectRules(*rules, cases, /*fused=*/std::nullopt);
+  EXPECT_EQ((*rules->Match("decoder.layers.0.mlp.experts.local_experts.5.linear_fc1.weight"))
+                ->fused,
+            2);
+  EXPECT_EQ((*rules->Match("decoder.layers.0.self_attention.linear_qkv.weight"))->unit, 24);
 }
 
 }  // namespace
