@@ -365,7 +365,8 @@ absl::StatusOr<ConversionResult> Publish(const Area& area, const Split& split,
           file.name, " this worker wrote; nothing was published; ", RerunHint(owner, split.count)));
     }
     if (own == hashed.end()) {
-      ASSIGN_OR_RETURN(uint64_t hash, HashFile(data, file.name));
+      ASSIGN_OR_RETURN(uint64_t hash,
+                       HashFile(kvstore::GetPosixDriver(), data.PathOf(file.name)));
       if (hash != it->second.second) {
         return absl::DataLossError(absl::StrCat(
             data.PathOf(file.name), " no longer has the XXH3-64 partition ", owner, " recorded (",
