@@ -201,6 +201,9 @@ class Scheduler {
   void WorkerLoop();
   // Writes the progress of running jobs, at most once per persist_interval per job.
   void PersistLoop();
+  // The job goes on after its record could not be written; the record catches up at its
+  // next change.
+  static void NotePersistFailure(v1::Job& job, const absl::Status& status);
   bool CanStartLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnqueueLocked(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Snapshot SnapshotLocked(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -516,7 +516,7 @@ absl::StatusOr<std::optional<ConversionResult>> FindPublishedOutput(const Conver
     if (!st.ok() || !S_ISREG(st->st_mode) || static_cast<uint64_t>(st->st_size) != bytes) {
       return mismatch(absl::StrCat("is missing or not ", bytes, " bytes"));
     }
-    ASSIGN_OR_RETURN(uint64_t hash, HashFile(*out, name));
+    ASSIGN_OR_RETURN(uint64_t hash, HashFile(kvstore::GetPosixDriver(), out->PathOf(name)));
     if (hash != expected_hash) return mismatch("no longer has its XXH3-64");
     result.files.push_back({name, bytes, hash, 0});
     result.bytes_written += bytes;

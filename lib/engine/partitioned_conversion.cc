@@ -105,8 +105,7 @@ absl::Status CheckRecordedFile(const PartitionArea& area, const Split& split, co
     }
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(Directory parent, OpenExistingFolder(data.root()));
-  ASSIGN_OR_RETURN(const uint64_t hash, HashFile(parent, file.name));
+  ASSIGN_OR_RETURN(const uint64_t hash, HashFile(*area.driver, path));
   if (hash == recorded) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(path, " no longer has the XXH3-64 partition ", owner,
                                           " recorded (", Hex16(recorded), ", now ", Hex16(hash),

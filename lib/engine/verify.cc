@@ -111,8 +111,8 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
   // `dtype`) into `mismatch`.
   auto compare = [&](const Side& a, const Side& b, DType dtype,
                      TensorMismatch& mismatch) -> absl::Status {
-    TensorFiller fill_a(a.copy, a.sources, nullptr, a.spans.has_value() ? &*a.spans : nullptr);
-    TensorFiller fill_b(b.copy, b.sources, nullptr, b.spans.has_value() ? &*b.spans : nullptr);
+    TensorFiller fill_a(a.copy, a.sources, a.spans.has_value() ? &*a.spans : nullptr);
+    TensorFiller fill_b(b.copy, b.sources, b.spans.has_value() ? &*b.spans : nullptr);
     const size_t size = DTypeSize(dtype);
     const int64_t chunk = std::max<int64_t>(1, kChunkBytes / static_cast<int64_t>(size));
     buffer_a.resize(std::min<int64_t>(chunk, a.copy.num_elements) * size);

@@ -12,10 +12,10 @@
 #include "lib/core/stopwatch.h"
 #include "lib/exec/file_writer.h"
 #include "lib/exec/progress_tracker.h"
-#include "lib/exec/source_checksums.h"
 #include "lib/exec/span_reader.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/exec/window_pipeline.h"
+#include "lib/io/crc32_source.h"
 #include "lib/io/file_access.h"
 
 namespace reshard {
@@ -68,6 +68,24 @@ absl::StatusOr<std::vector<MappedFile>> MapSources(const std::vector<SourceFile>
 
 namespace {
 
+// What a CRC-32 mismatch of `range` of source `file` means for the output: the first tensor
+// read from it (": the data of tensor "w", read from it, is corrupt").
+std::string ReaderOfRange(const CopyPlan& plan, int file, const ChecksummedRange& range) {
+  for (const FilePlan& output : plan.files) {
+    for (const TensorCopy& copy : output.tensors) {
+      const size_t element = DTypeSize(copy.src_dtype);
+      for (const CopyItem& item : copy.items) {
+        if (item.src_file != file || item.num_elements() == 0) continue;
+        if (item.src_offset < range.offset + range.length &&
+            item.src_end(element) > range.offset) {
+          return absl::StrCat(": the data of tensor \"", copy.name, "\", read from it, is corrupt");
+        }
+      }
+    }
+  }
+  return ": the data read from it is corrupt";
+}
+
 // Execute into a local folder (`dir`) or through a sink (`sink`): exactly one is set.
 absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Directory* dir,
                                             OutputSink* sink, const ExecutorOptions& options) {
@@ -102,10 +120,17 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
     }
   }
   ProgressTracker progress(plan, options.on_progress);
-  std::optional<SourceChecksums> checksums;
-  if (options.check_source_crc32) checksums.emplace(plan.sources);
-  SourceChecksums* const checked =
-      checksums.has_value() && !checksums->empty() ? &*checksums : nullptr;
+  // The CRC-32 check of the sources' records: a read stage of each source that records any,
+  // which sees every byte the pass reads from it.
+  Crc32Source::FragmentBudget crc_fragments{0};
+  std::vector<std::unique_ptr<Crc32Source>> crc32s(sources.size());
+  bool any_crc32 = false;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    if (!options.check_source_crc32 || plan.sources[s].checksummed.empty()) continue;
+    crc32s[s] = std::make_unique<Crc32Source>(plan.sources[s].checksummed, &crc_fragments);
+    sources[s].set_read_stage(crc32s[s].get());
+    any_crc32 = true;
+  }
   // Every file gets its result from exactly one worker (written, reused or stopped).
   std::vector<std::optional<absl::StatusOr<WrittenFile>>> results(plan.files.size());
   std::vector<uint64_t> bytes_read(plan.files.size(), 0);
@@ -162,11 +187,10 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
         progress.Committed(options.on_file_committed, **results[f]);
         // Its sources were not read in this pass, but their checks still have to hold (the
         // earlier attempt may have failed on one): Verify reads the ranges it reads from.
-        if (checked != nullptr) {
-          for (const TensorCopy& copy : file.tensors) {
-            for (const CopyItem& item : copy.items) {
-              checked->Record(item.src_file, item.src_offset, 1, nullptr, copy.name);
-            }
+        for (const TensorCopy& copy : file.tensors) {
+          for (const CopyItem& item : copy.items) {
+            Crc32Source* const crc32 = crc32s[item.src_file].get();
+            if (crc32 != nullptr) crc32->MarkRead(item.src_offset, 1);
           }
         }
       }
@@ -177,7 +201,7 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
       std::vector<std::unique_ptr<FileWriter>> writers;
       for (size_t i = 0; i < to_write.size(); ++i) {
         writers.push_back(std::make_unique<FileWriter>(plan.files[to_write[i]], window, sources,
-                                                       options, progress, checked, buffers[i],
+                                                       options, progress, buffers[i],
                                                        spans));
       }
       auto record = [&](size_t i) {
@@ -259,11 +283,17 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
     result.files.push_back(*std::move(file_result));
   }
   if (!first_error.ok()) return first_error;
-  if (checked != nullptr) {
+  if (any_crc32) {
     const Clock::time_point start = Clock::now();
-    RETURN_IF_ERROR(checked->Verify(sources));
+    for (size_t s = 0; s < sources.size(); ++s) {
+      if (crc32s[s] == nullptr) continue;
+      sources[s].set_read_stage(nullptr);  // Verify's own reads are not the pass's
+      RETURN_IF_ERROR(crc32s[s]->Verify(sources[s], [&plan, s](const ChecksummedRange& range) {
+        return ReaderOfRange(plan, static_cast<int>(s), range);
+      }));
+      result.crc_bytes_reread += crc32s[s]->bytes_reread();
+    }
     result.phases.crc_check = SecondsSince(start);
-    result.crc_bytes_reread = checked->bytes_reread();
   }
   if (options.io != IoMode::kBuffered) {
     // What the pass could not drop behind it (sources read more than once, pages shared by
@@ -320,7 +350,7 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   // both ends of every row run, bounded here by one more window.
   const uint64_t window = std::min(WorkerWindow(options, units.size()), largest_file);
   const uint64_t checksums =
-      options.check_source_crc32 ? SourceChecksums::MemoryBound(plan.sources) : 0;
+      options.check_source_crc32 ? Crc32Source::MemoryBound(plan.sources) : 0;
   // A mean's other terms are read through a scratch buffer of up to half a window.
   const uint64_t mean_scratch = means ? window / 2 : 0;
   const uint64_t mapped = std::min<uint64_t>(FileWriter::kMappedBytesPerFill, 2 * window);

@@ -92,7 +92,7 @@ struct ExecutionResult {
   int reused_files = 0;
   uint64_t reused_bytes = 0;
   // Source bytes read a second time to complete CRC-32 checks: the parts of checked ranges the
-  // pass did not read (see SourceChecksums).
+  // pass did not read (see lib/io/crc32_source.h).
   uint64_t crc_bytes_reread = 0;
   // Data files written with direct I/O to the end, and files written buffered (IoMode::kBuffered,
   // or a filesystem that refused direct I/O).

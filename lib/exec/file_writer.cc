@@ -134,9 +134,9 @@ absl::Status FileWriter::AppendPlaceholder(uint64_t size) {
 absl::Status FileWriter::FillTensor(const TensorCopy& copy, int64_t target,
                                     const SpanReader::Run* following, bool strips_whole) {
   if (filler_ == nullptr) {
-    filler_ = std::make_unique<TensorFiller>(copy, sources_, source_checksums_, &spans_);
+    filler_ = std::make_unique<TensorFiller>(copy, sources_, &spans_);
     for (const TensorCopy& term : copy.mean_terms) {  // OutputTensor::mean_of
-      term_fillers_.push_back(std::make_unique<TensorFiller>(term, sources_, source_checksums_));
+      term_fillers_.push_back(std::make_unique<TensorFiller>(term, sources_));
     }
     // A gather of remote runs queues its requests, the window's writer waits for them (Flush),
     // unless the filling thread reads the bytes right after the fill (a mean).

@@ -21,7 +21,6 @@
 #include "lib/core/status.h"
 #include "lib/exec/executor_options.h"
 #include "lib/exec/progress_tracker.h"
-#include "lib/exec/source_checksums.h"
 #include "lib/exec/span_reader.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/exec/window_pipeline.h"
@@ -39,19 +38,17 @@ class FileWriter {
   // Source bytes a worker reads through the mapping before it releases them (see FillTensor).
   static constexpr uint64_t kMappedBytesPerFill = 4 << 20;
 
-  // `checksums` (may be null) is told every source run read.
   // `buffers` are the worker thread's window buffers, reused from file to file, and `spans` its
   // reader of direct reads and short rows (TensorFiller). `window_bytes` is this file's share
   // of the window (both buffers).
   FileWriter(const FilePlan& plan, uint64_t window_bytes, const std::vector<MappedFile>& sources,
-             const ExecutorOptions& options, ProgressTracker& progress, SourceChecksums* checksums,
+             const ExecutorOptions& options, ProgressTracker& progress,
              WindowPipeline::Buffers& buffers, SpanReader& spans)
       : plan_(plan),
         window_bytes_(window_bytes),
         sources_(sources),
         options_(options),
         progress_(progress),
-        source_checksums_(checksums),
         buffers_(buffers),
         spans_(spans) {}
 
@@ -124,7 +121,6 @@ class FileWriter {
   const std::vector<MappedFile>& sources_;
   const ExecutorOptions& options_;
   ProgressTracker& progress_;
-  SourceChecksums* const source_checksums_;
   WindowPipeline::Buffers& buffers_;
   SpanReader& spans_;
   // Requests of gathers of remote runs (TensorFiller::set_run_queue), still under way while

@@ -10,29 +10,28 @@
 #include "lib/core/stopwatch.h"
 #include "lib/io/byte_source.h"
 #include "lib/io/digesting_source.h"
+#include "lib/io/kvstore/location.h"
+#include "lib/io/kvstore/posix_driver.h"
 
 namespace reshard {
 
+namespace {
+
+// Bytes HashFile reads at a time: large enough that XXH3 runs at memory speed between reads,
+// small beside the executor's memory bound (one buffer per worker checking a reused file).
+constexpr uint64_t kHashChunkBytes = 4 << 20;
+
+}  // namespace
+
+absl::StatusOr<uint64_t> HashFile(const kvstore::Driver& driver, const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<DriverFileSource> source, DriverFileSource::Open(driver, path),
+                   "checksumming a file");
+  return Xxh3OfSource(*source, kHashChunkBytes);
+}
+
 absl::StatusOr<uint64_t> HashFile(const std::string& path) {
-  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
-  if (!file.mapped()) {
-    return absl::UnimplementedError(absl::StrCat("checksumming remote file ", path));
-  }
-  return HashMappedFile(file);
-}
-
-absl::StatusOr<uint64_t> HashFile(const Directory& dir, const std::string& name) {
-  ASSIGN_OR_RETURN(Directory::Place place, dir.OpenParentOf(name));
-  ASSIGN_OR_RETURN(int fd, place.folder.OpenFile(place.name, O_RDONLY | O_NONBLOCK));
-  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Adopt(fd, dir.PathOf(name)));
-  return HashMappedFile(file);
-}
-
-absl::StatusOr<uint64_t> HashMappedFile(const MappedFile& file) {
-  ViewByteSource view(
-      absl::string_view(reinterpret_cast<const char*>(file.data()), file.size()), file.path());
-  return Xxh3OfSource(view, 16 << 20,
-                      [&file](uint64_t offset, uint64_t length) { file.Release(offset, length); });
+  ASSIGN_OR_RETURN(kvstore::Location location, kvstore::ParseLocation(path));
+  return HashFile(*location.driver, location.path);
 }
 
 std::optional<WrittenFile> ReuseCompletedFile(const FilePlan& file, const Directory& dir,
@@ -44,7 +43,7 @@ std::optional<WrittenFile> ReuseCompletedFile(const FilePlan& file, const Direct
     auto place = dir.OpenParentOf(file.name);
     auto st = place.ok() ? place->folder.StatChild(place->name) : place.status();
     if (st.ok() && S_ISREG(st->st_mode) && static_cast<uint64_t>(st->st_size) == file.bytes) {
-      auto hash = HashFile(dir, file.name);
+      auto hash = HashFile(kvstore::GetPosixDriver(), dir.PathOf(file.name));
       verify_seconds += SecondsSince(start);
       if (hash.ok() && *hash == recorded->second) {
         return WrittenFile{file.name, file.bytes, *hash, static_cast<int>(file.tensors.size())};

@@ -11,18 +11,17 @@
 #include "absl/status/statusor.h"
 #include "lib/exec/executor_options.h"
 #include "lib/io/directory.h"
-#include "lib/io/mapped_file.h"
+#include "lib/io/kvstore/driver.h"
 #include "lib/plan/layout.h"
 
 namespace reshard {
 
-// XXH3-64 of a whole file, read through a mapping released as it goes.
+// XXH3-64 of the whole of file `path` of `driver`, read front to back through the driver's
+// ReadRange (DriverFileSource) a few MiB at a time: the one way reshard hashes a file it wrote
+// earlier, on posix, S3 and memory alike. Errors name the path.
+absl::StatusOr<uint64_t> HashFile(const kvstore::Driver& driver, const std::string& path);
+// The same for `path` of the driver its scheme names (kvstore::ParseLocation).
 absl::StatusOr<uint64_t> HashFile(const std::string& path);
-// The same for the file `name` in `dir` (not following a symlink).
-absl::StatusOr<uint64_t> HashFile(const Directory& dir, const std::string& name);
-
-// XXH3-64 of the whole of `file`, its pages released as it goes.
-absl::StatusOr<uint64_t> HashMappedFile(const MappedFile& file);
 
 // A file committed by an earlier attempt, when it is intact: planned size, recorded checksum.
 // Anything else under the name is removed so the file is written again. Adds the time spent

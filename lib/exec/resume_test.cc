@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -21,21 +22,35 @@ FilePlan PlanOf(const std::string& name, uint64_t bytes) {
   return file;
 }
 
+// Larger than the chunk HashFile reads at a time.
+std::string HashedBytes() {
+  std::string data((9 << 20) + 17, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 % 251);
+  return data;
+}
+
 TEST(ResumeTest, HashFileIsTheXxh3OfTheWholeFile) {
   const std::string dir = MakeTempDir("hash");
-  // Larger than the 16 MiB the hash reads between releases.
-  std::string data(17 << 20, '\0');
-  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 % 251);
+  const std::string data = HashedBytes();
   WriteAll(dir + "/data.bin", data);
-  const uint64_t expected = XXH3_64bits(data.data(), data.size());
-  auto by_path = HashFile(dir + "/data.bin");
-  ASSERT_TRUE(by_path.ok()) << by_path.status();
-  EXPECT_EQ(*by_path, expected);
-  auto folder = Directory::Open(dir);
-  ASSERT_TRUE(folder.ok()) << folder.status();
-  auto by_name = HashFile(*folder, "data.bin");
-  ASSERT_TRUE(by_name.ok()) << by_name.status();
-  EXPECT_EQ(*by_name, expected);
+  auto hash = HashFile(dir + "/data.bin");
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_EQ(*hash, XXH3_64bits(data.data(), data.size()));
+}
+
+// A file kept on a store without mappings (S3, memory) is hashed through the same driver reads.
+TEST(ResumeTest, HashFileReadsAFileOfTheMemoryDriver) {
+  const std::string data = HashedBytes();
+  kvstore::GetMemoryDriver().Put("mem://resume-hash/out/data.bin", data);
+  auto hash = HashFile("mem://resume-hash/out/data.bin");
+  ASSERT_TRUE(hash.ok()) << hash.status();
+  EXPECT_EQ(*hash, XXH3_64bits(data.data(), data.size()));
+
+  auto missing = HashFile("mem://resume-hash/out/missing.bin");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("mem://resume-hash/out/missing.bin"),
+            std::string::npos)
+      << missing.status();
 }
 
 // A recorded file with the planned size and checksum is reused; one that changed is removed

@@ -4,8 +4,6 @@
 // which must fail with DataLoss naming the file, the zip entry and a tensor read from it, while
 // the intact archive converts with nothing read twice.
 
-#include "lib/exec/source_checksums.h"
-
 #include <zlib.h>
 
 #include <cstring>
@@ -20,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "lib/core/catalog.h"
 #include "lib/exec/executor.h"
+#include "lib/io/crc32_source.h"
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/io/kvstore/location.h"
@@ -256,6 +255,38 @@ TEST(SourceChecksumsTest, TensorSplitAcrossTwoFilesAndThreads) {
   }
 }
 
+// Two output files read rows 0-15 and 40-55 of "w": the pass reads its record in two runs
+// with a gap between them, on two threads, from a mapped file and by range reads. The gap and
+// the rows after the second run are read once more to complete the CRC-32, and a flipped byte
+// anywhere in the record (either run, the gap, past the last run) is DATA_LOSS.
+TEST(SourceChecksumsTest, RecordReadInTwoNonAdjacentRunsIsCheckedWhole) {
+  auto* store = new kvstore::MemoryDriver("memgap");  // registered drivers are never destroyed
+  kvstore::RegisterDriver(store);
+  const TorchFixture fixture = MakeArchive();
+  const OutFiles files = {{"a.bin", {{"w", Box{{0, 0}, {16, kCols}}}}},
+                          {"b.bin", {{"w", Box{{40, 0}, {16, kCols}}}}}};
+  const uint64_t w = fixture.Payload("0");
+  const uint64_t row = 4 * kCols;
+  store->Put("memgap://b/intact.pt", fixture.built.bytes);
+  for (const std::string& intact :
+       {WriteSource(fixture.built.bytes), std::string("memgap://b/intact.pt")}) {
+    SCOPED_TRACE(intact);
+    auto result = Convert(intact, files, Options(2, 1024));
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->crc_bytes_reread, (kRows - 32) * row + kTail * 4);
+  }
+  for (uint64_t at : {w + 3 * row + 7, w + 20 * row + 1, w + 45 * row + 2, w + 60 * row}) {
+    SCOPED_TRACE("byte " + std::to_string(at));
+    const std::string local = WriteSource(fixture.built.bytes, at);
+    std::string damaged = fixture.built.bytes;
+    damaged[at] = static_cast<char>(~damaged[at]);
+    const std::string remote = "memgap://b/damaged" + std::to_string(at) + ".pt";
+    store->Put(remote, damaged);
+    ExpectDataLoss(Convert(local, files, Options(2, 1024)), local, "archive/data/0", "w");
+    ExpectDataLoss(Convert(remote, files, Options(2, 1024)), remote, "archive/data/0", "w");
+  }
+}
+
 TEST(SourceChecksumsTest, RemoteSourceIsCheckedAsItIsRead) {
   // A torch.save file read by range reads (no mapping): the runs are checksummed as they
   // arrive, and the part of the record no tensor reads is range-read to complete the check.
@@ -326,7 +357,7 @@ TEST(SourceChecksumsTest, ResumeReusingACommittedFileStillChecksItsSources) {
   ExpectDataLoss(Convert(corrupt, files, options, out), corrupt, "archive/data/0", "w");
 }
 
-// ---- SourceChecksums alone
+// ---- Crc32Source alone
 
 TEST(SourceChecksumsTest, FragmentsBeyondTheCapAreReadAtTheEnd) {
   const std::string data = F32s(1500, 3);  // 6000 bytes
@@ -337,20 +368,19 @@ TEST(SourceChecksumsTest, FragmentsBeyondTheCapAreReadAtTheEnd) {
       static_cast<uint32_t>(::crc32_z(0, reinterpret_cast<const Bytef*>(data.data()), data.size()));
   for (uint32_t recorded : {crc, crc ^ 0x80000000u}) {
     file.checksummed = {{4, data.size(), recorded, "archive/data/0"}};
-    SourceChecksums checksums({file});
+    Crc32Source::FragmentBudget budget{0};
+    Crc32Source checksums(file.checksummed, &budget);
     // Every other 2-byte run, back to front: none can merge, so only the first
     // kMaxFragmentsPerRange are kept.
     for (uint64_t at = data.size(); at >= 4; at -= 4) {
-      checksums.Record(0, 4 + at - 4, 2, reinterpret_cast<const std::byte*>(&data[at - 4]), "x");
+      checksums.Read(4 + at - 4, 2, reinterpret_cast<const std::byte*>(&data[at - 4]));
     }
     auto mapped = MappedFile::Open(path);
     ASSERT_TRUE(mapped.ok());
-    std::vector<MappedFile> sources;
-    sources.push_back(*std::move(mapped));
-    const absl::Status status = checksums.Verify(sources);
+    const absl::Status status = checksums.Verify(*mapped);
     if (recorded == crc) {
       EXPECT_TRUE(status.ok()) << status;
-      EXPECT_EQ(checksums.bytes_reread(), data.size() - 2 * SourceChecksums::kMaxFragmentsPerRange);
+      EXPECT_EQ(checksums.bytes_reread(), data.size() - 2 * Crc32Source::kMaxFragmentsPerRange);
     } else {
       EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
     }
@@ -361,9 +391,9 @@ TEST(SourceChecksumsTest, MemoryBoundCoversRangesAndFragments) {
   SourceFile plain{"a.safetensors", 100, {}};
   SourceFile torch{
       "b.pt", 1 << 20, {{64, 4096, 0, "archive/data/0"}, {8192, 64, 0, "archive/data/1"}}};
-  EXPECT_LT(SourceChecksums::MemoryBound({plain}), 1024u);
-  const uint64_t bound = SourceChecksums::MemoryBound({plain, torch});
-  EXPECT_GE(bound, SourceChecksums::kMaxFragments * 32);
+  EXPECT_LT(Crc32Source::MemoryBound({plain}), 1024u);
+  const uint64_t bound = Crc32Source::MemoryBound({plain, torch});
+  EXPECT_GE(bound, Crc32Source::kMaxFragments * 32);
   EXPECT_LE(bound, 16u << 20);
 }
 

@@ -12,10 +12,9 @@
 namespace reshard {
 
 TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources,
-                           SourceChecksums* checksums, SpanReader* spans)
+                           SpanReader* spans)
     : copy_(copy),
       sources_(sources),
-      checksums_(checksums),
       touched_(sources.size()),
       read_run_(sources.size()),
       staged_(copy.items.size()),
@@ -167,10 +166,6 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
         } else if (same_dtype && src_stride == 1) {
           RETURN_IF_ERROR(source.ReadAt(src_byte, src_span, destination));
           bytes_read_ += src_span;
-          // The run's bytes are the ones just copied out.
-          if (checksums_ != nullptr) {
-            checksums_->Record(item.src_file, src_byte, src_span, destination, copy_.name);
-          }
         } else if (!source.mapped() && src_stride == 1) {
           // No mapping: the run into the scratch buffer.
           scratch_.resize(src_span);
@@ -178,12 +173,9 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           ConvertElements(scratch_.data(), 1, copy_.src_dtype, destination, copy_.dst_dtype,
                           to - from);
           bytes_read_ += src_span;
-          if (checksums_ != nullptr) {
-            checksums_->Record(item.src_file, src_byte, src_span, scratch_.data(), copy_.name);
-          }
         } else if (!source.mapped()) {
           // Strided elements of a remote file: gathered from the item's local copy, as from a
-          // mapping (the same ConvertElements), whose bytes Staged told the checksums.
+          // mapping (the same ConvertElements).
           ASSIGN_OR_RETURN(const ScratchCopy* staged, Staged(i));
           ConvertElements(staged->at(src_byte), src_stride, copy_.src_dtype, destination,
                           copy_.dst_dtype, to - from);
@@ -192,22 +184,16 @@ absl::Status TensorFiller::Fill(int64_t begin, int64_t end, std::byte* out) {
           gathered.begin = std::min(gathered.begin, src_byte);
           gathered.end = std::max(gathered.end, src_byte + src_span);
         } else if (src_stride > 1) {
+          source.StridedView(src_byte, src_span);  // gathered in blocks below
           strided.push_back({src_byte, to - from, destination});
           bytes_read_ += static_cast<uint64_t>(to - from) * src_element_size_;
-          if (checksums_ != nullptr) {
-            checksums_->Record(item.src_file, src_byte, src_span, nullptr, copy_.name);
-          }
         } else {
           mapped = true;
-          ConvertElements(source.data() + src_byte, src_stride, copy_.src_dtype, destination,
-                          copy_.dst_dtype, to - from);
+          const std::byte* run = src_stride == 1 ? source.Run(src_byte, src_span)
+                                                 : source.StridedView(src_byte, src_span);
+          ConvertElements(run, src_stride, copy_.src_dtype, destination, copy_.dst_dtype,
+                          to - from);
           bytes_read_ += static_cast<uint64_t>(to - from) * src_element_size_;
-          // A contiguous run is checksummed from the mapping, whose pages were just faulted in;
-          // a strided one only marks its ranges as read.
-          if (checksums_ != nullptr) {
-            checksums_->Record(item.src_file, src_byte, src_span,
-                               src_stride == 1 ? source.data() + src_byte : nullptr, copy_.name);
-          }
         }
         if (mapped) {  // only mapped pages need releasing
           touched.begin = std::min(touched.begin, src_byte);
@@ -297,10 +283,6 @@ absl::Status TensorFiller::FillRemoteRuns(int64_t begin, int64_t end, std::byte*
                         out + (part.element - begin) * dst_element_size_, copy_.dst_dtype,
                         part.count);
       }
-      // The run's bytes as read, for the CRC-32 of the record they are in.
-      if (checksums_ != nullptr) {
-        checksums_->Record(part.file, part.src, runs[r].length, runs[r].out, copy_.name);
-      }
       bytes_read_ += runs[r].length;
     }
     runs.clear();
@@ -349,7 +331,6 @@ absl::Status TensorFiller::QueueRemoteRuns(std::vector<Part> parts, int64_t begi
   }
   // Called on the queue's threads, possibly after this filler is gone: it holds copies.
   RemoteRunQueue::Done done = [parts = std::move(parts), begin, out, same_dtype,
-                               name = copy_.name, checksums = checksums_,
                                src_dtype = copy_.src_dtype, dst_dtype = copy_.dst_dtype,
                                src_size = src_element_size_, dst_size = dst_element_size_](
                                   size_t run, uint64_t offset, uint64_t length,
@@ -361,8 +342,6 @@ absl::Status TensorFiller::QueueRemoteRuns(std::vector<Part> parts, int64_t begi
       ConvertElements(data, 1, src_dtype, out + element * dst_size, dst_dtype,
                       static_cast<int64_t>(length / src_size));
     }
-    // The request's bytes as read, for the CRC-32 of the record they are in.
-    if (checksums != nullptr) checksums->Record(part.file, part.src + offset, length, data, name);
   };
   run_queue_->Add(runs, src_element_size_, absl::StrCat("tensor \"", copy_.name, "\""),
                   std::move(done));
@@ -372,18 +351,11 @@ absl::Status TensorFiller::QueueRemoteRuns(std::vector<Part> parts, int64_t begi
 absl::StatusOr<const ScratchCopy*> TensorFiller::Staged(size_t i) {
   if (staged_[i].has_value()) return &*staged_[i];
   const CopyItem& item = copy_.items[i];
-  ScratchCopy::PieceCallback record;
-  if (checksums_ != nullptr) {
-    record = [this, &item](uint64_t offset, uint64_t length, const std::byte* data) {
-      checksums_->Record(item.src_file, offset, length, data, copy_.name);
-    };
-  }
   ASSIGN_OR_RETURN(
       ScratchCopy staged,
       ScratchCopy::Fetch(sources_[item.src_file], item.src_offset, item_src_end_[i],
                          kStagedMemoryBytes - staged_memory_,
-                         absl::StrCat("staging the strided elements of \"", copy_.name, "\""),
-                         record));
+                         absl::StrCat("staging the strided elements of \"", copy_.name, "\"")));
   staged_memory_ += staged.memory_bytes();
   staged_bytes_ += staged.end() - staged.begin();
   staged_[i] = std::move(staged);
@@ -429,7 +401,6 @@ absl::Status TensorFiller::CopyThroughSpan(int file, uint64_t offset, int64_t co
     const uint64_t bytes = static_cast<uint64_t>(n) * src_element_size_;
     const std::byte* data = span.data;
     ConvertElements(data, 1, copy_.src_dtype, out, copy_.dst_dtype, n);
-    if (checksums_ != nullptr) checksums_->Record(file, offset, bytes, data, copy_.name);
     out += static_cast<uint64_t>(n) * dst_element_size_;
     offset += bytes;
     count -= n;

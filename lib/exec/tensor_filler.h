@@ -10,7 +10,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "lib/exec/source_checksums.h"
 #include "lib/exec/span_reader.h"
 #include "lib/io/mapped_file.h"
 #include "lib/io/remote_runs.h"
@@ -24,13 +23,13 @@ namespace reshard {
 // per tensor being written.
 class TensorFiller {
  public:
-  // `sources` must outlive the filler and be indexed like the plan's sources. `checksums`, when
-  // not null, is told every source run the filler reads (see SourceChecksums). `spans`, when
-  // not null, is the worker's SpanReader: short rows are read through it (see kShortRowBytes),
+  // `sources` must outlive the filler and be indexed like the plan's sources; every byte the
+  // filler reads goes through their reads (MappedFile::ReadAt, Run, ...), so their read stages
+  // see it. `spans`, when not null, is the worker's SpanReader: short rows are read through it (see kShortRowBytes),
   // and every contiguous run of a source with direct reads (MappedFile::EnableDirectReads),
   // converted on the way out; only one filler may use it at a time.
   TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources,
-               SourceChecksums* checksums = nullptr, SpanReader* spans = nullptr);
+               SpanReader* spans = nullptr);
 
   // Rows copied unchanged that are shorter than this are not read one pread each: one read
   // fills a span with the source bytes of the rows that follow (up to the end of the item's
@@ -156,8 +155,8 @@ class TensorFiller {
   // it, else the first item of the next window, else the next tensor (set_following).
   SpanReader::Run NextRun(size_t i, int64_t begin, int64_t end) const;
   // Converts `count` contiguous source elements at `offset` of `file` into `out` through the
-  // SpanReader, a span at a time, telling the checksums what was read; `item_end` bounds the
-  // span read when the bytes are not in one already.
+  // SpanReader, a span at a time; `item_end` bounds the span read when the bytes are not in
+  // one already.
   // `next` is the run read after this item's (SpanReader::Get); `direct`: read the item's
   // bytes directly (MappedFile::ReadsDirectly).
   absl::Status CopyThroughSpan(int file, uint64_t offset, int64_t count, uint64_t item_end,
@@ -189,7 +188,7 @@ class TensorFiller {
   // (set_run_queue).
   absl::Status FillRemoteRuns(int64_t begin, int64_t end, std::byte* out);
   // Queues the requests of `parts` (elements [begin, ...) of the output at `out`) on
-  // run_queue_, each converted and recorded for the checksums on the queue's thread.
+  // run_queue_, each converted on the queue's thread.
   absl::Status QueueRemoteRuns(std::vector<Part> parts, int64_t begin, std::byte* out);
 
   // The local copy of item i's source range (a remote source's strided item), fetched now
@@ -202,7 +201,6 @@ class TensorFiller {
   const std::vector<MappedFile>& sources_;
   // A remote file's run to convert, read without spans, or a batch of runs (FillRemoteRuns).
   std::vector<std::byte> scratch_;
-  SourceChecksums* const checksums_;
   std::vector<Cursor> cursors_;
   SpanReader::Run following_;
   int64_t read_to_ = 0;        // set_read_to

@@ -13,9 +13,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/core/status.h"
-#include "lib/exec/source_checksums.h"
 #include "lib/exec/span_reader.h"
 #include "lib/io/crc32.h"
+#include "lib/io/crc32_source.h"
 #include "lib/io/mapped_file.h"
 #include "lib/io/kvstore/location.h"
 #include "lib/io/kvstore/memory_driver.h"
@@ -120,7 +120,7 @@ TEST_F(TensorFillerTest, ChunksTakingTurnsAreReadOnce) {
           int64_t{40 * kChunks * kChunkCols}}) {
       SCOPED_TRACE(absl::StrCat(remote ? "remote" : "local", ", window ", window));
       SpanReader spans(64 << 10);
-      TensorFiller filler(copy_, remote ? remote_sources_ : sources_, nullptr, &spans);
+      TensorFiller filler(copy_, remote ? remote_sources_ : sources_, &spans);
       absl::StatusOr<std::vector<float>> out = FillAll(filler, copy_.num_elements, window);
       ASSERT_TRUE(out.ok()) << out.status();
       ExpectValues(*out);
@@ -156,7 +156,7 @@ absl::StatusOr<std::string> FillBytes(const TensorCopy& copy,
                                       const std::vector<MappedFile>& sources, int64_t window,
                                       uint64_t* staged = nullptr) {
   SpanReader spans(1 << 20);
-  TensorFiller filler(copy, sources, nullptr, &spans);
+  TensorFiller filler(copy, sources, &spans);
   const size_t element_size = DTypeSize(copy.dst_dtype);
   std::string out(static_cast<size_t>(copy.num_elements) * element_size, '\0');
   for (int64_t begin = 0; begin < copy.num_elements; begin += window) {
@@ -459,6 +459,39 @@ TEST_F(TensorFillerTest, RemoteGatherScratchInMemoryBound) {
   EXPECT_EQ(TensorFiller::StagingMemoryBound(files.copy, local), 0u);
 }
 
+// A Crc32Source attached to each of `files` (catalog indexed alike), as the executor does.
+class Crc32Checks {
+ public:
+  Crc32Checks(const std::vector<SourceFile>& catalog, std::vector<MappedFile>& files)
+      : files_(files) {
+    for (size_t f = 0; f < files.size(); ++f) {
+      stages_.push_back(std::make_unique<Crc32Source>(catalog[f].checksummed, &budget_));
+      files[f].set_read_stage(stages_.back().get());
+    }
+  }
+  ~Crc32Checks() {
+    for (MappedFile& file : files_) file.set_read_stage(nullptr);
+  }
+  // Detaches the stages and checks every file's ranges.
+  absl::Status Verify() {
+    for (size_t f = 0; f < files_.size(); ++f) {
+      files_[f].set_read_stage(nullptr);
+      if (absl::Status status = stages_[f]->Verify(files_[f]); !status.ok()) return status;
+    }
+    return absl::OkStatus();
+  }
+  uint64_t bytes_reread() const {
+    uint64_t bytes = 0;
+    for (const auto& stage : stages_) bytes += stage->bytes_reread();
+    return bytes;
+  }
+
+ private:
+  std::vector<MappedFile>& files_;
+  Crc32Source::FragmentBudget budget_{0};
+  std::vector<std::unique_ptr<Crc32Source>> stages_;
+};
+
 // The runs a gather fetches feed the CRC-32 checks of the records they are in (a ZeRO-3 rank
 // file is a torch.save archive): every record is checked from the bytes read, none read again,
 // in fp32 and bf16, whole or in windows; a damaged byte fails Verify naming the record.
@@ -477,8 +510,8 @@ TEST_F(TensorFillerTest, RemoteGatherFeedsChecksums) {
     for (const int64_t window : {files.copy.num_elements, 3 * kRankElements + 1234}) {
       SCOPED_TRACE(absl::StrCat(DTypeName(dtype), ", window ", window));
       files.copy.dst_dtype = dtype;
-      SourceChecksums checksums(catalog);
-      TensorFiller filler(files.copy, files.remote, &checksums);
+      Crc32Checks checksums(catalog, files.remote);
+      TensorFiller filler(files.copy, files.remote);
       std::string out(static_cast<size_t>(files.copy.num_elements) * DTypeSize(dtype), '\0');
       for (int64_t begin = 0; begin < files.copy.num_elements; begin += window) {
         const int64_t end = std::min(files.copy.num_elements, begin + window);
@@ -486,18 +519,18 @@ TEST_F(TensorFillerTest, RemoteGatherFeedsChecksums) {
             filler.Fill(begin, end, reinterpret_cast<std::byte*>(&out[begin * DTypeSize(dtype)]))
                 .ok());
       }
-      const absl::Status verified = checksums.Verify(files.remote);
+      const absl::Status verified = checksums.Verify();
       EXPECT_TRUE(verified.ok()) << verified;
       EXPECT_EQ(checksums.bytes_reread(), 0u);
     }
   }
   catalog[3].checksummed[0].crc32 ^= 1;  // as if a byte of rank 3's record were damaged
-  SourceChecksums checksums(catalog);
-  TensorFiller filler(files.copy, files.remote, &checksums);
+  Crc32Checks checksums(catalog, files.remote);
+  TensorFiller filler(files.copy, files.remote);
   std::string out(static_cast<size_t>(files.copy.num_elements) * 2, '\0');
   ASSERT_TRUE(
       filler.Fill(0, files.copy.num_elements, reinterpret_cast<std::byte*>(out.data())).ok());
-  const absl::Status damaged = checksums.Verify(files.remote);
+  const absl::Status damaged = checksums.Verify();
   EXPECT_TRUE(absl::IsDataLoss(damaged)) << damaged;
   EXPECT_THAT(damaged.message(), HasSubstr("mem://b/rank3"));
 }

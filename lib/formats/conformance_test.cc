@@ -6,8 +6,10 @@
 //   1. detection picks exactly that format;
 //   2. the model reads (LoadInput), its Catalog validates, and its values are the ones the
 //      fixture holds (verify against a safetensors file written without the reader);
-//   3. the model converts through every registered output writer and `verify` finds input and
-//      output equal, exactly;
+//   3. the model converts through every registered output writer, into a local folder and
+//      into the memory kvstore driver (mem://, standing in for S3), and `verify` finds input
+//      and output equal, exactly (deepspeed-universal, which needs Adam moments no registered
+//      fixture holds, from a ZeRO save with moments);
 //   4. truncated and bit-flipped variants (and a missing file, where the format has several)
 //      fail with DATA_LOSS or INVALID_ARGUMENT (NOT_FOUND for a missing file): never a crash,
 //      never OK with different data. torch.save storage records carry CRC-32s, so a flipped
@@ -27,16 +29,21 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
 #include "lib/core/catalog.h"
 #include "lib/engine/conversion.h"
+#include "lib/engine/partitioned_conversion.h"
 #include "lib/engine/verify.h"
 #include "lib/formats/format.h"
+#include "lib/formats/deepspeed/zero_fixture.h"
 #include "lib/formats/format_fixture.h"
 #include "lib/formats/megatron/megatron_core_names.h"
 #include "lib/formats/safetensors/safetensors_fixture.h"
+#include "lib/io/kvstore/driver.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
 
 namespace reshard {
@@ -176,10 +183,11 @@ TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
 
 // Writers of training checkpoints that take input of their own framework only (they carry its
 // args and iteration, or its optimizer state): writer -> the input formats it writes from.
-// Other inputs are refused. deepspeed-universal needs the Adam moments, which no conformance
-// fixture holds (tests/universal_output_e2e_test.py covers it with real ZeRO checkpoints); hf
-// needs a whole Megatron decoder to rename and split, which no conformance fixture is
-// (tests/hf_export_e2e_test.py covers it with real Megatron checkpoints).
+// Other inputs are refused. deepspeed-universal needs the Adam moments, which no registered
+// fixture holds: the writer suite below runs it from a ZeRO save with moments
+// (WriteZeroFolderWithMoments). hf needs a whole Megatron decoder to rename and split, which no
+// conformance fixture is (tests/hf_export_e2e_test.py covers it with real Megatron
+// checkpoints).
 const std::map<std::string, std::set<std::string>>& FrameworkWriters() {
   static const auto* writers = new std::map<std::string, std::set<std::string>>{
       {"megatron", {"megatron"}},
@@ -203,37 +211,148 @@ const std::map<std::string, Renaming>& RenamingWriters() {
   return *writers;
 }
 
-TEST_P(ConformanceTest, RoundTripsThroughEveryWriterExactly) {
+// Whether anything is at `output` (a local path or a mem:// URL).
+bool OutputExists(const std::string& output) {
+  if (!absl::StartsWith(output, "mem://")) return fs::exists(output);
+  absl::StatusOr<kvstore::Listing> listing = kvstore::GetMemoryDriver().List(output);
+  return !listing.ok() || !listing->files.empty() || !listing->folders.empty();
+}
+
+// Writers whose output the readers cannot take from object storage when the input lacks what
+// would say its layout: the Megatron writer keeps the input's args, and the Megatron fixture's
+// have no tensor_model_parallel_size and pipeline_model_parallel_size, which the Megatron
+// reader needs on storage without folders (a missing rank leaves no folder behind there). Such
+// an output is read back from a local copy of its files.
+const std::set<std::string>& ReadBackLocally() {
+  static const auto* writers = new std::set<std::string>{"megatron"};
+  return *writers;
+}
+
+// Copies every file under mem:// folder `url` into local folder `dir`.
+void Download(const std::string& url, const std::string& dir) {
+  absl::StatusOr<kvstore::Listing> listing = kvstore::GetMemoryDriver().List(url);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  fs::create_directories(dir);
+  for (const kvstore::FileEntry& file : listing->files) {
+    const std::string path = absl::StrCat(url, "/", file.name);
+    absl::StatusOr<kvstore::PathStat> stat = kvstore::GetMemoryDriver().Stat(path);
+    ASSERT_TRUE(stat.ok()) << stat.status();
+    std::string bytes(stat->size, '\0');
+    const absl::Status read =
+        kvstore::GetMemoryDriver().ReadRange(path, 0, absl::MakeSpan(bytes), *stat);
+    ASSERT_TRUE(read.ok()) << read;
+    WriteAll(absl::StrCat(dir, "/", file.name), bytes);
+  }
+  for (const std::string& folder : listing->folders) {
+    ASSERT_NO_FATAL_FAILURE(Download(absl::StrCat(url, "/", folder), absl::StrCat(dir, "/", folder)));
+  }
+}
+
+// Converts `input` (of format `format`, holding the `expected` tensors) through every registered
+// writer into `output_of(writer)`, and checks that verify, reading the output back through the
+// readers, finds it equal to the input (under the names a renaming writer gives them), exactly;
+// writers of another framework refuse it and leave nothing at the output. `tag` names temporary
+// folders.
+void RoundTripThroughEveryWriter(const std::string& input, const std::string& format,
+                                 const std::vector<FixtureTensor>& expected,
+                                 const std::string& tag,
+                                 const std::function<std::string(const std::string&)>& output_of) {
+  const int64_t tensors = static_cast<int64_t>(expected.size());
   const std::vector<std::string> writers = OutputFormatIds();
   ASSERT_FALSE(writers.empty());
   for (const std::string& writer : writers) {
     SCOPED_TRACE(writer);
-    const std::string output = MakeTempDir(absl::StrCat("out_", Tag(), "_", writer)) + "/out";
-    absl::StatusOr<ConversionResult> result = RunConversion(Spec(fixture_.input, output, writer));
+    const std::string output = output_of(writer);
+    // The CLI's and the daemon's entry point: mem:// outputs go through the object store commit.
+    absl::StatusOr<ConversionResult> result = RunAnyConversion(Spec(input, output, writer));
     if (auto it = FrameworkWriters().find(writer);
-        it != FrameworkWriters().end() && it->second.count(format_) == 0) {
+        it != FrameworkWriters().end() && it->second.count(format) == 0) {
       // InvalidArgument (another framework's input), FailedPrecondition (no optimizer state).
       ASSERT_TRUE(result.status().code() == absl::StatusCode::kInvalidArgument ||
                   result.status().code() == absl::StatusCode::kFailedPrecondition)
           << result.status();
-      ASSERT_FALSE(fs::exists(output));
+      ASSERT_FALSE(OutputExists(output));
       continue;
     }
     ASSERT_TRUE(result.ok()) << result.status();
-    std::string reference = fixture_.input;
+    std::string read_back = output;
+    if (absl::StartsWith(output, "mem://") && ReadBackLocally().count(writer) > 0) {
+      absl::StatusOr<LoadedInput> remote = LoadInput(output, {}, /*require_model=*/true);
+      ASSERT_EQ(remote.status().code(), absl::StatusCode::kInvalidArgument) << remote.status();
+      read_back = MakeTempDir(absl::StrCat("read_back_", writer)) + "/out";
+      ASSERT_NO_FATAL_FAILURE(Download(output, read_back));
+    }
+    std::string reference = input;
     if (auto renaming = RenamingWriters().find(writer); renaming != RenamingWriters().end()) {
       // The output against the fixture's tensors under the names it gives them.
-      std::vector<FixtureTensor> renamed = fixture_.expected;
+      std::vector<FixtureTensor> renamed = expected;
       for (FixtureTensor& tensor : renamed) tensor.name = renaming->second(tensor.name);
-      reference = MakeTempDir(absl::StrCat("renamed_", Tag(), "_", writer)) + "/x.safetensors";
+      reference = MakeTempDir(absl::StrCat("renamed_", tag, "_", writer)) + "/x.safetensors";
       WriteAll(reference, SafetensorsFileOf(renamed));
     } else {
-      ASSERT_EQ(result->tensors, static_cast<int64_t>(fixture_.expected.size()));
+      ASSERT_EQ(result->tensors, tensors);
     }
-    absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(reference, output);
+    absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(reference, read_back);
     ASSERT_TRUE(verify.ok()) << verify.status();
     ASSERT_TRUE(verify->equal) << "verify finds the " << writer << " output different";
-    ASSERT_EQ(verify->tensors_compared, static_cast<int64_t>(fixture_.expected.size()));
+    ASSERT_EQ(verify->tensors_compared, tensors);
+    ASSERT_TRUE(verify->mismatched.empty());
+    ASSERT_TRUE(verify->only_in_a.empty());
+    ASSERT_TRUE(verify->only_in_b.empty());
+  }
+}
+
+TEST_P(ConformanceTest, RoundTripsThroughEveryWriterExactly) {
+  RoundTripThroughEveryWriter(
+      fixture_.input, format_, fixture_.expected, Tag(),
+      [this](const std::string& writer) {
+        return MakeTempDir(absl::StrCat("out_", Tag(), "_", writer)) + "/out";
+      });
+}
+
+// The same with every output written to the memory driver (standing in for S3), read back
+// from there.
+TEST_P(ConformanceTest, RoundTripsThroughEveryWriterIntoMemoryExactly) {
+  RoundTripThroughEveryWriter(fixture_.input, format_, fixture_.expected, Tag(),
+                              [this](const std::string& writer) {
+                                return absl::StrCat("mem://conformance/", Tag(), "/", writer);
+                              });
+}
+
+// The names of `catalog`'s tensors, sorted.
+std::vector<std::string> TensorNames(const Catalog& catalog) {
+  std::vector<std::string> names;
+  for (const CatalogTensor& tensor : catalog.tensors) names.push_back(tensor.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// deepspeed-universal, which no registered fixture can feed (FrameworkWriters), from a ZeRO-2
+// save folder whose optimizer files hold the Adam moments, into a local folder and into
+// memory: verify, reading both sides with their optimizer state, finds the model and the
+// moments equal to the input's.
+TEST(UniversalWriterConformanceTest, RoundTripsFromZeroWithMomentsExactly) {
+  const std::string input = WriteZeroFolderWithMoments(MakeTempDir("universal_input"));
+  VerifyOptions with_moments;
+  with_moments.read.include_optimizer = true;
+  absl::StatusOr<LoadedInput> model = LoadInput(input, {}, /*require_model=*/true);
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<LoadedInput> state =
+      LoadInput(input, {}, /*require_model=*/true, with_moments.read);
+  ASSERT_TRUE(state.ok()) << state.status();
+  // The model's tensors and the two moments of each trainable one.
+  ASSERT_GT(state->catalog.tensors.size(), model->catalog.tensors.size());
+  for (const std::string& output : {MakeTempDir("universal_output") + "/out",
+                                    std::string("mem://conformance/universal/out")}) {
+    SCOPED_TRACE(output);
+    ConversionSpec spec = Spec(input, output, "deepspeed-universal");
+    spec.read = with_moments.read;
+    absl::StatusOr<ConversionResult> result = RunAnyConversion(spec);
+    ASSERT_TRUE(result.ok()) << result.status();
+    absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(input, output, with_moments);
+    ASSERT_TRUE(verify.ok()) << verify.status();
+    ASSERT_TRUE(verify->equal) << "verify finds the deepspeed-universal output different";
+    ASSERT_EQ(verify->tensors_compared, static_cast<int64_t>(state->catalog.tensors.size()));
     ASSERT_TRUE(verify->mismatched.empty());
     ASSERT_TRUE(verify->only_in_a.empty());
     ASSERT_TRUE(verify->only_in_b.empty());

@@ -44,6 +44,27 @@ absl::Status SliceByteSource::Prefetch(std::vector<ByteRange> ranges) {
   return source_.Prefetch(std::move(ranges));
 }
 
+absl::StatusOr<std::unique_ptr<DriverFileSource>> DriverFileSource::Open(
+    const kvstore::Driver& driver, std::string path) {
+  ASSIGN_OR_RETURN(kvstore::PathStat stat, driver.Stat(path));
+  if (stat.is_folder) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is a folder, not a file"));
+  }
+  return std::unique_ptr<DriverFileSource>(
+      new DriverFileSource(driver, std::move(path), std::move(stat)));
+}
+
+absl::StatusOr<absl::string_view> DriverFileSource::Read(uint64_t offset, uint64_t length,
+                                                         absl::string_view what) {
+  if (offset > stat_.size || length > stat_.size - offset) {
+    return PastEnd(path_, stat_.size, offset, length, what);
+  }
+  buffer_.resize(static_cast<size_t>(length));
+  RETURN_IF_ERROR(driver_.ReadRange(path_, offset, absl::MakeSpan(buffer_), stat_),
+                  absl::StrCat(what, " (", length, " bytes at byte offset ", offset, ")"));
+  return absl::string_view(buffer_);
+}
+
 RangeReadSource::RangeReadSource(std::string path, uint64_t size, ReadFunction read)
     : RangeReadSource(std::move(path), size, std::move(read), Options()) {}
 

@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "lib/io/byte_range.h"
+#include "lib/io/kvstore/driver.h"
 #include "lib/io/mapped_file.h"
 
 namespace reshard {
@@ -157,6 +158,33 @@ class RangeReadSource final : public ByteSource {
   // Loaded ranges by offset (they may overlap); never removed, so views stay valid.
   std::multimap<uint64_t, std::string> loaded_ ABSL_GUARDED_BY(mu_);
   uint64_t longest_ ABSL_GUARDED_BY(mu_) = 0;  // the longest loaded range
+};
+
+// One file of a kvstore driver (lib/io/kvstore/driver.h), read range by range into one
+// buffer: a view is valid until the next Read (not until the source is destroyed, as with the
+// sources above), so a reader going front to back (Xxh3OfSource) holds one range at a time
+// whatever the file's size, on every driver. Reads are the driver's ReadRange against the
+// file's Stat at Open: FailedPrecondition naming the path when it is another version now.
+class DriverFileSource final : public ByteSource {
+ public:
+  // Stats `path` of `driver` (never destroyed). NotFound naming the path when nothing is
+  // there; FailedPrecondition when it is a folder.
+  static absl::StatusOr<std::unique_ptr<DriverFileSource>> Open(const kvstore::Driver& driver,
+                                                                std::string path);
+
+  const std::string& path() const override { return path_; }
+  uint64_t size() const override { return stat_.size; }
+  absl::StatusOr<absl::string_view> Read(uint64_t offset, uint64_t length,
+                                         absl::string_view what) override;
+
+ private:
+  DriverFileSource(const kvstore::Driver& driver, std::string path, kvstore::PathStat stat)
+      : driver_(driver), path_(std::move(path)), stat_(std::move(stat)) {}
+
+  const kvstore::Driver& driver_;
+  const std::string path_;
+  const kvstore::PathStat stat_;
+  std::string buffer_;  // the last Read's bytes
 };
 
 // A source for `file`: a view of its mapping when it is local, range reads when it is remote.

@@ -113,8 +113,10 @@ absl::Status MappedFile::CheckUnmappedRange(uint64_t offset, uint64_t length) co
 absl::Status MappedFile::ReadAtInOneRequest(uint64_t offset, size_t length, std::byte* out) const {
   if (driver_ == nullptr) return ReadAt(offset, length, out);
   RETURN_IF_ERROR(CheckUnmappedRange(offset, length));
-  return driver_->ReadRange(path_, offset, absl::Span<char>(reinterpret_cast<char*>(out), length),
-                            opened_);
+  RETURN_IF_ERROR(driver_->ReadRange(
+      path_, offset, absl::Span<char>(reinterpret_cast<char*>(out), length), opened_));
+  if (stage_ != nullptr) stage_->Read(offset, length, out);
+  return absl::OkStatus();
 }
 
 absl::Status MappedFile::ReadUnmapped(uint64_t offset, uint64_t length, std::byte* out) const {
@@ -152,6 +154,7 @@ MappedFile::MappedFile(MappedFile&& other) noexcept
       drop_behind_(other.drop_behind_),
       direct_dense_only_(other.direct_dense_only_),
       repeated_(std::move(other.repeated_)),
+      stage_(std::exchange(other.stage_, nullptr)),
       direct_fd_(std::exchange(other.direct_fd_, -1)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
@@ -168,6 +171,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     drop_behind_ = other.drop_behind_;
     direct_dense_only_ = other.direct_dense_only_;
     repeated_ = std::move(other.repeated_);
+    stage_ = std::exchange(other.stage_, nullptr);
     direct_fd_ = std::exchange(other.direct_fd_, -1);
   }
   return *this;
@@ -200,6 +204,7 @@ absl::StatusOr<const std::byte*> MappedFile::ReadDirect(uint64_t offset, size_t 
                                                         std::byte* buffer) const {
   if (!mapped()) {
     RETURN_IF_ERROR(ReadUnmapped(offset, length, buffer));
+    if (stage_ != nullptr) stage_->Read(offset, length, buffer);
     return buffer;
   }
   if (direct_fd_ < 0)
@@ -207,12 +212,27 @@ absl::StatusOr<const std::byte*> MappedFile::ReadDirect(uint64_t offset, size_t 
   const uint64_t begin = offset / kDirectAlignment * kDirectAlignment;
   RETURN_IF_ERROR(ReadFully(direct_fd_, begin, DirectReadSpan(offset, length),
                             offset + length - begin, buffer));
-  return buffer + (offset - begin);
+  const std::byte* const data = buffer + (offset - begin);
+  if (stage_ != nullptr) stage_->Read(offset, length, data);
+  return data;
 }
 
 absl::Status MappedFile::ReadAt(uint64_t offset, size_t length, std::byte* out) const {
-  if (!mapped()) return ReadUnmapped(offset, length, out);
-  return ReadFully(fd_, offset, length, length, out);
+  RETURN_IF_ERROR(mapped() ? ReadFully(fd_, offset, length, length, out)
+                           : ReadUnmapped(offset, length, out));
+  if (stage_ != nullptr) stage_->Read(offset, length, out);
+  return absl::OkStatus();
+}
+
+const std::byte* MappedFile::Run(uint64_t offset, uint64_t length) const {
+  const std::byte* const data = data_ + offset;
+  if (stage_ != nullptr) stage_->Read(offset, length, data);
+  return data;
+}
+
+const std::byte* MappedFile::StridedView(uint64_t offset, uint64_t length) const {
+  if (stage_ != nullptr) stage_->Read(offset, length, nullptr);
+  return data_ + offset;
 }
 
 absl::Status MappedFile::ReadFully(int fd, uint64_t offset, uint64_t want, uint64_t need,

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "lib/io/kvstore/driver.h"
+#include "lib/io/read_stage.h"
 
 namespace reshard {
 
@@ -70,6 +71,20 @@ class MappedFile {
   // As ReadAt, but an unmapped file's range is one request, not split into pieces read at
   // once: for callers that keep several requests in flight themselves (ReadRemoteRuns).
   absl::Status ReadAtInOneRequest(uint64_t offset, size_t length, std::byte* out) const;
+
+  // Attaches `stage` (not owned; null detaches): every read of the file from now on, through
+  // ReadAt, ReadAtInOneRequest, ReadDirect, Run and StridedView, tells it the bytes read
+  // (lib/io/read_stage.h). Not thread safe; set before reading.
+  void set_read_stage(ReadStage* stage) { stage_ = stage; }
+  ReadStage* read_stage() const { return stage_; }
+
+  // Bytes [offset, offset + length) of the mapping, read as one run: the same bytes as
+  // data() + offset, told to the read stage. Requires mapped() and the range inside the file.
+  const std::byte* Run(uint64_t offset, uint64_t length) const;
+  // A strided view of the mapping within [offset, offset + length) (the elements are read
+  // from data() + offset on, not all of them): the read stage is told where it was read, not
+  // what. Requires mapped() and the range inside the file.
+  const std::byte* StridedView(uint64_t offset, uint64_t length) const;
 
   // Drops the pages fully inside [offset, offset + length) from this process's resident set.
   // Later reads fault them back in from the page cache. Thread safe.
@@ -173,6 +188,7 @@ class MappedFile {
   bool drop_behind_ = false;
   bool direct_dense_only_ = false;
   std::vector<std::pair<uint64_t, uint64_t>> repeated_;  // set_repeated_ranges
+  ReadStage* stage_ = nullptr;                           // set_read_stage
   int direct_fd_ = -1;  // the same file opened with O_DIRECT, when EnableDirectReads succeeded
 };
 

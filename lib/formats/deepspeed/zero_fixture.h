@@ -32,7 +32,8 @@ TorchSaveFile WriteModelStates(const std::string& path, const ModelStates& state
 // The "zero2" fixture's save folder (see zero_fixture.cc) whose optimizer files also hold the
 // Adam state of the flat group at step 5 (base_optimizer_state.state[0]: exp_avg and exp_avg_sq
 // are the fp32 values plus 100 and 200), as a universal checkpoint is made from. Not a
-// registered fixture: the conformance suite expects deepspeed-universal to refuse every fixture.
+// registered fixture: the conformance suite expects deepspeed-universal to refuse every
+// registered fixture, and runs that writer from this folder on its own.
 // Returns the input path.
 std::string WriteZeroFolderWithMoments(const std::string& dir);
 

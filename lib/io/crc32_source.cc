@@ -1,4 +1,4 @@
-#include "lib/exec/source_checksums.h"
+#include "lib/io/crc32_source.h"
 
 #include <algorithm>
 #include <iterator>
@@ -15,74 +15,70 @@ constexpr uint64_t kGapChunk = 4 << 20;
 
 }  // namespace
 
-SourceChecksums::SourceChecksums(const std::vector<SourceFile>& sources) : files_(sources.size()) {
-  for (size_t f = 0; f < sources.size(); ++f) {
-    std::vector<const ChecksummedRange*> sorted;
-    for (const ChecksummedRange& range : sources[f].checksummed) sorted.push_back(&range);
-    std::sort(
-        sorted.begin(), sorted.end(),
-        [](const ChecksummedRange* a, const ChecksummedRange* b) { return a->offset < b->offset; });
-    File& file = files_[f];
-    uint64_t reach = 0;
-    for (const ChecksummedRange* range : sorted) {
-      file.ranges.push_back(std::make_unique<Range>());
-      file.ranges.back()->range = *range;
-      reach = std::max(reach, range->offset + range->length);
-      file.reach.push_back(reach);
-    }
-    if (!sorted.empty()) empty_ = false;
+Crc32Source::Crc32Source(const std::vector<ChecksummedRange>& ranges, FragmentBudget* budget)
+    : budget_(budget) {
+  std::vector<const ChecksummedRange*> sorted;
+  for (const ChecksummedRange& range : ranges) sorted.push_back(&range);
+  std::sort(
+      sorted.begin(), sorted.end(),
+      [](const ChecksummedRange* a, const ChecksummedRange* b) { return a->offset < b->offset; });
+  uint64_t reach = 0;
+  for (const ChecksummedRange* range : sorted) {
+    ranges_.push_back(std::make_unique<Range>());
+    ranges_.back()->range = *range;
+    reach = std::max(reach, range->offset + range->length);
+    reach_.push_back(reach);
   }
 }
 
-uint64_t SourceChecksums::MemoryBound(const std::vector<SourceFile>& sources) {
+uint64_t Crc32Source::MemoryBound(const std::vector<SourceFile>& sources) {
   // A std::map node holds the key, the fragment and three pointers plus a colour.
   constexpr uint64_t kFragmentBytes = sizeof(uint64_t) + sizeof(Fragment) + 4 * sizeof(void*);
-  uint64_t bytes = sources.size() * sizeof(File);
+  uint64_t bytes = 0;
   bool any = false;
   for (const SourceFile& source : sources) {
+    if (source.checksummed.empty()) continue;
+    bytes += sizeof(Crc32Source);
     for (const ChecksummedRange& range : source.checksummed) {
       bytes += sizeof(Range) + sizeof(std::unique_ptr<Range>) + sizeof(uint64_t) +
-               range.name.capacity() + 64;  // + the first tensor's name, roughly
+               range.name.capacity();
       any = true;
     }
   }
   return any ? bytes + kMaxFragments * kFragmentBytes : bytes;
 }
 
-void SourceChecksums::Record(int file, uint64_t offset, uint64_t length, const std::byte* data,
-                             absl::string_view tensor) {
-  if (empty_ || length == 0) return;
-  const File& ranges = files_[file];
+void Crc32Source::Read(uint64_t offset, uint64_t length, const std::byte* data) {
+  if (ranges_.empty() || length == 0) return;
   const uint64_t end = offset + length;
-  // Ranges are sorted by start; `reach[i]` is the furthest end among the first i + 1, so the
+  // Ranges are sorted by start; `reach_[i]` is the furthest end among the first i + 1, so the
   // walk down from the last range starting before `end` stops at the first that cannot
   // overlap (one step when ranges are disjoint, as torch.save writes them).
   auto after = std::lower_bound(
-      ranges.ranges.begin(), ranges.ranges.end(), end,
+      ranges_.begin(), ranges_.end(), end,
       [](const std::unique_ptr<Range>& range, uint64_t at) { return range->range.offset < at; });
-  for (size_t i = after - ranges.ranges.begin(); i-- > 0 && ranges.reach[i] > offset;) {
-    Range& range = *ranges.ranges[i];
+  for (size_t i = after - ranges_.begin(); i-- > 0 && reach_[i] > offset;) {
+    Range& range = *ranges_[i];
     const uint64_t from = std::max(offset, range.range.offset);
     const uint64_t to = std::min(end, range.range.offset + range.range.length);
     if (to <= from) continue;
-    Add(range, from, to - from, data == nullptr ? nullptr : data + (from - offset), tensor);
+    Add(range, from, to - from, data == nullptr ? nullptr : data + (from - offset));
   }
 }
 
-void SourceChecksums::Add(Range& range, uint64_t offset, uint64_t length, const std::byte* data,
-                          absl::string_view tensor) {
+void Crc32Source::Add(Range& range, uint64_t offset, uint64_t length, const std::byte* data) {
   // The CRC of the run is computed outside the lock, while its bytes are hot.
   const uint32_t crc = data == nullptr ? 0 : Crc32(0, data, length);
   const uint64_t end = offset + length;
   absl::MutexLock lock(&range.mu);
   range.read = true;
-  if (range.tensor.empty()) range.tensor = std::string(tensor);
   if (data == nullptr) return;
   std::map<uint64_t, Fragment>& fragments = range.fragments;
   auto next = fragments.upper_bound(offset);
   auto previous = next == fragments.begin() ? fragments.end() : std::prev(next);
   // A run overlapping bytes already covered (a second view of the same record, a replicated
-  // tensor read by several parts) adds nothing: those bytes are accounted for once.
+  // tensor read by several parts, a span read again) adds nothing: those bytes are accounted
+  // for once.
   if (previous != fragments.end() && previous->first + previous->second.length > offset) return;
   if (next != fragments.end() && next->first < end) return;
   std::map<uint64_t, Fragment>::iterator current;
@@ -98,31 +94,36 @@ void SourceChecksums::Add(Range& range, uint64_t offset, uint64_t length, const 
     fragments.emplace(offset, merged);
     return;
   } else {
-    if (fragments.size() >= kMaxFragmentsPerRange || fragments_.load() >= kMaxFragments) {
+    if (fragments.size() >= kMaxFragmentsPerRange || budget_->load() >= kMaxFragments) {
       return;  // left to Verify's reads
     }
     current = fragments.emplace(offset, Fragment{length, crc}).first;
-    fragments_.fetch_add(1);
+    budget_->fetch_add(1);
   }
   if (next != fragments.end() && next->first == current->first + current->second.length) {
     current->second.crc32 =
         Crc32Combine(current->second.crc32, next->second.crc32, next->second.length);
     current->second.length += next->second.length;
     fragments.erase(next);
-    fragments_.fetch_sub(1);
+    budget_->fetch_sub(1);
   }
 }
 
-absl::Status SourceChecksums::Verify(const std::vector<MappedFile>& sources) const {
-  for (size_t f = 0; f < files_.size(); ++f) {
-    for (const std::unique_ptr<Range>& range : files_[f].ranges) {
-      RETURN_IF_ERROR(VerifyRange(sources[f], *range));
-    }
+absl::Status Crc32Source::Verify(
+    const MappedFile& file,
+    const std::function<std::string(const ChecksummedRange&)>& context) const {
+  if (file.read_stage() == this) {
+    return absl::InternalError(absl::StrCat(file.path(), ": CRC-32 check while still attached"));
+  }
+  for (const std::unique_ptr<Range>& range : ranges_) {
+    RETURN_IF_ERROR(VerifyRange(file, *range, context));
   }
   return absl::OkStatus();
 }
 
-absl::Status SourceChecksums::VerifyRange(const MappedFile& source, const Range& range) const {
+absl::Status Crc32Source::VerifyRange(
+    const MappedFile& file, const Range& range,
+    const std::function<std::string(const ChecksummedRange&)>& context) const {
   absl::MutexLock lock(&range.mu);
   if (!range.read) return absl::OkStatus();
   const ChecksummedRange& expected = range.range;
@@ -134,7 +135,7 @@ absl::Status SourceChecksums::VerifyRange(const MappedFile& source, const Range&
     buffer.resize(static_cast<size_t>(std::min(kGapChunk, expected.length)));
     for (uint64_t at = from; at < to;) {
       const uint64_t n = std::min<uint64_t>(buffer.size(), to - at);
-      RETURN_IF_ERROR(source.ReadAt(at, static_cast<size_t>(n), buffer.data()));
+      RETURN_IF_ERROR(file.ReadAt(at, static_cast<size_t>(n), buffer.data()));
       crc = Crc32(crc, buffer.data(), n);
       at += n;
     }
@@ -150,10 +151,9 @@ absl::Status SourceChecksums::VerifyRange(const MappedFile& source, const Range&
   RETURN_IF_ERROR(read_gap(cursor, expected.offset + expected.length));
   if (crc == expected.crc32) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
-      source.path(), ": ", expected.name, " (", expected.length, " bytes at byte offset ",
+      file.path(), ": ", expected.name, " (", expected.length, " bytes at byte offset ",
       expected.offset, ") has CRC-32 ", absl::Hex(crc, absl::kZeroPad8), " but the file records ",
-      absl::Hex(expected.crc32, absl::kZeroPad8), ": the data of tensor \"", range.tensor,
-      "\", read from it, is corrupt"));
+      absl::Hex(expected.crc32, absl::kZeroPad8), context ? context(expected) : ""));
 }
 
 }  // namespace reshard
