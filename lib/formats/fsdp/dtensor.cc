@@ -1,6 +1,7 @@
 #include "lib/formats/fsdp/dtensor.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -73,8 +74,8 @@ const PickleValue* StateField(const PickleValue* state, absl::string_view key) {
   return PickleField(state, key);
 }
 
-// A dataclass or NamedTuple field: from the BUILD state, else the positional constructor
-// argument `index` (NamedTuples pickle as cls.__new__(cls, *fields)).
+}  // namespace
+
 const PickleValue* ObjectField(const PickleValue* object, absl::string_view key, size_t index) {
   if (object == nullptr || object->kind != Kind::kObject) return nullptr;
   if (const PickleValue* found = StateField(object->state, key); found != nullptr) return found;
@@ -84,29 +85,33 @@ const PickleValue* ObjectField(const PickleValue* object, absl::string_view key,
   return nullptr;
 }
 
-absl::Status CheckGlobals(const PickleValue* value, const std::string& where,
-                          absl::flat_hash_set<const PickleValue*>& seen) {
-  if (value == nullptr || !seen.insert(value).second) return absl::OkStatus();
-  if (value->kind == Kind::kGlobal && !IsDTensorStateDictGlobal(value->module, value->name)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, "holds the Python global ", value->module, ".", value->name,
-        ", which is not part of a DTensor state dict (allowed: tensor rebuild functions, "
-        "torch dtypes, devices and sizes, DTensor, DTensorSpec, TensorMeta, placements, "
-        "DeviceMesh)"));
+namespace {
+
+struct GlobalCheck {
+  const std::function<bool(const std::string&, const std::string&)>& allowed;
+  absl::string_view allowed_text;
+  const std::function<bool(const PickleValue*)>& opaque;
+  absl::flat_hash_set<const PickleValue*> seen;
+
+  absl::Status Check(const PickleValue* value, const std::string& where) {
+    if (value == nullptr || !seen.insert(value).second) return absl::OkStatus();
+    if (value->kind == Kind::kGlobal && !allowed(value->module, value->name)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, "holds the Python global ", value->module, ".", value->name,
+                       ", which is not part of ", allowed_text));
+    }
+    if (opaque && opaque(value)) return absl::OkStatus();
+    RETURN_IF_ERROR(Check(value->callable, where));
+    RETURN_IF_ERROR(Check(value->args, where));
+    RETURN_IF_ERROR(Check(value->state, where));
+    for (const PickleValue* item : value->items) RETURN_IF_ERROR(Check(item, where));
+    for (const auto& [k, v] : value->entries) {
+      RETURN_IF_ERROR(Check(k, where));
+      RETURN_IF_ERROR(Check(v, where));
+    }
+    return absl::OkStatus();
   }
-  // Only the mesh tensor of a DeviceMesh is read; its other state (process group names) is
-  // never interpreted.
-  if (IsDeviceMesh(value)) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckGlobals(value->callable, where, seen));
-  RETURN_IF_ERROR(CheckGlobals(value->args, where, seen));
-  RETURN_IF_ERROR(CheckGlobals(value->state, where, seen));
-  for (const PickleValue* item : value->items) RETURN_IF_ERROR(CheckGlobals(item, where, seen));
-  for (const auto& [k, v] : value->entries) {
-    RETURN_IF_ERROR(CheckGlobals(k, where, seen));
-    RETURN_IF_ERROR(CheckGlobals(v, where, seen));
-  }
-  return absl::OkStatus();
-}
+};
 
 absl::StatusOr<DTensorPlacement> ParsePlacement(const PickleValue* value, size_t index) {
   const PickleValue* cls =
@@ -155,16 +160,28 @@ bool IsDTensorStateDictGlobal(const std::string& module, const std::string& name
   return IsMeshModule(module) && name == "DeviceMesh";
 }
 
-absl::Status CheckDTensorStateDictGlobals(const PickleValue* root) {
-  absl::flat_hash_set<const PickleValue*> seen;
+absl::Status CheckPickleGlobals(
+    const PickleValue* root,
+    const std::function<bool(const std::string&, const std::string&)>& allowed,
+    absl::string_view allowed_text, const std::function<bool(const PickleValue*)>& opaque) {
+  GlobalCheck check{allowed, allowed_text, opaque, {}};
   const auto* entries = PickleEntries(root);
-  if (entries == nullptr) return CheckGlobals(root, "the state dict ", seen);
+  if (entries == nullptr) return check.Check(root, "the pickle ");
   for (const auto& [key, value] : *entries) {
-    RETURN_IF_ERROR(CheckGlobals(key, "a key of the state dict ", seen));
-    RETURN_IF_ERROR(
-        CheckGlobals(value, absl::StrCat("entry \"", PickleKeyName(key), "\" "), seen));
+    RETURN_IF_ERROR(check.Check(key, "a key of the state dict "));
+    RETURN_IF_ERROR(check.Check(value, absl::StrCat("entry \"", PickleKeyName(key), "\" ")));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckDTensorStateDictGlobals(const PickleValue* root) {
+  // Only the mesh tensor of a DeviceMesh is read; its other state (process group names) is
+  // never interpreted.
+  return CheckPickleGlobals(root, IsDTensorStateDictGlobal,
+                            "a DTensor state dict (allowed: tensor rebuild functions, torch "
+                            "dtypes, devices and sizes, DTensor, DTensorSpec, TensorMeta, "
+                            "placements, DeviceMesh)",
+                            IsDeviceMesh);
 }
 
 absl::StatusOr<std::optional<DTensorValue>> ParseDTensor(const PickleValue* value) {

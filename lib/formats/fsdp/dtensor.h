@@ -27,6 +27,7 @@
 #define RESHARD_LIB_FORMATS_FSDP_DTENSOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +60,19 @@ struct DTensorValue {
 // DTensorSpec, TensorMeta, placement (Shard, Replicate, Partial, _StridedShard) and DeviceMesh
 // classes under their module paths of torch 2.0 to 2.x.
 bool IsDTensorStateDictGlobal(const std::string& module, const std::string& name);
+
+// A dataclass or NamedTuple field of the object `object`: `key` of its BUILD state (a dict, or
+// (dict or None, slots dict)), else its positional constructor argument `index` (NamedTuples
+// pickle as cls.__new__(cls, *fields)); null when neither.
+const PickleValue* ObjectField(const PickleValue* object, absl::string_view key, size_t index);
+
+// Checks every global reachable from `root` with `allowed` (module, name); values `opaque`
+// accepts (may be empty) are not looked into. FailedPrecondition naming the global, the
+// top-level key of `root` it sits under, and "which is not part of <allowed_text>" otherwise.
+absl::Status CheckPickleGlobals(
+    const PickleValue* root,
+    const std::function<bool(const std::string&, const std::string&)>& allowed,
+    absl::string_view allowed_text, const std::function<bool(const PickleValue*)>& opaque = {});
 
 // Checks every global reachable from `root` with IsDTensorStateDictGlobal (a DeviceMesh's
 // state is not looked into: only its `mesh` tensor is read). FailedPrecondition naming the
