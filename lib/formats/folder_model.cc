@@ -73,6 +73,30 @@ absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir,
   return names;
 }
 
+InputModel ShardedFolderModel(const std::string& format, const std::string& dir, Catalog catalog,
+                              std::string description, int64_t replicated_copies) {
+  catalog.Reindex();
+  InputModel model;
+  model.format = format;
+  model.arrangement = "sharded";
+  model.description = std::move(description);
+  if (replicated_copies > 0) {
+    absl::StrAppend(&model.description, ", ", replicated_copies, " replicated copies read once");
+  }
+  model.part_names.push_back(dir);
+  model.parts.push_back(std::move(catalog));
+  return model;
+}
+
+absl::StatusOr<bool> FolderHoldsFileNamed(const std::string& path,
+                                          const std::vector<std::string>& suffixes,
+                                          const std::function<bool(const std::string&)>& matches) {
+  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
+  if (!folder) return false;
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(path, suffixes));
+  return std::any_of(names.begin(), names.end(), matches);
+}
+
 absl::StatusOr<std::vector<FileCatalog>> ReadFolderFiles(const std::string& dir,
                                                          const std::vector<std::string>& names,
                                                          const std::string& index_path,

@@ -34,6 +34,20 @@ bool NaturalLess(const std::string& a, const std::string& b);
 absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir,
                                                     const std::vector<std::string>& suffixes);
 
+// Whether `path` is a folder holding a file that ListFolder(path, suffixes) lists and `matches`
+// accepts: the Probe of formats recognized by one file's name (ColossalAI's metadata files,
+// verl's rank files). False for a file; errors as CheckInputFolder and ListFolder.
+absl::StatusOr<bool> FolderHoldsFileNamed(const std::string& path,
+                                          const std::vector<std::string>& suffixes,
+                                          const std::function<bool(const std::string&)>& matches);
+
+// The InputModel of one model read from folder `dir` whose tensors are spread over several
+// files (arrangement "sharded"): `catalog` (reindexed here) as its one part, described by
+// `description`, to which ", N replicated copies read once" is added when the reader kept N
+// copies of boxes for `verify` (CatalogTensor::replicas).
+InputModel ShardedFolderModel(const std::string& format, const std::string& dir, Catalog catalog,
+                              std::string description, int64_t replicated_copies);
+
 // Reads file `name` of folder `dir` (the Catalog of that one file).
 using ReadFolderFile =
     std::function<absl::StatusOr<FileCatalog>(const std::string& dir, const std::string& name)>;

@@ -99,7 +99,8 @@ class InputFormat {
   //   nemo 50 (a NeMo 2 folder's weights/ is a torch_dist folder), megatron-torch-dist 45
   //   (a Megatron-Core torch_dist folder holds DCP files and sits where Megatron-LM's
   //   iterations do), megatron 40, colossalai-dist 35, torch-dcp 30,
-  //   deepspeed-universal 25, deepspeed-zero 20, olmo-safetensors 15 (a safetensors file
+  //   deepspeed-universal 25, deepspeed-zero 20, verl-fsdp 17 (.pt files named by world size
+  //   and rank), olmo-sharded 16 (model/rank{N}.pt), olmo-safetensors 15 (a safetensors file
   //   recognized by its entry names), safetensors 10, torch 0.
   virtual int probe_priority() const = 0;
   // Reads metadata and builds the Catalog(s). Errors name the file and what is wrong.

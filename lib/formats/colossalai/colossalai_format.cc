@@ -248,25 +248,17 @@ class ColossalReader {
             " that no metadata describes (not read; ColossalAI's loader skips it too)"));
       }
     }
-    catalog.Reindex();
-    InputModel model;
-    model.format = ColossalInput::kId;
-    model.arrangement = "sharded";
     const bool safetensors =
         !files_.empty() && absl::EndsWith(files_.front().catalog.files[0].path, ".safetensors");
-    model.description =
+    return ShardedFolderModel(
+        ColossalInput::kId, dir_, std::move(catalog),
         absl::StrCat("ColossalAI distributed checkpoint (PR #6181), ", metas_.size(),
                      metas_.size() == 1 ? " rank" : " ranks", " (dist ids 0..", metas_.size() - 1,
                      "), ", files_.size(), safetensors ? " safetensors" : " torch.save",
                      files_.size() == 1 ? " weight file, " : " weight files, ", params_.size(),
                      params_.size() == 1 ? " parameter in " : " parameters in ", pieces,
-                     pieces == 1 ? " box" : " boxes");
-    if (replicated_copies_ > 0) {
-      absl::StrAppend(&model.description, ", ", replicated_copies_, " replicated copies read once");
-    }
-    model.part_names.push_back(dir_);
-    model.parts.push_back(std::move(catalog));
-    return model;
+                     pieces == 1 ? " box" : " boxes"),
+        replicated_copies_);
   }
 
   std::string dir_;
@@ -281,13 +273,9 @@ class ColossalReader {
 }  // namespace
 
 absl::StatusOr<bool> ColossalInput::Probe(const std::string& path) const {
-  ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
-  if (!folder) return false;
-  ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(path, {".json"}));
-  for (const std::string& name : names) {
-    if (ColossalMetaDistId(name).has_value()) return true;
-  }
-  return false;
+  return FolderHoldsFileNamed(path, {".json"}, [](const std::string& name) {
+    return ColossalMetaDistId(name).has_value();
+  });
 }
 
 absl::StatusOr<InputModel> ColossalInput::Read(const std::string& path,

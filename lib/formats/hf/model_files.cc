@@ -160,6 +160,16 @@ bool OutputIsHuggingFaceModel(absl::string_view output_format, bool consolidate)
 
 absl::StatusOr<std::vector<ModelFile>> InputModelFiles(const std::string& input,
                                                        absl::string_view input_format) {
+  if (input_format == "verl-fsdp") {
+    // verl saves the model's config and tokenizer in a huggingface/ folder beside its shards.
+    ScopedRemoteListingCache listings;
+    const std::string folder = absl::StrCat(WithoutTrailingSlash(input), "/huggingface");
+    ASSIGN_OR_RETURN(const bool is_folder, CheckInputFolder(folder));
+    if (!is_folder) return std::vector<ModelFile>();
+    ASSIGN_OR_RETURN(const InputListing listing, ListInput(folder));
+    return SelectFiles(folder, listing,
+                       [](const std::string& name) { return IsModelFileName(name); });
+  }
   if (input_format != "safetensors" && input_format != "torch") return std::vector<ModelFile>();
   return FindModelFiles(input);
 }

@@ -72,7 +72,8 @@ absl::StatusOr<std::vector<ModelFile>> FindTokenizerFiles(const std::string& dir
 bool OutputIsHuggingFaceModel(absl::string_view output_format, bool consolidate);
 
 // The model files of input `input` read as `input_format`: FindModelFiles for a safetensors or
-// torch input (the formats save_pretrained writes), none for the others. What `inspect` lists.
+// torch input (the formats save_pretrained writes), the model files (IsModelFileName) of the
+// `huggingface/` folder of a verl-fsdp input, none for the others. What `inspect` lists.
 absl::StatusOr<std::vector<ModelFile>> InputModelFiles(const std::string& input,
                                                        absl::string_view input_format);
 
