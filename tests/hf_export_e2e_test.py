@@ -446,6 +446,104 @@ class Gpt2Tests(Base):
                      "has no place for (gpt2 has: --family gpt2)")
 
 
+# A tokenizer as tokenizers / transformers save it: the special tokens in added_tokens and in
+# the BPE vocabulary; <|begin|> is id 47 and <|end|> id 48 of the 50-token model.
+TOKENIZER_JSON = json.dumps({
+    "version": "1.0", "truncation": None, "padding": None,
+    "added_tokens": [{"id": 47, "content": "<|begin|>", "special": True},
+                     {"id": 48, "content": "<|end|>", "special": True}],
+    "normalizer": None,
+    "model": {"type": "BPE", "vocab": dict([("t%d" % i, i) for i in range(47)]
+                                           + [("<|begin|>", 47), ("<|end|>", 48), ("<unk>", 49)]),
+              "merges": ["t1 t2"]},
+}, indent=2)
+TOKENIZER_CONFIG = json.dumps({"bos_token": "<|begin|>",
+                               "eos_token": {"content": "<|end|>", "lstrip": False},
+                               "chat_template": "{{ messages }}"})
+
+
+class TokenizerTests(Base):
+    """Tokenizer files beside a Megatron checkpoint: in its save folder or a tokenizer/
+    subfolder, carried into the hf output with the special token ids they give."""
+
+    def save(self, tp=2, pp=1):
+        spec = hmf.Spec("llama", groups=2, seed=11)
+        hf = hmf.hf_state_dict(spec)
+        folder = hmf.write_megatron_lm(self.p("save"), spec, hf, tp, pp, vocab_size=50)
+        return folder, spec, hf
+
+    def write_tokenizer(self, folder, special_tokens_map=None):
+        os.makedirs(folder, exist_ok=True)
+        files = {"tokenizer.json": TOKENIZER_JSON, "tokenizer_config.json": TOKENIZER_CONFIG,
+                 "merges.txt": "#version: 0.2\nt1 t2\n"}
+        if special_tokens_map is not None:
+            files["special_tokens_map.json"] = json.dumps(special_tokens_map)
+        for name, text in files.items():
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+        return files
+
+    def assert_carried(self, out, files):
+        for name, text in files.items():
+            with open(os.path.join(out, name)) as f:
+                self.assertEqual(f.read(), text, name)
+
+    def test_tokenizer_in_the_save_folder_with_its_token_ids(self):
+        folder, spec, hf = self.save()
+        files = self.write_tokenizer(self.p("save"), {"bos_token": "<|begin|>",
+                                                      "eos_token": "<|end|>"})
+        out = self.p("out")
+        self.export(self.p("save"), out)
+        self.check_tensors(out, hf)
+        self.assert_carried(out, files)
+        config = self.read_json(out, "config.json")
+        self.assertEqual((config["bos_token_id"], config["eos_token_id"]), (47, 48))
+        self.assertEqual(self.read_json(out, "generation_config.json"),
+                         {"_from_model_config": True, "bos_token_id": 47, "eos_token_id": 48})
+
+    def test_tokenizer_subfolder_found_from_the_iteration_folder(self):
+        # special_tokens_map.json names another eos token: eos_token_id is left out.
+        folder, spec, hf = self.save(2, 2)
+        files = self.write_tokenizer(self.p("save", "tokenizer"), {"eos_token": "<unk>"})
+        out = self.p("out")
+        self.export(folder, out)
+        self.assert_carried(out, files)
+        config = self.read_json(out, "config.json")
+        self.assertEqual(config["bos_token_id"], 47)
+        self.assertNotIn("eos_token_id", config)
+        self.assertEqual(self.read_json(out, "generation_config.json"),
+                         {"_from_model_config": True, "bos_token_id": 47})
+
+    def test_tokenizer_flag_overrides_and_no_extra_files_leaves_out(self):
+        folder, spec, hf = self.save()
+        self.write_tokenizer(self.p("save"))
+        other = self.p("other")
+        os.makedirs(other)
+        with open(os.path.join(other, "tokenizer.model"), "wb") as f:
+            f.write(b"sentencepiece")
+        out = self.p("out")
+        self.export(self.p("save"), out, "--tokenizer", other)
+        self.assertEqual(sorted(n for n in os.listdir(out) if not n.startswith("model")),
+                         ["config.json", "generation_config.json", "reshard-manifest.json",
+                          "tokenizer.model"])
+        self.assertNotIn("bos_token_id", self.read_json(out, "config.json"))
+        out2 = self.p("out2")
+        self.export(self.p("save"), out2, "--no-extra-files")
+        self.assertEqual(sorted(n for n in os.listdir(out2) if not n.startswith("model")),
+                         ["config.json", "generation_config.json", "reshard-manifest.json"])
+
+    def test_tokenizer_symlink_leaving_the_checkpoint_is_refused(self):
+        folder, spec, hf = self.save()
+        self.write_tokenizer(self.p("outside"))
+        os.makedirs(self.p("save", "tokenizer"))
+        link = self.p("save", "tokenizer", "tokenizer.json")
+        os.symlink(self.p("outside", "tokenizer.json"), link)
+        self.refused(self.p("save"), self.p("out"), [],
+                     "%s is a symlink to %s, outside the folder %s" % (
+                         link, self.p("outside", "tokenizer.json"),
+                         os.path.realpath(self.p("save"))))
+
+
 class RefusalTests(Base):
     def checkpoint(self, spec=None, tp=2, pp=1, **arg_overrides):
         spec = spec or hmf.Spec("llama", groups=2)
