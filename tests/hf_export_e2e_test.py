@@ -157,6 +157,17 @@ class FamilyTests(Base):
         index = self.read_json(out, "model.safetensors.index.json")
         self.assertGreater(len(set(index["weight_map"].values())), 1)
 
+    def test_llama_gqa_between_tp4_pp2(self):
+        # 8 heads in 4 groups (r = 2), one group per TP rank. (ng = 1 cannot be saved at TP 4:
+        # Megatron requires TP to divide the groups; it is test_llama_single_group_tied_tp1.)
+        self.run_case(hmf.Spec("llama", layers=4, hidden=32, heads=8, groups=4, seed=20), 4, 2,
+                      ["--vocab-size", "50"])
+
+    def test_llama_gqa_eight_groups_of_one_tp4(self):
+        # ng = nh = 8: every head its own group, two per TP rank.
+        self.run_case(hmf.Spec("llama", hidden=32, heads=8, groups=8, tied=True, seed=21), 4, 1,
+                      ["--vocab-size", "50"])
+
     def test_mistral_multi_head_tp4(self):
         # ng = nh: every head its own group; vocabulary from args.vocab_size.
         self.run_case(hmf.Spec("mistral", groups=4, seed=5), 4, 1, [], {"vocab_size": 50})
@@ -182,6 +193,22 @@ class TorchDistTests(Base):
         self.export(folder, out, "--vocab-size", "50")
         self.check_tensors(out, hf)
         self.check_config(out, spec)
+
+    def test_llama31_rope_scaling_torch_dist_tp4_gqa(self):
+        # Every size, the vocabulary and rope_scaling from common.pt's args; 8 heads in 2
+        # groups (r = 4) at TP 2 x PP 2, then 4 groups at TP 4.
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        for tp, pp, groups in ((2, 2, 2), (4, 1, 4)):
+            spec = hmf.Spec("llama", layers=4, hidden=32, heads=8, groups=groups, seed=22)
+            hf = hmf.hf_state_dict(spec)
+            save = self.p("save-%d-%d" % (tp, pp))
+            folder = hmf.write_torch_dist(save, spec, hf, tp, pp, vocab_size=50,
+                                          use_rope_scaling=True, rope_scaling_factor=8.0)
+            out = self.p("out-%d-%d" % (tp, pp))
+            self.export(folder, out)
+            self.check_tensors(out, hf)
+            self.check_config(out, spec, rope_scaling=rope)
 
     def test_qwen3_torch_dist_tp2(self):
         spec = hmf.Spec("qwen3", groups=2, head_dim=8, seed=9)
@@ -231,64 +258,149 @@ class Gpt2Tests(Base):
         rest = fused.shape[1:]
         return fused.reshape((3, self.HEADS, d) + rest).swapaxes(0, 1).reshape(fused.shape)
 
-    def write(self, hf, tp, padded, seed):
-        """Megatron-LM TP x 1 files of `hf`, the vocabulary padded to `padded` rows."""
+    def layer_tensors(self, hf, i):
+        """Layer i's whole (TP 1) Megatron tensors of `hf`: suffix -> (array, TP split axis
+        or None for replicated)."""
+        p = "transformer.h.%d." % i
+        return collections.OrderedDict([
+            ("input_layernorm.weight", (hf[p + "ln_1.weight"], None)),
+            ("input_layernorm.bias", (hf[p + "ln_1.bias"], None)),
+            ("self_attention.query_key_value.weight",
+             (self.megatron_qkv(hf[p + "attn.c_attn.weight"].T), 0)),
+            ("self_attention.query_key_value.bias",
+             (self.megatron_qkv(hf[p + "attn.c_attn.bias"]), 0)),
+            ("self_attention.dense.weight", (hf[p + "attn.c_proj.weight"].T, 1)),
+            ("self_attention.dense.bias", (hf[p + "attn.c_proj.bias"], None)),
+            ("post_attention_layernorm.weight", (hf[p + "ln_2.weight"], None)),
+            ("post_attention_layernorm.bias", (hf[p + "ln_2.bias"], None)),
+            ("mlp.dense_h_to_4h.weight", (hf[p + "mlp.c_fc.weight"].T, 0)),
+            ("mlp.dense_h_to_4h.bias", (hf[p + "mlp.c_fc.bias"], 0)),
+            ("mlp.dense_4h_to_h.weight", (hf[p + "mlp.c_proj.weight"].T, 1)),
+            ("mlp.dense_4h_to_h.bias", (hf[p + "mlp.c_proj.bias"], None)),
+        ])
+
+    def padded_words(self, hf, padded, seed):
+        pad = np.random.default_rng(seed).standard_normal((padded - self.VOCAB, self.H))
+        return np.concatenate([hf["transformer.wte.weight"], pad.astype(np.float32)])
+
+    def args(self, tp, pp, padded, rank):
         h = self.H
-        pad = np.random.default_rng(seed).standard_normal((padded - self.VOCAB, h))
-        word = np.concatenate([hf["transformer.wte.weight"], pad.astype(np.float32)])
+        return argparse.Namespace(
+            num_layers=self.LAYERS, hidden_size=h, ffn_hidden_size=4 * h,
+            num_attention_heads=self.HEADS, max_position_embeddings=self.POSITIONS,
+            seq_length=self.POSITIONS, padded_vocab_size=padded, make_vocab_size_divisible_by=8,
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=None, swiglu=False,
+            untie_embeddings_and_output_weights=False,
+            position_embedding_type="learned_absolute", normalization="LayerNorm",
+            layernorm_epsilon=1e-5, add_bias_linear=True, openai_gelu=True,
+            bias_gelu_fusion=False, params_dtype=torch.float32, fp16=False, bf16=False,
+            rank=rank, world_size=tp * pp, data_parallel_size=1, iteration=100)
+
+    def write(self, hf, tp, padded, seed, pp=1):
+        """Megatron-LM TP x PP files of `hf`, the vocabulary padded to `padded` rows: layers
+        split evenly over the stages and numbered locally, the embeddings in the first stage,
+        the final norm (and, PP > 1, word_embeddings_for_head) in the last."""
+        word = self.padded_words(hf, padded, seed)
         folder = self.p("save/iter_0000100")
+        per = self.LAYERS // pp
+
+        def whole(a):
+            return torch.from_numpy(np.ascontiguousarray(a))
+
         for t in range(tp):
             def split(a, axis):
-                return torch.from_numpy(np.ascontiguousarray(np.split(a, tp, axis=axis)[t]))
+                return whole(a if axis is None else np.split(a, tp, axis=axis)[t])
 
-            def whole(a):
-                return torch.from_numpy(np.ascontiguousarray(a))
-
-            enc = collections.OrderedDict()
-            for i in range(self.LAYERS):
-                p, m = "transformer.h.%d." % i, "layers.%d." % i
-                enc[m + "input_layernorm.weight"] = whole(hf[p + "ln_1.weight"])
-                enc[m + "input_layernorm.bias"] = whole(hf[p + "ln_1.bias"])
-                enc[m + "self_attention.query_key_value.weight"] = split(
-                    self.megatron_qkv(hf[p + "attn.c_attn.weight"].T), 0)
-                enc[m + "self_attention.query_key_value.bias"] = split(
-                    self.megatron_qkv(hf[p + "attn.c_attn.bias"]), 0)
-                enc[m + "self_attention.dense.weight"] = split(hf[p + "attn.c_proj.weight"].T, 1)
-                enc[m + "self_attention.dense.bias"] = whole(hf[p + "attn.c_proj.bias"])
-                enc[m + "post_attention_layernorm.weight"] = whole(hf[p + "ln_2.weight"])
-                enc[m + "post_attention_layernorm.bias"] = whole(hf[p + "ln_2.bias"])
-                enc[m + "mlp.dense_h_to_4h.weight"] = split(hf[p + "mlp.c_fc.weight"].T, 0)
-                enc[m + "mlp.dense_h_to_4h.bias"] = split(hf[p + "mlp.c_fc.bias"], 0)
-                enc[m + "mlp.dense_4h_to_h.weight"] = split(hf[p + "mlp.c_proj.weight"].T, 1)
-                enc[m + "mlp.dense_4h_to_h.bias"] = whole(hf[p + "mlp.c_proj.bias"])
-            enc["final_layernorm.weight"] = whole(hf["transformer.ln_f.weight"])
-            enc["final_layernorm.bias"] = whole(hf["transformer.ln_f.bias"])
-            lm = collections.OrderedDict(
-                embedding={"word_embeddings": {"weight": split(word, 0)},
-                           "position_embeddings": {"weight": whole(hf["transformer.wpe.weight"])}},
-                encoder=enc)
-            args = argparse.Namespace(
-                num_layers=self.LAYERS, hidden_size=h, ffn_hidden_size=4 * h,
-                num_attention_heads=self.HEADS, max_position_embeddings=self.POSITIONS,
-                seq_length=self.POSITIONS, padded_vocab_size=padded, make_vocab_size_divisible_by=8,
-                tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
-                virtual_pipeline_model_parallel_size=None, swiglu=False,
-                untie_embeddings_and_output_weights=False,
-                position_embedding_type="learned_absolute", normalization="LayerNorm",
-                layernorm_epsilon=1e-5, add_bias_linear=True, openai_gelu=True,
-                bias_gelu_fusion=False, params_dtype=torch.float32, fp16=False, bf16=False,
-                rank=t, world_size=tp, data_parallel_size=1, iteration=100)
-            ckpt = collections.OrderedDict(args=args, checkpoint_version=3.0, iteration=100,
-                                           model={"language_model": lm})
-            os.makedirs(os.path.join(folder, "mp_rank_%02d" % t))
-            torch.save(ckpt, os.path.join(folder, "mp_rank_%02d" % t, "model_optim_rng.pt"))
+            for stage in range(pp):
+                first, last = stage == 0, stage == pp - 1
+                enc = collections.OrderedDict()
+                for local, i in enumerate(range(stage * per, (stage + 1) * per)):
+                    for suffix, (array, axis) in self.layer_tensors(hf, i).items():
+                        enc["layers.%d.%s" % (local, suffix)] = split(array, axis)
+                if last:
+                    enc["final_layernorm.weight"] = whole(hf["transformer.ln_f.weight"])
+                    enc["final_layernorm.bias"] = whole(hf["transformer.ln_f.bias"])
+                lm = collections.OrderedDict()
+                if first:
+                    lm["embedding"] = {
+                        "word_embeddings": {"weight": split(word, 0)},
+                        "position_embeddings": {"weight": whole(hf["transformer.wpe.weight"])}}
+                lm["encoder"] = enc
+                model = collections.OrderedDict(language_model=lm)
+                if last and not first:
+                    model["word_embeddings_for_head"] = {"weight": split(word, 0)}
+                ckpt = collections.OrderedDict(
+                    args=self.args(tp, pp, padded, stage * tp + t), checkpoint_version=3.0,
+                    iteration=100, model=model)
+                name = "mp_rank_%02d" % t if pp == 1 else "mp_rank_%02d_%03d" % (t, stage)
+                os.makedirs(os.path.join(folder, name))
+                torch.save(ckpt, os.path.join(folder, name, "model_optim_rng.pt"))
         with open(self.p("save/latest_checkpointed_iteration.txt"), "w") as f:
             f.write("100")
         return folder
 
-    def run_case(self, tp, padded, seed):
+    # Megatron-Core's Transformer Engine names of the legacy layer names above.
+    TE_NAMES = {
+        "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+        "input_layernorm.bias": "self_attention.linear_qkv.layer_norm_bias",
+        "self_attention.query_key_value.weight": "self_attention.linear_qkv.weight",
+        "self_attention.query_key_value.bias": "self_attention.linear_qkv.bias",
+        "self_attention.dense.weight": "self_attention.linear_proj.weight",
+        "self_attention.dense.bias": "self_attention.linear_proj.bias",
+        "post_attention_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
+        "post_attention_layernorm.bias": "mlp.linear_fc1.layer_norm_bias",
+        "mlp.dense_h_to_4h.weight": "mlp.linear_fc1.weight",
+        "mlp.dense_h_to_4h.bias": "mlp.linear_fc1.bias",
+        "mlp.dense_4h_to_h.weight": "mlp.linear_fc2.weight",
+        "mlp.dense_4h_to_h.bias": "mlp.linear_fc2.bias",
+    }
+
+    def write_torch_dist(self, hf, tp, pp, padded, seed):
+        """The Megatron-Core torch_dist checkpoint of `hf` at TP x PP (tied embeddings, TE
+        names, layers stacked under decoder.layers.<rest>, the args in common.pt)."""
+        import dcp_fixture as F  # noqa: E402 -- the DCP writer of the torch_dist fixtures
+
+        folder = self.p("save/iter_0000100")
+        per = self.LAYERS // pp
+        last = tp * (pp - 1)
+        state, shards = collections.OrderedDict(), {}
+
+        def add(key, array, grid):
+            state[key] = torch.from_numpy(np.ascontiguousarray(array)).clone()
+            shards[key] = grid
+
+        add("embedding.word_embeddings.weight", self.padded_words(hf, padded, seed),
+            F.Grid({0: tp}, lambda i: i[0]))
+        add("embedding.position_embeddings.weight", hf["transformer.wpe.weight"],
+            F.Grid({}, lambda i: 0))
+        layers = [self.layer_tensors(hf, i) for i in range(self.LAYERS)]
+        for suffix, te in self.TE_NAMES.items():
+            axis = layers[0][suffix][1]
+            grid = (F.Grid({0: self.LAYERS}, lambda i: tp * (i[0] // per)) if axis is None else
+                    F.Grid({0: self.LAYERS, axis + 1: tp},
+                           lambda i, d=axis + 1: i[d] + tp * (i[0] // per)))
+            add("decoder.layers." + te, np.stack([layer[suffix][0] for layer in layers]), grid)
+        add("decoder.final_layernorm.weight", hf["transformer.ln_f.weight"],
+            F.Grid({}, lambda i: last))
+        add("decoder.final_layernorm.bias", hf["transformer.ln_f.bias"],
+            F.Grid({}, lambda i: last))
+        F.write_dcp(folder, state, tp * pp, shards, modules="new", planner_data=False,
+                    dedup="lowest")
+        torch.save({"args": self.args(tp, pp, padded, 0), "iteration": 100,
+                    "checkpoint_version": 3.0}, os.path.join(folder, "common.pt"))
+        with open(self.p("save/latest_checkpointed_iteration.txt"), "w") as f:
+            f.write("100")
+        with open(os.path.join(folder, "metadata.json"), "w") as f:
+            json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1}, f)
+        return folder
+
+    def run_case(self, tp, padded, seed, pp=1, torch_dist=False):
         hf = self.hf_state_dict(seed)
-        folder = self.write(hf, tp, padded, seed + 1)
+        if torch_dist:
+            folder = self.write_torch_dist(hf, tp, pp, padded, seed + 1)
+        else:
+            folder = self.write(hf, tp, padded, seed + 1, pp)
         out = self.p("out")
         self.export(folder, out, "--vocab-size", str(self.VOCAB))
         self.check_tensors(out, hf)
@@ -319,12 +431,117 @@ class Gpt2Tests(Base):
     def test_gpt2_tp2_padded_vocab(self):
         self.run_case(2, 64, 12)
 
+    def test_gpt2_tp2_pp2_padded_vocab(self):
+        # Stage-local layer numbers; the last stage's word_embeddings_for_head is not written.
+        self.run_case(2, 64, 15, pp=2)
+
+    def test_gpt2_torch_dist_tp2_pp2(self):
+        self.run_case(2, 64, 16, pp=2, torch_dist=True)
+
     def test_gpt2_tensors_refused_by_a_llama_style_family(self):
         folder = self.write(self.hf_state_dict(13), 1, 56, 14)
         self.refused(folder, self.p("out"), ["--family", "llama", "--vocab-size", "50"],
                      "tensor \"language_model.embedding.position_embeddings.weight\" is a "
                      "LayerNorm or linear bias or a learned position embedding, which family llama "
                      "has no place for (gpt2 has: --family gpt2)")
+
+
+# A tokenizer as tokenizers / transformers save it: the special tokens in added_tokens and in
+# the BPE vocabulary; <|begin|> is id 47 and <|end|> id 48 of the 50-token model.
+TOKENIZER_JSON = json.dumps({
+    "version": "1.0", "truncation": None, "padding": None,
+    "added_tokens": [{"id": 47, "content": "<|begin|>", "special": True},
+                     {"id": 48, "content": "<|end|>", "special": True}],
+    "normalizer": None,
+    "model": {"type": "BPE", "vocab": dict([("t%d" % i, i) for i in range(47)]
+                                           + [("<|begin|>", 47), ("<|end|>", 48), ("<unk>", 49)]),
+              "merges": ["t1 t2"]},
+}, indent=2)
+TOKENIZER_CONFIG = json.dumps({"bos_token": "<|begin|>",
+                               "eos_token": {"content": "<|end|>", "lstrip": False},
+                               "chat_template": "{{ messages }}"})
+
+
+class TokenizerTests(Base):
+    """Tokenizer files beside a Megatron checkpoint: in its save folder or a tokenizer/
+    subfolder, carried into the hf output with the special token ids they give."""
+
+    def save(self, tp=2, pp=1):
+        spec = hmf.Spec("llama", groups=2, seed=11)
+        hf = hmf.hf_state_dict(spec)
+        folder = hmf.write_megatron_lm(self.p("save"), spec, hf, tp, pp, vocab_size=50)
+        return folder, spec, hf
+
+    def write_tokenizer(self, folder, special_tokens_map=None):
+        os.makedirs(folder, exist_ok=True)
+        files = {"tokenizer.json": TOKENIZER_JSON, "tokenizer_config.json": TOKENIZER_CONFIG,
+                 "merges.txt": "#version: 0.2\nt1 t2\n"}
+        if special_tokens_map is not None:
+            files["special_tokens_map.json"] = json.dumps(special_tokens_map)
+        for name, text in files.items():
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+        return files
+
+    def assert_carried(self, out, files):
+        for name, text in files.items():
+            with open(os.path.join(out, name)) as f:
+                self.assertEqual(f.read(), text, name)
+
+    def test_tokenizer_in_the_save_folder_with_its_token_ids(self):
+        folder, spec, hf = self.save()
+        files = self.write_tokenizer(self.p("save"), {"bos_token": "<|begin|>",
+                                                      "eos_token": "<|end|>"})
+        out = self.p("out")
+        self.export(self.p("save"), out)
+        self.check_tensors(out, hf)
+        self.assert_carried(out, files)
+        config = self.read_json(out, "config.json")
+        self.assertEqual((config["bos_token_id"], config["eos_token_id"]), (47, 48))
+        self.assertEqual(self.read_json(out, "generation_config.json"),
+                         {"_from_model_config": True, "bos_token_id": 47, "eos_token_id": 48})
+
+    def test_tokenizer_subfolder_found_from_the_iteration_folder(self):
+        # special_tokens_map.json names another eos token: eos_token_id is left out.
+        folder, spec, hf = self.save(2, 2)
+        files = self.write_tokenizer(self.p("save", "tokenizer"), {"eos_token": "<unk>"})
+        out = self.p("out")
+        self.export(folder, out)
+        self.assert_carried(out, files)
+        config = self.read_json(out, "config.json")
+        self.assertEqual(config["bos_token_id"], 47)
+        self.assertNotIn("eos_token_id", config)
+        self.assertEqual(self.read_json(out, "generation_config.json"),
+                         {"_from_model_config": True, "bos_token_id": 47})
+
+    def test_tokenizer_flag_overrides_and_no_extra_files_leaves_out(self):
+        folder, spec, hf = self.save()
+        self.write_tokenizer(self.p("save"))
+        other = self.p("other")
+        os.makedirs(other)
+        with open(os.path.join(other, "tokenizer.model"), "wb") as f:
+            f.write(b"sentencepiece")
+        out = self.p("out")
+        self.export(self.p("save"), out, "--tokenizer", other)
+        self.assertEqual(sorted(n for n in os.listdir(out) if not n.startswith("model")),
+                         ["config.json", "generation_config.json", "reshard-manifest.json",
+                          "tokenizer.model"])
+        self.assertNotIn("bos_token_id", self.read_json(out, "config.json"))
+        out2 = self.p("out2")
+        self.export(self.p("save"), out2, "--no-extra-files")
+        self.assertEqual(sorted(n for n in os.listdir(out2) if not n.startswith("model")),
+                         ["config.json", "generation_config.json", "reshard-manifest.json"])
+
+    def test_tokenizer_symlink_leaving_the_checkpoint_is_refused(self):
+        folder, spec, hf = self.save()
+        self.write_tokenizer(self.p("outside"))
+        os.makedirs(self.p("save", "tokenizer"))
+        link = self.p("save", "tokenizer", "tokenizer.json")
+        os.symlink(self.p("outside", "tokenizer.json"), link)
+        self.refused(self.p("save"), self.p("out"), [],
+                     "%s is a symlink to %s, outside the folder %s" % (
+                         link, self.p("outside", "tokenizer.json"),
+                         os.path.realpath(self.p("save"))))
 
 
 class RefusalTests(Base):

@@ -211,16 +211,19 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
     request.output_name =
         std::filesystem::path(spec.output).lexically_normal().parent_path().filename().string();
   }
-  ASSIGN_OR_RETURN(ArrangedOutput arranged,
-                   planned.writer->Arrange(std::move(planned.layout), request),
-                   absl::StrCat(spec.input, ": arranging the ", spec.output_format, " output"));
-  // The format's companion files (index) describe its own files; the model files carried
-  // from a Hugging Face input (config, tokenizer, README) join the output after them.
-  ASSIGN_OR_RETURN(planned.companion_files, planned.writer->CompanionFiles(arranged.layout));
+  // The model's files carried beside the weights: a Hugging Face input's config, tokenizer and
+  // README, a Megatron checkpoint's tokenizer; --format hf reads the tokenizer's token ids.
   ASSIGN_OR_RETURN(
       const std::vector<ModelFile> model_files,
       ModelFilesToCarry(planned.input.path, planned.input.model.format, spec.output_format,
                         request.consolidate, spec.no_extra_files, spec.tokenizer));
+  for (const ModelFile& file : model_files) request.model_files.emplace_back(file.name, file.path);
+  ASSIGN_OR_RETURN(ArrangedOutput arranged,
+                   planned.writer->Arrange(std::move(planned.layout), request),
+                   absl::StrCat(spec.input, ": arranging the ", spec.output_format, " output"));
+  // The format's companion files (index) describe its own files; the model files join the
+  // output after them.
+  ASSIGN_OR_RETURN(planned.companion_files, planned.writer->CompanionFiles(arranged.layout));
   RETURN_IF_ERROR(
       AddModelFiles(model_files, spec.dtype, *plan_catalog, arranged, planned.companion_files),
       absl::StrCat(spec.input, ": carrying the model's files"));

@@ -136,6 +136,9 @@ struct ArrangeRequest {
   // their own tensors.
   uint64_t max_shard_size = 5'000'000'000ull;
   HfExportOptions hf;
+  // The files the conversion carries beside the weights (lib/formats/hf/model_files.h), as
+  // (name in the output, path read): `--format hf` reads its tokenizer's special token ids.
+  std::vector<std::pair<std::string, std::string>> model_files;
 };
 
 // An OutputFormat's own arrangement of the output.

@@ -1,6 +1,8 @@
 #include "lib/formats/hf/hf_config.h"
 
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -283,6 +285,124 @@ absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources) {
   }
   model.json = std::move(config);
   return model;
+}
+
+namespace {
+
+// The small tokenizer files (tokenizer_config.json with its chat template) are read up to this.
+constexpr uint64_t kMaxTokenizerConfigBytes = 16 << 20;
+
+constexpr char kTokenizerJson[] = "tokenizer.json";
+constexpr const char* kTokenNamers[] = {"tokenizer_config.json", "special_tokens_map.json"};
+
+// Parses `text` read from `path`; `callback` (nlohmann's parser_callback_t) keeps what it
+// accepts. DataLoss naming the file and the byte offset when it is not valid JSON.
+absl::StatusOr<Json> ParseTokenizerFile(const std::string& text, const std::string& path,
+                                        const Json::parser_callback_t& callback = nullptr) {
+  try {
+    return Json::parse(text, callback);
+  } catch (const Json::parse_error& error) {
+    // error.byte counts the characters read, the offending one included.
+    return absl::DataLossError(absl::StrCat(path, ": not valid JSON at byte offset ",
+                                            error.byte > 0 ? error.byte - 1 : 0, " (", error.what(),
+                                            ")"));
+  }
+}
+
+// The content of special token `value`: a string, or an AddedToken's "content"; empty when
+// neither (null: the tokenizer has no such token).
+std::string TokenContent(const Json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_object()) {
+    const auto content = value.find("content");
+    if (content != value.end() && content->is_string()) return content->get<std::string>();
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<HfSpecialTokens> HfSpecialTokenIds(
+    const std::vector<std::pair<std::string, std::string>>& files) {
+  const std::map<std::string, std::string> paths(files.begin(), files.end());
+  HfSpecialTokens ids;
+  const auto tokenizer = paths.find(kTokenizerJson);
+  if (tokenizer == paths.end()) return ids;
+  // The token each key names; "" when the files disagree or name none.
+  constexpr const char* kKeys[] = {"bos_token", "eos_token"};
+  std::map<std::string, std::set<std::string>> named;
+  for (const char* name : kTokenNamers) {
+    const auto found = paths.find(name);
+    if (found == paths.end()) continue;
+    ASSIGN_OR_RETURN(const std::string text,
+                     ReadSmallFile(found->second, kMaxTokenizerConfigBytes));
+    ASSIGN_OR_RETURN(const Json json, ParseTokenizerFile(text, found->second));
+    if (!json.is_object()) continue;
+    for (const char* key : kKeys) {
+      const auto value = json.find(key);
+      if (value != json.end()) named[key].insert(TokenContent(*value));
+    }
+  }
+  std::set<std::string> wanted;
+  for (const auto& [key, tokens] : named) {
+    if (tokens.size() == 1 && !tokens.begin()->empty()) wanted.insert(*tokens.begin());
+  }
+  if (wanted.empty()) return ids;
+  ASSIGN_OR_RETURN(const uint64_t size, InputFileSize(tokenizer->second));
+  if (size > kMaxTokenizerJsonBytes) return ids;
+  ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(tokenizer->second, size));
+  // Keeps added_tokens' ids and contents and the wanted entries of model.vocab; a
+  // vocabulary of another shape (Unigram's [piece, score] list) and everything else is
+  // skipped unparsed into the DOM, so memory stays that of the text.
+  std::vector<std::string> keys;  // keys[d]: the last key at depth d
+  auto under = [&](int depth, const char* first, const char* second = nullptr) {
+    return static_cast<int>(keys.size()) > depth && keys[1] == first &&
+           (second == nullptr || keys[2] == second);
+  };
+  const Json::parser_callback_t keep = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::key) {
+      keys.resize(depth + 1);
+      keys[depth] = parsed.get<std::string>();
+      const std::string& key = keys[depth];
+      if (depth == 1) return key == "added_tokens" || key == "model";
+      if (depth == 2 && keys[1] == "model") return key == "vocab";
+      if (depth == 3 && under(2, "model", "vocab")) return wanted.count(key) > 0;
+      if (depth == 3 && under(1, "added_tokens")) return key == "id" || key == "content";
+      return true;
+    }
+    if (event == Json::parse_event_t::array_start && depth == 2) return !under(2, "model", "vocab");
+    return true;
+  };
+  ASSIGN_OR_RETURN(const Json json, ParseTokenizerFile(text, tokenizer->second, keep));
+  std::map<std::string, std::set<int64_t>> found;
+  if (const auto vocab = json.find("model"); vocab != json.end() && vocab->is_object()) {
+    if (const auto entries = vocab->find("vocab");
+        entries != vocab->end() && entries->is_object()) {
+      for (const auto& [token, id] : entries->items()) {
+        if (id.is_number_integer()) found[token].insert(id.get<int64_t>());
+      }
+    }
+  }
+  if (const auto added = json.find("added_tokens"); added != json.end() && added->is_array()) {
+    for (const Json& token : *added) {
+      if (!token.is_object()) continue;
+      const std::string content = TokenContent(token);
+      const auto id = token.find("id");
+      if (wanted.count(content) > 0 && id != token.end() && id->is_number_integer()) {
+        found[content].insert(id->get<int64_t>());
+      }
+    }
+  }
+  auto id_of = [&](const char* key) -> std::optional<int64_t> {
+    const auto tokens = named.find(key);
+    if (tokens == named.end() || tokens->second.size() != 1) return std::nullopt;
+    const auto token_ids = found.find(*tokens->second.begin());
+    if (token_ids == found.end() || token_ids->second.size() != 1) return std::nullopt;
+    return *token_ids->second.begin();
+  };
+  ids.bos_token_id = id_of("bos_token");
+  ids.eos_token_id = id_of("eos_token");
+  return ids;
 }
 
 std::string HfGenerationConfigJson(const Json& config) {

@@ -42,12 +42,18 @@
 //   scale_attn_weights               true
 //   tie_word_embeddings, torch_dtype, use_cache   as above
 // A key the args lack and --config does not give is refused, naming the key and the arg.
+// bos_token_id and eos_token_id (config.json and generation_config.json) come from --config, else
+// from the tokenizer files carried into the output (HfSpecialTokenIds) when they give them
+// unambiguously; otherwise they are left out, and transformers uses its defaults.
 
 #ifndef RESHARD_LIB_FORMATS_HF_HF_CONFIG_H_
 #define RESHARD_LIB_FORMATS_HF_HF_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "lib/core/catalog.h"
@@ -81,6 +87,26 @@ struct HfModelConfig {
   int64_t vocab = 0;
   int64_t positions = 0;  // gpt2: n_positions, the rows of the position embeddings
 };
+
+// The ids of a tokenizer's beginning- and end-of-sequence tokens; nullopt: left out.
+struct HfSpecialTokens {
+  std::optional<int64_t> bos_token_id;
+  std::optional<int64_t> eos_token_id;
+};
+
+// The special token ids a tokenizer's files give, `files` being (name, path as the storage layer
+// reads it) of the files carried into the output. The token (bos_token, eos_token: a string or an
+// AddedToken {"content": ...}) is named by tokenizer_config.json and special_tokens_map.json; its
+// id is looked up in tokenizer.json (its added_tokens and its model's vocab object). An id is
+// given only when unambiguous: the files naming the token name the same one, and tokenizer.json
+// gives it exactly one id. Left out otherwise, and both without tokenizer.json (a
+// sentencepiece tokenizer.model alone) or when tokenizer.json is over kMaxTokenizerJsonBytes.
+// DataLoss naming the file and the byte offset when one of these files is not valid JSON.
+absl::StatusOr<HfSpecialTokens> HfSpecialTokenIds(
+    const std::vector<std::pair<std::string, std::string>>& files);
+
+// tokenizer.json is read whole (and parsed keeping only the special tokens) up to this size.
+inline constexpr uint64_t kMaxTokenizerJsonBytes = 48ull << 20;
 
 // InvalidArgument naming the missing keys (and the args they come from) and --config; naming
 // a key of the wrong type; when n_embd is not divisible by n_head (gpt2); when num_attention_heads

@@ -228,7 +228,15 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
   if (!request.hf.config_file.empty()) {
     ASSIGN_OR_RETURN(sources.overrides, ReadHfConfigOverrides(request.hf.config_file));
   }
-  ASSIGN_OR_RETURN(const HfModelConfig config, MakeHfConfig(sources));
+  ASSIGN_OR_RETURN(HfModelConfig config, MakeHfConfig(sources));
+  // The tokenizer's special token ids, unless --config gives them.
+  ASSIGN_OR_RETURN(const HfSpecialTokens special, HfSpecialTokenIds(request.model_files),
+                   "reading the special token ids of the tokenizer carried into the output");
+  for (const auto& [key, id] :
+       {std::pair<const char*, std::optional<int64_t>>{"bos_token_id", special.bos_token_id},
+        {"eos_token_id", special.eos_token_id}}) {
+    if (id.has_value() && !config.json.contains(key)) config.json[key] = *id;
+  }
   const int64_t h = config.hidden;
   const int64_t d = config.head_dim;
   const int64_t nh = config.heads;
@@ -463,8 +471,9 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
       config.json.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
   arranged.layout.format_files.emplace_back(kGenerationConfigName,
                                             HfGenerationConfigJson(config.json));
-  // Tokenizer files (--tokenizer) join the output in PlanConversion (AddModelFiles,
-  // lib/formats/hf/model_files.h), which leaves the two files written here as they are.
+  // The tokenizer files (request.model_files) join the output in PlanConversion
+  // (AddModelFiles, lib/formats/hf/model_files.h), which leaves the two files written here as
+  // they are.
   return arranged;
 }
 

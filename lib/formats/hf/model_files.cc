@@ -86,11 +86,15 @@ std::string LinkBoundary(const std::string& real_folder) {
 
 // PermissionDenied when a file of `files` (in folder `folder`) resolves outside the folder
 // (see LinkBoundary). Only posix has symlinks; keys of other stores are what they are named.
-absl::Status CheckLinksStayInside(const std::string& folder, const std::vector<ModelFile>& files) {
+// `inside`: the folder whose links may stay within it instead (a checkpoint's save folder, for
+// its tokenizer/ subfolder); empty: `folder`.
+absl::Status CheckLinksStayInside(const std::string& folder, const std::vector<ModelFile>& files,
+                                  const std::string& inside = "") {
   ASSIGN_OR_RETURN(const kvstore::Location location, kvstore::ParseLocation(folder));
   if (!location.driver->has_folders() || files.empty()) return absl::OkStatus();
+  const std::string& outer = inside.empty() ? folder : inside;
   ASSIGN_OR_RETURN(const std::string real_folder,
-                   location.driver->ConfinedPath(folder, /*must_exist=*/true), folder);
+                   location.driver->ConfinedPath(outer, /*must_exist=*/true), outer);
   const std::string boundary = LinkBoundary(real_folder);
   for (const ModelFile& file : files) {
     ASSIGN_OR_RETURN(const std::string target,
@@ -110,7 +114,8 @@ absl::Status CheckLinksStayInside(const std::string& folder, const std::vector<M
 // The files of `listing` (of folder `folder`) that `keep` accepts, sized, sorted by name.
 template <typename Keep>
 absl::StatusOr<std::vector<ModelFile>> SelectFiles(const std::string& folder,
-                                                   const InputListing& listing, Keep keep) {
+                                                   const InputListing& listing, Keep keep,
+                                                   const std::string& inside = "") {
   std::vector<ModelFile> files;
   for (const std::string& name : listing.files) {
     if (!keep(name)) continue;
@@ -119,11 +124,15 @@ absl::StatusOr<std::vector<ModelFile>> SelectFiles(const std::string& folder,
     file.path = folder == "/" ? absl::StrCat("/", name) : absl::StrCat(folder, "/", name);
     files.push_back(std::move(file));
   }
-  RETURN_IF_ERROR(CheckLinksStayInside(folder, files));
+  RETURN_IF_ERROR(CheckLinksStayInside(folder, files, inside));
   for (ModelFile& file : files) {
     ASSIGN_OR_RETURN(file.size, InputFileSize(file.path));
   }
   return files;
+}
+
+bool IsMegatronFormat(absl::string_view format) {
+  return format == "megatron" || format == "megatron-torch-dist";
 }
 
 absl::string_view TorchDtypeName(DTypePolicy dtype) {
@@ -188,7 +197,13 @@ absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(const std::string& inpu
         " output is not a Hugging Face model (tokenizers are carried into safetensors, hf, and "
         "consolidated torch outputs)"));
   }
-  if (!no_extra_files) {
+  if (IsMegatronFormat(input_format)) {
+    // A Megatron checkpoint is a model under Megatron's names: only --format hf makes it a
+    // Hugging Face one, with the tokenizer found beside it unless --tokenizer names one.
+    if (output_format == "hf" && !no_extra_files && tokenizer.empty()) {
+      ASSIGN_OR_RETURN(files, FindCheckpointTokenizerFiles(input));
+    }
+  } else if (!no_extra_files) {
     ASSIGN_OR_RETURN(files, InputModelFiles(input, input_format));
   }
   if (!tokenizer.empty()) {
@@ -242,6 +257,34 @@ absl::StatusOr<std::vector<ModelFile>> FindTokenizerFiles(const std::string& dir
                                             absl::StrJoin(kTokenizerNames, ", "), ")"));
   }
   return files;
+}
+
+absl::StatusOr<std::vector<ModelFile>> FindCheckpointTokenizerFiles(const std::string& input) {
+  ScopedRemoteListingCache listings;
+  const std::string given = WithoutTrailingSlash(input);
+  ASSIGN_OR_RETURN(const bool is_folder, CheckInputFolder(given));
+  if (!is_folder) return std::vector<ModelFile>();
+  // One iteration's folder (iter_0000100, release) is looked in, then the save folder above.
+  static const LazyRE2 kIteration = {R"(iter_\d+|release)"};
+  const std::string name = NameOf(given);
+  const bool iteration = RE2::FullMatch(re2::StringPiece(name.data(), name.size()), *kIteration);
+  const std::string root = iteration ? ParentOf(given) : given;
+  std::vector<std::string> folders = {given, absl::StrCat(given, "/tokenizer")};
+  if (iteration) {
+    folders.push_back(root);
+    folders.push_back(absl::StrCat(root, "/tokenizer"));
+  }
+  for (const std::string& folder : folders) {
+    ASSIGN_OR_RETURN(const bool exists, CheckInputFolder(folder));
+    if (!exists) continue;
+    ASSIGN_OR_RETURN(const InputListing listing, ListInput(folder));
+    ASSIGN_OR_RETURN(std::vector<ModelFile> files,
+                     SelectFiles(
+                         folder, listing,
+                         [](const std::string& file) { return IsTokenizerFileName(file); }, root));
+    if (!files.empty()) return files;
+  }
+  return std::vector<ModelFile>();
 }
 
 absl::StatusOr<std::string> UpdateConfigDtype(absl::string_view config, absl::string_view path,

@@ -65,6 +65,14 @@ absl::StatusOr<std::vector<ModelFile>> FindModelFiles(const std::string& input);
 // InvalidArgument when `dir` is not a folder.
 absl::StatusOr<std::vector<ModelFile>> FindTokenizerFiles(const std::string& dir);
 
+// The tokenizer files beside Megatron checkpoint `input` (its save folder, or one iteration's
+// folder iter_NNNNNNN or release), which `--format hf` carries: those (IsTokenizerFileName) of
+// the first of these folders that holds any: the folder given, its tokenizer/ subfolder, and for
+// an iteration's folder the save folder above it and its tokenizer/. Empty when none does or
+// `input` is not a folder. A file linking out of the save folder is refused as in
+// FindModelFiles.
+absl::StatusOr<std::vector<ModelFile>> FindCheckpointTokenizerFiles(const std::string& input);
+
 // Whether an output in `output_format` is still a Hugging Face model the carried files belong
 // beside: safetensors (consolidated, or parts), hf, and torch when consolidated
 // (pytorch_model.bin, or pytorch_model-*-of-*.bin with its index). torch parts are metaseq's
@@ -78,10 +86,12 @@ absl::StatusOr<std::vector<ModelFile>> InputModelFiles(const std::string& input,
                                                        absl::string_view input_format);
 
 // What a conversion carries beside the weights: the model files of its input
-// (InputModelFiles) unless `no_extra_files`, with the
-// tokenizer files of folder `tokenizer` (when not empty) over them; nothing when the output
-// is not a Hugging Face model (OutputIsHuggingFaceModel). InvalidArgument when `tokenizer` is
-// given for such an output.
+// (InputModelFiles) unless `no_extra_files`, with the tokenizer files of folder `tokenizer`
+// (when not empty) over them; nothing when the output is not a Hugging Face model
+// (OutputIsHuggingFaceModel). A Megatron input (megatron, megatron-torch-dist) carries into
+// `--format hf` only: the tokenizer of folder `tokenizer`, else, unless `no_extra_files`, the
+// one beside the checkpoint (FindCheckpointTokenizerFiles). InvalidArgument when `tokenizer` is
+// given for an output that is no Hugging Face model.
 absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(const std::string& input,
                                                          absl::string_view input_format,
                                                          absl::string_view output_format,
