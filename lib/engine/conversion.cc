@@ -256,24 +256,59 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   ASSIGN_OR_RETURN(planned.plan, BuildCopyPlan(*plan_catalog, planned.layout, framings),
                    spec.input);
   planned.memory_bytes = EstimateExecutionMemory(planned.plan, ExecutorOptionsFor(spec));
-  // A driver's writer may hold part of each data file besides (S3: the upload's parts in
-  // flight): for the files written at once, the largest ones.
   ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output), "output");
-  uint64_t largest = 0;
-  for (const FilePlan& file : planned.plan.files) largest = std::max(largest, file.bytes);
-  kvstore::WriteOptions largest_write;
-  largest_write.size_hint = largest;
-  const uint64_t per_file = output.driver->WriteMemoryBound(largest_write);
-  if (per_file > 0) {
-    size_t files_at_once = 0;
-    for (const WorkUnit& unit : WorkUnits(planned.plan)) {
-      files_at_once = std::max(files_at_once, unit.files.size());
-    }
-    files_at_once = std::min(planned.plan.files.size(),
-                             files_at_once * static_cast<size_t>(std::max(spec.threads, 1)));
-    planned.memory_bytes += files_at_once * per_file;
-  }
+  const OutputMemory memory = ShareOutputMemory(spec, planned.plan, *output.driver);
+  planned.memory_bytes = memory.memory_bytes;
+  planned.window_bytes = memory.window_bytes;
+  planned.writer_budget = memory.writer_budget;
   return planned;
+}
+
+OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
+                               const kvstore::Driver& driver) {
+  ExecutorOptions options = ExecutorOptionsFor(spec);
+  OutputMemory shared;
+  shared.window_bytes = spec.window_bytes;
+  const uint64_t budget = EstimateExecutionMemory(plan, options);
+  shared.memory_bytes = budget;
+  // Each data file's writer holds at most this much for the largest file.
+  uint64_t largest = 0;
+  for (const FilePlan& file : plan.files) largest = std::max(largest, file.bytes);
+  kvstore::WriteOptions write;
+  write.size_hint = largest;
+  const uint64_t unbounded = driver.WriteMemoryBound(write);
+  if (unbounded == 0) return shared;
+  // The files written at once: each worker's work unit's files.
+  size_t files_at_once = 0;
+  for (const WorkUnit& unit : WorkUnits(plan)) {
+    files_at_once = std::max(files_at_once, unit.files.size());
+  }
+  const uint64_t files = std::max<uint64_t>(
+      1, std::min(plan.files.size(), files_at_once * static_cast<size_t>(std::max(spec.threads, 1))));
+  constexpr uint64_t kSmallestWindow = 4ull << 20;
+  const uint64_t smallest = std::min(spec.window_bytes, kSmallestWindow);
+  bool found = false;
+  uint64_t best_writer = 0;
+  for (uint64_t window = spec.window_bytes; window >= smallest; window /= 2) {
+    options.window_bytes = window;
+    const uint64_t execution = EstimateExecutionMemory(plan, options);
+    write.memory_budget = budget > execution ? std::max<uint64_t>(1, (budget - execution) / files)
+                                             : 1;
+    const uint64_t writer = driver.WriteMemoryBound(write);
+    const bool fits = execution + files * writer <= budget;
+    // The largest window that gives the writers the most memory that fits; without a fit, the
+    // smallest window and the writers' least.
+    if ((fits && (!found || writer > best_writer)) ||
+        (!found && (window / 2 < smallest || writer >= unbounded))) {
+      shared.window_bytes = window;
+      shared.writer_budget = write.memory_budget;
+      shared.memory_bytes = execution + files * writer;
+      best_writer = writer;
+      found = found || fits;
+    }
+    if (writer >= unbounded) break;
+  }
+  return shared;
 }
 
 absl::StatusOr<std::string> ConversionRequestJson(const ConversionSpec& spec) {

@@ -120,7 +120,26 @@ struct PlannedConversion {
   // Files the format writes into the output's parent after publishing (with update_latest).
   std::vector<std::pair<std::string, std::string>> beside_output;
   uint64_t memory_bytes = 0;  // what the Executor will need, see EstimateExecutionMemory
+  // The executor's window (ExecutorOptions::window_bytes) and each output writer's budget
+  // (kvstore::WriteOptions::memory_budget, 0: none), see ShareOutputMemory.
+  uint64_t window_bytes = 0;
+  uint64_t writer_budget = 0;
 };
+
+// How a conversion writing into `driver` shares its memory between the executor's window and
+// the driver's writers (S3: each upload's parts in flight). The budget is what the execution
+// of `plan` with the window of `spec` needs (EstimateExecutionMemory); the writers that are
+// open at once and the executor's window fit in it together: the window shrinks (halving,
+// down to 4 MiB) while that gives the writers more (S3: more parts in flight), and each
+// writer gets an equal share of the rest. `memory_bytes` is the execution's and the writers'
+// memory together. A driver whose writers hold nothing keeps the window of `spec`.
+struct OutputMemory {
+  uint64_t window_bytes = 0;
+  uint64_t writer_budget = 0;
+  uint64_t memory_bytes = 0;
+};
+OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
+                               const kvstore::Driver& driver);
 
 // An upper bound of the memory a conversion of `spec` needs, computed without reading the
 // input (the scheduler admits jobs with it): per thread the window, the source pages it may

@@ -20,7 +20,9 @@
 #include "lib/formats/safetensors/safetensors_format.h"
 #include "lib/engine/output_commit.h"
 #include "lib/engine/partitioned_conversion.h"
+#include "lib/exec/executor.h"
 #include "lib/io/s3/s3_client.h"
+#include "lib/io/s3/s3_object_writer.h"
 #include "lib/io/s3/s3_store.h"
 #include "lib/io/s3/testing/memory_s3_client.h"
 #include "lib/io/kvstore/driver_testutil.h"
@@ -104,17 +106,17 @@ TEST(ObjectStoreOutputTest, SiblingPrefixIsNotInsideAndListingErrorsNameTheOutpu
   EXPECT_GT(client->stats().requests, 0u);
 }
 
-// A safetensors model of four 64 KiB fp32 tensors; consolidated with 70 kB shards, each output
-// file holds one tensor: four data objects and the index.
-std::string WriteModel() {
+// A safetensors model of four fp32 tensors of `rows` x `cols` (by default 64 KiB; consolidated
+// with 70 kB shards, each output file holds one tensor: four data objects and the index).
+std::string WriteModel(int64_t rows = 128, int64_t cols = 128) {
   const std::string dir = MakeTempDir("model");
   std::vector<SafetensorsTensorEntry> entries;
   std::string data;
   for (int t = 0; t < 4; ++t) {
-    const std::string bytes = TestPattern(128 * 128 * 4, t);
+    const std::string bytes = TestPattern(rows * cols * 4, t);
     entries.push_back({absl::StrCat("layers.", t, ".weight"),
                        DType::kF32,
-                       {128, 128},
+                       {rows, cols},
                        data.size(),
                        data.size() + bytes.size()});
     data += bytes;
@@ -358,6 +360,27 @@ TEST(MemoryOutputTest, FinishedOutputIsRefusedWithoutOverwrite) {
   absl::StatusOr<ConversionResult> replaced = RunAnyConversion(spec, {});
   ASSERT_TRUE(replaced.ok()) << replaced.status();
   EXPECT_EQ(replaced->reused_files, 0);
+}
+
+// A conversion into s3:// needs no more memory than the same conversion into a folder: the
+// executor's window and the uploads' parts in flight share the window's budget.
+TEST(ObjectStoreMemoryTest, WindowAndUploadBuffersFitTheBudget) {
+  // Four 8 MiB fp32 tensors; 20 MB shards: two 16 MiB data files, written at once.
+  ConversionSpec spec = Consolidate(WriteModel(1024, 2048), "s3://models/out");
+  spec.max_shard_size = 20'000'000;
+
+  absl::StatusOr<PlannedConversion> planned = PlanConversion(spec);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  ASSERT_EQ(planned->plan.files.size(), 2u);
+  const uint64_t budget = EstimateExecutionMemory(planned->plan, ExecutorOptionsFor(spec));
+  ExecutorOptions shrunk = ExecutorOptionsFor(spec);
+  shrunk.window_bytes = planned->window_bytes;
+  // Each upload: 8 MiB parts, what fits of the budget in flight.
+  const uint64_t per_upload = S3ObjectWriter::MemoryBound(
+      S3ObjectWriter::OptionsFor(planned->plan.files[0].bytes, planned->writer_budget));
+  const uint64_t accounted = EstimateExecutionMemory(planned->plan, shrunk) + 2 * per_upload;
+  EXPECT_EQ(planned->memory_bytes, accounted);
+  EXPECT_LE(accounted, budget);
 }
 
 }  // namespace

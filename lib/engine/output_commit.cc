@@ -256,16 +256,18 @@ class OutputAreaSink::FileWriter final : public ByteWriter {
 
 OutputAreaSink::OutputAreaSink(const OutputArea& area, std::string plan_id,
                                std::map<std::string, std::string> metadata,
-                               const std::atomic<bool>* cancelled)
+                               const std::atomic<bool>* cancelled, uint64_t writer_budget)
     : area_(area),
       plan_id_(std::move(plan_id)),
       metadata_(std::move(metadata)),
-      cancelled_(cancelled) {}
+      cancelled_(cancelled),
+      writer_budget_(writer_budget) {}
 
 absl::StatusOr<std::unique_ptr<ByteWriter>> OutputAreaSink::Open(const std::string& name,
                                                                  uint64_t bytes) {
   kvstore::WriteOptions options;
   options.size_hint = bytes;
+  options.memory_budget = writer_budget_;
   options.metadata = metadata_;
   ASSIGN_OR_RETURN(std::unique_ptr<kvstore::Writer> file,
                    area_.driver().Write(area_.PathOf(name), options));

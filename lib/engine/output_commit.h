@@ -184,10 +184,11 @@ class OutputArea {
 class OutputAreaSink final : public OutputSink {
  public:
   // `metadata` is kept with every data file where the storage can (WriteOptions::metadata).
-  // `cancelled` (may be null) ends a test fault point's wait.
+  // `cancelled` (may be null) ends a test fault point's wait. `writer_budget` is each file
+  // writer's memory budget (WriteOptions::memory_budget; 0: the driver's choice).
   OutputAreaSink(const OutputArea& area, std::string plan_id,
                  std::map<std::string, std::string> metadata,
-                 const std::atomic<bool>* cancelled);
+                 const std::atomic<bool>* cancelled, uint64_t writer_budget = 0);
 
   absl::StatusOr<std::unique_ptr<ByteWriter>> Open(const std::string& name,
                                                    uint64_t bytes) override;
@@ -205,6 +206,7 @@ class OutputAreaSink final : public OutputSink {
   const std::string plan_id_;
   const std::map<std::string, std::string> metadata_;
   const std::atomic<bool>* const cancelled_;
+  const uint64_t writer_budget_;
   std::atomic<int> committed_{0};
   absl::Mutex mu_;
   // Data file -> the generation its commit gave (empty when the driver gives none with it).

@@ -300,14 +300,14 @@ absl::Status PrepareData(const PartitionArea& area, const AreaContents& contents
 // Writes `mine` into the data area, recording each file as it is committed.
 absl::StatusOr<ExecutionResult> WriteData(const PartitionArea& area, const Split& split,
                                           const CopyPlan& mine, ExecutorOptions options,
-                                          const RunControl& control) {
+                                          uint64_t writer_budget, const RunControl& control) {
   const OutputArea data = DataArea(area);
   // The first error recording a finished file; the executor calls on_file_committed
   // serialized.
   absl::Status record_status;
   std::map<std::string, std::string> metadata;
   if (!control.job_id.empty()) metadata["reshard-job"] = control.job_id;
-  OutputAreaSink sink(data, split.id, std::move(metadata), control.cancelled);
+  OutputAreaSink sink(data, split.id, std::move(metadata), control.cancelled, writer_budget);
   const bool in_place = WritesInPlace(area);
   options.on_file_committed = [&](const WrittenFile& file) {
     if (record_status.ok()) {
@@ -453,8 +453,12 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   }
   ExecutorOptions options = ExecutorOptionsFor(spec, control);
   options.completed_files = completed;
+  // The window and the upload buffers share the worker's memory (ShareOutputMemory).
+  const OutputMemory memory = ShareOutputMemory(spec, mine, *area.driver);
+  options.window_bytes = memory.window_bytes;
   const Clock::time_point write_start = Clock::now();
-  ASSIGN_OR_RETURN(ExecutionResult executed, WriteData(area, split, mine, options, control),
+  ASSIGN_OR_RETURN(ExecutionResult executed,
+                   WriteData(area, split, mine, options, memory.writer_budget, control),
                    absl::StrCat("partition ", PartitionName({index, count})));
 
   RecordedFiles recorded;

@@ -66,6 +66,9 @@ struct Listing {
 struct WriteOptions {
   // The file's size when known in advance (S3: the upload's part size); 0 when not.
   uint64_t size_hint = 0;
+  // The most memory the writer may hold besides what the caller gives it (WriteMemoryBound);
+  // 0: the driver's own choice. A driver that cannot go lower holds its minimum (S3: two parts).
+  uint64_t memory_budget = 0;
   // Kept with the file where the storage has user metadata (S3: x-amz-meta-<name>); ignored
   // elsewhere.
   std::map<std::string, std::string> metadata;

@@ -46,11 +46,18 @@ absl::StatusOr<std::string> MultipartETag(const std::vector<S3CompletedPart>& pa
       parts.size());
 }
 
-S3ObjectWriter::Options S3ObjectWriter::OptionsFor(uint64_t object_bytes) {
+S3ObjectWriter::Options S3ObjectWriter::OptionsFor(uint64_t object_bytes,
+                                                   uint64_t memory_budget) {
   Options options;
   constexpr uint64_t kMiB = 1 << 20;
   const uint64_t fitting = (object_bytes + S3Client::kMaxParts - 1) / S3Client::kMaxParts;
   options.part_bytes = std::max(options.part_bytes, (fitting + kMiB - 1) / kMiB * kMiB);
+  if (memory_budget > 0) {
+    // The part filling and the parts in flight share the budget.
+    const uint64_t parts = memory_budget / options.part_bytes;
+    options.parts_in_flight = static_cast<int>(
+        std::clamp<uint64_t>(parts > 0 ? parts - 1 : 0, 1, options.parts_in_flight));
+  }
   return options;
 }
 

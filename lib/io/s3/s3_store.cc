@@ -123,7 +123,8 @@ absl::Status S3Store::CreateExclusive(const std::string& url, absl::string_view 
 namespace {
 
 S3ObjectWriter::Options UploadOptions(const kvstore::WriteOptions& options) {
-  S3ObjectWriter::Options upload = S3ObjectWriter::OptionsFor(options.size_hint);
+  S3ObjectWriter::Options upload =
+      S3ObjectWriter::OptionsFor(options.size_hint, options.memory_budget);
   upload.metadata = options.metadata;
   return upload;
 }
