@@ -557,8 +557,10 @@ absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* co
   }
   *config_path = absl::StrCat(folder, "/", kConfigName);
   absl::StatusOr<std::string> text = ReadSmallFile(*config_path, kMaxConfigBytes);
+  // Without config.json the input is no model a Megatron writer takes: the request is invalid
+  // (as for any other format's input), not a missing file the user named.
   if (absl::IsNotFound(text.status())) {
-    return absl::NotFoundError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         *config_path,
         " not found: a Hugging Face model is imported into Megatron-LM with the config.json "
         "save_pretrained writes beside the weights (sizes, heads, vocabulary); other input "

@@ -115,7 +115,7 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog,
                                                   int tensor_parallel, int pipeline_parallel);
 
 // The config.json beside the Hugging Face weights `input` (a folder, or a weight file or index
-// in it), parsed. NotFound naming the file when there is none; InvalidArgument when it is not a
+// in it), parsed. InvalidArgument naming the file when there is none or when it is not a
 // JSON object.
 absl::StatusOr<nlohmann::ordered_json> ReadHfInputConfig(const std::string& input,
                                                          std::string* config_path);

@@ -472,11 +472,11 @@ TEST(HfImportTest, PresentHfModelAsMegatron) {
   EXPECT_GE(unchanged.Find("model.embed_tokens.weight"), 0);
   EXPECT_EQ(torch_model.training_state.Value(kHfImportFamilyKey), nullptr);
 
-  // A safetensors model without config.json beside it: NotFound naming the file.
+  // A safetensors model without config.json beside it: InvalidArgument naming the file.
   const std::string bare = MakeTempDir("hf_present_bare");
   Catalog bare_catalog = hf.catalog();
   presented = PresentHfModelAsMegatron(bare, 1, 1, "Megatron-LM", model, bare_catalog);
-  EXPECT_EQ(presented.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(presented.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(presented.status().message().find(bare + "/config.json not found"), std::string::npos)
       << presented.status();
 }
