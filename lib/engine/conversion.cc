@@ -269,8 +269,8 @@ OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
   ExecutorOptions options = ExecutorOptionsFor(spec);
   OutputMemory shared;
   shared.window_bytes = spec.window_bytes;
-  const uint64_t budget = EstimateExecutionMemory(plan, options);
-  shared.memory_bytes = budget;
+  const uint64_t local = EstimateExecutionMemory(plan, options);
+  shared.memory_bytes = local;
   // Each data file's writer holds at most this much for the largest file.
   uint64_t largest = 0;
   for (const FilePlan& file : plan.files) largest = std::max(largest, file.bytes);
@@ -285,7 +285,10 @@ OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
   }
   const uint64_t files = std::max<uint64_t>(
       1, std::min(plan.files.size(), files_at_once * static_cast<size_t>(std::max(spec.threads, 1))));
-  constexpr uint64_t kSmallestWindow = 4ull << 20;
+  // At most kOutputMemoryCap: the local estimate counts more than the executor holds, while
+  // the writers' parts in flight are all held.
+  const uint64_t budget = std::min(local, kOutputMemoryCap);
+  constexpr uint64_t kSmallestWindow = 1ull << 20;
   const uint64_t smallest = std::min(spec.window_bytes, kSmallestWindow);
   bool found = false;
   uint64_t best_writer = 0;

@@ -1,6 +1,7 @@
 #include "lib/io/s3/s3_object_writer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -137,14 +138,16 @@ void S3ObjectWriter::UploaderLoop() {
       }
     }
     absl::StatusOr<std::string> etag =
-        client_->UploadPart(bucket_, key_, upload_id_, part.number, part.data);
+        client_->UploadPart(bucket_, key_, upload_id_, part.number,
+                            absl::string_view(part.data.data(), part.size));
     absl::MutexLock lock(&mu_);
     if (etag.ok()) {
       completed_parts_.push_back({part.number, *std::move(etag)});
     } else if (error_.ok()) {
       error_ = Annotate(etag.status(), absl::StrCat("uploading part ", part.number, " (",
-                                                    part.data.size(), " bytes) of ", url_));
+                                                    part.size, " bytes) of ", url_));
     }
+    spare_buffers_.push_back(std::move(part.data));
     --pending_;
   }
 }
@@ -158,9 +161,15 @@ absl::Status S3ObjectWriter::SubmitPart() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(this, &S3ObjectWriter::HasRoom));
   RETURN_IF_ERROR(error_);
-  queue_.push_back(Part{next_part_++, std::move(buffer_)});
+  queue_.push_back(Part{next_part_++, std::move(buffer_), filled_});
   ++pending_;
-  buffer_ = std::string();
+  filled_ = 0;
+  if (spare_buffers_.empty()) {
+    buffer_ = PageBuffer();
+  } else {
+    buffer_ = std::move(spare_buffers_.back());
+    spare_buffers_.pop_back();
+  }
   return absl::OkStatus();
 }
 
@@ -171,12 +180,13 @@ absl::Status S3ObjectWriter::Write(absl::string_view data) {
     RETURN_IF_ERROR(error_);
   }
   while (!data.empty()) {
-    if (buffer_.capacity() < options_.part_bytes) buffer_.reserve(options_.part_bytes);
-    const size_t n = std::min<size_t>(data.size(), options_.part_bytes - buffer_.size());
-    buffer_.append(data.data(), n);
+    if (buffer_.size() < options_.part_bytes) buffer_ = PageBuffer(options_.part_bytes);
+    const size_t n = std::min<size_t>(data.size(), options_.part_bytes - filled_);
+    std::memcpy(buffer_.data() + filled_, data.data(), n);
+    filled_ += n;
     data.remove_prefix(n);
     pos_ += n;
-    if (buffer_.size() == options_.part_bytes) RETURN_IF_ERROR(SubmitPart());
+    if (filled_ == options_.part_bytes) RETURN_IF_ERROR(SubmitPart());
   }
   return absl::OkStatus();
 }
@@ -193,7 +203,7 @@ absl::Status S3ObjectWriter::Close() {
     StopUploaders();
     return absl::OkStatus();
   }
-  if (!buffer_.empty()) RETURN_IF_ERROR(SubmitPart());
+  if (filled_ > 0) RETURN_IF_ERROR(SubmitPart());
   std::vector<S3CompletedPart> parts;
   {
     absl::MutexLock lock(&mu_);

@@ -34,6 +34,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/io/byte_writer.h"
+#include "lib/io/page_buffer.h"
 #include "lib/io/s3/s3_client.h"
 
 namespace reshard {
@@ -95,7 +96,8 @@ class S3ObjectWriter final : public ByteWriter {
  private:
   struct Part {
     int number = 0;
-    std::string data;
+    PageBuffer data;
+    size_t size = 0;  // of data, the part's bytes
   };
 
   S3ObjectWriter(S3Client* client, std::string bucket, std::string key, Options options,
@@ -120,7 +122,10 @@ class S3ObjectWriter final : public ByteWriter {
   const Options options_;
   const std::string upload_id_;
 
-  std::string buffer_;  // the part being filled
+  // The part being filled, its first filled_ bytes written. Parts are mapped (PageBuffer):
+  // glibc would keep freed 8 MiB buffers in its heaps once its mmap threshold rises.
+  PageBuffer buffer_;
+  size_t filled_ = 0;
   int next_part_ = 1;
   uint64_t pos_ = 0;
   bool closed_ = false;
@@ -133,6 +138,8 @@ class S3ObjectWriter final : public ByteWriter {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::vector<S3CompletedPart> completed_parts_ ABSL_GUARDED_BY(mu_);
+  // Buffers of uploaded parts, filled again by Write.
+  std::vector<PageBuffer> spare_buffers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> uploaders_;
 };
 
