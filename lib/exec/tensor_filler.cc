@@ -229,7 +229,7 @@ void TensorFiller::GatherInBlocks(const MappedFile& source, int64_t stride,
   // Each block reads kGatherBlockBytes of pages at most: `block` elements of every run, each
   // element on its own source row of `runs.size()` neighbouring elements (a page or two), or
   // the whole source row where the page cache holds it in large folios, which a fault maps
-  // whole (ReleaseAround).
+  // whole (MappedFile::Release).
   const uint64_t step = static_cast<uint64_t>(stride) * src_element_size_;
   const uint64_t row_bytes = std::max<uint64_t>(runs.size() * src_element_size_ + 4096, step);
   const int64_t block = std::max<int64_t>(1, kGatherBlockBytes / row_bytes);
@@ -246,22 +246,8 @@ void TensorFiller::GatherInBlocks(const MappedFile& source, int64_t stride,
       begin = std::min(begin, src);
       stop = std::max(stop, src + static_cast<uint64_t>(count - 1) * step + src_element_size_);
     }
-    if (stop > begin) ReleaseAround(source, begin, stop - begin);
+    if (stop > begin) source.Release(begin, stop - begin);
   }
-}
-
-void TensorFiller::ReleaseAround(const MappedFile& source, uint64_t offset, uint64_t length) {
-  if (source.data() == nullptr || length == 0 || offset >= source.size()) return;
-  // Fault-around aligns its block in the address space, not in the file.
-  const uintptr_t base = reinterpret_cast<uintptr_t>(source.data());
-  const uintptr_t mapped_end = base + source.size();
-  const uintptr_t from = std::max(base, (base + offset) / kFaultAroundBytes * kFaultAroundBytes);
-  const uintptr_t to =
-      std::min(mapped_end, (base + std::min(offset + length, source.size()) + kFaultAroundBytes -
-                            1) / kFaultAroundBytes * kFaultAroundBytes);
-  // Release drops the whole pages inside [from, to): both are page boundaries (the mapping
-  // starts at one), but for the end of a file whose last page is partly past it.
-  if (to > from) source.Release(from - base, to - from);
 }
 
 absl::Status TensorFiller::FillRemoteRuns(int64_t begin, int64_t end, std::byte* out) {

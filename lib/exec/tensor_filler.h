@@ -167,20 +167,10 @@ class TensorFiller {
   // row) are gathered block by block across all the window's rows of the item, and each
   // block's pages are released before the next: a window of whole output rows would
   // otherwise fault in every page of the tensor's source (a page per source row) at once.
-  // A block releases the pages at its ends and those mapped around them too (ReleaseAround):
-  // every window starts at another column, so pages left at block ends would add up over the
-  // tensor.
+  // A block releases the pages at its ends and those mapped around them too
+  // (MappedFile::Release): every window starts at another column, so pages left at block ends
+  // would add up over the tensor.
   static constexpr uint64_t kGatherBlockBytes = 1 << 20;
-  // Drops from the process's resident set every page of `source` a gather of [offset,
-  // offset + length) may have mapped: the pages holding its bytes, those shared with bytes
-  // around it, and the cached pages a fault maps with the faulting one (fault-around, 64 KiB;
-  // the whole large folio of the page cache the page is in, up to 2 MiB), all within the
-  // aligned block of kFaultAroundBytes of the address space holding it, which
-  // MappedFile::Release (the whole pages inside a range) leaves. Later reads fault them back
-  // in from the page cache.
-  static void ReleaseAround(const MappedFile& source, uint64_t offset, uint64_t length);
-  // The largest folio a fault maps: a PMD (2 MiB on x86-64 and arm64 with 4 KiB pages).
-  static constexpr uint64_t kFaultAroundBytes = 2 << 20;
   struct StridedRun {
     uint64_t src_byte = 0;  // the run's first element
     int64_t count = 0;

@@ -538,21 +538,9 @@ TEST_F(TensorFillerTest, RemoteGatherFeedsChecksums) {
   EXPECT_THAT(damaged.message(), HasSubstr("mem://b/rank3"));
 }
 
-// Pages of `file`'s mapping this process has mapped (/proc/self/pagemap's present bit), or -1
-// when the kernel does not say.
+// Pages of `file`'s mapping this process has mapped, or -1 when the kernel does not say.
 int64_t MappedPages(const MappedFile& file) {
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t first = reinterpret_cast<uintptr_t>(file.data()) / page;
-  const uint64_t pages = (file.size() + page - 1) / page;
-  const int fd = open("/proc/self/pagemap", O_RDONLY);
-  if (fd < 0) return -1;
-  std::vector<uint64_t> entries(pages);
-  const ssize_t n = pread(fd, entries.data(), pages * 8, static_cast<off_t>(first * 8));
-  close(fd);
-  if (n != static_cast<ssize_t>(pages * 8)) return -1;
-  int64_t present = 0;
-  for (uint64_t entry : entries) present += (entry >> 63) & 1;
-  return present;
+  return reshard::MappedPages(file.data(), file.size());
 }
 
 // A transposed view (a Hugging Face Conv1D weight [in, out] of a Megatron [out, in] one) is a

@@ -25,6 +25,36 @@ uint64_t PageSize() {
   return page;
 }
 
+// Maps `size` bytes of `fd` (file `path`) read-only at an address one page past a kFaultAroundBytes
+// boundary, so that no block of kFaultAroundBytes of the file lies in one aligned block of the
+// address space. A fault maps the page cache's large folio holding the page whole only when the
+// folio lies in one such block (one page table): a 2 MiB folio never does here, and a fault
+// maps the pages fault-around maps (64 KiB) rather than 2 MiB of the source, which the process
+// would hold in its resident set until the read is released.
+absl::StatusOr<std::byte*> MapOffFolios(int fd, uint64_t size, const std::string& path) {
+  const uint64_t page = PageSize();
+  const uint64_t block = MappedFile::kFaultAroundBytes;
+  const uint64_t mapped = (size + page - 1) / page * page;
+  // Address space for the mapping wherever it starts in the first aligned block.
+  const uint64_t reserved = mapped + 2 * block;
+  void* area = ::mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                      -1, 0);
+  if (area == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("mapping ", path));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(area);
+  const uintptr_t at = (start + block - 1) / block * block + page;
+  void* address = ::mmap(reinterpret_cast<void*>(at), mapped, PROT_READ, MAP_SHARED | MAP_FIXED,
+                         fd, 0);
+  if (address == MAP_FAILED) {
+    const int error = errno;
+    ::munmap(area, reserved);
+    return ErrnoToStatus(error, absl::StrCat("mapping ", path));
+  }
+  // The reservation around the mapping goes back.
+  ::munmap(area, at - start);
+  ::munmap(reinterpret_cast<void*>(at + mapped), start + reserved - (at + mapped));
+  return static_cast<std::byte*>(address);
+}
+
 }  // namespace
 
 absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path, int64_t expected_size,
@@ -60,13 +90,12 @@ absl::StatusOr<MappedFile> MappedFile::Adopt(int fd, const std::string& path,
   file.path_ = path;
   file.size_ = static_cast<uint64_t>(st.st_size);
   if (file.size_ > 0) {
-    void* address = ::mmap(nullptr, file.size_, PROT_READ, MAP_SHARED, fd, 0);
-    if (address == MAP_FAILED) {
-      int error = errno;
+    absl::StatusOr<std::byte*> address = MapOffFolios(fd, file.size_, path);
+    if (!address.ok()) {
       ::close(fd);
-      return ErrnoToStatus(error, absl::StrCat("mapping ", path));
+      return address.status();
     }
-    file.data_ = static_cast<std::byte*>(address);
+    file.data_ = *address;
     // No MADV_SEQUENTIAL: on this kernel it makes cold-cache faults slower than the default
     // read-around. Consumed pages are dropped with Release instead.
   }
@@ -257,11 +286,18 @@ absl::Status MappedFile::ReadFully(int fd, uint64_t offset, uint64_t want, uint6
 }
 
 void MappedFile::Release(uint64_t offset, uint64_t length) const {
-  if (data_ == nullptr || length == 0) return;
-  const uint64_t page = PageSize();
-  uint64_t begin = (offset + page - 1) / page * page;
-  uint64_t end = std::min(offset + length, size_) / page * page;
-  if (end > begin) ::madvise(data_ + begin, end - begin, MADV_DONTNEED);
+  if (data_ == nullptr || length == 0 || offset >= size_) return;
+  // Fault-around and large folios align in the address space, not in the file. The ends are
+  // page boundaries (the mapping starts at one); madvise rounds the length up to whole pages,
+  // which covers the file's last page.
+  const uintptr_t base = reinterpret_cast<uintptr_t>(data_);
+  const uintptr_t from = std::max(base, (base + offset) / kFaultAroundBytes * kFaultAroundBytes);
+  const uintptr_t to =
+      std::min(base + size_, (base + std::min(offset + length, size_) + kFaultAroundBytes - 1) /
+                                 kFaultAroundBytes * kFaultAroundBytes);
+  // The mapping is shared and read-only: pages dropped here that another reader of the file
+  // still reads fault back in with the same bytes.
+  if (to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
 }
 
 void MappedFile::DropCached(uint64_t offset, uint64_t length) const {

@@ -3,8 +3,9 @@
 // The Executor reads strided and converted data out of the mapping, and rows stored as they
 // are written with `ReadAt` (pread into its buffer: the kernel's sequential readahead and no
 // page faults, about three times faster than faulting the mapping in on a cold cache). Mapped
-// pages it has consumed are handed back with `Release` (MADV_DONTNEED), so the process's
-// resident memory stays bounded by the copy window however large the file is. With
+// pages it has consumed are handed back with `Release` (MADV_DONTNEED, with the pages the
+// kernel mapped around them), so the process's resident memory stays bounded by the copy
+// window however large the file is. With
 // `set_drop_behind`, `DropCached` drops the pages read from the page cache too (a conversion does
 // not leave its input cached); otherwise the data stays in the page cache.
 //
@@ -86,9 +87,18 @@ class MappedFile {
   // what. Requires mapped() and the range inside the file.
   const std::byte* StridedView(uint64_t offset, uint64_t length) const;
 
-  // Drops the pages fully inside [offset, offset + length) from this process's resident set.
-  // Later reads fault them back in from the page cache. Thread safe.
+  // Drops from this process's resident set every page a read of [offset, offset + length)
+  // through the mapping may have mapped: the pages holding its bytes, those shared with bytes
+  // around it, and the cached pages a fault maps with the faulting one (fault-around; the page
+  // cache's large folio holding the page, which a fault maps whole on Linux 6.18, up to 2 MiB),
+  // that is every page of the aligned blocks of kFaultAroundBytes of the address space that
+  // hold its bytes. Pages of bytes around the range go too: later reads fault them back in from
+  // the page cache. Releasing only the pages inside each consumed range would leave those
+  // around it mapped, and a conversion's reads would add them up range after range. Thread
+  // safe.
   void Release(uint64_t offset, uint64_t length) const;
+  // The largest block a fault maps: a PMD (2 MiB on x86-64 and arm64 with 4 KiB pages).
+  static constexpr uint64_t kFaultAroundBytes = 2 << 20;
 
   // With drop_behind, drops the pages fully inside [offset, offset + length) from the page
   // cache (POSIX_FADV_DONTNEED); call it for bytes that were read and will not be read again.

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -86,6 +87,47 @@ TEST(MappedFileTest, ReleaseKeepsDataReadable) {
   file->Release(size - 10, 1000);  // runs past the end
   file->WillNeed(4096, 8192);
   EXPECT_EQ(std::memcmp(file->data(), data.data(), size), 0);
+}
+
+// Windows read through the mapping one after another, each released once read: none of the
+// source's pages stays in the process's resident set. Neither the page a window shares with
+// the next (its end and the next one's start fall inside it), nor those a fault maps with the
+// faulting one (fault-around; the page cache's large folio, which a fault maps whole on this
+// kernel, up to 2 MiB), which hold bytes of windows released before.
+TEST(MappedFileTest, ReleasedWindowsLeaveNoPagesMapped) {
+  const size_t size = (8 << 20) + 1000;
+  const std::string data = Pattern(size);
+  const std::string path = WriteTemp("windows.bin", data);
+  auto file = MappedFile::Open(path, static_cast<int64_t>(size));
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(MappedPages(file->data(), size), 0) << "nothing read yet";
+  const size_t window = (3 << 19) + 100;  // 1.5 MiB and a bit: starts inside pages and folios
+  for (size_t begin = 0; begin < size; begin += window) {
+    const size_t length = std::min(window, size - begin);
+    const std::byte* run = file->Run(begin, length);
+    ASSERT_EQ(std::memcmp(run, data.data() + begin, length), 0) << "window at " << begin;
+    file->Release(begin, length);
+    EXPECT_EQ(MappedPages(file->data(), size), 0) << "after window [" << begin << ", "
+                                                   << begin + length << ")";
+  }
+}
+
+// The mapping starts a page past a kFaultAroundBytes boundary of the address space, so a read
+// of one byte through it maps less than a 2 MiB folio of the page cache: the kernel maps such
+// a folio neither with one PMD nor whole with page table entries.
+TEST(MappedFileTest, OneByteReadMapsLessThanAFolio) {
+  const size_t size = 32 << 20;
+  const std::string data = Pattern(size);
+  const std::string path = WriteTemp("folio.bin", data);
+  auto file = MappedFile::Open(path, static_cast<int64_t>(size));
+  ASSERT_TRUE(file.ok()) << file.status();
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(file->data()) % MappedFile::kFaultAroundBytes, page);
+  const size_t at = (27 << 20) + 5;  // in the middle of a 2 MiB block of the file
+  EXPECT_EQ(static_cast<char>(*file->Run(at, 1)), data[at]);
+  const int64_t mapped = MappedPages(file->data(), size);
+  EXPECT_GT(mapped, 0);
+  EXPECT_LT(mapped, static_cast<int64_t>(MappedFile::kFaultAroundBytes / page)) << mapped;
 }
 
 TEST(MappedFileTest, MoveKeepsMapping) {

@@ -72,4 +72,20 @@ std::string TestPattern(size_t size, uint32_t seed) {
   return out;
 }
 
+int64_t MappedPages(const void* address, uint64_t size) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t first = reinterpret_cast<uintptr_t>(address) / page;
+  const uint64_t pages = (size + page - 1) / page;
+  if (pages == 0) return 0;
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  std::vector<uint64_t> entries(pages);
+  const ssize_t n = ::pread(fd, entries.data(), pages * 8, static_cast<off_t>(first * 8));
+  ::close(fd);
+  if (n != static_cast<ssize_t>(pages * 8)) return -1;
+  int64_t present = 0;
+  for (uint64_t entry : entries) present += (entry >> 63) & 1;
+  return present;
+}
+
 }  // namespace reshard

@@ -28,6 +28,11 @@ std::string TestPattern(size_t size, uint32_t seed = 0);
 // file cannot be mapped. An empty file has none.
 int64_t CachedPages(const std::string& path);
 
+// How many pages of the mapping [address, address + size) this process has mapped now
+// (/proc/self/pagemap's present bit: its resident set, whatever the page cache holds); -1 when
+// the kernel does not say.
+int64_t MappedPages(const void* address, uint64_t size);
+
 }  // namespace reshard
 
 #endif  // RESHARD_LIB_TESTING_TEST_FILES_H_
