@@ -340,22 +340,6 @@ class Gpt2Tests(Base):
             f.write("100")
         return folder
 
-    # Megatron-Core's Transformer Engine names of the legacy layer names above.
-    TE_NAMES = {
-        "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
-        "input_layernorm.bias": "self_attention.linear_qkv.layer_norm_bias",
-        "self_attention.query_key_value.weight": "self_attention.linear_qkv.weight",
-        "self_attention.query_key_value.bias": "self_attention.linear_qkv.bias",
-        "self_attention.dense.weight": "self_attention.linear_proj.weight",
-        "self_attention.dense.bias": "self_attention.linear_proj.bias",
-        "post_attention_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
-        "post_attention_layernorm.bias": "mlp.linear_fc1.layer_norm_bias",
-        "mlp.dense_h_to_4h.weight": "mlp.linear_fc1.weight",
-        "mlp.dense_h_to_4h.bias": "mlp.linear_fc1.bias",
-        "mlp.dense_4h_to_h.weight": "mlp.linear_fc2.weight",
-        "mlp.dense_4h_to_h.bias": "mlp.linear_fc2.bias",
-    }
-
     def write_torch_dist(self, hf, tp, pp, padded, seed):
         """The Megatron-Core torch_dist checkpoint of `hf` at TP x PP (tied embeddings, TE
         names, layers stacked under decoder.layers.<rest>, the args in common.pt)."""
@@ -375,7 +359,7 @@ class Gpt2Tests(Base):
         add("embedding.position_embeddings.weight", hf["transformer.wpe.weight"],
             F.Grid({}, lambda i: 0))
         layers = [self.layer_tensors(hf, i) for i in range(self.LAYERS)]
-        for suffix, te in self.TE_NAMES.items():
+        for suffix, te in hmf.LEGACY_TO_CORE.items():
             axis = layers[0][suffix][1]
             grid = (F.Grid({0: self.LAYERS}, lambda i: tp * (i[0] // per)) if axis is None else
                     F.Grid({0: self.LAYERS, axis + 1: tp},

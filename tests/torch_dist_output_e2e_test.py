@@ -36,22 +36,8 @@ from st_torch import read_file as st_tensors  # noqa: E402
 ITER = "iter_0000100"
 METADATA_JSON = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                  "common_backend": "torch", "common_backend_version": 1}
-# Megatron-LM's layer tensor names -> Megatron-Core's (Transformer Engine spec), written here
-# from Megatron-Core's TransformerLayer, independently of reshard's table.
-LEGACY_TO_CORE = {
-    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
-    "input_layernorm.bias": "self_attention.linear_qkv.layer_norm_bias",
-    "self_attention.query_key_value.weight": "self_attention.linear_qkv.weight",
-    "self_attention.query_key_value.bias": "self_attention.linear_qkv.bias",
-    "self_attention.dense.weight": "self_attention.linear_proj.weight",
-    "self_attention.dense.bias": "self_attention.linear_proj.bias",
-    "post_attention_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
-    "post_attention_layernorm.bias": "mlp.linear_fc1.layer_norm_bias",
-    "mlp.dense_h_to_4h.weight": "mlp.linear_fc1.weight",
-    "mlp.dense_h_to_4h.bias": "mlp.linear_fc1.bias",
-    "mlp.dense_4h_to_h.weight": "mlp.linear_fc2.weight",
-    "mlp.dense_4h_to_h.bias": "mlp.linear_fc2.bias",
-}
+# Megatron-LM's layer tensor names -> Megatron-Core's (tests/fixtures/hf_megatron_fixture.py).
+LEGACY_TO_CORE = hmf.LEGACY_TO_CORE
 
 
 def core_name(legacy):

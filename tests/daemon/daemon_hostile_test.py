@@ -96,8 +96,8 @@ class HostilePathTests(DaemonTestCase):
         folder = self.r("fifo_folder")
         os.makedirs(folder)
         os.mkfifo(os.path.join(folder, "model.safetensors"))
-        # Inspect (several, as in the report: they used to pile up in the metadata pool and make
-        # every later call time out), plan and submit: refused at once, naming the FIFO.
+        # Inspect (several: each must return at once, none may hold a metadata-pool thread that
+        # would make later calls time out), plan and submit: refused at once, naming the FIFO.
         for _ in range(4):
             for path in (fifo, folder):
                 r = self.ctl("inspect", path, timeout=30)
