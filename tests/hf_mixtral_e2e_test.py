@@ -228,6 +228,19 @@ class MixtralImportTests(Base):
         self.assertExit(res, 0)
         self.assertIn("--family auto: mixtral", res.text)
 
+    def test_round_trip_tp2_pp2(self):
+        model = moe.MoE(shared_ffn=0, train_tp=2, seed=9)
+        folder, hf = self.hf_folder(model)
+        mg = self.p("megatron")
+        self.assertExit(self.ctl("reshard", folder, mg, "--format", "megatron", "--parts", 2,
+                                 "--pipeline-parts", 2, "--no-progress"), 0)
+        self.assertEqual(sorted(os.listdir(os.path.join(mg, "release"))),
+                         ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"])
+        back = self.p("back")
+        self.export(mg, back)
+        self.check_tensors(back, hf)
+        self.check_mixtral_config(back, model)
+
 
 if __name__ == "__main__":
     sys.exit(harness.main(globals(), "reshardctl"))
