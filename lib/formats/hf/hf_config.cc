@@ -170,8 +170,7 @@ absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources) {
       if (!expert_ffn.has_value()) expert_ffn = IntAttribute(args, "ffn_hidden_size");
       from_int("intermediate_size", expert_ffn, "args.moe_ffn_hidden_size");
     } else {
-      from_int("intermediate_size", IntAttribute(args, "ffn_hidden_size"),
-               "args.ffn_hidden_size");
+      from_int("intermediate_size", IntAttribute(args, "ffn_hidden_size"), "args.ffn_hidden_size");
     }
     from_int("num_hidden_layers", IntAttribute(args, "num_layers"), "args.num_layers");
     const std::optional<int64_t> heads = IntAttribute(args, "num_attention_heads");

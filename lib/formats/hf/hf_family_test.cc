@@ -55,10 +55,10 @@ TEST(MegatronTensorRoleTest, RouterAndExpertsMapWithTheirGlobalExpertId) {
   };
   for (const Case& c : {
            Case{"decoder.layers.3.mlp.router.weight", Kind::kRouter, 3, -1},
-           Case{"decoder.layers.3.mlp.experts.local_experts.7.linear_fc1.weight",
-                Kind::kExpertFc1, 3, 7},
-           Case{"decoder.layers.0.mlp.experts.local_experts.12.linear_fc2.weight",
-                Kind::kExpertFc2, 0, 12},
+           Case{"decoder.layers.3.mlp.experts.local_experts.7.linear_fc1.weight", Kind::kExpertFc1,
+                3, 7},
+           Case{"decoder.layers.0.mlp.experts.local_experts.12.linear_fc2.weight", Kind::kExpertFc2,
+                0, 12},
            Case{"language_model.encoder.layers.1.mlp.experts.local_experts.0.dense_h_to_4h.weight",
                 Kind::kExpertFc1, 1, 0},
            Case{"language_model.encoder.layers.1.mlp.experts.local_experts.5.dense_4h_to_h.weight",

@@ -202,10 +202,10 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
         family->id, " has no place for (gpt2 has: --family gpt2)"));
   }
   if (scanned.first_moe_only >= 0 && !family->moe) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor \"", catalog.tensors[scanned.first_moe_only].name,
-        "\" belongs to a mixture-of-experts layer, which family ", family->id,
-        " has no place for (mixtral has: --family mixtral)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", catalog.tensors[scanned.first_moe_only].name,
+                     "\" belongs to a mixture-of-experts layer, which family ", family->id,
+                     " has no place for (mixtral has: --family mixtral)"));
   }
   // Qwen2-MoE and Qwen3-MoE are mixtures of experts with a QKV bias or q/k norms.
   const char* moe_note =
@@ -219,10 +219,9 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
                      " has no place for (qwen2 has: --family qwen2", moe_note, ")"));
   }
   if (scanned.first_qk_norm >= 0 && !family->qk_norm) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor \"", catalog.tensors[scanned.first_qk_norm].name,
-                     "\" is a q/k norm, which family ", family->id,
-                     " has no place for (qwen3 has: --family qwen3", moe_note, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor \"", catalog.tensors[scanned.first_qk_norm].name, "\" is a q/k norm, which family ",
+        family->id, " has no place for (qwen3 has: --family qwen3", moe_note, ")"));
   }
   if (family->gpt2) {
     // Megatron-LM's checkpoint_version < 2 orders the fused QKV rows otherwise ([3, nh, d] or
@@ -336,8 +335,7 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
                                           {Role::kRouter, {config.experts, h}},
                                           {Role::kExpertFc1, {2 * ffn, h}},
                                           {Role::kExpertFc2, {h, ffn}}};
-  const std::string moe_sizes =
-      absl::StrCat(sizes, ", num_local_experts ", config.experts);
+  const std::string moe_sizes = absl::StrCat(sizes, ", num_local_experts ", config.experts);
   if (family->gpt2) {
     // The model-level tensors GPT-2 adds: learned positions and the final norm's bias.
     for (const auto& [role, want] : std::vector<std::pair<Role, Shape>>{
@@ -391,10 +389,10 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
         const auto held = experts.find(expert);
         for (Role role : {Role::kExpertFc1, Role::kExpertFc2}) {
           if (held == experts.end() || held->second.count(role) == 0) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "layer ", layer, " of the checkpoint has no tensor for expert ", expert, "'s ",
-                RoleName(role), " (family ", family->id, ", num_local_experts ",
-                config.experts, ")"));
+            return absl::InvalidArgumentError(
+                absl::StrCat("layer ", layer, " of the checkpoint has no tensor for expert ",
+                             expert, "'s ", RoleName(role), " (family ", family->id,
+                             ", num_local_experts ", config.experts, ")"));
           }
         }
         for (const auto& [role, index] : held->second) {
@@ -403,8 +401,8 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
       }
     }
     for (const auto& [role, index] : found->second.by_role) {
-      RETURN_IF_ERROR(CheckShape(catalog.tensors[index], expected.at(role),
-                                 family->moe ? moe_sizes : sizes));
+      RETURN_IF_ERROR(
+          CheckShape(catalog.tensors[index], expected.at(role), family->moe ? moe_sizes : sizes));
     }
   }
 
