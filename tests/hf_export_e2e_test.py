@@ -537,8 +537,8 @@ class RefusalTests(Base):
     def test_unknown_family_lists_the_families_and_flags(self):
         self.refused(self.checkpoint(), self.p("out"), ["--family", "falcon", "--vocab-size", "50"],
                      "unknown model family \"falcon\" for --format hf; the families are llama, "
-                     "mistral, qwen2, qwen3, gpt2 (--family F picks one, --family auto decides from the "
-                     "checkpoint; --config FILE overrides what the args say)")
+                     "mistral, qwen2, qwen3, gpt2, mixtral (--family F picks one, --family auto "
+                     "decides from the checkpoint; --config FILE overrides what the args say)")
 
     def test_heads_not_divisible_by_groups(self):
         config = self.p("config.json")

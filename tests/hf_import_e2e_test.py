@@ -471,7 +471,7 @@ class ImportRefusalTests(Base):
         self.refused(hf_dir, ["--parts", "1"],
                      "model_type \"falcon\" (architectures \"FalconForCausalLM\"), which is none "
                      "of the families reshard imports into Megatron-LM: llama, mistral, qwen2, "
-                     "qwen3, gpt2")
+                     "qwen3, gpt2, mixtral")
 
     def test_missing_config_json(self):
         hf_dir = self.model().save(self.p("hf"))

@@ -153,6 +153,48 @@ std::string WriteRoundingInput(const std::string& dir) {
   return path;
 }
 
+// A Hugging Face Mixtral folder (model.safetensors and config.json): one layer of two query
+// heads in two groups, a router over 2 experts of intermediate size 2, vocabulary 5, untied;
+// every F32 value distinct, so that a tensor written in another place changes bytes.
+std::string WriteHfMixtralInput(const std::string& dir) {
+  float next = 0.5f;
+  auto tensor = [&](std::string name, Shape shape) {
+    int64_t count = 1;
+    for (int64_t extent : shape) count *= extent;
+    std::vector<float> values(count);
+    for (float& value : values) value = (next += 0.25f);
+    std::string bytes(values.size() * sizeof(float), '\0');
+    std::memcpy(bytes.data(), values.data(), bytes.size());
+    return FixtureTensor{std::move(name), DType::kF32, std::move(shape), std::move(bytes)};
+  };
+  std::vector<FixtureTensor> tensors = {tensor("model.embed_tokens.weight", {5, 4})};
+  const std::string layer = "model.layers.0.";
+  for (const char* name : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
+    tensors.push_back(tensor(layer + name, {4}));
+  }
+  for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+    tensors.push_back(tensor(absl::StrCat(layer, "self_attn.", name, ".weight"), {4, 4}));
+  }
+  tensors.push_back(tensor(layer + "block_sparse_moe.gate.weight", {2, 4}));
+  for (int expert = 0; expert < 2; ++expert) {
+    const std::string prefix = absl::StrCat(layer, "block_sparse_moe.experts.", expert, ".");
+    tensors.push_back(tensor(prefix + "w1.weight", {2, 4}));
+    tensors.push_back(tensor(prefix + "w2.weight", {4, 2}));
+    tensors.push_back(tensor(prefix + "w3.weight", {2, 4}));
+  }
+  tensors.push_back(tensor("model.norm.weight", {4}));
+  tensors.push_back(tensor("lm_head.weight", {5, 4}));
+  WriteAll(dir + "/model.safetensors", SafetensorsFileOf(tensors));
+  WriteAll(dir + "/config.json",
+           R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", )"
+           R"("hidden_size": 4, "intermediate_size": 2, "num_hidden_layers": 1, )"
+           R"("num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 2, )"
+           R"("max_position_embeddings": 16, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, )"
+           R"("vocab_size": 5, "tie_word_embeddings": false, "sliding_window": null, )"
+           R"("num_local_experts": 2, "num_experts_per_tok": 1, "router_aux_loss_coef": 0.02})");
+  return dir;
+}
+
 std::vector<GoldenConversion> Conversions() {
   const auto st = Fixture("safetensors", "single-file");
   const auto megatron = Fixture("megatron");
@@ -199,6 +241,7 @@ std::vector<GoldenConversion> Conversions() {
       {"megatron_tp2_pp2_to_s3", megatron,
        With(Reshard("megatron", 2), [](ConversionSpec& s) { s.pipeline_parts = 2; }), 0,
        /*to_s3=*/true},
+      {"megatron_tp2_from_hf_mixtral", WriteHfMixtralInput, Reshard("megatron", 2)},
   };
   for (const auto& [key, fixture] : FormatFixtures()) {
     conversions.push_back({absl::StrCat("consolidate_", FixtureTestName(key)),

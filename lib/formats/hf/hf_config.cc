@@ -164,7 +164,14 @@ absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources) {
     config["architectures"] = Json::array({std::string(family.architecture)});
     config["model_type"] = std::string(family.model_type);
     from_int("hidden_size", IntAttribute(args, "hidden_size"), "args.hidden_size");
-    from_int("intermediate_size", IntAttribute(args, "ffn_hidden_size"), "args.ffn_hidden_size");
+    if (family.moe) {
+      // An expert's MLP: Megatron's moe_ffn_hidden_size defaults to ffn_hidden_size.
+      std::optional<int64_t> expert_ffn = IntAttribute(args, "moe_ffn_hidden_size");
+      if (!expert_ffn.has_value()) expert_ffn = IntAttribute(args, "ffn_hidden_size");
+      from_int("intermediate_size", expert_ffn, "args.moe_ffn_hidden_size");
+    } else {
+      from_int("intermediate_size", IntAttribute(args, "ffn_hidden_size"), "args.ffn_hidden_size");
+    }
     from_int("num_hidden_layers", IntAttribute(args, "num_layers"), "args.num_layers");
     const std::optional<int64_t> heads = IntAttribute(args, "num_attention_heads");
     from_int("num_attention_heads", heads, "args.num_attention_heads");
@@ -215,6 +222,15 @@ absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources) {
       config["sliding_window"] = window.has_value() ? Json(*window) : Json(nullptr);
     } else {
       config["attention_bias"] = family.qkv_bias;
+    }
+    if (family.moe) {
+      from_int("num_local_experts", IntAttribute(args, "num_experts"), "args.num_experts");
+      from_int("num_experts_per_tok", IntAttribute(args, "moe_router_topk"),
+               "args.moe_router_topk");
+      if (const std::optional<double> coef = FloatArg(args, "moe_aux_loss_coeff");
+          coef.has_value()) {
+        config["router_aux_loss_coef"] = *coef;
+      }
     }
     config["torch_dtype"] = std::string(TorchDTypeName(sources.dtype));
     config["use_cache"] = true;
@@ -278,6 +294,15 @@ absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources) {
   ASSIGN_OR_RETURN(model.kv_heads, PositiveInt(config, "num_key_value_heads"));
   ASSIGN_OR_RETURN(model.head_dim, PositiveInt(config, "head_dim"));
   ASSIGN_OR_RETURN(model.vocab, PositiveInt(config, "vocab_size"));
+  if (family.moe) {
+    ASSIGN_OR_RETURN(model.experts, PositiveInt(config, "num_local_experts"));
+    ASSIGN_OR_RETURN(const int64_t top_k, PositiveInt(config, "num_experts_per_tok"));
+    if (top_k > model.experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json's num_experts_per_tok ", top_k, " is more than its ",
+                       model.experts, " num_local_experts: the router picks among the experts"));
+    }
+  }
   if (model.heads % model.kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "num_attention_heads ", model.heads, " is not divisible by num_key_value_heads ",

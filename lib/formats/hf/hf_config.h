@@ -6,7 +6,8 @@
 // config.json keys, in order, and where each comes from when --config does not give it:
 //   architectures, model_type        the family (hf_family.h)
 //   hidden_size                      args.hidden_size
-//   intermediate_size                args.ffn_hidden_size
+//   intermediate_size                args.ffn_hidden_size (mixtral: an expert's,
+//                                    args.moe_ffn_hidden_size, else args.ffn_hidden_size)
 //   num_hidden_layers                args.num_layers
 //   num_attention_heads              args.num_attention_heads
 //   num_key_value_heads              args.num_query_groups with args.group_query_attention,
@@ -23,8 +24,11 @@
 //                                    apply_rope_scaling fixes them; else null
 //   vocab_size                       --vocab-size, else args.vocab_size
 //   tie_word_embeddings              whether the checkpoint has no separate output layer
-//   attention_bias                   the family's QKV bias (not for mistral)
-//   sliding_window                   mistral: args.sliding_window (null when absent)
+//   attention_bias                   the family's QKV bias (not for mistral, mixtral)
+//   sliding_window                   mistral, mixtral: args.sliding_window (null when absent)
+//   num_local_experts                mixtral: args.num_experts
+//   num_experts_per_tok              mixtral: args.moe_router_topk
+//   router_aux_loss_coef             mixtral: args.moe_aux_loss_coeff, left out when absent
 //   torch_dtype                      the weights' dtype as written (after --dtype)
 //   use_cache                        true
 // gpt2 (GPT2Config) has its own keys instead, in order:
@@ -86,6 +90,7 @@ struct HfModelConfig {
   int64_t head_dim = 0;
   int64_t vocab = 0;
   int64_t positions = 0;  // gpt2: n_positions, the rows of the position embeddings
+  int64_t experts = 0;    // mixtral: num_local_experts, the experts of every layer
 };
 
 // The ids of a tokenizer's beginning- and end-of-sequence tokens; nullopt: left out.
@@ -110,7 +115,8 @@ inline constexpr uint64_t kMaxTokenizerJsonBytes = 48ull << 20;
 
 // InvalidArgument naming the missing keys (and the args they come from) and --config; naming
 // a key of the wrong type; when n_embd is not divisible by n_head (gpt2); when num_attention_heads
-// is not divisible by num_key_value_heads; and when --config contradicts the tensors about
+// is not divisible by num_key_value_heads; when num_experts_per_tok exceeds num_local_experts
+// (mixtral); and when --config contradicts the tensors about
 // tie_word_embeddings.
 absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources);
 

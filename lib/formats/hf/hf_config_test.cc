@@ -97,5 +97,30 @@ TEST(HfSpecialTokenIdsTest, CorruptJsonIsDataLossWithTheFileAndOffset) {
               HasSubstr(files[0].second + ": not valid JSON at byte offset 18"));
 }
 
+TEST(MakeHfConfigTest, MixtralKeysAndTopKBeyondTheExpertsRefused) {
+  // No args: every key from --config, as a checkpoint without args would need.
+  HfConfigSources sources;
+  sources.family = *FindHfFamily("mixtral");
+  sources.overrides = nlohmann::ordered_json::parse(
+      R"({"hidden_size": 8, "intermediate_size": 6, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 2,
+          "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+          "vocab_size": 20, "num_local_experts": 8, "num_experts_per_tok": 2})");
+  const absl::StatusOr<HfModelConfig> config = MakeHfConfig(sources);
+  ASSERT_OK(config);
+  EXPECT_EQ(config->experts, 8);
+  EXPECT_EQ(config->json["architectures"], nlohmann::ordered_json::array({"MixtralForCausalLM"}));
+  EXPECT_TRUE(config->json["sliding_window"].is_null());
+  EXPECT_FALSE(config->json.contains("attention_bias"));
+  EXPECT_FALSE(config->json.contains("router_aux_loss_coef"));
+
+  sources.overrides["num_experts_per_tok"] = 9;
+  const absl::StatusOr<HfModelConfig> refused = MakeHfConfig(sources);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("config.json's num_experts_per_tok 9 is more than its 8 "
+                        "num_local_experts"));
+}
+
 }  // namespace
 }  // namespace reshard

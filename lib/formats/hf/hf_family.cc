@@ -60,6 +60,14 @@ constexpr std::pair<absl::string_view, Kind> kModelTensors[] = {
     {"embedding.position_embeddings.weight", Kind::kPositionEmbedding},
 };
 
+// An expert's tensors below `mlp.experts.local_experts.<g>.`.
+constexpr std::pair<absl::string_view, Kind> kExpertTensors[] = {
+    {"linear_fc1.weight", Kind::kExpertFc1},
+    {"dense_h_to_4h.weight", Kind::kExpertFc1},
+    {"linear_fc2.weight", Kind::kExpertFc2},
+    {"dense_4h_to_h.weight", Kind::kExpertFc2},
+};
+
 constexpr absl::string_view kStacks[] = {"language_model.encoder.", "language_model.transformer.",
                                          "decoder."};
 
@@ -72,6 +80,7 @@ const std::vector<HfFamily>& HfFamilies() {
       {"qwen2", "Qwen2ForCausalLM", "qwen2", true, false, false},
       {"qwen3", "Qwen3ForCausalLM", "qwen3", false, true, false},
       {"gpt2", "GPT2LMHeadModel", "gpt2", true, false, false, true},
+      {"mixtral", "MixtralForCausalLM", "mixtral", false, false, true, false, true},
   };
   return *kFamilies;
 }
@@ -90,6 +99,10 @@ absl::StatusOr<const HfFamily*> FindHfFamily(absl::string_view id) {
       "unknown model family \"", id, "\" for --format hf; the families are ", HfFamilyList(),
       " (--family F picks one, --family auto decides from the checkpoint; --config FILE "
       "overrides what the args say)"));
+}
+
+bool IsMoeOnlyRole(MegatronRole::Kind kind) {
+  return kind == Kind::kRouter || kind == Kind::kExpertFc1 || kind == Kind::kExpertFc2;
 }
 
 bool IsGpt2OnlyRole(MegatronRole::Kind kind) {
@@ -126,9 +139,29 @@ absl::StatusOr<MegatronRole> MegatronTensorRole(absl::string_view name) {
         layer < 0) {
       break;
     }
-    const absl::string_view key = inside.substr(dot + 1);
+    absl::string_view key = inside.substr(dot + 1);
     for (const auto& [layer_key, kind] : kLayerTensors) {
       if (key == layer_key) return MegatronRole{kind, layer};
+    }
+    if (key == "mlp.router.weight") return MegatronRole{Kind::kRouter, layer};
+    if (absl::StartsWith(key, "mlp.shared_experts.") || absl::StartsWith(key, "mlp.router.")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", name, "\" is ",
+          absl::StartsWith(key, "mlp.shared_experts.") ? "part of the shared experts"
+                                                       : "a router bias",
+          ", which Mixtral (the mixture-of-experts family reshard writes) has no place for: "
+          "models with shared experts or router biases (Qwen-MoE, DeepSeek-MoE) are not "
+          "written by --format hf"));
+    }
+    if (absl::ConsumePrefix(&key, "mlp.experts.local_experts.")) {
+      const size_t expert_dot = key.find('.');
+      int64_t expert = -1;
+      if (expert_dot != absl::string_view::npos &&
+          absl::SimpleAtoi(key.substr(0, expert_dot), &expert) && expert >= 0) {
+        for (const auto& [expert_key, kind] : kExpertTensors) {
+          if (key.substr(expert_dot + 1) == expert_key) return MegatronRole{kind, layer, expert};
+        }
+      }
     }
     break;
   }
@@ -136,7 +169,8 @@ absl::StatusOr<MegatronRole> MegatronTensorRole(absl::string_view name) {
       "tensor \"", name,
       "\" has no counterpart in the Hugging Face decoder families reshard writes (", HfFamilyList(),
       "): only the word and position embeddings, norm weights and biases, fused QKV, attention "
-      "output and MLP (with their biases) and output layer map onto their names"));
+      "output and MLP (with their biases), the router and experts' MLPs, and output layer map "
+      "onto their names"));
 }
 
 absl::StatusOr<const HfFamily*> ChooseHfFamily(absl::string_view requested,
@@ -145,6 +179,8 @@ absl::StatusOr<const HfFamily*> ChooseHfFamily(absl::string_view requested,
   absl::string_view id = "llama";
   if (evidence.gpt2) {
     id = "gpt2";
+  } else if (evidence.moe) {
+    id = "mixtral";
   } else if (evidence.qk_norm) {
     id = "qwen3";
   } else if (evidence.qkv_bias) {

@@ -24,6 +24,12 @@
 //     decoder.final_layernorm.bias, self_attention.linear_qkv.layer_norm_bias,
 //     input_layernorm.bias, self_attention.linear_proj.bias, mlp.linear_fc1.layer_norm_bias,
 //     pre_mlp_layernorm.bias, mlp.linear_fc1.bias, mlp.linear_fc2.bias
+//   Mixture-of-experts layers (Mixtral), in either stack: mlp.router.weight and expert g's
+//     mlp.experts.local_experts.<g>.{linear_fc1,linear_fc2}.weight (Megatron-Core's SequentialMLP
+//     names; the megatron reader gives TEGroupedMLP's linear_fc1.weight<l> these names with global
+//     ids) or mlp.experts.local_experts.<g>.{dense_h_to_4h,dense_4h_to_h}.weight (what the
+//     Hugging Face import writes under language_model.encoder). Shared experts
+//     (mlp.shared_experts.*) and router biases have no Mixtral counterpart.
 // and TransformerEngine's `*._extra_state` (FP8 metadata), which has no HF counterpart.
 
 #ifndef RESHARD_LIB_FORMATS_HF_HF_FAMILY_H_
@@ -49,6 +55,9 @@ struct HfFamily {
   // GPT-2: LayerNorm with biases, learned position embeddings, biased linear layers, an MLP
   // without gate, and Conv1D weights stored [in, out] (the transpose of Megatron's).
   bool gpt2 = false;
+  // Mixtral: every layer's MLP is a router (block_sparse_moe.gate) over num_local_experts
+  // SwiGLU experts (block_sparse_moe.experts.<e>.w1 gate, w3 up, w2 down).
+  bool moe = false;
 };
 
 // The families, in the order messages list them.
@@ -58,7 +67,7 @@ const std::vector<HfFamily>& HfFamilies();
 // checkpoint (--family, --config) otherwise.
 absl::StatusOr<const HfFamily*> FindHfFamily(absl::string_view id);
 
-// "llama, mistral, qwen2, qwen3, gpt2".
+// "llama, mistral, qwen2, qwen3, gpt2, mixtral".
 std::string HfFamilyList();
 
 // What a Megatron tensor is in the model, and its layer (-1 outside the layers).
@@ -84,18 +93,26 @@ struct MegatronRole {
     kAttentionOutputBias,
     kFc1Bias,
     kFc2Bias,
+    // Mixture-of-experts layers (HfFamily::moe): the router, and expert `expert`'s fc1 / fc2.
+    kRouter,
+    kExpertFc1,
+    kExpertFc2,
     kSkipped,  // TransformerEngine's _extra_state
   };
   Kind kind = Kind::kSkipped;
   int64_t layer = -1;
+  int64_t expert = -1;  // kExpertFc1, kExpertFc2: the global expert id
 };
+
+// Whether tensors of `kind` exist only in mixture-of-experts models.
+bool IsMoeOnlyRole(MegatronRole::Kind kind);
 
 // Whether tensors of `kind` exist only in GPT-2 models (LayerNorm and linear biases, learned
 // position embeddings).
 bool IsGpt2OnlyRole(MegatronRole::Kind kind);
 
 // The role of the tensor `name`; InvalidArgument naming it when it has none in the families'
-// decoders.
+// decoders (saying so for shared experts and router biases, which Mixtral lacks).
 absl::StatusOr<MegatronRole> MegatronTensorRole(absl::string_view name);
 
 // What the checkpoint says that decides its family.
@@ -106,11 +123,14 @@ struct FamilyEvidence {
   // LayerNorm biases or learned position embeddings (tensors or args.normalization
   // "LayerNorm" with args.position_embedding_type "learned_absolute"): a GPT-2 model.
   bool gpt2 = false;
+  // Experts: expert tensors or a router, or args.num_experts > 1 (a mixture-of-experts model).
+  bool moe = false;
 };
 
 // `requested` ("" or "auto": decided from `evidence` as docs/formats.md says: LayerNorm
-// biases or learned position embeddings -> gpt2, else q/k norms -> qwen3, else a QKV bias -> qwen2,
-// else a sliding window -> mistral, else llama); otherwise FindHfFamily(requested).
+// biases or learned position embeddings -> gpt2, else experts -> mixtral, else q/k norms ->
+// qwen3, else a QKV bias -> qwen2, else a sliding window -> mistral, else llama); otherwise
+// FindHfFamily(requested).
 absl::StatusOr<const HfFamily*> ChooseHfFamily(absl::string_view requested,
                                                const FamilyEvidence& evidence);
 

@@ -46,6 +46,45 @@ TEST(MegatronTensorRoleTest, LegacyCoreAndNeMoNamesMapToTheSameRoles) {
   }
 }
 
+TEST(MegatronTensorRoleTest, RouterAndExpertsMapWithTheirGlobalExpertId) {
+  struct Case {
+    const char* name;
+    Kind kind;
+    int64_t layer;
+    int64_t expert;
+  };
+  for (const Case& c : {
+           Case{"decoder.layers.3.mlp.router.weight", Kind::kRouter, 3, -1},
+           Case{"decoder.layers.3.mlp.experts.local_experts.7.linear_fc1.weight", Kind::kExpertFc1,
+                3, 7},
+           Case{"decoder.layers.0.mlp.experts.local_experts.12.linear_fc2.weight", Kind::kExpertFc2,
+                0, 12},
+           Case{"language_model.encoder.layers.1.mlp.experts.local_experts.0.dense_h_to_4h.weight",
+                Kind::kExpertFc1, 1, 0},
+           Case{"language_model.encoder.layers.1.mlp.experts.local_experts.5.dense_4h_to_h.weight",
+                Kind::kExpertFc2, 1, 5},
+       }) {
+    auto role = MegatronTensorRole(c.name);
+    ASSERT_TRUE(role.ok()) << c.name << ": " << role.status();
+    EXPECT_EQ(role->kind, c.kind) << c.name;
+    EXPECT_EQ(role->layer, c.layer) << c.name;
+    EXPECT_EQ(role->expert, c.expert) << c.name;
+  }
+}
+
+TEST(MegatronTensorRoleTest, SharedExpertsAndRouterBiasesAreRefusedAsOutOfScope) {
+  auto shared = MegatronTensorRole("decoder.layers.0.mlp.shared_experts.linear_fc1.weight");
+  EXPECT_EQ(shared.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shared.status().message(),
+            "tensor \"decoder.layers.0.mlp.shared_experts.linear_fc1.weight\" is part of the "
+            "shared experts, which Mixtral (the mixture-of-experts family reshard writes) has no "
+            "place for: models with shared experts or router biases (Qwen-MoE, DeepSeek-MoE) are "
+            "not written by --format hf");
+  auto bias = MegatronTensorRole("decoder.layers.0.mlp.router.expert_bias");
+  EXPECT_EQ(bias.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bias.status().message().find("is a router bias"), std::string::npos);
+}
+
 TEST(MegatronTensorRoleTest, TensorsWithoutCounterpartAreRefusedByName) {
   auto role = MegatronTensorRole("language_model.embedding.tokentype_embeddings.weight");
   EXPECT_EQ(role.status().code(), absl::StatusCode::kInvalidArgument);
@@ -61,14 +100,17 @@ TEST(ChooseHfFamilyTest, AutoDecidesFromTheEvidence) {
   // LayerNorm biases / learned positions decide before everything else.
   EXPECT_EQ((*ChooseHfFamily("auto", {false, true, false, true}))->id, "gpt2");
   EXPECT_EQ((*ChooseHfFamily("gpt2", {}))->id, "gpt2");
+  // Experts make a Mixtral model whatever else the attention has.
+  EXPECT_EQ((*ChooseHfFamily("auto", {false, false, true, false, true}))->id, "mixtral");
+  EXPECT_EQ((*ChooseHfFamily("mixtral", {}))->id, "mixtral");
 }
 
 TEST(ChooseHfFamilyTest, UnknownFamilyListsFamiliesAndFlags) {
   auto family = ChooseHfFamily("falcon", {});
   EXPECT_EQ(family.status().message(),
             "unknown model family \"falcon\" for --format hf; the families are llama, mistral, "
-            "qwen2, qwen3, gpt2 (--family F picks one, --family auto decides from the checkpoint; "
-            "--config FILE overrides what the args say)");
+            "qwen2, qwen3, gpt2, mixtral (--family F picks one, --family auto decides from the "
+            "checkpoint; --config FILE overrides what the args say)");
 }
 
 }  // namespace

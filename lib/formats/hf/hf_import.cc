@@ -45,6 +45,11 @@ struct Sizes {
   std::optional<double> rope_theta;
   std::optional<double> rope_scaling_factor;  // Llama 3.1's rope_scaling
   bool tied = false;
+  // Mixtral: experts per layer, experts each token is routed to, the router's load-balancing
+  // loss coefficient (when config.json gives it).
+  int64_t experts = 0;
+  int64_t top_k = 0;
+  std::optional<double> aux_loss_coef;
 };
 
 // config.json as read, with its path for messages.
@@ -179,6 +184,13 @@ absl::StatusOr<Sizes> ReadSizes(const Config& config, const HfFamily& family) {
     }
   }
   ASSIGN_OR_RETURN(sizes.vocab, config.Int("vocab_size"));
+  if (family.moe) {
+    ASSIGN_OR_RETURN(sizes.experts, config.Int("num_local_experts"));
+    ASSIGN_OR_RETURN(sizes.top_k, config.Int("num_experts_per_tok"));
+    if (config.Find("router_aux_loss_coef") != nullptr) {
+      ASSIGN_OR_RETURN(sizes.aux_loss_coef, config.Number("router_aux_loss_coef", 0.0));
+    }
+  }
   return sizes;
 }
 
@@ -255,6 +267,17 @@ StructureNode MakeArgs(const HfFamily& family, const Sizes& sizes, const Json& c
                                 ? StructureNode::Int(window->get<int64_t>())
                                 : StructureNode());
     }
+  }
+  if (family.moe) {
+    // Megatron-Core's MoE arguments; every expert on every expert-parallel rank (EP 1).
+    set("num_experts", StructureNode::Int(sizes.experts));
+    set("moe_router_topk", StructureNode::Int(sizes.top_k));
+    set("moe_ffn_hidden_size", StructureNode::Int(sizes.ffn));
+    if (sizes.aux_loss_coef.has_value()) {
+      set("moe_aux_loss_coeff", Float(*sizes.aux_loss_coef));
+    }
+    set("moe_grouped_gemm", StructureNode::Bool(false));
+    set("expert_model_parallel_size", StructureNode::Int(1));
   }
   set("qk_layernorm", StructureNode::Bool(family.qk_norm));
   set("untie_embeddings_and_output_weights", StructureNode::Bool(!sizes.tied));
@@ -481,12 +504,29 @@ absl::Status BuildLlamaStyle(const HfFamily& family, const Sizes& sizes, Builder
                                  {h, nh * d}));
     RETURN_IF_ERROR(builder.Copy(hf + "post_attention_layernorm.weight",
                                  mg + "post_attention_layernorm.weight", {h}));
-    ASSIGN_OR_RETURN(const CatalogTensor* gate,
-                     builder.Take(hf + "mlp.gate_proj.weight", {ffn, h}));
-    ASSIGN_OR_RETURN(const CatalogTensor* up, builder.Take(hf + "mlp.up_proj.weight", {ffn, h}));
-    builder.Add(FuseGateUp(mg + "mlp.dense_h_to_4h.weight", *gate, *up));
-    RETURN_IF_ERROR(
-        builder.Copy(hf + "mlp.down_proj.weight", mg + "mlp.dense_4h_to_h.weight", {h, ffn}));
+    // A SwiGLU MLP: gate and up fused as `fc1`, down copied as `fc2`.
+    auto mlp = [&](const std::string& gate_name, const std::string& up_name,
+                   const std::string& down_name, const std::string& fc1,
+                   const std::string& fc2) -> absl::Status {
+      ASSIGN_OR_RETURN(const CatalogTensor* gate, builder.Take(gate_name, {ffn, h}));
+      ASSIGN_OR_RETURN(const CatalogTensor* up, builder.Take(up_name, {ffn, h}));
+      builder.Add(FuseGateUp(fc1, *gate, *up));
+      return builder.Copy(down_name, fc2, {h, ffn});
+    };
+    if (!family.moe) {
+      return mlp(hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight",
+                 hf + "mlp.down_proj.weight", mg + "mlp.dense_h_to_4h.weight",
+                 mg + "mlp.dense_4h_to_h.weight");
+    }
+    // Mixtral: the router, then expert e's w1 (gate), w3 (up), w2 (down).
+    RETURN_IF_ERROR(builder.Copy(hf + "block_sparse_moe.gate.weight", mg + "mlp.router.weight",
+                                 {sizes.experts, h}));
+    for (int64_t e = 0; e < sizes.experts; ++e) {
+      const std::string from = absl::StrCat(hf, "block_sparse_moe.experts.", e, ".");
+      const std::string to = absl::StrCat(mg, "mlp.experts.local_experts.", e, ".");
+      RETURN_IF_ERROR(mlp(from + "w1.weight", from + "w3.weight", from + "w2.weight",
+                          to + "dense_h_to_4h.weight", to + "dense_4h_to_h.weight"));
+    }
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(

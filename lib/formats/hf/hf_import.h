@@ -25,6 +25,15 @@
 //   model.norm.weight                       final_layernorm.weight
 //   lm_head.weight (untied)                 language_model.output_layer.weight
 //
+//   HF (mixtral; attention, norms as llama) Megatron-LM (layer i; X = mlp.experts.local_experts)
+//   block_sparse_moe.gate.weight            layers.i.mlp.router.weight
+//   block_sparse_moe.experts.e.{w1,w3}.weight   layers.i.X.e.dense_h_to_4h.weight
+//   block_sparse_moe.experts.e.w2.weight    layers.i.X.e.dense_4h_to_h.weight
+//   (every expert on the one expert-parallel rank: global id e is local expert e. The legacy
+//   encoder has no MoE module of its own, so the experts take Megatron-Core's SequentialMLP
+//   path `mlp.experts.local_experts.<e>` with the legacy MLP's key names, which the megatron
+//   reader and `--format hf` read back.)
+//
 //   HF (gpt2, Conv1D weights [in, out])     Megatron-LM
 //   transformer.wte.weight, wpe.weight      word_embeddings.weight, position_embeddings.weight
 //   transformer.h.i.ln_1.{weight,bias}      layers.i.input_layernorm.{weight,bias}
@@ -43,7 +52,8 @@
 //     i.e. viewed [ng, r + 2, d, h]; its bias [ng * (r + 2) * d] likewise. GPT-2 is multi-head:
 //     ng = nh, r = 1, its c_attn columns [Q | K | V] regrouped per head;
 //   - dense_h_to_4h (SwiGLU) [2 * ffn, h] = [gate; up], the global order the megatron reader
-//     merges and the megatron output regroups as [gate_t; up_t] per TP rank.
+//     merges and the megatron output regroups as [gate_t; up_t] per TP rank; each Mixtral
+//     expert's [w1; w3] likewise.
 // The word embeddings and an untied output layer keep the HF model's vocab_size rows; the args
 // say vocab_size and make_vocab_size_divisible_by (128), and the megatron output appends the
 // zero rows of Megatron's padding for the TP it writes (padded_vocab_size). The partition rules
@@ -58,7 +68,9 @@
 // untie_embeddings_and_output_weights, add_qkv_bias, add_bias_linear, qk_layernorm,
 // normalization (RMSNorm; GPT-2 LayerNorm), position_embedding_type (rope; GPT-2
 // learned_absolute), openai_gelu / bias_gelu_fusion (GPT-2's activation_function gelu_new /
-// gelu_fast), sliding_window (Mistral), vocab_size, make_vocab_size_divisible_by,
+// gelu_fast), sliding_window (Mistral, Mixtral), num_experts, moe_router_topk,
+// moe_ffn_hidden_size, moe_aux_loss_coeff (router_aux_loss_coef when given), moe_grouped_gemm
+// (False) and expert_model_parallel_size (1) (Mixtral), vocab_size, make_vocab_size_divisible_by,
 // padded_vocab_size, params_dtype / fp16 / bf16 (the weights' dtype), tensor_ and
 // pipeline_model_parallel_size, data_parallel_size, world_size, rank and
 // virtual_pipeline_model_parallel_size (None). The checkpoint is a "release" one (iteration 0,

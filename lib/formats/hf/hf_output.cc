@@ -42,9 +42,10 @@ const StructureNode* FindArgs(const InputModel& model, const Catalog& catalog) {
   return nullptr;
 }
 
-// The tensors of one layer, by role (catalog indices).
+// The tensors of one layer, by role (catalog indices), and its experts' by global expert id.
 struct LayerTensors {
   std::map<Role, int> by_role;
+  std::map<int64_t, std::map<Role, int>> experts;
 };
 
 // The HF name of a layer tensor's role, for messages about a missing one.
@@ -78,6 +79,12 @@ absl::string_view RoleName(Role role) {
       return "mlp.c_fc.bias";
     case Role::kFc2Bias:
       return "mlp.c_proj.bias";
+    case Role::kRouter:
+      return "block_sparse_moe.gate.weight (router)";
+    case Role::kExpertFc1:
+      return "w1.weight, w3.weight (fused fc1)";
+    case Role::kExpertFc2:
+      return "w2.weight (fc2)";
     default:
       return "?";
   }
@@ -102,6 +109,7 @@ struct ScannedModel {
   int first_qkv_bias = -1;  // catalog index, -1: none
   int first_qk_norm = -1;
   int first_gpt2_only = -1;  // a LayerNorm or linear bias, or learned position embeddings
+  int first_moe_only = -1;   // a router or an expert's tensor
 };
 
 absl::StatusOr<ScannedModel> Scan(const InputModel& model, const Catalog& catalog) {
@@ -111,6 +119,7 @@ absl::StatusOr<ScannedModel> Scan(const InputModel& model, const Catalog& catalo
   scanned.evidence.qkv_bias = HfArgSet(scanned.args, "add_qkv_bias");
   scanned.evidence.sliding_window =
       HfArgSet(scanned.args, "sliding_window") || HfArgSet(scanned.args, "window_size");
+  scanned.evidence.moe = IntAttribute(scanned.args, "num_experts").value_or(0) > 1;
   for (size_t i = 0; i < catalog.tensors.size(); ++i) {
     ASSIGN_OR_RETURN(const MegatronRole role, MegatronTensorRole(catalog.tensors[i].name));
     if (role.kind == Role::kSkipped) continue;
@@ -122,7 +131,10 @@ absl::StatusOr<ScannedModel> Scan(const InputModel& model, const Catalog& catalo
     if (IsGpt2OnlyRole(role.kind) && scanned.first_gpt2_only < 0) {
       scanned.first_gpt2_only = index;
     }
-    auto& slot = role.layer < 0 ? scanned.model_tensors : scanned.layers[role.layer].by_role;
+    if (IsMoeOnlyRole(role.kind) && scanned.first_moe_only < 0) scanned.first_moe_only = index;
+    auto& slot = role.layer < 0     ? scanned.model_tensors
+                 : role.expert >= 0 ? scanned.layers[role.layer].experts[role.expert]
+                                    : scanned.layers[role.layer].by_role;
     if (!slot.emplace(role.kind, index).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensors \"", catalog.tensors[slot[role.kind]].name, "\" and \"", catalog.tensors[i].name,
@@ -132,6 +144,7 @@ absl::StatusOr<ScannedModel> Scan(const InputModel& model, const Catalog& catalo
   scanned.evidence.qkv_bias = scanned.evidence.qkv_bias || scanned.first_qkv_bias >= 0;
   scanned.evidence.qk_norm = scanned.evidence.qk_norm || scanned.first_qk_norm >= 0;
   scanned.evidence.gpt2 = scanned.first_gpt2_only >= 0;
+  scanned.evidence.moe = scanned.evidence.moe || scanned.first_moe_only >= 0;
   return scanned;
 }
 
@@ -150,6 +163,7 @@ std::string WithHfFamilyNote(const InputModel& model, const Catalog& catalog) {
   if (!family.ok()) return model.description;
   const FamilyEvidence& evidence = scanned->evidence;
   const char* why = evidence.gpt2             ? "LayerNorm biases or learned position embeddings"
+                    : evidence.moe            ? "mixture-of-experts layers"
                     : evidence.qk_norm        ? "q/k norms"
                     : evidence.qkv_bias       ? "a QKV bias"
                     : evidence.sliding_window ? "a sliding window"
@@ -187,16 +201,27 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
         "\" is a LayerNorm or linear bias or a learned position embedding, which family ",
         family->id, " has no place for (gpt2 has: --family gpt2)"));
   }
+  if (scanned.first_moe_only >= 0 && !family->moe) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", catalog.tensors[scanned.first_moe_only].name,
+                     "\" belongs to a mixture-of-experts layer, which family ", family->id,
+                     " has no place for (mixtral has: --family mixtral)"));
+  }
+  // Qwen2-MoE and Qwen3-MoE are mixtures of experts with a QKV bias or q/k norms.
+  const char* moe_note =
+      family->moe ? "; mixture-of-experts models with them (Qwen-MoE) are not written by "
+                    "--format hf"
+                  : "";
   if (scanned.first_qkv_bias >= 0 && !family->qkv_bias) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor \"", catalog.tensors[scanned.first_qkv_bias].name,
                      "\" is a QKV bias, which family ", family->id,
-                     " has no place for (qwen2 has: --family qwen2)"));
+                     " has no place for (qwen2 has: --family qwen2", moe_note, ")"));
   }
   if (scanned.first_qk_norm >= 0 && !family->qk_norm) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor \"", catalog.tensors[scanned.first_qk_norm].name, "\" is a q/k norm, which family ",
-        family->id, " has no place for (qwen3 has: --family qwen3)"));
+        family->id, " has no place for (qwen3 has: --family qwen3", moe_note, ")"));
   }
   if (family->gpt2) {
     // Megatron-LM's checkpoint_version < 2 orders the fused QKV rows otherwise ([3, nh, d] or
@@ -271,8 +296,14 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
   }
 
   // Every layer 0..L-1 with the tensors of its family, shaped as config.json says.
-  std::vector<Role> required = {Role::kInputNorm,         Role::kQkvWeight, Role::kAttentionOutput,
-                                Role::kPostAttentionNorm, Role::kFc1Weight, Role::kFc2Weight};
+  std::vector<Role> required = {Role::kInputNorm, Role::kQkvWeight, Role::kAttentionOutput,
+                                Role::kPostAttentionNorm};
+  if (family->moe) {
+    required.push_back(Role::kRouter);
+  } else {
+    required.push_back(Role::kFc1Weight);
+    required.push_back(Role::kFc2Weight);
+  }
   if (family->gpt2) {
     for (Role role : {Role::kInputNormBias, Role::kAttentionOutputBias,
                       Role::kPostAttentionNormBias, Role::kFc1Bias, Role::kFc2Bias}) {
@@ -300,7 +331,11 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
                                           {Role::kPostAttentionNormBias, {h}},
                                           {Role::kAttentionOutputBias, {h}},
                                           {Role::kFc1Bias, {ffn}},
-                                          {Role::kFc2Bias, {h}}};
+                                          {Role::kFc2Bias, {h}},
+                                          {Role::kRouter, {config.experts, h}},
+                                          {Role::kExpertFc1, {2 * ffn, h}},
+                                          {Role::kExpertFc2, {h, ffn}}};
+  const std::string moe_sizes = absl::StrCat(sizes, ", num_local_experts ", config.experts);
   if (family->gpt2) {
     // The model-level tensors GPT-2 adds: learned positions and the final norm's bias.
     for (const auto& [role, want] : std::vector<std::pair<Role, Shape>>{
@@ -332,8 +367,42 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
                          " (family ", family->id, ", num_hidden_layers ", config.layers, ")"));
       }
     }
+    if (family->moe) {
+      // Mixtral's every layer is a mixture of experts: no dense MLP, experts 0..E-1 each with
+      // fc1 and fc2.
+      for (Role dense : {Role::kFc1Weight, Role::kFc2Weight}) {
+        const auto it = found->second.by_role.find(dense);
+        if (it == found->second.by_role.end()) continue;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", catalog.tensors[it->second].name, "\" is a dense MLP in layer ", layer,
+            ", but every layer of a mixtral model is a mixture of experts (models mixing dense "
+            "and expert layers are not written by --format hf)"));
+      }
+      const auto& experts = found->second.experts;
+      if (!experts.empty() && experts.rbegin()->first >= config.experts) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", catalog.tensors[experts.rbegin()->second.begin()->second].name,
+            "\" is expert ", experts.rbegin()->first, " of layer ", layer,
+            ", but config.json's num_local_experts is ", config.experts));
+      }
+      for (int64_t expert = 0; expert < config.experts; ++expert) {
+        const auto held = experts.find(expert);
+        for (Role role : {Role::kExpertFc1, Role::kExpertFc2}) {
+          if (held == experts.end() || held->second.count(role) == 0) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("layer ", layer, " of the checkpoint has no tensor for expert ",
+                             expert, "'s ", RoleName(role), " (family ", family->id,
+                             ", num_local_experts ", config.experts, ")"));
+          }
+        }
+        for (const auto& [role, index] : held->second) {
+          RETURN_IF_ERROR(CheckShape(catalog.tensors[index], expected.at(role), moe_sizes));
+        }
+      }
+    }
     for (const auto& [role, index] : found->second.by_role) {
-      RETURN_IF_ERROR(CheckShape(catalog.tensors[index], expected.at(role), sizes));
+      RETURN_IF_ERROR(
+          CheckShape(catalog.tensors[index], expected.at(role), family->moe ? moe_sizes : sizes));
     }
   }
 
@@ -441,13 +510,29 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
         whole(prefix + "self_attn.k_norm.weight", by_role.at(Role::kKNorm));
       }
       whole(prefix + "post_attention_layernorm.weight", by_role.at(Role::kPostAttentionNorm));
-      // Gated fc1: [gate; up] viewed as [2, ffn, h].
-      ASSIGN_OR_RETURN(CatalogTensor fc1,
-                       ViewAsBlocks(catalog.tensors[by_role.at(Role::kFc1Weight)], 0, 2));
-      const int fc1_source = view(fc1);
-      region(prefix + "mlp.gate_proj.weight", fc1_source, fc1, 0, 0, 1, {ffn, h});
-      region(prefix + "mlp.up_proj.weight", fc1_source, fc1, 0, 1, 1, {ffn, h});
-      whole(prefix + "mlp.down_proj.weight", by_role.at(Role::kFc2Weight));
+      // Gated fc1: [gate; up] viewed as [2, ffn, h], written as the two names given.
+      auto gated = [&](int source, std::string gate, std::string up) -> absl::Status {
+        ASSIGN_OR_RETURN(CatalogTensor fc1, ViewAsBlocks(catalog.tensors[source], 0, 2));
+        const int fc1_source = view(fc1);
+        region(std::move(gate), fc1_source, fc1, 0, 0, 1, {ffn, h});
+        region(std::move(up), fc1_source, fc1, 0, 1, 1, {ffn, h});
+        return absl::OkStatus();
+      };
+      if (family->moe) {
+        // The router is block_sparse_moe.gate; expert e's [gate; up] are w1 and w3, its fc2 w2.
+        const std::string moe = prefix + "block_sparse_moe.";
+        whole(moe + "gate.weight", by_role.at(Role::kRouter));
+        for (const auto& [expert, roles] : layers.at(layer).experts) {
+          const std::string expert_prefix = absl::StrCat(moe, "experts.", expert, ".");
+          RETURN_IF_ERROR(gated(roles.at(Role::kExpertFc1), expert_prefix + "w1.weight",
+                                expert_prefix + "w3.weight"));
+          whole(expert_prefix + "w2.weight", roles.at(Role::kExpertFc2));
+        }
+      } else {
+        RETURN_IF_ERROR(gated(by_role.at(Role::kFc1Weight), prefix + "mlp.gate_proj.weight",
+                              prefix + "mlp.up_proj.weight"));
+        whole(prefix + "mlp.down_proj.weight", by_role.at(Role::kFc2Weight));
+      }
     }
     whole("model.norm.weight", model_tensors.at(Role::kFinalNorm));
   }

@@ -20,14 +20,20 @@
 //     flattened ([nh * d, h], [ng * d, h]); its bias (qwen2) likewise;
 //   - gated fc1: the merged tensor is [gate; up] (the megatron reader joins each TP shard's
 //     [gate_t; up_t] halves, torch_dist saves it so), viewed as [2, ffn, h];
+//   - mixtral: the router mlp.router.weight [E, h] is block_sparse_moe.gate.weight; expert g's
+//     fc1 (global id g, as the megatron reader merges expert-parallel ranks) is split as the gated
+//     fc1 above into block_sparse_moe.experts.<g>.w1.weight (gate) and w3.weight (up), its fc2
+//     is w2.weight;
 //   - word embeddings and an untied output layer: the first vocab_size rows (config.json's
 //     vocab_size) of the padded vocabulary; tied embeddings: no lm_head.weight;
 //   - TransformerEngine `_extra_state`: not written.
 // The files are sharded and framed as the safetensors output does (Hugging Face's rule).
 //
 // Refused before anything is written, naming what: input that is not Megatron; reshard (the
-// output is one model); an unknown family; a tensor with no HF counterpart; a QKV bias or q/k
-// norms the family lacks (or lacks them when the family has them); config.json keys the args
+// output is one model); an unknown family; a tensor with no HF counterpart (shared experts and
+// router biases among them); a QKV bias or q/k norms the family lacks (or lacks them when the
+// family has them); experts with a dense family, a dense MLP layer with mixtral, an expert
+// missing or beyond num_local_experts; config.json keys the args
 // lack without --config; a tensor whose shape disagrees with config.json (both shapes named);
 // heads not divisible by groups; a vocabulary larger than the rows.
 
