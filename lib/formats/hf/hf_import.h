@@ -3,7 +3,7 @@
 // the same weights, for the outputs that write Megatron checkpoints from it:
 //
 //   reshardctl reshard HF_DIR OUT --format megatron --parts TP [--pipeline-parts PP]
-//   reshardctl reshard HF_DIR OUT --format megatron-torch-dist --parts TP
+//   reshardctl reshard HF_DIR OUT --format megatron-torch-dist --parts TP [--pipeline-parts PP]
 //
 // ImportHfAsMegatron is the one entry point (PresentHfModelAsMegatron, the outputs' hook, calls it
 // with the config.json beside the weights). It renames every HF tensor to Megatron-LM's legacy name
