@@ -446,6 +446,108 @@ class TorchDistImportTests(ImportTests):
         self.run_torch_dist(Model("gpt2", layers=2, vocab=257, seed=8))
 
 
+class TorchDistPolishTests(ImportTests):
+    """--pipeline-parts with torch_dist output, its messages, inspect of its common.pt, and
+    torch_dist input to the legacy layout without --rules."""
+
+    def model(self):
+        return Model("llama", layers=4, hidden=32, heads=8, groups=4, vocab=1000, seed=9)
+
+    def torch_dist(self, m, tp, *extra):
+        out = self.p("torch-dist-tp%d" % tp)
+        self.assertExit(self.ctl("reshard", m.save(self.p("hf")), out, "--format",
+                                 "megatron-torch-dist", "--parts", tp, "--no-progress",
+                                 *extra), 0)
+        return out
+
+    def test_pipeline_parts_are_recorded_in_the_args(self):
+        m = self.model()
+        out = self.torch_dist(m, 2, "--pipeline-parts", 2)
+        common = torch.load(os.path.join(out, "release", "common.pt"), map_location="cpu")
+        # As Megatron saves them: TP 2 x PP 2 (world size 4), rank 0's args.
+        self.check_args(m, common["args"], 2, 2, 0, 0)
+        # Layers that the stages cannot share evenly are refused, naming both.
+        res = self.ctl("reshard", self.p("hf"), self.p("uneven"), "--format",
+                       "megatron-torch-dist", "--parts", 1, "--pipeline-parts", 3,
+                       "--no-progress")
+        self.assertExit(res, 3)
+        self.assertIn("--pipeline-parts 3 does not divide the 4 layers evenly", res.text,
+                      self.describe(res))
+        self.assertFalse(os.path.exists(self.p("uneven")))
+
+    def test_messages_name_megatron_core_torch_dist(self):
+        def refused(m, message):
+            hf_dir = m.save(self.p("hf-%d" % len(os.listdir(self.tmp))))
+            out = self.p("refused-out")
+            res = self.ctl("reshard", hf_dir, out, "--format", "megatron-torch-dist",
+                           "--parts", 2, "--no-progress")
+            self.assertExit(res, 3)
+            self.assertIn(message, res.text, self.describe(res))
+            self.assertNotIn("Megatron-LM", res.text, self.describe(res))
+            self.assertFalse(os.path.exists(out))
+            return hf_dir
+        m = self.model()
+        m.hf["model.layers.1.mlp.router.weight"] = np.zeros((4, 32), np.float32)
+        refused(m, "tensor \"model.layers.1.mlp.router.weight\" has no Megatron-Core torch_dist "
+                   "counterpart in a llama model")
+        m = self.model()
+        m.config["model_type"] = "falcon"
+        refused(m, "which is none of the families reshard imports into Megatron-Core "
+                   "torch_dist: llama, mistral, qwen2, qwen3, gpt2")
+        m = self.model()
+        del m.config["num_hidden_layers"]
+        refused(m, "has no num_hidden_layers, which the Megatron-Core torch_dist args need")
+
+    def test_inspect_says_where_common_args_go(self):
+        out = self.torch_dist(self.model(), 1)
+        entries = [e for e in self.inspect_json(out)["other_entries"]
+                   if e.startswith("common.args: ")]
+        self.assertEqual(len(entries), 1, entries)
+        self.assertTrue(entries[0].endswith(
+            " (carried: --format hf writes config.json from them, --format megatron and "
+            "megatron-torch-dist write them with the output's TP and PP)"), entries[0])
+
+    def test_torch_dist_input_to_legacy_tp_pp_without_rules(self):
+        # HF -> torch_dist TP 2 (checked against Megatron-Core's layout computed in numpy) ->
+        # legacy TP x PP with no --rules: every rank file against megatron_rank's numpy.
+        m = self.model()
+        src = self.torch_dist(m, 2)
+        TorchDistImportTests.check_torch_dist(self, m, src, 2)
+        for tp, pp in ((2, 2), (4, 1), (1, 1)):
+            with self.subTest(tp=tp, pp=pp):
+                out = self.p("legacy-tp%d-pp%d" % (tp, pp))
+                self.assertExit(self.import_(src, out, tp, pp), 0)
+                self.check_megatron(m, out, tp, pp)
+
+
+class TiedHeadTests(ImportTests):
+    """A tied model whose safetensors also hold lm_head.weight."""
+
+    def model(self):
+        m = Model("llama", layers=2, heads=4, groups=2, vocab=300, tied=True, seed=10)
+        m.hf["lm_head.weight"] = m.hf["model.embed_tokens.weight"].copy()
+        return m
+
+    def test_saved_head_equal_to_the_embedding_is_left_out(self):
+        m = self.model()
+        out = self.p("megatron")
+        self.assertExit(self.import_(m.save(self.p("hf")), out, 2, 1), 0)
+        del m.hf["lm_head.weight"]
+        self.check_megatron(m, out, 2, 1)
+
+    def test_saved_head_differing_from_the_embedding_is_refused(self):
+        m = self.model()
+        # Element 1234 = row 77, column 2 (hidden 16).
+        m.hf["lm_head.weight"][77, 2] += 1.0
+        hf_dir = m.save(self.p("hf"))
+        self.refused(hf_dir, ["--parts", "1"],
+                     os.path.join(hf_dir, "model-00002-of-00002.safetensors") +
+                     ": tensor \"lm_head.weight\" differs from tensor "
+                     "\"model.embed_tokens.weight\" first at element 1234 (row 77, column 2), "
+                     "but " + os.path.join(hf_dir, "config.json") + " says "
+                     "tie_word_embeddings: true")
+
+
 class ImportRefusalTests(Base):
     def model(self, **kw):
         return Model("llama", layers=2, heads=8, groups=4, hidden=32, **kw)

@@ -12,6 +12,7 @@
 #include "lib/engine/conversion.h"
 #include "lib/exec/executor.h"
 #include "lib/exec/span_reader.h"
+#include "lib/exec/tensor_compare.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/plan/planner.h"
 
@@ -114,31 +115,21 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     TensorFiller fill_a(a.copy, a.sources, a.spans.has_value() ? &*a.spans : nullptr);
     TensorFiller fill_b(b.copy, b.sources, b.spans.has_value() ? &*b.spans : nullptr);
     const size_t size = DTypeSize(dtype);
-    const int64_t chunk = std::max<int64_t>(1, kChunkBytes / static_cast<int64_t>(size));
-    buffer_a.resize(std::min<int64_t>(chunk, a.copy.num_elements) * size);
-    buffer_b.resize(buffer_a.size());
-    for (int64_t begin = 0; begin < a.copy.num_elements; begin += chunk) {
-      if (options.cancelled != nullptr && options.cancelled->load()) {
-        return absl::CancelledError("verify cancelled");
-      }
-      const int64_t end = std::min(a.copy.num_elements, begin + chunk);
-      RETURN_IF_ERROR(fill_a.Fill(begin, end, buffer_a.data()));
-      RETURN_IF_ERROR(fill_b.Fill(begin, end, buffer_b.data()));
-      fill_a.ReleaseConsumed();
-      fill_b.ReleaseConsumed();
-      if (std::memcmp(buffer_a.data(), buffer_b.data(), (end - begin) * size) == 0) continue;
-      for (int64_t i = 0; i < end - begin; ++i) {
-        const uint64_t x = LoadBits(buffer_a.data() + i * size, size);
-        const uint64_t y = LoadBits(buffer_b.data() + i * size, size);
-        if (x == y || (IsNaN(dtype, x) && IsNaN(dtype, y))) continue;
-        if (mismatch.mismatches++ == 0) {
-          mismatch.first_index = begin + i;
-          mismatch.a_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), x);
-          mismatch.b_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), y);
-        }
-      }
-    }
-    return absl::OkStatus();
+    return CompareInWindows(
+        fill_a, fill_b, a.copy.num_elements, size, kChunkBytes / static_cast<int64_t>(size),
+        buffer_a, buffer_b, options.cancelled, "verify", [&](int64_t begin, int64_t count) {
+          for (int64_t i = 0; i < count; ++i) {
+            const uint64_t x = LoadBits(buffer_a.data() + i * size, size);
+            const uint64_t y = LoadBits(buffer_b.data() + i * size, size);
+            if (x == y || (IsNaN(dtype, x) && IsNaN(dtype, y))) continue;
+            if (mismatch.mismatches++ == 0) {
+              mismatch.first_index = begin + i;
+              mismatch.a_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), x);
+              mismatch.b_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), y);
+            }
+          }
+          return true;
+        });
   };
   for (int ia = 0; ia < static_cast<int>(ca.tensors.size()); ++ia) {
     const CatalogTensor& ta = ca.tensors[ia];

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "lib/core/status.h"
+#include "lib/exec/tensor_compare.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/io/file_access.h"
 #include "lib/plan/layout_builders.h"
@@ -55,7 +56,8 @@ struct Sizes {
 // config.json as read, with its path for messages.
 class Config {
  public:
-  Config(const Json& json, const std::string& path) : json_(json), path_(path) {}
+  Config(const Json& json, const std::string& path, absl::string_view as_what)
+      : json_(json), path_(path), as_what_(as_what) {}
 
   const Json* Find(const char* key) const {
     auto it = json_.find(key);
@@ -70,7 +72,7 @@ class Config {
     if (value == nullptr) {
       if (fallback.has_value()) return *fallback;
       return absl::InvalidArgumentError(
-          absl::StrCat(path_, " has no ", key, ", which the Megatron-LM args need"));
+          absl::StrCat(path_, " has no ", key, ", which the ", as_what_, " args need"));
     }
     if (!value->is_number_integer() || value->get<int64_t>() < 1) {
       return absl::InvalidArgumentError(
@@ -88,6 +90,8 @@ class Config {
   }
 
   const std::string& path() const { return path_; }
+  // What the model is imported as ("Megatron-LM", "Megatron-Core torch_dist"), for messages.
+  absl::string_view as_what() const { return as_what_; }
 
  private:
   // `key` as a T when `is` accepts it; `fallback` when absent.
@@ -105,6 +109,7 @@ class Config {
 
   const Json& json_;
   const std::string& path_;
+  absl::string_view as_what_;
 };
 
 // The family config.json names: model_type, else the first of architectures.
@@ -127,7 +132,8 @@ absl::StatusOr<const HfFamily*> FamilyOfConfig(const Config& config) {
   return absl::InvalidArgumentError(absl::StrCat(
       config.path(), " describes a model of model_type \"", model_type, "\" (architectures \"",
       architecture,
-      "\"), which is none of the families reshard imports into Megatron-LM: ", HfFamilyList()));
+      "\"), which is none of the families reshard imports into ", config.as_what(), ": ",
+      HfFamilyList()));
 }
 
 absl::StatusOr<Sizes> ReadSizes(const Config& config, const HfFamily& family) {
@@ -177,8 +183,8 @@ absl::StatusOr<Sizes> ReadSizes(const Config& config, const HfFamily& family) {
         return absl::InvalidArgumentError(absl::StrCat(
             config.path(), ": rope_scaling ", scaling->dump(),
             " is not Llama 3.1's (rope_type llama3, low_freq_factor 1, high_freq_factor 4, "
-            "original_max_position_embeddings 8192), the only one Megatron-LM's args can say "
-            "(use_rope_scaling, rope_scaling_factor)"));
+            "original_max_position_embeddings 8192), the only one the ", config.as_what(),
+            " args can say (use_rope_scaling, rope_scaling_factor)"));
       }
       sizes.rope_scaling_factor = (*scaling)["factor"].get<double>();
     }
@@ -308,8 +314,9 @@ StructureNode MakeArgs(const HfFamily& family, const Sizes& sizes, const Json& c
 // Builds the Megatron tensors from the HF catalog's, remembering which HF tensors were used.
 class Builder {
  public:
-  Builder(const Catalog& hf, const std::string& config_path, const HfFamily& family)
-      : hf_(hf), config_path_(config_path), family_(family) {}
+  Builder(const Catalog& hf, const std::string& config_path, const HfFamily& family,
+          absl::string_view as_what)
+      : hf_(hf), config_path_(config_path), family_(family), as_what_(as_what) {}
 
   // The HF tensor `name` of shape `shape`: InvalidArgument naming it when absent or shaped
   // otherwise, or of another dtype than the first one taken.
@@ -330,7 +337,7 @@ class Builder {
     if (tensor.dtype != *dtype_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor \"", name, "\" is ", DTypeName(tensor.dtype), " but the tensors before it are ",
-          DTypeName(*dtype_), ": a Megatron-LM checkpoint holds one params_dtype"));
+          DTypeName(*dtype_), ": a ", as_what_, " checkpoint holds one params_dtype"));
     }
     used_.insert(index);
     return &tensor;
@@ -366,7 +373,7 @@ class Builder {
       const std::string& name = hf_.tensors[i].name;
       if (used_.count(static_cast<int>(i)) != 0 || skipped.count(name) != 0) continue;
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", name, "\" has no Megatron-LM counterpart in a ", family_.id, " model (",
+          "tensor \"", name, "\" has no ", as_what_, " counterpart in a ", family_.id, " model (",
           config_path_, "), so it cannot be imported; the families reshard imports ", "are ",
           HfFamilyList()));
     }
@@ -380,6 +387,7 @@ class Builder {
   const Catalog& hf_;
   const std::string& config_path_;
   const HfFamily& family_;
+  absl::string_view as_what_;
   std::optional<DType> dtype_;
   std::set<int> used_;
   std::vector<CatalogTensor> out_;
@@ -582,13 +590,38 @@ absl::Status BuildGpt2(const Sizes& sizes, Builder& builder) {
   return absl::OkStatus();
 }
 
+// A tied model's saved head `head` against its embedding `embedding` (tensors of the HF model
+// `catalog`), element by element and window by window: InvalidArgument naming both, the file
+// of the head and the first element that differs.
+absl::Status CheckTiedHead(const Catalog& catalog, int head, int embedding,
+                           const std::string& config_path, absl::string_view as_what) {
+  const CatalogTensor& saved = catalog.tensors[head];
+  const CatalogTensor& words = catalog.tensors[embedding];
+  ASSIGN_OR_RETURN(const std::optional<int64_t> differs,
+                   FirstDifferingElement(catalog, head, embedding),
+                   absl::StrCat("comparing tensor \"", saved.name, "\" with \"", words.name,
+                                "\" (tie_word_embeddings)"));
+  if (!differs.has_value()) return absl::OkStatus();
+  const int64_t columns = saved.shape.size() == 2 ? saved.shape[1] : 1;
+  const std::string file = saved.pieces.empty() ? std::string("the model")
+                                                : catalog.files[saved.pieces[0].file].path;
+  return absl::InvalidArgumentError(absl::StrCat(
+      file, ": tensor \"", saved.name, "\" differs from tensor \"", words.name,
+      "\" first at element ", *differs, " (row ", *differs / columns, ", column ",
+      *differs % columns, "), but ", config_path,
+      " says tie_word_embeddings: true, under which transformers loads the embedding as the "
+      "head and ignores the saved one; set tie_word_embeddings to false in config.json to "
+      "import the saved head as the ", as_what, " output layer, or remove it from the weights"));
+}
+
 }  // namespace
 
 bool IsHfImportInput(const InputModel& model) {
   return model.format == "safetensors" && model.parts.size() == 1;
 }
 
-absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* config_path) {
+absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* config_path,
+                                       absl::string_view as_what) {
   std::string folder = input;
   while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
   if (absl::EndsWith(folder, ".safetensors") || absl::EndsWith(folder, ".json")) {
@@ -602,9 +635,9 @@ absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* co
   if (absl::IsNotFound(text.status())) {
     return absl::InvalidArgumentError(absl::StrCat(
         *config_path,
-        " not found: a Hugging Face model is imported into Megatron-LM with the config.json "
-        "save_pretrained writes beside the weights (sizes, heads, vocabulary); other input "
-        "must be a Megatron checkpoint"));
+        " not found: a Hugging Face model is imported into ", as_what,
+        " with the config.json save_pretrained writes beside the weights (sizes, heads, "
+        "vocabulary); other input must be a Megatron checkpoint"));
   }
   if (!text.ok()) return Annotate(text.status(), *config_path);
   Json parsed = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -619,9 +652,14 @@ absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tens
                                               InputModel& model, Catalog& catalog) {
   if (!IsHfImportInput(model)) return false;
   std::string config_path;
-  ASSIGN_OR_RETURN(const Json config, ReadHfInputConfig(input, &config_path));
-  ASSIGN_OR_RETURN(MegatronImport imported, ImportHfAsMegatron(catalog, config, config_path,
-                                                               tensor_parallel, pipeline_parallel));
+  ASSIGN_OR_RETURN(const Json config, ReadHfInputConfig(input, &config_path, as_what));
+  ASSIGN_OR_RETURN(MegatronImport imported,
+                   ImportHfAsMegatron(catalog, config, config_path, tensor_parallel,
+                                      pipeline_parallel, as_what));
+  if (imported.tied_head >= 0) {
+    RETURN_IF_ERROR(CheckTiedHead(catalog, imported.tied_head, imported.tied_embedding,
+                                  config_path, as_what));
+  }
   catalog = std::move(imported.catalog);
   model.training_state = std::move(imported.training_state);
   model.default_rules = std::move(imported.rules);
@@ -633,8 +671,9 @@ absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tens
 
 absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const Json& config_json,
                                                   const std::string& config_path,
-                                                  int tensor_parallel, int pipeline_parallel) {
-  const Config config(config_json, config_path);
+                                                  int tensor_parallel, int pipeline_parallel,
+                                                  absl::string_view as_what) {
+  const Config config(config_json, config_path, as_what);
   MegatronImport imported;
   ASSIGN_OR_RETURN(imported.family, FamilyOfConfig(config));
   const HfFamily& family = *imported.family;
@@ -647,7 +686,7 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
         ": Megatron keeps whole heads and query groups on every tensor-parallel rank"));
   }
 
-  Builder builder(catalog, config_path, family);
+  Builder builder(catalog, config_path, family, as_what);
   if (family.gpt2) {
     RETURN_IF_ERROR(BuildGpt2(sizes, builder));
   } else {
@@ -663,8 +702,25 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
   }
   const std::string lm_head = "lm_head.weight";
   if (sizes.tied) {
-    // A tied model's head is the embedding: transformers ties it on load, whatever is saved.
+    // A tied model's head is the embedding: transformers ties it on load. A head saved anyway
+    // is left out once PresentHfModelAsMegatron has found it equal to the embedding.
     skipped.insert(lm_head);
+    if (const int head = catalog.Find(lm_head); head >= 0) {
+      const std::string embedding_name =
+          family.gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+      const int embedding = catalog.Find(embedding_name);  // Taken above: present.
+      const CatalogTensor& saved = catalog.tensors[head];
+      const CatalogTensor& words = catalog.tensors[embedding];
+      if (saved.shape != words.shape || saved.dtype != words.dtype) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", lm_head, "\" is ", DTypeName(saved.dtype), " ",
+            ShapeToString(saved.shape), " but \"", embedding_name, "\" is ",
+            DTypeName(words.dtype), " ", ShapeToString(words.shape), ", while ", config_path,
+            " says tie_word_embeddings: true (the head is the embedding)"));
+      }
+      imported.tied_head = head;
+      imported.tied_embedding = embedding;
+    }
   } else {
     RETURN_IF_ERROR(
         builder.Copy(lm_head, "language_model.output_layer.weight", {sizes.vocab, sizes.hidden}));

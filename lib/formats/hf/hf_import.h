@@ -3,7 +3,7 @@
 // the same weights, for the outputs that write Megatron checkpoints from it:
 //
 //   reshardctl reshard HF_DIR OUT --format megatron --parts TP [--pipeline-parts PP]
-//   reshardctl reshard HF_DIR OUT --format megatron-torch-dist --parts TP
+//   reshardctl reshard HF_DIR OUT --format megatron-torch-dist --parts TP [--pipeline-parts PP]
 //
 // ImportHfAsMegatron is the one entry point (PresentHfModelAsMegatron, the outputs' hook, calls it
 // with the config.json beside the weights). It renames every HF tensor to Megatron-LM's legacy name
@@ -76,6 +76,10 @@
 // virtual_pipeline_model_parallel_size (None). The checkpoint is a "release" one (iteration 0,
 // checkpoint_version 3.0), as Megatron-LM loads converted pretrained weights.
 //
+// A tied model (tie_word_embeddings) has no output layer: the saved lm_head.weight, if any, must
+// equal the word embeddings element by element (transformers loads the embedding as the head),
+// and is then left out.
+//
 // Refused, naming what (InvalidArgument): config.json whose model_type / architectures is none
 // of the families (listing them); heads not divisible by num_key_value_heads, or heads or
 // groups not divisible by `tensor_parallel`; a tensor the
@@ -99,6 +103,10 @@
 
 namespace reshard {
 
+// What the Megatron writers import a Hugging Face model as, named in messages and descriptions.
+inline constexpr char kImportAsMegatronLm[] = "Megatron-LM";
+inline constexpr char kImportAsTorchDist[] = "Megatron-Core torch_dist";
+
 // The training-state value (a string: "llama", ...) that says a model was imported from a
 // Hugging Face model of that family.
 inline constexpr char kHfImportFamilyKey[] = "hf_import.family";
@@ -116,21 +124,27 @@ struct MegatronImport {
   // How the engine splits the model over TP: Megatron's rules (MegatronPartitionRules, SwiGLU
   // fc1 as 2 fused blocks, QKV in whole groups) with the vocabulary tensors replicated.
   std::vector<PartitionRule> rules;
+  // A tied model (tie_word_embeddings) whose weights also hold lm_head.weight: the indices of
+  // that head and of the word embeddings in the input catalog, which must be equal element by
+  // element for the head to be left out (PresentHfModelAsMegatron compares them); -1 otherwise.
+  int tied_head = -1;
+  int tied_embedding = -1;
 };
 
 // `catalog`: the HF model's tensors (one merged model); `config`: its config.json, read from
 // `config_path` (named in messages); `tensor_parallel`, `pipeline_parallel`: the sizes the args
-// record (the megatron output updates them per file).
-absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog,
-                                                  const nlohmann::ordered_json& config,
-                                                  const std::string& config_path,
-                                                  int tensor_parallel, int pipeline_parallel);
+// record (the megatron output updates them per file); `as_what` (kImportAsMegatronLm,
+// kImportAsTorchDist): what messages say the model is imported as. Reads no tensor data.
+absl::StatusOr<MegatronImport> ImportHfAsMegatron(
+    const Catalog& catalog, const nlohmann::ordered_json& config, const std::string& config_path,
+    int tensor_parallel, int pipeline_parallel, absl::string_view as_what = kImportAsMegatronLm);
 
 // The config.json beside the Hugging Face weights `input` (a folder, or a weight file or index
 // in it), parsed. InvalidArgument naming the file when there is none or when it is not a
 // JSON object.
-absl::StatusOr<nlohmann::ordered_json> ReadHfInputConfig(const std::string& input,
-                                                         std::string* config_path);
+absl::StatusOr<nlohmann::ordered_json> ReadHfInputConfig(
+    const std::string& input, std::string* config_path,
+    absl::string_view as_what = kImportAsMegatronLm);
 
 // Whether `model` is a Hugging Face model ImportHfAsMegatron takes: one safetensors model.
 bool IsHfImportInput(const InputModel& model);
@@ -140,8 +154,12 @@ bool IsHfImportInput(const InputModel& model);
 // config.json beside `input` and replaces `catalog` with ImportHfAsMegatron's Megatron-LM
 // model, `model.training_state` with its args (recording `tensor_parallel` x
 // `pipeline_parallel`), `model.default_rules` with its rules, and adds to `model.description`
-// which family was imported as `as_what` ("Megatron-LM"); returns true. Returns false, changing
-// nothing, for any other input. The errors are ReadHfInputConfig's and ImportHfAsMegatron's.
+// which family was imported as `as_what` (kImportAsMegatronLm, kImportAsTorchDist); returns
+// true. A tied model's saved lm_head.weight is compared with the word embeddings element by
+// element, read window by window (FirstDifferingElement, lib/exec/tensor_compare.h): a
+// difference is InvalidArgument naming both tensors, the head's file and the first element
+// that differs. Returns false, changing nothing, for any other input. The other errors are
+// ReadHfInputConfig's and ImportHfAsMegatron's.
 absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tensor_parallel,
                                               int pipeline_parallel, absl::string_view as_what,
                                               InputModel& model, Catalog& catalog);

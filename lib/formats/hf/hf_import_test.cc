@@ -1,11 +1,14 @@
 #include "lib/formats/hf/hf_import.h"
 
+#include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "lib/exec/tensor_compare.h"
 #include "lib/plan/layout_builders.h"
 #include "lib/testing/test_files.h"
 #include "lib/plan/partition_rules.h"
@@ -479,6 +482,63 @@ TEST(HfImportTest, PresentHfModelAsMegatron) {
   EXPECT_EQ(presented.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(presented.status().message().find(bare + "/config.json not found"), std::string::npos)
       << presented.status();
+}
+
+// A tied model whose weights also hold lm_head.weight: the head is compared with the word
+// embeddings element by element, read from the file window by window. Equal, it is left out;
+// one element different, the import is refused naming both tensors, the file and the element.
+TEST(HfImportTest, SavedHeadOfATiedModelMustEqualTheEmbedding) {
+  Llama m;
+  m.tied = true;
+  m.vocab = 300;
+  HfCatalog hf = LlamaTensors(m);
+  hf.Add("lm_head.weight", {m.vocab, m.hidden});
+  const std::string folder = MakeTempDir("hf_tied_head");
+  WriteAll(folder + "/config.json", LlamaConfig(m, "llama").dump());
+  Catalog weights = hf.catalog();
+  weights.files[0].path = folder + "/model.safetensors";
+  std::string bytes(weights.files[0].size, '\0');
+  const uint64_t embedding = hf.ByteOf("model.embed_tokens.weight", {0, 0});
+  const uint64_t head = hf.ByteOf("lm_head.weight", {0, 0});
+  for (int64_t i = 0; i < m.vocab * m.hidden; ++i) {
+    const float value = 0.25f * static_cast<float>(i);
+    std::memcpy(&bytes[embedding + 4 * i], &value, 4);
+    std::memcpy(&bytes[head + 4 * i], &value, 4);
+  }
+  auto present = [&](const std::string& contents) -> absl::StatusOr<Catalog> {
+    WriteAll(weights.files[0].path, contents);
+    InputModel model;
+    model.format = "safetensors";
+    model.parts = {weights};
+    Catalog catalog = weights;
+    absl::StatusOr<bool> done =
+        PresentHfModelAsMegatron(folder, 1, 1, kImportAsMegatronLm, model, catalog);
+    if (!done.ok()) return done.status();
+    return catalog;
+  };
+
+  absl::StatusOr<Catalog> equal = present(bytes);
+  ASSERT_TRUE(equal.ok()) << equal.status();
+  EXPECT_LT(equal->Find("language_model.output_layer.weight"), 0);
+  EXPECT_LT(equal->Find("lm_head.weight"), 0);
+
+  // Element 1234 (row 154, column 2) of the head differs in its last mantissa bit.
+  bytes[head + 4 * 1234] ^= 1;
+  absl::StatusOr<Catalog> differs = present(bytes);
+  ASSERT_EQ(differs.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(differs.status().message(),
+            absl::StrCat(folder, "/model.safetensors: tensor \"lm_head.weight\" differs from "
+                         "tensor \"model.embed_tokens.weight\" first at element 1234 (row 154, "
+                         "column 2), but ", folder, "/config.json says tie_word_embeddings: "
+                         "true, under which transformers loads the embedding as the head and "
+                         "ignores the saved one; set tie_word_embeddings to false in "
+                         "config.json to import the saved head as the Megatron-LM output "
+                         "layer, or remove it from the weights"));
+  // The same element found through windows of 64 elements (the head's row 154 is in the 20th).
+  auto first = FirstDifferingElement(weights, weights.Find("lm_head.weight"),
+                                     weights.Find("model.embed_tokens.weight"), 256);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, std::optional<int64_t>(1234));
 }
 
 }  // namespace

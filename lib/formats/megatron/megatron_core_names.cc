@@ -139,4 +139,29 @@ absl::StatusOr<MegatronCoreTensor> MegatronCoreName(absl::string_view name,
       "map onto Megatron-Core names"));
 }
 
+absl::StatusOr<std::optional<std::string>> MegatronLmName(absl::string_view name) {
+  if (absl::EndsWith(name, "._extra_state")) return std::nullopt;
+  if (name == "embedding.word_embeddings.weight" ||
+      name == "embedding.position_embeddings.weight" || name == "output_layer.weight") {
+    return absl::StrCat("language_model.", name);
+  }
+  if (name == "decoder.final_layernorm.weight" || name == "decoder.final_layernorm.bias") {
+    return absl::StrCat("language_model.encoder.", name.substr(name.find('.') + 1));
+  }
+  absl::string_view inside = name;
+  if (absl::ConsumePrefix(&inside, kLayersKey)) {
+    if (const auto layer = SplitLayer(inside); layer.has_value()) {
+      for (const LegacyLayerTensor& tensor : kLegacyLayerTensors) {
+        if (layer->second != tensor.te && layer->second != tensor.local) continue;
+        return absl::StrCat("language_model.encoder.layers.", layer->first, ".", tensor.legacy);
+      }
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tensor \"", name,
+      "\" has no Megatron-LM counterpart: only a GPT's word and position embeddings, layer "
+      "norms, fused QKV (and q/k norms), attention output, MLP, final norm and output layer "
+      "map onto Megatron-LM names"));
+}
+
 }  // namespace reshard

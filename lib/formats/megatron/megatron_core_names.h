@@ -34,6 +34,7 @@
 #define RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_CORE_NAMES_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -64,6 +65,13 @@ struct MegatronCoreTensor {
 // it is a Megatron-LM name outside a GPT's embedding, layers, final norm and output layer.
 absl::StatusOr<MegatronCoreTensor> MegatronCoreName(absl::string_view name,
                                                     MegatronCoreSpec spec);
+
+// The inverse, for writers of Megatron-LM checkpoints from a Megatron-Core one: the Megatron-LM
+// name (`language_model.encoder.layers.<i>.<legacy rest>`, ...) of the Megatron-Core tensor
+// `name` as the torch_dist reader gives it (layers unstacked: `decoder.layers.<i>.<rest>`),
+// named by either spec. nullopt for TransformerEngine's `_extra_state`, which Megatron-LM has
+// no counterpart for. InvalidArgument naming it when it is none of the tensors above.
+absl::StatusOr<std::optional<std::string>> MegatronLmName(absl::string_view name);
 
 }  // namespace reshard
 

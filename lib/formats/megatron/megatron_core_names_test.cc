@@ -110,5 +110,39 @@ TEST(MegatronCoreNameTest, LegacyNameOutsideTheGptIsRefusedByName) {
             "Megatron-Core names");
 }
 
+// The torch_dist reader's names (layers unstacked) back to Megatron-LM's, in both specs: every
+// legacy name goes to Megatron-Core and back to itself.
+TEST(MegatronCoreNameTest, MegatronCoreNamesMapBackToMegatronLm) {
+  const std::string l = "language_model.encoder.layers.3.";
+  for (const std::string legacy :
+       {std::string("language_model.embedding.word_embeddings.weight"),
+        std::string("language_model.embedding.position_embeddings.weight"),
+        std::string("language_model.output_layer.weight"),
+        std::string("language_model.encoder.final_layernorm.weight"),
+        l + "input_layernorm.weight", l + "input_layernorm.bias",
+        l + "self_attention.query_key_value.weight", l + "self_attention.query_key_value.bias",
+        l + "self_attention.dense.weight", l + "self_attention.q_layernorm.weight",
+        l + "post_attention_layernorm.weight", l + "mlp.dense_h_to_4h.weight",
+        l + "mlp.dense_4h_to_h.weight", l + "mlp.dense_4h_to_h.bias"}) {
+    for (const MegatronCoreSpec spec : {MegatronCoreSpec::kTransformerEngine,
+                                        MegatronCoreSpec::kLocal}) {
+      auto core = MegatronCoreName(legacy, spec);
+      ASSERT_TRUE(core.ok()) << core.status();
+      auto back = MegatronLmName(core->UnstackedName());
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(back->value_or("<none>"), legacy) << core->UnstackedName();
+    }
+  }
+  auto extra = MegatronLmName("decoder.layers.0.self_attention.linear_qkv._extra_state");
+  ASSERT_TRUE(extra.ok()) << extra.status();
+  EXPECT_FALSE(extra->has_value());
+  auto router = MegatronLmName("decoder.layers.0.mlp.router.weight");
+  EXPECT_EQ(router.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(router.status().message(),
+            "tensor \"decoder.layers.0.mlp.router.weight\" has no Megatron-LM counterpart: only "
+            "a GPT's word and position embeddings, layer norms, fused QKV (and q/k norms), "
+            "attention output, MLP, final norm and output layer map onto Megatron-LM names");
+}
+
 }  // namespace
 }  // namespace reshard

@@ -104,23 +104,7 @@ std::optional<int64_t> ArgNumber(const ArgMap& args, absl::string_view key) {
 }
 
 int64_t QkvUnitRows(const ArgMap& args) {
-  const std::optional<int64_t> heads = ArgNumber(args, "num_attention_heads");
-  if (!heads.has_value() || *heads <= 0 || *heads > kMaxMegatronIndex) return 1;
-  std::optional<int64_t> head_dim = ArgNumber(args, "kv_channels");
-  if (!head_dim.has_value() || *head_dim <= 0) {
-    const std::optional<int64_t> hidden = ArgNumber(args, "hidden_size");
-    if (!hidden.has_value() || *hidden <= 0 || *hidden % *heads != 0) return 1;
-    head_dim = *hidden / *heads;
-  }
-  if (*head_dim > kMaxMegatronIndex) return 1;
-  int64_t groups = *heads;
-  if (ArgNumber(args, "group_query_attention").value_or(0) != 0) {
-    groups = ArgNumber(args, "num_query_groups").value_or(*heads);
-  } else if (auto kv = ArgNumber(args, "num_key_value_heads"); kv.has_value() && *kv > 0) {
-    groups = *kv;  // Megatron-DeepSpeed's name for the same thing
-  }
-  if (groups <= 0 || *heads % groups != 0) return 1;
-  return (*heads / groups + 2) * *head_dim;
+  return QkvUnitRowsOfArgs([&](absl::string_view key) { return ArgNumber(args, key); });
 }
 
 std::optional<double> PickleNumber(const PickleValue* value) {

@@ -287,18 +287,22 @@ absl::StatusOr<Catalog> MergePipelineStages(std::vector<PipelineStage> stages,
 }
 
 std::optional<bool> SwiGLUFromShapes(const Catalog& catalog) {
-  constexpr absl::string_view kUp = "mlp.dense_h_to_4h.weight";
-  constexpr absl::string_view kDown = "mlp.dense_4h_to_h.weight";
-  for (const CatalogTensor& tensor : catalog.tensors) {
-    if (!absl::EndsWith(tensor.name, kUp)) continue;
-    const std::string down =
-        absl::StrCat(tensor.name.substr(0, tensor.name.size() - kUp.size()), kDown);
-    const int found = catalog.Find(down);
-    if (found < 0) continue;
-    const Shape& up_shape = tensor.shape;
-    const Shape& down_shape = catalog.tensors[found].shape;
-    if (up_shape.size() != 2 || down_shape.size() != 2) continue;
-    return up_shape[0] == 2 * down_shape[1];
+  // Megatron-LM's names, then Megatron-Core's.
+  constexpr std::pair<absl::string_view, absl::string_view> kPairs[] = {
+      {"mlp.dense_h_to_4h.weight", "mlp.dense_4h_to_h.weight"},
+      {"mlp.linear_fc1.weight", "mlp.linear_fc2.weight"},
+  };
+  for (const auto& [up, down] : kPairs) {
+    for (const CatalogTensor& tensor : catalog.tensors) {
+      if (!absl::EndsWith(tensor.name, up)) continue;
+      const int found = catalog.Find(
+          absl::StrCat(tensor.name.substr(0, tensor.name.size() - up.size()), down));
+      if (found < 0) continue;
+      const Shape& up_shape = tensor.shape;
+      const Shape& down_shape = catalog.tensors[found].shape;
+      if (up_shape.size() != 2 || down_shape.size() != 2) continue;
+      return up_shape[0] == 2 * down_shape[1];
+    }
   }
   return std::nullopt;
 }
@@ -342,6 +346,44 @@ std::vector<PartitionRule> MegatronPartitionRules(bool swiglu, int64_t qkv_unit_
                                qkv_unit_rows});
   }
   return rules;
+}
+
+int64_t QkvUnitRowsOfArgs(
+    const std::function<std::optional<int64_t>(absl::string_view key)>& arg) {
+  const std::optional<int64_t> heads = arg("num_attention_heads");
+  if (!heads.has_value() || *heads <= 0 || *heads > kMaxMegatronIndex) return 1;
+  std::optional<int64_t> head_dim = arg("kv_channels");
+  if (!head_dim.has_value() || *head_dim <= 0) {
+    const std::optional<int64_t> hidden = arg("hidden_size");
+    if (!hidden.has_value() || *hidden <= 0 || *hidden % *heads != 0) return 1;
+    head_dim = *hidden / *heads;
+  }
+  if (*head_dim > kMaxMegatronIndex) return 1;
+  int64_t groups = *heads;
+  if (arg("group_query_attention").value_or(0) != 0) {
+    groups = arg("num_query_groups").value_or(*heads);
+  } else if (auto kv = arg("num_key_value_heads"); kv.has_value() && *kv > 0) {
+    groups = *kv;  // Megatron-DeepSpeed's name for the same thing
+  }
+  if (groups <= 0 || *heads % groups != 0) return 1;
+  return (*heads / groups + 2) * *head_dim;
+}
+
+void SetMegatronParallelArgs(StructureNode* attributes, int tp, int pp) {
+  auto set = [&](absl::string_view key, StructureNode value) {
+    if (StructureNode* slot = FindKey(attributes, key); slot != nullptr) *slot = std::move(value);
+  };
+  set("tensor_model_parallel_size", StructureNode::Int(tp));
+  set("pipeline_model_parallel_size", StructureNode::Int(pp));
+  for (const char* key :
+       {"virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
+        "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"}) {
+    set(key, StructureNode());
+  }
+  for (const char* key : {"standalone_embedding_stage", "account_for_embedding_in_pipeline_split",
+                          "account_for_loss_in_pipeline_split"}) {
+    set(key, StructureNode::Bool(false));
+  }
 }
 
 absl::StatusOr<std::map<std::string, std::string>> PipeNamesToMegatronLM(

@@ -8,6 +8,7 @@
 #define RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_LAYOUT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -117,8 +118,9 @@ absl::StatusOr<Catalog> MergePipelineStages(std::vector<PipelineStage> stages,
                                             const StageMergeOptions& options);
 
 // Whether the model's MLP is SwiGLU, judged from shapes: the first layer's
-// mlp.dense_h_to_4h.weight has twice as many rows as its mlp.dense_4h_to_h.weight has columns.
-// nullopt when the catalog has no such pair.
+// mlp.dense_h_to_4h.weight (Megatron-Core: mlp.linear_fc1.weight) has twice as many rows as its
+// mlp.dense_4h_to_h.weight (mlp.linear_fc2.weight) has columns. nullopt when the catalog has no
+// such pair.
 std::optional<bool> SwiGLUFromShapes(const Catalog& catalog);
 
 // Megatron-DeepSpeed's pipeline names (`<layer spec index>.<key>`, as its layer files and
@@ -140,6 +142,20 @@ std::vector<PartitionRule> MegatronPresetRules();
 // `qkv_unit_rows` rows (one attention head's q, k, v; or one GQA head group) when above 1, so
 // that a split into a tensor-parallel degree that does not divide the heads is refused.
 std::vector<PartitionRule> MegatronPartitionRules(bool swiglu, int64_t qkv_unit_rows = 1);
+
+// Rows of query_key_value that belong to one attention head (with grouped-query attention: one
+// head group, its query heads plus one key and one value head), which a tensor-parallel split
+// must keep together, from the args `arg` looks up (an int, or a bool as 0 / 1; nullopt when
+// absent); 1 when the args do not say.
+int64_t QkvUnitRowsOfArgs(
+    const std::function<std::optional<int64_t>(absl::string_view key)>& arg);
+
+// Sets, in the attributes of an args Namespace (`attributes`, may be null), the sizes of a run
+// of `tp` x `pp` ranks with its layers balanced evenly over the stages:
+// tensor_model_parallel_size and pipeline_model_parallel_size; the virtual stages and uneven
+// stage sizes to None, the embedding and loss pipeline-split flags to False. Only keys the args
+// have are set.
+void SetMegatronParallelArgs(StructureNode* attributes, int tp, int pp);
 
 }  // namespace reshard
 

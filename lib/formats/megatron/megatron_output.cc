@@ -18,10 +18,14 @@
 #include "absl/strings/strip.h"
 #include "lib/core/status.h"
 #include "lib/formats/hf/hf_import.h"
+#include "lib/formats/megatron/megatron_core_names.h"
 #include "lib/formats/megatron/megatron_layout.h"
 
 namespace reshard {
 namespace {
+
+// The torch_dist reader's id (torch_dist_format.h), whose input PresentInput renames.
+constexpr char kTorchDistId[] = "megatron-torch-dist";
 
 using Kind = StructureNode::Kind;
 
@@ -167,8 +171,8 @@ absl::Status CheckDivides(const StructureNode* args, absl::string_view key, int 
 StructureNode FileArgs(const Plan& plan, int t, int p) {
   StructureNode args = *plan.args;
   StructureNode* attributes = args.Attributes();
-  SetIfPresent(attributes, "tensor_model_parallel_size", StructureNode::Int(plan.tp));
-  SetIfPresent(attributes, "pipeline_model_parallel_size", StructureNode::Int(plan.pp));
+  // The layers are balanced evenly over PP stages, without virtual stages.
+  SetMegatronParallelArgs(attributes, plan.tp, plan.pp);
   if (plan.vocab_rows > 0)
     SetIfPresent(attributes, "padded_vocab_size", StructureNode::Int(plan.vocab_rows));
   SetIfPresent(attributes, "world_size",
@@ -176,18 +180,6 @@ StructureNode FileArgs(const Plan& plan, int t, int p) {
   // Megatron's default rank order (tp fastest, then dp, then pp), at data-parallel rank 0.
   SetIfPresent(attributes, "rank",
                StructureNode::Int(t + int64_t{plan.tp} * plan.data_parallel * p));
-  // The layers are balanced evenly over PP stages, without virtual stages.
-  for (const char* key :
-       {"virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
-        "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"}) {
-    SetIfPresent(attributes, key, StructureNode());
-  }
-  for (const char* key : {"standalone_embedding_stage", "account_for_embedding_in_pipeline_split",
-                          "account_for_loss_in_pipeline_split"}) {
-    StructureNode no;
-    no.kind = Kind::kBool;
-    SetIfPresent(attributes, key, no);
-  }
   return args;
 }
 
@@ -204,13 +196,14 @@ OutputNaming MegatronOutput::naming() const {
 absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layout,
                                                        const ArrangeRequest& request) const {
   const InputModel& model = request.model;
-  // Megatron input, or a Hugging Face model PresentInput made a Megatron-LM one.
-  if (model.format != kMegatronFormatId &&
+  // Megatron input (a Megatron-Core torch_dist one under the names PresentInput gave it), or a
+  // Hugging Face model PresentInput made a Megatron-LM one.
+  if (model.format != kMegatronFormatId && model.format != kTorchDistId &&
       model.training_state.Value(kHfImportFamilyKey) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the megatron output writes Megatron-LM checkpoints from Megatron input (its args, "
-        "iteration and layer layout) or from a Hugging Face model (safetensors and "
-        "config.json), not from ",
+        "the megatron output writes Megatron-LM checkpoints from Megatron input (Megatron-LM, "
+        "Megatron-DeepSpeed or Megatron-Core torch_dist: its args, iteration and layers) or "
+        "from a Hugging Face model (safetensors and config.json), not from ",
         model.format, " input"));
   }
   if (request.dtype != DTypePolicy::kKeep) {
@@ -432,7 +425,26 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
 absl::StatusOr<bool> MegatronOutput::PresentInput(const std::string& input, int parts,
                                                   int pipeline_parts, InputModel& model,
                                                   Catalog& catalog) const {
-  return PresentHfModelAsMegatron(input, parts, pipeline_parts, "Megatron-LM", model, catalog);
+  if (model.format == kTorchDistId) {
+    // Megatron-Core's names (layers unstacked by the reader) as Megatron-LM's; the tensors hold
+    // the same values (the global QKV in query groups, the gated fc1 as [gate; up]), and the
+    // reader's rules split them on the axes Megatron-Core's names give.
+    std::vector<CatalogTensor> renamed;
+    for (CatalogTensor& tensor : catalog.tensors) {
+      ASSIGN_OR_RETURN(const std::optional<std::string> name, MegatronLmName(tensor.name),
+                       absl::StrCat(input, ": a Megatron-Core torch_dist checkpoint"));
+      if (!name.has_value()) continue;
+      tensor.name = *name;
+      renamed.push_back(std::move(tensor));
+    }
+    catalog.tensors = std::move(renamed);
+    catalog.structure = nullptr;  // placed by name, as the megatron reader's merged model
+    catalog.Reindex();
+    model.description = absl::StrCat(model.description, "; Megatron-Core names as Megatron-LM's");
+    return true;
+  }
+  return PresentHfModelAsMegatron(input, parts, pipeline_parts, kImportAsMegatronLm, model,
+                                  catalog);
 }
 
 absl::StatusOr<FileFraming> MegatronOutput::Frame(const OutputFileLayout& file) const {

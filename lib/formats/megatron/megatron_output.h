@@ -45,12 +45,18 @@
 // weight / bias is the final norm, `lm_head.weight` the untied output layer. The result is a
 // Megatron-LM (non-DeepSpeed) checkpoint, with the DeepSpeed run's args.
 //
+// A Megatron-Core torch_dist checkpoint (the torch_dist reader's model, layers unstacked) is
+// written the same way after PresentInput has renamed its tensors to Megatron-LM's
+// (MegatronLmName, megatron_core_names.h; `_extra_state` left out): the tensors hold the same
+// values, and the reader's partition rules split them, so no --rules is needed.
+//
 // A Hugging Face model (`reshardctl reshard HF_DIR OUT --format megatron --parts TP`: a
 // safetensors model and its config.json, families llama, mistral, qwen2, qwen3, gpt2) is
 // written the same way after PresentInput has made it the merged Megatron-LM model with its
 // args (lib/formats/hf/hf_import.h): a "release" checkpoint, vocabulary padded with zero rows.
 //
-// Refused, with a message naming what: input that is neither Megatron nor a Hugging Face model;
+// Refused, with a message naming what: input that is neither Megatron (legacy or torch_dist) nor
+// a Hugging Face model; a torch_dist tensor with no Megatron-LM name;
 // num_layers not divisible
 // by PP; num_attention_heads or num_query_groups (num_key_value_heads) not divisible by TP;
 // tensors outside a GPT's embedding, encoder and output layer; --dtype other than keep (the
@@ -78,7 +84,8 @@ class MegatronOutput : public OutputFormat {
   OutputNaming naming() const override;
   absl::StatusOr<ArrangedOutput> Arrange(TargetLayout engine_layout,
                                          const ArrangeRequest& request) const override;
-  // A Hugging Face model (one safetensors model with its config.json) is presented as the
+  // A Megatron-Core torch_dist model is renamed to Megatron-LM's names (MegatronLmName); a
+  // Hugging Face model (one safetensors model with its config.json) is presented as the
   // merged Megatron-LM model of the same weights, with the args of such a run
   // (ImportHfAsMegatron, lib/formats/hf/hf_import.h); other input is left as it is.
   absl::StatusOr<bool> PresentInput(const std::string& input, int parts, int pipeline_parts,

@@ -161,6 +161,13 @@ absl::StatusOr<std::optional<std::string>> NamedIterationFolder(const std::strin
   return std::optional<std::string>(JoinPath(path, name));
 }
 
+// How inspect notes a value of common.pt no output carries (torch_format.cc), and what the
+// args are carried to instead.
+constexpr absl::string_view kNotCarried = " (not carried to any output)";
+constexpr absl::string_view kArgsCarried =
+    " (carried: --format hf writes config.json from them, --format megatron and "
+    "megatron-torch-dist write them with the output's TP and PP)";
+
 // Checks metadata.json: present, JSON, and the torch_dist backend. Returns its backend line for
 // the description.
 absl::Status CheckMetadataJson(const std::string& dir) {
@@ -205,6 +212,13 @@ absl::Status AddCommonState(const std::string& dir, InputModel& model) {
       args != nullptr && args->kind != PickleValue::Kind::kNone) {
     if (absl::StatusOr<StructureNode> node = PickleToStructure(args); node.ok()) {
       model.training_state.values["megatron.args"] = *std::move(node);
+      // inspect lists common.pt's entries: say where the args go.
+      for (std::string& entry : common.other_entries) {
+        if (absl::StartsWith(entry, "common.args: ") && absl::EndsWith(entry, kNotCarried)) {
+          entry.resize(entry.size() - kNotCarried.size());
+          absl::StrAppend(&entry, kArgsCarried);
+        }
+      }
     }
   }
   // The iteration and checkpoint version, for outputs that write checkpoints to resume from.
@@ -352,21 +366,29 @@ absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
   RETURN_IF_ERROR(CheckMetadataJson(dir), context);
   ASSIGN_OR_RETURN(InputModel model, ReadDcpCheckpoint(dir), context);
   RETURN_IF_ERROR(AddCommonState(dir, model), context);
-  // Without an iteration in common.pt (newer saves keep it in the common_state item), the
-  // folder's name says it.
-  if (model.training_state.Value("megatron.iteration") == nullptr) {
-    const std::string base = BaseName(dir);
-    absl::string_view name = base;
-    int64_t iteration = 0;
-    if (name == "release") {
-      model.training_state.values["megatron.release"] = StructureNode::Bool(true);
-    } else if (absl::ConsumePrefix(&name, "iter_") && absl::SimpleAtoi(name, &iteration)) {
-      model.training_state.values["megatron.iteration"] = StructureNode::Int(iteration);
-    }
+  // A release/ folder holds a release checkpoint (as Megatron-LM's tracker says "release"),
+  // whatever iteration common.pt records. Without an iteration in common.pt (newer saves keep
+  // it in the common_state item), an iter_ folder's name says it.
+  const std::string base = BaseName(dir);
+  absl::string_view name = base;
+  int64_t iteration = 0;
+  if (name == "release") {
+    model.training_state.values["megatron.release"] = StructureNode::Bool(true);
+  } else if (model.training_state.Value("megatron.iteration") == nullptr &&
+             absl::ConsumePrefix(&name, "iter_") && absl::SimpleAtoi(name, &iteration)) {
+    model.training_state.values["megatron.iteration"] = StructureNode::Int(iteration);
   }
   Catalog& catalog = model.parts.front();
   int64_t stacked = 0;
   ASSIGN_OR_RETURN(const int64_t layers, UnstackLayers(catalog, &stacked), context);
+  // Tensor parallelism splits the model as Megatron splits it, on the axes megatron_core_names
+  // gives its tensors (the megatron preset covers Megatron-Core's names): the gated fc1 in
+  // whole gate and up blocks, QKV in whole query groups (the args' heads, groups, head dim).
+  const StructureNode* args = model.training_state.Value("megatron.args");
+  const StructureNode* attributes = args != nullptr ? args->Attributes() : nullptr;
+  model.default_rules = MegatronPartitionRules(
+      SwiGLUFromShapes(catalog).value_or(false),
+      QkvUnitRowsOfArgs([&](absl::string_view key) { return IntAttribute(attributes, key); }));
   catalog.format = kId;
   const std::string dcp_description = model.description;
   model.format = kId;

@@ -24,8 +24,12 @@
 // Non-tensor values are carried as the DCP reader carries them (ShardedObjects and
 // `common_state` under their keys); common.pt's contents under "common", and its args,
 // iteration and checkpoint_version as the training state "megatron.args", "megatron.iteration"
-// and "megatron.checkpoint_version" (megatron_format.h's names; without an iteration in
-// common.pt, the iteration folder's name gives it, or "megatron.release"). Refused before
+// and "megatron.checkpoint_version" (megatron_format.h's names; a release/ folder sets
+// "megatron.release", and without an iteration in common.pt an iter_ folder's name gives it);
+// inspect notes the args as carried to --format hf, megatron and megatron-torch-dist. The
+// partition rules (InputModel::default_rules) are Megatron's (MegatronPartitionRules, which
+// name Megatron-Core's tensors too): SwiGLU when fc1 is twice as tall as fc2 is wide, QKV in
+// whole query groups from the args, so reshard needs no --rules. Refused before
 // anything is written, naming what is missing: a folder without metadata.json, a backend other
 // than torch_dist (zarr), a missing `.metadata` or data file, and everything the DCP reader
 // refuses. `inspect` names the layout ("Megatron-Core torch_dist, iter_0000100, 2 layers

@@ -109,17 +109,14 @@ absl::StatusOr<CatalogTensor> Stack(const Entry& entry, int64_t layers) {
   return out;
 }
 
-// The common state's args: the input's, for world size `ranks` at one pipeline stage.
-StructureNode CommonArgs(const StructureNode& input_args, int ranks) {
+// The common state's args: the input's, for a run of TP `ranks` x PP `stages`.
+StructureNode CommonArgs(const StructureNode& input_args, int ranks, int stages) {
   StructureNode args = input_args;
   StructureNode* attributes = args.Attributes();
-  auto set = [&](absl::string_view key, StructureNode value) {
-    if (StructureNode* slot = FindKey(attributes, key); slot != nullptr) *slot = std::move(value);
-  };
-  set("tensor_model_parallel_size", StructureNode::Int(ranks));
-  set("pipeline_model_parallel_size", StructureNode::Int(1));
-  set("virtual_pipeline_model_parallel_size", StructureNode());
-  set("ckpt_format", StructureNode::String("torch_dist"));
+  SetMegatronParallelArgs(attributes, ranks, stages);
+  if (StructureNode* slot = FindKey(attributes, "ckpt_format"); slot != nullptr) {
+    *slot = StructureNode::String("torch_dist");
+  }
   return args;
 }
 
@@ -159,6 +156,10 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   }
   const int ranks = request.consolidate ? 1 : request.parts;
   if (ranks < 1) return absl::InvalidArgumentError("--parts must be at least 1");
+  // The pipeline stages the args record (Megatron-Core loads the checkpoint at any TP x PP;
+  // --use-checkpoint-args with --use-mp-args-from-checkpoint-args starts the run at these).
+  const int stages =
+      request.consolidate || request.pipeline_parts < 1 ? 1 : request.pipeline_parts;
   const TrainingState& state = model.training_state;
   const StructureNode* saved_args = state.Value("megatron.args");
   if (saved_args != nullptr && saved_args->Attributes() == nullptr) saved_args = nullptr;
@@ -240,6 +241,12 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
     return absl::InvalidArgumentError(absl::StrCat("args.num_layers is ", *num_layers,
                                                    " but the model holds ", layers, " layers"));
   }
+  if (layers % stages != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--pipeline-parts ", stages, " does not divide the ", layers,
+        " layers evenly; the args record pipeline_model_parallel_size ", stages,
+        " for a run with the layers balanced evenly over its stages"));
+  }
   // Gated fc1 ([gate; up]): twice the rows fc2 has columns.
   bool gated = false;
   if (entry_of.contains(kFc1Key) && entry_of.contains(kFc2Key)) {
@@ -318,7 +325,7 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   // The common state, as Megatron-LM's save_checkpoint puts it first in its state dict.
   auto common = std::make_shared<StructureNode>(StructureNode::Dict());
   if (saved_args != nullptr) {
-    common->Add(StructureNode::String("args"), CommonArgs(*saved_args, ranks));
+    common->Add(StructureNode::String("args"), CommonArgs(*saved_args, ranks, stages));
   }
   StructureNode version;
   version.kind = Kind::kFloat;
@@ -340,11 +347,10 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
 }
 
 absl::StatusOr<bool> TorchDistOutput::PresentInput(const std::string& input, int parts,
-                                                   int /*pipeline_parts*/, InputModel& model,
+                                                   int pipeline_parts, InputModel& model,
                                                    Catalog& catalog) const {
-  // One pipeline stage in the args, as Arrange writes them (CommonArgs).
-  return PresentHfModelAsMegatron(input, parts, /*pipeline_parallel=*/1, "Megatron-Core",
-                                  model, catalog);
+  return PresentHfModelAsMegatron(input, parts, pipeline_parts, kImportAsTorchDist, model,
+                                  catalog);
 }
 
 absl::StatusOr<FileFraming> TorchDistOutput::Frame(const OutputFileLayout& file) const {

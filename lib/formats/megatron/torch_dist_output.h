@@ -3,7 +3,8 @@
 // at any TP x PP:
 //
 //   reshardctl consolidate IN OUT --format megatron-torch-dist             world size 1
-//   reshardctl reshard IN OUT --parts N --format megatron-torch-dist       world size N
+//   reshardctl reshard IN OUT --parts N [--pipeline-parts P] --format megatron-torch-dist
+//                                                                          world size N
 //
 //   OUT/latest_checkpointed_iteration.txt   "100" (or "release"), no newline
 //   OUT/iter_0000100/__R_0.distcp           rank R's tensor chunks (DcpOutput's framing)
@@ -22,7 +23,7 @@
 // Megatron-LM's), the torch_dist reader's model (layers unstacked), or a Hugging Face model
 // (one safetensors model and its config.json) that PresentInput presents as the merged
 // Megatron-LM model with its args (PresentHfModelAsMegatron, lib/formats/hf/hf_import.h: TP N,
-// PP 1, a release checkpoint). Every tensor is named by
+// PP P, a release checkpoint; messages say "Megatron-Core torch_dist"). Every tensor is named by
 // MegatronCoreName (megatron_core_names.h): the keys and global shapes of Megatron-Core's GPTModel
 // `sharded_state_dict`, flat (DCP fqn = key), a layer's tensors stacked under
 // `decoder.layers.<rest>` with a leading axis over all num_layers layers (pipeline stages
@@ -42,8 +43,11 @@
 // swiglu sharding); a replicated tensor one chunk, stored by rank 0. Each chunk spans all
 // layers of a stacked tensor (Megatron-Core saves one chunk per layer; DCP loads any tiling).
 // The common state carries the input's args (tensor_model_parallel_size N,
-// pipeline_model_parallel_size 1, no virtual stages, ckpt_format "torch_dist", each where the
-// args have it), checkpoint_version (3.0 when the input has none) and iteration.
+// pipeline_model_parallel_size P (1 without --pipeline-parts), no virtual or uneven stages,
+// ckpt_format "torch_dist", each where the args have it: what Megatron saves for a run of
+// TP N x PP P, which --use-checkpoint-args --use-mp-args-from-checkpoint-args starts at; the
+// checkpoint loads at any TP x PP), checkpoint_version (3.0 when the input has none) and
+// iteration. The data files are N whatever P (each chunk spans all layers).
 //
 // Megatron-LM loads it with --ckpt-format torch_dist (or --auto-detect-ckpt-format).
 // Not written: the optimizer state and RNG state (resume with --no-load-optim --no-load-rng),
@@ -54,7 +58,8 @@
 // Face model (a safetensors model without config.json: the missing file); --dtype other
 // than keep (the args name the dtype); a tensor with no Megatron-Core name; layers missing from
 // a stacked key or disagreeing in shape or dtype; N that does not divide a split axis, the
-// query groups (attention heads) or the gated halves; an input without iteration.
+// query groups (attention heads) or the gated halves; P that does not divide the layers; an
+// input without iteration.
 //
 // Not checked against a real Megatron-Core (none is installed here): that its loader accepts
 // chunks spanning several layers and the missing `_extra_state` under the strictness above, and
@@ -83,9 +88,9 @@ class TorchDistOutput : public OutputFormat {
   absl::StatusOr<ArrangedOutput> Arrange(TargetLayout engine_layout,
                                          const ArrangeRequest& request) const override;
   // A Hugging Face model (one safetensors model with its config.json) is presented as the
-  // merged Megatron-LM model of the same weights, its args recording TP `parts` and one
-  // pipeline stage (PresentHfModelAsMegatron, lib/formats/hf/hf_import.h); other input is left
-  // as it is.
+  // merged Megatron-LM model of the same weights, its args recording TP `parts` and PP
+  // `pipeline_parts` (PresentHfModelAsMegatron, lib/formats/hf/hf_import.h, as
+  // kImportAsTorchDist); other input is left as it is.
   absl::StatusOr<bool> PresentInput(const std::string& input, int parts, int pipeline_parts,
                                     InputModel& model, Catalog& catalog) const override;
   // common.pt by the torch writer, the `.distcp` files by DcpOutput.

@@ -11,6 +11,7 @@
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/plan/layout_builders.h"
 #include "lib/plan/partition_rules.h"
+#include "lib/testing/test_files.h"
 
 namespace reshard {
 namespace {
@@ -68,8 +69,9 @@ InputModel Model(int layers) {
   return model;
 }
 
-// What the engine does for `consolidate` (parts 0) or `reshard --parts N`.
-absl::StatusOr<ArrangedOutput> Arrange(const InputModel& model, int parts) {
+// What the engine does for `consolidate` (parts 0) or `reshard --parts N [--pipeline-parts P]`.
+absl::StatusOr<ArrangedOutput> Arrange(const InputModel& model, int parts,
+                                       int pipeline_parts = 0) {
   const TorchDistOutput output;
   if (parts == 0) {
     ArrangeRequest request{model, model.parts[0]};
@@ -84,6 +86,7 @@ absl::StatusOr<ArrangedOutput> Arrange(const InputModel& model, int parts) {
   ArrangeRequest request{model, viewed};
   request.consolidate = false;
   request.parts = parts;
+  request.pipeline_parts = pipeline_parts;
   return output.Arrange(TargetLayout{}, request);
 }
 
@@ -265,6 +268,72 @@ TEST(TorchDistOutputTest, RefusesRanksThatSplitAQueryGroup) {
   EXPECT_EQ(arranged.status().message(),
             "args.num_query_groups is 2, which --parts 4 does not divide: every tensor-parallel "
             "rank of Megatron-Core holds whole query groups");
+}
+
+// --parts and --pipeline-parts are the TP x PP the common state's args record, as Megatron
+// saves them (a run started with --use-checkpoint-args --use-mp-args-from-checkpoint-args
+// runs at them); the input's virtual and uneven stages are reset.
+TEST(TorchDistOutputTest, ArgsRecordTheTensorAndPipelineSizesAskedFor) {
+  InputModel model = Model(4);
+  StructureNode& args = model.training_state.values["megatron.args"];
+  args.Add(StructureNode::String("virtual_pipeline_model_parallel_size"), StructureNode::Int(2));
+  args.Add(StructureNode::String("decoder_first_pipeline_num_layers"), StructureNode::Int(1));
+  for (const auto& [tp, pp] : std::vector<std::pair<int, int>>{{2, 2}, {1, 4}, {2, 0}}) {
+    SCOPED_TRACE(absl::StrCat("TP ", tp, " PP ", pp));
+    absl::StatusOr<ArrangedOutput> arranged = Arrange(model, tp, pp);
+    ASSERT_TRUE(arranged.ok()) << arranged.status();
+    const OutputFileLayout& common = arranged->layout.files.back();
+    ASSERT_EQ(common.name, "iter_0000100/common.pt");
+    const StructureNode* saved = &common.structure->values[0];
+    EXPECT_EQ(IntAttribute(saved, "tensor_model_parallel_size"), tp);
+    EXPECT_EQ(IntAttribute(saved, "pipeline_model_parallel_size"), pp == 0 ? 1 : pp);
+    EXPECT_EQ(FindKey(saved->Attributes(), "virtual_pipeline_model_parallel_size")->kind,
+              Kind::kNone);
+    EXPECT_EQ(FindKey(saved->Attributes(), "decoder_first_pipeline_num_layers")->kind,
+              Kind::kNone);
+    // One data file per tensor-parallel rank whatever PP: each chunk spans all layers.
+    EXPECT_EQ(arranged->layout.files.size(), static_cast<size_t>(tp) + 1);
+  }
+  absl::StatusOr<ArrangedOutput> uneven = Arrange(model, 1, 3);
+  ASSERT_EQ(uneven.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(uneven.status().message(),
+            "--pipeline-parts 3 does not divide the 4 layers evenly; the args record "
+            "pipeline_model_parallel_size 3 for a run with the layers balanced evenly over its "
+            "stages");
+}
+
+// A Hugging Face model is imported as a Megatron-Core torch_dist checkpoint, and its messages
+// say so (not Megatron-LM, the legacy output's).
+TEST(TorchDistOutputTest, HfImportMessagesNameMegatronCoreTorchDist) {
+  const std::string folder = MakeTempDir("torch_dist_hf_import");
+  Catalog catalog;
+  catalog.format = "safetensors";
+  catalog.files.push_back({folder + "/model.safetensors", 1 << 20});
+  catalog.tensors.push_back({"model.embed_tokens.weight", DType::kF32, {4, 2}, {}});
+  catalog.tensors.back().pieces.push_back({0, 64, Box::Full({4, 2}), RowMajorStrides({4, 2})});
+  catalog.Reindex();
+  InputModel model;
+  model.format = "safetensors";
+  model.parts = {catalog};
+  const TorchDistOutput output;
+
+  Catalog presented = catalog;
+  absl::StatusOr<bool> done = output.PresentInput(folder, 1, 1, model, presented);
+  ASSERT_EQ(done.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(done.status().message(),
+            absl::StrCat(folder, "/config.json not found: a Hugging Face model is imported into "
+                         "Megatron-Core torch_dist with the config.json save_pretrained writes "
+                         "beside the weights (sizes, heads, vocabulary); other input must be a "
+                         "Megatron checkpoint"));
+
+  WriteAll(folder + "/config.json",
+           R"({"model_type": "falcon", "architectures": ["FalconForCausalLM"]})");
+  done = output.PresentInput(folder, 1, 1, model, presented);
+  ASSERT_EQ(done.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(done.status().message().find(
+                "which is none of the families reshard imports into Megatron-Core torch_dist: "),
+            std::string::npos)
+      << done.status();
 }
 
 TEST(TorchDistOutputTest, RefusesALayerMissingFromAStackedKey) {

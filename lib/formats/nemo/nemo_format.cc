@@ -248,19 +248,7 @@ int64_t CountLayers(const Catalog& catalog) {
 // Whether the model's MLP is SwiGLU from its shapes: a first fc1 twice as tall as its fc2 is
 // wide (Megatron-Core or legacy names).
 std::optional<bool> SwiGLUFromNemoShapes(const Catalog& catalog) {
-  if (std::optional<bool> legacy = SwiGLUFromShapes(catalog)) return legacy;
-  constexpr absl::string_view kUp = "mlp.linear_fc1.weight";
-  constexpr absl::string_view kDown = "mlp.linear_fc2.weight";
-  for (const CatalogTensor& tensor : catalog.tensors) {
-    if (!absl::EndsWith(tensor.name, kUp)) continue;
-    const int found =
-        catalog.Find(absl::StrCat(tensor.name.substr(0, tensor.name.size() - kUp.size()), kDown));
-    if (found < 0) continue;
-    const Shape& down = catalog.tensors[found].shape;
-    if (tensor.shape.size() != 2 || down.size() != 2) continue;
-    return tensor.shape[0] == 2 * down[1];
-  }
-  return std::nullopt;
+  return SwiGLUFromShapes(catalog);
 }
 
 // The tokenizer and other files of the archive besides config and weights, hash prefixes
