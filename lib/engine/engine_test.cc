@@ -385,6 +385,18 @@ uint64_t InodeOf(const std::string& path) {
   return static_cast<uint64_t>(st.st_ino);
 }
 
+// Data file -> inode, of the data files in folder `dir`.
+std::map<std::string, uint64_t> DataFilesIn(const std::string& dir) {
+  std::map<std::string, uint64_t> files;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && name.rfind("model-", 0) == 0) {
+      files[name] = InodeOf(entry.path().string());
+    }
+  }
+  return files;
+}
+
 // A conversion killed (SIGKILL) right after it recorded its second data file, then rerun as
 // reshardctl reruns it (no daemon, not resuming a job): the rerun keeps exactly those two files
 // from the staging folder (the same inodes are published) and publishes what an uninterrupted
@@ -395,13 +407,7 @@ TEST_F(EngineTest, RerunAfterAKillReusesTheRecordedFiles) {
   const ConversionSpec spec = KilledAfterTwoFiles(out);
   if (HasFatalFailure()) return;
   EXPECT_FALSE(fs::exists(out));
-  std::map<std::string, uint64_t> finished;  // data file -> inode
-  for (const auto& entry : fs::directory_iterator(staging)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && name.rfind("model-", 0) == 0) {
-      finished[name] = InodeOf(entry.path().string());
-    }
-  }
+  const std::map<std::string, uint64_t> finished = DataFilesIn(staging);
   ASSERT_EQ(finished.size(), 2u);
   for (const auto& [name, inode] : finished) {
     EXPECT_TRUE(fs::exists(staging + "/.reshard-progress/" + name + ".json")) << name;
@@ -420,6 +426,56 @@ TEST_F(EngineTest, RerunAfterAKillReusesTheRecordedFiles) {
   ASSERT_TRUE(uninterrupted.ok()) << uninterrupted.status();
   EXPECT_EQ(uninterrupted->reused_files, 0);
   EXPECT_EQ(OutputFiles(out), resumed);
+}
+
+// What a crash of the machine can leave of records, which are not fsynced (output_commit.h,
+// "Durability"): after a kill right after the fourth data file was recorded, one record is
+// emptied, one cut short, one names another size and one another XXH3-64 than its file's.
+// The rerun succeeds, keeps none of the four files (each is written again: another inode), counts
+// the one whose hash it checked and found different, and publishes what an uninterrupted run
+// does.
+TEST_F(EngineTest, RerunRewritesTheFilesOfTornRecords) {
+  const std::string out = root_ + "/out";
+  const std::string staging = StagingPathFor(out);
+  ConversionSpec spec = Consolidate(input_, out);
+  spec.max_shard_size = 200;
+  spec.threads = 1;
+  RunKilledAfter(spec, 4);
+  if (HasFatalFailure()) return;
+  const std::map<std::string, uint64_t> finished = DataFilesIn(staging);
+  ASSERT_EQ(finished.size(), 4u);
+  // Links that keep the killed run's files, so that a file written again cannot get a freed
+  // inode back.
+  fs::create_directory(root_ + "/killed");
+  for (const auto& [name, inode] : finished) {
+    fs::create_hard_link(staging + "/" + name, root_ + "/killed/" + name);
+  }
+  auto file = finished.begin();
+  const std::string emptied = staging + "/.reshard-progress/" + (file++)->first + ".json";
+  const std::string cut = staging + "/.reshard-progress/" + (file++)->first + ".json";
+  const std::string sized = staging + "/.reshard-progress/" + (file++)->first + ".json";
+  const std::string hashed = staging + "/.reshard-progress/" + (file++)->first + ".json";
+  WriteAll(emptied, "");
+  const std::string whole = ReadAll(cut);
+  WriteAll(cut, whole.substr(0, whole.size() / 2));
+  nlohmann::ordered_json record = nlohmann::ordered_json::parse(ReadAll(sized));
+  record["bytes"] = record["bytes"].get<uint64_t>() + 1;
+  WriteAll(sized, record.dump());
+  record = nlohmann::ordered_json::parse(ReadAll(hashed));
+  record["xxh3_64"] = record["xxh3_64"].get<std::string>() == "0000000000000000"
+                          ? "0000000000000001"
+                          : "0000000000000000";
+  WriteAll(hashed, record.dump());
+
+  auto rerun = RunConversion(spec);
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_EQ(rerun->reused_files, 0);
+  EXPECT_EQ(rerun->verification_failures, 1);
+  for (const auto& [name, inode] : finished) EXPECT_NE(InodeOf(out + "/" + name), inode) << name;
+  const std::map<std::string, std::string> rerun_files = OutputFiles(out);
+  fs::remove_all(out);
+  ASSERT_TRUE(RunConversion(spec).ok());
+  EXPECT_EQ(OutputFiles(out), rerun_files);
 }
 
 // A stale staging folder of another request (here another shard size) is taken over and

@@ -139,8 +139,10 @@ absl::Status OutputArea::WriteMarker(const std::string& input) const {
 }
 
 absl::Status OutputArea::WriteRecord(const FileRecord& record) const {
-  return Annotate(Put(FileRecordName(record.name), FileRecordJson(record)),
-                  absl::StrCat("recording the finished data file ", PathOf(record.name)));
+  return Annotate(
+      driver_->WriteFileUnsynced(PathOf(FileRecordName(record.name)), FileRecordJson(record))
+          .status(),
+      absl::StrCat("recording the finished data file ", PathOf(record.name)));
 }
 
 absl::Status OutputArea::RecordCommitted(const std::string& plan_id,

@@ -53,6 +53,24 @@
 // and compares its XXH3-64 with the record before reusing it (ExecutorOptions::
 // completed_files into a folder); on S3 and memory the generation is trusted.
 //
+// Durability. A record is written without waiting for the disk (Driver::WriteFileUnsynced:
+// on posix neither the record nor its folder is fsynced, two fsyncs that would cost about what
+// the data file's own commit does on many small files; S3 and memory write it as any file).
+// Correctness depends only on what a record that exists says, never on its surviving a crash
+// of the machine:
+//   - its data file is durable before the record is written: the file's commit fsyncs it,
+//     renames it into place and fsyncs its folder (posix), or is a completed upload (S3), so a
+//     record found after a crash names a file that was whole on disk;
+//   - a record a crash lost, emptied or cut short is missing or does not parse, and its file
+//     is written again (FindReusable skips it and Prepare deletes it), as is a file whose
+//     record gives another size or generation, or on posix another XXH3-64 than the file
+//     hashes to now: a damaged record costs one file's work, never a wrong output or an error;
+//   - no commit mark relies on the records: on posix they are removed before the manifest is
+//     written (the manifest's fsync of its folder makes the removal durable), and a partitioned
+//     worker's own record, written durably, is what publishing checks.
+// A kill -9 loses no record (the kernel has it); a power cut may lose the records written
+// shortly before it, and a rerun writes their files again.
+//
 // Not detected: an input rewritten in place with the same file sizes between the runs on a
 // driver without versions (posix; the plan id cannot see its bytes), and two runs writing one
 // S3 or memory area at once (no lock: the second deletes the first's files, and the first then
@@ -152,7 +170,8 @@ class OutputArea {
   // Writes the marker (who writes the area: tool, version, input, host, pid, start time).
   absl::Status WriteMarker(const std::string& input) const;
 
-  // Writes the record of a finished data file.
+  // Writes the record of a finished data file, once that file is durable; the record itself
+  // is not made durable (see "Durability" above).
   absl::Status WriteRecord(const FileRecord& record) const;
 
   // Writes the record of data file `file`, just committed below the root by a writer that

@@ -3,20 +3,72 @@
 
 #include "lib/engine/output_commit.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <atomic>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "lib/io/kvstore/memory_driver.h"
 #include "lib/io/kvstore/posix_driver.h"
 #include "lib/testing/test_files.h"
+
+// What this process makes durable, and when: while `observing` is set, every fsync(2) and
+// every renameat(2) (which AtomicFile publishes files with) is logged with the path it names.
+// These definitions take the place of the C library's for the whole test binary; they make
+// the same system calls.
+namespace {
+
+struct SyscallLog {
+  std::atomic<bool> observing{false};
+  absl::Mutex mu;
+  std::vector<std::string> events ABSL_GUARDED_BY(mu);
+
+  void Add(std::string event) {
+    absl::MutexLock lock(&mu);
+    events.push_back(std::move(event));
+  }
+};
+
+SyscallLog& Log() {
+  static SyscallLog* log = new SyscallLog;
+  return *log;
+}
+
+// The path descriptor `fd` is open on.
+std::string FdPath(int fd) {
+  char target[4096];
+  const ssize_t n =
+      ::readlink(absl::StrCat("/proc/self/fd/", fd).c_str(), target, sizeof(target) - 1);
+  return n < 0 ? absl::StrCat("fd ", fd) : std::string(target, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+extern "C" int fsync(int fd) {
+  if (Log().observing.load()) Log().Add(absl::StrCat("fsync ", FdPath(fd)));
+  return static_cast<int>(::syscall(SYS_fsync, fd));
+}
+
+extern "C" int renameat(int old_dir, const char* old_name, int new_dir,
+                        const char* new_name) noexcept {
+  const int result =
+      static_cast<int>(::syscall(SYS_renameat2, old_dir, old_name, new_dir, new_name, 0));
+  if (result == 0 && Log().observing.load()) {
+    Log().Add(absl::StrCat("rename ", FdPath(new_dir), "/", new_name));
+  }
+  return result;
+}
 
 namespace reshard {
 namespace {
@@ -154,11 +206,80 @@ TEST_P(OutputCommitTest, MissingAreaListsEmpty) {
   EXPECT_TRUE(contents->files.empty());
 }
 
+// What a crash of the machine can leave of a record that was never fsynced: nothing, an
+// empty file, a file cut short or one of zeros; and a record that names another size. None
+// keeps its file, none is an error or a mismatch, and preparing the area deletes each record
+// and its file, which the run then writes again.
+TEST_P(OutputCommitTest, TornRecordsKeepNothingAndAreNoError) {
+  OutputAreaSink sink(*area_, "plan1", {}, nullptr);
+  WriteAndRecord(sink, "a.bin", a_);
+  WriteAndRecord(sink, "sub/b.bin", b_);
+  const absl::StatusOr<kvstore::PathStat> a = driver_->Stat(area_->PathOf("a.bin"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::string whole =
+      FileRecordJson(FileRecord{"plan1", "a.bin", 1000, XXH3_64bits(a_.data(), 1000),
+                                a->generation});
+  const std::string wrong_size =
+      FileRecordJson(FileRecord{"plan1", "a.bin", 999, XXH3_64bits(a_.data(), 1000),
+                                a->generation});
+  for (const std::string& torn :
+       {std::string(), whole.substr(0, whole.size() / 2), std::string(whole.size(), '\0'),
+        wrong_size}) {
+    SCOPED_TRACE(testing::PrintToString(torn));
+    Replace(FileRecordName("a.bin"), torn);
+    const AreaContents contents = List();
+    absl::StatusOr<ReusableFiles> reuse = area_->FindReusable(contents, plan_, "plan1");
+    ASSERT_TRUE(reuse.ok()) << reuse.status();
+    EXPECT_EQ(reuse->files, (std::map<std::string, uint64_t>{
+                                {"sub/b.bin", XXH3_64bits(b_.data(), b_.size())}}));
+    EXPECT_EQ(reuse->kept, (std::set<std::string>{"sub/b.bin", FileRecordName("sub/b.bin")}));
+    EXPECT_EQ(reuse->mismatches, 0);
+  }
+  const AreaContents contents = List();
+  const ReusableFiles reuse = Reusable("plan1");
+  ASSERT_TRUE(area_->Prepare(contents, reuse.kept, "/in").ok());
+  EXPECT_EQ(Names(), (std::set<std::string>{"sub/b.bin", FileRecordName("sub/b.bin"),
+                                            kInProgressMarkerName}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Drivers, OutputCommitTest,
                          ::testing::Values(Storage::kMemory, Storage::kPosix),
                          [](const ::testing::TestParamInfo<Storage>& info) {
                            return info.param == Storage::kMemory ? "Memory" : "Posix";
                          });
+
+// On posix a record is written after its data file is durable (the file fsynced, renamed into
+// place, its folder fsynced) and is itself published with no fsync: of the record's file or
+// of the records folder.
+TEST(OutputCommitPosixTest, RecordFollowsItsDurableFileWithoutAnFsyncOfItsOwn) {
+  const std::string root = std::filesystem::canonical(MakeTempDir("synced")).string();
+  const kvstore::Driver& driver = kvstore::GetPosixDriver();
+  const OutputArea area(driver, root);
+  Log().observing.store(true);
+  for (const std::string name : {"a.bin", "sub/b.bin"}) {
+    const std::string data(1000, 'x');
+    absl::StatusOr<std::unique_ptr<kvstore::Writer>> writer =
+        driver.Write(area.PathOf(name), kvstore::WriteOptions());
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->Append(data).ok());
+    ASSERT_TRUE((*writer)->Commit().ok());
+    const absl::Status recorded = area.RecordCommitted(
+        "plan1", WrittenFile{name, data.size(), XXH3_64bits(data.data(), data.size()), 0});
+    ASSERT_TRUE(recorded.ok()) << recorded;
+  }
+  Log().observing.store(false);
+  absl::MutexLock lock(&Log().mu);
+  EXPECT_EQ(Log().events, (std::vector<std::string>{
+                              absl::StrCat("fsync ", root, "/a.bin.partial"),
+                              absl::StrCat("rename ", root, "/a.bin"),
+                              absl::StrCat("fsync ", root),
+                              absl::StrCat("rename ", root, "/.reshard-progress/a.bin.json"),
+                              absl::StrCat("fsync ", root, "/sub/b.bin.partial"),
+                              absl::StrCat("rename ", root, "/sub/b.bin"),
+                              absl::StrCat("fsync ", root, "/sub"),
+                              absl::StrCat("rename ", root, "/.reshard-progress/sub/b.bin.json"),
+                          }));
+}
 
 }  // namespace
 }  // namespace reshard

@@ -210,7 +210,8 @@ absl::Status AtomicFile::Append(absl::string_view data) {
   return AppendBuffered(data);
 }
 
-absl::Status AtomicFile::Commit() {
+absl::Status AtomicFile::Commit(CommitMode mode) {
+  const bool durable = mode == CommitMode::kDurable;
   if (fd_ < 0) return absl::FailedPreconditionError("commit of a closed output file");
   const bool padded = direct_ && bytes_written_ % kDirectAlignment != 0;
   RETURN_IF_ERROR(FlushStage(/*final=*/true));
@@ -218,8 +219,10 @@ absl::Status AtomicFile::Commit() {
     return ErrnoToStatus(errno, absl::StrCat("truncating ", temp_path_, " to ", bytes_written_,
                                              " bytes after its padded last block"));
   }
-  if (::fsync(fd_) != 0) return ErrnoToStatus(errno, absl::StrCat("fsync ", temp_path_));
-  if (!direct_ && io_ != IoMode::kBuffered) {
+  if (durable && ::fsync(fd_) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("fsync ", temp_path_));
+  }
+  if (durable && !direct_ && io_ != IoMode::kBuffered) {
     ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);  // all written back now
   }
   int fd = std::exchange(fd_, -1);
@@ -233,17 +236,17 @@ absl::Status AtomicFile::Commit() {
     ::unlinkat(dir_fd_, temp_name_.c_str(), 0);
     return ErrnoToStatus(error, absl::StrCat("renaming ", temp_path_, " to ", final_path_));
   }
-  if (::fsync(dir_fd_) != 0) {
+  if (durable && ::fsync(dir_fd_) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("fsync of the folder of ", final_path_));
   }
   return absl::OkStatus();
 }
 
 absl::Status WriteFileAtomically(const Directory& dir, const std::string& name,
-                                 absl::string_view contents) {
+                                 absl::string_view contents, CommitMode mode) {
   ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::Create(dir, name));
   RETURN_IF_ERROR(file.Append(contents));
-  return file.Commit();
+  return file.Commit(mode);
 }
 
 }  // namespace reshard

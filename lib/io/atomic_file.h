@@ -1,7 +1,8 @@
 // An output file written under a temporary name and renamed into place only when complete.
 //
 // `Create` opens `<dir>/<name>.partial` (exclusively); `Append` writes; `Commit` fsyncs,
-// closes, renames to `<dir>/<name>` and fsyncs the folder. Destroying an uncommitted file
+// closes, renames to `<dir>/<name>` and fsyncs the folder (CommitMode::kVisible leaves the two
+// fsyncs out). Destroying an uncommitted file
 // removes the partial one, so no file ever appears under its final name half-written. All of
 // it goes through the folder's handle (lib/io/directory.h), never its path name.
 //
@@ -27,6 +28,18 @@
 
 namespace reshard {
 
+// What AtomicFile::Commit waits for.
+enum class CommitMode {
+  // The file and its name survive a crash of the machine: the file is fsynced before the
+  // rename, its folder after.
+  kDurable,
+  // The file appears under its name whole, without waiting for the disk: a crash of the
+  // process leaves it whole or absent, but after a crash of the machine its name may be
+  // missing, or the file empty or cut short. For files whose reader checks them and whose
+  // loss costs only work to redo (the output commit's records, lib/engine/output_commit.h).
+  kVisible,
+};
+
 class AtomicFile {
  public:
   // Alignment of direct writes: file offsets, lengths and buffer addresses (a page; covers the
@@ -50,8 +63,8 @@ class AtomicFile {
   // address, the rest staged. Buffered: written, and its writeback started (sync_file_range)
   // without waiting for it; the previous Append's pages are waited for and dropped.
   absl::Status Append(absl::string_view data);
-  // Makes the file durable and visible under its final name.
-  absl::Status Commit();
+  // Makes the file visible under its final name, and durable with CommitMode::kDurable.
+  absl::Status Commit(CommitMode mode = CommitMode::kDurable);
 
   uint64_t bytes_written() const { return bytes_written_; }
   // True while the file is written with direct I/O (false once a refusal made it fall back).
@@ -83,7 +96,8 @@ class AtomicFile {
 
 // Writes `contents` to `<dir>/<name>` through an AtomicFile.
 absl::Status WriteFileAtomically(const Directory& dir, const std::string& name,
-                                 absl::string_view contents);
+                                 absl::string_view contents,
+                                 CommitMode mode = CommitMode::kDurable);
 
 }  // namespace reshard
 

@@ -158,6 +158,17 @@ class Driver {
   virtual absl::StatusOr<std::string> WriteFile(const std::string& path,
                                                 absl::string_view bytes) const;
 
+  // Writes file `path` as WriteFile does, without waiting for the storage to make it durable:
+  // a crash of the process leaves it whole or absent, but after a crash of the machine it may
+  // be missing, empty or cut short (posix: written and renamed into place with no fsync). For
+  // small files whose reader checks them and whose loss costs only work to redo (the output
+  // commit's records, lib/engine/output_commit.h). By default WriteFile: storage whose writes
+  // are durable once answered (S3, memory) has nothing to leave out.
+  virtual absl::StatusOr<std::string> WriteFileUnsynced(const std::string& path,
+                                                        absl::string_view bytes) const {
+    return WriteFile(path, bytes);
+  }
+
   // The most memory a Writer made with `options` holds besides what the caller gives it (S3:
   // the upload's parts in flight; memory: the whole file until Commit). Default: none.
   virtual uint64_t WriteMemoryBound(const WriteOptions& options) const { return 0; }

@@ -266,6 +266,14 @@ absl::StatusOr<std::unique_ptr<Writer>> PosixDriver::Write(
   return std::unique_ptr<Writer>(new PosixWriter(std::move(dir), std::move(file)));
 }
 
+absl::StatusOr<std::string> PosixDriver::WriteFileUnsynced(const std::string& path,
+                                                           absl::string_view bytes) const {
+  const auto [parent, name] = SplitParent(path);
+  ASSIGN_OR_RETURN(Directory dir, OpenFolderCreating(parent), absl::StrCat("writing ", path));
+  RETURN_IF_ERROR(WriteFileAtomically(dir, name, bytes, CommitMode::kVisible));
+  return std::string();  // the generation is Stat's (PathStat::generation)
+}
+
 absl::Status PosixDriver::Delete(const std::string& path) const {
   const auto [parent, name] = SplitParent(path);
   absl::StatusOr<Directory> dir = OpenExistingFolder(parent);

@@ -50,6 +50,9 @@ class PosixDriver final : public Driver {
   absl::Status CreateExclusive(const std::string& path, absl::string_view bytes) const override;
   absl::StatusOr<std::unique_ptr<Writer>> Write(const std::string& path,
                                                 const WriteOptions& options) const override;
+  // An AtomicFile committed with CommitMode::kVisible: no fsync of the file or its folder.
+  absl::StatusOr<std::string> WriteFileUnsynced(const std::string& path,
+                                                absl::string_view bytes) const override;
   absl::Status Delete(const std::string& path) const override;
 };
 
