@@ -15,6 +15,7 @@
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_fixture.h"
 #include "lib/io/file_access.h"
+#include "lib/io/kvstore/memory_driver.h"
 #include "lib/plan/partition_rules.h"
 #include "lib/testing/test_files.h"
 
@@ -170,6 +171,23 @@ TEST(NemoInputTest, ReadsATorchDistFolderInsideTheArchiveInPlace) {
       CheckInputExists("tar://" + dir + "/m.nemo!/model_weights/.metadata");
   ASSERT_TRUE(exists.ok()) << exists.status();
   EXPECT_FALSE(*exists);
+}
+
+TEST(NemoInputTest, ReadsATorchDistFolderInsideARemoteArchive) {
+  const tar_testing::Built tar = DistArchive();
+  const std::string url = "mem://nemo-dist/m.nemo";
+  kvstore::GetMemoryDriver().Put(url, tar.bytes);
+  absl::StatusOr<InputModel> model = NemoInput().Read(url, {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const Catalog& catalog = model->parts[0];
+  ASSERT_EQ(catalog.files.size(), 1u);
+  EXPECT_EQ(catalog.files[0].path, url);
+  // The conversion reads the version whose metadata was read.
+  EXPECT_EQ(catalog.files[0].version, kvstore::GetMemoryDriver().version(url));
+  ASSERT_EQ(catalog.tensors.size(), 1u);
+  const SourcePiece& piece = catalog.tensors[0].pieces[0];
+  EXPECT_EQ(tar.bytes.substr(piece.byte_offset, 24),
+            FixtureF32Bytes(12, 1.5f).substr(piece.box.origin[0] * 12, 24));
 }
 
 TEST(NemoInputTest, AMetadataNamingAMissingMemberNamesTheArchiveAndMember) {
