@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -14,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/status.h"
+#include "lib/io/byte_range.h"
 #include "lib/io/kvstore/location.h"
 
 namespace reshard {
@@ -122,6 +124,23 @@ absl::StatusOr<std::unique_ptr<MountedTar>> MountedTar::Mount(const std::string&
                           listing.folders.end());
     std::sort(listing.others.begin(), listing.others.end());
   }
+  // A remote archive's small members (configs, metadata, small data files) are loaded now, in
+  // few requests, and served from memory: a reader's many small reads cost no request each.
+  if (!mount->file_->mapped()) {
+    std::vector<ByteRange> ranges;
+    uint64_t total = 0;
+    for (const TarMember& member : mount->tar_.members()) {
+      if (member.kind != TarMember::Kind::kFile || member.size == 0 ||
+          member.size > kMaxHeldMemberBytes || total + member.size > kMaxHeldBytes) {
+        continue;
+      }
+      total += member.size;
+      ranges.push_back({member.data_offset, member.size});
+      mount->held_.insert(member.name);
+    }
+    RETURN_IF_ERROR(mount->source_->Prefetch(std::move(ranges)),
+                    absl::StrCat(archive, ": its small members"));
+  }
   // Metadata pages only were touched: give them back before anything is converted.
   mount->file_->Release(0, mount->file_->size());
   Mounts().Add(mount.get());
@@ -198,6 +217,12 @@ absl::Status MountedTar::ReadRange(const std::string& path, const std::string& n
                          ? std::string("beyond 2^64")
                          : absl::StrCat(offset + out.size()),
                      ") pass the end of ", tar_.Describe(*member), " (", member->size, " bytes)"));
+  }
+  if (held_.count(name) > 0) {
+    ASSIGN_OR_RETURN(absl::string_view bytes,
+                     source_->Read(member->data_offset + offset, out.size(), path));
+    std::copy(bytes.begin(), bytes.end(), out.begin());
+    return absl::OkStatus();
   }
   return Annotate(file_->ReadAt(member->data_offset + offset, out.size(),
                                 reinterpret_cast<std::byte*>(out.data())),

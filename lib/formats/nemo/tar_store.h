@@ -12,7 +12,9 @@
 // not the archive holds a header for it), and "tar://<archive>!" is the archive's root folder.
 // A read of a member is a read of the archive at the member's data offset through the
 // archive's own driver (a mapping or pread of a local archive, a range request of a remote one,
-// pinned to the version listed). Nothing is unpacked and nothing is held but the member list.
+// pinned to the version listed). Nothing is unpacked; a remote archive's small members (at most
+// 64 KiB each, 4 MiB in all: configs, metadata) are loaded at Mount in few requests and read
+// from memory, the rest read where it lies.
 // Links and special members are listed as neither files nor folders (Stat's `special`), so
 // readers refuse them by name; their targets are never followed.
 //
@@ -25,6 +27,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -72,8 +75,15 @@ class MountedTar {
   std::unique_ptr<MappedFile> file_;
   std::unique_ptr<ByteSource> source_;
   TarArchive tar_;
+  // A remote archive's members at most this large are loaded at Mount, up to kMaxHeldBytes in
+  // all, and read from memory.
+  static constexpr uint64_t kMaxHeldMemberBytes = 64 << 10;
+  static constexpr uint64_t kMaxHeldBytes = 4 << 20;
+
   // Every folder ("" the root) and what it holds directly.
   std::map<std::string, kvstore::Listing> folders_;
+  // The members loaded at Mount (a remote archive's small ones), by name.
+  std::set<std::string> held_;
 };
 
 // The driver of "tar://" paths: the MountedTar objects alive, by root. Thread safe.
