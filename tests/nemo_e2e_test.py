@@ -4,9 +4,11 @@ torch and Python's tarfile (tests/fixtures/nemo_fixture.py).
 Run:  /usr/bin/python3 tests/nemo_e2e_test.py --reshardctl PATH [unittest args]
 
 NeMo 1 `.nemo` archives in each weight layout (one model_weights.ckpt, mp_rank_XX per TP rank,
-tp_rank_XX_pp_rank_YYY per TP x PP rank) and a NeMo 2 folder are inspected and consolidated to
-safetensors; the outputs are read back by tests/st_reference.py (json, struct, numpy only) and
-compared element by element with the fixture's numpy arrays. Bad archives (truncated, a member
+tp_rank_XX_pp_rank_YYY per TP x PP rank, a model_weights/ torch_dist folder) and a NeMo 2 folder
+are inspected and consolidated to safetensors; the outputs are read back by tests/st_reference.py
+(json, struct, numpy only) and compared element by element with the fixture's numpy arrays (the
+torch_dist archive: with the archive extracted by tarfile and read as torch's FileSystemReader
+reads it, pickle and torch.load, by tests/fixtures/dcp_fixture.py). Bad archives (truncated, a member
 leaving the archive, a missing rank) fail naming the archive and member, and write nothing.
 """
 
@@ -20,9 +22,11 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "fixtures"))
 import harness  # noqa: E402
 import st_reference as R  # noqa: E402
+from st_torch import tensor_from_st  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
+import dcp_fixture as F  # noqa: E402
 import nemo_fixture as N  # noqa: E402
 import hf_export_e2e_test as H  # noqa: E402
 import hf_megatron_fixture as hmf  # noqa: E402
@@ -98,17 +102,21 @@ class NemoTests(harness.CliTestCase):
         self.assertIn(message, res.stderr_text)
         self.assertFalse(os.path.exists(out))
 
+    def assertTruncatedRefused(self, path, name):
+        """`path` cut 100 bytes into member `name`'s data is refused naming member and offsets."""
+        with tarfile.open(path) as tar:
+            member = tar.getmember(name)
+        keep = member.offset_data + 100
+        N.truncate(path, keep)
+        self.assertRefused(path, "%s: truncated archive: member %s (header at byte offset %d) "
+                                 "has %d bytes from byte offset %d but the archive ends at byte "
+                                 "offset %d"
+                           % (path, name, member.offset, member.size, member.offset_data, keep))
+
     def test_truncated_archive_names_member_and_offset(self):
         path = self.p("cut.nemo")
         N.write_nemo1(path, tp=2)
-        with tarfile.open(path) as tar:
-            member = tar.getmember("./mp_rank_01/model_weights.ckpt")
-        keep = member.offset_data + 100
-        N.truncate(path, keep)
-        self.assertRefused(path, "%s: truncated archive: member ./mp_rank_01/model_weights.ckpt "
-                                 "(header at byte offset %d) has %d bytes from byte offset %d but "
-                                 "the archive ends at byte offset %d"
-                           % (path, member.offset, member.size, member.offset_data, keep))
+        self.assertTruncatedRefused(path, "./mp_rank_01/model_weights.ckpt")
 
     def test_member_leaving_the_archive_is_refused(self):
         path = self.p("evil.nemo")
@@ -116,6 +124,60 @@ class NemoTests(harness.CliTestCase):
                            ("../model_weights.ckpt", b"x")])
         self.assertRefused(path, "%s: header at byte offset 1024: member "
                                  "\"../model_weights.ckpt\" leaves the archive" % path)
+
+    def extracted_model(self, path):
+        """The model in `path`'s model_weights/, extracted with tarfile and read by real torch
+        (pickle and torch.load of every chunk), the layer-stacked tensors unstacked: name ->
+        tensor."""
+        folder = self.p("extracted-" + os.path.basename(path))
+        with tarfile.open(path) as tar:
+            tar.extractall(folder)
+        flat = F.read_dcp(os.path.join(folder, "model_weights"))
+        model = {}
+        for name, value in flat.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            if name.startswith("model.decoder.layers."):
+                rest = name[len("model.decoder.layers."):]
+                for layer in range(value.shape[0]):
+                    model["model.decoder.layers.%d.%s" % (layer, rest)] = value[layer]
+            else:
+                model[name] = value
+        return model
+
+    def test_nemo1_torch_dist_weights_read_in_place(self):
+        path = self.p("dist.nemo")
+        N.write_nemo1_dist(path, tp=2)
+        doc = self.inspect_json(path)
+        self.assertEqual(doc["format"], "nemo")
+        self.assertTrue(doc["description"].startswith(
+            "NeMo 1 archive, torch_dist weights (model_weights/), TP2 x PP1, 2 layers; tokenizer "
+            "and other files: tokenizer.model; Megatron-Core torch_dist, model_weights, 2 layers "
+            "unstacked from 10 layer-stacked tensors; PyTorch DCP, 2 ranks"), doc["description"])
+        want = self.extracted_model(path)
+        self.consolidate_and_compare(path, want)
+        out = self.p("out-bf16")
+        self.ok("consolidate", path, out, "--no-progress", "--dtype", "bf16")
+        got = R.read_folder(out)
+        self.assertEqual(sorted(got), sorted(want))
+        for name, tensor in want.items():
+            self.assertTrue(torch.equal(tensor_from_st(got[name]), tensor.to(torch.bfloat16)),
+                            name)
+
+    def test_nemo1_torch_dist_missing_member_is_refused(self):
+        path = self.p("dist-missing.nemo")
+        N.write_nemo1_dist(path, tp=2, drop="__1_0.distcp")
+        root = "tar://%s!/model_weights" % path
+        self.assertRefused(path, "%s: NeMo 1 TP2 x PP1 (model_config.yaml): model_weights/: "
+                                 "Megatron-Core torch_dist checkpoint %s: %s/.metadata: tensor "
+                                 "\"model.embedding.word_embeddings.weight\", chunk 1 [6:12, 0:8]: "
+                                 "%s/__1_0.distcp: data file \"__1_0.distcp\" is missing\n"
+                           % (path, root, root, root))
+
+    def test_nemo1_torch_dist_truncated_archive_is_refused(self):
+        path = self.p("dist-cut.nemo")
+        N.write_nemo1_dist(path, tp=2)
+        self.assertTruncatedRefused(path, "./model_weights/__1_0.distcp")
 
     def test_missing_rank_is_refused(self):
         path = self.p("missing.nemo")
@@ -141,6 +203,9 @@ class NemoHfTests(H.Base):
 
     def test_llama_tp2_archive_to_hf(self):
         self.export_and_check(N.write_nemo1_hf, self.p("llama.nemo"), seed=11)
+
+    def test_llama_tp2_torch_dist_archive_to_hf(self):
+        self.export_and_check(N.write_nemo1_dist_hf, self.p("llama-dist.nemo"), seed=13)
 
     def test_nemo2_folder_to_hf(self):
         self.export_and_check(N.write_nemo2_hf, self.p("nemo2"), seed=12)

@@ -4,11 +4,18 @@
 // each a state dict under Megatron-LM names with NeMo's `model.` prefix; the engine merges the two
 // parts with the reader's default rules. Damages: the torch.save damages inside rank 1's member
 // (offsets in the archive), and a flipped byte in that member's tar header.
+//
+// Variant "torch-dist": a NeMo 1 archive whose weights are a model_weights/ torch_dist folder of
+// 2 ranks: model.decoder.final_layernorm.weight F32 [4, 3] split by rows (rank r holds rows 2r,
+// 2r + 1, one torch.save item of __r_0.distcp). Damages: rank 1's item damaged inside the
+// archive, the archive cut inside rank 1's member, a flipped byte in that member's tar header.
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "lib/formats/dcp/dcp_fixture.h"
 #include "lib/formats/format_fixture.h"
 #include "lib/formats/nemo/tar_writer.h"
 #include "lib/formats/torch/pickle_writer.h"
@@ -56,7 +63,51 @@ BuiltFixture BuildNemoFixture(const std::string& dir) {
   return fixture;
 }
 
+BuiltFixture BuildNemoTorchDistFixture(const std::string& dir) {
+  using namespace dcp_testing;  // NOLINT: the pickle fragments
+  const std::string w = "model.decoder.final_layernorm.weight";
+  const std::string rows = FixtureF32Bytes(12, 1.5f);
+  std::vector<tar_testing::Member> members = {
+      {"./", "", '5'},
+      {"./model_config.yaml", "tensor_model_parallel_size: 2\npipeline_model_parallel_size: 1\n"},
+      {"./model_weights", "", '5'},
+      {"./model_weights/metadata.json",
+       R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1})"},
+  };
+  std::vector<std::pair<std::string, std::string>> storage;
+  std::vector<std::string> chunks;
+  std::vector<TorchSaveFile> items;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string name = absl::StrCat("__", rank, "_0.distcp");
+    items.push_back(TensorItem("FloatStorage", 6, {2, 3}, rows.substr(rank * 24, 24)));
+    const std::vector<int64_t> offsets = {2 * rank, 0};
+    storage.push_back(
+        {Index(w, &offsets, rank), Info(name, 0, static_cast<int64_t>(items.back().bytes.size()))});
+    chunks.push_back(Chunk({2 * rank, 0}, {2, 3}));
+    members.push_back({"./model_weights/" + name, items.back().bytes});
+  }
+  members.push_back(
+      {"./model_weights/.metadata",
+       Metadata(Dict({{Str(w), TensorMd(Properties("float32", kMd), {4, 3}, chunks)}}),
+                Dict(storage))});
+  const tar_testing::Built tar = tar_testing::BuildTar(members);
+  WriteAll(dir + "/m.nemo", tar.bytes);
+  BuiltFixture fixture;
+  fixture.input = dir + "/m.nemo";
+  fixture.expected = {{w, DType::kF32, {4, 3}, rows}};
+  const size_t rank1 = 5;  // ./model_weights/__1_0.distcp
+  fixture.damages = TorchSaveDamages("m.nemo", items[1], "FloatStorage", tar.data_offsets[rank1],
+                                     /*whole_file=*/false);
+  fixture.damages.push_back({"m.nemo: cut inside model_weights/__1_0.distcp", "m.nemo",
+                             FixtureDamage::Kind::kTruncate, tar.data_offsets[rank1] + 10});
+  fixture.damages.push_back({"m.nemo: flipped byte in the tar header of model_weights/__1_0.distcp",
+                             "m.nemo", FixtureDamage::Kind::kFlip, tar.header_offsets[rank1] + 3});
+  return fixture;
+}
+
 const FormatFixtureRegistration register_fixture("nemo", BuildNemoFixture);
+const FormatFixtureRegistration register_torch_dist_fixture("nemo", "torch-dist",
+                                                            BuildNemoTorchDistFixture);
 
 }  // namespace
 }  // namespace reshard

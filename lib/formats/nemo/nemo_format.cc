@@ -24,6 +24,7 @@
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/formats/megatron/torch_dist_format.h"
 #include "lib/formats/nemo/tar_archive.h"
+#include "lib/formats/nemo/tar_store.h"
 #include "lib/formats/nemo/yaml_subset.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
@@ -41,29 +42,11 @@ constexpr char kDistFolder[] = "model_weights";
 constexpr uint64_t kMaxConfigBytes = 16 << 20;
 constexpr size_t kTarMagicOffset = 257;
 
-// An archive opened for its metadata: the file, a byte source over it, its members.
-struct OpenedArchive {
-  std::unique_ptr<MappedFile> file;
-  std::unique_ptr<ByteSource> source;
-  std::optional<TarArchive> tar;
-};
-
-absl::StatusOr<OpenedArchive> OpenArchive(const std::string& path) {
-  OpenedArchive opened;
-  ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
-  opened.file = std::make_unique<MappedFile>(std::move(file));
-  opened.file->AdviseRandomAccess();  // headers and pickles spread over the whole archive
-  opened.source = ByteSourceFor(*opened.file);
-  ASSIGN_OR_RETURN(TarArchive tar, TarArchive::Parse(*opened.source));
-  opened.tar = std::move(tar);
-  return opened;
-}
-
 // The Catalog of the state dict in ckpt member `member`: a torch.save archive parsed through a
 // slice of the archive, its tensors pieces of the archive file itself.
-absl::StatusOr<Catalog> ReadCkptMember(OpenedArchive& archive, const TarMember& member) {
-  const TarArchive& tar = *archive.tar;
-  SliceByteSource slice(*archive.source, member.data_offset, member.size, tar.Describe(member));
+absl::StatusOr<Catalog> ReadCkptMember(const MountedTar& archive, const TarMember& member) {
+  const TarArchive& tar = archive.tar();
+  SliceByteSource slice(archive.source(), member.data_offset, member.size, tar.Describe(member));
   ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> torch, TorchArchive::Parse(slice));
   const PickleValue* root = torch->root();
   if (PickleEntries(root) == nullptr) {
@@ -73,7 +56,7 @@ absl::StatusOr<Catalog> ReadCkptMember(OpenedArchive& archive, const TarMember& 
   ASSIGN_OR_RETURN(Catalog catalog, megatron_internal::StateDictCatalog(*torch, root, ""));
   catalog.format = NemoInput::kId;
   catalog.files = {SourceFile{tar.path(), tar.size(), torch->ChecksummedRanges(member.data_offset),
-                              archive.file->version()}};
+                              archive.file().version()}};
   for (CatalogTensor& tensor : catalog.tensors) {
     for (SourcePiece& piece : tensor.pieces) piece.byte_offset += member.data_offset;
     for (SourcePiece& piece : tensor.replicas) piece.byte_offset += member.data_offset;
@@ -144,8 +127,8 @@ struct NemoConfig {
   StructureNode args;  // ConfigAsArgs
 };
 
-absl::StatusOr<NemoConfig> ReadConfig(OpenedArchive& archive) {
-  const TarArchive& tar = *archive.tar;
+absl::StatusOr<NemoConfig> ReadConfig(const MountedTar& archive) {
+  const TarArchive& tar = archive.tar();
   absl::StatusOr<const TarMember*> member = tar.File(kConfigMember);
   if (!member.ok()) {
     if (absl::IsNotFound(member.status())) {
@@ -160,7 +143,7 @@ absl::StatusOr<NemoConfig> ReadConfig(OpenedArchive& archive) {
                                                      kMaxConfigBytes, ")"));
   }
   ASSIGN_OR_RETURN(absl::string_view text,
-                   archive.source->Read((*member)->data_offset, (*member)->size, kConfigMember));
+                   archive.source().Read((*member)->data_offset, (*member)->size, kConfigMember));
   ASSIGN_OR_RETURN(const YamlNode root, ParseYamlSubset(text, tar.Describe(**member)));
   if (root.kind != YamlNode::Kind::kMap) {
     return absl::DataLossError(absl::StrCat(tar.Describe(**member), ": not a mapping"));
@@ -266,9 +249,60 @@ std::vector<std::string> ArtifactFiles(const TarArchive& tar) {
   return names;
 }
 
-absl::StatusOr<InputModel> ReadNemo1(const std::string& path) {
-  ASSIGN_OR_RETURN(OpenedArchive archive, OpenArchive(path));
-  const TarArchive& tar = *archive.tar;
+// Places a catalog read through the archive's tar:// paths onto the archive file itself: one
+// SourceFile, the archive, with every piece and checksummed range at its member's data offset.
+// The conversion then reads the archive through its own driver (a local one mapped), and
+// needs no mount.
+absl::Status PlaceOnArchive(const MountedTar& archive, Catalog& catalog) {
+  if (catalog.files.empty()) return absl::OkStatus();
+  SourceFile placed{archive.tar().path(), archive.tar().size(), {}, archive.file().version()};
+  std::vector<uint64_t> base;
+  for (const SourceFile& file : catalog.files) {
+    ASSIGN_OR_RETURN(const std::string name, archive.MemberOf(file.path));
+    ASSIGN_OR_RETURN(const TarMember* member, archive.tar().File(name));
+    base.push_back(member->data_offset);
+    for (ChecksummedRange range : file.checksummed) {
+      range.offset += member->data_offset;
+      range.name = absl::StrCat(archive.tar().Describe(*member), " ", range.name);
+      placed.checksummed.push_back(std::move(range));
+    }
+  }
+  for (CatalogTensor& tensor : catalog.tensors) {
+    for (std::vector<SourcePiece>* pieces : {&tensor.pieces, &tensor.replicas}) {
+      for (SourcePiece& piece : *pieces) {
+        piece.byte_offset += base[piece.file];
+        piece.file = 0;
+      }
+    }
+  }
+  catalog.files = {std::move(placed)};
+  return absl::OkStatus();
+}
+
+// Refuses a Zarr-backend distributed checkpoint (metadata.json's sharded_backend).
+absl::Status RefuseZarr(const MountedTar& archive) {
+  const TarArchive& tar = archive.tar();
+  const TarMember* metadata = tar.Find(absl::StrCat(kDistFolder, "/", kTorchDistMetadataName));
+  if (metadata == nullptr || metadata->kind != TarMember::Kind::kFile ||
+      metadata->size > kMaxConfigBytes) {
+    return absl::OkStatus();  // the torch_dist reader names what is wrong
+  }
+  ASSIGN_OR_RETURN(
+      absl::string_view text,
+      archive.source().Read(metadata->data_offset, metadata->size, kTorchDistMetadataName));
+  if (!absl::StrContains(text, "zarr")) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      tar.Describe(*metadata),
+      ": a Zarr-backend distributed checkpoint, which reshard does not read: Megatron-Core "
+      "deprecated the backend, and no description of its layout (array metadata, chunk keys, "
+      "compressors per tensor) is precise enough to test a reader against; load it in NeMo and "
+      "save it again with dist_ckpt_format: torch_dist"));
+}
+
+absl::StatusOr<InputModel> ReadNemo1(const std::string& path, const ReadOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<MountedTar> mount, MountedTar::Mount(path));
+  const MountedTar& archive = *mount;
+  const TarArchive& tar = archive.tar();
   // Which layout: the root ckpt, per-rank ckpts, or a distributed checkpoint folder.
   const TarMember* single = tar.Find(kWeightsMember);
   std::map<std::pair<int, int>, const TarMember*> ranks;
@@ -303,20 +337,6 @@ absl::StatusOr<InputModel> ReadNemo1(const std::string& path) {
         path, ": holds weights in more than one layout (", kWeightsMember, ", per-rank ",
         kWeightsMember, ", ", kDistFolder, "/): which one is the model is not clear"));
   }
-  if (distributed) {
-    std::string backend = "a distributed checkpoint";
-    if (const TarMember* metadata = tar.Find(absl::StrCat(kDistFolder, "/", kTorchDistMetadataName));
-        metadata != nullptr && metadata->kind == TarMember::Kind::kFile && metadata->size < 65536) {
-      ASSIGN_OR_RETURN(absl::string_view text,
-                       archive.source->Read(metadata->data_offset, metadata->size, "metadata.json"));
-      backend = absl::StrContains(text, "zarr") ? "a Zarr-backend distributed checkpoint"
-                                                : "a torch_dist distributed checkpoint";
-    }
-    return absl::UnimplementedError(absl::StrCat(
-        path, ": NeMo 1 archive whose weights are ", backend, " (", kDistFolder,
-        "/): not read inside the archive; extract it (tar -xf) and give reshard the ",
-        kDistFolder, "/ folder (a megatron-torch-dist input when torch_dist)"));
-  }
   ASSIGN_OR_RETURN(NemoConfig config, ReadConfig(archive));
   const std::string what =
       absl::StrCat(path, ": ", megatron_internal::Topology("NeMo 1", config.tp, config.pp),
@@ -325,7 +345,16 @@ absl::StatusOr<InputModel> ReadNemo1(const std::string& path) {
   InputModel model;
   model.format = NemoInput::kId;
   std::string layout;
-  if (single != nullptr) {
+  if (distributed) {
+    RETURN_IF_ERROR(RefuseZarr(archive));
+    ASSIGN_OR_RETURN(model, TorchDistInput().Read(archive.PathOf(kDistFolder), options),
+                     absl::StrCat(what, ": ", kDistFolder, "/"));
+    for (Catalog& part : model.parts) {
+      RETURN_IF_ERROR(PlaceOnArchive(archive, part), absl::StrCat(what, ": ", kDistFolder, "/"));
+      part.format = NemoInput::kId;
+    }
+    model.format = NemoInput::kId;
+  } else if (single != nullptr) {
     if (config.tp * config.pp != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": the archive holds one ", kWeightsMember, ", not one per rank"));
@@ -393,17 +422,22 @@ absl::StatusOr<InputModel> ReadNemo1(const std::string& path) {
   bool swiglu = config.swiglu.value_or(false);
   if (!config.swiglu.has_value()) swiglu = SwiGLUFromNemoShapes(model.parts[0]).value_or(false);
   model.default_rules = NemoPartitionRules(swiglu, config.qkv_unit_rows);
-  model.description =
-      absl::StrCat("NeMo 1 archive, TP", config.tp, " x PP", config.pp, ", ", layout, ", ", layers, layers == 1 ? " layer" : " layers",
-                   swiglu ? ", SwiGLU" : "");
+  // The torch_dist reader's own description of the folder goes last.
+  const std::string dist_description = distributed ? model.description : "";
+  model.description = absl::StrCat(
+      distributed ? absl::StrCat("NeMo 1 archive, torch_dist weights (", kDistFolder, "/), TP",
+                                 config.tp, " x PP", config.pp)
+                  : absl::StrCat("NeMo 1 archive, TP", config.tp, " x PP", config.pp, ", ", layout),
+      ", ", layers, layers == 1 ? " layer" : " layers", swiglu ? ", SwiGLU" : "");
   const std::vector<std::string> artifacts = ArtifactFiles(tar);
   if (!artifacts.empty()) {
     absl::StrAppend(&model.description, "; tokenizer and other files: ",
                     absl::StrJoin(artifacts, ", "));
   }
+  if (distributed) absl::StrAppend(&model.description, "; ", dist_description);
   model.training_state.values["megatron.args"] = std::move(config.args);
   // Only metadata pages were touched; give them back before any conversion runs.
-  archive.file->Release(0, archive.file->size());
+  archive.file().Release(0, archive.file().size());
   return model;
 }
 
@@ -489,7 +523,7 @@ absl::StatusOr<InputModel> NemoInput::Read(const std::string& path,
                                            const ReadOptions& options) const {
   ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
   if (folder) return ReadNemo2(path, options);
-  return ReadNemo1(path);
+  return ReadNemo1(path, options);
 }
 
 namespace {

@@ -11,7 +11,8 @@
 //   model_weights.ckpt                           TP = PP = 1: torch.save of the state dict
 //   mp_rank_XX/model_weights.ckpt                PP = 1: one per TP rank
 //   tp_rank_XX_pp_rank_YYY/model_weights.ckpt    PP > 1: one per (TP, PP) rank
-//   model_weights/ (metadata.json, ...)          a distributed checkpoint (torch_dist or zarr)
+//   model_weights/ (metadata.json, ...)          a distributed checkpoint (torch_dist or zarr),
+//                                                its tensors under `model.` names
 // Each model_weights.ckpt is a state dict under Megatron-Core names (`model.decoder.layers.0.
 // self_attention.linear_qkv.weight`) or legacy Megatron-LM ones (`model.language_model.encoder.
 // layers.0...`), kept as they are (the `model.` prefix included; `--format hf` strips it). The
@@ -22,8 +23,13 @@
 // the TP ranks given as model-parallel parts with partition rules for both name sets
 // (NemoPartitionRules). The TP x PP size comes from model_config.yaml; every rank's member must
 // be there ("NeMo 1 TP2 x PP1: member mp_rank_01/model_weights.ckpt is missing") and no other.
-// A `model_weights/` distributed checkpoint is refused (Unimplemented) naming the workaround:
-// its folder, extracted, is a megatron-torch-dist input.
+// A `model_weights/` torch_dist checkpoint is read in place by the torch_dist reader, unchanged,
+// through the archive mounted as a read-only folder (tar_store.h: "tar://<archive>!/
+// model_weights"); its catalog is then placed onto the archive file (each piece at its member's
+// data offset), so the conversion reads the archive itself. TP x PP and --format hf's config
+// come from model_config.yaml. A metadata naming a member the archive lacks fails naming the
+// archive and member. A Zarr-backend one (metadata.json's sharded_backend "zarr") is refused
+// (Unimplemented): no description of that layout is precise enough to test a reader against.
 //
 // NeMo 2 (`nemo.lightning` checkpoints): a folder with
 //   context/   io.json, model.yaml, nemo_tokenizer/ (the tokenizer files)
@@ -32,8 +38,9 @@
 // read through the torch_dist reader.
 //
 // `inspect` names the layout: "NeMo 1 archive, TP2 x PP1, model_weights.ckpt per rank, 2 layers;
-// tokenizer files: tokenizer.model" or "NeMo 2 folder (context/, weights/): Megatron-Core
-// torch_dist ...".
+// tokenizer files: tokenizer.model", "NeMo 1 archive, torch_dist weights (model_weights/), TP2 x
+// PP1, 2 layers; ...; Megatron-Core torch_dist, model_weights, ..." or "NeMo 2 folder (context/,
+// weights/): Megatron-Core torch_dist ...".
 
 #ifndef RESHARD_LIB_FORMATS_NEMO_NEMO_FORMAT_H_
 #define RESHARD_LIB_FORMATS_NEMO_NEMO_FORMAT_H_
