@@ -454,7 +454,7 @@ TEST(MegatronOutputTest, GroupedExpertsKeepTheirNamesAndStages) {
             "decoder.layers.1.mlp.experts.local_experts.7.linear_fc1.weight");
   EXPECT_EQ(FindTensor(files[3], "decoder.layers.0.mlp.experts.linear_fc1.weight4"), nullptr);
   EXPECT_NE(FindTensor(files[3], "output_layer.weight"), nullptr);
-  EXPECT_EQ(FindTensor(files[2], "output_layer.weight"), nullptr);
+  EXPECT_EQ(FindTensor(files[1], "output_layer.weight"), nullptr);
   EXPECT_NE(FindTensor(files[1], "embedding.word_embeddings.weight"), nullptr);  // EP rank 1
 }
 
