@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
   AddSpecOption(plan, conversion, "max_shard_size")->capture_default_str();
   AddSpecOption(plan, conversion, "parts")->description("plan a reshard into M parts");
   AddSpecOption(plan, conversion, "pipeline_parts");
+  AddSpecOption(plan, conversion, "expert_parts");
   plan->add_option("--partitions", conversion.partitions,
                    "also show the files each of K partitions writes (--partition I/K)");
   add_server(plan);
@@ -181,6 +182,7 @@ int main(int argc, char** argv) {
   add_conversion(reshard, /*with_output_dir=*/true);
   AddSpecOption(reshard, conversion, "parts")->required();
   AddSpecOption(reshard, conversion, "pipeline_parts");
+  AddSpecOption(reshard, conversion, "expert_parts");
   reshard->add_flag("--no-progress", no_progress, "do not show progress");
   add_job_options(reshard);
 

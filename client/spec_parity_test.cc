@@ -140,6 +140,7 @@ TEST_F(SpecParityTest, EveryOption) {
   flags.dtype = "fp16";
   flags.parts = 4;
   flags.pipeline_parts = 2;
+  flags.expert_parts = 2;
   flags.update_latest = true;
   flags.rules = "rules.json";
   flags.threads = 3;
@@ -156,7 +157,8 @@ TEST_F(SpecParityTest, EveryOption) {
   flags.tokenizer = "sub/../tok/";
   ExpectSameSpec(flags, /*reshard=*/true, DaemonFlags(),
                  R"({"method": "reshard", "args": ["./ckpt/", "sub/../tp4", 4, "rules.json"],
-                     "kwargs": {"dtype": "fp16", "pipeline_parts": 2, "update_latest": true,
+                     "kwargs": {"dtype": "fp16", "pipeline_parts": 2, "expert_parts": 2,
+                                "update_latest": true,
                                 "threads": 3, "window_bytes": "8MiB", "duplicate_tied": true,
                                 "skip_crc_check": true, "io": "buffered",
                                 "output_format": "megatron", "tag": "global_step5",

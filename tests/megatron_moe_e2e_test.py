@@ -12,7 +12,13 @@ ep_rank * E_local + l, fc1 = [gate; up]), never from reshard, compared element b
     copies of the tensors outside the experts are compared too: a differing copy is a
     difference);
   * refusals (exit 3, the message names the expert and the folders, OUT not created): an EP
-    rank folder missing, an expert in two EP ranks, a missing expert, EP ranks of two saves.
+    rank folder missing, an expert in two EP ranks, a missing expert, EP ranks of two saves;
+  * `reshard --format megatron --parts 2 --expert-parts EP` (EP 2 -> 4 and 4 -> 1, both forms):
+    every output file's tensors against the fixture's own rank_state() of the new topology
+    (expert g on EP rank g // E_local as local expert g % E_local), its args, and the round
+    trip EP 2 -> 4 -> consolidated equal to the original's consolidation; refusals of an EP
+    that does not divide the experts and of --expert-parts on a dense model;
+  * verify of a TP 2 save whose EP copies of a tensor outside the experts differ.
 """
 
 import json
@@ -27,6 +33,7 @@ sys.path.insert(0, os.path.join(HERE, "fixtures"))
 import harness  # noqa: E402
 
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
+import megatron_fixture as mf  # noqa: E402
 import megatron_moe_fixture as moe  # noqa: E402
 from st_torch import read_file as st_tensors  # noqa: E402
 
@@ -127,6 +134,113 @@ class MoEReadTests(Base):
         res = self.ctl("verify", folder, out)
         self.assertExit(res, 4)
         self.assertIn("decoder.layers.1.mlp.router.weight", res.text, self.describe(res))
+
+
+class MoEReshardTests(Base):
+    """reshard --format megatron --parts 2 --expert-parts EP, against the fixture's layout."""
+
+    def reshard(self, src, ep, *extra):
+        out = self.p("out-ep%d-%d" % (ep, len(os.listdir(self.tmp))))
+        self.ok("reshard", src, out, "--format", "megatron", "--parts", 2, "--expert-parts", ep,
+                *extra)
+        return out
+
+    def check_files(self, model, out, ep, grouped):
+        """Every rank file of OUT (TP 2, PP 1, EP `ep`) holds what Megatron saves there."""
+        folder = os.path.join(out, "iter_0000100")
+        want_folders = sorted(moe.rank_folder(t, 0, e, 1, ep) for t in range(2) for e in range(ep))
+        self.assertEqual(sorted(os.listdir(folder)), want_folders)
+        with open(os.path.join(out, "latest_checkpointed_iteration.txt")) as f:
+            self.assertEqual(f.read(), "100")
+        for t in range(2):
+            for e in range(ep):
+                name = moe.rank_folder(t, 0, e, 1, ep)
+                ckpt = torch.load(os.path.join(folder, name, "model_optim_rng.pt"))
+                want = moe.rank_state(model, t, 2, 0, 1, e, ep, grouped)
+                self.assertEqual(list(ckpt["model"]), list(want), name)
+                self.assertTensorsEqual(ckpt["model"], want, name)
+                args = ckpt["args"]
+                self.assertEqual(args.expert_model_parallel_size, ep, name)
+                self.assertEqual(args.num_experts, 8, name)
+                self.assertEqual(args.tensor_model_parallel_size, 2, name)
+                self.assertEqual(args.moe_grouped_gemm, grouped, name)
+                self.assertEqual(ckpt["iteration"], 100, name)
+
+    def test_ep2_to_ep4_sequential(self):
+        model = moe.MoE(train_tp=2, seed=21)
+        moe.write(self.p("save"), model, tp=2, pp=1, ep=2, grouped=False)
+        out = self.reshard(self.p("save"), 4)
+        self.check_files(model, out, 4, grouped=False)
+        # Round trip: the EP 4 output consolidates to what the EP 2 save consolidates to.
+        _, original = self.consolidate_st(self.p("save"))
+        _, again = self.consolidate_st(out)
+        self.assertTensorsEqual(again, original, "EP 2 -> EP 4 -> consolidated")
+        self.assertTensorsEqual(again, moe.expected(model), "EP 4 consolidated")
+
+    def test_ep2_to_ep4_grouped(self):
+        model = moe.MoE(train_tp=2, seed=22)
+        moe.write(self.p("save"), model, tp=2, pp=1, ep=2, grouped=True)
+        out = self.reshard(self.p("save"), 4)
+        self.check_files(model, out, 4, grouped=True)
+        _, original = self.consolidate_st(self.p("save"))
+        _, again = self.consolidate_st(out)
+        self.assertTensorsEqual(again, original, "EP 2 -> EP 4 -> consolidated")
+
+    def test_ep4_to_ep1_grouped(self):
+        model = moe.MoE(train_tp=2, seed=23)
+        moe.write(self.p("save"), model, tp=2, pp=1, ep=4, grouped=True)
+        out = self.reshard(self.p("save"), 1)
+        self.check_files(model, out, 1, grouped=True)
+
+    def test_ep4_to_ep1_sequential(self):
+        model = moe.MoE(train_tp=2, seed=24)
+        moe.write(self.p("save"), model, tp=2, pp=1, ep=4, grouped=False)
+        out = self.reshard(self.p("save"), 1)
+        self.check_files(model, out, 1, grouped=False)
+        self.ok("verify", self.p("save"), out)
+
+    def test_expert_parts_not_dividing_experts(self):
+        model = moe.MoE(train_tp=2, seed=25)
+        moe.write(self.p("save"), model, tp=2, pp=1, ep=2)
+        out = self.p("out")
+        res = self.ctl("reshard", self.p("save"), out, "--format", "megatron", "--parts", 2,
+                       "--expert-parts", 3, "--no-progress")
+        self.assertExit(res, 3)
+        self.assertIn("--expert-parts 3 does not divide the 8 experts (args.num_experts)",
+                      res.text, self.describe(res))
+        self.assertFalse(os.path.exists(out), "%s created by a refused command" % out)
+
+    def test_expert_parts_on_dense_model(self):
+        model = mf.GPT(train_tp=2, seed=26)
+        mf.write_megatron_lm(self.p("save"), model, tp=2, pp=1)
+        out = self.p("out")
+        res = self.ctl("reshard", self.p("save"), out, "--format", "megatron", "--parts", 2,
+                       "--expert-parts", 2, "--no-progress")
+        self.assertExit(res, 3)
+        self.assertIn("--expert-parts 2: the model has no mixture-of-experts layers", res.text,
+                      self.describe(res))
+        self.assertFalse(os.path.exists(out), "%s created by a refused command" % out)
+
+    def test_verify_compares_ep_copies_with_tp2(self):
+        # TP 2: TP rank 1's EP rank 1 copies, of a replicated tensor (the router) and of a split
+        # one (linear_proj), are compared too.
+        model = moe.MoE(train_tp=2, seed=27)
+        folder = moe.write(self.p("save"), model, tp=2, pp=1, ep=2)
+        out, _ = self.consolidate_st(self.p("save"))
+        self.ok("verify", self.p("save"), out)
+        path = os.path.join(folder, "mp_rank_01_001", "model_optim_rng.pt")
+        ckpt = torch.load(path)
+        ckpt["model"]["decoder.layers.1.mlp.router.weight"][2, 3] += 1.0
+        ckpt["model"]["decoder.layers.0.self_attention.linear_proj.weight"][1, 1] += 1.0
+        torch.save(ckpt, path)
+        res = self.ctl("verify", self.p("save"), out)
+        self.assertExit(res, 4)
+        for needle in ("decoder.layers.1.mlp.router.weight (replicated copy in %s)" % path,
+                       "decoder.layers.0.self_attention.linear_proj.weight (replicated copy in %s)"
+                       % path,
+                       os.path.join(folder, "mp_rank_00_000", "model_optim_rng.pt"),
+                       os.path.join(folder, "mp_rank_01_000", "model_optim_rng.pt")):
+            self.assertIn(needle, res.text, self.describe(res))
 
 
 class MoERefusalTests(Base):

@@ -203,6 +203,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   request.consolidate = spec.kind == ConversionSpec::Kind::kConsolidate;
   request.parts = spec.parts;
   request.pipeline_parts = spec.pipeline_parts;
+  request.expert_parts = spec.expert_parts;
   request.dtype = spec.dtype;
   request.max_shard_size = spec.max_shard_size;
   request.hf = spec.hf;

@@ -73,6 +73,9 @@ struct ConversionSpec {
   int parts = 0;  // reshard: number of output parts
   // reshard --format megatron: pipeline stages of the output (0: the format's default, 1).
   int pipeline_parts = 0;
+  // reshard --format megatron: expert-parallel ranks the experts of a mixture-of-experts model
+  // are distributed over (0: the format's default, 1).
+  int expert_parts = 0;
   // After publishing, also write the tracker file the output format keeps beside the output
   // folder (DeepSpeed's `latest_universal`), so that training resumes from it.
   bool update_latest = false;

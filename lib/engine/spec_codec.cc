@@ -24,15 +24,15 @@ using OrderedJson = nlohmann::ordered_json;
 // Fails to compile when ConversionSpec or ReadOptions gains or loses a member: give the new
 // member a row in SpecFields() (flag, JobSpec field, JSON key) and list it here.
 [[maybe_unused]] void EveryMemberHasARow(const ConversionSpec& spec) {
-  [[maybe_unused]] const auto& [kind, input, output, dtype, max_shard_size, parts, pipeline_parts, update_latest,
-               no_extra_files, tokenizer, rules_json, rules_file, overwrite, duplicate_tied,
+  [[maybe_unused]] const auto& [kind, input, output, dtype, max_shard_size, parts, pipeline_parts,
+               expert_parts, update_latest, no_extra_files, tokenizer, rules_json, rules_file, overwrite, duplicate_tied,
                output_format, read, hf, threads, window_bytes, skip_crc_check, io, partition_index,
                partition_count] = spec;
   [[maybe_unused]] const auto& [tag, include_optimizer] = read;
   [[maybe_unused]] const auto& [family, config_file, vocab_size] = hf;
 }
 // ConversionSpec's, with ReadOptions' two for `read` and HfExportOptions' three for `hf`.
-constexpr size_t kSpecMembers = 26;
+constexpr size_t kSpecMembers = 27;
 
 absl::string_view KindName(ConversionSpec::Kind kind) {
   return kind == ConversionSpec::Kind::kConsolidate ? "consolidate" : "reshard";
@@ -63,6 +63,23 @@ absl::Status CheckPipelineParts(const ConversionSpec& spec, const SpecField& fie
     return Invalid(field, naming,
                    absl::StrCat("must be in [0, ", kMaxParts, "], and only for ",
                                 ReshardKindName(naming)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckExpertParts(const ConversionSpec& spec, const SpecField& field,
+                              SpecNaming naming) {
+  if (spec.expert_parts < 0 || spec.expert_parts > kMaxParts ||
+      (spec.kind == ConversionSpec::Kind::kConsolidate && spec.expert_parts != 0)) {
+    return Invalid(field, naming,
+                   absl::StrCat("must be in [0, ", kMaxParts, "], and only for ",
+                                ReshardKindName(naming)));
+  }
+  // Only the megatron output distributes experts over expert-parallel ranks.
+  if (spec.expert_parts != 0 && spec.output_format != "megatron") {
+    return Invalid(field, naming,
+                   absl::StrCat("is only for output format megatron, not ",
+                                spec.output_format.empty() ? "safetensors" : spec.output_format));
   }
   return absl::OkStatus();
 }
@@ -137,6 +154,9 @@ bool WhenResharding(const ConversionSpec& spec) {
 }
 bool WhenPipelined(const ConversionSpec& spec) {
   return WhenResharding(spec) && spec.pipeline_parts > 0;
+}
+bool WhenExpertParallel(const ConversionSpec& spec) {
+  return WhenResharding(spec) && spec.expert_parts > 0;
 }
 bool WhenNoExtraFiles(const ConversionSpec& spec) { return spec.no_extra_files; }
 bool WhenTokenizer(const ConversionSpec& spec) { return !spec.tokenizer.empty(); }
@@ -303,6 +323,10 @@ constexpr SpecField kFields[] = {
      "pipeline stages of the output (--format megatron; default 1)", "pipeline_parts",
      "pipeline_parts", +[](S& s) -> int& { return s.pipeline_parts; }, &F::pipeline_parts, false,
      false, &CheckPipelineParts, &WhenPipelined},
+    {"expert_parts", "--expert-parts",
+     "expert-parallel ranks of a mixture-of-experts output (--format megatron; default 1)",
+     "expert_parts", "expert_parts", +[](S& s) -> int& { return s.expert_parts; },
+     &F::expert_parts, false, false, &CheckExpertParts, &WhenExpertParallel},
     {"rules_json",
      "",
      "",

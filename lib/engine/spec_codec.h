@@ -43,6 +43,7 @@ struct ConversionFlags {
   std::string max_shard_size = "5GB";
   int parts = 0;
   int pipeline_parts = 0;      // reshard --format megatron: pipeline stages
+  int expert_parts = 0;        // reshard --format megatron: expert-parallel ranks
   bool update_latest = false;  // also write the format's tracker file beside OUT
   bool no_extra_files = false;  // leave out a Hugging Face input's config, tokenizer, README
   std::string tokenizer;        // --tokenizer DIR: carry the tokenizer files of DIR

@@ -31,7 +31,7 @@ TEST(SpecCodecTest, RequestJsonKeepsItsKeysOrderAndValues) {
   EXPECT_EQ(*json,
             R"({"kind":"reshard","input":"/data/in","output":"s3://bucket/out",)"
             R"("output_format":"safetensors","dtype":"bf16","max_shard_size":5000000000,)"
-            R"("parts":2,"pipeline_parts":0,"rules_json":"{\"rules\": [{\"pattern\": \".*\", )"
+            R"("parts":2,"pipeline_parts":0,"expert_parts":0,"rules_json":"{\"rules\": [{\"pattern\": \".*\", )"
             R"(\"replicate\": true}]}","duplicate_tied":false,"tag":"t",)"
             R"("include_optimizer":false,"hf_family":"","hf_config_file":"","hf_vocab_size":0,)"
             R"("update_latest":false,"no_extra_files":false,"tokenizer":"","overwrite":false})");
@@ -60,6 +60,12 @@ TEST(SpecCodecTest, ManifestRequestHoldsWhatTheOutputIs) {
   EXPECT_EQ(SpecToManifestRequest(spec).dump(),
             R"({"kind":"reshard","output_format":"torch","dtype":"keep","parts":2,)"
             R"("pipeline_parts":3,"no_extra_files":true,"tokenizer":"/data/tok"})");
+  spec.no_extra_files = false;
+  spec.tokenizer.clear();
+  spec.expert_parts = 4;
+  EXPECT_EQ(SpecToManifestRequest(spec).dump(),
+            R"({"kind":"reshard","output_format":"torch","dtype":"keep","parts":2,)"
+            R"("pipeline_parts":3,"expert_parts":4})");
 }
 
 TEST(SpecCodecTest, RequestJsonRoundTripsAndNamesAMissingKey) {

@@ -18,6 +18,7 @@ inline ConversionSpec EverySpecFieldSet() {
   spec.max_shard_size = 123456;
   spec.parts = 4;
   spec.pipeline_parts = 2;
+  spec.expert_parts = 2;
   spec.update_latest = true;
   spec.no_extra_files = true;
   spec.tokenizer = "/data/tokenizer";

@@ -129,6 +129,7 @@ struct ArrangeRequest {
   bool consolidate = true;  // else reshard into `parts`
   int parts = 0;
   int pipeline_parts = 0;  // reshard: pipeline stages asked for (0: the format's default)
+  int expert_parts = 0;    // reshard: expert-parallel ranks asked for (0: the format's default)
   DTypePolicy dtype = DTypePolicy::kKeep;
   // The output folder's name (its last path component), for trackers that name it.
   std::string output_name;

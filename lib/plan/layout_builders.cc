@@ -429,12 +429,18 @@ absl::StatusOr<Catalog> MergeParts(std::vector<Catalog> parts, const PartitionRu
             rule->replicate ? " (replicated tensors must agree)"
                             : absl::StrCat(" (only dimension ", dim, " may differ)")));
       }
+      // A part's own copies of its pieces (Megatron's expert-parallel ranks) stay replicas of
+      // the merged tensor, at the box the merged pieces give them, for `verify` to compare.
       if (rule->replicate) {
         if (p == 0) {
           for (SourcePiece piece : local.pieces) {
             piece.file += file_base[p];
             global.pieces.push_back(std::move(piece));
           }
+        }
+        for (SourcePiece replica : local.replicas) {
+          replica.file += file_base[p];
+          global.replicas.push_back(std::move(replica));
         }
         continue;
       }
@@ -449,21 +455,27 @@ absl::StatusOr<Catalog> MergeParts(std::vector<Catalog> parts, const PartitionRu
         }
         const int64_t rows = local.shape[dim] / rule->fused;
         const int64_t global_block = rows * static_cast<int64_t>(parts.size());
-        for (SourcePiece piece : local.pieces) {
-          piece.file += file_base[p];
-          ForEachBlock(piece, dim, rows, local.dtype, [&](int64_t j, SourcePiece sub) {
-            sub.box.origin[dim] += j * global_block + static_cast<int64_t>(p) * rows - j * rows;
-            global.pieces.push_back(std::move(sub));
-          });
+        for (auto [from, to] : {std::pair(&local.pieces, &global.pieces),
+                                std::pair(&local.replicas, &global.replicas)}) {
+          for (SourcePiece piece : *from) {
+            piece.file += file_base[p];
+            ForEachBlock(piece, dim, rows, local.dtype, [&](int64_t j, SourcePiece sub) {
+              sub.box.origin[dim] += j * global_block + static_cast<int64_t>(p) * rows - j * rows;
+              to->push_back(std::move(sub));
+            });
+          }
         }
         global.shape[dim] += local.shape[dim];
         continue;
       }
       const int64_t shift = global.shape[dim];
-      for (SourcePiece piece : local.pieces) {
-        piece.file += file_base[p];
-        piece.box.origin[dim] += shift;
-        global.pieces.push_back(std::move(piece));
+      for (auto [from, to] : {std::pair(&local.pieces, &global.pieces),
+                              std::pair(&local.replicas, &global.replicas)}) {
+        for (SourcePiece piece : *from) {
+          piece.file += file_base[p];
+          piece.box.origin[dim] += shift;
+          to->push_back(std::move(piece));
+        }
       }
       global.shape[dim] += local.shape[dim];
     }

@@ -640,7 +640,8 @@ class Client:
                 (bytes or "5GB"), output_format ("safetensors", "torch", ...), priority
                 (-100..100), threads, window_bytes, memory_budget, overwrite, duplicate_tied,
                 tag, include_optimizer, skip_crc_check, update_latest, io ("auto", "direct",
-                "buffered"), partition_index, partition_count, pipeline_parts, no_extra_files
+                "buffered"), partition_index, partition_count, pipeline_parts, expert_parts
+                (reshard to output_format "megatron": expert-parallel ranks), no_extra_files
                 (leave out a Hugging Face input's config.json, tokenizer, README and licence),
                 tokenizer (a folder whose tokenizer files are carried into the output),
                 hf_family, hf_config_file, hf_vocab_size (output_format "hf").

@@ -49,6 +49,9 @@
 //   "megatron.iteration"           kInt, when the files record it
 //   "megatron.checkpoint_version"  kFloat, when the files record it
 //   "megatron.release"             kBool: the Megatron-LM folder is `release` (Megatron-LM only)
+//   "megatron.grouped_experts"     kBool, mixture-of-experts only: the experts are named as
+//                                  TEGroupedMLP names them (`linear_fc1.weight<l>`), not
+//                                  SequentialMLP's `local_experts.<l>.*`
 // (megatron_output.h writes them back).
 //
 // Checks, each failing with a message naming the file or folder:
@@ -73,8 +76,9 @@
 // `mlp.experts.local_experts.<e * E_local + l>.*`; every expert of every MoE layer exactly once
 // (a missing one is DataLoss, one held twice InvalidArgument, both naming the expert and the
 // folders); the other tensors come from EP rank 0 and their EP copies are their replicas
-// (CatalogTensor::replicas), which `verify` compares when the input has one TP rank (MergeParts
-// keeps part 0's pieces only).
+// (CatalogTensor::replicas), which `verify` compares (MergeParts carries every TP rank's
+// replicas: a TP rank's EP copy of a split tensor is compared with its EP rank 0 piece, an EP
+// copy of a replicated tensor with TP rank 0's).
 //
 // Partition rules (default_rules): the `megatron` preset (MegatronPresetRules): column-parallel
 // (dim 0) word_embeddings, query_key_value (since checkpoint version 2 every rank holds whole

@@ -157,6 +157,11 @@ std::string ExpertTensorNameFor(const ExpertTensorName& name, int64_t expert) {
   return absl::StrCat(name.experts, ".local_experts.", expert, ".", name.rest);
 }
 
+std::string LocalExpertTensorName(const ExpertTensorName& name, int64_t local, bool grouped) {
+  if (grouped) return absl::StrCat(name.experts, ".", name.rest, local);
+  return ExpertTensorNameFor(name, local);
+}
+
 std::optional<PipeLayerFile> ParsePipeLayerFile(absl::string_view name) {
   if (!absl::ConsumePrefix(&name, "layer_") || !absl::ConsumeSuffix(&name, "-model_states.pt")) {
     return std::nullopt;

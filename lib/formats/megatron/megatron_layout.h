@@ -25,6 +25,9 @@ namespace reshard {
 inline constexpr char kMegatronFormatId[] = "megatron";
 // The file of one Megatron-LM rank folder (mp_rank_XX[_YYY]/model_optim_rng.pt).
 inline constexpr char kMegatronRankFileName[] = "model_optim_rng.pt";
+// InputModel::training_state key of a mixture-of-experts input's expert naming (kBool: true for
+// TEGroupedMLP's `linear_fc1.weight<l>`, false for SequentialMLP's `local_experts.<l>.*`).
+inline constexpr char kMegatronGroupedExpertsKey[] = "megatron.grouped_experts";
 // The last pipeline stage's copy of the tied word embeddings, left out of merged stages.
 inline constexpr char kMegatronHeadCopyName[] = "word_embeddings_for_head.weight";
 // Ranks and layer indices above this are not real checkpoints; the bound keeps loops small.
@@ -71,6 +74,10 @@ std::optional<ExpertTensorName> ParseExpertTensorName(absl::string_view name);
 // The name of `expert`'s tensor in a consolidated model: "<experts>.local_experts.<expert>.<rest>",
 // SequentialMLP's spelling with the global expert id.
 std::string ExpertTensorNameFor(const ExpertTensorName& name, int64_t expert);
+// The name of local expert `local`'s tensor in a rank's file, in SequentialMLP's spelling
+// ("<experts>.local_experts.<local>.<rest>") or, `grouped`, TEGroupedMLP's
+// ("<experts>.linear_fc1.weight<local>"): the inverse of ParseExpertTensorName.
+std::string LocalExpertTensorName(const ExpertTensorName& name, int64_t local, bool grouped);
 // The global id of local expert `local` of EP rank `ep_rank`, each rank holding `local_experts`
 // (Megatron-Core's local_expert_indices: ep_rank * local_experts + local).
 inline int64_t GlobalExpertId(int ep_rank, int64_t local_experts, int64_t local) {

@@ -474,6 +474,7 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
   model.format = kMegatronFormatId;
   model.arrangement = "model-parallel-parts";
   bool has_experts = false;
+  bool grouped_experts = false;  // TEGroupedMLP names (linear_fc1.weight<l>)
   for (int t = 0; t < tp; ++t) {
     std::vector<Catalog> ranks;
     std::vector<std::string> rank_labels;
@@ -499,7 +500,10 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
     }
     for (const Catalog& rank : ranks) {
       for (const CatalogTensor& tensor : rank.tensors) {
-        has_experts |= ParseExpertTensorName(tensor.name).has_value();
+        if (ParseExpertTensorName(tensor.name).has_value()) {
+          has_experts = true;
+          grouped_experts |= !absl::StrContains(tensor.name, ".local_experts.");
+        }
       }
     }
     Catalog merged;
@@ -535,6 +539,12 @@ absl::StatusOr<InputModel> ReadMegatronLM(const Resolved& where) {
   release.kind = StructureNode::Kind::kBool;
   release.boolean = where.name == "release";
   state.values["megatron.release"] = release;
+  if (has_experts) {
+    StructureNode grouped;
+    grouped.kind = StructureNode::Kind::kBool;
+    grouped.boolean = grouped_experts;
+    state.values[kMegatronGroupedExpertsKey] = grouped;
+  }
   std::string when = where.name;
   if (where.name != "release" && reference.facts.iteration.has_value()) {
     when = absl::StrCat("iteration ", *reference.facts.iteration);

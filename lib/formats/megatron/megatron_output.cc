@@ -32,6 +32,16 @@ using Kind = StructureNode::Kind;
 constexpr char kTrackerName[] = "latest_checkpointed_iteration.txt";
 constexpr char kWordEmbeddings[] = "language_model.embedding.word_embeddings.weight";
 constexpr char kOutputLayer[] = "language_model.output_layer.weight";
+// Megatron-Core's names of the same tensors.
+constexpr char kCoreWordEmbeddings[] = "embedding.word_embeddings.weight";
+constexpr char kCoreOutputLayer[] = "output_layer.weight";
+
+bool IsWordEmbeddings(absl::string_view name) {
+  return name == kWordEmbeddings || name == kCoreWordEmbeddings;
+}
+bool IsOutputLayer(absl::string_view name) {
+  return name == kOutputLayer || name == kCoreOutputLayer;
+}
 
 // ---------------------------------------------------------------------------- args
 
@@ -51,7 +61,10 @@ void SetIfPresent(StructureNode* attributes, absl::string_view key, StructureNod
 struct Placement {
   enum class Part { kEmbedding, kLayer, kEncoderTail, kOutputLayer };
   Part part = Part::kEmbedding;
-  std::string encoder_key;  // "encoder" or "transformer"
+  // Megatron-Core names ("embedding.*", "decoder.*", "output_layer.*"), which its GPTModel
+  // saves as one flat state dict in the same rank folders; else Megatron-LM's nested ones.
+  bool core = false;
+  std::string encoder_key;  // "encoder" or "transformer"; "decoder" for Megatron-Core names
   int64_t layer = -1;       // kLayer: the global layer index
   std::string rest;         // below the module: "word_embeddings.weight", "mlp.dense_4h_to_h.bias"
 };
@@ -60,18 +73,20 @@ absl::StatusOr<Placement> Place(const std::string& name) {
   auto unknown = [&]() {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor \"", name,
-        "\" is not part of a Megatron-LM GPT's embedding, encoder or output layer, so the "
-        "megatron output cannot place it"));
+        "\" is not part of a Megatron-LM GPT's embedding, encoder or output layer (nor of a "
+        "Megatron-Core GPT's embedding, decoder or output layer), so the megatron output cannot "
+        "place it"));
   };
   Placement placement;
   absl::string_view rest = name;
-  if (!absl::ConsumePrefix(&rest, "language_model.")) return unknown();
+  placement.core = !absl::ConsumePrefix(&rest, "language_model.");
   if (absl::ConsumePrefix(&rest, "embedding.")) {
     placement.part = Placement::Part::kEmbedding;
   } else if (absl::ConsumePrefix(&rest, "output_layer.")) {
     placement.part = Placement::Part::kOutputLayer;
   } else {
-    for (const char* key : {"encoder", "transformer"}) {
+    for (const char* key : placement.core ? std::vector<const char*>{"decoder"}
+                                          : std::vector<const char*>{"encoder", "transformer"}) {
       if (absl::ConsumePrefix(&rest, absl::StrCat(key, "."))) placement.encoder_key = key;
     }
     if (placement.encoder_key.empty()) return unknown();
@@ -90,6 +105,22 @@ absl::StatusOr<Placement> Place(const std::string& name) {
   if (rest.empty()) return unknown();
   placement.rest = std::string(rest);
   return placement;
+}
+
+// The prefix of a placed tensor's name in a rank's file: "language_model.encoder." or
+// "decoder.", with the module for the embedding and output layer.
+std::string FilePrefix(const Placement& where) {
+  const std::string model = where.core ? "" : "language_model.";
+  switch (where.part) {
+    case Placement::Part::kEmbedding:
+      return absl::StrCat(model, "embedding.");
+    case Placement::Part::kOutputLayer:
+      return absl::StrCat(model, "output_layer.");
+    case Placement::Part::kLayer:
+    case Placement::Part::kEncoderTail:
+      break;
+  }
+  return absl::StrCat(model, where.encoder_key, ".");
 }
 
 // The module of an embedding tensor ("word_embeddings") and its key below ("weight").
@@ -126,6 +157,9 @@ void AddTensor(StructureNode& dict, const std::string& key, const std::string& t
 struct Plan {
   int tp = 1;
   int pp = 1;
+  int ep = 1;                  // expert-parallel ranks: folders mp_rank_TT[_PPP]_EEE when > 1
+  int64_t local_experts = 0;   // experts per EP rank (0: the model has no experts)
+  bool grouped_experts = false;  // TEGroupedMLP names in the files
   int64_t layers_per_stage = 0;
   int64_t vocab_rows = -1;  // rows of word_embeddings (and output_layer) in all; -1: unchanged
   std::string folder;       // "iter_0000100" or "release"
@@ -167,19 +201,27 @@ absl::Status CheckDivides(const StructureNode* args, absl::string_view key, int 
   return absl::OkStatus();
 }
 
-// The args of the file of (t, p).
-StructureNode FileArgs(const Plan& plan, int t, int p) {
+// The args of the file of (t, p, e).
+StructureNode FileArgs(const Plan& plan, int t, int p, int e) {
   StructureNode args = *plan.args;
   StructureNode* attributes = args.Attributes();
   // The layers are balanced evenly over PP stages, without virtual stages.
   SetMegatronParallelArgs(attributes, plan.tp, plan.pp);
+  if (plan.local_experts > 0) {
+    // Experts are split over TP as the dense MLP is (the partition rules), so the expert
+    // tensor-parallel size is TP; num_experts is unchanged.
+    SetIfPresent(attributes, "expert_model_parallel_size", StructureNode::Int(plan.ep));
+    SetIfPresent(attributes, "expert_tensor_parallel_size", StructureNode::Int(plan.tp));
+  }
   if (plan.vocab_rows > 0)
     SetIfPresent(attributes, "padded_vocab_size", StructureNode::Int(plan.vocab_rows));
   SetIfPresent(attributes, "world_size",
                StructureNode::Int(int64_t{plan.tp} * plan.pp * plan.data_parallel));
-  // Megatron's default rank order (tp fastest, then dp, then pp), at data-parallel rank 0.
+  // Megatron's default rank order (tp fastest, then dp, then pp), at data-parallel rank e:
+  // expert-parallel ranks are the first EP data-parallel ranks.
   SetIfPresent(attributes, "rank",
-               StructureNode::Int(t + int64_t{plan.tp} * plan.data_parallel * p));
+               StructureNode::Int(t + int64_t{plan.tp} * e +
+                                  int64_t{plan.tp} * plan.data_parallel * p));
   return args;
 }
 
@@ -286,9 +328,69 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
     for (const OutputTensor& tensor : parts[t]) {
       ASSIGN_OR_RETURN(Placement placement, Place(tensor.name));
       if (placement.part == Placement::Part::kLayer) layers.insert(placement.layer);
-      if (tensor.name == kOutputLayer) untied = true;
+      if (IsOutputLayer(tensor.name)) untied = true;
       placements[t].push_back(std::move(placement));
     }
+  }
+  // One naming throughout: Megatron-LM's nested modules or Megatron-Core's flat state dict.
+  const bool core = !placements[0].empty() && placements[0][0].core;
+  for (size_t i = 0; i < placements[0].size(); ++i) {
+    if (placements[0][i].core != core) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", parts[0][i].name, "\" is named as ",
+          placements[0][i].core ? "Megatron-Core" : "Megatron-LM", " names it but \"",
+          parts[0][0].name, "\" as ", core ? "Megatron-Core" : "Megatron-LM",
+          " does: the megatron output writes one model's names"));
+    }
+  }
+
+  // The experts of mixture-of-experts layers, distributed over the expert-parallel ranks.
+  std::map<std::string, std::set<int64_t>> experts_of;  // "decoder.layers.3.mlp.experts" -> ids
+  for (size_t i = 0; i < parts[0].size(); ++i) {
+    if (placements[0][i].part != Placement::Part::kLayer) continue;
+    if (std::optional<ExpertTensorName> expert = ParseExpertTensorName(parts[0][i].name)) {
+      experts_of[expert->experts].insert(expert->local);
+    }
+  }
+  const int asked_ep = request.consolidate ? 0 : request.expert_parts;
+  if (experts_of.empty()) {
+    if (asked_ep > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--expert-parts ", asked_ep,
+          ": the model has no mixture-of-experts layers (no tensor named "
+          "*.mlp.experts.local_experts.<e>.* or *.mlp.experts.linear_fc1.weight<e>), so there "
+          "are no experts to distribute"));
+    }
+  } else {
+    plan.ep = std::max(asked_ep, 1);
+    int64_t num_experts = static_cast<int64_t>(experts_of.begin()->second.size());
+    std::string counted = absl::StrCat("experts of ", experts_of.begin()->first);
+    if (const std::optional<int64_t> from_args = IntArg(args, "num_experts");
+        from_args.has_value() && *from_args > 0) {
+      num_experts = *from_args;
+      counted = "experts (args.num_experts)";
+    }
+    for (const auto& [prefix, ids] : experts_of) {
+      if (static_cast<int64_t>(ids.size()) != num_experts || *ids.rbegin() != num_experts - 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, " holds ", ids.size(), " experts (ids ", *ids.begin(), " to ",
+            *ids.rbegin(), "), but the model has ", num_experts, " ", counted));
+      }
+    }
+    if (num_experts % plan.ep != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--expert-parts ", plan.ep, " does not divide the ", num_experts, " ", counted,
+          ": every expert-parallel rank holds the same number of experts"));
+    }
+    plan.local_experts = num_experts / plan.ep;
+    if (const StructureNode* grouped = state.Value(kMegatronGroupedExpertsKey);
+        grouped != nullptr && grouped->kind == Kind::kBool) {
+      plan.grouped_experts = grouped->boolean;
+    } else {
+      plan.grouped_experts = IntArg(args, "moe_grouped_gemm").value_or(0) != 0;
+    }
+    // Expert-parallel ranks are data-parallel ranks: the data-parallel size is a multiple of EP.
+    plan.data_parallel = (plan.data_parallel + plan.ep - 1) / plan.ep * plan.ep;
   }
   const StructureNode* release_value = state.Value("megatron.release");
   const bool release =
@@ -320,7 +422,7 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
   // The vocabulary, padded again for the new TP.
   int64_t rows_in = -1;
   for (const OutputTensor& tensor : parts[0]) {
-    if (tensor.name == kWordEmbeddings) {
+    if (IsWordEmbeddings(tensor.name)) {
       rows_in = request.catalog.tensors[tensor.source].shape.at(0);
     }
   }
@@ -344,79 +446,110 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
   arranged.layout.kind = TargetLayout::Kind::kParts;
   for (int t = 0; t < plan.tp; ++t) {
     for (int p = 0; p < plan.pp; ++p) {
-      const bool first = p == 0;
-      const bool last = p == plan.pp - 1;
-      OutputFileLayout file;
-      file.name = absl::StrCat(plan.folder, "/", MegatronRankDirName(t, p, plan.pp > 1), "/",
-                               kMegatronRankFileName);
-      StructureNode model_node;
-      model_node.kind = Kind::kDict;
-      StructureNode* language_model = &ChildDict(model_node, "language_model", false);
-      for (size_t i = 0; i < parts[t].size(); ++i) {
-        const Placement& where = placements[t][i];
-        OutputTensor tensor = parts[t][i];
-        tensor.alias_of = -1;
-        switch (where.part) {
-          case Placement::Part::kEmbedding: {
-            if (!first) continue;
-            auto [module, key] = SplitModule(where.rest);
-            StructureNode& embedding = ChildDict(*language_model, "embedding", false);
-            if (tensor.name == kWordEmbeddings) repad(tensor, t);
-            AddTensor(ChildDict(embedding, module, true), key, tensor.name);
-            break;
+      for (int e = 0; e < plan.ep; ++e) {
+        const bool first = p == 0;
+        const bool last = p == plan.pp - 1;
+        OutputFileLayout file;
+        file.name = absl::StrCat(plan.folder, "/",
+                                 MegatronRankDirName(t, p, plan.pp > 1, plan.ep > 1 ? e : -1),
+                                 "/", kMegatronRankFileName);
+        // Megatron-LM nests the model's modules; Megatron-Core saves one flat state dict.
+        StructureNode model_node;
+        model_node.kind = Kind::kDict;
+        model_node.ordered = core;
+        StructureNode* language_model =
+            core ? nullptr : &ChildDict(model_node, "language_model", false);
+        // Adds `tensor` under its file name: `module` and `key` place it in Megatron-LM's nesting.
+        auto add = [&](OutputTensor tensor, StructureNode* module, const std::string& key) {
+          if (core) {
+            AddTensor(model_node, tensor.name, tensor.name);
+          } else {
+            AddTensor(*module, key, tensor.name);
           }
-          case Placement::Part::kLayer: {
-            if (where.layer / plan.layers_per_stage != p) continue;
-            const std::string key =
-                absl::StrCat("layers.", where.layer % plan.layers_per_stage, ".", where.rest);
-            tensor.name = absl::StrCat("language_model.", where.encoder_key, ".", key);
-            AddTensor(ChildDict(*language_model, where.encoder_key, true), key, tensor.name);
-            break;
-          }
-          case Placement::Part::kEncoderTail:
-            if (!last) continue;
-            AddTensor(ChildDict(*language_model, where.encoder_key, true), where.rest, tensor.name);
-            break;
-          case Placement::Part::kOutputLayer:
-            if (!last) continue;
-            repad(tensor, t);
-            AddTensor(ChildDict(*language_model, "output_layer", true), where.rest, tensor.name);
-            break;
-        }
-        file.tensors.push_back(std::move(tensor));
-      }
-      // The last stage's copy of the tied word embeddings, which Megatron keeps in sync.
-      if (last && !first && !untied) {
+          file.tensors.push_back(std::move(tensor));
+        };
         for (size_t i = 0; i < parts[t].size(); ++i) {
-          if (parts[t][i].name != kWordEmbeddings) continue;
-          OutputTensor copy = parts[t][i];
-          copy.alias_of = -1;
-          repad(copy, t);
-          copy.name = kMegatronHeadCopyName;
-          AddTensor(ChildDict(model_node, "word_embeddings_for_head", true), "weight", copy.name);
-          file.tensors.push_back(std::move(copy));
+          const Placement& where = placements[t][i];
+          OutputTensor tensor = parts[t][i];
+          tensor.alias_of = -1;
+          switch (where.part) {
+            case Placement::Part::kEmbedding: {
+              if (!first) continue;
+              if (IsWordEmbeddings(tensor.name)) repad(tensor, t);
+              if (core) {
+                add(std::move(tensor), nullptr, "");
+                break;
+              }
+              auto [module, key] = SplitModule(where.rest);
+              StructureNode& embedding = ChildDict(*language_model, "embedding", false);
+              add(std::move(tensor), &ChildDict(embedding, module, true), key);
+              break;
+            }
+            case Placement::Part::kLayer: {
+              if (where.layer / plan.layers_per_stage != p) continue;
+              std::string rest = where.rest;
+              if (const std::optional<ExpertTensorName> expert = ParseExpertTensorName(rest)) {
+                // Global expert g is local expert g % E_local of EP rank g / E_local.
+                if (expert->local / plan.local_experts != e) continue;
+                rest = LocalExpertTensorName(*expert, expert->local % plan.local_experts,
+                                             plan.grouped_experts);
+              }
+              const std::string key =
+                  absl::StrCat("layers.", where.layer % plan.layers_per_stage, ".", rest);
+              tensor.name = absl::StrCat(FilePrefix(where), key);
+              add(std::move(tensor),
+                  core ? nullptr : &ChildDict(*language_model, where.encoder_key, true), key);
+              break;
+            }
+            case Placement::Part::kEncoderTail:
+              if (!last) continue;
+              add(std::move(tensor),
+                  core ? nullptr : &ChildDict(*language_model, where.encoder_key, true),
+                  where.rest);
+              break;
+            case Placement::Part::kOutputLayer:
+              if (!last) continue;
+              repad(tensor, t);
+              add(std::move(tensor),
+                  core ? nullptr : &ChildDict(*language_model, "output_layer", true), where.rest);
+              break;
+          }
         }
+        // The last stage's copy of the tied word embeddings, which Megatron keeps in sync:
+        // Megatron-LM's word_embeddings_for_head, Megatron-Core's output_layer.
+        if (last && !first && !untied) {
+          for (size_t i = 0; i < parts[t].size(); ++i) {
+            if (!IsWordEmbeddings(parts[t][i].name)) continue;
+            OutputTensor copy = parts[t][i];
+            copy.alias_of = -1;
+            repad(copy, t);
+            copy.name = core ? kCoreOutputLayer : kMegatronHeadCopyName;
+            add(std::move(copy),
+                core ? nullptr : &ChildDict(model_node, "word_embeddings_for_head", true),
+                "weight");
+          }
+        }
+        // The file: args, checkpoint_version, iteration, model (Megatron's save order).
+        auto root = std::make_shared<StructureNode>();
+        root->kind = Kind::kDict;
+        if (plan.args.has_value()) {
+          root->keys.push_back(StructureNode::String("args"));
+          root->values.push_back(FileArgs(plan, t, p, e));
+        }
+        if (plan.checkpoint_version.has_value()) {
+          StructureNode version;
+          version.kind = Kind::kFloat;
+          version.real = *plan.checkpoint_version;
+          root->keys.push_back(StructureNode::String("checkpoint_version"));
+          root->values.push_back(version);
+        }
+        root->keys.push_back(StructureNode::String("iteration"));
+        root->values.push_back(StructureNode::Int(plan.iteration.value_or(0)));
+        root->keys.push_back(StructureNode::String("model"));
+        root->values.push_back(std::move(model_node));
+        file.structure = std::move(root);
+        arranged.layout.files.push_back(std::move(file));
       }
-      // The file: args, checkpoint_version, iteration, model (Megatron's save order).
-      auto root = std::make_shared<StructureNode>();
-      root->kind = Kind::kDict;
-      if (plan.args.has_value()) {
-        root->keys.push_back(StructureNode::String("args"));
-        root->values.push_back(FileArgs(plan, t, p));
-      }
-      if (plan.checkpoint_version.has_value()) {
-        StructureNode version;
-        version.kind = Kind::kFloat;
-        version.real = *plan.checkpoint_version;
-        root->keys.push_back(StructureNode::String("checkpoint_version"));
-        root->values.push_back(version);
-      }
-      root->keys.push_back(StructureNode::String("iteration"));
-      root->values.push_back(StructureNode::Int(plan.iteration.value_or(0)));
-      root->keys.push_back(StructureNode::String("model"));
-      root->values.push_back(std::move(model_node));
-      file.structure = std::move(root);
-      arranged.layout.files.push_back(std::move(file));
     }
   }
   return arranged;

@@ -39,6 +39,31 @@
 // conversion is refused otherwise. (The engine first splits the input's rows, so the new TP
 // must also divide them.)
 //
+// Megatron-Core GPTs saved in the same rank folders (flat state dicts named "embedding.*",
+// "decoder.layers.K.*", "decoder.final_layernorm.*", "output_layer.*") are written the same way
+// under those names, one flat ordered dict per file (with PP > 1 and tied embeddings the last
+// stage holds its copy as output_layer.weight, as Megatron-Core's GPTModel keeps it).
+//
+// Mixture-of-experts models (Megatron-Core names; the reader holds every expert once under its
+// global id g, "...mlp.experts.local_experts.<g>.*") are written over EP expert-parallel ranks:
+//
+//   reshardctl reshard IN OUT --format megatron --parts TP --expert-parts EP [--pipeline-parts PP]
+//
+//   OUT/iter_0000100/mp_rank_TT_EEE/model_optim_rng.pt      PP = 1, EP > 1
+//   OUT/iter_0000100/mp_rank_TT_PPP_EEE/model_optim_rng.pt  PP > 1, EP > 1
+//
+// EP rank e holds experts g in [e x E_local, (e + 1) x E_local), E_local = num_experts / EP, as
+// local expert g % E_local, named as the input names its experts: SequentialMLP
+// "mlp.experts.local_experts.<l>.*" or TEGroupedMLP "mlp.experts.linear_fc1.weight<l>"
+// (training_state "megatron.grouped_experts", else args.moe_grouped_gemm). Experts are split over
+// TP as the dense MLP is. Every other tensor (attention, router, shared experts, norms,
+// embeddings) is in every EP rank's file. The args get expert_model_parallel_size = EP and
+// expert_tensor_parallel_size = TP (num_experts unchanged), the data-parallel size rounded up to
+// a multiple of EP (EP ranks are data-parallel ranks), and rank = t + TP x e + TP x DP x p.
+// Without --expert-parts (and when consolidating) EP is 1: every expert in every file.
+// Refused (InvalidArgument): EP not dividing num_experts (naming both); --expert-parts on a
+// model without experts; MoE layers holding different numbers of experts.
+//
 // Megatron-DeepSpeed pipeline checkpoints (layer files, tensors `<layer spec index>.<key>`)
 // are written under Megatron-LM's names: the layer holding word_embeddings is the embedding,
 // the layers holding input_layernorm are layers 0, 1, ... in order, a later one holding only

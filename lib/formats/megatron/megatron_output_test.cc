@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "lib/formats/megatron/megatron_layout.h"
@@ -44,6 +45,12 @@ StructureNode Args(const std::map<std::string, int64_t>& values) {
   return dict;
 }
 
+// A float tensor read whole from the catalog's first file.
+void AddWhole(Catalog& catalog, const std::string& name, const Shape& shape) {
+  catalog.tensors.push_back({name, DType::kF32, shape, {}});
+  catalog.tensors.back().pieces.push_back({0, 0, Box::Full(shape), RowMajorStrides(shape)});
+}
+
 // A Megatron-LM GPT of `layers` layers (hidden 8, 2 heads, padded vocabulary `rows`), merged
 // as the reader merges it: global layer numbers, metadata only.
 InputModel Model(int layers, int64_t rows, bool tied, std::map<std::string, int64_t> args = {}) {
@@ -52,11 +59,7 @@ InputModel Model(int layers, int64_t rows, bool tied, std::map<std::string, int6
   Catalog catalog;
   catalog.format = kMegatronFormatId;
   catalog.files.push_back({"/in/model_optim_rng.pt", 1 << 30});
-  auto add = [&](const std::string& name, Shape shape) {
-    catalog.tensors.push_back({name, DType::kF32, std::move(shape), {}});
-    catalog.tensors.back().pieces.push_back({0, 0, Box::Full(catalog.tensors.back().shape),
-                                             RowMajorStrides(catalog.tensors.back().shape)});
-  };
+  auto add = [&](const std::string& name, Shape shape) { AddWhole(catalog, name, shape); };
   add("language_model.embedding.word_embeddings.weight", {rows, kHidden});
   add("language_model.embedding.position_embeddings.weight", {12, kHidden});
   for (int i = 0; i < layers; ++i) {
@@ -91,8 +94,9 @@ InputModel Model(int layers, int64_t rows, bool tied, std::map<std::string, int6
   return model;
 }
 
-// What the engine does for `reshard --parts tp --pipeline-parts pp --format megatron`.
-absl::StatusOr<ArrangedOutput> Arrange(const InputModel& model, int tp, int pp) {
+// What the engine does for `reshard --parts tp --pipeline-parts pp --expert-parts ep --format
+// megatron` (0: the flag left out).
+absl::StatusOr<ArrangedOutput> Arrange(const InputModel& model, int tp, int pp, int ep = 0) {
   const MegatronOutput output;
   auto rules = PartitionRules::Create(model.default_rules);
   EXPECT_TRUE(rules.ok()) << rules.status();
@@ -104,7 +108,63 @@ absl::StatusOr<ArrangedOutput> Arrange(const InputModel& model, int tp, int pp) 
   request.consolidate = false;
   request.parts = tp;
   request.pipeline_parts = pp;
+  request.expert_parts = ep;
   return output.Arrange(*std::move(layout), request);
+}
+
+// A Megatron-Core mixture-of-experts GPT (names as the reader merges a legacy-folder save:
+// every expert once under its global id) of 2 layers, `experts` experts per layer, SwiGLU
+// experts (fc1 [2f, h]) and a router; or, `experts` 0, the same model with a dense MLP.
+InputModel MoEModel(int experts, bool grouped) {
+  InputModel model;
+  model.format = kMegatronFormatId;
+  Catalog catalog;
+  catalog.format = kMegatronFormatId;
+  catalog.files.push_back({"/in/model_optim_rng.pt", 1 << 30});
+  auto add = [&](const std::string& name, Shape shape) { AddWhole(catalog, name, shape); };
+  add("embedding.word_embeddings.weight", {32, kHidden});
+  for (int i = 0; i < 2; ++i) {
+    const std::string l = absl::StrCat("decoder.layers.", i, ".");
+    add(l + "self_attention.linear_qkv.weight", {3 * kHidden, kHidden});
+    add(l + "self_attention.linear_proj.weight", {kHidden, kHidden});
+    add(l + "pre_mlp_layernorm.weight", {kHidden});
+    if (experts == 0) {
+      add(l + "mlp.linear_fc1.weight", {8, kHidden});
+      add(l + "mlp.linear_fc2.weight", {kHidden, 4});
+      continue;
+    }
+    add(l + "mlp.router.weight", {experts, kHidden});
+    for (int g = 0; g < experts; ++g) {
+      const std::string e = absl::StrCat(l, "mlp.experts.local_experts.", g, ".");
+      add(e + "linear_fc1.weight", {8, kHidden});
+      add(e + "linear_fc2.weight", {kHidden, 4});
+    }
+  }
+  add("decoder.final_layernorm.weight", {kHidden});
+  add("output_layer.weight", {32, kHidden});
+  catalog.Reindex();
+  model.parts.push_back(std::move(catalog));
+  model.default_rules = MegatronPartitionRules(/*swiglu=*/true, 3 * kHidden / kHeads);
+  std::map<std::string, int64_t> args = {{"num_layers", 2},
+                                         {"num_attention_heads", kHeads},
+                                         {"tensor_model_parallel_size", 2},
+                                         {"pipeline_model_parallel_size", 1},
+                                         {"expert_model_parallel_size", 2},
+                                         {"expert_tensor_parallel_size", 2},
+                                         {"make_vocab_size_divisible_by", 4},
+                                         {"padded_vocab_size", 32},
+                                         {"world_size", 4},
+                                         {"rank", 0}};
+  if (experts > 0) args["num_experts"] = experts;
+  model.training_state.values["megatron.args"] = Args(args);
+  model.training_state.values["megatron.iteration"] = Int(100);
+  if (experts > 0) {
+    StructureNode form;
+    form.kind = Kind::kBool;
+    form.boolean = grouped;
+    model.training_state.values[kMegatronGroupedExpertsKey] = form;
+  }
+  return model;
 }
 
 const OutputTensor* FindTensor(const OutputFileLayout& file, const std::string& name) {
@@ -334,6 +394,91 @@ TEST(MegatronOutputTest, PipelineNamesMappedToMegatronLM) {
   EXPECT_NE(FindTensor(last, kEncoder + "final_layernorm.weight"), nullptr);
   EXPECT_NE(FindTensor(last, "language_model.output_layer.weight"), nullptr);
   EXPECT_EQ(FindTensor(last, kMegatronHeadCopyName), nullptr);  // untied
+}
+
+TEST(MegatronOutputTest, ExpertsDistributedOverExpertParallelRanks) {
+  // 8 experts, TP 2 x EP 4: EP rank e holds experts 2e and 2e + 1 as local experts 0 and 1.
+  const InputModel model = MoEModel(8, /*grouped=*/false);
+  auto arranged = Arrange(model, 2, 1, 4);
+  ASSERT_TRUE(arranged.ok()) << arranged.status();
+  const std::vector<OutputFileLayout>& files = arranged->layout.files;
+  ASSERT_EQ(files.size(), 8u);
+  EXPECT_EQ(files[0].name, "iter_0000100/mp_rank_00_000/model_optim_rng.pt");
+  EXPECT_EQ(files[3].name, "iter_0000100/mp_rank_00_003/model_optim_rng.pt");
+  EXPECT_EQ(files[6].name, "iter_0000100/mp_rank_01_002/model_optim_rng.pt");
+  const OutputFileLayout& file = files[6];  // TP rank 1, EP rank 2
+  for (int local = 0; local < 2; ++local) {
+    for (int layer = 0; layer < 2; ++layer) {
+      const std::string name = absl::StrCat("decoder.layers.", layer,
+                                            ".mlp.experts.local_experts.", local, ".linear_fc2.weight");
+      const OutputTensor* tensor = FindTensor(file, name);
+      ASSERT_NE(tensor, nullptr) << name;
+      EXPECT_EQ(model.parts[0].tensors[tensor->source].name,
+                absl::StrCat("decoder.layers.", layer, ".mlp.experts.local_experts.", 4 + local,
+                             ".linear_fc2.weight"));
+      EXPECT_EQ(tensor->region.origin, (std::vector<int64_t>{0, 2}));  // TP rank 1's columns
+    }
+  }
+  EXPECT_EQ(FindTensor(file, "decoder.layers.0.mlp.experts.local_experts.2.linear_fc2.weight"),
+            nullptr);
+  // Tensors outside the experts are in every EP rank's file.
+  for (const OutputFileLayout& each : files) {
+    EXPECT_NE(FindTensor(each, "decoder.layers.1.mlp.router.weight"), nullptr) << each.name;
+    EXPECT_NE(FindTensor(each, "embedding.word_embeddings.weight"), nullptr) << each.name;
+    EXPECT_EQ(each.tensors.size(), 1u + 2 * (3 + 1 + 2 * 2) + 2) << each.name;
+  }
+  // Megatron-Core's flat state dict, and the args of that rank.
+  const StructureNode& model_node = *Child(*file.structure, "model");
+  EXPECT_TRUE(model_node.ordered);
+  EXPECT_EQ(model_node.keys.front().text, "embedding.word_embeddings.weight");
+  EXPECT_EQ(model_node.values.front().text, "embedding.word_embeddings.weight");
+  const StructureNode& args = *Child(*file.structure, "args");
+  EXPECT_EQ(Child(args, "expert_model_parallel_size")->integer, 4);
+  EXPECT_EQ(Child(args, "expert_tensor_parallel_size")->integer, 2);
+  EXPECT_EQ(Child(args, "num_experts")->integer, 8);
+  EXPECT_EQ(Child(args, "world_size")->integer, 8);  // TP 2 x DP 4 (input DP 2, up to EP)
+  EXPECT_EQ(Child(args, "rank")->integer, 1 + 2 * 2);
+}
+
+TEST(MegatronOutputTest, GroupedExpertsKeepTheirNamesAndStages) {
+  // TP 1 x PP 2 x EP 2, TEGroupedMLP names: linear_fc1.weight<l>, layers numbered per stage.
+  const InputModel model = MoEModel(8, /*grouped=*/true);
+  auto arranged = Arrange(model, 1, 2, 2);
+  ASSERT_TRUE(arranged.ok()) << arranged.status();
+  const std::vector<OutputFileLayout>& files = arranged->layout.files;
+  ASSERT_EQ(files.size(), 4u);
+  EXPECT_EQ(files[3].name, "iter_0000100/mp_rank_00_001_001/model_optim_rng.pt");
+  const OutputTensor* fc1 = FindTensor(files[3], "decoder.layers.0.mlp.experts.linear_fc1.weight3");
+  ASSERT_NE(fc1, nullptr);
+  EXPECT_EQ(model.parts[0].tensors[fc1->source].name,
+            "decoder.layers.1.mlp.experts.local_experts.7.linear_fc1.weight");
+  EXPECT_EQ(FindTensor(files[3], "decoder.layers.0.mlp.experts.linear_fc1.weight4"), nullptr);
+  EXPECT_NE(FindTensor(files[3], "output_layer.weight"), nullptr);
+  EXPECT_EQ(FindTensor(files[1], "output_layer.weight"), nullptr);
+  EXPECT_NE(FindTensor(files[1], "embedding.word_embeddings.weight"), nullptr);  // EP rank 1
+}
+
+TEST(MegatronOutputTest, ExpertPartsNotDividingTheExpertsRefused) {
+  auto arranged = Arrange(MoEModel(8, false), 2, 1, 3);
+  ASSERT_FALSE(arranged.ok());
+  EXPECT_EQ(arranged.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(arranged.status().message(),
+            "--expert-parts 3 does not divide the 8 experts (args.num_experts): every "
+            "expert-parallel rank holds the same number of experts");
+}
+
+TEST(MegatronOutputTest, ExpertPartsWithoutExpertsRefused) {
+  auto arranged = Arrange(MoEModel(0, false), 2, 1, 2);
+  ASSERT_FALSE(arranged.ok());
+  EXPECT_EQ(arranged.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(arranged.status().message(),
+                               "--expert-parts 2: the model has no mixture-of-experts layers"))
+      << arranged.status();
+  // Without --expert-parts the dense Megatron-Core model is written flat, one EP rank.
+  auto dense = Arrange(MoEModel(0, false), 2, 1, 0);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  ASSERT_EQ(dense->layout.files.size(), 2u);
+  EXPECT_EQ(dense->layout.files[1].name, "iter_0000100/mp_rank_01/model_optim_rng.pt");
 }
 
 }  // namespace

@@ -94,6 +94,11 @@ TEST(JobSpecCodecTest, RangesAreNamedAsTheRouteNamesThem) {
             absl::InvalidArgumentError(
                 "--pipeline-parts must be in [0, 4096], and only for reshard"));
   spec = EverySpecFieldSet();
+  spec.output_format = "torch";
+  EXPECT_EQ(ValidateSpec(spec, SpecNaming::kProto),
+            absl::InvalidArgumentError(
+                "spec.expert_parts is only for output format megatron, not torch"));
+  spec = EverySpecFieldSet();
   spec.partition_index = 3;
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kFlags),
             absl::InvalidArgumentError("--partition I/K needs 0 <= I < K <= 4096, got 3/3"));
