@@ -101,7 +101,8 @@ class InputFormat {
   //   iterations do), megatron 40, colossalai-dist 35, torch-dcp 30,
   //   deepspeed-universal 25, deepspeed-zero 20, verl-fsdp 17 (.pt files named by world size
   //   and rank), olmo-sharded 16 (model/rank{N}.pt), olmo-safetensors 15 (a safetensors file
-  //   recognized by its entry names), safetensors 10, torch 0.
+  //   recognized by its entry names), fsdp1-sharded 14 (<prefix>rank{N}.pt holding
+  //   ShardedTensors), safetensors 10, torch 0.
   virtual int probe_priority() const = 0;
   // Reads metadata and builds the Catalog(s). Errors name the file and what is wrong.
   virtual absl::StatusOr<InputModel> Read(const std::string& path,

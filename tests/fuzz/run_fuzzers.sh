@@ -23,6 +23,8 @@ targets=(
   "//lib/formats/olmo:olmo_keys_fuzzer seeds-olmo"
   "//lib/formats/colossalai:colossalai_meta_fuzzer seeds-colossalai"
   "//lib/formats/fsdp:dtensor_fuzzer seeds-dtensor"
+  "//lib/formats/fsdp:sharded_tensor_fuzzer seeds-sharded-tensor"
+  "//lib/formats/fsdp:flat_param_fuzzer seeds-flat-param"
   "//lib/io/s3:s3_xml_fuzzer seeds-s3xml"
   "//lib/formats/nemo:tar_archive_fuzzer seeds-tar"
   "//lib/formats/nemo:yaml_subset_fuzzer seeds-yaml"
@@ -42,6 +44,8 @@ fi
 /usr/bin/python3 tests/fuzz/make_key_meta_seeds.py "$work/seeds-olmo" "$work/seeds-colossalai"
 /usr/bin/python3 tests/fuzz/make_nemo_seeds.py "$work/seeds-tar" "$work/seeds-yaml"
 /usr/bin/python3 tests/fuzz/make_dtensor_seeds.py "$work/seeds-dtensor"
+/usr/bin/python3 tests/fuzz/make_sharded_tensor_seeds.py "$work/seeds-sharded-tensor"
+/usr/bin/python3 tests/fuzz/make_flat_param_seeds.py "$work/seeds-flat-param"
 # S3 answers (two leading bytes pick the HTTP status): an error, a listing, an upload.
 mkdir -p "$work/seeds-s3xml"
 printf '\x02\x03<?xml version="1.0"?><Error><Code>NoSuchKey</Code><Message>The key &amp; &lt;x&gt;</Message><RequestId>tx1</RequestId></Error>' >"$work/seeds-s3xml/error"

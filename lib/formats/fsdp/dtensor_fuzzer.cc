@@ -9,8 +9,8 @@
 
 #include "absl/strings/string_view.h"
 #include "lib/formats/fsdp/dtensor.h"
+#include "lib/formats/fsdp/state_dict_fuzz.h"
 #include "lib/formats/torch/pickle.h"
-#include "lib/formats/torch/torch_file.h"
 
 namespace {
 
@@ -37,18 +37,6 @@ void Visit(const reshard::PickleValue* value) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  reshard::PickleArena arena;
-  reshard::PickleLimits limits;
-  limits.max_bytes = 64 << 20;
-  const reshard::PersistentLoad storage = [](reshard::PickleValue*, reshard::PickleArena& a)
-      -> absl::StatusOr<reshard::PickleValue*> { return a.New(reshard::PickleValue::Kind::kNone); };
-  absl::StatusOr<reshard::PickleValue*> root = reshard::ParsePickle(
-      absl::string_view(reinterpret_cast<const char*>(data), size), arena, storage, limits);
-  if (!root.ok()) return 0;
-  (void)reshard::CheckDTensorStateDictGlobals(*root);
-  Visit(*root);
-  if (const auto* entries = reshard::PickleEntries(*root); entries != nullptr) {
-    for (const auto& [key, value] : *entries) Visit(value);
-  }
+  reshard::FuzzStateDictPickle(data, size, reshard::CheckDTensorStateDictGlobals, Visit);
   return 0;
 }

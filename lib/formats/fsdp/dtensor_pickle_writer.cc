@@ -1,33 +1,76 @@
 #include "lib/formats/fsdp/dtensor_pickle_writer.h"
 
 namespace reshard {
-namespace {
 
-void IntTuple(PickleWriter& p, const std::vector<int64_t>& values) {
+void WritePickleIntTuple(PickleWriter& p, const std::vector<int64_t>& values) {
   p.BeginTuple();
   for (int64_t v : values) p.Int(v);
   p.EndTuple();
 }
 
-void Size(PickleWriter& p, const Shape& shape) {
+void WriteTorchSize(PickleWriter& p, const Shape& shape) {
   p.Global("torch", "Size");
   p.BeginTuple();
-  IntTuple(p, shape);
+  WritePickleIntTuple(p, shape);
   p.EndTuple();
   p.Reduce();
 }
 
-// cls() given `fields` by BUILD: a dataclass as protocol 2 pickles it.
-void Dataclass(PickleWriter& p, const std::string& module, const std::string& name,
-               const std::function<void()>& fields) {
+void WritePickleObject(PickleWriter& p, const std::string& module, const std::string& name,
+                       const std::function<void()>& state) {
   p.Global(module, name);
   p.BeginTuple();
   p.EndTuple();
   p.NewObj();
-  p.BeginDict(false);
-  fields();
-  p.EndDict();
+  state();
   p.Build();
+}
+
+void WriteStridedLayout(PickleWriter& p) {
+  p.Global("torch.serialization", "_get_layout");
+  p.BeginTuple();
+  p.String("torch.strided");
+  p.EndTuple();
+  p.Reduce();
+}
+
+void WriteCudaDevice(PickleWriter& p, int64_t index) {
+  p.Global("torch", "device");
+  p.BeginTuple();
+  p.String("cuda");
+  p.Int(index);
+  p.EndTuple();
+  p.Reduce();
+}
+
+void BeginWrapperSubclass(PickleWriter& p, const std::string& module, const std::string& name,
+                          const std::string& dtype, const Shape& shape, int64_t device) {
+  p.Global("torch._tensor", "_rebuild_from_type_v2");
+  p.BeginTuple();
+  p.Global("torch._utils", "_rebuild_wrapper_subclass");
+  p.Global(module, name);
+  p.BeginTuple();
+  p.Global(module, name);
+  p.Global("torch", dtype);
+  WriteTorchSize(p, shape);
+  WritePickleIntTuple(p, RowMajorStrides(shape));
+  p.Int(0);
+  WriteStridedLayout(p);
+  WriteCudaDevice(p, device);
+  p.Bool(false);
+  p.EndTuple();
+}
+
+namespace {
+
+// A dataclass given `fields` (key, value, ...) as its state dict.
+void Dataclass(PickleWriter& p, const std::string& module, const std::string& name,
+               const std::function<void()>& fields) {
+  WritePickleObject(p, module, name, [&] {
+    p.BeginDict(false);
+    fields();
+    p.EndDict();
+  });
 }
 
 }  // namespace
@@ -40,29 +83,7 @@ void WriteDTensor(PickleWriter& p, const DTensorToWrite& d) {
   const std::string placement_module = d.torch_24 ? "torch.distributed.tensor.placement_types"
                                                   : "torch.distributed._tensor.placement_types";
   const std::vector<int64_t> stride = RowMajorStrides(d.global_shape);
-  p.Global("torch._tensor", "_rebuild_from_type_v2");
-  p.BeginTuple();
-  p.Global("torch._utils", "_rebuild_wrapper_subclass");
-  p.Global(dtensor_module, "DTensor");
-  p.BeginTuple();
-  p.Global(dtensor_module, "DTensor");
-  p.Global("torch", d.dtype);
-  Size(p, d.global_shape);
-  IntTuple(p, stride);
-  p.Int(0);
-  p.Global("torch.serialization", "_get_layout");
-  p.BeginTuple();
-  p.String("torch.strided");
-  p.EndTuple();
-  p.Reduce();
-  p.Global("torch", "device");
-  p.BeginTuple();
-  p.String("cuda");
-  p.Int(d.device);
-  p.EndTuple();
-  p.Reduce();
-  p.Bool(false);
-  p.EndTuple();
+  BeginWrapperSubclass(p, dtensor_module, "DTensor", d.dtype, d.global_shape, d.device);
   // (None, slots)
   p.BeginTuple();
   p.None();
@@ -93,8 +114,8 @@ void WriteDTensor(PickleWriter& p, const DTensorToWrite& d) {
     // TensorMeta(shape, stride, dtype): a NamedTuple, cls.__new__(cls, *fields).
     p.Global(spec_module, "TensorMeta");
     p.BeginTuple();
-    Size(p, d.meta_shape.empty() ? d.global_shape : d.meta_shape);
-    IntTuple(p, stride);
+    WriteTorchSize(p, d.meta_shape.empty() ? d.global_shape : d.meta_shape);
+    WritePickleIntTuple(p, stride);
     p.Global("torch", d.dtype);
     p.EndTuple();
     p.NewObj();

@@ -32,6 +32,23 @@ struct DTensorToWrite {
   std::function<void(PickleWriter&)> local_tensor;
 };
 
+// Pieces of the pickles of torch's distributed classes, shared with the ShardedTensor writer:
+// a tuple of ints; torch.Size(shape); cls.__new__(cls) given by BUILD the state `state` writes
+// (an object as protocol 2 pickles it).
+void WritePickleIntTuple(PickleWriter& p, const std::vector<int64_t>& values);
+void WriteTorchSize(PickleWriter& p, const Shape& shape);
+void WritePickleObject(PickleWriter& p, const std::string& module, const std::string& name,
+                       const std::function<void()>& state);
+// torch.strided as torch 2.x pickles it; torch.device("cuda", index).
+void WriteStridedLayout(PickleWriter& p);
+void WriteCudaDevice(PickleWriter& p, int64_t index);
+// The start of Tensor.__reduce_ex__'s pickle of a wrapper tensor subclass `module`.`name`:
+// _rebuild_from_type_v2, then its arguments up to the state: (_rebuild_wrapper_subclass, cls,
+// (cls, dtype, size, stride, 0, layout, device, False). The caller writes the state, then
+// EndTuple() and Reduce().
+void BeginWrapperSubclass(PickleWriter& p, const std::string& module, const std::string& name,
+                          const std::string& dtype, const Shape& shape, int64_t device);
+
 // Writes `dtensor` into `p`: _rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor,
 // (DTensor, dtype, size, stride, 0, layout, device, False), (None, {"_local_tensor": ...,
 // "_spec": DTensorSpec(mesh=None, placements, tensor_meta)})).

@@ -9,9 +9,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -20,13 +20,12 @@
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/folder_model.h"
 #include "lib/formats/fsdp/dtensor.h"
+#include "lib/formats/fsdp/flat_param.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/io/file_access.h"
 
 namespace reshard {
 namespace {
-
-using Kind = PickleValue::Kind;
 
 constexpr char kModelFolder[] = "model";
 constexpr char kMetadataName[] = "metadata.yaml";
@@ -35,41 +34,20 @@ constexpr uint64_t kMaxMetadataBytes = 64 << 10;
 // The rank of a model file name "rank{N}.pt"; nullopt for any other name.
 std::optional<int64_t> RankOfName(absl::string_view name) {
   int64_t rank = 0;
-  if (!absl::ConsumePrefix(&name, "rank") || !absl::ConsumeSuffix(&name, ".pt") ||
-      name.empty() || name.size() > 9 || name.find_first_not_of("0123456789") != name.npos ||
+  if (!absl::ConsumePrefix(&name, "rank") || !absl::ConsumeSuffix(&name, ".pt") || name.empty() ||
+      name.size() > 9 || name.find_first_not_of("0123456789") != name.npos ||
       !absl::SimpleAtoi(name, &rank)) {
     return std::nullopt;
   }
   return rank;
 }
 
-bool IsFlatParamGlobal(const std::string& module, const std::string& name) {
-  if (module == "torch._utils") {
-    return name == "_rebuild_tensor_v2" || name == "_rebuild_tensor_v3" ||
-           name == "_rebuild_parameter";
-  }
-  if (module == "torch") return name == "Size" || TorchDType(name).has_value();
-  if (module == "collections") return name == "OrderedDict";
-  return (module == "torch.distributed.fsdp._flat_param" ||
-          module == "torch.distributed.fsdp.flat_param") &&
-         name == "_ShardParamInfo";
-}
-
-// One flat range of a parameter in one rank's shard.
-struct Range {
-  int64_t begin = 0;  // first element of the parameter's flattening
-  int64_t end = 0;    // one past the last
-  int64_t rank = 0;
-  uint64_t byte_offset = 0;
-  int64_t offset_in_shard = 0;
-};
-
 struct Param {
   std::string name;
   DType dtype = DType::kF32;
   Shape shape;
   int64_t first_rank = 0;
-  std::vector<Range> ranges;
+  std::vector<FlatRange> ranges;
 };
 
 class OlmoShardedReader {
@@ -119,10 +97,11 @@ class OlmoShardedReader {
     }
     for (int64_t rank = 0; rank < world_size; ++rank) {
       if (ranks.count(rank) == 0) {
-        return absl::NotFoundError(absl::StrCat(
-            JoinPath(model, absl::StrCat("rank", rank, ".pt")), " is missing (", ranks.size(),
-            " of the ", world_size, " ranks' model files are there): every rank writes one; a "
-            "partial save or copy is the usual cause"));
+        return absl::NotFoundError(
+            absl::StrCat(JoinPath(model, absl::StrCat("rank", rank, ".pt")), " is missing (",
+                         ranks.size(), " of the ", world_size,
+                         " ranks' model files are there): every rank writes one; a "
+                         "partial save or copy is the usual cause"));
       }
       paths_.push_back(JoinPath(model, ranks[rank]));
     }
@@ -147,8 +126,8 @@ class OlmoShardedReader {
       std::optional<std::string> name = PickleString(PickleField(module, "name"));
       const auto* handles = PickleItems(PickleField(module, "handles"));
       if (!name.has_value() || handles == nullptr) {
-        return absl::DataLossError(absl::StrCat(path, ": modules[", m,
-                                                "] lacks its \"name\" or \"handles\""));
+        return absl::DataLossError(
+            absl::StrCat(path, ": modules[", m, "] lacks its \"name\" or \"handles\""));
       }
       const std::string prefix = absl::StrReplaceAll(*name, {{"_fsdp_wrapped_module.", ""}});
       for (size_t h = 0; h < handles->size(); ++h) {
@@ -163,114 +142,35 @@ class OlmoShardedReader {
                           const PickleValue* handle) {
     ASSIGN_OR_RETURN(std::optional<TensorLocation> data,
                      archive.Tensor(PickleField(handle, "flat_param.data"), "flat_param.data"));
-    const auto* fqns = PickleItems(PickleField(handle, "flat_param._fqns"));
-    const auto* shapes = PickleItems(PickleField(handle, "flat_param._shapes"));
-    if (!data.has_value() || fqns == nullptr || shapes == nullptr ||
-        fqns->size() != shapes->size()) {
-      return absl::DataLossError(
-          "lacks flat_param.data, or flat_param._fqns and _shapes of one length");
-    }
+    if (!data.has_value()) return absl::DataLossError("lacks flat_param.data");
     if (data->shape.size() != 1 || data->strides[0] != 1) {
       return absl::DataLossError(absl::StrCat("flat_param.data is not a dense 1-d tensor (shape ",
                                               ShapeToString(data->shape), ")"));
     }
-    const int64_t flat_numel = data->shape[0];
     const uint64_t element = DTypeSize(data->dtype);
-    // (parameter index, first element, last element inclusive, offset in the shard)
-    struct Slice {
-      size_t param;
-      int64_t first, last, offset;
-    };
-    std::vector<Slice> slices;
-    if (const auto* infos = PickleItems(PickleField(handle, "flat_param._shard_param_infos"));
-        infos != nullptr) {
-      if (infos->size() != fqns->size()) {
-        return absl::DataLossError(absl::StrCat("flat_param._shard_param_infos has ",
-                                                infos->size(), " entries for ", fqns->size(),
-                                                " parameters"));
-      }
-      for (size_t i = 0; i < infos->size(); ++i) {
-        const PickleValue* info = (*infos)[i];
-        std::optional<int64_t> in_shard = PickleInt(ObjectField(info, "in_shard", 0));
-        if (!in_shard.has_value()) {
-          return absl::DataLossError(absl::StrCat("_shard_param_infos[", i, "] is a ",
-                                                  DescribePickleValue(info)));
-        }
-        if (*in_shard == 0) continue;
-        std::optional<int64_t> offset = PickleInt(ObjectField(info, "offset_in_shard", 1));
-        std::optional<int64_t> numel = PickleInt(ObjectField(info, "numel_in_shard", 2));
-        std::optional<int64_t> first = PickleInt(ObjectField(info, "intra_param_start_idx", 3));
-        std::optional<int64_t> last = PickleInt(ObjectField(info, "intra_param_end_idx", 4));
-        if (!offset || !numel || !first || !last || *numel != *last - *first + 1) {
-          return absl::DataLossError(absl::StrCat(
-              "_shard_param_infos[", i, "] of parameter \"", PickleKeyName((*fqns)[i]),
-              "\" is not (in_shard, offset_in_shard, numel_in_shard, intra_param_start_idx, "
-              "intra_param_end_idx) with numel_in_shard = end - start + 1"));
-        }
-        slices.push_back({i, *first, *last, *offset});
-      }
-    } else {
-      // torch <= 2.0: parameters first..last, each (start, end) inclusive, back to back.
-      const auto* indices = PickleItems(PickleField(handle, "flat_param._shard_indices"));
-      const auto* offsets = PickleItems(PickleField(handle, "flat_param._shard_param_offsets"));
-      std::optional<int64_t> first_param =
-          indices != nullptr && indices->size() == 2 ? PickleInt((*indices)[0]) : std::nullopt;
-      if (!first_param.has_value() || offsets == nullptr || *first_param < 0) {
-        return absl::DataLossError(
-            "has neither flat_param._shard_param_infos (torch >= 2.1) nor _shard_indices and "
-            "_shard_param_offsets (torch <= 2.0)");
-      }
-      int64_t at = 0;
-      for (size_t k = 0; k < offsets->size(); ++k) {
-        const size_t i = static_cast<size_t>(*first_param) + k;
-        const auto* pair = PickleItems((*offsets)[k]);
-        std::optional<int64_t> start =
-            pair != nullptr && pair->size() == 2 ? PickleInt((*pair)[0]) : std::nullopt;
-        std::optional<int64_t> end =
-            pair != nullptr && pair->size() == 2 ? PickleInt((*pair)[1]) : std::nullopt;
-        if (i >= fqns->size() || !start || !end || *end < *start) {
-          return absl::DataLossError(absl::StrCat("_shard_param_offsets[", k,
-                                                  "] is not an (start, end) pair of parameter ",
-                                                  i, " of ", fqns->size()));
-        }
-        slices.push_back({i, *start, *end, at});
-        at += *end - *start + 1;
-      }
-    }
-    for (const Slice& slice : slices) {
-      std::optional<std::string> fqn = PickleString((*fqns)[slice.param]);
-      std::optional<std::vector<int64_t>> shape = PickleShape((*shapes)[slice.param]);
-      if (!fqn.has_value() || !shape.has_value()) {
-        return absl::DataLossError(absl::StrCat("parameter ", slice.param,
-                                                " has no str name or no shape"));
-      }
-      const std::string name = prefix.empty() ? *fqn : absl::StrCat(prefix, ".", *fqn);
-      const int64_t numel = slice.last - slice.first + 1;
-      if (slice.offset < 0 || slice.first < 0 || slice.offset + numel > flat_numel) {
-        return absl::DataLossError(absl::StrCat(
-            "parameter \"", name, "\": elements [", slice.first, ", ", slice.last + 1,
-            ") at offset ", slice.offset, " of the shard leave its ", flat_numel,
-            " elements"));
-      }
+    ASSIGN_OR_RETURN(std::vector<FlatParamSlice> slices,
+                     ParseFlatParamHandle(handle, data->shape[0]));
+    for (FlatParamSlice& slice : slices) {
+      const std::string name = prefix.empty() ? slice.fqn : absl::StrCat(prefix, ".", slice.fqn);
       auto [it, inserted] = index_.emplace(name, params_.size());
-      if (inserted) params_.push_back(Param{name, data->dtype, *shape, rank, {}});
+      if (inserted) params_.push_back(Param{name, data->dtype, slice.shape, rank, {}});
       Param& param = params_[it->second];
-      if (param.shape != *shape || param.dtype != data->dtype) {
-        return absl::DataLossError(absl::StrCat(
-            "parameter \"", name, "\" is ", DTypeName(data->dtype), " ", ShapeToString(*shape),
-            ", ", paths_[param.first_rank], "'s ", DTypeName(param.dtype), " ",
-            ShapeToString(param.shape)));
+      if (param.shape != slice.shape || param.dtype != data->dtype) {
+        return absl::DataLossError(
+            absl::StrCat("parameter \"", name, "\" is ", DTypeName(data->dtype), " ",
+                         ShapeToString(slice.shape), ", ", paths_[param.first_rank], "'s ",
+                         DTypeName(param.dtype), " ", ShapeToString(param.shape)));
       }
-      param.ranges.push_back(Range{slice.first, slice.last + 1, rank,
-                                   data->byte_offset + slice.offset * element, slice.offset});
+      param.ranges.push_back(FlatRange{slice.begin, slice.end, rank, slice.offset_in_shard,
+                                       data->byte_offset + slice.offset_in_shard * element});
     }
     return absl::OkStatus();
   }
 
   // Where range `r` of `param` comes from, for messages.
-  std::string From(const Range& r) const {
-    return absl::StrCat("[", r.begin, ", ", r.end, ") from ", paths_[r.rank],
-                        " (offset_in_shard ", r.offset_in_shard, ")");
+  std::string From(const FlatRange& r) const {
+    return absl::StrCat("[", r.begin, ", ", r.end, ") from ", paths_[r.rank], " (offset_in_shard ",
+                        r.offset_in_shard, ")");
   }
 
   absl::StatusOr<InputModel> Assemble() {
@@ -280,41 +180,17 @@ class OlmoShardedReader {
     for (Param& param : params_) {
       ASSIGN_OR_RETURN(const int64_t numel, NumElements(param.shape),
                        absl::StrCat(dir_, ": parameter \"", param.name, "\""));
-      const std::string where =
-          absl::StrCat(dir_, ": parameter \"", param.name, "\" (", ShapeToString(param.shape),
-                       ", ", numel, " elements)");
-      std::sort(param.ranges.begin(), param.ranges.end(),
-                [](const Range& a, const Range& b) { return a.begin < b.begin; });
+      const std::string where = absl::StrCat(dir_, ": parameter \"", param.name, "\" (",
+                                             ShapeToString(param.shape), ", ", numel, " elements)");
+      RETURN_IF_ERROR(
+          CheckFlatRangesTile(param.ranges, numel, [this](const FlatRange& r) { return From(r); }),
+          where);
       CatalogTensor tensor;
       tensor.name = param.name;
       tensor.dtype = param.dtype;
       tensor.shape = param.shape;
-      int64_t covered = 0;
-      for (size_t i = 0; i < param.ranges.size(); ++i) {
-        const Range& r = param.ranges[i];
-        if (r.begin < covered) {
-          return absl::DataLossError(absl::StrCat(where, ": elements ", From(r), " overlap ",
-                                                  From(param.ranges[i - 1])));
-        }
-        if (r.begin > covered) {
-          return absl::DataLossError(absl::StrCat(
-              where, ": elements [", covered, ", ", r.begin, ") are in no rank's shard (",
-              i == 0 ? "the first is " : absl::StrCat("after ", From(param.ranges[i - 1]),
-                                                      " the next is "),
-              From(r), ")"));
-        }
-        if (r.end > numel) {
-          return absl::DataLossError(
-              absl::StrCat(where, ": elements ", From(r), " end past the parameter"));
-        }
+      for (const FlatRange& r : param.ranges) {
         AddFlatRangePieces(tensor, static_cast<int>(r.rank), r.byte_offset, r.begin, r.end);
-        covered = r.end;
-      }
-      if (covered != numel) {
-        return absl::DataLossError(absl::StrCat(
-            where, ": elements [", covered, ", ", numel, ") are in no rank's shard",
-            param.ranges.empty() ? "" : absl::StrCat(" (the last is ", From(param.ranges.back()),
-                                                     ")")));
       }
       catalog.tensors.push_back(std::move(tensor));
     }
@@ -338,9 +214,8 @@ class OlmoShardedReader {
 absl::StatusOr<bool> OlmoShardedInput::Probe(const std::string& path) const {
   ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(path));
   if (!folder) return false;
-  return FolderHoldsFileNamed(JoinPath(path, kModelFolder), {".pt"}, [](const std::string& name) {
-    return RankOfName(name).has_value();
-  });
+  return FolderHoldsFileNamed(JoinPath(path, kModelFolder), {".pt"},
+                              [](const std::string& name) { return RankOfName(name).has_value(); });
 }
 
 absl::StatusOr<InputModel> OlmoShardedInput::Read(const std::string& path,

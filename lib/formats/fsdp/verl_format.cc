@@ -5,7 +5,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -15,9 +14,9 @@
 #include "lib/core/status.h"
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/colossalai/colossalai_meta.h"
-#include "lib/formats/dcp/dcp_metadata.h"
 #include "lib/formats/folder_model.h"
 #include "lib/formats/fsdp/dtensor.h"
+#include "lib/formats/fsdp/rank_pieces.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/io/file_access.h"
 
@@ -25,17 +24,6 @@ namespace reshard {
 namespace {
 
 constexpr char kPrefix[] = "model_world_size_";
-
-// A tensor of the save as the ranks give it.
-struct Param {
-  std::string name;
-  DType dtype = DType::kF32;
-  Shape shape;
-  std::vector<SourcePiece> pieces;
-  std::vector<int64_t> owners;  // the rank of each piece
-  std::vector<SourcePiece> replicas;
-  int64_t ranks_seen = 0;
-};
 
 class VerlReader {
  public:
@@ -78,39 +66,29 @@ class VerlReader {
           ranks.size(), world_size_));
     }
     for (const auto& [rank, name] : ranks) paths_.push_back(JoinPath(dir_, name));
+    pieces_.emplace(paths_);
     return absl::OkStatus();
   }
 
   absl::Status ReadRank(int64_t rank) {
     const std::string& path = paths_[rank];
-    ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
+    ASSIGN_OR_RETURN(RankStateDict state, OpenRankStateDict(path, CheckDTensorStateDictGlobals));
+    const std::unique_ptr<TorchArchive>& archive = state.archive;
     files_.push_back(archive->Source());
     const int file = static_cast<int>(files_.size()) - 1;
-    const auto* entries = PickleEntries(archive->root());
-    if (entries == nullptr) {
-      return absl::DataLossError(absl::StrCat(path, ": holds a ",
-                                              DescribePickleValue(archive->root()),
-                                              ", not a state dict"));
-    }
-    RETURN_IF_ERROR(CheckDTensorStateDictGlobals(archive->root()), path);
-    for (const auto& [key, value] : *entries) {
-      std::optional<std::string> name = PickleString(key);
-      if (!name.has_value()) {
-        return absl::DataLossError(absl::StrCat(path, ": state dict key ", PickleKeyName(key),
-                                                " is not a string"));
-      }
-      const std::string where = absl::StrCat(path, ": tensor \"", *name, "\"");
+    for (const auto& [name, value] : state.entries) {
+      const std::string where = absl::StrCat(path, ": tensor \"", name, "\"");
       absl::StatusOr<std::optional<DTensorValue>> dtensor = ParseDTensor(value);
       if (!dtensor.ok()) return Annotate(dtensor.status(), where);
       const PickleValue* local = dtensor->has_value() ? (*dtensor)->local_tensor : value;
-      ASSIGN_OR_RETURN(std::optional<TensorLocation> location, archive->Tensor(local, *name));
+      ASSIGN_OR_RETURN(std::optional<TensorLocation> location, archive->Tensor(local, name));
       if (!location.has_value()) {
         if (dtensor->has_value()) {
           return absl::DataLossError(absl::StrCat(where, ": the DTensor's _local_tensor is a ",
                                                   DescribePickleValue(local)));
         }
         if (rank == 0) {
-          other_entries_.push_back(absl::StrCat(*name, ": ", DescribePickleValue(value)));
+          other_entries_.push_back(absl::StrCat(name, ": ", DescribePickleValue(value)));
         }
         continue;
       }
@@ -125,7 +103,7 @@ class VerlReader {
         Shape mesh_shape = {world_size_};
         if (d.mesh_tensor != nullptr) {
           ASSIGN_OR_RETURN(std::optional<TensorLocation> mesh,
-                           archive->Tensor(d.mesh_tensor, absl::StrCat(*name, "._spec.mesh")));
+                           archive->Tensor(d.mesh_tensor, absl::StrCat(name, "._spec.mesh")));
           if (mesh.has_value()) mesh_shape = mesh->shape;
         }
         absl::StatusOr<Box> local_box =
@@ -148,7 +126,7 @@ class VerlReader {
             ShapeToString(box.extent), ", but its local tensor at byte offset ",
             location->byte_offset, " has shape ", ShapeToString(location->shape)));
       }
-      RETURN_IF_ERROR(AddPiece(*name, dtype, global, box, *location, file, rank, where));
+      RETURN_IF_ERROR(AddPiece(name, dtype, global, box, *location, file, rank, where));
     }
     return absl::OkStatus();
   }
@@ -156,40 +134,8 @@ class VerlReader {
   absl::Status AddPiece(const std::string& name, DType dtype, const Shape& global, Box box,
                         const TensorLocation& location, int file, int64_t rank,
                         const std::string& where) {
-    auto [it, inserted] = index_.emplace(name, params_.size());
-    if (inserted) {
-      if (rank != 0) {
-        return absl::DataLossError(absl::StrCat(where, ": not in rank 0's file ", paths_[0]));
-      }
-      params_.push_back(Param{name, dtype, global, {}, {}, {}, 0});
-    }
-    Param& param = params_[it->second];
-    if (param.ranks_seen != rank) {
-      return absl::DataLossError(absl::StrCat(where, ": the state dict holds it twice"));
-    }
-    ++param.ranks_seen;
-    if (param.dtype != dtype || param.shape != global) {
-      return absl::DataLossError(absl::StrCat(
-          where, " is ", DTypeName(dtype), " ", ShapeToString(global), ", rank 0's ",
-          DTypeName(param.dtype), " ", ShapeToString(param.shape)));
-    }
-    for (int64_t extent : box.extent) {
-      if (extent == 0) return absl::OkStatus();  // torch.chunk left this rank nothing
-    }
-    SourcePiece piece;
-    piece.file = file;
-    piece.byte_offset = location.byte_offset;
-    piece.box = std::move(box);
-    piece.strides = location.strides;
-    for (const SourcePiece& seen : param.pieces) {
-      if (seen.box == piece.box) {
-        param.replicas.push_back(std::move(piece));
-        ++replicated_copies_;
-        return absl::OkStatus();
-      }
-    }
-    param.pieces.push_back(std::move(piece));
-    param.owners.push_back(rank);
+    RETURN_IF_ERROR(pieces_->AddRank(name, dtype, global, rank, where));
+    pieces_->AddPiece(name, PieceAt(location, std::move(box), file));
     return absl::OkStatus();
   }
 
@@ -197,43 +143,21 @@ class VerlReader {
     Catalog catalog;
     catalog.format = VerlFsdpInput::kId;
     catalog.files = std::move(files_);
-    for (Param& param : params_) {
-      const std::string where = absl::StrCat(dir_, ": tensor \"", param.name, "\" (global shape ",
-                                             ShapeToString(param.shape), ")");
-      if (param.ranks_seen != world_size_) {
-        return absl::DataLossError(absl::StrCat(where, ": not in ", paths_[param.ranks_seen]));
-      }
-      std::vector<Box> boxes;
-      for (const SourcePiece& piece : param.pieces) boxes.push_back(piece.box);
-      if (std::optional<Box> hole = FindUncoveredBox(param.shape, boxes); hole.has_value()) {
-        return absl::DataLossError(absl::StrCat(where, ": no rank's file holds elements ",
-                                                BoxRanges(*hole)));
-      }
-      RETURN_IF_ERROR(CheckChunkTiling(param.shape, boxes), where);
-      CatalogTensor tensor;
-      tensor.name = std::move(param.name);
-      tensor.dtype = param.dtype;
-      tensor.shape = std::move(param.shape);
-      tensor.pieces = std::move(param.pieces);
-      tensor.replicas = std::move(param.replicas);
-      catalog.tensors.push_back(std::move(tensor));
-    }
+    ASSIGN_OR_RETURN(catalog.tensors, pieces_->Finish(dir_));
     catalog.other_entries = std::move(other_entries_);
     const size_t tensors = catalog.tensors.size();
     return ShardedFolderModel(VerlFsdpInput::kId, dir_, std::move(catalog),
                               absl::StrCat("verl FSDP, world size ", world_size_, ", ", tensors,
                                            tensors == 1 ? " tensor" : " tensors"),
-                              replicated_copies_);
+                              pieces_->replicated_copies());
   }
 
   std::string dir_;
   int64_t world_size_ = 0;
-  std::vector<std::string> paths_;  // by rank
-  std::vector<SourceFile> files_;   // by rank
-  std::vector<Param> params_;
-  absl::flat_hash_map<std::string, size_t> index_;
+  std::vector<std::string> paths_;    // by rank
+  std::vector<SourceFile> files_;     // by rank
+  std::optional<RankPieces> pieces_;  // once the rank files are known
   std::vector<std::string> other_entries_;
-  int64_t replicated_copies_ = 0;
 };
 
 }  // namespace
@@ -258,9 +182,8 @@ std::optional<VerlShardName> ParseVerlShardName(absl::string_view name) {
 }
 
 absl::StatusOr<bool> VerlFsdpInput::Probe(const std::string& path) const {
-  return FolderHoldsFileNamed(path, {".pt"}, [](const std::string& name) {
-    return ParseVerlShardName(name).has_value();
-  });
+  return FolderHoldsFileNamed(
+      path, {".pt"}, [](const std::string& name) { return ParseVerlShardName(name).has_value(); });
 }
 
 absl::StatusOr<InputModel> VerlFsdpInput::Read(const std::string& path,

@@ -436,6 +436,22 @@ class Machine {
   // object for anything else.
   absl::StatusOr<PickleValue*> Call(PickleValue* callable, PickleValue* args) {
     if (args->kind != Kind::kTuple) return Error("call arguments are not a tuple");
+    // getattr(<global module.Outer>, "Inner") is how protocol 2 pickles a nested class such as
+    // ShardedTensor.ProcessGroupState (pickle.py save_global); protocol 4 names the same class
+    // directly as the global module."Outer.Inner". Both give that one global, which readers
+    // check against their allowed globals like any other; nothing is looked up.
+    if (callable->IsGlobal("builtins", "getattr") && args->items.size() == 2 &&
+        args->items[0]->kind == Kind::kGlobal && args->items[1]->kind == Kind::kString &&
+        !args->items[1]->text.empty()) {
+      const PickleValue* outer = args->items[0];
+      const std::string& attribute = args->items[1]->text;
+      RETURN_IF_ERROR(Charge(StringHeapBytes(outer->module.size()) +
+                             StringHeapBytes(outer->name.size() + 1 + attribute.size())));
+      ASSIGN_OR_RETURN(PickleValue * nested, New(Kind::kGlobal));
+      nested->module = outer->module;
+      nested->name = absl::StrCat(outer->name, ".", attribute);
+      return nested;
+    }
     if (callable->IsGlobal("collections", "OrderedDict") && args->items.empty()) {
       ASSIGN_OR_RETURN(PickleValue * dict, New(Kind::kDict));
       dict->ordered = true;
