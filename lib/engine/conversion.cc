@@ -103,7 +103,9 @@ absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules ru
     ASSIGN_OR_RETURN(const InputFormat* format, DetectInputFormat(read_path));
     ASSIGN_OR_RETURN(loaded.model, format->Read(read_path, options));
   }
-  if (loaded.model.description.empty()) {
+  if (const std::string hf = SavePretrainedFormatName(loaded.model); !hf.empty()) {
+    loaded.model.description = DescribeInputModel(loaded.model, hf);
+  } else if (loaded.model.description.empty()) {
     loaded.model.description = DescribeInputModel(loaded.model);
   }
   for (const Catalog& part : loaded.model.parts) {
@@ -166,7 +168,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
     ASSIGN_OR_RETURN(
         const bool presented,
         planned.writer->PresentInput(planned.input.path, reshard ? spec.parts : 1,
-                                     reshard ? std::max(spec.pipeline_parts, 1) : 1,
+                                     reshard ? std::max(spec.pipeline_parts, 1) : 1, spec.hf,
                                      planned.input.model, planned.input.catalog),
         absl::StrCat(spec.input, ": presenting the input to the ", spec.output_format, " output"));
     if (presented) {

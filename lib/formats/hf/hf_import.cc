@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "lib/core/status.h"
+#include "lib/formats/hf/hf_config.h"
+#include "lib/formats/hf/model_files.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/io/file_access.h"
 #include "lib/plan/layout_builders.h"
@@ -25,8 +27,6 @@ using Json = nlohmann::ordered_json;
 using Kind = StructureNode::Kind;
 
 constexpr char kConfigName[] = "config.json";
-// config.json files are small; this bounds what is read.
-constexpr uint64_t kMaxConfigBytes = 16 << 20;
 // Megatron-LM's default --make-vocab-size-divisible-by.
 constexpr int64_t kVocabDivisibleBy = 128;
 constexpr char kEncoder[] = "language_model.encoder.";
@@ -122,7 +122,8 @@ absl::StatusOr<const HfFamily*> FamilyOfConfig(const Config& config) {
   return absl::InvalidArgumentError(absl::StrCat(
       config.path(), " describes a model of model_type \"", model_type, "\" (architectures \"",
       architecture,
-      "\"), which is none of the families reshard imports into Megatron-LM: ", HfFamilyList()));
+      "\"), which is none of the families reshard imports into Megatron-LM: ", HfFamilyList(),
+      " (--family F reads the weights as one of them)"));
 }
 
 absl::StatusOr<Sizes> ReadSizes(const Config& config, const HfFamily& family) {
@@ -545,13 +546,22 @@ absl::Status BuildGpt2(const Sizes& sizes, Builder& builder) {
 }  // namespace
 
 bool IsHfImportInput(const InputModel& model) {
-  return model.format == "safetensors" && model.parts.size() == 1;
+  // Any one safetensors model; torch.save files only as save_pretrained(safe_serialization=
+  // False) names them, since other torch.save checkpoints are no Hugging Face model.
+  return (model.format == "safetensors" && model.parts.size() == 1) ||
+         IsSavePretrainedModel(model);
 }
 
-absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* config_path) {
+absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, const std::string& config_file,
+                                       std::string* config_path) {
+  if (!config_file.empty()) {
+    *config_path = config_file;
+    return ReadHfConfigOverrides(config_file);
+  }
   std::string folder = input;
   while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
-  if (absl::EndsWith(folder, ".safetensors") || absl::EndsWith(folder, ".json")) {
+  if (absl::EndsWith(folder, ".safetensors") || absl::EndsWith(folder, ".bin") ||
+      absl::EndsWith(folder, ".json")) {
     const size_t slash = folder.rfind('/');
     folder = slash == std::string::npos ? "." : folder.substr(0, slash);
   }
@@ -563,8 +573,8 @@ absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* co
     return absl::InvalidArgumentError(absl::StrCat(
         *config_path,
         " not found: a Hugging Face model is imported into Megatron-LM with the config.json "
-        "save_pretrained writes beside the weights (sizes, heads, vocabulary); other input "
-        "must be a Megatron checkpoint"));
+        "save_pretrained writes beside the weights (sizes, heads, vocabulary), or the one "
+        "--config FILE names; other input must be a Megatron checkpoint"));
   }
   if (!text.ok()) return Annotate(text.status(), *config_path);
   Json parsed = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -576,12 +586,26 @@ absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* co
 
 absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tensor_parallel,
                                               int pipeline_parallel, absl::string_view as_what,
-                                              InputModel& model, Catalog& catalog) {
+                                              const HfExportOptions& hf, InputModel& model,
+                                              Catalog& catalog) {
   if (!IsHfImportInput(model)) return false;
+  const HfFamily* family = nullptr;
+  if (!hf.family.empty() && hf.family != "auto") {
+    absl::StatusOr<const HfFamily*> named = FindHfFamily(hf.family);
+    if (!named.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--family ", hf.family, ": unknown model family; the families reshard imports into ",
+          as_what, " are ", HfFamilyList(),
+          " (--family auto, the default, takes config.json's model_type, else its "
+          "architectures)"));
+    }
+    family = *named;
+  }
   std::string config_path;
-  ASSIGN_OR_RETURN(const Json config, ReadHfInputConfig(input, &config_path));
-  ASSIGN_OR_RETURN(MegatronImport imported, ImportHfAsMegatron(catalog, config, config_path,
-                                                               tensor_parallel, pipeline_parallel));
+  ASSIGN_OR_RETURN(const Json config, ReadHfInputConfig(input, hf.config_file, &config_path));
+  ASSIGN_OR_RETURN(MegatronImport imported,
+                   ImportHfAsMegatron(catalog, config, config_path, tensor_parallel,
+                                      pipeline_parallel, family));
   catalog = std::move(imported.catalog);
   model.training_state = std::move(imported.training_state);
   model.default_rules = std::move(imported.rules);
@@ -593,10 +617,15 @@ absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tens
 
 absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const Json& config_json,
                                                   const std::string& config_path,
-                                                  int tensor_parallel, int pipeline_parallel) {
+                                                  int tensor_parallel, int pipeline_parallel,
+                                                  const HfFamily* family_override) {
   const Config config(config_json, config_path);
   MegatronImport imported;
-  ASSIGN_OR_RETURN(imported.family, FamilyOfConfig(config));
+  if (family_override != nullptr) {
+    imported.family = family_override;
+  } else {
+    ASSIGN_OR_RETURN(imported.family, FamilyOfConfig(config));
+  }
   const HfFamily& family = *imported.family;
   ASSIGN_OR_RETURN(const Sizes sizes, ReadSizes(config, family));
   const int tp = std::max(tensor_parallel, 1);

@@ -430,9 +430,10 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
 }
 
 absl::StatusOr<bool> MegatronOutput::PresentInput(const std::string& input, int parts,
-                                                  int pipeline_parts, InputModel& model,
-                                                  Catalog& catalog) const {
-  return PresentHfModelAsMegatron(input, parts, pipeline_parts, "Megatron-LM", model, catalog);
+                                                  int pipeline_parts, const HfExportOptions& hf,
+                                                  InputModel& model, Catalog& catalog) const {
+  return PresentHfModelAsMegatron(input, parts, pipeline_parts, "Megatron-LM", hf, model,
+                                  catalog);
 }
 
 absl::StatusOr<FileFraming> MegatronOutput::Frame(const OutputFileLayout& file) const {

@@ -340,10 +340,11 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
 }
 
 absl::StatusOr<bool> TorchDistOutput::PresentInput(const std::string& input, int parts,
-                                                   int /*pipeline_parts*/, InputModel& model,
+                                                   int /*pipeline_parts*/,
+                                                   const HfExportOptions& hf, InputModel& model,
                                                    Catalog& catalog) const {
   // One pipeline stage in the args, as Arrange writes them (CommonArgs).
-  return PresentHfModelAsMegatron(input, parts, /*pipeline_parallel=*/1, "Megatron-Core",
+  return PresentHfModelAsMegatron(input, parts, /*pipeline_parallel=*/1, "Megatron-Core", hf,
                                   model, catalog);
 }
 
