@@ -103,9 +103,7 @@ absl::StatusOr<LoadedInput> LoadInput(const std::string& path, PartitionRules ru
     ASSIGN_OR_RETURN(const InputFormat* format, DetectInputFormat(read_path));
     ASSIGN_OR_RETURN(loaded.model, format->Read(read_path, options));
   }
-  if (const std::string hf = SavePretrainedFormatName(loaded.model); !hf.empty()) {
-    loaded.model.description = DescribeInputModel(loaded.model, hf);
-  } else if (loaded.model.description.empty()) {
+  if (loaded.model.description.empty()) {
     loaded.model.description = DescribeInputModel(loaded.model);
   }
   for (const Catalog& part : loaded.model.parts) {
