@@ -122,11 +122,17 @@ TEST_F(SpecParityTest, Consolidate) {
                      "kwargs": {"dtype": "bf16", "max_shard_size": "1GB"}})");
 }
 
-TEST_F(SpecParityTest, ReshardWithRulesFile) {
+// The flags of `reshardctl reshard INPUT OUTPUT --parts PARTS`.
+ConversionFlags ReshardFlags(std::string input, std::string output, int parts) {
   ConversionFlags flags;
-  flags.input = "ckpt";
-  flags.output = "tp2";
-  flags.parts = 2;
+  flags.input = std::move(input);
+  flags.output = std::move(output);
+  flags.parts = parts;
+  return flags;
+}
+
+TEST_F(SpecParityTest, ReshardWithRulesFile) {
+  ConversionFlags flags = ReshardFlags("ckpt", "tp2", 2);
   flags.rules = "rules.json";
   ExpectSameSpec(flags, /*reshard=*/true, DaemonFlags(),
                  R"({"method": "reshard", "args": ["ckpt", "tp2", 2, "rules.json"],
@@ -165,6 +171,19 @@ TEST_F(SpecParityTest, EveryOption) {
                                 "include_optimizer": true, "overwrite": true,
                                 "partition_index": 1, "partition_count": 3,
                                 "no_extra_files": true, "tokenizer": "sub/../tok/"}})");
+}
+
+// A Hugging Face model imported into Megatron with --family and --config: the config file's
+// path is made absolute against the caller's folder by every route.
+TEST_F(SpecParityTest, ReshardImportWithFamilyAndConfig) {
+  ConversionFlags flags = ReshardFlags("hf", "tp2", 2);
+  flags.output_format = "megatron";
+  flags.hf_family = "llama";
+  flags.hf_config_file = "sub/../cfg/llama.json";
+  ExpectSameSpec(flags, /*reshard=*/true, DaemonFlags(),
+                 R"({"method": "reshard", "args": ["hf", "tp2", 2],
+                     "kwargs": {"output_format": "megatron", "hf_family": "llama",
+                                "hf_config_file": "sub/../cfg/llama.json"}})");
 }
 
 // Every field with a flag is an option of `consolidate` or `reshard` (reshardctl_main.cc

@@ -113,21 +113,38 @@ class Model(object):
                 (k, torch.from_numpy(v).to(dtype).float().numpy()) for k, v in self.hf.items())
             self.config["torch_dtype"] = "bfloat16"
 
-    def save(self, folder, shards=2):
-        """save_pretrained's layout: model-0000i-of-0000N.safetensors, the index, config.json."""
+    def save(self, folder, shards=2, torch_bin=False):
+        """save_pretrained's layout: model-0000i-of-0000N.safetensors, the index, config.json;
+        with torch_bin, save_pretrained(safe_serialization=False)'s: torch.save state dicts in
+        pytorch_model-0000i-of-0000N.bin and pytorch_model.bin.index.json (one shard:
+        pytorch_model.bin and no index)."""
         os.makedirs(folder)
         names = list(self.hf)
         per = (len(names) + shards - 1) // shards
         weight_map = {}
+        total = 0
         for i in range(shards):
-            file = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
-            part = names[i * per:(i + 1) * per]
-            write_file(os.path.join(folder, file),
-                       collections.OrderedDict(
-                           (n, torch.from_numpy(self.hf[n]).to(self.dtype)) for n in part))
+            if torch_bin:
+                file = ("pytorch_model.bin" if shards == 1 else
+                        "pytorch_model-%05d-of-%05d.bin" % (i + 1, shards))
+            else:
+                file = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
+            part = collections.OrderedDict(
+                (n, torch.from_numpy(self.hf[n]).to(self.dtype))
+                for n in names[i * per:(i + 1) * per])
+            if torch_bin:
+                torch.save(part, os.path.join(folder, file))
+            else:
+                write_file(os.path.join(folder, file), part)
             weight_map.update({n: file for n in part})
-        with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {}, "weight_map": weight_map}, f)
+            total += sum(t.numel() * t.element_size() for t in part.values())
+        if torch_bin and shards > 1:
+            with open(os.path.join(folder, "pytorch_model.bin.index.json"), "w") as f:
+                f.write(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                   indent=2, sort_keys=True) + "\n")
+        elif not torch_bin:
+            with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+                json.dump({"metadata": {}, "weight_map": weight_map}, f)
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(self.config, f)
         return folder
@@ -320,8 +337,8 @@ class ImportTests(Base):
                 continue  # null means 4 x n_embd; the export writes it so too
             self.assertEqual(config.get(key, "<absent>"), value, "config.json " + key)
 
-    def run_model(self, m, topologies):
-        hf_dir = m.save(self.p("hf"))
+    def run_model(self, m, topologies, hf_dir=None):
+        hf_dir = hf_dir or m.save(self.p("hf"))
         for tp, pp in topologies:
             with self.subTest(tp=tp, pp=pp):
                 out = self.p("megatron-tp%d-pp%d" % (tp, pp))
@@ -589,6 +606,134 @@ class ImportRefusalTests(Base):
         self.refused(hf_dir, ["--parts", "2"],
                      "tensor \"model.layers.1.mlp.router.weight\" has no Megatron-LM counterpart "
                      "in a llama model")
+
+
+class OverrideImportTests(ImportTests):
+    """--config FILE in place of config.json, --family over its architectures."""
+
+    def test_config_file_stands_in_for_a_missing_config_json(self):
+        m = Model("llama", layers=2, heads=4, groups=2, vocab=300, seed=11)
+        hf_dir = m.save(self.p("hf"))
+        config = self.p("llama-config.json")
+        os.rename(os.path.join(hf_dir, "config.json"), config)
+        out = self.p("megatron")
+        self.assertExit(self.import_(hf_dir, out, 2, 2, "--config", config), 0)
+        self.check_megatron(m, out, 2, 2)
+
+    def test_config_file_replaces_the_folders(self):
+        m = Model("qwen2", layers=2, heads=4, groups=2, vocab=300, seed=12)
+        hf_dir = m.save(self.p("hf"))
+        # The folder's config.json is wrong; --config's is the model's.
+        with open(os.path.join(hf_dir, "config.json"), "w") as f:
+            json.dump(dict(m.config, hidden_size=64, model_type="falcon"), f)
+        config = self.p("qwen2.json")
+        with open(config, "w") as f:
+            json.dump(m.config, f)
+        out = self.p("torch-dist")
+        res = self.ctl("reshard", hf_dir, out, "--format", "megatron-torch-dist", "--parts", 2,
+                       "--config", config, "--no-progress")
+        self.assertExit(res, 0)
+        TorchDistImportTests.check_torch_dist(self, m, out, 2)
+
+    def test_family_overrides_architectures(self):
+        m = Model("mistral", layers=2, heads=4, groups=2, vocab=300, seed=13)
+        config = dict(m.config, model_type="my_mistral", architectures=["MyMistralForCausalLM"])
+        m_saved = m.save(self.p("hf"))
+        with open(os.path.join(m_saved, "config.json"), "w") as f:
+            json.dump(config, f)
+        out = self.p("megatron")
+        self.assertExit(self.import_(m_saved, out, 1, 1, "--family", "mistral"), 0)
+        self.check_megatron(m, out, 1, 1)
+
+    def test_config_disagreeing_with_tensor_shapes_is_refused(self):
+        m = Model("llama", layers=2, heads=4, groups=2, vocab=300, seed=14)
+        hf_dir = m.save(self.p("hf"))
+        config = self.p("wrong.json")
+        with open(config, "w") as f:
+            json.dump(dict(m.config, intermediate_size=32), f)
+        self.refused(hf_dir, ["--parts", "1", "--config", config],
+                     "tensor \"model.layers.0.mlp.gate_proj.weight\" has shape [24, 16], but %s "
+                     "makes it [32, 16]" % config)
+
+    def test_unknown_family_lists_the_families(self):
+        hf_dir = Model("llama", layers=1, seed=15).save(self.p("hf"))
+        self.refused(hf_dir, ["--parts", "1", "--family", "falcon"],
+                     "--family falcon: unknown model family; the families reshard imports into "
+                     "Megatron-LM are llama, mistral, qwen2, qwen3, gpt2")
+
+
+class TorchBinFolderTests(ImportTests):
+    """Hugging Face folders of torch.save files (save_pretrained(safe_serialization=False)):
+    pytorch_model.bin, or pytorch_model-0000K-of-0000N.bin with pytorch_model.bin.index.json."""
+
+    def save_with_tokenizer(self, m, shards):
+        hf_dir = m.save(self.p("hf"), shards=shards, torch_bin=True)
+        with open(os.path.join(hf_dir, "tokenizer.json"), "w") as f:
+            f.write('{"version": "1.0"}')
+        return hf_dir
+
+    def test_sharded_import_inspect_and_consolidate(self):
+        m = Model("llama", layers=3, heads=4, groups=2, vocab=300, seed=21)
+        hf_dir = self.save_with_tokenizer(m, 3)
+        doc = self.inspect_json(hf_dir)
+        self.assertEqual(doc["description"],
+                         "Hugging Face model folder (torch.save files), one model in 3 shards")
+        self.assertEqual(sorted(os.path.basename(f["path"]) for f in doc["model_files"]),
+                         ["config.json", "tokenizer.json"])
+        self.run_model(m, [(2, 1), (1, 3)], hf_dir)
+        # consolidate: the weights as torch.load reads them, and the folder's other files.
+        flat = self.p("flat")
+        self.assertExit(self.ctl("consolidate", hf_dir, flat, "--no-progress"), 0)
+        got = read_folder(flat)
+        want = {}
+        for name in sorted(os.listdir(hf_dir)):
+            if name.endswith(".bin"):
+                want.update(torch.load(os.path.join(hf_dir, name)))
+        self.assertEqual(sorted(got), sorted(want))
+        for name, value in want.items():
+            self.assertTrue(torch.equal(got[name], value), name)
+        for name in ("config.json", "tokenizer.json"):
+            with open(os.path.join(hf_dir, name), "rb") as a, \
+                    open(os.path.join(flat, name), "rb") as b:
+                self.assertEqual(a.read(), b.read(), name)
+
+    def test_single_file_import_torch_dist(self):
+        m = Model("gpt2", layers=2, vocab=257, seed=22)
+        hf_dir = self.save_with_tokenizer(m, 1)
+        self.assertEqual(sorted(os.listdir(hf_dir)),
+                         ["config.json", "pytorch_model.bin", "tokenizer.json"])
+        self.assertEqual(self.inspect_json(hf_dir)["description"],
+                         "Hugging Face model folder (torch.save files), one file")
+        out = self.p("torch-dist")
+        res = self.ctl("reshard", hf_dir, out, "--format", "megatron-torch-dist", "--parts", 2,
+                       "--no-progress")
+        self.assertExit(res, 0)
+        TorchDistImportTests.check_torch_dist(self, m, out, 2)
+
+    def test_index_naming_a_missing_file(self):
+        m = Model("llama", layers=2, heads=4, groups=2, vocab=300, seed=23)
+        hf_dir = self.save_with_tokenizer(m, 2)
+        missing = os.path.join(hf_dir, "pytorch_model-00002-of-00002.bin")
+        os.remove(missing)
+        index = os.path.join(hf_dir, "pytorch_model.bin.index.json")
+        with open(index) as f:
+            first = sorted(n for n, file in json.load(f)["weight_map"].items()
+                           if file == os.path.basename(missing))[0]
+        self.refused(hf_dir, ["--parts", "1"],
+                     "%s not found: %s maps tensor \"%s\" to it" % (missing, index, first))
+
+    def test_tensor_in_two_files(self):
+        m = Model("llama", layers=2, heads=4, groups=2, vocab=300, seed=24)
+        hf_dir = self.save_with_tokenizer(m, 2)
+        # The second shard also holds the embedding, which the index maps to the first.
+        second = os.path.join(hf_dir, "pytorch_model-00002-of-00002.bin")
+        state = torch.load(second)
+        state["model.embed_tokens.weight"] = torch.from_numpy(m.hf["model.embed_tokens.weight"])
+        torch.save(state, second)
+        self.refused(hf_dir, ["--parts", "1"],
+                     "%s: tensor \"model.embed_tokens.weight\" is mapped to "
+                     "pytorch_model-00001-of-00002.bin by %s" % (
+                         second, os.path.join(hf_dir, "pytorch_model.bin.index.json")))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 
 def _runfiles_path(rel):
     srcdir = os.environ.get("TEST_SRCDIR")
@@ -456,6 +458,48 @@ class ClientTests(DaemonTestCase):
         self.assertIs(spec["duplicate_tied"], True)
         self.assertNotIn("max_shard_size", spec)  # None: the daemon's default
         self.assertConsolidated(self.small, out)
+
+    def test_hf_import_family_and_config_reach_the_job(self):
+        # A Hugging Face folder without config.json, imported into Megatron-LM with the
+        # config named by a path relative to the caller's folder and the family named apart
+        # from config.json's (unknown) architectures.
+        rng = np.random.default_rng(3)
+        h, ffn, vocab = 8, 12, 20
+        shapes = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,),
+                  "lm_head.weight": (vocab, h)}
+        layer = {"input_layernorm.weight": (h,), "self_attn.q_proj.weight": (h, h),
+                 "self_attn.k_proj.weight": (h // 2, h), "self_attn.v_proj.weight": (h // 2, h),
+                 "self_attn.o_proj.weight": (h, h), "post_attention_layernorm.weight": (h,),
+                 "mlp.gate_proj.weight": (ffn, h), "mlp.up_proj.weight": (ffn, h),
+                 "mlp.down_proj.weight": (h, ffn)}
+        shapes.update(("model.layers.0." + k, v) for k, v in layer.items())
+        hf_dir = self.r("hf_no_config")
+        os.makedirs(hf_dir)
+        R.write_file(os.path.join(hf_dir, "model.safetensors"), {
+            k: R.make_tensor("F32", rng.standard_normal(v).astype(np.float32))
+            for k, v in shapes.items()})
+        config = {"architectures": ["MyLlamaForCausalLM"], "model_type": "my_llama",
+                  "hidden_size": h, "intermediate_size": ffn, "num_hidden_layers": 1,
+                  "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "max_position_embeddings": 64, "vocab_size": vocab}
+        with open(self.r("hf_config.json"), "w") as f:
+            json.dump(config, f)
+        out = self.r("out_hf_import")
+        cwd = os.getcwd()
+        os.chdir(self.root)
+        try:
+            job_id = self.client.reshard(hf_dir, out, 2, output_format="megatron",
+                                         hf_family="llama", hf_config_file="hf_config.json")
+        finally:
+            os.chdir(cwd)
+        job = self.client.wait(job_id, timeout=120)
+        self.assertEqual(job.state, "SUCCEEDED", job.error)
+        self.assertEqual(job.spec["hf_config_file"],
+                         os.path.join(os.path.realpath(self.root), "hf_config.json"))
+        self.assertEqual(job.spec["hf_family"], "llama")
+        self.assertEqual(sorted(os.listdir(os.path.join(out, "release"))),
+                         ["mp_rank_00", "mp_rank_01"])
+        self.assertFilesOnDisk(job)
 
     def test_plan_and_inspect(self):
         info = self.client.inspect(self.src)

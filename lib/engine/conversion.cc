@@ -166,7 +166,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
     ASSIGN_OR_RETURN(
         const bool presented,
         planned.writer->PresentInput(planned.input.path, reshard ? spec.parts : 1,
-                                     reshard ? std::max(spec.pipeline_parts, 1) : 1,
+                                     reshard ? std::max(spec.pipeline_parts, 1) : 1, spec.hf,
                                      planned.input.model, planned.input.catalog),
         absl::StrCat(spec.input, ": presenting the input to the ", spec.output_format, " output"));
     if (presented) {

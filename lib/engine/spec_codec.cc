@@ -162,6 +162,10 @@ bool WhenNoExtraFiles(const ConversionSpec& spec) { return spec.no_extra_files; 
 bool WhenTokenizer(const ConversionSpec& spec) { return !spec.tokenizer.empty(); }
 
 bool WhenHfOutput(const ConversionSpec& spec) { return spec.output_format == "hf"; }
+// --family and --config also say how a Hugging Face input is imported into Megatron.
+bool WhenHfModelDescribed(const ConversionSpec& spec) {
+  return WhenHfOutput(spec) || !spec.hf.family.empty() || !spec.hf.config_file.empty();
+}
 
 absl::Status CheckHfVocabSize(const ConversionSpec& spec, const SpecField& field,
                               SpecNaming naming) {
@@ -349,14 +353,16 @@ constexpr SpecField kFields[] = {
      &F::include_optimizer},
     {"hf_family", "--family",
      "--format hf: model family, auto (from the args and names) | llama | mistral | qwen2 | "
-     "qwen3 | gpt2",
+     "qwen3 | gpt2; a Hugging Face input imported into megatron or megatron-torch-dist: the "
+     "family its weights are read as (auto: config.json's model_type, else architectures)",
      "hf_family", "hf_family", +[](S& s) -> std::string& { return s.hf.family; }, &F::hf_family,
-     false, false, nullptr, &WhenHfOutput},
+     false, false, nullptr, &WhenHfModelDescribed},
     {"hf_config_file", "--config",
      "--format hf: a JSON file whose keys override or complete the config.json made from the "
-     "checkpoint's args",
+     "checkpoint's args; a Hugging Face input imported into megatron or megatron-torch-dist: "
+     "the config.json read in place of the input folder's",
      "hf_config_file", "hf_config_file", +[](S& s) -> std::string& { return s.hf.config_file; },
-     &F::hf_config_file, false, false, nullptr, &WhenHfOutput},
+     &F::hf_config_file, false, false, nullptr, &WhenHfModelDescribed},
     {"hf_vocab_size", "--vocab-size",
      "--format hf: the true vocabulary (the tokenizer's size); padded rows past it are dropped",
      "hf_vocab_size", "hf_vocab_size", +[](S& s) -> int& { return s.hf.vocab_size; },

@@ -97,20 +97,30 @@ absl::StatusOr<bool> FolderHoldsFileNamed(const std::string& path,
   return std::any_of(names.begin(), names.end(), matches);
 }
 
+absl::StatusOr<InputModel> ReadIndexedFolder(absl::string_view format, const std::string& dir,
+                                             const std::string& index_path,
+                                             const ReadFolderFile& read_one) {
+  ASSIGN_OR_RETURN(const auto weight_map, ReadWeightMap(index_path));
+  std::vector<std::string> names;
+  for (const auto& [tensor, file] : weight_map) {
+    if (std::find(names.begin(), names.end(), file) != names.end()) continue;
+    // A remote folder's existence checks are answered by its one listing.
+    const std::string path = absl::StrCat(dir, "/", file);
+    ASSIGN_OR_RETURN(const bool exists, CheckInputExists(path));
+    if (!exists) {
+      return absl::NotFoundError(absl::StrCat(path, " not found: ", index_path, " maps tensor \"",
+                                              tensor, "\" to it"));
+    }
+    names.push_back(file);
+  }
+  std::sort(names.begin(), names.end(), NaturalLess);
+  ASSIGN_OR_RETURN(std::vector<FileCatalog> files, ReadFolderFiles(dir, names, read_one));
+  return AssembleIndexedFolder(format, dir, index_path, weight_map, std::move(files));
+}
+
 absl::StatusOr<std::vector<FileCatalog>> ReadFolderFiles(const std::string& dir,
                                                          const std::vector<std::string>& names,
-                                                         const std::string& index_path,
                                                          const ReadFolderFile& read_one) {
-  auto read = [&](const std::string& name) -> absl::StatusOr<FileCatalog> {
-    if (!index_path.empty()) {
-      ASSIGN_OR_RETURN(const bool exists, CheckInputExists(absl::StrCat(dir, "/", name)));
-      if (!exists) {
-        return absl::NotFoundError(
-            absl::StrCat(index_path, " lists ", name, ", which does not exist in ", dir));
-      }
-    }
-    return read_one(dir, name);
-  };
   std::vector<absl::StatusOr<FileCatalog>> read_files(names.size(), absl::UnknownError(""));
   if (InputReadsAreRequests(dir)) {
     std::atomic<size_t> next{0};
@@ -121,13 +131,15 @@ absl::StatusOr<std::vector<FileCatalog>> ReadFolderFiles(const std::string& dir,
     for (size_t t = 0; t < count; ++t) {
       threads.emplace_back([&] {
         ScopedMetadataAllowance scoped(allowance);
-        for (size_t i = next++; i < names.size(); i = next++) read_files[i] = read(names[i]);
+        for (size_t i = next++; i < names.size(); i = next++) {
+          read_files[i] = read_one(dir, names[i]);
+        }
       });
     }
     for (std::thread& thread : threads) thread.join();
   } else {
     for (size_t i = 0; i < names.size(); ++i) {
-      read_files[i] = read(names[i]);
+      read_files[i] = read_one(dir, names[i]);
       if (!read_files[i].ok()) break;
     }
   }

@@ -55,15 +55,21 @@ using ReadFolderFile =
 // Files of a remote folder read at once by ReadFolderFiles.
 inline constexpr int kRemoteFileReads = 8;
 
-// Files `names` of folder `dir`, each read with `read_one`, in that order. `index_path`, when
-// not empty, is the index that lists them (a missing file is NotFound naming it and the
-// index). A remote folder's files are read up to kRemoteFileReads at a time (each costs a few
-// requests); a local folder's one by one, on this thread, which holds the path confinement
-// they are opened under. The first failure in file order is returned.
+// Files `names` of folder `dir`, each read with `read_one`, in that order. A remote folder's
+// files are read up to kRemoteFileReads at a time (each costs a few requests); a local
+// folder's one by one, on this thread, which holds the path confinement they are opened
+// under. The first failure in file order is returned.
 absl::StatusOr<std::vector<FileCatalog>> ReadFolderFiles(const std::string& dir,
                                                          const std::vector<std::string>& names,
-                                                         const std::string& index_path,
                                                          const ReadFolderFile& read_one);
+
+// One model from folder `dir` with the Hugging Face index `index_path` in it: the files its
+// weight_map names (natural order), each read with `read_one` (ReadFolderFiles) and checked
+// against the weight map (AssembleIndexedFolder). A file the index names that does not exist is
+// NotFound naming the file, the index and a tensor it maps there.
+absl::StatusOr<InputModel> ReadIndexedFolder(absl::string_view format, const std::string& dir,
+                                             const std::string& index_path,
+                                             const ReadFolderFile& read_one);
 
 // The weight_map of a Hugging Face index file, in file order: (tensor, file name). File names
 // must be plain names in the index's folder. DataLoss naming the index otherwise.

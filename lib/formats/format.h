@@ -109,13 +109,14 @@ class InputFormat {
                                           const ReadOptions& options) const = 0;
 };
 
-// What a user can say about the model when writing a Hugging Face model (`--format hf`) that the
-// checkpoint may not record.
+// What a user can say about a Hugging Face model that the checkpoint may not record: when writing
+// one (`--format hf`), and when importing one into Megatron (family and config only).
 struct HfExportOptions {
   // The model family (lib/formats/hf/hf_family.h): "llama", "mistral", ...; empty or "auto":
   // decided from the checkpoint's args and tensor names.
   std::string family;
-  // A JSON object whose keys override or complete the config.json made from the args.
+  // A JSON object whose keys override or complete the config.json made from the args; when
+  // importing, the config.json read in place of the input folder's.
   std::string config_file;
   // The true vocabulary (the tokenizer's size): padded rows past it are dropped. 0: from
   // --config or the args.
@@ -183,11 +184,12 @@ class OutputFormat {
   // as that framework's model before the engine lays it out (megatron: a Hugging Face model as
   // the merged Megatron-LM model, lib/formats/hf/hf_import.h). `input` is the path the user
   // gave, `catalog` the merged model, `parts` and `pipeline_parts` the sizes asked for (1 to
-  // consolidate). When it returns true, `model` (its training_state and default_rules, which
-  // replace any --rules) and `catalog` are what the layout and Arrange see. The default: false.
+  // consolidate), `hf` what the user said of a Hugging Face input (--family, --config). When it
+  // returns true, `model` (its training_state and default_rules, which replace any --rules) and
+  // `catalog` are what the layout and Arrange see. The default: false.
   virtual absl::StatusOr<bool> PresentInput(const std::string& input, int parts,
-                                            int pipeline_parts, InputModel& model,
-                                            Catalog& catalog) const {
+                                            int pipeline_parts, const HfExportOptions& hf,
+                                            InputModel& model, Catalog& catalog) const {
     return false;
   }
   // Lays out one output file: the bytes the format owns and where each tensor's data goes.

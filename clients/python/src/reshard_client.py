@@ -381,7 +381,7 @@ _SIZE_FIELDS = ("max_shard_size", "memory_budget", "window_bytes")
 # JobSpec fields set by the methods' positional arguments, not by keyword options.
 _POSITIONAL_FIELDS = ("kind", "input", "output", "parts", "rules_json")
 # Keyword options that are paths: made absolute against the caller's folder, as input and output.
-_PATH_FIELDS = ("tokenizer",)
+_PATH_FIELDS = ("tokenizer", "hf_config_file")
 
 
 def _dtype(value: Any) -> int:
@@ -644,7 +644,10 @@ class Client:
                 (reshard to output_format "megatron": expert-parallel ranks), no_extra_files
                 (leave out a Hugging Face input's config.json, tokenizer, README and licence),
                 tokenizer (a folder whose tokenizer files are carried into the output),
-                hf_family, hf_config_file, hf_vocab_size (output_format "hf").
+                hf_family, hf_config_file (output_format "hf", and a Hugging Face input
+                imported with output_format "megatron" or "megatron-torch-dist": the family
+                its weights are read as, the config.json read in place of the folder's),
+                hf_vocab_size (output_format "hf").
 
         Returns:
             The job id. Follow it with wait(), watch() or get().

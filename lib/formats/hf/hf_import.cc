@@ -15,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "lib/core/status.h"
 #include "lib/exec/tensor_compare.h"
+#include "lib/formats/hf/hf_config.h"
+#include "lib/formats/hf/model_files.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/io/file_access.h"
 #include "lib/plan/layout_builders.h"
@@ -26,8 +28,6 @@ using Json = nlohmann::ordered_json;
 using Kind = StructureNode::Kind;
 
 constexpr char kConfigName[] = "config.json";
-// config.json files are small; this bounds what is read.
-constexpr uint64_t kMaxConfigBytes = 16 << 20;
 // Megatron-LM's default --make-vocab-size-divisible-by.
 constexpr int64_t kVocabDivisibleBy = 128;
 constexpr char kEncoder[] = "language_model.encoder.";
@@ -133,7 +133,7 @@ absl::StatusOr<const HfFamily*> FamilyOfConfig(const Config& config) {
       config.path(), " describes a model of model_type \"", model_type, "\" (architectures \"",
       architecture,
       "\"), which is none of the families reshard imports into ", config.as_what(), ": ",
-      HfFamilyList()));
+      HfFamilyList(), " (--family F reads the weights as one of them)"));
 }
 
 absl::StatusOr<Sizes> ReadSizes(const Config& config, const HfFamily& family) {
@@ -617,14 +617,22 @@ absl::Status CheckTiedHead(const Catalog& catalog, int head, int embedding,
 }  // namespace
 
 bool IsHfImportInput(const InputModel& model) {
-  return model.format == "safetensors" && model.parts.size() == 1;
+  // Any one safetensors model; torch.save files only as save_pretrained(safe_serialization=
+  // False) names them, since other torch.save checkpoints are no Hugging Face model.
+  return (model.format == "safetensors" && model.parts.size() == 1) ||
+         IsSavePretrainedModel(model);
 }
 
-absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* config_path,
-                                       absl::string_view as_what) {
+absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, const std::string& config_file,
+                                       std::string* config_path, absl::string_view as_what) {
+  if (!config_file.empty()) {
+    *config_path = config_file;
+    return ReadHfConfigOverrides(config_file);
+  }
   std::string folder = input;
   while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
-  if (absl::EndsWith(folder, ".safetensors") || absl::EndsWith(folder, ".json")) {
+  if (absl::EndsWith(folder, ".safetensors") || absl::EndsWith(folder, ".bin") ||
+      absl::EndsWith(folder, ".json")) {
     const size_t slash = folder.rfind('/');
     folder = slash == std::string::npos ? "." : folder.substr(0, slash);
   }
@@ -637,7 +645,8 @@ absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* co
         *config_path,
         " not found: a Hugging Face model is imported into ", as_what,
         " with the config.json save_pretrained writes beside the weights (sizes, heads, "
-        "vocabulary); other input must be a Megatron checkpoint"));
+        "vocabulary), or the one --config FILE names; other input must be a Megatron "
+        "checkpoint"));
   }
   if (!text.ok()) return Annotate(text.status(), *config_path);
   Json parsed = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -649,13 +658,27 @@ absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, std::string* co
 
 absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tensor_parallel,
                                               int pipeline_parallel, absl::string_view as_what,
-                                              InputModel& model, Catalog& catalog) {
+                                              const HfExportOptions& hf, InputModel& model,
+                                              Catalog& catalog) {
   if (!IsHfImportInput(model)) return false;
+  const HfFamily* family = nullptr;
+  if (!hf.family.empty() && hf.family != "auto") {
+    absl::StatusOr<const HfFamily*> named = FindHfFamily(hf.family);
+    if (!named.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--family ", hf.family, ": unknown model family; the families reshard imports into ",
+          as_what, " are ", HfFamilyList(),
+          " (--family auto, the default, takes config.json's model_type, else its "
+          "architectures)"));
+    }
+    family = *named;
+  }
   std::string config_path;
-  ASSIGN_OR_RETURN(const Json config, ReadHfInputConfig(input, &config_path, as_what));
+  ASSIGN_OR_RETURN(const Json config,
+                   ReadHfInputConfig(input, hf.config_file, &config_path, as_what));
   ASSIGN_OR_RETURN(MegatronImport imported,
                    ImportHfAsMegatron(catalog, config, config_path, tensor_parallel,
-                                      pipeline_parallel, as_what));
+                                      pipeline_parallel, family, as_what));
   if (imported.tied_head >= 0) {
     RETURN_IF_ERROR(CheckTiedHead(catalog, imported.tied_head, imported.tied_embedding,
                                   config_path, as_what));
@@ -672,10 +695,15 @@ absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tens
 absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const Json& config_json,
                                                   const std::string& config_path,
                                                   int tensor_parallel, int pipeline_parallel,
+                                                  const HfFamily* family_override,
                                                   absl::string_view as_what) {
   const Config config(config_json, config_path, as_what);
   MegatronImport imported;
-  ASSIGN_OR_RETURN(imported.family, FamilyOfConfig(config));
+  if (family_override != nullptr) {
+    imported.family = family_override;
+  } else {
+    ASSIGN_OR_RETURN(imported.family, FamilyOfConfig(config));
+  }
   const HfFamily& family = *imported.family;
   ASSIGN_OR_RETURN(const Sizes sizes, ReadSizes(config, family));
   const int tp = std::max(tensor_parallel, 1);

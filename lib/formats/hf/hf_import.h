@@ -6,7 +6,11 @@
 //   reshardctl reshard HF_DIR OUT --format megatron-torch-dist --parts TP [--pipeline-parts PP]
 //
 // ImportHfAsMegatron is the one entry point (PresentHfModelAsMegatron, the outputs' hook, calls it
-// with the config.json beside the weights). It renames every HF tensor to Megatron-LM's legacy name
+// with the config.json beside the weights, or the one `--config FILE` names, and the family
+// `--family F` names). The weights are safetensors (model.safetensors, or shards and their
+// index) or torch.save zips (pytorch_model.bin, or pytorch_model-*-of-*.bin and
+// pytorch_model.bin.index.json, as save_pretrained(safe_serialization=False) writes), read in
+// place by their readers. It renames every HF tensor to Megatron-LM's legacy name
 // (language_model.embedding.*, language_model.encoder.layers.<i>.*,
 // language_model.encoder.final_layernorm.*, language_model.output_layer.weight) and builds the
 // fused tensors from pieces of the HF tensors, without reading any data: each Megatron tensor's
@@ -81,8 +85,8 @@
 // and is then left out.
 //
 // Refused, naming what (InvalidArgument): config.json whose model_type / architectures is none
-// of the families (listing them); heads not divisible by num_key_value_heads, or heads or
-// groups not divisible by `tensor_parallel`; a tensor the
+// of the families, or a --family that is none (listing them); heads not divisible by
+// num_key_value_heads, or heads or groups not divisible by `tensor_parallel`; a tensor the
 // family has no Megatron counterpart for; a tensor missing or shaped otherwise than config.json
 // says (both shapes named); tensors of different dtypes; rope_scaling other than Llama 3.1's.
 
@@ -133,25 +137,31 @@ struct MegatronImport {
 
 // `catalog`: the HF model's tensors (one merged model); `config`: its config.json, read from
 // `config_path` (named in messages); `tensor_parallel`, `pipeline_parallel`: the sizes the args
-// record (the megatron output updates them per file); `as_what` (kImportAsMegatronLm,
-// kImportAsTorchDist): what messages say the model is imported as. Reads no tensor data.
+// record (the megatron output updates them per file); `family`: the family the tensors are
+// read as, nullptr for the one config.json names (model_type, else architectures); `as_what`
+// (kImportAsMegatronLm, kImportAsTorchDist): what messages say the model is imported as. Reads
+// no tensor data.
 absl::StatusOr<MegatronImport> ImportHfAsMegatron(
     const Catalog& catalog, const nlohmann::ordered_json& config, const std::string& config_path,
-    int tensor_parallel, int pipeline_parallel, absl::string_view as_what = kImportAsMegatronLm);
-
-// The config.json beside the Hugging Face weights `input` (a folder, or a weight file or index
-// in it), parsed. InvalidArgument naming the file when there is none or when it is not a
-// JSON object.
-absl::StatusOr<nlohmann::ordered_json> ReadHfInputConfig(
-    const std::string& input, std::string* config_path,
+    int tensor_parallel, int pipeline_parallel, const HfFamily* family = nullptr,
     absl::string_view as_what = kImportAsMegatronLm);
 
-// Whether `model` is a Hugging Face model ImportHfAsMegatron takes: one safetensors model.
+// The config.json beside the Hugging Face weights `input` (a folder, or a weight file or index
+// in it), parsed; or, when `config_file` is not empty, that file (--config) in its place, which
+// `*config_path` then names. InvalidArgument naming the file when there is none or when it is not a
+// JSON object.
+absl::StatusOr<nlohmann::ordered_json> ReadHfInputConfig(
+    const std::string& input, const std::string& config_file, std::string* config_path,
+    absl::string_view as_what = kImportAsMegatronLm);
+
+// Whether `model` is a Hugging Face model ImportHfAsMegatron takes: one safetensors model, or
+// one torch.save model whose files are save_pretrained's (IsHuggingFaceWeightName).
 bool IsHfImportInput(const InputModel& model);
 
 // OutputFormat::PresentInput of the outputs that write Megatron checkpoints (megatron,
 // megatron-torch-dist): when `model` is a Hugging Face model (IsHfImportInput), reads the
-// config.json beside `input` and replaces `catalog` with ImportHfAsMegatron's Megatron-LM
+// config.json beside `input` (or `hf.config_file`), takes the family `hf.family` names
+// (empty or "auto": config.json's) and replaces `catalog` with ImportHfAsMegatron's Megatron-LM
 // model, `model.training_state` with its args (recording `tensor_parallel` x
 // `pipeline_parallel`), `model.default_rules` with its rules, and adds to `model.description`
 // which family was imported as `as_what` (kImportAsMegatronLm, kImportAsTorchDist); returns
@@ -159,10 +169,12 @@ bool IsHfImportInput(const InputModel& model);
 // element, read window by window (FirstDifferingElement, lib/exec/tensor_compare.h): a
 // difference is InvalidArgument naming both tensors, the head's file and the first element
 // that differs. Returns false, changing nothing, for any other input. The other errors are
-// ReadHfInputConfig's and ImportHfAsMegatron's.
+// ReadHfInputConfig's and ImportHfAsMegatron's, and InvalidArgument listing the families for
+// an `hf.family` that is none of them.
 absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tensor_parallel,
                                               int pipeline_parallel, absl::string_view as_what,
-                                              InputModel& model, Catalog& catalog);
+                                              const HfExportOptions& hf, InputModel& model,
+                                              Catalog& catalog);
 
 }  // namespace reshard
 

@@ -441,7 +441,7 @@ TEST(HfImportTest, PresentHfModelAsMegatron) {
   model.description = "safetensors, one model";
   Catalog catalog = hf.catalog();
   auto presented = PresentHfModelAsMegatron(folder + "/model.safetensors", 2, 1, "Megatron-Core",
-                                            model, catalog);
+                                            HfExportOptions{}, model, catalog);
   ASSERT_TRUE(presented.ok()) << presented.status();
   EXPECT_TRUE(*presented);
   EXPECT_EQ(model.description,
@@ -469,7 +469,8 @@ TEST(HfImportTest, PresentHfModelAsMegatron) {
   torch_model.format = "torch";
   torch_model.parts = {hf.catalog()};
   Catalog unchanged = hf.catalog();
-  presented = PresentHfModelAsMegatron(folder, 1, 1, "Megatron-LM", torch_model, unchanged);
+  presented = PresentHfModelAsMegatron(folder, 1, 1, "Megatron-LM", HfExportOptions{},
+                                       torch_model, unchanged);
   ASSERT_TRUE(presented.ok()) << presented.status();
   EXPECT_FALSE(*presented);
   EXPECT_GE(unchanged.Find("model.embed_tokens.weight"), 0);
@@ -478,7 +479,8 @@ TEST(HfImportTest, PresentHfModelAsMegatron) {
   // A safetensors model without config.json beside it: InvalidArgument naming the file.
   const std::string bare = MakeTempDir("hf_present_bare");
   Catalog bare_catalog = hf.catalog();
-  presented = PresentHfModelAsMegatron(bare, 1, 1, "Megatron-LM", model, bare_catalog);
+  presented = PresentHfModelAsMegatron(bare, 1, 1, "Megatron-LM", HfExportOptions{}, model,
+                                       bare_catalog);
   EXPECT_EQ(presented.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(presented.status().message().find(bare + "/config.json not found"), std::string::npos)
       << presented.status();
@@ -512,7 +514,7 @@ TEST(HfImportTest, SavedHeadOfATiedModelMustEqualTheEmbedding) {
     model.parts = {weights};
     Catalog catalog = weights;
     absl::StatusOr<bool> done =
-        PresentHfModelAsMegatron(folder, 1, 1, kImportAsMegatronLm, model, catalog);
+        PresentHfModelAsMegatron(folder, 1, 1, kImportAsMegatronLm, HfExportOptions{}, model, catalog);
     if (!done.ok()) return done.status();
     return catalog;
   };
@@ -539,6 +541,110 @@ TEST(HfImportTest, SavedHeadOfATiedModelMustEqualTheEmbedding) {
                                      weights.Find("model.embed_tokens.weight"), 256);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(*first, std::optional<int64_t>(1234));
+}
+
+// An InputModel of `catalog` in `format` whose one part's files are `paths`.
+InputModel ModelOfFiles(const std::string& format, const Catalog& catalog,
+                        const std::vector<std::string>& paths) {
+  InputModel model;
+  model.format = format;
+  model.parts = {catalog};
+  model.parts[0].files.clear();
+  for (const std::string& path : paths) model.parts[0].files.push_back({path, 64});
+  return model;
+}
+
+// --config FILE stands in for a folder without config.json; --family reads the weights as that
+// family whatever config.json's model_type and architectures say.
+TEST(HfImportTest, ConfigFileAndFamilyOverride) {
+  Llama m;
+  HfCatalog hf = LlamaTensors(m);
+  const std::string bare = MakeTempDir("hf_present_override");
+  const std::string config_file = MakeTempDir("hf_present_override_config") + "/llama.json";
+  Json config = LlamaConfig(m, "falcon");
+  config["architectures"] = {"FalconForCausalLM"};
+  WriteAll(config_file, config.dump());
+
+  InputModel model = ModelOfFiles("safetensors", hf.catalog(), {bare + "/model.safetensors"});
+  Catalog catalog = hf.catalog();
+  HfExportOptions options;
+  options.config_file = config_file;
+  options.family = "mistral";
+  auto presented =
+      PresentHfModelAsMegatron(bare, 1, 1, "Megatron-LM", options, model, catalog);
+  ASSERT_TRUE(presented.ok()) << presented.status();
+  EXPECT_TRUE(*presented);
+  EXPECT_EQ(model.training_state.Value(kHfImportFamilyKey)->text, "mistral");
+  EXPECT_EQ(Tensor(catalog, kLayer0 + "self_attention.query_key_value.weight").shape,
+            (Shape{16, 8}));
+
+  // Without --family, the config's model_type decides, and "falcon" is none of the families.
+  options.family = "auto";
+  Catalog again = hf.catalog();
+  presented = PresentHfModelAsMegatron(bare, 1, 1, "Megatron-LM", options, model, again);
+  EXPECT_EQ(presented.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(presented.status().message(),
+            absl::StrCat(config_file,
+                         " describes a model of model_type \"falcon\" (architectures "
+                         "\"FalconForCausalLM\"), which is none of the families reshard imports "
+                         "into Megatron-LM: llama, mistral, qwen2, qwen3, gpt2 (--family F reads "
+                         "the weights as one of them)"));
+}
+
+TEST(HfImportTest, UnknownFamilyListsTheFamilies) {
+  Llama m;
+  HfCatalog hf = LlamaTensors(m);
+  const std::string folder = MakeTempDir("hf_present_unknown");
+  WriteAll(folder + "/config.json", LlamaConfig(m, "llama").dump());
+  InputModel model = ModelOfFiles("safetensors", hf.catalog(), {folder + "/model.safetensors"});
+  Catalog catalog = hf.catalog();
+  HfExportOptions options;
+  options.family = "falcon";
+  auto presented =
+      PresentHfModelAsMegatron(folder, 1, 1, "Megatron-LM", options, model, catalog);
+  EXPECT_EQ(presented.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(presented.status().message(),
+            "--family falcon: unknown model family; the families reshard imports into "
+            "Megatron-LM are llama, mistral, qwen2, qwen3, gpt2 (--family auto, the default, "
+            "takes config.json's model_type, else its architectures)");
+}
+
+// A --config whose sizes the tensors do not have: refused naming the tensor, both shapes and
+// the file.
+TEST(HfImportTest, ConfigFileDisagreeingWithShapes) {
+  Llama m;
+  HfCatalog hf = LlamaTensors(m);
+  const std::string folder = MakeTempDir("hf_present_disagree");
+  WriteAll(folder + "/config.json", LlamaConfig(m, "llama").dump());
+  Llama wider = m;
+  wider.ffn = 7;
+  const std::string config_file = folder + "/other.json";
+  WriteAll(config_file, LlamaConfig(wider, "llama").dump());
+  InputModel model = ModelOfFiles("safetensors", hf.catalog(), {folder + "/model.safetensors"});
+  Catalog catalog = hf.catalog();
+  HfExportOptions options;
+  options.config_file = config_file;
+  auto presented =
+      PresentHfModelAsMegatron(folder, 1, 1, "Megatron-LM", options, model, catalog);
+  EXPECT_EQ(presented.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(presented.status().message(),
+            absl::StrCat("tensor \"model.layers.0.mlp.gate_proj.weight\" has shape [6, 8], but ",
+                         config_file, " makes it [7, 8]"));
+}
+
+// save_pretrained(safe_serialization=False)'s torch.save files are a Hugging Face model; other
+// torch.save files are not.
+TEST(HfImportTest, PytorchModelBinIsAHuggingFaceModel) {
+  Llama m;
+  HfCatalog hf = LlamaTensors(m);
+  EXPECT_TRUE(IsHfImportInput(ModelOfFiles("torch", hf.catalog(), {"/in/pytorch_model.bin"})));
+  EXPECT_TRUE(IsHfImportInput(ModelOfFiles(
+      "torch", hf.catalog(),
+      {"/in/pytorch_model-00001-of-00002.bin", "/in/pytorch_model-00002-of-00002.bin"})));
+  EXPECT_FALSE(IsHfImportInput(ModelOfFiles("torch", hf.catalog(), {"/in/model.pt"})));
+  EXPECT_FALSE(IsHfImportInput(
+      ModelOfFiles("torch", hf.catalog(), {"/in/pytorch_model.bin", "/in/extra.bin"})));
+  EXPECT_TRUE(IsHfImportInput(ModelOfFiles("safetensors", hf.catalog(), {"/in/x.safetensors"})));
 }
 
 }  // namespace

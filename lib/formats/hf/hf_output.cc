@@ -12,6 +12,7 @@
 #include "lib/core/status.h"
 #include "lib/formats/hf/hf_config.h"
 #include "lib/formats/hf/hf_family.h"
+#include "lib/formats/hf/model_files.h"
 #include "lib/plan/layout_builders.h"
 #include "nlohmann/json.hpp"
 
@@ -156,6 +157,9 @@ bool IsMegatron(const InputModel& model) {
 }  // namespace
 
 std::string WithHfFamilyNote(const InputModel& model, const Catalog& catalog) {
+  if (const std::string folder = SavePretrainedFormatName(model); !folder.empty()) {
+    return DescribeInputModel(model, folder);
+  }
   if (!IsMegatron(model) || catalog.tensors.empty()) return model.description;
   absl::StatusOr<ScannedModel> scanned = Scan(model, catalog);
   if (!scanned.ok()) return model.description;

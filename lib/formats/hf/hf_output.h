@@ -69,8 +69,10 @@ class HfOutput : public OutputFormat {
 
 // For `inspect` of a Megatron checkpoint whose merged model is `catalog`: model.description
 // with the family `--family auto` picks and why ("...; --format hf --family auto: qwen2 (a QKV
-// bias)"). The description unchanged for other input, an empty catalog, or when a tensor has
-// no HF counterpart.
+// bias)"). For a Hugging Face model folder (IsSavePretrainedModel): the description naming it
+// so ("Hugging Face model folder (torch.save files), one model in 3 shards"). The description
+// unchanged for other input, an empty catalog, or when a tensor has no HF counterpart. Only
+// inspect's: the manifest keeps the reader's description.
 std::string WithHfFamilyNote(const InputModel& model, const Catalog& catalog);
 
 }  // namespace reshard

@@ -34,17 +34,6 @@ constexpr absl::string_view kOtherModelNames[] = {
     "README.md",   "USE_POLICY.md",
 };
 
-// Names of the weight files `save_pretrained` writes (safetensors or torch.save).
-bool IsHuggingFaceWeightName(absl::string_view name) {
-  if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
-      name == "pytorch_model.bin" || name == "pytorch_model.bin.index.json") {
-    return true;
-  }
-  static const LazyRE2 kShard = {
-      R"((model-\d+-of-\d+\.safetensors)|(pytorch_model-\d+-of-\d+\.bin))"};
-  return RE2::FullMatch(re2::StringPiece(name.data(), name.size()), *kShard);
-}
-
 // `path` without trailing '/' (a key prefix "s3://b/model/" names folder "s3://b/model").
 std::string WithoutTrailingSlash(std::string path) {
   while (path.size() > 1 && absl::EndsWith(path, "/") && !absl::EndsWith(path, "://")) {
@@ -150,6 +139,35 @@ absl::string_view TorchDtypeName(DTypePolicy dtype) {
 }
 
 }  // namespace
+
+bool IsHuggingFaceWeightName(absl::string_view name) {
+  if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
+      name == "pytorch_model.bin" || name == "pytorch_model.bin.index.json") {
+    return true;
+  }
+  static const LazyRE2 kShard = {
+      R"((model-\d+-of-\d+\.safetensors)|(pytorch_model-\d+-of-\d+\.bin))"};
+  return RE2::FullMatch(re2::StringPiece(name.data(), name.size()), *kShard);
+}
+
+bool IsSavePretrainedModel(const InputModel& model) {
+  if (model.parts.size() != 1 || model.parts[0].files.empty()) return false;
+  const absl::string_view suffix = model.format == "safetensors" ? ".safetensors"
+                                   : model.format == "torch"     ? ".bin"
+                                                                 : "";
+  if (suffix.empty()) return false;
+  return std::all_of(model.parts[0].files.begin(), model.parts[0].files.end(),
+                     [&](const SourceFile& file) {
+                       const std::string name = NameOf(file.path);
+                       return absl::EndsWith(name, suffix) && IsHuggingFaceWeightName(name);
+                     });
+}
+
+std::string SavePretrainedFormatName(const InputModel& model) {
+  if (!IsSavePretrainedModel(model)) return "";
+  return absl::StrCat("Hugging Face model folder (",
+                      model.format == "torch" ? "torch.save" : "safetensors", " files)");
+}
 
 bool IsTokenizerFileName(absl::string_view name) {
   return std::find(std::begin(kTokenizerNames), std::end(kTokenizerNames), name) !=

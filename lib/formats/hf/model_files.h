@@ -45,6 +45,19 @@ struct ModelFile {
 // README.md, USE_POLICY.md, and LICENSE* (LICENSE, LICENSE.txt, ...).
 bool IsModelFileName(absl::string_view name);
 
+// Whether `name` is a weight file or index `save_pretrained` writes: model.safetensors,
+// model-*-of-*.safetensors, model.safetensors.index.json (safetensors), pytorch_model.bin,
+// pytorch_model-*-of-*.bin, pytorch_model.bin.index.json (torch.save, safe_serialization=False).
+bool IsHuggingFaceWeightName(absl::string_view name);
+
+// Whether `model` is one model whose files are all save_pretrained's weight files of its format
+// (safetensors: model*.safetensors; torch: pytorch_model*.bin): a Hugging Face model folder.
+bool IsSavePretrainedModel(const InputModel& model);
+
+// "Hugging Face model folder (torch.save files)", "... (safetensors files)": how `inspect`
+// names a model IsSavePretrainedModel accepts; empty for any other.
+std::string SavePretrainedFormatName(const InputModel& model);
+
 // Whether `name` is a tokenizer file: tokenizer.json, tokenizer_config.json,
 // special_tokens_map.json, tokenizer.model, vocab.json, merges.txt, vocab.txt,
 // added_tokens.json, chat_template.jinja, chat_template.json.

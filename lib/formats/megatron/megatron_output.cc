@@ -556,8 +556,8 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
 }
 
 absl::StatusOr<bool> MegatronOutput::PresentInput(const std::string& input, int parts,
-                                                  int pipeline_parts, InputModel& model,
-                                                  Catalog& catalog) const {
+                                                  int pipeline_parts, const HfExportOptions& hf,
+                                                  InputModel& model, Catalog& catalog) const {
   if (model.format == kTorchDistId) {
     // Megatron-Core's names (layers unstacked by the reader) as Megatron-LM's; the tensors hold
     // the same values (the global QKV in query groups, the gated fc1 as [gate; up]), and the
@@ -576,7 +576,7 @@ absl::StatusOr<bool> MegatronOutput::PresentInput(const std::string& input, int 
     model.description = absl::StrCat(model.description, "; Megatron-Core names as Megatron-LM's");
     return true;
   }
-  return PresentHfModelAsMegatron(input, parts, pipeline_parts, kImportAsMegatronLm, model,
+  return PresentHfModelAsMegatron(input, parts, pipeline_parts, kImportAsMegatronLm, hf, model,
                                   catalog);
 }
 

@@ -114,7 +114,8 @@ class MegatronOutput : public OutputFormat {
   // merged Megatron-LM model of the same weights, with the args of such a run
   // (ImportHfAsMegatron, lib/formats/hf/hf_import.h); other input is left as it is.
   absl::StatusOr<bool> PresentInput(const std::string& input, int parts, int pipeline_parts,
-                                    InputModel& model, Catalog& catalog) const override;
+                                    const HfExportOptions& hf, InputModel& model,
+                                    Catalog& catalog) const override;
   // torch.save files, framed by the torch writer from each file's structure.
   absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const override;
   // latest_checkpointed_iteration.txt, naming the iteration folder the files are in.

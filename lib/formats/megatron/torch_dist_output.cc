@@ -347,9 +347,9 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
 }
 
 absl::StatusOr<bool> TorchDistOutput::PresentInput(const std::string& input, int parts,
-                                                   int pipeline_parts, InputModel& model,
-                                                   Catalog& catalog) const {
-  return PresentHfModelAsMegatron(input, parts, pipeline_parts, kImportAsTorchDist, model,
+                                                   int pipeline_parts, const HfExportOptions& hf,
+                                                   InputModel& model, Catalog& catalog) const {
+  return PresentHfModelAsMegatron(input, parts, pipeline_parts, kImportAsTorchDist, hf, model,
                                   catalog);
 }
 

@@ -21,9 +21,10 @@
 // IN is what the megatron readers give (Megatron-LM and Megatron-DeepSpeed TP x PP, merged:
 // TP shards joined, global layer numbers; Megatron-DeepSpeed pipeline names first mapped to
 // Megatron-LM's), the torch_dist reader's model (layers unstacked), or a Hugging Face model
-// (one safetensors model and its config.json) that PresentInput presents as the merged
-// Megatron-LM model with its args (PresentHfModelAsMegatron, lib/formats/hf/hf_import.h: TP N,
-// PP P, a release checkpoint; messages say "Megatron-Core torch_dist"). Every tensor is named by
+// (one safetensors or save_pretrained torch.save model and its config.json) that PresentInput
+// presents as the merged Megatron-LM model with its args (PresentHfModelAsMegatron,
+// lib/formats/hf/hf_import.h: TP N, PP P, a release checkpoint; messages say "Megatron-Core
+// torch_dist"). Every tensor is named by
 // MegatronCoreName (megatron_core_names.h): the keys and global shapes of Megatron-Core's GPTModel
 // `sharded_state_dict`, flat (DCP fqn = key), a layer's tensors stacked under
 // `decoder.layers.<rest>` with a leading axis over all num_layers layers (pipeline stages
@@ -92,7 +93,8 @@ class TorchDistOutput : public OutputFormat {
   // `pipeline_parts` (PresentHfModelAsMegatron, lib/formats/hf/hf_import.h, as
   // kImportAsTorchDist); other input is left as it is.
   absl::StatusOr<bool> PresentInput(const std::string& input, int parts, int pipeline_parts,
-                                    InputModel& model, Catalog& catalog) const override;
+                                    const HfExportOptions& hf, InputModel& model,
+                                    Catalog& catalog) const override;
   // common.pt by the torch writer, the `.distcp` files by DcpOutput.
   absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const override;
   // `.metadata`, metadata.json, latest_checkpointed_iteration.txt.

@@ -318,7 +318,7 @@ TEST(TorchDistOutputTest, HfImportMessagesNameMegatronCoreTorchDist) {
   const TorchDistOutput output;
 
   Catalog presented = catalog;
-  absl::StatusOr<bool> done = output.PresentInput(folder, 1, 1, model, presented);
+  absl::StatusOr<bool> done = output.PresentInput(folder, 1, 1, HfExportOptions{}, model, presented);
   ASSERT_EQ(done.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(done.status().message(),
             absl::StrCat(folder, "/config.json not found: a Hugging Face model is imported into "
@@ -328,7 +328,7 @@ TEST(TorchDistOutputTest, HfImportMessagesNameMegatronCoreTorchDist) {
 
   WriteAll(folder + "/config.json",
            R"({"model_type": "falcon", "architectures": ["FalconForCausalLM"]})");
-  done = output.PresentInput(folder, 1, 1, model, presented);
+  done = output.PresentInput(folder, 1, 1, HfExportOptions{}, model, presented);
   ASSERT_EQ(done.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(done.status().message().find(
                 "which is none of the families reshard imports into Megatron-Core torch_dist: "),

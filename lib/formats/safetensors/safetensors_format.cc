@@ -40,21 +40,12 @@ absl::StatusOr<FileCatalog> ReadOne(const std::string& dir, const std::string& n
 
 absl::StatusOr<InputModel> ReadIndexedFolder(const std::string& dir) {
   const std::string index_path = absl::StrCat(dir, "/", kSafetensorsIndexName);
-  ASSIGN_OR_RETURN(auto weight_map, ReadWeightMap(index_path));
-  std::vector<std::string> names;
-  for (const auto& [tensor, file] : weight_map) {
-    if (std::find(names.begin(), names.end(), file) == names.end()) names.push_back(file);
-  }
-  std::sort(names.begin(), names.end(), NaturalLess);
-  ASSIGN_OR_RETURN(std::vector<FileCatalog> files,
-                   ReadFolderFiles(dir, names, index_path, ReadOne));
-  return AssembleIndexedFolder(SafetensorsInput::kId, dir, index_path, weight_map,
-                               std::move(files));
+  return ReadIndexedFolder(SafetensorsInput::kId, dir, index_path, ReadOne);
 }
 
 absl::StatusOr<InputModel> ReadPlainFolder(const std::string& dir) {
   ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(dir, {".safetensors"}));
-  ASSIGN_OR_RETURN(std::vector<FileCatalog> files, ReadFolderFiles(dir, names, "", ReadOne));
+  ASSIGN_OR_RETURN(std::vector<FileCatalog> files, ReadFolderFiles(dir, names, ReadOne));
   return AssembleFolder(SafetensorsInput::kId, dir, std::move(files));
 }
 

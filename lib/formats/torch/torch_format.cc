@@ -263,19 +263,9 @@ absl::StatusOr<InputModel> ReadTorchModel(const std::string& path) {
   }
   const std::string index_path = absl::StrCat(path, "/", kTorchIndexName);
   ASSIGN_OR_RETURN(const bool indexed, CheckInputExists(index_path));
-  if (indexed) {
-    ASSIGN_OR_RETURN(auto weight_map, ReadWeightMap(index_path));
-    std::vector<std::string> names;
-    for (const auto& [tensor, file] : weight_map) {
-      if (std::find(names.begin(), names.end(), file) == names.end()) names.push_back(file);
-    }
-    std::sort(names.begin(), names.end(), NaturalLess);
-    ASSIGN_OR_RETURN(std::vector<FileCatalog> files,
-                     ReadFolderFiles(path, names, index_path, ReadOneFile));
-    return AssembleIndexedFolder(TorchInput::kId, path, index_path, weight_map, std::move(files));
-  }
+  if (indexed) return ReadIndexedFolder(TorchInput::kId, path, index_path, ReadOneFile);
   ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(path, kTorchSuffixes));
-  ASSIGN_OR_RETURN(std::vector<FileCatalog> files, ReadFolderFiles(path, names, "", ReadOneFile));
+  ASSIGN_OR_RETURN(std::vector<FileCatalog> files, ReadFolderFiles(path, names, ReadOneFile));
   return AssembleFolder(TorchInput::kId, path, std::move(files));
 }
 
