@@ -286,9 +286,8 @@ OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
   }
   const uint64_t files = std::max<uint64_t>(
       1, std::min(plan.files.size(), files_at_once * static_cast<size_t>(std::max(spec.threads, 1))));
-  // At most kOutputMemoryCap: the local estimate counts more than the executor holds, while
-  // the writers' parts in flight are all held.
-  const uint64_t budget = std::min(local, kOutputMemoryCap);
+  // At most what the cap leaves once the process's own memory is set aside (kProcessMemory).
+  const uint64_t budget = std::min(local, kOutputMemoryCap - kProcessMemory);
   constexpr uint64_t kSmallestWindow = 1ull << 20;
   const uint64_t smallest = std::min(spec.window_bytes, kSmallestWindow);
   bool found = false;

@@ -129,20 +129,26 @@ struct PlannedConversion {
   uint64_t writer_budget = 0;
 };
 
-// The most memory ShareOutputMemory accounts to a conversion's window and writers together.
-// EstimateExecutionMemory counts more than the executor holds (each worker's span twice, the
-// source pages of a fill); that margin covers the rest of the process, so that a conversion
-// into s3:// peaks near the 64 MiB of RSS conversions hold to, as a local output does.
+// The peak RSS a conversion holds to (kOutputMemoryCap), and what its process holds besides
+// the executor's window and the output's writers (kProcessMemory): the resident pages of
+// reshardctl and its libraries, heaps, thread stacks and the S3 client's connections, about
+// 24 MiB in a conversion into s3://. ShareOutputMemory gives the window and the writers the
+// difference. EstimateExecutionMemory counts more than the executor holds (each worker's span
+// twice, the source pages of a fill), but that margin shrinks with the window while the
+// process's own memory does not, and the writers' parts are all held: so the process's
+// memory is set aside rather than left to the margin.
 inline constexpr uint64_t kOutputMemoryCap = 64ull << 20;
+inline constexpr uint64_t kProcessMemory = 24ull << 20;
 
 // How a conversion writing into `driver` shares its memory between the executor's window and
 // the driver's writers (S3: each upload's parts in flight). The budget is what the execution
 // of `plan` with the window of `spec` needs (EstimateExecutionMemory), at most
-// kOutputMemoryCap; the writers that are open at once and the executor's window fit in it
-// together: the window shrinks (halving, down to 1 MiB) while that gives the writers more (S3:
-// more parts in flight), and each writer gets an equal share of the rest. `memory_bytes` is
-// the execution's and the writers' memory together. A driver whose writers hold nothing keeps
-// the window of `spec`.
+// kOutputMemoryCap - kProcessMemory; the writers that are open at once and the executor's
+// window fit in it together: the window shrinks (halving, down to 1 MiB) while that gives the
+// writers more (S3: more parts in flight, or parts of 8 MiB instead of 5 MiB), and each writer
+// gets an equal share of the rest. When even the 1 MiB window and the writers' least do not
+// fit, they are taken. `memory_bytes` is the execution's and the writers' memory together. A
+// driver whose writers hold nothing keeps the window of `spec`.
 struct OutputMemory {
   uint64_t window_bytes = 0;
   uint64_t writer_budget = 0;

@@ -569,16 +569,16 @@ TEST_F(EngineTest, RemotePathsAreRefusedNotWrittenLocally) {
 }
 
 // The plan of an s3:// output counts the upload parts each data file written at once holds
-// (S3ObjectWriter, 8 MiB each) within the memory a local output of the same conversion would
-// use (ShareOutputMemory); a model this small leaves the writers no room beyond that, so each
-// holds its least: one part in flight and the one filling.
+// (S3ObjectWriter) within the memory a local output of the same conversion would use
+// (ShareOutputMemory); a model this small leaves the writers no room beyond that, so each
+// holds its least: one part in flight and the one filling, of S3's least part size (5 MiB).
 TEST_F(EngineTest, PlanOfAnObjectStoreOutputCountsTheUploads) {
   auto local = PlanConversion(Consolidate(input_, root_ + "/out"));
   ASSERT_TRUE(local.ok()) << local.status();
   auto remote = PlanConversion(Consolidate(input_, "s3://bucket/out"));
   ASSERT_TRUE(remote.ok()) << remote.status();
   const uint64_t files_at_once = std::min<uint64_t>(2, remote->plan.files.size());
-  EXPECT_EQ(remote->memory_bytes - local->memory_bytes, files_at_once * 2 * (8ull << 20));
+  EXPECT_EQ(remote->memory_bytes - local->memory_bytes, files_at_once * 2 * (5ull << 20));
 }
 
 }  // namespace

@@ -363,17 +363,18 @@ TEST(MemoryOutputTest, FinishedOutputIsRefusedWithoutOverwrite) {
 }
 
 // The plan of a consolidation into s3:// with 20 MB shards of WriteModel(rows, cols), and the
-// memory ShareOutputMemory accounts for: the execution with the planned window and two open
-// uploads of the first file's size with the planned writer budget (8 MiB parts, what fits in
-// flight). `local` is the estimate of the execution with the spec's window.
+// memory ShareOutputMemory accounts for: the execution with the planned window and an open
+// upload per thread of the first file's size with the planned writer budget (the parts in flight that
+// fit, and the one filling). `local` is the estimate of the execution with the spec's window.
 struct S3Memory {
   PlannedConversion planned;
   uint64_t local = 0;
   uint64_t accounted = 0;
 };
-absl::StatusOr<S3Memory> PlanS3Memory(int64_t rows, int64_t cols) {
+absl::StatusOr<S3Memory> PlanS3Memory(int64_t rows, int64_t cols, int threads = 2) {
   ConversionSpec spec = Consolidate(WriteModel(rows, cols), "s3://models/out");
   spec.max_shard_size = 20'000'000;
+  spec.threads = threads;
   absl::StatusOr<PlannedConversion> planned = PlanConversion(spec);
   if (!planned.ok()) return planned.status();
   S3Memory memory;
@@ -384,7 +385,8 @@ absl::StatusOr<S3Memory> PlanS3Memory(int64_t rows, int64_t cols) {
   shrunk.window_bytes = memory.planned.window_bytes;
   const uint64_t per_upload = S3ObjectWriter::MemoryBound(
       S3ObjectWriter::OptionsFor(plan.files[0].bytes, memory.planned.writer_budget));
-  memory.accounted = EstimateExecutionMemory(plan, shrunk) + 2 * per_upload;
+  memory.accounted = EstimateExecutionMemory(plan, shrunk) +
+                     std::min<uint64_t>(plan.files.size(), threads) * per_upload;
   return memory;
 }
 
@@ -400,16 +402,31 @@ TEST(ObjectStoreMemoryTest, WindowAndUploadBuffersFitTheBudget) {
 }
 
 // The accounted memory of a conversion into s3:// (the executor's window and every open
-// upload's parts) stays within kOutputMemoryCap, though the execution alone with the window of
-// the spec is estimated above it.
+// upload's parts) stays within what kOutputMemoryCap leaves beside the process's own memory,
+// though the execution alone with the window of the spec is estimated above that.
 TEST(ObjectStoreMemoryTest, AccountedMemoryStaysWithinTheCap) {
-  // Four 16 MiB fp32 tensors: four 16 MiB data files, two written at once.
+  // Four 16 MiB fp32 tensors: four 16 MiB data files, one written at a time.
+  absl::StatusOr<S3Memory> memory = PlanS3Memory(2048, 2048, /*threads=*/1);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  ASSERT_EQ(memory->planned.plan.files.size(), 4u);
+  ASSERT_GT(memory->local, kOutputMemoryCap - kProcessMemory);
+  EXPECT_EQ(memory->planned.memory_bytes, memory->accounted);
+  EXPECT_LE(memory->accounted, kOutputMemoryCap - kProcessMemory);
+}
+
+// Two 16 MiB files written at once leave no room beyond the least in what the cap leaves
+// beside the process's own memory: the smallest window (1 MiB), and each upload one part of
+// S3's least size in flight and one filling.
+TEST(ObjectStoreMemoryTest, TightBudgetTakesTheLeastWindowAndParts) {
   absl::StatusOr<S3Memory> memory = PlanS3Memory(2048, 2048);
   ASSERT_TRUE(memory.ok()) << memory.status();
   ASSERT_EQ(memory->planned.plan.files.size(), 4u);
-  ASSERT_GT(memory->local, kOutputMemoryCap);
+  EXPECT_EQ(memory->planned.window_bytes, 1u << 20);
+  const S3ObjectWriter::Options upload = S3ObjectWriter::OptionsFor(
+      memory->planned.plan.files[0].bytes, memory->planned.writer_budget);
+  EXPECT_EQ(upload.part_bytes, S3Client::kMinPartBytes);
+  EXPECT_EQ(upload.parts_in_flight, 1);
   EXPECT_EQ(memory->planned.memory_bytes, memory->accounted);
-  EXPECT_LE(memory->accounted, kOutputMemoryCap);
 }
 
 }  // namespace

@@ -165,6 +165,20 @@ class S3OutputTest(unittest.TestCase):
         for name, tensor in want.items():
             self.assertEqual(got[name].raw(), tensor.raw(), name)
 
+    def test_peak_rss_leaves_the_cap_a_margin(self):
+        # The window and the uploads' parts share what kOutputMemoryCap (64 MiB) leaves once the
+        # process's own memory (kProcessMemory) is set aside: the whole process peaks below
+        # 60 MiB (GNU time's maximum resident set, of reshardctl alone).
+        with tempfile.NamedTemporaryFile(mode="r") as rss:
+            proc = subprocess.run(
+                ["/usr/bin/time", "-f", "%M", "-o", rss.name, ARGS.reshardctl, "consolidate",
+                 self.src, "s3://%s/rss" % BUCKET, "--max-shard-size", SHARD, "--no-progress"],
+                env=s3_env(), capture_output=True, text=True, timeout=600)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            peak = int(rss.read().split()[-1]) * 1024
+        sys.stderr.write("consolidate into s3://: peak RSS %.1f MiB\n" % (peak / 2**20))
+        self.assertLess(peak, 60 << 20, "peak RSS %.1f MiB" % (peak / 2**20))
+
     def test_non_empty_prefix_is_refused_and_overwrite_replaces_it(self):
         prefix = "busy"
         self.s3.put_object(Bucket=BUCKET, Key=prefix + "/notes.txt", Body=b"keep me")

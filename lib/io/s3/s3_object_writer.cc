@@ -54,6 +54,13 @@ S3ObjectWriter::Options S3ObjectWriter::OptionsFor(uint64_t object_bytes,
   const uint64_t fitting = (object_bytes + S3Client::kMaxParts - 1) / S3Client::kMaxParts;
   options.part_bytes = std::max(options.part_bytes, (fitting + kMiB - 1) / kMiB * kMiB);
   if (memory_budget > 0) {
+    // A budget that does not hold the default parts in flight of 8 MiB gets parts of S3's
+    // least size: more requests per object, but a writer's least (one part in flight, one
+    // filling) is 10 MiB instead of 16.
+    if (memory_budget < MemoryBound(options)) {
+      const uint64_t smallest = (S3Client::kMinPartBytes + kMiB - 1) / kMiB * kMiB;
+      options.part_bytes = std::max(smallest, (fitting + kMiB - 1) / kMiB * kMiB);
+    }
     // The part filling and the parts in flight share the budget.
     const uint64_t parts = memory_budget / options.part_bytes;
     options.parts_in_flight = static_cast<int>(

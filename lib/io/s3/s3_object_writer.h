@@ -57,8 +57,10 @@ class S3ObjectWriter final : public ByteWriter {
   };
 
   // Options for an object of `object_bytes`: parts of 8 MiB up to 78 GiB, beyond that of
-  // whole MiB that fit in S3Client::kMaxParts parts. With a `memory_budget` (> 0), as many
-  // parts in flight (up to the default 4, at least 1) as keep MemoryBound within it.
+  // whole MiB that fit in S3Client::kMaxParts parts. With a `memory_budget` (> 0) below
+  // MemoryBound of those options, parts of S3's least size (5 MiB; larger only where the
+  // object needs it to fit in kMaxParts parts); then as many parts in flight (up to the
+  // default 4, at least 1) as keep MemoryBound within the budget.
   static Options OptionsFor(uint64_t object_bytes, uint64_t memory_budget = 0);
   // The most memory a writer with `options` holds: the parts in flight and the one filling.
   static uint64_t MemoryBound(const Options& options) {

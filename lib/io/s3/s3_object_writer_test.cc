@@ -81,5 +81,22 @@ TEST(S3ObjectWriterTest, RefusesPartSizesS3Refuses) {
       S3ObjectWriter::Create(client.get(), "bucket", "key", none_in_flight).status()));
 }
 
+// A budget that holds the default 8 MiB parts with their 4 in flight keeps them; a tighter one
+// gets parts of S3's least size, as many in flight as fit beside the one filling.
+TEST(S3ObjectWriterOptionsTest, TightBudgetsGetTheLeastPartSize) {
+  constexpr uint64_t kMiB = 1 << 20;
+  const S3ObjectWriter::Options roomy = S3ObjectWriter::OptionsFor(20'000'000, 40 * kMiB);
+  EXPECT_EQ(roomy.part_bytes, 8 * kMiB);
+  EXPECT_EQ(roomy.parts_in_flight, 4);
+  const S3ObjectWriter::Options tight = S3ObjectWriter::OptionsFor(20'000'000, 16 * kMiB);
+  EXPECT_EQ(tight.part_bytes, S3Client::kMinPartBytes);
+  EXPECT_EQ(tight.parts_in_flight, 2);
+  // Below the least, the least: one part in flight and one filling.
+  const S3ObjectWriter::Options least = S3ObjectWriter::OptionsFor(20'000'000, 1);
+  EXPECT_EQ(least.part_bytes, S3Client::kMinPartBytes);
+  EXPECT_EQ(least.parts_in_flight, 1);
+  EXPECT_EQ(S3ObjectWriter::MemoryBound(least), 2 * S3Client::kMinPartBytes);
+}
+
 }  // namespace
 }  // namespace reshard
