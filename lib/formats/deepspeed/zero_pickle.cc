@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "lib/formats/torch/torch_file.h"
 
 namespace reshard {
@@ -12,17 +13,26 @@ using Kind = PickleValue::Kind;
 
 std::optional<int64_t> ZeroStage(const PickleValue* value) {
   if (std::optional<int64_t> stage = PickleInt(value); stage.has_value()) return stage;
-  if (value == nullptr || value->kind != Kind::kObject || value->callable == nullptr ||
-      !value->callable->IsGlobal("builtins", "getattr") || value->args == nullptr ||
-      value->args->kind != Kind::kTuple || value->args->items.size() != 2 ||
-      value->args->items[0]->kind != Kind::kGlobal ||
-      value->args->items[0]->name != "ZeroStageEnum" ||
-      value->args->items[1]->kind != Kind::kString) {
+  // Python >= 3.11 pickles the member as getattr(ZeroStageEnum, "gradients"), which the pickle
+  // VM reads as the global "ZeroStageEnum.gradients" (a nested name); an object calling getattr
+  // is the same member as a VM without that reading would leave it.
+  std::string member;
+  if (value != nullptr && value->kind == Kind::kGlobal &&
+      absl::StartsWith(value->name, "ZeroStageEnum.")) {
+    member = value->name.substr(std::string("ZeroStageEnum.").size());
+  } else if (value != nullptr && value->kind == Kind::kObject && value->callable != nullptr &&
+             value->callable->IsGlobal("builtins", "getattr") && value->args != nullptr &&
+             value->args->kind == Kind::kTuple && value->args->items.size() == 2 &&
+             value->args->items[0]->kind == Kind::kGlobal &&
+             value->args->items[0]->name == "ZeroStageEnum" &&
+             value->args->items[1]->kind == Kind::kString) {
+    member = value->args->items[1]->text;
+  } else {
     return std::nullopt;
   }
   static const auto* const kNames = new std::map<std::string, int64_t>{
       {"disabled", 0}, {"optimizer_states", 1}, {"gradients", 2}, {"weights", 3}, {"max_stage", 3}};
-  auto it = kNames->find(value->args->items[1]->text);
+  auto it = kNames->find(member);
   if (it == kNames->end()) return std::nullopt;
   return it->second;
 }

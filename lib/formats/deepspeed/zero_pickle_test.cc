@@ -3,7 +3,9 @@
 #include <deque>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
+#include "lib/formats/torch/pickle.h"
 
 namespace reshard {
 namespace zero_internal {
@@ -61,6 +63,24 @@ TEST(ZeroStageTest, IntOrEnumMember) {
   EXPECT_FALSE(ZeroStage(v.StageByName("other")).has_value());
   EXPECT_FALSE(ZeroStage(v.String("3")).has_value());
   EXPECT_FALSE(ZeroStage(nullptr).has_value());
+}
+
+// The member as the pickle VM reads Python 3.11's getattr(ZeroStageEnum, "gradients"): one
+// global whose name is "ZeroStageEnum.gradients" (the VM's reading of getattr on a global).
+TEST(ZeroStageTest, EnumMemberReadByThePickleMachine) {
+  // protocol 2: getattr(deepspeed.runtime.zero.config.ZeroStageEnum, "gradients")
+  const std::string data = std::string("\x80\x02", 2) + "c__builtin__\ngetattr\n" +
+                           "cdeepspeed.runtime.zero.config\nZeroStageEnum\n" +
+                           std::string("X\x09\x00\x00\x00", 5) + "gradients" + "\x86" + "R.";
+  PickleArena arena;
+  absl::StatusOr<PickleValue*> value = ParsePickle(data, arena, PersistentLoad());
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(ZeroStage(*value), 2) << DescribePickleValue(*value);
+  Values v;
+  EXPECT_EQ(ZeroStage(v.Global("deepspeed.runtime.zero.config", "ZeroStageEnum.weights")), 3);
+  EXPECT_FALSE(
+      ZeroStage(v.Global("deepspeed.runtime.zero.config", "ZeroStageEnum.other")).has_value());
+  EXPECT_FALSE(ZeroStage(v.Global("deepspeed.runtime.zero.config", "ZeroStageEnum")).has_value());
 }
 
 TEST(IntKeyFieldTest, FindsIntKeysOnly) {

@@ -514,7 +514,8 @@ TEST(HfImportTest, SavedHeadOfATiedModelMustEqualTheEmbedding) {
     model.parts = {weights};
     Catalog catalog = weights;
     absl::StatusOr<bool> done =
-        PresentHfModelAsMegatron(folder, 1, 1, kImportAsMegatronLm, HfExportOptions{}, model, catalog);
+        PresentHfModelAsMegatron(folder, 1, 1, kImportAsMegatronLm, HfExportOptions{}, model,
+                                 catalog);
     if (!done.ok()) return done.status();
     return catalog;
   };

@@ -318,13 +318,14 @@ TEST(TorchDistOutputTest, HfImportMessagesNameMegatronCoreTorchDist) {
   const TorchDistOutput output;
 
   Catalog presented = catalog;
-  absl::StatusOr<bool> done = output.PresentInput(folder, 1, 1, HfExportOptions{}, model, presented);
+  absl::StatusOr<bool> done =
+      output.PresentInput(folder, 1, 1, HfExportOptions{}, model, presented);
   ASSERT_EQ(done.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(done.status().message(),
             absl::StrCat(folder, "/config.json not found: a Hugging Face model is imported into "
                          "Megatron-Core torch_dist with the config.json save_pretrained writes "
-                         "beside the weights (sizes, heads, vocabulary); other input must be a "
-                         "Megatron checkpoint"));
+                         "beside the weights (sizes, heads, vocabulary), or the one --config "
+                         "FILE names; other input must be a Megatron checkpoint"));
 
   WriteAll(folder + "/config.json",
            R"({"model_type": "falcon", "architectures": ["FalconForCausalLM"]})");
