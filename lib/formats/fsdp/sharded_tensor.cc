@@ -88,10 +88,12 @@ bool IsShardedTensorStateDictGlobal(const std::string& module, const std::string
   if (module == kShardModule) return name == "Shard";
   if (module == kShardMetadataModule) return name == "ShardMetadata";
   if (module == kMetadataModule) {
-    // Python >= 3.11 pickles an Enum member as getattr(Enum, "MEMBER").
+    // Python >= 3.11 pickles an Enum member as getattr(Enum, "MEMBER"), which stays an inert
+    // object of builtins.getattr (allowed below) unless it is called.
     return name == "ShardedTensorMetadata" || name == "TensorProperties" ||
            name == "MEM_FORMAT_ENCODING" || absl::StartsWith(name, "MEM_FORMAT_ENCODING.");
   }
+  if (module == "builtins") return name == "getattr";
   if (module == kRemoteDeviceModule) return name == "_remote_device";
   if (module == "torch.distributed._shard.sharding_spec.chunk_sharding_spec") {
     return name == "ChunkShardingSpec";

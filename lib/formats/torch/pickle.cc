@@ -432,26 +432,36 @@ class Machine {
     return Push(it->second);
   }
 
+  // The class operand of REDUCE or NEWOBJ: a global as it is, or getattr(<global
+  // module.Outer>, "Inner"), how protocol 2 pickles a nested class such as
+  // ShardedTensor.ProcessGroupState (pickle.py save_global), read as the global
+  // module."Outer.Inner" that protocol 4 names directly; readers check it against their allowed
+  // globals like any other, and nothing is looked up. Null for anything else. A getattr(...)
+  // that is not called stays the inert object it was built as (an Enum member since Python
+  // 3.11), so that outputs write it back as it was read.
+  absl::StatusOr<PickleValue*> AsClass(PickleValue* value) {
+    if (value->kind == Kind::kGlobal) return value;
+    if (value->kind != Kind::kObject || value->new_object || value->state != nullptr ||
+        value->callable == nullptr || !value->callable->IsGlobal("builtins", "getattr") ||
+        value->args == nullptr || value->args->kind != Kind::kTuple ||
+        value->args->items.size() != 2 || value->args->items[0]->kind != Kind::kGlobal ||
+        value->args->items[1]->kind != Kind::kString || value->args->items[1]->text.empty()) {
+      return nullptr;
+    }
+    const PickleValue* outer = value->args->items[0];
+    const std::string& attribute = value->args->items[1]->text;
+    RETURN_IF_ERROR(Charge(StringHeapBytes(outer->module.size()) +
+                           StringHeapBytes(outer->name.size() + 1 + attribute.size())));
+    ASSIGN_OR_RETURN(PickleValue * nested, New(Kind::kGlobal));
+    nested->module = outer->module;
+    nested->name = absl::StrCat(outer->name, ".", attribute);
+    return nested;
+  }
+
   // Calls `callable` with `args`: built-ins for the few globals that stand for data, an inert
   // object for anything else.
   absl::StatusOr<PickleValue*> Call(PickleValue* callable, PickleValue* args) {
     if (args->kind != Kind::kTuple) return Error("call arguments are not a tuple");
-    // getattr(<global module.Outer>, "Inner") is how protocol 2 pickles a nested class such as
-    // ShardedTensor.ProcessGroupState (pickle.py save_global); protocol 4 names the same class
-    // directly as the global module."Outer.Inner". Both give that one global, which readers
-    // check against their allowed globals like any other; nothing is looked up.
-    if (callable->IsGlobal("builtins", "getattr") && args->items.size() == 2 &&
-        args->items[0]->kind == Kind::kGlobal && args->items[1]->kind == Kind::kString &&
-        !args->items[1]->text.empty()) {
-      const PickleValue* outer = args->items[0];
-      const std::string& attribute = args->items[1]->text;
-      RETURN_IF_ERROR(Charge(StringHeapBytes(outer->module.size()) +
-                             StringHeapBytes(outer->name.size() + 1 + attribute.size())));
-      ASSIGN_OR_RETURN(PickleValue * nested, New(Kind::kGlobal));
-      nested->module = outer->module;
-      nested->name = absl::StrCat(outer->name, ".", attribute);
-      return nested;
-    }
     if (callable->IsGlobal("collections", "OrderedDict") && args->items.empty()) {
       ASSIGN_OR_RETURN(PickleValue * dict, New(Kind::kDict));
       dict->ordered = true;
@@ -683,17 +693,19 @@ class Machine {
       }
       case 'R': {  // REDUCE
         ASSIGN_OR_RETURN(PickleValue * args, Pop());
-        ASSIGN_OR_RETURN(PickleValue * callable, Pop());
-        if (callable->kind != Kind::kGlobal) {
-          return Error(absl::StrCat("REDUCE calls ", DescribePickleValue(callable)));
+        ASSIGN_OR_RETURN(PickleValue * operand, Pop());
+        ASSIGN_OR_RETURN(PickleValue * callable, AsClass(operand));
+        if (callable == nullptr) {
+          return Error(absl::StrCat("REDUCE calls ", DescribePickleValue(operand)));
         }
         ASSIGN_OR_RETURN(PickleValue * result, Call(callable, args));
         return Push(result);
       }
       case 0x81: {  // NEWOBJ: cls.__new__(cls, *args)
         ASSIGN_OR_RETURN(PickleValue * args, Pop());
-        ASSIGN_OR_RETURN(PickleValue * cls, Pop());
-        if (cls->kind != Kind::kGlobal) return Error("NEWOBJ of something that is not a class");
+        ASSIGN_OR_RETURN(PickleValue * operand, Pop());
+        ASSIGN_OR_RETURN(PickleValue * cls, AsClass(operand));
+        if (cls == nullptr) return Error("NEWOBJ of something that is not a class");
         ASSIGN_OR_RETURN(PickleValue * result, Call(cls, args));
         if (result->kind == Kind::kObject) result->new_object = true;
         return Push(result);
@@ -701,8 +713,9 @@ class Machine {
       case 0x92: {  // NEWOBJ_EX: keyword arguments are dropped into the object's state
         ASSIGN_OR_RETURN(PickleValue * kwargs, Pop());
         ASSIGN_OR_RETURN(PickleValue * args, Pop());
-        ASSIGN_OR_RETURN(PickleValue * cls, Pop());
-        if (cls->kind != Kind::kGlobal) return Error("NEWOBJ_EX of something that is not a class");
+        ASSIGN_OR_RETURN(PickleValue * operand, Pop());
+        ASSIGN_OR_RETURN(PickleValue * cls, AsClass(operand));
+        if (cls == nullptr) return Error("NEWOBJ_EX of something that is not a class");
         ASSIGN_OR_RETURN(PickleValue * result, Call(cls, args));
         if (result->kind == Kind::kObject) result->new_object = true;
         if (result->kind == Kind::kObject && kwargs->kind == Kind::kDict &&
