@@ -228,7 +228,20 @@ class TorchDistOutputRefusalTests(Base):
                       res.text, self.describe(res))
         self.assertIn("other input must be a Megatron checkpoint", res.text, self.describe(res))
         self.assertFalse(os.path.exists(out), "%s created by a refused conversion" % out)
+        # So is a folder of torch.save files named as save_pretrained names them
+        # (pytorch_model.bin, which the torch output writes).
         res = self.ctl("consolidate", pt, out, "--format", "megatron-torch-dist", "--no-progress")
+        self.assertExit(res, 3)
+        self.assertIn("presenting the input to the megatron-torch-dist output: %s not found: a "
+                      "Hugging Face model is imported" % os.path.join(pt, "config.json"),
+                      res.text, self.describe(res))
+        self.assertFalse(os.path.exists(out), "%s created by a refused conversion" % out)
+        # Other torch.save files are no Hugging Face model: refused naming their format.
+        other = self.p("other")
+        os.makedirs(other)
+        os.rename(os.path.join(pt, "pytorch_model.bin"), os.path.join(other, "model.pt"))
+        res = self.ctl("consolidate", other, out, "--format", "megatron-torch-dist",
+                       "--no-progress")
         self.assertExit(res, 3)
         self.assertIn("the megatron-torch-dist output writes Megatron-Core checkpoints from "
                       "Megatron input (Megatron-LM, Megatron-DeepSpeed or Megatron-Core "
