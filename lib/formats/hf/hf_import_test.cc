@@ -588,8 +588,8 @@ TEST(HfImportTest, ConfigFileAndFamilyOverride) {
             absl::StrCat(config_file,
                          " describes a model of model_type \"falcon\" (architectures "
                          "\"FalconForCausalLM\"), which is none of the families reshard imports "
-                         "into Megatron-LM: llama, mistral, qwen2, qwen3, gpt2 (--family F reads "
-                         "the weights as one of them)"));
+                         "into Megatron-LM: llama, mistral, qwen2, qwen3, gpt2, mixtral "
+                         "(--family F reads the weights as one of them)"));
 }
 
 TEST(HfImportTest, UnknownFamilyListsTheFamilies) {
@@ -606,8 +606,8 @@ TEST(HfImportTest, UnknownFamilyListsTheFamilies) {
   EXPECT_EQ(presented.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(presented.status().message(),
             "--family falcon: unknown model family; the families reshard imports into "
-            "Megatron-LM are llama, mistral, qwen2, qwen3, gpt2 (--family auto, the default, "
-            "takes config.json's model_type, else its architectures)");
+            "Megatron-LM are llama, mistral, qwen2, qwen3, gpt2, mixtral (--family auto, the "
+            "default, takes config.json's model_type, else its architectures)");
 }
 
 // A --config whose sizes the tensors do not have: refused naming the tensor, both shapes and
