@@ -26,10 +26,9 @@ absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir) {
   }
   for (const std::string& name : names) {
     if (name.empty() || name[0] == '.') continue;
-    if (absl::StartsWith(name, "expp_rank_") || absl::StrContains(name, "_expert_")) {
-      return absl::UnimplementedError(absl::StrCat(
-          dir, ": ", name,
-          " belongs to a mixture-of-experts checkpoint; reshard does not read MoE expert files"));
+    if (std::optional<MoeFileName> moe = ParseMoeFileName(name); moe.has_value()) {
+      files.moe_files.emplace_back(*moe, name);
+      continue;
     }
     std::optional<ZeroFileName> parsed = ParseZeroFileName(name);
     if (!parsed.has_value()) continue;
@@ -72,6 +71,15 @@ absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir) {
     }
   }
   std::sort(files.rank_model_names.begin(), files.rank_model_names.end(), NaturalLess);
+  std::sort(files.moe_files.begin(), files.moe_files.end(),
+            [](const auto& a, const auto& b) { return NaturalLess(a.second, b.second); });
+  if (!files.moe_files.empty() && files.any_optimizer_file) {
+    return absl::UnimplementedError(absl::StrCat(
+        dir, " holds a DeepSpeed mixture-of-experts save (", files.moe_files.front().second,
+        ") with ZeRO optimizer files: the experts' fp32 weights and Adam moments are in the "
+        "ZeRO files' expert param groups, which reshard does not read; reshard reads MoE saves "
+        "without ZeRO"));
+  }
   // Without optimizer files, Read decides from the model-states files what the folder is.
   if (!files.any_optimizer_file) return files;
   if (!other_mp.empty()) {
