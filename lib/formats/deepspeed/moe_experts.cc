@@ -70,10 +70,10 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
           "per-layer files); reshard reads layer_{m}_expert_{g}_mp_rank_XX_model_states.pt"));
     }
     if (parsed.mp >= parts) {
-      return absl::DataLossError(absl::StrCat(
-          dir, ": ", name, " is of model-parallel rank ", parsed.mp, ", but the folder holds ",
-          parts, " mp_rank_XX_model_states.pt file", parts == 1 ? "" : "s",
-          " (files of two saves mixed?)"));
+      return absl::DataLossError(
+          absl::StrCat(dir, ": ", name, " is of model-parallel rank ", parsed.mp,
+                       ", but the folder holds ", parts, " mp_rank_XX_model_states.pt file",
+                       parts == 1 ? "" : "s", " (files of two saves mixed?)"));
     }
     if (parsed.kind == MoeFileName::Kind::kExpertOptimizer) {
       auto [slot, inserted] = optimizers[parsed.mp].try_emplace(parsed.ep, name);
@@ -88,9 +88,9 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
     auto [slot, inserted] =
         experts[parsed.mp].try_emplace(std::make_pair(parsed.layer, parsed.expert), name);
     if (!inserted) {
-      return absl::DataLossError(absl::StrCat(
-          dir, ": ", slot->second, " and ", name, " are both expert ", parsed.expert,
-          " of MoE layer ", parsed.layer, " (two saves mixed?)"));
+      return absl::DataLossError(absl::StrCat(dir, ": ", slot->second, " and ", name,
+                                              " are both expert ", parsed.expert, " of MoE layer ",
+                                              parsed.layer, " (two saves mixed?)"));
     }
     max_layer = std::max(max_layer, parsed.layer);
     max_expert[parsed.layer] = std::max(max_expert[parsed.layer], parsed.expert);
@@ -126,15 +126,14 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
     for (const auto& [key, name] : named) {
       const auto [layer, expert] = key;
       if (layer >= layers) {
-        return absl::DataLossError(absl::StrCat(dir, ": ", name, " is expert ", expert,
-                                                " of MoE layer ", layer, ", but ", recorded,
-                                                " records ", layers, " MoE layer",
-                                                layers == 1 ? "" : "s", " (two saves mixed?)"));
+        return absl::DataLossError(absl::StrCat(
+            dir, ": ", name, " is expert ", expert, " of MoE layer ", layer, ", but ", recorded,
+            " records ", layers, " MoE layer", layers == 1 ? "" : "s", " (two saves mixed?)"));
       }
       if (expert >= save.experts[layer]) {
         return absl::DataLossError(absl::StrCat(
-            dir, ": ", name, " is expert ", expert, " of MoE layer ", layer,
-            ", which has ", save.experts[layer], " experts (", recorded, "; two saves mixed?)"));
+            dir, ": ", name, " is expert ", expert, " of MoE layer ", layer, ", which has ",
+            save.experts[layer], " experts (", recorded, "; two saves mixed?)"));
       }
     }
     std::vector<std::vector<std::string>>& arranged = save.files[mp];
@@ -143,9 +142,9 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
       for (int g = 0; g < save.experts[m]; ++g) {
         auto it = named.find({m, g});
         if (it == named.end()) {
-          return absl::DataLossError(absl::StrCat(
-              dir, ": expert ", g, " of MoE layer ", m, " is missing: ",
-              ExpertFileName(m, g, mp), " is not in the folder. ", kPartialSaveHint));
+          return absl::DataLossError(absl::StrCat(dir, ": expert ", g, " of MoE layer ", m,
+                                                  " is missing: ", ExpertFileName(m, g, mp),
+                                                  " is not in the folder. ", kPartialSaveHint));
         }
         arranged[m].push_back(it->second);
       }
@@ -158,10 +157,10 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
     for (int mp = 0; mp < parts; ++mp) {
       for (int ep = 0; ep < save.ep; ++ep) {
         if (optimizers[mp].count(ep) == 0) {
-          return absl::DataLossError(absl::StrCat(
-              dir, ": expp_rank_", ep, "_mp_rank_", TwoDigits(mp),
-              "_optim_states.pt (the optimizer file of expert-parallel rank ", ep,
-              ") is missing. ", kPartialSaveHint));
+          return absl::DataLossError(
+              absl::StrCat(dir, ": expp_rank_", ep, "_mp_rank_", TwoDigits(mp),
+                           "_optim_states.pt (the optimizer file of expert-parallel rank ", ep,
+                           ") is missing. ", kPartialSaveHint));
         }
       }
       if (optimizers[mp].size() != static_cast<size_t>(save.ep)) {
@@ -173,10 +172,10 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
     }
     for (int m = 0; m < layers; ++m) {
       if (save.experts[m] % save.ep != 0) {
-        return absl::DataLossError(absl::StrCat(
-            dir, ": MoE layer ", m, " has ", save.experts[m], " experts, which ", save.ep,
-            " expert-parallel ranks (expp_rank_0..", save.ep - 1,
-            " optimizer files) cannot share equally (two saves mixed?)"));
+        return absl::DataLossError(
+            absl::StrCat(dir, ": MoE layer ", m, " has ", save.experts[m], " experts, which ",
+                         save.ep, " expert-parallel ranks (expp_rank_0..", save.ep - 1,
+                         " optimizer files) cannot share equally (two saves mixed?)"));
       }
     }
   }
@@ -212,25 +211,24 @@ absl::Status AddExpertTensors(const std::string& dir,
                                                     kExpertKeyInfix, "{id}.`"));
             }
             if (parsed->id != static_cast<int64_t>(g)) {
-              return Corrupt(*archive,
-                             absl::StrCat("\"", key, "\" is a parameter of expert ", parsed->id,
-                                          ", but the file is ", expert,
-                                          "'s (a duplicated or renamed expert file)"));
+              return Corrupt(*archive, absl::StrCat("\"", key, "\" is a parameter of expert ",
+                                                    parsed->id, ", but the file is ", expert,
+                                                    "'s (a duplicated or renamed expert file)"));
             }
             if (modules[m].empty()) {
               for (size_t other = 0; other < m; ++other) {
                 if (modules[other] == parsed->module) {
                   return Corrupt(*archive, absl::StrCat("\"", key, "\" (", expert,
-                                                        ") is of the experts of MoE layer ",
-                                                        other, " (two saves mixed?)"));
+                                                        ") is of the experts of MoE layer ", other,
+                                                        " (two saves mixed?)"));
                 }
               }
               modules[m] = parsed->module;
             } else if (parsed->module != modules[m]) {
-              return Corrupt(*archive, absl::StrCat("\"", key, "\" (", expert, ") is of module ",
-                                                    parsed->module, ", but MoE layer ", m,
-                                                    "'s experts are of ", modules[m],
-                                                    " (two saves mixed?)"));
+              return Corrupt(*archive,
+                             absl::StrCat("\"", key, "\" (", expert, ") is of module ",
+                                          parsed->module, ", but MoE layer ", m,
+                                          "'s experts are of ", modules[m], " (two saves mixed?)"));
             }
             if (const int index = builder.Find(key); index >= 0) {
               return Corrupt(*archive, absl::StrCat("\"", key, "\" (", expert, ") is also in ",

@@ -89,11 +89,11 @@ class NoZeroReader {
     const bool moe = !files_.moe_files.empty();
     if (moe && !files_.rank_model_names.empty()) return MoeWithZero("ZeRO-3");
     if (moe && files_.model_files.empty()) {
-      return absl::DataLossError(absl::StrCat(
-          dir_, " holds the expert files of a DeepSpeed mixture-of-experts save (",
-          files_.moe_files.front().second,
-          ") but no mp_rank_00_model_states.pt: the dense parameters live there. ",
-          kPartialSaveHint));
+      return absl::DataLossError(
+          absl::StrCat(dir_, " holds the expert files of a DeepSpeed mixture-of-experts save (",
+                       files_.moe_files.front().second,
+                       ") but no mp_rank_00_model_states.pt: the dense parameters live there. ",
+                       kPartialSaveHint));
     }
     if (!files_.rank_model_names.empty()) {
       // zero_pp_rank_N_mp_rank_XX_model_states.pt: only ZeRO-3 names model states so. A file
@@ -141,15 +141,15 @@ class NoZeroReader {
                        *world > parts ? "files are missing" : "files of two runs mixed?", ")"));
     }
     if (options_.include_optimizer) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          first->path(),
-          ": --include-optimizer: DeepSpeed without ZeRO keeps the optimizer state in "
-          "`optimizer`",
-          moe ? " (with mixture-of-experts, each expert-parallel rank's in "
-                "expp_rank_{ep}_mp_rank_XX_optim_states.pt)"
-              : "",
-          ", keyed by parameter index rather than name, so reshard cannot name the "
-          "Adam moments; leave out --include-optimizer"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(first->path(),
+                       ": --include-optimizer: DeepSpeed without ZeRO keeps the optimizer state in "
+                       "`optimizer`",
+                       moe ? " (with mixture-of-experts, each expert-parallel rank's in "
+                             "expp_rank_{ep}_mp_rank_XX_optim_states.pt)"
+                           : "",
+                       ", keyed by parameter index rather than name, so reshard cannot name the "
+                       "Adam moments; leave out --include-optimizer"));
     }
     MoeSave experts;
     if (moe) {
@@ -179,8 +179,7 @@ class NoZeroReader {
         const ZeroSigns signs = ReadZeroSigns(*archive);
         if (!signs.what.empty()) return MissingOptimizerFiles(signs, mps);
       }
-      ASSIGN_OR_RETURN(Catalog part,
-                       ReadModule(*archive, moe ? &experts.files.at(mp) : nullptr));
+      ASSIGN_OR_RETURN(Catalog part, ReadModule(*archive, moe ? &experts.files.at(mp) : nullptr));
       tensors = part.tensors.size();
       model.parts.push_back(std::move(part));
       model.part_names.push_back(archive->path());
@@ -210,8 +209,8 @@ class NoZeroReader {
     const int most = *std::max_element(experts.experts.begin(), experts.experts.end());
     const bool same = std::all_of(experts.experts.begin(), experts.experts.end(),
                                   [&](int n) { return n == most; });
-    const std::string mp = parts == 1 ? std::string("00")
-                                      : absl::StrCat("{00..", TwoDigits(parts - 1), "}");
+    const std::string mp =
+        parts == 1 ? std::string("00") : absl::StrCat("{00..", TwoDigits(parts - 1), "}");
     return absl::StrCat(
         "DeepSpeed MoE (no ZeRO), ", layers, " MoE layer", layers == 1 ? "" : "s", " x ",
         same ? absl::StrCat(most, " experts")
@@ -227,8 +226,8 @@ class NoZeroReader {
   // own names and dtypes, and with mixture-of-experts the experts of `expert_files` ([layer]
   // [expert] -> file name) where the model's state dict has them. Tied weights are two names of
   // one storage: identical pieces.
-  absl::StatusOr<Catalog> ReadModule(
-      const TorchArchive& model, const std::vector<std::vector<std::string>>* expert_files) {
+  absl::StatusOr<Catalog> ReadModule(const TorchArchive& model,
+                                     const std::vector<std::vector<std::string>>* expert_files) {
     builder_ = ZeroCatalogBuilder(dir_);
     const PickleValue* module = PickleField(model.root(), "module");
     if (module == nullptr) {
