@@ -13,7 +13,8 @@ a model with EP 1 names it), never reshard's, compared element by element:
     state dict order (each layer's experts after its router);
   * refusals (exit 3, the message names the expert and the file, OUT not created): an expert
     file missing, an expert's file copied under another expert's name, two names of one expert,
-    an expert file of another save, --include-optimizer.
+    an expert file of another save, MoE with ZeRO (ZeRO files, or model states of a ZeRO
+    run), --include-optimizer.
 """
 
 import json
@@ -142,6 +143,22 @@ class DeepSpeedMoERefusalTests(Base):
         folder = self.replace_expert_file(1, 2, 14, name, name, other_folder)
         self.refused(folder, name, "(expert 6 of MoE layer 0) is F32 [24, 8], but expert 0 has "
                      "F32 [16, 8] (experts of two saves mixed?)")
+
+    def test_moe_with_zero(self):
+        # ZeRO optimizer files beside the expert files.
+        name = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+        folder = self.replace_expert_file(1, 2, 17, "expp_rank_0_mp_rank_00_optim_states.pt",
+                                          name)
+        self.refused(folder, "holds a DeepSpeed mixture-of-experts save", "with ZeRO optimizer "
+                     "files (%s)" % name, "reshard reads MoE saves without ZeRO")
+        # A ZeRO-1 run's model states without their optimizer files.
+        _, folder = self.save(tp=1, ep=2, seed=18, name="zero1")
+        path = os.path.join(folder, "mp_rank_00_model_states.pt")
+        states = torch.load(path)
+        states["ds_config"]["zero_optimization"]["stage"] = 1
+        torch.save(states, path)
+        self.refused(folder, "DeepSpeed mixture-of-experts checkpoint global_step10 with ZeRO-1",
+                     "reshard reads MoE saves without ZeRO")
 
     def test_include_optimizer(self):
         _, folder = self.save(tp=1, ep=2, seed=16)
