@@ -164,10 +164,10 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
         }
       }
       if (optimizers[mp].size() != static_cast<size_t>(save.ep)) {
-        return absl::DataLossError(
-            absl::StrCat(dir, ": ", optimizers[mp].rbegin()->second, " names expert-parallel rank ",
-                         optimizers[mp].rbegin()->first, ", but mp_rank_00 has ", save.ep,
-                         " (two saves mixed?)"));
+        return absl::DataLossError(absl::StrCat(
+            dir, ": ", optimizers[mp].rbegin()->second, " names expert-parallel rank ",
+            optimizers[mp].rbegin()->first, ", but mp_rank_", TwoDigits(optimizers.begin()->first),
+            " has ", save.ep, " (two saves mixed?)"));
       }
     }
     for (int m = 0; m < layers; ++m) {
