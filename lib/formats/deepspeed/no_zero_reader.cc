@@ -1,5 +1,6 @@
 #include "lib/formats/deepspeed/no_zero_reader.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <set>
@@ -12,6 +13,7 @@
 #include "lib/core/catalog.h"
 #include "lib/core/status.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/deepspeed/moe_experts.h"
 #include "lib/formats/deepspeed/zero_catalog_builder.h"
 #include "lib/formats/deepspeed/zero_layout.h"
 #include "lib/formats/deepspeed/zero_pickle.h"
@@ -72,9 +74,27 @@ class NoZeroReader {
         "_optim_states.pt): the fp32 weights live there; copy them too"));
   }
 
+  // The refusal for a mixture-of-experts save with ZeRO.
+  absl::Status MoeWithZero(const std::string& what) const {
+    return absl::UnimplementedError(absl::StrCat(
+        dir_, ": DeepSpeed mixture-of-experts checkpoint ", tag_, " with ", what,
+        ": the experts' fp32 weights and Adam moments are in the ZeRO files' expert param "
+        "groups, which reshard does not read; reshard reads MoE saves without ZeRO"));
+  }
+
   // A folder with model-states files only: a ZeRO checkpoint whose optimizer files were not
-  // copied (refused), or DeepSpeed without ZeRO (the weights are `module`).
+  // copied (refused), or DeepSpeed without ZeRO (the weights are `module`, and with
+  // mixture-of-experts the expert files).
   absl::StatusOr<InputModel> ReadWithoutOptimizerFiles() {
+    const bool moe = !files_.moe_files.empty();
+    if (moe && !files_.rank_model_names.empty()) return MoeWithZero("ZeRO-3");
+    if (moe && files_.model_files.empty()) {
+      return absl::DataLossError(
+          absl::StrCat(dir_, " holds the expert files of a DeepSpeed mixture-of-experts save (",
+                       files_.moe_files.front().second,
+                       ") but no mp_rank_00_model_states.pt: the dense parameters live there. ",
+                       kPartialSaveHint));
+    }
     if (!files_.rank_model_names.empty()) {
       // zero_pp_rank_N_mp_rank_XX_model_states.pt: only ZeRO-3 names model states so. A file
       // that cannot be read only costs the message its bf16_ prefix.
@@ -96,6 +116,7 @@ class NoZeroReader {
     ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> first,
                      OpenArchive(files_.model_files.begin()->second));
     if (const ZeroSigns signs = ReadZeroSigns(*first); !signs.what.empty()) {
+      if (moe) return MoeWithZero(signs.what);
       return MissingOptimizerFiles(signs, mps);
     }
     const int parts = files_.model_files.rbegin()->first + 1;
@@ -120,11 +141,31 @@ class NoZeroReader {
                        *world > parts ? "files are missing" : "files of two runs mixed?", ")"));
     }
     if (options_.include_optimizer) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          first->path(),
-          ": --include-optimizer: DeepSpeed without ZeRO keeps the optimizer state in "
-          "`optimizer`, keyed by parameter index rather than name, so reshard cannot name the "
-          "Adam moments; leave out --include-optimizer"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(first->path(),
+                       ": --include-optimizer: DeepSpeed without ZeRO keeps the optimizer state in "
+                       "`optimizer`",
+                       moe ? " (with mixture-of-experts, each expert-parallel rank's in "
+                             "expp_rank_{ep}_mp_rank_XX_optim_states.pt)"
+                           : "",
+                       ", keyed by parameter index rather than name, so reshard cannot name the "
+                       "Adam moments; leave out --include-optimizer"));
+    }
+    MoeSave experts;
+    if (moe) {
+      std::vector<int64_t> num_experts;
+      if (const auto* list = PickleField(first->root(), "num_experts");
+          list != nullptr && list->kind == Kind::kList) {
+        for (const PickleValue* item : list->items) {
+          std::optional<int64_t> n = PickleInt(item);
+          if (!n.has_value()) {
+            return Corrupt(*first, absl::StrCat("num_experts holds ", DescribePickleValue(item),
+                                                "; expected a number of experts per MoE layer"));
+          }
+          num_experts.push_back(*n);
+        }
+      }
+      ASSIGN_OR_RETURN(experts, ArrangeMoeFiles(dir_, files_, parts, num_experts));
     }
     InputModel model;
     model.format = kZeroFormatId;
@@ -138,12 +179,17 @@ class NoZeroReader {
         const ZeroSigns signs = ReadZeroSigns(*archive);
         if (!signs.what.empty()) return MissingOptimizerFiles(signs, mps);
       }
-      ASSIGN_OR_RETURN(Catalog part, ReadModule(*archive));
+      ASSIGN_OR_RETURN(Catalog part, ReadModule(*archive, moe ? &experts.files.at(mp) : nullptr));
       tensors = part.tensors.size();
       model.parts.push_back(std::move(part));
       model.part_names.push_back(archive->path());
     }
     model.arrangement = parts == 1 ? "single-file" : "model-parallel-parts";
+    if (moe) {
+      if (parts == 1) model.arrangement = "sharded";
+      model.description = MoeDescription(experts, parts, tensors);
+      return model;
+    }
     model.description =
         absl::StrCat("DeepSpeed (no ZeRO), weights from ",
                      parts == 1 ? std::string("mp_rank_00")
@@ -154,23 +200,34 @@ class NoZeroReader {
     return model;
   }
 
-  // Whether `value` holds a tensor somewhere (bounded like the torch reader's walk).
-  bool ContainsTensor(const PickleValue* value, int depth, uint64_t& budget) const {
-    if (value == nullptr || depth > 64 || budget == 0) return false;
-    --budget;
-    if (TorchArchive::IsTensor(value)) return true;
-    for (const PickleValue* item : value->items) {
-      if (ContainsTensor(item, depth + 1, budget)) return true;
-    }
-    for (const auto& [key, item] : value->entries) {
-      if (ContainsTensor(item, depth + 1, budget)) return true;
-    }
-    return value->state != nullptr && ContainsTensor(value->state, depth + 1, budget);
+  // inspect's sentence for a mixture-of-experts save: "DeepSpeed MoE (no ZeRO), 2 MoE layers x
+  // 8 experts, EP 4, TP 2, weights from mp_rank_{00..01}_model_states.pt module and
+  // layer_{0..1}_expert_{0..7}_mp_rank_{00..01}_model_states.pt, tag global_step10, 40 tensors
+  // each".
+  std::string MoeDescription(const MoeSave& experts, int parts, size_t tensors) const {
+    const int layers = static_cast<int>(experts.experts.size());
+    const int most = *std::max_element(experts.experts.begin(), experts.experts.end());
+    const bool same = std::all_of(experts.experts.begin(), experts.experts.end(),
+                                  [&](int n) { return n == most; });
+    const std::string mp =
+        parts == 1 ? std::string("00") : absl::StrCat("{00..", TwoDigits(parts - 1), "}");
+    return absl::StrCat(
+        "DeepSpeed MoE (no ZeRO), ", layers, " MoE layer", layers == 1 ? "" : "s", " x ",
+        same ? absl::StrCat(most, " experts")
+             : absl::StrCat("{", absl::StrJoin(experts.experts, ", "), "} experts"),
+        ", EP ", experts.ep > 0 ? absl::StrCat(experts.ep) : "not recorded (no expp_rank files)",
+        ", TP ", parts, ", weights from mp_rank_", mp, "_model_states.pt module and layer_",
+        layers == 1 ? std::string("0") : absl::StrCat("{0..", layers - 1, "}"), "_expert_",
+        most == 1 ? std::string("0") : absl::StrCat("{0..", most - 1, "}"), "_mp_rank_", mp,
+        "_model_states.pt, tag ", tag_, ", ", tensors, parts == 1 ? " tensors" : " tensors each");
   }
 
   // The tensors of a model-states file's `module` (a state dict), in its order, under their
-  // own names and dtypes. Tied weights are two names of one storage: identical pieces.
-  absl::StatusOr<Catalog> ReadModule(const TorchArchive& model) {
+  // own names and dtypes, and with mixture-of-experts the experts of `expert_files` ([layer]
+  // [expert] -> file name) where the model's state dict has them. Tied weights are two names of
+  // one storage: identical pieces.
+  absl::StatusOr<Catalog> ReadModule(const TorchArchive& model,
+                                     const std::vector<std::vector<std::string>>* expert_files) {
     builder_ = ZeroCatalogBuilder(dir_);
     const PickleValue* module = PickleField(model.root(), "module");
     if (module == nullptr) {
@@ -189,30 +246,8 @@ class NoZeroReader {
       return Corrupt(model, absl::StrCat("`module` is ", DescribePickleValue(module),
                                          "; expected a state dict"));
     }
-    builder_.FileIndex(model);
-    uint64_t budget = 4 * model.pickle_values() + 4096;
-    static const auto* const kNoEntries = new std::vector<std::pair<PickleValue*, PickleValue*>>();
-    for (const auto& [key, value] : entries == nullptr ? *kNoEntries : *entries) {
-      std::optional<std::string> name = PickleString(key);
-      if (!name.has_value() || name->empty()) {
-        return Corrupt(model, absl::StrCat("`module` has a key that is ", DescribePickleValue(key),
-                                           ", not a name"));
-      }
-      if (!TorchArchive::IsTensor(value)) {
-        if (ContainsTensor(value, 0, budget)) {
-          return absl::UnimplementedError(absl::StrCat(
-              model.path(), ": module[\"", *name, "\"] is ", DescribePickleValue(value),
-              " holding tensors; expected a flat state dict of tensors"));
-        }
-        builder_.catalog().other_entries.push_back(
-            absl::StrCat("module.", *name, ": ", DescribePickleValue(value), " (not carried)"));
-        continue;
-      }
-      ASSIGN_OR_RETURN(
-          CatalogTensor tensor,
-          builder_.WholeTensor(model, value, *name, absl::StrCat("module[\"", *name, "\"]")));
-      RETURN_IF_ERROR(builder_.Add(std::move(tensor)));
-    }
+    RETURN_IF_ERROR(builder_.AddStateDict(model, module, "module", nullptr));
+    if (expert_files != nullptr) RETURN_IF_ERROR(AddExpertTensors(dir_, *expert_files, builder_));
     if (builder_.catalog().tensors.empty()) {
       return absl::DataLossError(absl::StrCat(model.path(), ": `module` holds no tensors"));
     }

@@ -8,6 +8,23 @@
 
 namespace reshard {
 namespace zero_internal {
+namespace {
+
+// Whether `value` holds a tensor somewhere (bounded like the torch reader's walk).
+bool ContainsTensor(const PickleValue* value, int depth, uint64_t& budget) {
+  if (value == nullptr || depth > 64 || budget == 0) return false;
+  --budget;
+  if (TorchArchive::IsTensor(value)) return true;
+  for (const PickleValue* item : value->items) {
+    if (ContainsTensor(item, depth + 1, budget)) return true;
+  }
+  for (const auto& [key, item] : value->entries) {
+    if (ContainsTensor(item, depth + 1, budget)) return true;
+  }
+  return value->state != nullptr && ContainsTensor(value->state, depth + 1, budget);
+}
+
+}  // namespace
 
 absl::Status Corrupt(const TorchArchive& archive, absl::string_view message) {
   return absl::DataLossError(absl::StrCat(archive.path(), ": ", message));
@@ -45,6 +62,37 @@ absl::StatusOr<CatalogTensor> ZeroCatalogBuilder::WholeTensor(const TorchArchive
                    absl::StrCat(what, " is ", DescribePickleValue(value), ", not a tensor"));
   }
   return CatalogTensorAt(name, *std::move(location), FileIndex(archive));
+}
+
+absl::Status ZeroCatalogBuilder::AddStateDict(
+    const TorchArchive& archive, const PickleValue* dict, absl::string_view what,
+    const std::function<absl::Status(const std::string&)>& check) {
+  const auto* entries = PickleEntries(dict);
+  if (entries == nullptr) return absl::OkStatus();
+  FileIndex(archive);
+  uint64_t budget = 4 * archive.pickle_values() + 4096;
+  for (const auto& [key, value] : *entries) {
+    std::optional<std::string> name = PickleString(key);
+    if (!name.has_value() || name->empty()) {
+      return Corrupt(archive, absl::StrCat("`", what, "` has a key that is ",
+                                           DescribePickleValue(key), ", not a name"));
+    }
+    if (!TorchArchive::IsTensor(value)) {
+      if (ContainsTensor(value, 0, budget)) {
+        return absl::UnimplementedError(absl::StrCat(
+            archive.path(), ": ", what, "[\"", *name, "\"] is ", DescribePickleValue(value),
+            " holding tensors; expected a flat state dict of tensors"));
+      }
+      catalog_.other_entries.push_back(
+          absl::StrCat(what, ".", *name, ": ", DescribePickleValue(value), " (not carried)"));
+      continue;
+    }
+    if (check) RETURN_IF_ERROR(check(*name));
+    ASSIGN_OR_RETURN(CatalogTensor tensor,
+                     WholeTensor(archive, value, *name, absl::StrCat(what, "[\"", *name, "\"]")));
+    RETURN_IF_ERROR(Add(std::move(tensor)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace zero_internal

@@ -5,6 +5,7 @@
 #ifndef RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_CATALOG_BUILDER_H_
 #define RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_CATALOG_BUILDER_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -39,6 +40,15 @@ class ZeroCatalogBuilder {
   // piece named `name`; DataLoss when `value` is not a tensor.
   absl::StatusOr<CatalogTensor> WholeTensor(const TorchArchive& archive, const PickleValue* value,
                                             const std::string& name, const std::string& what);
+
+  // Adds the tensors of state dict `dict` of `archive` under their keys, in its order. `what`
+  // names the dict in messages (`what["key"]`) and prefixes the other_entries that note its
+  // non-tensor values ("<what>.<key>: ..."); values holding tensors deeper are refused
+  // (Unimplemented), keys that are not names are DataLoss. `check` (may be empty) vets each
+  // tensor's key before it is added.
+  absl::Status AddStateDict(const TorchArchive& archive, const PickleValue* dict,
+                            absl::string_view what,
+                            const std::function<absl::Status(const std::string&)>& check);
 
   // The catalog so far. Tensors added through it directly must keep names unique (Add does).
   Catalog& catalog() { return catalog_; }

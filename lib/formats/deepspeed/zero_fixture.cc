@@ -1,7 +1,8 @@
 // The fixtures of the "deepspeed-zero" input format (see lib/formats/format_fixture.h): a
 // DeepSpeed save folder without ZeRO partitioning, whose mp_rank_00_model_states.pt holds the
-// weights in its `module` (engine._save_checkpoint), one of them tied; and ZeRO-2 and ZeRO-3
-// save folders of two ranks.
+// weights in its `module` (engine._save_checkpoint), one of them tied; a mixture-of-experts
+// save without ZeRO (engine._save_moe_checkpoint); and ZeRO-2 and ZeRO-3 save folders of two
+// ranks.
 
 #include "lib/formats/deepspeed/zero_fixture.h"
 
@@ -42,6 +43,21 @@ void WriteModuleUpToSteps(PickleWriter& p) {
   p.BeginDict(true);
   p.String("steps");
   p.Tensor("LongStorage", "0", 2, {2}, {1});
+}
+
+// The model-states entries mp_world_size 1 and ds_config {"zero_optimization": {"stage":
+// `stage`}}.
+void WriteOneRankZeroConfig(PickleWriter& p, int stage) {
+  p.String("mp_world_size");
+  p.Int(1);
+  p.String("ds_config");
+  p.BeginDict(false);
+  p.String("zero_optimization");
+  p.BeginDict(false);
+  p.String("stage");
+  p.Int(stage);
+  p.EndDict();
+  p.EndDict();
 }
 
 }  // namespace
@@ -153,16 +169,7 @@ TorchSaveFile WriteZeroModelStates(const std::string& path, int stage, const std
   p.EndTuple();
   p.EndDict();
   p.EndList();
-  p.String("mp_world_size");
-  p.Int(1);
-  p.String("ds_config");
-  p.BeginDict(false);
-  p.String("zero_optimization");
-  p.BeginDict(false);
-  p.String("stage");
-  p.Int(stage);
-  p.EndDict();
-  p.EndDict();
+  WriteOneRankZeroConfig(p, stage);
   p.EndDict();
   TorchSaveFile archive = BuildTorchSave(p.Finish(), storages);
   WriteAll(path, archive.bytes);
@@ -318,7 +325,77 @@ BuiltFixture BuildZero3Fixture(const std::string& dir) {
                          {0, 0});
 }
 
+// A mixture-of-experts save without ZeRO (engine._save_moe_checkpoint), one MoE layer of two
+// experts at EP 1: mp_rank_00_model_states.pt holds embed.weight [4, 3] and the router
+// moe.deepspeed_moe.gate.wg.weight [2, 3] in `module` and num_experts [2];
+// layer_0_expert_{0,1}_mp_rank_00_model_states.pt each hold their expert's
+// moe.deepspeed_moe.experts.deepspeed_experts.{g}.w.weight [2, 3]; expp_rank_0's optimizer file
+// is named but not read.
+BuiltFixture BuildMoeFixture(const std::string& dir) {
+  std::filesystem::create_directories(dir + "/global_step3");
+  WriteAll(dir + "/latest", "global_step3");
+  const std::string embed = FixtureF32Bytes(12, 1.5f);
+  const std::string router = FixtureF32Bytes(6, -2.0f);
+  const std::string dense = "global_step3/mp_rank_00_model_states.pt";
+  PickleWriter p;
+  p.BeginDict(false);
+  p.String("module");
+  p.BeginDict(true);
+  p.String("embed.weight");
+  p.Tensor("FloatStorage", "0", 12, {4, 3}, {3, 1});
+  p.String("moe.deepspeed_moe.gate.wg.weight");
+  p.Tensor("FloatStorage", "1", 6, {2, 3}, {3, 1});
+  p.EndDict();
+  WriteBookkeepingUpToParamShapes(p);
+  p.None();
+  WriteOneRankZeroConfig(p, 0);
+  p.String("num_experts");
+  p.BeginList();
+  p.Int(2);
+  p.EndList();
+  p.EndDict();
+  const TorchSaveFile dense_archive = BuildTorchSave(p.Finish(), {{"0", embed}, {"1", router}});
+  WriteAll(dir + "/" + dense, dense_archive.bytes);
+  BuiltFixture fixture = TorchSaveFolderFixture(dir, dense, dense_archive, "embed.weight");
+  // Expert files alone are no DeepSpeed save: nothing left identifies the format.
+  ExpectDamageCode(fixture, dense + ": missing", absl::StatusCode::kInvalidArgument);
+  fixture.expected = {{"embed.weight", DType::kF32, {4, 3}, embed},
+                      {"moe.deepspeed_moe.gate.wg.weight", DType::kF32, {2, 3}, router}};
+  for (int g = 0; g < 2; ++g) {
+    const std::string name =
+        absl::StrCat("moe.deepspeed_moe.experts.deepspeed_experts.", g, ".w.weight");
+    const std::string bytes = FixtureF32Bytes(6, 10.0f * (g + 1));
+    PickleWriter expert;
+    expert.BeginDict(true);
+    expert.String(name);
+    expert.Tensor("FloatStorage", "0", 6, {2, 3}, {3, 1});
+    expert.EndDict();
+    const TorchSaveFile archive = BuildTorchSave(expert.Finish(), {{"0", bytes}});
+    const std::string file =
+        absl::StrCat("global_step3/layer_0_expert_", g, "_mp_rank_00_model_states.pt");
+    WriteAll(dir + "/" + file, archive.bytes);
+    fixture.expected.push_back({name, DType::kF32, {2, 3}, bytes});
+    if (g == 1) {
+      for (FixtureDamage& damage : TorchSaveDamages(file, archive, name)) {
+        fixture.damages.push_back(std::move(damage));
+      }
+      // An expert missing from the save: an incomplete checkpoint.
+      fixture.damages.push_back({file + ": missing", file, FixtureDamage::Kind::kRemove, 0, false,
+                                 false, false, absl::StatusCode::kDataLoss});
+    }
+  }
+  PickleWriter optimizer;
+  optimizer.BeginDict(false);
+  optimizer.String("optimizer");
+  optimizer.None();
+  optimizer.EndDict();
+  WriteAll(dir + "/global_step3/expp_rank_0_mp_rank_00_optim_states.pt",
+           BuildTorchSave(optimizer.Finish(), {}).bytes);
+  return fixture;
+}
+
 const FormatFixtureRegistration register_no_zero("deepspeed-zero", "no-zero", BuildNoZeroFixture);
+const FormatFixtureRegistration register_moe("deepspeed-zero", "moe", BuildMoeFixture);
 const FormatFixtureRegistration register_zero2("deepspeed-zero", "zero2", BuildZero2Fixture);
 const FormatFixtureRegistration register_zero3("deepspeed-zero", "zero3", BuildZero3Fixture);
 

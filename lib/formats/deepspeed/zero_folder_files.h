@@ -1,6 +1,6 @@
 // The files of one DeepSpeed checkpoint folder, sorted by kind and rank from their names, with
-// the refusals a listing alone can make (MoE expert files, pipeline layer files, ZeRO with
-// model parallelism, two runs mixed).
+// the refusals a listing alone can make (pipeline layer files, ZeRO with model parallelism,
+// mixture-of-experts files beside ZeRO files, two runs mixed).
 
 #ifndef RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FOLDER_FILES_H_
 #define RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FOLDER_FILES_H_
@@ -8,9 +8,11 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "lib/formats/deepspeed/zero_layout.h"
 
 namespace reshard {
 namespace zero_internal {
@@ -35,10 +37,14 @@ struct ZeroFolderFiles {
   // The pipeline engine's model states (module None): buffers and frozen params live in the
   // layer files, so buffer_names is not looked up in `module`.
   bool pipeline = false;
+  // A mixture-of-experts save's expert files and expert-parallel optimizer files, with what
+  // their names say, in natural order of the names.
+  std::vector<std::pair<MoeFileName, std::string>> moe_files;
 };
 
 // The files of checkpoint folder `dir`. With optimizer files, refuses model-parallel ranks
-// > 0 and mixed prefixes; without, the readers decide from the model-states files.
+// > 0, mixed prefixes and mixture-of-experts files (MoE with ZeRO); without, the readers decide
+// from the model-states files.
 absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir);
 
 }  // namespace zero_internal

@@ -193,6 +193,33 @@ TEST(ParseZeroFileNameTest, Names) {
   }
 }
 
+TEST(ParseMoeFileNameTest, Names) {
+  using K = MoeFileName::Kind;
+  auto expert = ParseMoeFileName("layer_1_expert_13_mp_rank_01_model_states.pt");
+  ASSERT_TRUE(expert.has_value());
+  EXPECT_EQ(expert->kind, K::kExpert);
+  EXPECT_EQ(expert->layer, 1);
+  EXPECT_EQ(expert->expert, 13);
+  EXPECT_EQ(expert->mp, 1);
+  auto legacy = ParseMoeFileName("expert_5_mp_rank_00_model_states.pt");
+  ASSERT_TRUE(legacy.has_value());
+  EXPECT_EQ(legacy->kind, K::kLegacyExpert);
+  EXPECT_EQ(legacy->expert, 5);
+  auto optim = ParseMoeFileName("expp_rank_3_mp_rank_02_optim_states.pt");
+  ASSERT_TRUE(optim.has_value());
+  EXPECT_EQ(optim->kind, K::kExpertOptimizer);
+  EXPECT_EQ(optim->ep, 3);
+  EXPECT_EQ(optim->mp, 2);
+  for (const char* other :
+       {"layer_03-model_01-model_states.pt", "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "layer_1_expert__mp_rank_00_model_states.pt",
+        "layer_1_expert_2_mp_rank_00_optim_states.pt", "expp_rank_0_mp_rank_00_model_states.pt",
+        "layer_1_expert_1234567890_mp_rank_00_model_states.pt",
+        "layer_expert_1_mp_rank_00_model_states.pt"}) {
+    EXPECT_FALSE(ParseMoeFileName(other).has_value()) << other;
+  }
+}
+
 void Touch(const std::string& path) { WriteAll(path, ""); }
 
 TEST(ZeroInputTest, ProbeByFileNames) {

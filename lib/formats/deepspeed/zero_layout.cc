@@ -93,6 +93,32 @@ std::optional<ZeroFileName> ParseZeroFileName(absl::string_view name) {
   return std::nullopt;
 }
 
+std::optional<MoeFileName> ParseMoeFileName(absl::string_view name) {
+  MoeFileName parsed;
+  absl::string_view rest = name;
+  if (absl::ConsumePrefix(&rest, "expp_rank_")) {
+    parsed.kind = MoeFileName::Kind::kExpertOptimizer;
+    if (ConsumeNumber(rest, parsed.ep) && absl::ConsumePrefix(&rest, "_mp_rank_") &&
+        ConsumeNumber(rest, parsed.mp) && rest == "_optim_states.pt") {
+      return parsed;
+    }
+    return std::nullopt;
+  }
+  parsed.kind = MoeFileName::Kind::kLegacyExpert;
+  if (absl::ConsumePrefix(&rest, "layer_")) {
+    parsed.kind = MoeFileName::Kind::kExpert;
+    if (!ConsumeNumber(rest, parsed.layer) || !absl::ConsumePrefix(&rest, "_")) {
+      return std::nullopt;
+    }
+  }
+  if (absl::ConsumePrefix(&rest, "expert_") && ConsumeNumber(rest, parsed.expert) &&
+      absl::ConsumePrefix(&rest, "_mp_rank_") && ConsumeNumber(rest, parsed.mp) &&
+      rest == "_model_states.pt") {
+    return parsed;
+  }
+  return std::nullopt;
+}
+
 int64_t Zero12Align(int64_t n, int world) {
   const int64_t alignment = 2 * static_cast<int64_t>(world);
   return (n + alignment - 1) / alignment * alignment;

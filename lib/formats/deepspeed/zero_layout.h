@@ -44,6 +44,25 @@ struct ZeroFileName {
 // numbers are decimal, at most 9 digits.
 std::optional<ZeroFileName> ParseZeroFileName(absl::string_view name);
 
+// A file of a DeepSpeed mixture-of-experts save (engine._save_moe_checkpoint), which
+// ParseZeroFileName does not name.
+struct MoeFileName {
+  enum class Kind {
+    kExpert,           // layer_{layer}_expert_{expert}_mp_rank_{mp}_model_states.pt
+    kLegacyExpert,     // expert_{expert}_mp_rank_{mp}_model_states.pt (every MoE layer's expert)
+    kExpertOptimizer,  // expp_rank_{ep}_mp_rank_{mp}_optim_states.pt
+  };
+  Kind kind = Kind::kExpert;
+  int layer = 0;   // the MoE layer's index among the model's MoE layers (kExpert)
+  int expert = 0;  // the global expert id (kExpert, kLegacyExpert)
+  int ep = 0;      // the expert-parallel rank (kExpertOptimizer)
+  int mp = 0;      // model-parallel rank
+};
+
+// What a mixture-of-experts file name says, or nullopt for other names. Numbers as for
+// ParseZeroFileName.
+std::optional<MoeFileName> ParseMoeFileName(absl::string_view name);
+
 // --- The flat-buffer arithmetic ---------------------------------------------------------------
 
 // Largest world size and parameter count accepted (numbers from a file are checked against them).

@@ -1,0 +1,175 @@
+"""End-to-end tests of reshard's DeepSpeed reader on mixture-of-experts saves without ZeRO
+(mp_rank_XX_model_states.pt + layer_{m}_expert_{g}_mp_rank_XX_model_states.pt +
+expp_rank_{ep}_mp_rank_XX_optim_states.pt), written with real torch by
+tests/fixtures/deepspeed_moe_fixture.py.
+
+Run:  /usr/bin/python3 tests/deepspeed_moe_e2e_test.py --reshardctl PATH [unittest args]
+
+Expected tensors are the fixture model's full state dict (every expert under its global id, as
+a model with EP 1 names it), never reshard's, compared element by element:
+  * 8 experts over EP 2 and EP 4, TP 1 and TP 2 (experts replicated over TP, and split with
+    expert tensor parallelism), 4 layers of which 1 and 3 are MoE, consolidated to safetensors;
+  * inspect: the format, the description (MoE layers, experts, EP, TP), tensors in the model's
+    state dict order (each layer's experts after its router);
+  * refusals (exit 3, the message names the expert and the file, OUT not created): an expert
+    file missing, an expert's file copied under another expert's name, two names of one expert,
+    an expert file of another save, MoE with ZeRO (ZeRO files, or model states of a ZeRO
+    run), --include-optimizer.
+"""
+
+import json
+import os
+import shutil
+import sys
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "fixtures"))
+import harness  # noqa: E402
+
+import torch  # noqa: E402  -- a missing torch is a failure, not a skip
+import deepspeed_moe_fixture as dsm  # noqa: E402
+import megatron_moe_e2e_test  # noqa: E402
+from st_torch import read_file as st_tensors  # noqa: E402
+
+
+class Base(megatron_moe_e2e_test.Base):
+    """The Megatron MoE suite's checks: refused() (exit 3, every needle, OUT not created) and
+    assertTensorsEqual()."""
+    TMP_PREFIX = "reshard-dsmoe"
+
+    def save(self, tp, ep, seed, expert_tp=False, name="save"):
+        model = dsm.Model(seed=seed)
+        folder = dsm.write(self.p(name), model, tp=tp, ep=ep, expert_tp=expert_tp)
+        return model, folder
+
+    def rules_args(self, tp, expert_tp=False):
+        if tp == 1:
+            return []
+        path = self.p("rules-%s.json" % expert_tp)
+        with open(path, "w") as f:
+            json.dump(dsm.rules(expert_tp), f)
+        return ["--rules", path]
+
+    def merged_st(self, src, *extra):
+        out = self.p("out-st-%d" % len(os.listdir(self.tmp)))
+        self.ok("consolidate", src, out, *extra)
+        return st_tensors(os.path.join(out, "model.safetensors"))
+
+    def replace_expert_file(self, tp, ep, seed, source, name, source_folder=None):
+        """A save whose expert file `name` is a copy of `source` (of `source_folder`, default
+        the save itself)."""
+        _, folder = self.save(tp, ep, seed)
+        shutil.copy(os.path.join(source_folder or folder, source), os.path.join(folder, name))
+        return folder
+
+
+class DeepSpeedMoEReadTests(Base):
+
+    def check(self, tp, ep, seed, expert_tp=False):
+        model, folder = self.save(tp, ep, seed, expert_tp)
+        got = self.merged_st(os.path.dirname(folder), *self.rules_args(tp, expert_tp))
+        self.assertTensorsEqual(got, model.full, "TP%d x EP%d" % (tp, ep))
+        return model, folder
+
+    def test_ep2_tp1(self):
+        self.check(tp=1, ep=2, seed=1)
+
+    def test_ep4_tp1(self):
+        self.check(tp=1, ep=4, seed=2)
+
+    def test_ep2_tp2_experts_replicated(self):
+        self.check(tp=2, ep=2, seed=3)
+
+    def test_ep4_tp2_experts_split(self):
+        self.check(tp=2, ep=4, seed=4, expert_tp=True)
+
+    def test_global_ids(self):
+        # EP 4, 2 local experts each: EP rank 3's local expert 1 is expert 7, in its own file.
+        model, folder = self.save(tp=1, ep=4, seed=5)
+        got = self.merged_st(folder)
+        name = "language_model.encoder.layers.3.mlp" + dsm.INFIX + "7.dense_4h_to_h.weight"
+        saved = torch.load(os.path.join(folder, "layer_1_expert_7_mp_rank_00_model_states.pt"))
+        self.assertEqual(list(saved)[2], name)
+        self.assertTrue(torch.equal(got[name], saved[name]))
+        self.assertTrue(torch.equal(got[name], model.full[name]))
+
+    def test_inspect(self):
+        model, folder = self.save(tp=2, ep=4, seed=6)
+        doc = self.inspect_json(folder)
+        doc = doc.get("result", doc)
+        self.assertEqual(doc["format"], "deepspeed-zero")
+        self.assertEqual(doc["layout"], "model-parallel-parts")
+        self.assertEqual(
+            doc["description"],
+            "DeepSpeed MoE (no ZeRO), 2 MoE layers x 8 experts, EP 4, TP 2, weights from "
+            "mp_rank_{00..01}_model_states.pt module and "
+            "layer_{0..1}_expert_{0..7}_mp_rank_{00..01}_model_states.pt, tag global_step10, "
+            "%d tensors each" % len(model.full))
+        model, folder = self.save(tp=1, ep=2, seed=7, name="save-tp1")
+        doc = self.inspect_json(os.path.dirname(folder))
+        doc = doc.get("result", doc)
+        self.assertEqual(doc["layout"], "sharded")
+        self.assertIn("2 MoE layers x 8 experts, EP 2, TP 1", doc["description"])
+        # The model's own state dict order: each layer's experts right after its router.
+        self.assertEqual([t["name"] for t in doc["tensors"]], list(model.full))
+
+
+class DeepSpeedMoERefusalTests(Base):
+
+    def test_missing_expert(self):
+        _, folder = self.save(tp=1, ep=2, seed=11)
+        os.remove(os.path.join(folder, "layer_1_expert_5_mp_rank_00_model_states.pt"))
+        self.refused(folder, "expert 5 of MoE layer 1 is missing",
+                     "layer_1_expert_5_mp_rank_00_model_states.pt is not in the folder")
+
+    def test_expert_file_under_another_experts_name(self):
+        folder = self.replace_expert_file(1, 2, 12, "layer_0_expert_2_mp_rank_00_model_states.pt",
+                                          "layer_0_expert_3_mp_rank_00_model_states.pt")
+        self.refused(folder, "layer_0_expert_3_mp_rank_00_model_states.pt",
+                     "is a parameter of expert 2, but the file is expert 3 of MoE layer 0's")
+
+    def test_two_names_of_one_expert(self):
+        folder = self.replace_expert_file(1, 4, 13, "layer_1_expert_3_mp_rank_00_model_states.pt",
+                                          "layer_1_expert_03_mp_rank_00_model_states.pt")
+        self.refused(folder, "layer_1_expert_03_mp_rank_00_model_states.pt",
+                     "layer_1_expert_3_mp_rank_00_model_states.pt", "are both expert 3 of "
+                     "MoE layer 1")
+
+    def test_expert_of_another_save(self):
+        other_folder = dsm.write(self.p("other"), dsm.Model(seed=15, ffn=24), tp=1, ep=2)
+        name = "layer_0_expert_6_mp_rank_00_model_states.pt"
+        folder = self.replace_expert_file(1, 2, 14, name, name, other_folder)
+        self.refused(folder, name, "(expert 6 of MoE layer 0) is F32 [24, 8], but expert 0 has "
+                     "F32 [16, 8] (experts of two saves mixed?)")
+
+    def test_moe_with_zero(self):
+        # ZeRO optimizer files beside the expert files.
+        name = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+        folder = self.replace_expert_file(1, 2, 17, "expp_rank_0_mp_rank_00_optim_states.pt",
+                                          name)
+        self.refused(folder, "holds a DeepSpeed mixture-of-experts save", "with ZeRO optimizer "
+                     "files (%s)" % name, "reshard reads MoE saves without ZeRO")
+        # A ZeRO-1 run's model states without their optimizer files.
+        _, folder = self.save(tp=1, ep=2, seed=18, name="zero1")
+        path = os.path.join(folder, "mp_rank_00_model_states.pt")
+        states = torch.load(path)
+        states["ds_config"]["zero_optimization"]["stage"] = 1
+        torch.save(states, path)
+        self.refused(folder, "DeepSpeed mixture-of-experts checkpoint global_step10 with ZeRO-1",
+                     "reshard reads MoE saves without ZeRO")
+
+    def test_include_optimizer(self):
+        _, folder = self.save(tp=1, ep=2, seed=16)
+        out = self.p("refused-out")
+        res = self.ctl("consolidate", folder, out, "--no-progress", "--include-optimizer")
+        self.assertExit(res, 3)
+        self.assertIn("--include-optimizer: DeepSpeed without ZeRO keeps the optimizer state in "
+                      "`optimizer` (with mixture-of-experts, each expert-parallel rank's in "
+                      "expp_rank_{ep}_mp_rank_XX_optim_states.pt)", res.text, self.describe(res))
+        self.assertFalse(os.path.exists(out))
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main(globals(), "reshardctl"))
