@@ -25,9 +25,11 @@ sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "fixtures"))
+import numpy as np  # noqa: E402
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import harness  # noqa: E402
 import dcp_fixture as F  # noqa: E402
+import dcp_output_test as O  # noqa: E402
 import hf_mixtral_e2e_test as MX  # noqa: E402
 import megatron_moe_e2e_test as ME  # noqa: E402
 import megatron_moe_fixture as moe  # noqa: E402
@@ -127,6 +129,64 @@ class TorchDistMoERefusalTests(Base):
                           "byte offset " % os.path.join(folder, "__0_0.distcp"),
                           "chunk [0:1, 2:6, 0:3, 0:8] in %s at byte offset "
                           % os.path.join(folder, "__2_0.distcp"))
+
+
+def stacked_reference(model):
+    """The torch_dist keys of the experts and router the writer must give (numpy): each stacked
+    over the layers and the experts, fc1 = [gate; up]."""
+    L, E = model.layers, model.experts
+    return {
+        "decoder.layers.mlp.router.weight": np.stack([l["router"] for l in model.layer]),
+        FC1: np.stack([[np.concatenate([l["gate"][g], l["up"][g]]) for g in range(E)]
+                       for l in model.layer]),
+        FC2: np.stack([[l["down"][g] for g in range(E)] for l in model.layer]),
+    }
+
+
+class TorchDistMoEWriteTests(Base):
+
+    def check_written(self, out, model, folder_name, tp=2):
+        """The DCP tensors of the experts and router (read back with torch) against the numpy
+        model, and the chunks SequentialMLP saves: one per (expert, TP block)."""
+        folder = os.path.join(out, folder_name)
+        metadata, got = O.read_dcp(folder)  # checks every tensor's chunks tile it exactly once
+        for key, want in stacked_reference(model).items():
+            self.assertTrue(torch.equal(got[key], torch.from_numpy(want)), key)
+        f1 = model.moe_ffn // tp
+        chunks = sorted((tuple(c.offsets), tuple(c.sizes))
+                        for c in metadata.state_dict_metadata[FC1].chunks)
+        self.assertEqual(chunks, sorted(
+            ((0, e, b * model.moe_ffn + t * f1, 0), (model.layers, 1, f1, model.hidden))
+            for e in range(model.experts) for t in range(tp) for b in range(2)))
+        common = torch.load(os.path.join(folder, "common.pt"))
+        args = common["args"]
+        self.assertEqual((args.num_experts, args.moe_router_topk, args.tensor_model_parallel_size,
+                          args.expert_model_parallel_size),
+                         (model.experts, model.topk, tp, 1))
+        return got
+
+    def test_hf_mixtral_round_trip_tp2(self):
+        model = moe.MoE(shared_ffn=0, train_tp=2, seed=11)
+        folder, hf = MX.MixtralImportTests.hf_folder(self, model)
+        core = self.p("core")
+        self.assertExit(self.ctl("reshard", folder, core, "--format", "megatron-torch-dist",
+                                 "--parts", 2, "--no-progress"), 0)
+        self.check_written(core, model, "release")
+        back = self.p("back")
+        self.export(core, back)
+        self.check_tensors(back, hf)
+        self.check_mixtral_config(back, model)
+
+    def test_megatron_moe_to_torch_dist_tp2(self):
+        # A legacy save at TP 2 x EP 2 (TEGroupedMLP names), written at TP 2 x EP 1.
+        model = moe.MoE(shared_ffn=0, train_tp=2, seed=12)
+        moe.write(self.p("save"), model, tp=2, pp=1, ep=2, grouped=True)
+        core = self.p("core")
+        self.assertExit(self.ctl("reshard", self.p("save"), core, "--format",
+                                 "megatron-torch-dist", "--parts", 2, "--no-progress"), 0)
+        self.check_written(core, model, "iter_0000100")
+        _, got = self.consolidate_st(core)
+        self.assertTensorsEqual(got, moe.expected(model), "torch_dist written from EP 2")
 
 
 if __name__ == "__main__":
