@@ -8,8 +8,9 @@ Expected tensors come from numpy alone, never from reshard: the fixture's logica
 (megatron_moe_fixture.expected: each expert once under its global id, fc1 = [gate; up]) and
 hf_mixtral_e2e_test's Mixtral reference; compared element by element.
   * read: SequentialMLP's per-expert chunks and GroupedMLP's per-EP-rank chunks under
-    `mlp.experts.experts.*`, and the `mlp.experts.local_experts.*` spelling, consolidated to
-    safetensors; inspect names the experts and EP; `--format hf` gives Mixtral;
+    `mlp.experts.experts.*`, the `mlp.experts.local_experts.*` spelling, per-layer expert keys
+    and singleton_local_shards' per-expert keys, consolidated to safetensors; inspect names the
+    experts and EP; `--format hf` gives Mixtral;
   * refused (exit 3, naming the key, the file and the expert; OUT not created): an expert no
     chunk holds, an expert two EP ranks' chunks both hold;
   * written: a Hugging Face Mixtral folder and a legacy Megatron MoE save to
@@ -53,9 +54,10 @@ class Base(MX.Base):
 
 class TorchDistMoEReadTests(Base):
 
-    def check(self, ep, grouped, seed, key_form="experts"):
+    def check(self, ep, grouped, seed, key_form="experts", layout="stacked"):
         model = moe.MoE(train_tp=2, seed=seed)
-        tdm.write(self.p("save"), model, tp=2, ep=ep, grouped=grouped, key_form=key_form)
+        tdm.write(self.p("save"), model, tp=2, ep=ep, grouped=grouped, key_form=key_form,
+                  layout=layout)
         _, got = self.consolidate_st(self.p("save"))
         self.assertTensorsEqual(got, moe.expected(model), "EP%d grouped=%s" % (ep, grouped))
         return model
@@ -72,6 +74,16 @@ class TorchDistMoEReadTests(Base):
 
     def test_local_experts_keys_ep4_tp2(self):
         self.check(ep=4, grouped=False, seed=3, key_form="local_experts")
+
+    def test_per_layer_keys_ep2_tp2(self):
+        self.check(ep=2, grouped=False, seed=8, layout="per_layer")
+
+    def test_singleton_keys_ep2_tp2(self):
+        self.check(ep=2, grouped=False, seed=9, layout="singleton")
+        res = self.ctl("inspect", self.p("save"))
+        self.assertExit(res, 0)
+        self.assertIn("8 experts per layer (EP 2 from the args) named by 16 per-expert keys",
+                      res.text)
 
     def test_ep_from_the_files_without_args(self):
         # No expert_model_parallel_size in the args: EP is counted from the files that hold

@@ -1,5 +1,6 @@
 #include "lib/formats/megatron/torch_dist_format.h"
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -301,8 +302,9 @@ std::string WithoutLayerIndex(absl::string_view name) {
 
 // What UnstackExperts found.
 struct UnstackedExperts {
-  int64_t experts = 0;  // per layer; 0: no expert-stacked tensor
+  int64_t experts = 0;  // per layer; 0: no experts
   int64_t stacked = 0;  // expert-stacked keys of the checkpoint (each over all layers or one)
+  int64_t singletons = 0;  // per-expert keys (singleton_local_shards)
   // The expert-parallel ranks the files show: experts grouped by the set of data files holding
   // them (one set per EP rank).
   int64_t file_groups = 0;
@@ -319,7 +321,9 @@ absl::StatusOr<UnstackedExperts> UnstackExperts(Catalog& catalog,
   std::vector<CatalogTensor> out;
   absl::flat_hash_map<std::string, std::vector<std::string>> experts_of;
   std::string first;
-  std::set<std::string> keys;  // the expert-stacked tensors' names without their layer
+  std::set<std::string> keys;        // the expert-stacked tensors' names without their layer
+  std::set<std::string> singletons;  // likewise, the per-expert keys
+  std::map<int64_t, std::set<int>> files_of;  // expert -> the data files holding it
   for (CatalogTensor& tensor : catalog.tensors) {
     const std::optional<ExpertKey> key = ParseExpertKey(tensor.name);
     if (!key.has_value()) {
@@ -327,6 +331,8 @@ absl::StatusOr<UnstackedExperts> UnstackExperts(Catalog& catalog,
       continue;
     }
     if (key->expert >= 0) {
+      singletons.insert(WithoutLayerIndex(tensor.name));
+      for (const SourcePiece& piece : tensor.pieces) files_of[key->expert].insert(piece.file);
       std::string name = ExpertName(*key, key->expert);
       experts_of[tensor.name] = {name};
       tensor.name = std::move(name);
@@ -346,18 +352,11 @@ absl::StatusOr<UnstackedExperts> UnstackExperts(Catalog& catalog,
     if (keys.empty()) {
       first = tensor.name;
       result.experts = experts;
-      // The files holding each expert: one set of files per expert-parallel rank.
-      std::set<std::set<int>> groups;
-      for (int64_t e = 0; e < experts; ++e) {
-        std::set<int> files;
-        for (const SourcePiece& piece : tensor.pieces) {
-          if (e >= piece.box.origin[0] && e < piece.box.origin[0] + piece.box.extent[0]) {
-            files.insert(piece.file);
-          }
+      for (const SourcePiece& piece : tensor.pieces) {
+        for (int64_t e = piece.box.origin[0]; e < piece.box.origin[0] + piece.box.extent[0]; ++e) {
+          files_of[e].insert(piece.file);
         }
-        groups.insert(std::move(files));
       }
-      result.file_groups = static_cast<int64_t>(groups.size());
     }
     keys.insert(WithoutLayerIndex(tensor.name));
     std::vector<std::string>& names = experts_of[tensor.name];
@@ -367,10 +366,26 @@ absl::StatusOr<UnstackedExperts> UnstackExperts(Catalog& catalog,
     }
   }
   result.stacked = static_cast<int64_t>(keys.size());
-  if (args_experts.has_value() && *args_experts > 0 && result.stacked > 0 &&
+  result.singletons = static_cast<int64_t>(singletons.size());
+  if (keys.empty() && !files_of.empty()) result.experts = files_of.rbegin()->first + 1;
+  // One set of files per expert-parallel rank: its ranks store its experts.
+  std::set<std::set<int>> groups;
+  for (const auto& [expert, files] : files_of) groups.insert(files);
+  result.file_groups = static_cast<int64_t>(groups.size());
+  if (keys.empty()) {
+    for (int64_t e = 0; e < result.experts; ++e) {
+      if (files_of.count(e) > 0) continue;
+      return absl::DataLossError(absl::StrCat(
+          "expert ", e, " of ", result.experts, " (the per-expert keys name experts 0 to ",
+          result.experts - 1, ") is missing: no key `...mlp.experts.experts.", e, ".*` holds it"));
+    }
+  }
+  if (args_experts.has_value() && *args_experts > 0 && result.experts > 0 &&
       *args_experts != result.experts) {
-    return absl::DataLossError(absl::StrCat("tensor \"", first, "\" holds ", result.experts,
-                                            " experts but args.num_experts is ", *args_experts));
+    return absl::DataLossError(absl::StrCat(
+        "the checkpoint holds ", result.experts, " experts per layer",
+        first.empty() ? std::string() : absl::StrCat(" (\"", first, "\")"),
+        " but args.num_experts is ", *args_experts));
   }
   catalog.tensors = std::move(out);
   if (experts_of.empty()) return result;
@@ -655,15 +670,22 @@ absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
     absl::StrAppend(&model.description, ", ", layers, layers == 1 ? " layer" : " layers",
                     " unstacked from ", stacked, " layer-stacked tensors");
   }
-  if (experts.stacked > 0) {
+  if (experts.experts > 0) {
     // The expert-parallel size the run saved with: the args', else the groups of files
     // holding the experts (each EP rank's ranks store its experts).
     const std::optional<int64_t> ep = IntAttribute(attributes, "expert_model_parallel_size");
     absl::StrAppend(&model.description, ", ", experts.experts, " experts per layer (EP ",
                     ep.has_value() ? absl::StrCat(*ep, " from the args")
                                    : absl::StrCat(experts.file_groups, " from the files"),
-                    ") unstacked from ", experts.stacked,
-                    experts.stacked == 1 ? " expert-stacked key" : " expert-stacked keys");
+                    ")");
+    if (experts.stacked > 0) {
+      absl::StrAppend(&model.description, " unstacked from ", experts.stacked,
+                      experts.stacked == 1 ? " expert-stacked key" : " expert-stacked keys");
+    }
+    if (experts.singletons > 0) {
+      absl::StrAppend(&model.description, experts.stacked > 0 ? " and" : "", " named by ",
+                      experts.singletons, " per-expert keys");
+    }
   }
   ASSIGN_OR_RETURN(const bool common, CheckInputExists(JoinPath(dir, kTorchDistCommonName)));
   if (common) absl::StrAppend(&model.description, ", ", kTorchDistCommonName);

@@ -28,14 +28,14 @@
 // expert each (SequentialMLP: offset ep_rank * E_local + l) or an EP rank's E_local experts
 // (GroupedMLP). reshard unstacks that axis too: expert e of layer i becomes
 // `decoder.layers.<i>.mlp.experts.local_experts.<e>.<rest>`, the name the megatron reader gives a
-// legacy save's experts (global ids), so --format hf (Mixtral) and --format megatron read it
+// legacy save's experts (global ids), so --format hf (Mixtral) and megatron-torch-dist read it
 // alike; with singleton_local_shards, `...mlp.experts.experts.<g>.<rest>` is renamed to the same
-// name. Before anything else is read, the chunks of each expert key must hold every expert
-// exactly once: DataLoss naming `.metadata`, the key and the expert when an expert is missing
-// (no chunk, or not all of it) or stored twice (the two chunks, their files and byte offsets).
-// All expert keys must agree on E, and args.num_experts when the args give it. inspect names
-// the experts and the EP (args.expert_model_parallel_size, or the number of sets of files
-// holding the experts).
+// name (DataLoss when an id below the largest has no key). Before anything else is read, the
+// chunks of each expert key must hold every expert exactly once: DataLoss naming `.metadata`,
+// the key and the expert when an expert is missing (no chunk, or not all of it) or stored twice
+// (the two chunks, their files and byte offsets). All expert keys must agree on E, and
+// args.num_experts when the args give it. inspect names the experts and the EP
+// (args.expert_model_parallel_size, or the number of sets of files holding the experts).
 //
 // Non-tensor values are carried as the DCP reader carries them (ShardedObjects and
 // `common_state` under their keys); common.pt's contents under "common", and its args,
