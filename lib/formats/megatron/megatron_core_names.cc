@@ -101,11 +101,15 @@ MegatronCoreTensor Tensor(std::string key, int64_t layer = -1, int64_t expert = 
 }
 
 // Layer `layer`'s tensor `rest` (inside the layer) when it is an expert's, as Megatron-Core
-// names it (`legacy`: `rest` names the expert's tensors as the legacy MLP does); nullopt
-// otherwise.
+// names it; nullopt otherwise. Under a legacy prefix (`legacy`) the expert may also be legacy
+// SwitchMLP's `mlp.local_experts.<e>.`, and its tensors named as the legacy MLP names them
+// (dense_h_to_4h, dense_4h_to_h) or as Megatron-Core's (linear_fc1, linear_fc2).
 std::optional<MegatronCoreTensor> ExpertTensor(int64_t layer, absl::string_view rest,
                                                bool legacy) {
-  if (!absl::ConsumePrefix(&rest, kLocalExperts)) return std::nullopt;
+  if (!absl::ConsumePrefix(&rest, kLocalExperts) &&
+      !(legacy && absl::ConsumePrefix(&rest, "mlp.local_experts."))) {
+    return std::nullopt;
+  }
   const std::optional<std::pair<int64_t, absl::string_view>> expert = SplitLayer(rest);
   if (!expert.has_value()) return std::nullopt;
   absl::string_view inside = expert->second;
@@ -113,9 +117,9 @@ std::optional<MegatronCoreTensor> ExpertTensor(int64_t layer, absl::string_view 
     const auto* found = std::find_if(std::begin(kLegacyExpertTensors),
                                      std::end(kLegacyExpertTensors),
                                      [&](const auto& pair) { return pair.first == inside; });
-    if (found == std::end(kLegacyExpertTensors)) return std::nullopt;
-    inside = found->second;
+    if (found != std::end(kLegacyExpertTensors)) inside = found->second;
   }
+  if (!absl::StartsWith(inside, "linear_fc")) return std::nullopt;
   return Tensor(absl::StrCat(kLayersKey, kStackedExperts, inside), layer, expert->first);
 }
 

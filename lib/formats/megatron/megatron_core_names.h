@@ -31,8 +31,9 @@
 // metadata) is skipped.
 //
 // Mixture-of-experts layers (a legacy import's `mlp.router.weight` and
-// `mlp.experts.local_experts.<e>.dense_{h_to_4h,4h_to_h}.*`, Megatron-Core's
-// `mlp.experts.local_experts.<e>.linear_fc{1,2}.*` with global expert ids): the router is
+// `mlp.experts.local_experts.<e>.dense_{h_to_4h,4h_to_h}.*` or SwitchMLP's
+// `mlp.local_experts.<e>.*`, Megatron-Core's `mlp.experts.local_experts.<e>.linear_fc{1,2}.*`,
+// with global expert ids): the router is
 // `decoder.layers.mlp.router.weight` (replicated), and expert e's tensors are stacked over the
 // layers and the experts as SequentialMLP's `sharded_state_dict` saves them:
 //   mlp.experts.local_experts.<e>.linear_fc1.*  decoder.layers.mlp.experts.experts.linear_fc1.*
