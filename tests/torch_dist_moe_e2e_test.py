@@ -124,6 +124,16 @@ class TorchDistMoERefusalTests(Base):
                           '"%s"' % FC2, "expert 5 of 8 is missing: its chunks hold 48 of its "
                           "96 elements")
 
+    def test_args_disagreeing_on_the_experts(self):
+        model = moe.MoE(train_tp=2, seed=10)
+        folder, _ = tdm.write(self.p("save"), model, tp=2, ep=2, grouped=False)
+        common = torch.load(os.path.join(folder, "common.pt"))
+        common["args"].num_experts = 16
+        torch.save(common, os.path.join(folder, "common.pt"))
+        self.refused_read(self.p("save"), "the checkpoint holds 8 experts per layer "
+                          '("decoder.layers.0.mlp.experts.experts.linear_fc1.weight") but '
+                          "args.num_experts is 16")
+
     def test_duplicated_expert(self):
         model = moe.MoE(train_tp=2, seed=7)
         folder, metadata = tdm.write(self.p("save"), model, tp=2, ep=2, grouped=True)
