@@ -207,10 +207,12 @@ struct Payload {
 
 class DcpReader {
  public:
-  explicit DcpReader(std::string dir) : dir_(std::move(dir)) {}
+  explicit DcpReader(std::string dir, DcpMetadataCheck check = nullptr)
+      : dir_(std::move(dir)), check_(std::move(check)) {}
 
   absl::StatusOr<InputModel> Read() {
     RETURN_IF_ERROR(ReadMetadata());
+    if (check_ != nullptr) RETURN_IF_ERROR(check_(metadata_, metadata_path_));
     for (const DcpEntry& entry : metadata_.entries) {
       if (!entry.is_tensor) continue;
       RETURN_IF_ERROR(CheckChunkTiling(entry.size, entry.chunks),
@@ -564,6 +566,7 @@ class DcpReader {
   }
 
   std::string dir_;
+  DcpMetadataCheck check_;
   std::string metadata_path_;
   DcpMetadata metadata_;
   std::vector<SourceFile> files_;
@@ -645,12 +648,13 @@ absl::StatusOr<bool> DcpInput::Probe(const std::string& path) const {
   return false;
 }
 
-absl::StatusOr<InputModel> ReadDcpCheckpoint(const std::string& dir) {
+absl::StatusOr<InputModel> ReadDcpCheckpoint(const std::string& dir,
+                                             const DcpMetadataCheck& check) {
   ASSIGN_OR_RETURN(const bool folder, CheckInputFolder(dir));
   if (!folder) {
     return absl::NotFoundError(absl::StrCat(dir, ": not a DCP checkpoint folder"));
   }
-  DcpReader reader(dir);
+  DcpReader reader(dir, check);
   return reader.Read();
 }
 

@@ -31,10 +31,12 @@
 #ifndef RESHARD_LIB_FORMATS_DCP_DCP_FORMAT_H_
 #define RESHARD_LIB_FORMATS_DCP_DCP_FORMAT_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "lib/formats/dcp/dcp_metadata.h"
 #include "lib/formats/format.h"
 
 namespace reshard {
@@ -58,9 +60,17 @@ class DcpInput : public InputFormat {
                                   const ReadOptions& options) const override;
 };
 
+// A check a layout built on DCP makes of the parsed `.metadata` (at `metadata_path`) before the
+// chunk tiling check, so that its refusals can say what an axis means in that layout
+// (Megatron-Core's expert axis: which expert is missing or stored twice, and where).
+using DcpMetadataCheck =
+    std::function<absl::Status(const DcpMetadata& metadata, const std::string& metadata_path)>;
+
 // Reads the DCP checkpoint in folder `dir` (its `.metadata` and data files, as DcpInput::Read
-// does) as one model. For readers of layouts built on DCP (Megatron-Core's torch_dist).
-absl::StatusOr<InputModel> ReadDcpCheckpoint(const std::string& dir);
+// does) as one model. For readers of layouts built on DCP (Megatron-Core's torch_dist), which
+// may pass `check` (see above).
+absl::StatusOr<InputModel> ReadDcpCheckpoint(const std::string& dir,
+                                             const DcpMetadataCheck& check = nullptr);
 
 // The data file `relative_path` (a `_StorageInfo.relative_path`) of the checkpoint in folder
 // `dir`, as a path: it must be a relative path without ".." components, and name an existing

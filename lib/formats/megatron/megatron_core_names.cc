@@ -1,5 +1,7 @@
 #include "lib/formats/megatron/megatron_core_names.h"
 
+#include <algorithm>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -13,6 +15,9 @@ namespace reshard {
 namespace {
 
 constexpr char kLayersKey[] = "decoder.layers.";
+// A layer's experts: SequentialMLP's per-expert prefix (global ids) and its stacked key's.
+constexpr char kLocalExperts[] = "mlp.experts.local_experts.";
+constexpr char kStackedExperts[] = "mlp.experts.experts.";
 
 // A legacy layer tensor: its Megatron-Core <rest> in the TransformerEngine and local specs.
 struct LegacyLayerTensor {
@@ -57,6 +62,17 @@ constexpr std::pair<absl::string_view, int> kSplitTensors[] = {
     {"decoder.layers.mlp.linear_fc1.weight", 0},
     {"decoder.layers.mlp.linear_fc1.bias", 0},
     {"decoder.layers.mlp.linear_fc2.weight", 1},
+    {"decoder.layers.mlp.experts.experts.linear_fc1.weight", 0},
+    {"decoder.layers.mlp.experts.experts.linear_fc1.bias", 0},
+    {"decoder.layers.mlp.experts.experts.linear_fc2.weight", 1},
+};
+
+// A legacy expert tensor's Megatron-Core name inside the expert.
+constexpr std::pair<absl::string_view, absl::string_view> kLegacyExpertTensors[] = {
+    {"dense_h_to_4h.weight", "linear_fc1.weight"},
+    {"dense_h_to_4h.bias", "linear_fc1.bias"},
+    {"dense_4h_to_h.weight", "linear_fc2.weight"},
+    {"dense_4h_to_h.bias", "linear_fc2.bias"},
 };
 
 int TpAxis(absl::string_view key) {
@@ -75,12 +91,36 @@ std::optional<std::pair<int64_t, absl::string_view>> SplitLayer(absl::string_vie
   return std::make_pair(int64_t{*index}, inside.substr(dot + 1));
 }
 
-MegatronCoreTensor Tensor(std::string key, int64_t layer = -1) {
+MegatronCoreTensor Tensor(std::string key, int64_t layer = -1, int64_t expert = -1) {
   MegatronCoreTensor tensor;
   tensor.tp_axis = TpAxis(key);
   tensor.key = std::move(key);
   tensor.layer = layer;
+  tensor.expert = expert;
   return tensor;
+}
+
+// Layer `layer`'s tensor `rest` (inside the layer) when it is an expert's, as Megatron-Core
+// names it; nullopt otherwise. Under a legacy prefix (`legacy`) the expert may also be legacy
+// SwitchMLP's `mlp.local_experts.<e>.`, and its tensors named as the legacy MLP names them
+// (dense_h_to_4h, dense_4h_to_h) or as Megatron-Core's (linear_fc1, linear_fc2).
+std::optional<MegatronCoreTensor> ExpertTensor(int64_t layer, absl::string_view rest,
+                                               bool legacy) {
+  if (!absl::ConsumePrefix(&rest, kLocalExperts) &&
+      !(legacy && absl::ConsumePrefix(&rest, "mlp.local_experts."))) {
+    return std::nullopt;
+  }
+  const std::optional<std::pair<int64_t, absl::string_view>> expert = SplitLayer(rest);
+  if (!expert.has_value()) return std::nullopt;
+  absl::string_view inside = expert->second;
+  if (legacy) {
+    const auto* found = std::find_if(std::begin(kLegacyExpertTensors),
+                                     std::end(kLegacyExpertTensors),
+                                     [&](const auto& pair) { return pair.first == inside; });
+    if (found != std::end(kLegacyExpertTensors)) inside = found->second;
+  }
+  if (!absl::StartsWith(inside, "linear_fc")) return std::nullopt;
+  return Tensor(absl::StrCat(kLayersKey, kStackedExperts, inside), layer, expert->first);
 }
 
 }  // namespace
@@ -89,6 +129,9 @@ std::string MegatronCoreTensor::UnstackedName() const {
   if (layer < 0) return key;
   absl::string_view rest = key;
   if (!absl::ConsumePrefix(&rest, kLayersKey)) return key;
+  if (expert >= 0 && absl::ConsumePrefix(&rest, kStackedExperts)) {
+    return absl::StrCat(kLayersKey, layer, ".", kLocalExperts, expert, ".", rest);
+  }
   return absl::StrCat(kLayersKey, layer, ".", rest);
 }
 
@@ -106,6 +149,10 @@ absl::StatusOr<MegatronCoreTensor> MegatronCoreName(absl::string_view name,
     absl::string_view inside = name;
     if (absl::ConsumePrefix(&inside, kLayersKey)) {
       if (auto layer = SplitLayer(inside); layer.has_value()) {
+        if (std::optional<MegatronCoreTensor> expert =
+                ExpertTensor(layer->first, layer->second, /*legacy=*/false)) {
+          return *std::move(expert);
+        }
         return Tensor(absl::StrCat(kLayersKey, layer->second), layer->first);
       }
     }
@@ -129,6 +176,13 @@ absl::StatusOr<MegatronCoreTensor> MegatronCoreName(absl::string_view name,
       const absl::string_view core =
           spec == MegatronCoreSpec::kTransformerEngine ? tensor.te : tensor.local;
       return Tensor(absl::StrCat(kLayersKey, core), layer->first);
+    }
+    if (layer->second == "mlp.router.weight") {
+      return Tensor(absl::StrCat(kLayersKey, layer->second), layer->first);
+    }
+    if (std::optional<MegatronCoreTensor> expert =
+            ExpertTensor(layer->first, layer->second, /*legacy=*/true)) {
+      return *std::move(expert);
     }
     break;
   }

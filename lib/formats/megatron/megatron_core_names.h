@@ -29,6 +29,18 @@
 // and outside the layers: word_embeddings and output_layer split on axis 0, position
 // embeddings and the final norm replicated. TransformerEngine's `*._extra_state` (FP8
 // metadata) is skipped.
+//
+// Mixture-of-experts layers (a legacy import's `mlp.router.weight` and
+// `mlp.experts.local_experts.<e>.dense_{h_to_4h,4h_to_h}.*` or SwitchMLP's
+// `mlp.local_experts.<e>.*`, Megatron-Core's `mlp.experts.local_experts.<e>.linear_fc{1,2}.*`,
+// with global expert ids): the router is
+// `decoder.layers.mlp.router.weight` (replicated), and expert e's tensors are stacked over the
+// layers and the experts as SequentialMLP's `sharded_state_dict` saves them:
+//   mlp.experts.local_experts.<e>.linear_fc1.*  decoder.layers.mlp.experts.experts.linear_fc1.*
+//                                               [L, E, ...]                                    0
+//   mlp.experts.local_experts.<e>.linear_fc2.weight   ...experts.experts.linear_fc2.weight     1
+//   mlp.experts.local_experts.<e>.linear_fc2.bias     ...experts.experts.linear_fc2.bias       -
+// (`expert` = e, the index along axis 1 of the key).
 
 #ifndef RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_CORE_NAMES_H_
 #define RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_CORE_NAMES_H_
@@ -53,11 +65,13 @@ struct MegatronCoreTensor {
   // "embedding.word_embeddings.weight".
   std::string key;
   int64_t layer = -1;  // its index along the key's layer axis; -1 when not layer-stacked
+  int64_t expert = -1;  // its index along the key's expert axis (axis 1); -1: not an expert
   int tp_axis = -1;    // the axis of the (per-layer) tensor TP splits; -1: replicated
   bool skipped = false;  // not written (TransformerEngine's _extra_state)
 
-  // The name reshard's torch_dist reader gives the tensor back (layers unstacked):
-  // "decoder.layers.3.self_attention.linear_qkv.weight".
+  // The name reshard's torch_dist reader gives the tensor back (layers and experts unstacked):
+  // "decoder.layers.3.self_attention.linear_qkv.weight",
+  // "decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight".
   std::string UnstackedName() const;
 };
 

@@ -99,6 +99,47 @@ TEST(MegatronCoreNameTest, ExtraStateIsSkipped) {
   EXPECT_TRUE(extra->skipped);
 }
 
+// The router and experts of a mixture-of-experts layer: legacy (an imported Mixtral's) and
+// Megatron-Core names, each expert stacked over the layers and the experts under
+// SequentialMLP's key.
+TEST(MegatronCoreNameTest, ExpertsStackUnderSequentialMlpKeys) {
+  struct Case {
+    const char* name;
+    const char* key;
+    int64_t layer;
+    int64_t expert;
+    int tp_axis;
+  };
+  for (const Case& c : {
+           Case{"language_model.encoder.layers.3.mlp.router.weight",
+                "decoder.layers.mlp.router.weight", 3, -1, -1},
+           Case{"language_model.encoder.layers.1.mlp.experts.local_experts.7.dense_h_to_4h.weight",
+                "decoder.layers.mlp.experts.experts.linear_fc1.weight", 1, 7, 0},
+           Case{"language_model.encoder.layers.0.mlp.experts.local_experts.2.dense_4h_to_h.weight",
+                "decoder.layers.mlp.experts.experts.linear_fc2.weight", 0, 2, 1},
+           Case{"language_model.encoder.layers.2.mlp.local_experts.3.dense_h_to_4h.weight",
+                "decoder.layers.mlp.experts.experts.linear_fc1.weight", 2, 3, 0},
+           Case{"language_model.encoder.layers.2.mlp.experts.local_experts.6.linear_fc1.weight",
+                "decoder.layers.mlp.experts.experts.linear_fc1.weight", 2, 6, 0},
+           Case{"decoder.layers.4.mlp.experts.local_experts.5.linear_fc2.bias",
+                "decoder.layers.mlp.experts.experts.linear_fc2.bias", 4, 5, -1},
+           Case{"decoder.layers.2.mlp.router.weight", "decoder.layers.mlp.router.weight", 2, -1,
+                -1},
+       }) {
+    absl::StatusOr<MegatronCoreTensor> core =
+        MegatronCoreName(c.name, MegatronCoreSpec::kTransformerEngine);
+    ASSERT_TRUE(core.ok()) << c.name << ": " << core.status();
+    EXPECT_EQ(core->key, c.key) << c.name;
+    EXPECT_EQ(core->layer, c.layer) << c.name;
+    EXPECT_EQ(core->expert, c.expert) << c.name;
+    EXPECT_EQ(core->tp_axis, c.tp_axis) << c.name;
+  }
+  EXPECT_EQ(MegatronCoreName("decoder.layers.3.mlp.experts.local_experts.12.linear_fc1.weight",
+                             MegatronCoreSpec::kLocal)
+                ->UnstackedName(),
+            "decoder.layers.3.mlp.experts.local_experts.12.linear_fc1.weight");
+}
+
 TEST(MegatronCoreNameTest, LegacyNameOutsideTheGptIsRefusedByName) {
   absl::StatusOr<MegatronCoreTensor> core = MegatronCoreName(
       "language_model.embedding.tokentype_embeddings.weight", MegatronCoreSpec::kTransformerEngine);

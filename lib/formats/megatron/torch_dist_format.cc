@@ -1,7 +1,9 @@
 #include "lib/formats/megatron/torch_dist_format.h"
 
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "lib/core/status.h"
 #include "lib/formats/checkpoint_folder.h"
 #include "lib/formats/dcp/dcp_format.h"
+#include "lib/formats/dcp/dcp_metadata.h"
 #include "lib/formats/folder_model.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/formats/torch/pickle_structure.h"
@@ -49,7 +52,8 @@ std::optional<std::pair<std::string, std::string>> SplitStacked(absl::string_vie
   return std::nullopt;
 }
 
-// Layer `layer` of the stacked `tensor` (its axis 0), read in place from the same pieces.
+// Index `layer` of the stacked `tensor`'s axis 0 (a layer, or an expert of a layer), read in
+// place from the same pieces.
 CatalogTensor LayerOf(const CatalogTensor& tensor, const std::string& name, int64_t layer) {
   CatalogTensor out;
   out.name = name;
@@ -112,6 +116,281 @@ void RenameStackedLeaves(
   if (node.kind != Kind::kDict) {
     for (StructureNode& child : node.values) RenameStackedLeaves(child, layers_of);
   }
+}
+
+// Completes an unstacking whose tensors `catalog` now holds: indexes them, refuses a name held
+// twice (InvalidArgument: an unstacked tensor, `what`, and a tensor of its own), and renames
+// the structure's leaves through `unstacked` (old name -> new names).
+absl::Status FinishUnstacking(
+    Catalog& catalog, const absl::flat_hash_map<std::string, std::vector<std::string>>& unstacked,
+    absl::string_view what) {
+  catalog.Reindex();
+  absl::flat_hash_map<std::string, int> seen;
+  for (const CatalogTensor& tensor : catalog.tensors) {
+    if (!seen.emplace(tensor.name, 0).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", tensor.name, "\" is both ", what, " and a tensor of its own"));
+    }
+  }
+  if (catalog.structure != nullptr) {
+    StructureNode structure = *catalog.structure;
+    RenameStackedLeaves(structure, unstacked);
+    catalog.structure = std::make_shared<const StructureNode>(std::move(structure));
+  }
+  return absl::OkStatus();
+}
+
+// ---- Experts.
+
+bool IsIndex(absl::string_view part) {
+  return !part.empty() && std::all_of(part.begin(), part.end(), absl::ascii_isdigit);
+}
+
+// A key of a mixture-of-experts layer's experts as Megatron-Core's SequentialMLP, TEGroupedMLP
+// and GroupedMLP save it: `<experts>.experts.<rest>` (or `<experts>.local_experts.<rest>`) with
+// a global expert axis, `<experts>` = "...mlp.experts" and <rest> not starting with an index;
+// or, with singleton_local_shards, one key per expert `<experts>.experts.<g>.<rest>` (`expert`
+// = g).
+struct ExpertKey {
+  std::string experts;
+  std::string rest;
+  int64_t expert = -1;  // the singleton form's global id; -1: the key has an expert axis
+};
+
+std::optional<ExpertKey> ParseExpertKey(absl::string_view name) {
+  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
+  for (size_t i = 1; i + 2 < parts.size(); ++i) {
+    if (parts[i - 1] != "mlp" || parts[i] != "experts") continue;
+    const absl::string_view form = parts[i + 1];
+    if (form != "experts" && form != "local_experts") return std::nullopt;
+    ExpertKey key;
+    key.experts = absl::StrJoin(parts.begin(), parts.begin() + i + 1, ".");
+    if (!IsIndex(parts[i + 2])) {
+      key.rest = absl::StrJoin(parts.begin() + i + 2, parts.end(), ".");
+      return key;
+    }
+    // local_experts.<l> is already one expert's tensor (a legacy save's name).
+    if (form != "experts" || i + 3 >= parts.size()) return std::nullopt;
+    const std::optional<int> expert = ParseMegatronIndex(parts[i + 2]);
+    if (!expert.has_value()) return std::nullopt;
+    key.expert = *expert;
+    key.rest = absl::StrJoin(parts.begin() + i + 3, parts.end(), ".");
+    return key;
+  }
+  return std::nullopt;
+}
+
+// The name reshard gives expert `expert` of `key`: SequentialMLP's per-expert name with the
+// global id, as the megatron reader gives a legacy save's experts.
+std::string ExpertName(const ExpertKey& key, int64_t expert) {
+  return absl::StrCat(key.experts, ".local_experts.", expert, ".", key.rest);
+}
+
+// The axis of a DCP tensor `fqn` that holds its experts: 1 in a layer-stacked key, 0 in a
+// per-layer one; nullopt when `fqn` has no expert axis.
+std::optional<size_t> ExpertAxis(absl::string_view fqn) {
+  const std::optional<ExpertKey> key = ParseExpertKey(fqn);
+  if (!key.has_value() || key->expert >= 0) return std::nullopt;
+  return SplitStacked(fqn).has_value() ? 1 : 0;
+}
+
+// A box without its axis `axis`.
+Box DropAxis(const Box& box, size_t axis) {
+  Box out = box;
+  out.origin.erase(out.origin.begin() + axis);
+  out.extent.erase(out.extent.begin() + axis);
+  return out;
+}
+
+// Upper bounds of the expert check's work; a `.metadata` beyond them is left to the generic
+// chunk tiling check.
+constexpr int64_t kMaxExpertHoldings = int64_t{1} << 24;
+constexpr int64_t kMaxPairComparisons = int64_t{1} << 22;
+
+// Checks that the chunks of every expert-stacked tensor hold each of its experts exactly once,
+// before DCP's check of the whole tensor, so that a refusal names the expert, the key and the
+// files. DataLoss naming `metadata_path`, the key and the expert: missing (its chunks do not
+// cover it), or stored twice (two chunks overlap within it: their files and byte offsets).
+absl::Status CheckExpertChunks(const std::string& dir, const DcpMetadata& metadata,
+                               const std::string& metadata_path) {
+  for (const DcpEntry& entry : metadata.entries) {
+    if (!entry.is_tensor) continue;
+    const std::optional<size_t> axis = ExpertAxis(entry.fqn);
+    if (!axis.has_value() || *axis >= entry.size.size()) continue;
+    const int64_t experts = entry.size[*axis];
+    if (experts > kMaxMegatronIndex) {
+      return absl::DataLossError(absl::StrCat(metadata_path, ": tensor \"", entry.fqn, "\" has ",
+                                              experts, " experts along its axis ", *axis,
+                                              "; reshard reads at most ", kMaxMegatronIndex));
+    }
+    // Chunks outside the tensor are the DCP check's to name.
+    int64_t holdings = 0;
+    for (const Box& chunk : entry.chunks) {
+      if (chunk.rank() != entry.size.size()) return absl::OkStatus();
+      for (size_t d = 0; d < chunk.rank(); ++d) {
+        if (chunk.origin[d] < 0 || chunk.extent[d] < 0 || chunk.origin[d] > entry.size[d] ||
+            chunk.extent[d] > entry.size[d] - chunk.origin[d]) {
+          return absl::OkStatus();
+        }
+      }
+      holdings += chunk.extent[*axis];
+    }
+    if (holdings > kMaxExpertHoldings) continue;
+    std::vector<std::vector<size_t>> holders(experts);
+    for (size_t c = 0; c < entry.chunks.size(); ++c) {
+      const Box& chunk = entry.chunks[c];
+      for (int64_t e = chunk.origin[*axis]; e < chunk.origin[*axis] + chunk.extent[*axis]; ++e) {
+        holders[e].push_back(c);
+      }
+    }
+    Shape size = entry.size;
+    size.erase(size.begin() + *axis);
+    const int64_t elements = NumElementsUnchecked(size);
+    const std::string where =
+        absl::StrCat(metadata_path, ": tensor \"", entry.fqn, "\" ", ShapeToString(entry.size),
+                     " (experts along axis ", *axis, "): expert ");
+    for (int64_t e = 0; e < experts; ++e) {
+      std::vector<Box> boxes;
+      for (size_t c : holders[e]) boxes.push_back(DropAxis(entry.chunks[c], *axis));
+      if (CheckChunkTiling(size, boxes).ok()) continue;
+      // Stored twice: the first two chunks that overlap within the expert.
+      int64_t comparisons = 0;
+      for (size_t x = 0; x < boxes.size() && comparisons < kMaxPairComparisons; ++x) {
+        for (size_t y = x + 1; y < boxes.size() && comparisons < kMaxPairComparisons; ++y) {
+          ++comparisons;
+          if (NumElementsUnchecked(boxes[x].extent) == 0 ||
+              NumElementsUnchecked(boxes[y].extent) == 0 || !Intersect(boxes[x], boxes[y])) {
+            continue;
+          }
+          auto describe = [&](size_t c) {
+            const DcpStorage& storage = entry.storage[c];
+            return absl::StrCat("chunk ", BoxToString(entry.chunks[c]), " in ",
+                                JoinPath(dir, storage.relative_path), " at byte offset ",
+                                storage.offset);
+          };
+          return absl::DataLossError(absl::StrCat(
+              where, e, " of ", experts, " is stored twice: ", describe(holders[e][x]), ", and ",
+              describe(holders[e][y]),
+              "; each expert of a Megatron-Core save is held by one expert-parallel rank"));
+        }
+      }
+      int64_t covered = 0;
+      for (const Box& box : boxes) covered += NumElementsUnchecked(box.extent);
+      return absl::DataLossError(absl::StrCat(
+          where, e, " of ", experts, " is missing: ",
+          covered == 0
+              ? std::string("no chunk holds it")
+              : absl::StrCat("its chunks hold ", covered, " of its ", elements, " elements"),
+          "; a Megatron-Core save holds every expert once, saved by its expert-parallel rank"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `name` without the layer index after its `layers` component: the checkpoint key of a layer's
+// tensor ("decoder.layers.3.mlp.x" -> "decoder.layers.mlp.x").
+std::string WithoutLayerIndex(absl::string_view name) {
+  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (parts[i] == "layers" && IsIndex(parts[i + 1])) {
+      parts.erase(parts.begin() + i + 1);
+      break;
+    }
+  }
+  return absl::StrJoin(parts, ".");
+}
+
+// What UnstackExperts found.
+struct UnstackedExperts {
+  int64_t experts = 0;  // per layer; 0: no experts
+  int64_t stacked = 0;  // expert-stacked keys of the checkpoint (each over all layers or one)
+  int64_t singletons = 0;  // per-expert keys (singleton_local_shards)
+  // The expert-parallel ranks the files show: experts grouped by the set of data files holding
+  // them (one set per EP rank).
+  int64_t file_groups = 0;
+};
+
+// Splits every expert-stacked tensor (`<experts>.experts.<rest>` [E, ...] once the layers are
+// unstacked) into its E experts `<experts>.local_experts.<e>.<rest>`, read in place, and renames
+// the singleton form's `<experts>.experts.<g>.<rest>` likewise. DataLoss naming the tensors when
+// two disagree on the number of experts or `args_experts` (args.num_experts, when > 0) differs;
+// InvalidArgument when a new name is taken by another tensor.
+absl::StatusOr<UnstackedExperts> UnstackExperts(Catalog& catalog,
+                                                std::optional<int64_t> args_experts) {
+  UnstackedExperts result;
+  std::vector<CatalogTensor> out;
+  absl::flat_hash_map<std::string, std::vector<std::string>> experts_of;
+  std::string first;
+  std::set<std::string> keys;        // the expert-stacked tensors' names without their layer
+  std::set<std::string> singletons;  // likewise, the per-expert keys
+  std::map<int64_t, std::set<int>> files_of;  // expert -> the data files holding it
+  for (CatalogTensor& tensor : catalog.tensors) {
+    const std::optional<ExpertKey> key = ParseExpertKey(tensor.name);
+    if (!key.has_value()) {
+      out.push_back(std::move(tensor));
+      continue;
+    }
+    if (key->expert >= 0) {
+      singletons.insert(WithoutLayerIndex(tensor.name));
+      for (const SourcePiece& piece : tensor.pieces) files_of[key->expert].insert(piece.file);
+      std::string name = ExpertName(*key, key->expert);
+      experts_of[tensor.name] = {name};
+      tensor.name = std::move(name);
+      out.push_back(std::move(tensor));
+      continue;
+    }
+    if (tensor.shape.empty()) {
+      return absl::DataLossError(
+          absl::StrCat("tensor \"", tensor.name, "\" is named as expert-stacked but is 0-d"));
+    }
+    const int64_t experts = tensor.shape[0];
+    if (!keys.empty() && experts != result.experts) {
+      return absl::DataLossError(absl::StrCat(
+          "expert-stacked tensors disagree on the number of experts: \"", first, "\" has ",
+          result.experts, " along its expert axis, \"", tensor.name, "\" has ", experts));
+    }
+    if (keys.empty()) {
+      first = tensor.name;
+      result.experts = experts;
+      for (const SourcePiece& piece : tensor.pieces) {
+        for (int64_t e = piece.box.origin[0]; e < piece.box.origin[0] + piece.box.extent[0]; ++e) {
+          files_of[e].insert(piece.file);
+        }
+      }
+    }
+    keys.insert(WithoutLayerIndex(tensor.name));
+    std::vector<std::string>& names = experts_of[tensor.name];
+    for (int64_t e = 0; e < experts; ++e) {
+      names.push_back(ExpertName(*key, e));
+      out.push_back(LayerOf(tensor, names.back(), e));
+    }
+  }
+  result.stacked = static_cast<int64_t>(keys.size());
+  result.singletons = static_cast<int64_t>(singletons.size());
+  if (keys.empty() && !files_of.empty()) result.experts = files_of.rbegin()->first + 1;
+  // One set of files per expert-parallel rank: its ranks store its experts.
+  std::set<std::set<int>> groups;
+  for (const auto& [expert, files] : files_of) groups.insert(files);
+  result.file_groups = static_cast<int64_t>(groups.size());
+  if (keys.empty()) {
+    for (int64_t e = 0; e < result.experts; ++e) {
+      if (files_of.count(e) > 0) continue;
+      return absl::DataLossError(absl::StrCat(
+          "expert ", e, " of ", result.experts, " (the per-expert keys name experts 0 to ",
+          result.experts - 1, ") is missing: no key `...mlp.experts.experts.", e, ".*` holds it"));
+    }
+  }
+  if (args_experts.has_value() && *args_experts > 0 && result.experts > 0 &&
+      *args_experts != result.experts) {
+    return absl::DataLossError(absl::StrCat(
+        "the checkpoint holds ", result.experts, " experts per layer",
+        first.empty() ? std::string() : absl::StrCat(" (\"", first, "\")"),
+        " but args.num_experts is ", *args_experts));
+  }
+  catalog.tensors = std::move(out);
+  if (experts_of.empty()) return result;
+  RETURN_IF_ERROR(FinishUnstacking(catalog, experts_of, "an expert of an expert-stacked tensor"));
+  return result;
 }
 
 // ---- The checkpoint folder.
@@ -301,20 +580,7 @@ absl::StatusOr<int64_t> UnstackLayers(Catalog& catalog, int64_t* stacked_tensors
   out.insert(out.begin() + insert_at, std::make_move_iterator(unstacked.begin()),
              std::make_move_iterator(unstacked.end()));
   catalog.tensors = std::move(out);
-  catalog.Reindex();
-  absl::flat_hash_map<std::string, int> seen;
-  for (const CatalogTensor& tensor : catalog.tensors) {
-    if (!seen.emplace(tensor.name, 0).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor \"", tensor.name,
-                       "\" is both a layer of a layer-stacked tensor and a tensor of its own"));
-    }
-  }
-  if (catalog.structure != nullptr) {
-    StructureNode structure = *catalog.structure;
-    RenameStackedLeaves(structure, layers_of);
-    catalog.structure = std::make_shared<const StructureNode>(std::move(structure));
-  }
+  RETURN_IF_ERROR(FinishUnstacking(catalog, layers_of, "a layer of a layer-stacked tensor"));
   return layers;
 }
 
@@ -364,7 +630,12 @@ absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
   }
   const std::string context = absl::StrCat("Megatron-Core torch_dist checkpoint ", dir);
   RETURN_IF_ERROR(CheckMetadataJson(dir), context);
-  ASSIGN_OR_RETURN(InputModel model, ReadDcpCheckpoint(dir), context);
+  ASSIGN_OR_RETURN(InputModel model,
+                   ReadDcpCheckpoint(dir,
+                                     [&dir](const DcpMetadata& metadata, const std::string& path) {
+                                       return CheckExpertChunks(dir, metadata, path);
+                                     }),
+                   context);
   RETURN_IF_ERROR(AddCommonState(dir, model), context);
   // A release/ folder holds a release checkpoint (as Megatron-LM's tracker says "release"),
   // whatever iteration common.pt records. Without an iteration in common.pt (newer saves keep
@@ -381,11 +652,13 @@ absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
   Catalog& catalog = model.parts.front();
   int64_t stacked = 0;
   ASSIGN_OR_RETURN(const int64_t layers, UnstackLayers(catalog, &stacked), context);
+  const StructureNode* args = model.training_state.Value("megatron.args");
+  const StructureNode* attributes = args != nullptr ? args->Attributes() : nullptr;
+  ASSIGN_OR_RETURN(const UnstackedExperts experts,
+                   UnstackExperts(catalog, IntAttribute(attributes, "num_experts")), context);
   // Tensor parallelism splits the model as Megatron splits it, on the axes megatron_core_names
   // gives its tensors (the megatron preset covers Megatron-Core's names): the gated fc1 in
   // whole gate and up blocks, QKV in whole query groups (the args' heads, groups, head dim).
-  const StructureNode* args = model.training_state.Value("megatron.args");
-  const StructureNode* attributes = args != nullptr ? args->Attributes() : nullptr;
   model.default_rules = MegatronPartitionRules(
       SwiGLUFromShapes(catalog).value_or(false),
       QkvUnitRowsOfArgs([&](absl::string_view key) { return IntAttribute(attributes, key); }));
@@ -396,6 +669,23 @@ absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
   if (stacked > 0) {
     absl::StrAppend(&model.description, ", ", layers, layers == 1 ? " layer" : " layers",
                     " unstacked from ", stacked, " layer-stacked tensors");
+  }
+  if (experts.experts > 0) {
+    // The expert-parallel size the run saved with: the args', else the groups of files
+    // holding the experts (each EP rank's ranks store its experts).
+    const std::optional<int64_t> ep = IntAttribute(attributes, "expert_model_parallel_size");
+    absl::StrAppend(&model.description, ", ", experts.experts, " experts per layer (EP ",
+                    ep.has_value() ? absl::StrCat(*ep, " from the args")
+                                   : absl::StrCat(experts.file_groups, " from the files"),
+                    ")");
+    if (experts.stacked > 0) {
+      absl::StrAppend(&model.description, " unstacked from ", experts.stacked,
+                      experts.stacked == 1 ? " expert-stacked key" : " expert-stacked keys");
+    }
+    if (experts.singletons > 0) {
+      absl::StrAppend(&model.description, experts.stacked > 0 ? " and" : "", " named by ",
+                      experts.singletons, " per-expert keys");
+    }
   }
   ASSIGN_OR_RETURN(const bool common, CheckInputExists(JoinPath(dir, kTorchDistCommonName)));
   if (common) absl::StrAppend(&model.description, ", ", kTorchDistCommonName);

@@ -18,8 +18,24 @@
 // unstacks that axis: every tensor whose name has a `layers` component followed by a
 // non-numeric one becomes num_layers tensors `<prefix>layers.<i>.<rest>` (the chunks' boxes
 // sliced along it, read in place); all such tensors must agree on num_layers. Per-layer keys
-// (heterogeneous stacks: `layers.<i>.`) and every other tensor keep their names. Axes other
-// than the layer axis (MoE experts' prepended axis) are kept.
+// (heterogeneous stacks: `layers.<i>.`) and every other tensor keep their names.
+//
+// Mixture-of-experts layers: Megatron-Core's SequentialMLP, TEGroupedMLP (whose keys match it)
+// and GroupedMLP save each expert tensor under one key with a global expert axis after the
+// layer axis, `decoder.layers.mlp.experts.experts.linear_fc1.weight` [L, E, ...]
+// (`...mlp.experts.local_experts.<rest>` is read alike, and a per-layer key
+// `decoder.layers.<i>.mlp.experts.experts.<rest>` [E, ...] has it first); its chunks hold one
+// expert each (SequentialMLP: offset ep_rank * E_local + l) or an EP rank's E_local experts
+// (GroupedMLP). reshard unstacks that axis too: expert e of layer i becomes
+// `decoder.layers.<i>.mlp.experts.local_experts.<e>.<rest>`, the name the megatron reader gives a
+// legacy save's experts (global ids), so --format hf (Mixtral) and megatron-torch-dist read it
+// alike; with singleton_local_shards, `...mlp.experts.experts.<g>.<rest>` is renamed to the same
+// name (DataLoss when an id below the largest has no key). Before anything else is read, the
+// chunks of each expert key must hold every expert exactly once: DataLoss naming `.metadata`,
+// the key and the expert when an expert is missing (no chunk, or not all of it) or stored twice
+// (the two chunks, their files and byte offsets). All expert keys must agree on E, and
+// args.num_experts when the args give it. inspect names the experts and the EP
+// (args.expert_model_parallel_size, or the number of sets of files holding the experts).
 //
 // Non-tensor values are carried as the DCP reader carries them (ShardedObjects and
 // `common_state` under their keys); common.pt's contents under "common", and its args,
@@ -33,7 +49,8 @@
 // anything is written, naming what is missing: a folder without metadata.json, a backend other
 // than torch_dist (zarr), a missing `.metadata` or data file, and everything the DCP reader
 // refuses. `inspect` names the layout ("Megatron-Core torch_dist, iter_0000100, 2 layers
-// unstacked from 9 layer-stacked tensors; PyTorch DCP, 2 ranks ...").
+// unstacked from 9 layer-stacked tensors[, 8 experts per layer (EP 2 from the args) unstacked
+// from 2 expert-stacked keys]; PyTorch DCP, 2 ranks ...").
 
 #ifndef RESHARD_LIB_FORMATS_MEGATRON_TORCH_DIST_FORMAT_H_
 #define RESHARD_LIB_FORMATS_MEGATRON_TORCH_DIST_FORMAT_H_

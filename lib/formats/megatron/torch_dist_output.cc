@@ -29,6 +29,9 @@ using Kind = StructureNode::Kind;
 constexpr char kFc1Key[] = "decoder.layers.mlp.linear_fc1.weight";
 constexpr char kFc1BiasKey[] = "decoder.layers.mlp.linear_fc1.bias";
 constexpr char kFc2Key[] = "decoder.layers.mlp.linear_fc2.weight";
+constexpr char kExpertFc1Key[] = "decoder.layers.mlp.experts.experts.linear_fc1.weight";
+constexpr char kExpertFc1BiasKey[] = "decoder.layers.mlp.experts.experts.linear_fc1.bias";
+constexpr char kExpertFc2Key[] = "decoder.layers.mlp.experts.experts.linear_fc2.weight";
 constexpr char kWordEmbeddingsKey[] = "embedding.word_embeddings.weight";
 constexpr char kOutputLayerKey[] = "output_layer.weight";
 // Megatron-Core's CheckpointingConfig as json.dump(asdict(config)) writes it.
@@ -67,28 +70,36 @@ struct Entry {
   std::string key;
   int tp_axis = -1;
   bool stacked = false;
-  std::map<int64_t, CatalogTensor> layers;  // stacked: layer -> its tensor
+  bool experts = false;  // stacked over the layers and the experts: [num_layers, E, ...]
+  // stacked: (layer, expert; -1 unless `experts`) -> its tensor
+  std::map<std::pair<int64_t, int64_t>, CatalogTensor> layers;
   CatalogTensor whole;                      // not stacked
   int whole_source = -1;                    // not stacked and not rearranged: the catalog's
   std::string first_name;                   // an input name, for messages
 };
 
-// The layer tensors of `entry` stacked along a new leading axis of `layers` layers.
-absl::StatusOr<CatalogTensor> Stack(const Entry& entry, int64_t layers) {
+// The layer tensors of `entry` stacked along a new leading axis of `layers` layers, and for an
+// experts' key, each layer's `experts` experts along a second one.
+absl::StatusOr<CatalogTensor> Stack(const Entry& entry, int64_t layers, int64_t experts) {
   const CatalogTensor& first = entry.layers.begin()->second;
   CatalogTensor out;
   out.name = entry.key;
   out.dtype = first.dtype;
   out.shape = first.shape;
+  if (entry.experts) out.shape.insert(out.shape.begin(), experts);
   out.shape.insert(out.shape.begin(), layers);
-  const int64_t layer_elements = std::max<int64_t>(NumElementsUnchecked(first.shape), 1);
-  for (int64_t layer = 0; layer < layers; ++layer) {
-    const auto it = entry.layers.find(layer);
+  const int64_t cell_elements = std::max<int64_t>(NumElementsUnchecked(first.shape), 1);
+  for (int64_t cell = 0; cell < layers * (entry.experts ? experts : 1); ++cell) {
+    const int64_t layer = entry.experts ? cell / experts : cell;
+    const int64_t expert = entry.experts ? cell % experts : -1;
+    const auto it = entry.layers.find({layer, expert});
     if (it == entry.layers.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "\"", entry.key, "\" has no tensor for layer ", layer, " of ", layers,
-          " (from \"", entry.first_name, "\" and its siblings); Megatron-Core stacks every ",
-          "layer's tensors under one key, so every layer must hold them"));
+          entry.experts ? absl::StrCat(", expert ", expert, " of ", experts) : "", " (from \"",
+          entry.first_name, "\" and its siblings); Megatron-Core stacks every layer's ",
+          entry.experts ? "experts' tensors under one key, so every layer must hold every expert"
+                        : "tensors under one key, so every layer must hold them"));
     }
     const CatalogTensor& tensor = it->second;
     if (tensor.shape != first.shape || tensor.dtype != first.dtype) {
@@ -100,22 +111,44 @@ absl::StatusOr<CatalogTensor> Stack(const Entry& entry, int64_t layers) {
     }
     for (const SourcePiece& piece : tensor.pieces) {
       SourcePiece stacked = piece;
+      if (entry.experts) {
+        stacked.box.origin.insert(stacked.box.origin.begin(), expert);
+        stacked.box.extent.insert(stacked.box.extent.begin(), 1);
+        stacked.strides.insert(stacked.strides.begin(), cell_elements);
+      }
       stacked.box.origin.insert(stacked.box.origin.begin(), layer);
       stacked.box.extent.insert(stacked.box.extent.begin(), 1);
-      stacked.strides.insert(stacked.strides.begin(), layer_elements);
+      stacked.strides.insert(stacked.strides.begin(),
+                             cell_elements * (entry.experts ? experts : 1));
       out.pieces.push_back(std::move(stacked));
     }
   }
   return out;
 }
 
-// The common state's args: the input's, for a run of TP `ranks` x PP `stages`.
-StructureNode CommonArgs(const StructureNode& input_args, int ranks, int stages) {
+// The common state's args: the input's, for a run of TP `ranks` x PP `stages`; with `experts`
+// (> 0) experts per layer, num_experts set (added when missing) and the experts on one
+// expert-parallel rank, as the data files hold them.
+StructureNode CommonArgs(const StructureNode& input_args, int ranks, int stages,
+                         int64_t experts) {
   StructureNode args = input_args;
   StructureNode* attributes = args.Attributes();
   SetMegatronParallelArgs(attributes, ranks, stages);
   if (StructureNode* slot = FindKey(attributes, "ckpt_format"); slot != nullptr) {
     *slot = StructureNode::String("torch_dist");
+  }
+  if (experts > 0 && attributes != nullptr) {
+    if (StructureNode* slot = FindKey(attributes, "num_experts"); slot != nullptr) {
+      *slot = StructureNode::Int(experts);
+    } else {
+      attributes->Add(StructureNode::String("num_experts"), StructureNode::Int(experts));
+    }
+    if (StructureNode* slot = FindKey(attributes, "expert_model_parallel_size")) {
+      *slot = StructureNode::Int(1);
+    }
+    if (StructureNode* slot = FindKey(attributes, "expert_tensor_parallel_size")) {
+      *slot = StructureNode::Int(ranks);
+    }
   }
   return args;
 }
@@ -208,11 +241,13 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
       entries.back().key = core.key;
       entries.back().tp_axis = core.tp_axis;
       entries.back().stacked = core.layer >= 0;
+      entries.back().experts = core.expert >= 0;
       entries.back().first_name = tensor.name;
     }
     Entry& entry = entries[at->second];
-    if (entry.stacked != (core.layer >= 0) || (!entry.stacked && !added) ||
-        (entry.stacked && entry.layers.count(core.layer) > 0)) {
+    if (entry.stacked != (core.layer >= 0) || entry.experts != (core.expert >= 0) ||
+        (!entry.stacked && !added) ||
+        (entry.stacked && entry.layers.count({core.layer, core.expert}) > 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensors \"", entry.first_name, "\" and \"", tensor.name,
           "\" both map to the Megatron-Core tensor \"", core.UnstackedName(), "\""));
@@ -222,7 +257,8 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
     const size_t rank = absl::EndsWith(core.key, ".bias") ? 1 : 2;
     const bool viewed = core.tp_axis >= 0 && tensor.shape.size() == rank + 1;
     if (entry.stacked) {
-      entry.layers.emplace(core.layer, viewed ? MergeDims(tensor, core.tp_axis) : tensor);
+      entry.layers.emplace(std::make_pair(core.layer, core.expert),
+                           viewed ? MergeDims(tensor, core.tp_axis) : tensor);
     } else if (viewed) {
       entry.whole = MergeDims(tensor, core.tp_axis);
     } else {
@@ -233,8 +269,17 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
 
   // The layers: every stacked key must hold the same ones.
   int64_t layers = 0;
+  int64_t experts = 0;
   for (const Entry& entry : entries) {
-    if (entry.stacked) layers = std::max(layers, entry.layers.rbegin()->first + 1);
+    if (entry.stacked) layers = std::max(layers, entry.layers.rbegin()->first.first + 1);
+    if (!entry.experts) continue;
+    for (const auto& [cell, tensor] : entry.layers) experts = std::max(experts, cell.second + 1);
+  }
+  if (const std::optional<int64_t> num_experts = IntAttribute(args, "num_experts");
+      num_experts.has_value() && *num_experts > 0 && experts > 0 && *num_experts != experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "args.num_experts is ", *num_experts, " but the model's layers hold ", experts,
+        " experts (ids 0 to ", experts - 1, ")"));
   }
   if (const std::optional<int64_t> num_layers = IntAttribute(args, "num_layers");
       num_layers.has_value() && layers > 0 && *num_layers != layers) {
@@ -247,17 +292,18 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
         " layers evenly; the args record pipeline_model_parallel_size ", stages,
         " for a run with the layers balanced evenly over its stages"));
   }
-  // Gated fc1 ([gate; up]): twice the rows fc2 has columns.
-  bool gated = false;
-  if (entry_of.contains(kFc1Key) && entry_of.contains(kFc2Key)) {
-    const Entry& fc1 = entries[entry_of.at(kFc1Key)];
-    const Entry& fc2 = entries[entry_of.at(kFc2Key)];
-    if (fc1.stacked && fc2.stacked) {
-      const Shape& fc1_shape = fc1.layers.begin()->second.shape;
-      const Shape& fc2_shape = fc2.layers.begin()->second.shape;
-      gated = fc1_shape.size() == 2 && fc2_shape.size() == 2 && fc1_shape[0] == 2 * fc2_shape[1];
-    }
-  }
+  // Gated fc1 ([gate; up]): twice the rows fc2 has columns; the experts' likewise.
+  auto gated_pair = [&](const char* fc1_key, const char* fc2_key) {
+    if (!entry_of.contains(fc1_key) || !entry_of.contains(fc2_key)) return false;
+    const Entry& fc1 = entries[entry_of.at(fc1_key)];
+    const Entry& fc2 = entries[entry_of.at(fc2_key)];
+    if (!fc1.stacked || !fc2.stacked) return false;
+    const Shape& fc1_shape = fc1.layers.begin()->second.shape;
+    const Shape& fc2_shape = fc2.layers.begin()->second.shape;
+    return fc1_shape.size() == 2 && fc2_shape.size() == 2 && fc1_shape[0] == 2 * fc2_shape[1];
+  };
+  const bool gated = gated_pair(kFc1Key, kFc2Key);
+  const bool experts_gated = gated_pair(kExpertFc1Key, kExpertFc2Key);
 
   ArrangedOutput arranged;
   const int base = static_cast<int>(catalog.tensors.size());
@@ -267,7 +313,7 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
     int source = entry.whole_source;
     if (source < 0) {
       if (entry.stacked) {
-        ASSIGN_OR_RETURN(CatalogTensor stacked, Stack(entry, layers));
+        ASSIGN_OR_RETURN(CatalogTensor stacked, Stack(entry, layers, experts));
         arranged.extra_tensors.push_back(std::move(stacked));
       } else {
         arranged.extra_tensors.push_back(std::move(entry.whole));
@@ -287,12 +333,25 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
     chunk.region = Box::Full(shape);
     // The rows past the input's are written as zeros.
     chunk.zero_fill = shape != tensor.shape;
-    const int axis = entry.tp_axis < 0 ? -1 : entry.tp_axis + (entry.stacked ? 1 : 0);
+    int axis = -1;  // the TP axis of the stacked tensor
+    if (entry.tp_axis >= 0) axis = entry.tp_axis + (entry.experts ? 2 : entry.stacked ? 1 : 0);
+    // An experts' key: one chunk per expert (and TP block), as SequentialMLP saves them.
+    std::vector<OutputTensor> cells;
+    for (int64_t e = 0; e < (entry.experts ? experts : 1); ++e) {
+      OutputTensor cell = chunk;
+      if (entry.experts) {
+        cell.region.origin[1] = e;
+        cell.region.extent[1] = 1;
+      }
+      cells.push_back(std::move(cell));
+    }
     if (ranks == 1 || axis < 0 || axis >= static_cast<int>(shape.size())) {
-      rank_tensors[0].push_back(std::move(chunk));
+      for (OutputTensor& cell : cells) rank_tensors[0].push_back(std::move(cell));
       continue;
     }
-    const bool halves = gated && (entry.key == kFc1Key || entry.key == kFc1BiasKey);
+    const bool halves = (gated && (entry.key == kFc1Key || entry.key == kFc1BiasKey)) ||
+                        (experts_gated &&
+                         (entry.key == kExpertFc1Key || entry.key == kExpertFc1BiasKey));
     const int64_t blocks = halves ? 2 : 1;
     if (shape[axis] % (blocks * ranks) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -303,11 +362,13 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
     const int64_t block_size = shape[axis] / blocks;
     const int64_t rows = block_size / ranks;
     for (int r = 0; r < ranks; ++r) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        OutputTensor part = chunk;
-        part.region.origin[axis] = b * block_size + r * rows;
-        part.region.extent[axis] = rows;
-        rank_tensors[r].push_back(std::move(part));
+      for (const OutputTensor& cell : cells) {
+        for (int64_t b = 0; b < blocks; ++b) {
+          OutputTensor part = cell;
+          part.region.origin[axis] = b * block_size + r * rows;
+          part.region.extent[axis] = rows;
+          rank_tensors[r].push_back(std::move(part));
+        }
       }
     }
   }
@@ -325,7 +386,7 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   // The common state, as Megatron-LM's save_checkpoint puts it first in its state dict.
   auto common = std::make_shared<StructureNode>(StructureNode::Dict());
   if (saved_args != nullptr) {
-    common->Add(StructureNode::String("args"), CommonArgs(*saved_args, ranks, stages));
+    common->Add(StructureNode::String("args"), CommonArgs(*saved_args, ranks, stages, experts));
   }
   StructureNode version;
   version.kind = Kind::kFloat;

@@ -33,6 +33,14 @@
 // exactly: the fused QKV is Megatron-Core's (query groups in order, each [its query heads; k; v])
 // as the merged legacy tensor is, and the gated fc1 is the global [gate; up] that Megatron-Core's
 // apply_swiglu_sharded_factory saves, as the megatron reader merges legacy [gate_t; up_t] shards.
+// Mixture-of-experts layers (experts under global ids: a legacy save's
+// `mlp.experts.local_experts.<e>.linear_fc{1,2}.*` as the megatron reader merges it, an imported
+// Mixtral's `dense_h_to_4h` / `dense_4h_to_h`, the torch_dist reader's unstacked experts) are
+// written as SequentialMLP's sharded_state_dict saves them: `decoder.layers.mlp.router.weight`
+// [L, E, h] replicated, and each expert tensor stacked over the layers and the experts under
+// `decoder.layers.mlp.experts.experts.linear_fc{1,2}.*` [L, E, ...], one chunk per expert (and
+// TP block, a gated fc1 [gate; up] per expert), the expert axis (axis 1) in the chunk offsets.
+// Every layer must hold every expert, and args.num_experts, when given, must be E.
 // The word embeddings and output layer have args.padded_vocab_size rows when the input has
 // fewer (an imported HF model's vocab_size rows; zero rows appended, as Megatron-Core pads the
 // vocabulary to make_vocab_size_divisible_by x TP); Megatron input keeps its own rows, already
@@ -43,7 +51,10 @@
 // `__R_0.distcp`, a gated fc1 two per rank (its gate rows and its up rows, Megatron-Core's
 // swiglu sharding); a replicated tensor one chunk, stored by rank 0. Each chunk spans all
 // layers of a stacked tensor (Megatron-Core saves one chunk per layer; DCP loads any tiling).
-// The common state carries the input's args (tensor_model_parallel_size N,
+// The experts are all on one expert-parallel rank (EP 1: rank R stores TP rank R's chunks of
+// every expert; Megatron-Core loads them at any EP). The common state carries the input's args
+// (tensor_model_parallel_size N, with experts num_experts E (added when missing),
+// expert_model_parallel_size 1 and expert_tensor_parallel_size N where the args have them,
 // pipeline_model_parallel_size P (1 without --pipeline-parts), no virtual or uneven stages,
 // ckpt_format "torch_dist", each where the args have it: what Megatron saves for a run of
 // TP N x PP P, which --use-checkpoint-args --use-mp-args-from-checkpoint-args starts at; the
