@@ -261,6 +261,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   const OutputMemory memory = ShareOutputMemory(spec, planned.plan, *output.driver);
   planned.memory_bytes = memory.memory_bytes;
   planned.window_bytes = memory.window_bytes;
+  planned.remote_span_bytes = memory.remote_span_bytes;
   planned.writer_budget = memory.writer_budget;
   return planned;
 }
@@ -270,6 +271,7 @@ OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
   ExecutorOptions options = ExecutorOptionsFor(spec);
   OutputMemory shared;
   shared.window_bytes = spec.window_bytes;
+  shared.remote_span_bytes = options.remote_span_bytes;
   const uint64_t local = EstimateExecutionMemory(plan, options);
   shared.memory_bytes = local;
   // Each data file's writer holds at most this much for the largest file.
@@ -278,7 +280,10 @@ OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
   kvstore::WriteOptions write;
   write.size_hint = largest;
   const uint64_t unbounded = driver.WriteMemoryBound(write);
-  if (unbounded == 0) return shared;
+  const bool remote_input =
+      std::any_of(plan.sources.begin(), plan.sources.end(),
+                  [](const SourceFile& source) { return InputReadsAreRequests(source.path); });
+  if (unbounded == 0 && !remote_input) return shared;
   // The files written at once: each worker's work unit's files.
   size_t files_at_once = 0;
   for (const WorkUnit& unit : WorkUnits(plan)) {
@@ -289,27 +294,44 @@ OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
   // At most what the cap leaves once the process's own memory is set aside (kProcessMemory).
   const uint64_t budget = std::min(local, kOutputMemoryCap - kProcessMemory);
   constexpr uint64_t kSmallestWindow = 1ull << 20;
+  constexpr uint64_t kSmallestSpans = 1ull << 20;
   const uint64_t smallest = std::min(spec.window_bytes, kSmallestWindow);
   bool found = false;
   uint64_t best_writer = 0;
-  for (uint64_t window = spec.window_bytes; window >= smallest; window /= 2) {
-    options.window_bytes = window;
+  options.window_bytes = spec.window_bytes;
+  while (true) {
     const uint64_t execution = EstimateExecutionMemory(plan, options);
-    write.memory_budget = budget > execution ? std::max<uint64_t>(1, (budget - execution) / files)
-                                             : 1;
-    const uint64_t writer = driver.WriteMemoryBound(write);
+    uint64_t writer = 0;
+    if (unbounded > 0) {
+      write.memory_budget =
+          budget > execution ? std::max<uint64_t>(1, (budget - execution) / files) : 1;
+      writer = driver.WriteMemoryBound(write);
+    }
     const bool fits = execution + files * writer <= budget;
-    // The largest window that gives the writers the most memory that fits; without a fit, the
-    // smallest window and the writers' least.
+    // The next, smaller candidate: the larger of the window and the spans (two buffers each)
+    // halves, the window on a tie; the spans only for a remote input.
+    const bool window_halves = options.window_bytes / 2 >= smallest;
+    const bool spans_halve = remote_input && options.remote_span_bytes / 2 >= kSmallestSpans;
+    const bool last = !window_halves && !spans_halve;
+    // The largest window and spans that give the writers the most memory that fits; without a
+    // fit, the smallest window and spans and the writers' least.
     if ((fits && (!found || writer > best_writer)) ||
-        (!found && (window / 2 < smallest || writer >= unbounded))) {
-      shared.window_bytes = window;
+        (!found && (last || (unbounded > 0 && writer >= unbounded)))) {
+      shared.window_bytes = options.window_bytes;
+      shared.remote_span_bytes = options.remote_span_bytes;
       shared.writer_budget = write.memory_budget;
       shared.memory_bytes = execution + files * writer;
       best_writer = writer;
       found = found || fits;
     }
-    if (writer >= unbounded) break;
+    // Nothing more to give the writers (a driver whose writers hold nothing: the first fit).
+    if (writer >= unbounded && (unbounded > 0 || fits)) break;
+    if (last) break;
+    if (window_halves && (!spans_halve || options.window_bytes >= 2 * options.remote_span_bytes)) {
+      options.window_bytes /= 2;
+    } else {
+      options.remote_span_bytes /= 2;
+    }
   }
   return shared;
 }
@@ -466,6 +488,10 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
 
   const auto write_start = Clock::now();
   ExecutorOptions options = ExecutorOptionsFor(spec, control);
+  // The window and the spans of remote sources share the conversion's memory
+  // (ShareOutputMemory).
+  options.window_bytes = planned.window_bytes;
+  options.remote_span_bytes = planned.remote_span_bytes;
   // Checked again by the executor, size and XXH3-64, before it reuses them: a posix
   // generation cannot see a rewrite in place of the same size within the filesystem's
   // timestamp granularity.

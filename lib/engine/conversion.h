@@ -123,34 +123,40 @@ struct PlannedConversion {
   // Files the format writes into the output's parent after publishing (with update_latest).
   std::vector<std::pair<std::string, std::string>> beside_output;
   uint64_t memory_bytes = 0;  // what the Executor will need, see EstimateExecutionMemory
-  // The executor's window (ExecutorOptions::window_bytes) and each output writer's budget
-  // (kvstore::WriteOptions::memory_budget, 0: none), see ShareOutputMemory.
+  // The executor's window and remote read spans (ExecutorOptions::window_bytes,
+  // remote_span_bytes) and each output writer's budget (kvstore::WriteOptions::memory_budget,
+  // 0: none), see ShareOutputMemory.
   uint64_t window_bytes = 0;
+  uint64_t remote_span_bytes = 0;
   uint64_t writer_budget = 0;
 };
 
 // The peak RSS a conversion holds to (kOutputMemoryCap), and what its process holds besides
-// the executor's window and the output's writers (kProcessMemory): the resident pages of
-// reshardctl and its libraries, heaps, thread stacks and the S3 client's connections, about
-// 24 MiB in a conversion into s3://. ShareOutputMemory gives the window and the writers the
-// difference. EstimateExecutionMemory counts more than the executor holds (each worker's span
-// twice, the source pages of a fill), but that margin shrinks with the window while the
-// process's own memory does not, and the writers' parts are all held: so the process's
-// memory is set aside rather than left to the margin.
+// the executor's window, its read spans of remote sources and the output's writers
+// (kProcessMemory): the resident pages of reshardctl and its libraries, heaps, thread stacks
+// and the S3 client's connections, about 24 MiB in a conversion from or into s3://.
+// ShareOutputMemory gives the window, the spans and the writers the difference.
+// EstimateExecutionMemory counts more than the executor holds (the source pages of a fill, a
+// local span twice), but that margin shrinks with the window while the process's own memory
+// does not, and the writers' parts are all held: so the process's memory is set aside rather
+// than left to the margin.
 inline constexpr uint64_t kOutputMemoryCap = 64ull << 20;
 inline constexpr uint64_t kProcessMemory = 24ull << 20;
 
-// How a conversion writing into `driver` shares its memory between the executor's window and
-// the driver's writers (S3: each upload's parts in flight). The budget is what the execution
-// of `plan` with the window of `spec` needs (EstimateExecutionMemory), at most
-// kOutputMemoryCap - kProcessMemory; the writers that are open at once and the executor's
-// window fit in it together: the window shrinks (halving, down to 1 MiB) while that gives the
-// writers more (S3: more parts in flight, or parts of 8 MiB instead of 5 MiB), and each writer
-// gets an equal share of the rest. When even the 1 MiB window and the writers' least do not
-// fit, they are taken. `memory_bytes` is the execution's and the writers' memory together. A
-// driver whose writers hold nothing keeps the window of `spec`.
+// How a conversion from `plan`'s sources into `driver` shares its memory between the
+// executor's window, its spans of remote sources (s3://) and the driver's writers (S3: each
+// upload's parts in flight). Used when the sources are remote or the writers hold memory; else
+// the window of `spec` is kept. The budget is what the execution of `plan` with the window of
+// `spec` needs (EstimateExecutionMemory), at most kOutputMemoryCap - kProcessMemory; the
+// writers that are open at once, the window and the spans fit in it together: the larger of the
+// window and the spans halves (the window down to 1 MiB, the spans, shared by the workers, down
+// to 1 MiB and only for remote sources) while that gives the writers more (S3: more parts in
+// flight, or parts of 8 MiB instead of 5 MiB) or the execution does not fit, and each writer
+// gets an equal share of the rest. When even the least window, spans and writers do not fit,
+// they are taken. `memory_bytes` is the execution's and the writers' memory together.
 struct OutputMemory {
   uint64_t window_bytes = 0;
+  uint64_t remote_span_bytes = 0;
   uint64_t writer_budget = 0;
   uint64_t memory_bytes = 0;
 };

@@ -122,11 +122,13 @@ absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec
   const Clock::time_point write_start = Clock::now();
   std::map<std::string, std::string> metadata;
   if (!control.job_id.empty()) metadata["reshard-job"] = control.job_id;
-  // The window and the upload buffers share the conversion's memory (ShareOutputMemory).
+  // The window, the spans of remote sources and the upload buffers share the conversion's
+  // memory (ShareOutputMemory).
   OutputAreaSink sink(area, plan_id, std::move(metadata), control.cancelled,
                       planned.writer_budget);
   ExecutorOptions options = ExecutorOptionsFor(spec, control);
   options.window_bytes = planned.window_bytes;
+  options.remote_span_bytes = planned.remote_span_bytes;
   options.completed_files = reuse.files;
   // The first error recording a finished file; the executor calls on_file_committed
   // serialized.

@@ -362,17 +362,19 @@ TEST(MemoryOutputTest, FinishedOutputIsRefusedWithoutOverwrite) {
   EXPECT_EQ(replaced->reused_files, 0);
 }
 
-// The plan of a consolidation into s3:// with 20 MB shards of WriteModel(rows, cols), and the
-// memory ShareOutputMemory accounts for: the execution with the planned window and an open
-// upload per thread of the first file's size with the planned writer budget (the parts in flight that
-// fit, and the one filling). `local` is the estimate of the execution with the spec's window.
+// The plan of a consolidation of `input` into `output` with 20 MB shards, and the memory
+// ShareOutputMemory accounts for: the execution with the planned window and spans and, into
+// s3://, an open upload per thread of the first file's size with the planned writer budget (the
+// parts in flight that fit, and the one filling). `local` is the estimate of the execution with
+// the spec's window and spans.
 struct S3Memory {
   PlannedConversion planned;
   uint64_t local = 0;
   uint64_t accounted = 0;
 };
-absl::StatusOr<S3Memory> PlanS3Memory(int64_t rows, int64_t cols, int threads = 2) {
-  ConversionSpec spec = Consolidate(WriteModel(rows, cols), "s3://models/out");
+absl::StatusOr<S3Memory> PlanMemory(const std::string& input, const std::string& output,
+                                    int threads = 2) {
+  ConversionSpec spec = Consolidate(input, output);
   spec.max_shard_size = 20'000'000;
   spec.threads = threads;
   absl::StatusOr<PlannedConversion> planned = PlanConversion(spec);
@@ -383,11 +385,51 @@ absl::StatusOr<S3Memory> PlanS3Memory(int64_t rows, int64_t cols, int threads = 
   memory.local = EstimateExecutionMemory(plan, ExecutorOptionsFor(spec));
   ExecutorOptions shrunk = ExecutorOptionsFor(spec);
   shrunk.window_bytes = memory.planned.window_bytes;
-  const uint64_t per_upload = S3ObjectWriter::MemoryBound(
-      S3ObjectWriter::OptionsFor(plan.files[0].bytes, memory.planned.writer_budget));
-  memory.accounted = EstimateExecutionMemory(plan, shrunk) +
-                     std::min<uint64_t>(plan.files.size(), threads) * per_upload;
+  shrunk.remote_span_bytes = memory.planned.remote_span_bytes;
+  memory.accounted = EstimateExecutionMemory(plan, shrunk);
+  if (absl::StartsWith(output, "s3://")) {
+    const uint64_t per_upload = S3ObjectWriter::MemoryBound(
+        S3ObjectWriter::OptionsFor(plan.files[0].bytes, memory.planned.writer_budget));
+    memory.accounted += std::min<uint64_t>(plan.files.size(), threads) * per_upload;
+  }
   return memory;
+}
+absl::StatusOr<S3Memory> PlanS3Memory(int64_t rows, int64_t cols, int threads = 2) {
+  return PlanMemory(WriteModel(rows, cols), "s3://models/out", threads);
+}
+
+// WriteModel(rows, cols) in the memory store (mem://, read by range requests as s3:// is).
+std::string RemoteModel(const std::string& name, int64_t rows, int64_t cols) {
+  const std::string path = absl::StrCat("mem://inputs/", name, "/model.safetensors");
+  kvstore::GetMemoryDriver().Put(path, ReadAll(WriteModel(rows, cols)));
+  return path;
+}
+
+// A remote input's read spans share the budget the window comes from: a consolidation of four
+// 16 MiB tensors read by range requests into a folder, whose window and spans of the spec are
+// estimated above what kOutputMemoryCap leaves beside the process's own memory, is planned
+// within it: the window halves to 16 MiB, then the spans the two workers share to 8 MiB.
+TEST(ObjectStoreMemoryTest, RemoteInputSpansAndWindowShareTheBudget) {
+  absl::StatusOr<S3Memory> memory =
+      PlanMemory(RemoteModel("spans", 2048, 2048), MakeTempDir("spans") + "/out");
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  ASSERT_EQ(memory->planned.plan.files.size(), 4u);
+  ASSERT_GT(memory->local, kOutputMemoryCap - kProcessMemory);
+  EXPECT_EQ(memory->planned.memory_bytes, memory->accounted);
+  EXPECT_LE(memory->accounted, kOutputMemoryCap - kProcessMemory);
+  EXPECT_EQ(memory->planned.window_bytes, 16u << 20);
+  EXPECT_EQ(memory->planned.remote_span_bytes, 8u << 20);
+}
+
+// Both ends remote: the window, the input's spans and the uploads' parts share one budget.
+TEST(ObjectStoreMemoryTest, RemoteInputAndOutputShareOneBudget) {
+  absl::StatusOr<S3Memory> memory =
+      PlanMemory(RemoteModel("both", 2048, 2048), "s3://models/out");
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  ASSERT_EQ(memory->planned.plan.files.size(), 4u);
+  ASSERT_GT(memory->local, kOutputMemoryCap - kProcessMemory);
+  EXPECT_EQ(memory->planned.memory_bytes, memory->accounted);
+  EXPECT_LE(memory->accounted, kOutputMemoryCap - kProcessMemory);
 }
 
 // A conversion into s3:// needs no more memory than the same conversion into a folder: the

@@ -27,19 +27,17 @@ namespace {
 // buffered reads. SpanBytes(io) is the most a mode may use (for the memory estimate).
 constexpr uint64_t kDirectSpanBytes = 4 << 20;
 constexpr uint64_t kBufferedSpanBytes = 1 << 20;
-// Remote sources (s3://) are read in larger spans, shared by the active workers as well, at
-// least kRemoteMinSpanBytes: a request costs a round trip however short it is, and each span
-// is fetched as several range requests at once (MappedFile::ReadRemote). A 256 MiB checkpoint
-// read from a local radosgw: 70 MiB/s in 4 MiB spans cut at every tensor's end, 200-220 MiB/s
-// in these whole (SpanReader) 16 MiB spans.
-constexpr uint64_t kRemoteSpanBytes = 16 << 20;
-constexpr uint64_t kRemoteMinSpanBytes = 4 << 20;
+// Remote sources (s3://) are read in larger spans (ExecutorOptions::remote_span_bytes shared
+// by the active workers), at least kRemoteMinSpanBytes, one range request's least piece
+// (MappedFile::ReadRemote): a request costs a round trip however short it is, and each span is
+// fetched as several range requests at once, not cut at every tensor's end (SpanReader).
+constexpr uint64_t kRemoteMinSpanBytes = 1 << 20;
 uint64_t SpanBytes(IoMode io) {
   return io == IoMode::kBuffered ? kBufferedSpanBytes : kDirectSpanBytes;
 }
 // A worker's span when it reads remote sources and `workers` run at once.
-uint64_t RemoteSpanBytes(uint64_t workers) {
-  return std::max(kRemoteMinSpanBytes, kRemoteSpanBytes / workers);
+uint64_t RemoteSpanBytes(const ExecutorOptions& options, uint64_t workers) {
+  return std::max(kRemoteMinSpanBytes, options.remote_span_bytes / workers);
 }
 
 // The workers that run at once for a plan of `files` files.
@@ -154,7 +152,7 @@ absl::StatusOr<ExecutionResult> ExecuteInto(const CopyPlan& plan, const Director
     // Per file written at once; mapped at the first file this worker writes.
     std::vector<WindowPipeline::Buffers> buffers(1);
     // Direct reads and short rows go through it; its pages are touched only when there are any.
-    SpanReader spans(any_remote ? RemoteSpanBytes(active_workers)
+    SpanReader spans(any_remote ? RemoteSpanBytes(options, active_workers)
                      : any_direct_reads
                          ? std::max(kBufferedSpanBytes, kDirectSpanBytes / span_workers)
                          : kBufferedSpanBytes);
@@ -330,6 +328,12 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
   bool means = false;
   // The local copies of strided items of remote sources one tensor's fillers hold at most.
   uint64_t staging = 0;
+  // Whether a tensor reads through the workers' spans: all but those gathered from remote runs.
+  bool spans_read = false;
+  const auto is_remote = [&plan](int file) {
+    return file >= 0 && static_cast<size_t>(file) < plan.sources.size() &&
+           InputReadsAreRequests(plan.sources[file].path);
+  };
   auto add_copy = [&](const TensorCopy& copy) {
     plan_bytes += sizeof(TensorCopy) + copy.name.size();
     for (const CopyItem& item : copy.items) {
@@ -343,27 +347,47 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
       for (const TensorCopy& term : copy.mean_terms) add_copy(term);
       means = means || !copy.mean_terms.empty();
       staging = std::max(staging, TensorFiller::StagingMemoryBound(copy, plan.sources));
+      spans_read = spans_read || !TensorFiller::GathersRemoteRuns(copy, is_remote);
+      for (const TensorCopy& term : copy.mean_terms) {
+        spans_read = spans_read || !TensorFiller::GathersRemoteRuns(term, is_remote);
+      }
     }
   }
   // Each worker holds its window, the stage of a direct-I/O file, and the source pages one fill
   // consumed until they are released: FileWriter::kMappedBytesPerFill, plus partly used pages at
-  // both ends of every row run, bounded here by one more window.
+  // both ends of every row run, bounded here by one more window. Remote sources map nothing:
+  // their bytes are in the worker's spans (two buffers, three for files written in turns), which
+  // only tensors that are not gathered from remote runs read (TensorFiller::GathersRemoteRuns).
   const uint64_t window = std::min(WorkerWindow(options, units.size()), largest_file);
   const uint64_t checksums =
       options.check_source_crc32 ? Crc32Source::MemoryBound(plan.sources) : 0;
   // A mean's other terms are read through a scratch buffer of up to half a window.
   const uint64_t mean_scratch = means ? window / 2 : 0;
-  const uint64_t mapped = std::min<uint64_t>(FileWriter::kMappedBytesPerFill, 2 * window);
   // A direct-I/O file's stage, for each file a worker writes at once.
   const uint64_t stage =
       options.io == IoMode::kBuffered ? 0 : files_at_once * std::min<uint64_t>(1 << 20, window);
   const bool remote = std::any_of(plan.sources.begin(), plan.sources.end(),
                                   [](const SourceFile& s) { return InputReadsAreRequests(s.path); });
-  const uint64_t span =
-      2 * std::min<uint64_t>(remote ? RemoteSpanBytes(threads) : SpanBytes(options.io),
+  const bool all_remote =
+      !plan.sources.empty() &&
+      std::all_of(plan.sources.begin(), plan.sources.end(),
+                  [](const SourceFile& s) { return InputReadsAreRequests(s.path); });
+  uint64_t mapped = std::min<uint64_t>(FileWriter::kMappedBytesPerFill, 2 * window);
+  uint64_t window_and_pages = 2 * window;
+  uint64_t span =
+      2 * std::min<uint64_t>(remote ? RemoteSpanBytes(options, threads) : SpanBytes(options.io),
                              plan.source_bytes_read);
+  if (all_remote) {
+    mapped = 0;
+    window_and_pages = window;
+    const int buffers = files_at_once > 1 ? 3 : 2;
+    span = spans_read ? buffers * std::min<uint64_t>(RemoteSpanBytes(options, threads),
+                                                     plan.source_bytes_read)
+                      : 0;
+  }
   // Each file a worker writes at once has its tensor's fillers.
-  return threads * (2 * window + mapped + stage + span + mean_scratch + files_at_once * staging) +
+  return threads * (window_and_pages + mapped + stage + span + mean_scratch +
+                    files_at_once * staging) +
          plan_bytes + checksums;
 }
 }  // namespace reshard

@@ -42,6 +42,12 @@ struct ExecutorOptions {
   // min(threads, files) workers gets window_bytes / that many, at least 4 KiB), so that memory
   // does not grow with the number of output files. Default: 32 MiB.
   uint64_t window_bytes = 32ull << 20;
+  // Bytes of the spans remote sources (s3://) are read in, shared by the workers that run at
+  // once like the window: each worker reads spans of remote_span_bytes / workers (at least
+  // 1 MiB) and holds two of them (three for files written in turns). A conversion sizes it
+  // with the window from one memory budget (ShareOutputMemory, lib/engine/conversion.h).
+  // Default: 16 MiB.
+  uint64_t remote_span_bytes = 16ull << 20;
   // Called after every window and every finished file, from worker threads, serialized.
   std::function<void(const Progress&)> on_progress;
   // When set and true, workers stop before their next window and Execute returns Cancelled.
