@@ -241,8 +241,10 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     deadline_name = "request";
     allowed = options_.request_deadline;
     if (request.has_body && options_.min_throughput > 0) {
-      allowed += absl::Seconds(static_cast<double>(request.body.size()) /
-                               static_cast<double>(options_.min_throughput));
+      // Whole seconds, so that messages read "2m5s".
+      allowed += absl::Ceil(absl::Seconds(static_cast<double>(request.body.size()) /
+                                          static_cast<double>(options_.min_throughput)),
+                            absl::Seconds(1));
     }
   }
   const absl::Time deadline = absl::Now() + allowed;
@@ -347,6 +349,8 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     curl_->easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.http_status);
     curl_off_t sent = 0;
     curl_->easy_getinfo(curl, CURLINFO_SIZE_UPLOAD_T, &sent);
+    curl_off_t connect_us = 0;  // 0: never connected
+    curl_->easy_getinfo(curl, CURLINFO_CONNECT_TIME_T, &connect_us);
     curl_->slist_free_all(headers);
     ReturnHandle(curl);
 
@@ -396,7 +400,12 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
                                    "); ", transferred);
         return past_deadline();
       }
-      if (floor_limit) {
+      if (connect_us == 0) {
+        fail(absl::StatusCode::kUnavailable,
+             absl::StrCat("could not connect within ",
+                          absl::FormatDuration(options_.connect_timeout), " (",
+                          curl_->easy_strerror(rc), ", curl ", static_cast<int>(rc), ")"));
+      } else if (floor_limit) {
         fail(absl::StatusCode::kDeadlineExceeded,
              absl::StrCat("not done within ", absl::FormatDuration(time_limit), " (",
                           transferred, ")"));
