@@ -5,7 +5,8 @@ cluster under a short /tmp/rgw.XXXXXX) and the flaky proxy in front of it (answe
 request 503 SlowDown, drops every 5th connection). Every s3:// output is downloaded with boto3
 and compared byte for byte with the same consolidation into a local folder; manifests are
 compared without their timestamps. Missing Ceph packages fail the test (tools/setup.sh
-installs them).
+installs them). With a radosgw the caller started, S3_TEST_ENDPOINT, S3_TEST_PROXY_ENDPOINT,
+S3_TEST_PROXY_STATS and S3_TEST_CEPH_CONF (its ceph.conf, for radosgw-admin) name it.
 """
 
 import argparse
@@ -50,11 +51,11 @@ def s3_env(endpoint=None, secret="TESTSECRET"):
     return env
 
 
-def reshardctl(*args, env=None):
+def reshardctl(*args, env=None, timeout=600):
     """Runs reshardctl with --json; returns (exit code, parsed stdout or None, stderr)."""
     proc = subprocess.run([ARGS.reshardctl, *args, "--json", "--no-progress"],
                           env=env if env is not None else s3_env(), capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=timeout)
     doc = None
     if proc.stdout.strip():
         doc = json.loads(proc.stdout)
@@ -95,10 +96,10 @@ class S3OutputTest(unittest.TestCase):
             assert code == 0, err
             cls.refs[dtype] = local_files(out)
 
-    def keys(self, prefix):
+    def keys(self, prefix, bucket=BUCKET):
         paginator = self.s3.get_paginator("list_objects_v2")
         keys = []
-        for page in paginator.paginate(Bucket=BUCKET, Prefix=prefix + "/"):
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix + "/"):
             keys += [o["Key"][len(prefix) + 1:] for o in page.get("Contents", [])]
         return sorted(keys)
 
@@ -111,27 +112,27 @@ class S3OutputTest(unittest.TestCase):
                 objects[o["Key"][len(prefix) + 1:]] = o
         return objects
 
-    def uploads(self, prefix):
-        answer = self.s3.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix + "/")
+    def uploads(self, prefix, bucket=BUCKET):
+        answer = self.s3.list_multipart_uploads(Bucket=bucket, Prefix=prefix + "/")
         return answer.get("Uploads", [])
 
-    def get(self, prefix, name):
-        return self.s3.get_object(Bucket=BUCKET, Key=prefix + "/" + name)["Body"].read()
+    def get(self, prefix, name, bucket=BUCKET):
+        return self.s3.get_object(Bucket=bucket, Key=prefix + "/" + name)["Body"].read()
 
-    def assertSameAsLocal(self, prefix, dtype_or_files):
+    def assertSameAsLocal(self, prefix, dtype_or_files, bucket=BUCKET):
         """The objects under `prefix` are the local output (self.refs[dtype], or files)."""
         ref = dtype_or_files
         if isinstance(ref, str):
             ref = self.refs[ref]
-        self.assertEqual(self.keys(prefix), sorted(ref))
+        self.assertEqual(self.keys(prefix, bucket), sorted(ref))
         for name, data in ref.items():
-            got = self.get(prefix, name)
+            got = self.get(prefix, name, bucket)
             if name == MANIFEST:
                 self.assertEqual(comparable_manifest(got), comparable_manifest(data))
             else:
                 self.assertEqual(len(got), len(data), name)
                 self.assertTrue(got == data, "%s/%s differs from the local output" % (prefix, name))
-        self.assertEqual(self.uploads(prefix), [])
+        self.assertEqual(self.uploads(prefix, bucket), [])
 
     def test_consolidate_fp32_and_bf16(self):
         for dtype in ("keep", "bf16"):
@@ -313,6 +314,44 @@ class S3OutputTest(unittest.TestCase):
         self.assertEqual(doc["output"], "s3://%s/parts" % BUCKET)
         self.assertSameAsLocal("parts", local_files(local))
 
+    def test_bucket_quota_fails_the_run_and_a_rerun_after_lifting_it_completes(self):
+        # A bucket quota of 30 MB, below the 64 MiB output: radosgw refuses an upload part
+        # midway (403 QuotaExceeded). The run fails RESOURCE_EXHAUSTED (exit 6) at once, naming
+        # the object and the quota; nothing is published and the marker stays, so that the
+        # rerun, once the quota is lifted, takes the output over and completes it.
+        bucket = "reshard-quota-%d" % os.getpid()
+        prefix = "model"
+        url = "s3://%s/%s" % (bucket, prefix)
+        self.s3.create_bucket(Bucket=bucket)
+        admin = ["radosgw-admin", "-c", os.environ["S3_TEST_CEPH_CONF"]]
+        subprocess.run(admin + ["quota", "set", "--quota-scope=bucket", "--bucket", bucket,
+                                "--max-size=30000000"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(admin + ["quota", "enable", "--quota-scope=bucket", "--bucket", bucket],
+                       check=True, stdout=subprocess.DEVNULL)
+        start = time.time()
+        code, doc, err = reshardctl("consolidate", self.src, url, "--max-shard-size", SHARD,
+                                    "--threads", "1", timeout=240)
+        took = time.time() - start
+        sys.stderr.write("consolidate into a bucket over its quota: exit %d after %.1f s\n"
+                         % (code, took))
+        self.assertEqual(code, 6, err)
+        self.assertEqual(doc["error"]["code"], "RESOURCE_EXHAUSTED")
+        message = doc["error"]["message"]
+        self.assertRegex(message, r"UploadPart %s/model-0000[0-9]-of-0000[0-9]\.safetensors "
+                         r"part [0-9]+: S3 QuotaExceeded \(HTTP 403\)" % url)
+        self.assertLess(took, 60)
+        keys = self.keys(prefix, bucket)
+        self.assertNotIn(MANIFEST, keys)
+        self.assertNotIn(INDEX, keys)
+        self.assertIn(MARKER, keys)
+        self.assertEqual(self.uploads(prefix, bucket), [])
+
+        subprocess.run(admin + ["quota", "disable", "--quota-scope=bucket", "--bucket", bucket],
+                       check=True, stdout=subprocess.DEVNULL)
+        code, doc, err = reshardctl("consolidate", self.src, url, "--max-shard-size", SHARD)
+        self.assertEqual(code, 0, err)
+        self.assertSameAsLocal(prefix, "keep", bucket)
+
     def test_through_a_flaky_proxy(self):
         prefix = "flaky"
         before = {"failed_503": 0, "dropped": 0}
@@ -430,6 +469,7 @@ def main():
         os.environ["S3_TEST_ENDPOINT"] = rgw.endpoint
         os.environ["S3_TEST_PROXY_ENDPOINT"] = rgw.proxy_endpoint
         os.environ["S3_TEST_PROXY_STATS"] = rgw.proxy_stats
+        os.environ["S3_TEST_CEPH_CONF"] = os.path.join(rgw.base, "ceph.conf")
     try:
         program = unittest.main(argv=[sys.argv[0]] + rest, verbosity=2, exit=False)
     finally:

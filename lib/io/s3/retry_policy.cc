@@ -20,6 +20,11 @@ absl::Duration RetryPolicy::Backoff(int retry, absl::BitGen& gen) const {
 
 bool IsRetryable(const AttemptOutcome& outcome) {
   if (outcome.transport_error) return true;
+  // Out of space or over a quota: the same bytes are refused again until someone frees space.
+  if (outcome.s3_code == "QuotaExceeded" || outcome.s3_code == "InsufficientStorage" ||
+      outcome.http_status == 507) {
+    return false;
+  }
   if (outcome.s3_code == "SlowDown" || outcome.s3_code == "RequestTimeout" ||
       outcome.s3_code == "InternalError" || outcome.s3_code == "ServiceUnavailable" ||
       outcome.s3_code == "RequestTimeTooSkewed") {

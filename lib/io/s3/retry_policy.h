@@ -2,7 +2,8 @@
 //
 // A request is retried when the failure says nothing about the request itself: the server was
 // busy or broken (5xx, 429, SlowDown, RequestTimeout), or the transport failed (connection
-// refused or dropped, timeout, truncated response). Client errors (4xx) are final. Waits grow
+// refused or dropped, timeout, truncated response). Client errors (4xx) are final, and so is a
+// store out of space (507 InsufficientStorage) or over a quota (QuotaExceeded). Waits grow
 // exponentially with full jitter (a uniform draw in [0, min(max_backoff, initial * 2^n)]), so
 // many clients that failed together do not retry together.
 

@@ -15,6 +15,10 @@ TEST(RetryPolicyTest, Classification) {
   EXPECT_FALSE(IsRetryable({.http_status = 403, .s3_code = "SignatureDoesNotMatch"}));
   EXPECT_FALSE(IsRetryable({.http_status = 400, .s3_code = "EntityTooSmall"}));
   EXPECT_FALSE(IsRetryable({.http_status = 416}));
+  // Out of space or over a quota: resending the bytes cannot help.
+  EXPECT_FALSE(IsRetryable({.http_status = 403, .s3_code = "QuotaExceeded"}));
+  EXPECT_FALSE(IsRetryable({.http_status = 507, .s3_code = "InsufficientStorage"}));
+  EXPECT_FALSE(IsRetryable({.http_status = 507}));
 }
 
 TEST(RetryPolicyTest, BackoffGrowsAndIsCapped) {

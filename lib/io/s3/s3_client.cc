@@ -30,9 +30,9 @@ struct S3Client::Request {
   // Range GETs write the 2xx body here; otherwise it goes to Response::body (capped).
   absl::Span<char> out;
   bool to_span = false;
-  // Range GETs: held to Options::min_throughput and, with its retries, to `deadline`.
+  // Range GETs: held to Options::min_throughput and, with their retries, to
+  // Options::read_deadline; other requests to Options::request_deadline.
   bool throughput_floor = false;
-  absl::Time deadline = absl::InfiniteFuture();
 };
 
 struct S3Client::Response {
@@ -173,6 +173,9 @@ absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(Options options) {
   if (options.retry.max_attempts < 1) {
     return absl::InvalidArgumentError("S3 client: retry.max_attempts must be at least 1");
   }
+  if (options.max_stalled_attempts < 1) {
+    return absl::InvalidArgumentError("S3 client: max_stalled_attempts must be at least 1");
+  }
   return std::unique_ptr<S3Client>(new S3Client(std::move(options), curl));
 }
 
@@ -230,19 +233,44 @@ std::string S3Client::Url(absl::string_view bucket, absl::string_view key,
 
 absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::string_view what) {
   const std::string url = Url(request.bucket, request.key, request.query);
+  // All attempts and the waits between them end by the deadline: a range read's, or the
+  // request's with time for its body at the throughput floor.
+  absl::Duration allowed = options_.read_deadline;
+  absl::string_view deadline_name = "read";
+  if (!request.throughput_floor) {
+    deadline_name = "request";
+    allowed = options_.request_deadline;
+    if (request.has_body && options_.min_throughput > 0) {
+      // Whole seconds, so that messages read "2m5s".
+      allowed += absl::Ceil(absl::Seconds(static_cast<double>(request.body.size()) /
+                                          static_cast<double>(options_.min_throughput)),
+                            absl::Seconds(1));
+    }
+  }
+  const absl::Time deadline = absl::Now() + allowed;
   absl::BitGen gen;
   absl::Status last_error;
+  std::string last_detail;  // what the last attempt ended with, without `what`
+  int attempts = 0;
+  int stalls = 0;
+  const auto past_deadline = [&] {
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": not done within the ", deadline_name, " deadline of ",
+                     absl::FormatDuration(allowed), " after ", attempts,
+                     attempts == 1 ? " attempt" : " attempts", " (last: ", last_detail, ")"));
+  };
+  const auto fail = [&](absl::StatusCode code, std::string detail) {
+    last_error = absl::Status(code, absl::StrCat(what, ": ", detail));
+    last_detail = std::move(detail);
+  };
   for (int attempt = 1; attempt <= options_.retry.max_attempts; ++attempt) {
     if (attempt > 1) {
       const absl::Duration backoff = options_.retry.Backoff(attempt - 1, gen);
-      if (absl::Now() + backoff >= request.deadline) {
-        return Annotate(last_error,
-                        absl::StrCat("after ", attempt - 1, " attempts (the read deadline of ",
-                                     absl::FormatDuration(options_.read_deadline), ")"));
-      }
+      if (absl::Now() + backoff >= deadline) return past_deadline();
       retries_.fetch_add(1);
       absl::SleepFor(backoff);
     }
+    attempts = attempt;
     requests_.fetch_add(1);
     CURL* curl = static_cast<CURL*>(TakeHandle());
     if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
@@ -256,14 +284,19 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     state.to_span = request.to_span;
     state.max_xml_bytes = options_.max_xml_bytes;
     state.start = absl::Now();
-    // The attempt's time limit: the throughput floor's for its bytes, and the deadline.
-    absl::Duration time_limit = request.deadline - state.start;
+    // The attempt's time limit: the deadline, and the throughput floor's for its bytes.
+    absl::Duration time_limit = std::max(absl::Milliseconds(1), deadline - state.start);
+    bool floor_limit = false;
     if (request.throughput_floor && options_.min_throughput > 0) {
       state.grace = options_.throughput_grace;
       state.min_rate = static_cast<double>(options_.min_throughput);
-      time_limit = std::min(
-          time_limit, options_.throughput_grace +
-                          absl::Seconds(static_cast<double>(request.out.size()) / state.min_rate));
+      const absl::Duration floor_time =
+          options_.throughput_grace +
+          absl::Seconds(static_cast<double>(request.out.size()) / state.min_rate);
+      if (floor_time < time_limit) {
+        time_limit = floor_time;
+        floor_limit = true;
+      }
     }
 
     curl_slist* headers = nullptr;
@@ -299,11 +332,8 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
       curl_->easy_setopt(curl, CURLOPT_XFERINFODATA, &state);
       curl_->easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
     }
-    if (time_limit != absl::InfiniteDuration()) {
-      curl_->easy_setopt(
-          curl, CURLOPT_TIMEOUT_MS,
-          static_cast<long>(std::max<int64_t>(1, absl::ToInt64Milliseconds(time_limit))));
-    }
+    curl_->easy_setopt(curl, CURLOPT_TIMEOUT_MS,
+                       static_cast<long>(std::max<int64_t>(1, absl::ToInt64Milliseconds(time_limit))));
     if (absl::string_view(request.method) == "HEAD") {
       curl_->easy_setopt(curl, CURLOPT_NOBODY, 1L);
     } else if (absl::string_view(request.method) != "GET") {
@@ -315,7 +345,12 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
       curl_->easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.data());
     }
     const CURLcode rc = curl_->easy_perform(curl);
+    const absl::Time ended = absl::Now();
     curl_->easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.http_status);
+    curl_off_t sent = 0;
+    curl_->easy_getinfo(curl, CURLINFO_SIZE_UPLOAD_T, &sent);
+    curl_off_t connect_us = 0;  // 0: never connected
+    curl_->easy_getinfo(curl, CURLINFO_CONNECT_TIME_T, &connect_us);
     curl_->slist_free_all(headers);
     ReturnHandle(curl);
 
@@ -334,9 +369,9 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
           absl::StrCat(what, ": response body larger than ", options_.max_xml_bytes, " bytes"));
     }
     AttemptOutcome outcome;
-    // Aborted by OnProgress, or cut by the time limit while below the floor: too slow.
-    const absl::Duration elapsed = absl::Now() - state.start;
-    if (!state.too_slow && rc == CURLE_OPERATION_TIMEDOUT && state.min_rate > 0 &&
+    const absl::Duration elapsed = ended - state.start;
+    // Aborted by OnProgress, or cut by the floor's time limit while below the floor: too slow.
+    if (!state.too_slow && rc == CURLE_OPERATION_TIMEDOUT && floor_limit &&
         elapsed >= state.grace &&
         static_cast<double>(response.span_bytes) <
             state.min_rate * absl::ToDoubleSeconds(elapsed)) {
@@ -344,29 +379,59 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
       state.slow_bytes = response.span_bytes;
       state.slow_elapsed = elapsed;
     }
+    const uint64_t received = response.span_bytes + response.body.size();
     if (state.too_slow) {
       outcome.transport_error = true;
       const double seconds = absl::ToDoubleSeconds(state.slow_elapsed);
-      last_error = absl::DeadlineExceededError(absl::StrFormat(
-          "%s: received %d bytes in %.1f s (%s, below the %s minimum)", what, state.slow_bytes,
-          seconds, KiBPerSecond(static_cast<double>(state.slow_bytes) / seconds),
-          KiBPerSecond(state.min_rate)));
-    } else if (rc == CURLE_OPERATION_TIMEDOUT && time_limit != absl::InfiniteDuration()) {
+      fail(absl::StatusCode::kDeadlineExceeded,
+           absl::StrFormat("received %d bytes in %.1f s (%s, below the %s minimum)",
+                           state.slow_bytes, seconds,
+                           KiBPerSecond(static_cast<double>(state.slow_bytes) / seconds),
+                           KiBPerSecond(state.min_rate)));
+    } else if (rc == CURLE_OPERATION_TIMEDOUT) {
       outcome.transport_error = true;
-      last_error = absl::DeadlineExceededError(absl::StrCat(
-          what, ": not done within ", absl::FormatDuration(time_limit), " (received ",
-          response.span_bytes + response.body.size(), " bytes; ", curl_->easy_strerror(rc), ")"));
+      const std::string transferred =
+          absl::StrCat(request.has_body ? absl::StrCat(sent, " of ", request.body.size(),
+                                                       " bytes sent, ")
+                                        : std::string(),
+                       received, " bytes received");
+      if (ended >= deadline - absl::Milliseconds(10)) {  // CURLOPT_TIMEOUT_MS is in ms
+        last_detail = absl::StrCat(curl_->easy_strerror(rc), " (curl ", static_cast<int>(rc),
+                                   "); ", transferred);
+        return past_deadline();
+      }
+      if (connect_us == 0) {
+        fail(absl::StatusCode::kUnavailable,
+             absl::StrCat("could not connect within ",
+                          absl::FormatDuration(options_.connect_timeout), " (",
+                          curl_->easy_strerror(rc), ", curl ", static_cast<int>(rc), ")"));
+      } else if (floor_limit) {
+        fail(absl::StatusCode::kDeadlineExceeded,
+             absl::StrCat("not done within ", absl::FormatDuration(time_limit), " (",
+                          transferred, ")"));
+      } else {
+        // libcurl's low-speed rule: under 1 KiB/s for stall_timeout.
+        ++stalls;
+        fail(absl::StatusCode::kDeadlineExceeded,
+             absl::StrCat("no progress for ", absl::FormatDuration(options_.stall_timeout), " (",
+                          transferred, ")"));
+        if (stalls >= options_.max_stalled_attempts) {
+          return Annotate(last_error, absl::StrCat("after ", attempt,
+                                                   attempt == 1 ? " attempt" : " attempts"));
+        }
+      }
     } else if (rc != CURLE_OK) {
       outcome.transport_error = true;
-      last_error = absl::UnavailableError(
-          absl::StrCat(what, ": ", curl_->easy_strerror(rc), " (curl ", static_cast<int>(rc), ")"));
+      fail(absl::StatusCode::kUnavailable,
+           absl::StrCat(curl_->easy_strerror(rc), " (curl ", static_cast<int>(rc), ")"));
     } else if (response.http_status >= 200 && response.http_status < 300) {
       return response;
     } else {
       S3Error error = ParseS3Error(static_cast<int>(response.http_status), response.body);
       outcome.http_status = error.http_status;
       outcome.s3_code = error.code;
-      last_error = S3ErrorToStatus(error, what);
+      const absl::Status status = S3ErrorToStatus(error, what);
+      fail(status.code(), std::string(status.message().substr(what.size() + 2)));
     }
     if (!IsRetryable(outcome)) return last_error;
   }
@@ -411,7 +476,6 @@ absl::Status S3Client::GetRange(absl::string_view bucket, absl::string_view key,
   request.out = out;
   request.to_span = true;
   request.throughput_floor = true;
-  request.deadline = absl::Now() + options_.read_deadline;
   const auto changed = [&](absl::string_view now) {
     return absl::FailedPreconditionError(absl::StrCat(url, " changed while being read: ETag ",
                                                       expected.etag, " at open, ", now,

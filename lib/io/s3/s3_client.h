@@ -5,8 +5,8 @@
 // multipart uploads. Every call is synchronous; call from several threads to have several
 // requests in flight. Easy handles are pooled so connections and DNS results are reused.
 //
-// Retries: every request is retried (RetryPolicy) on 5xx, 429/SlowDown, timeouts and dropped or
-// truncated connections. All calls here are idempotent or harmless to repeat: GET/HEAD/LIST,
+// Retries: every request is retried (RetryPolicy) on 5xx (but 507), 429/SlowDown, timeouts and
+// dropped or truncated connections. All calls here are idempotent or harmless to repeat: GET/HEAD/LIST,
 // PUT of the same bytes, DELETE, UploadPart (per part number), CreateMultipartUpload (a
 // repeat leaves an extra empty upload, which stale-upload cleanup removes), and
 // CompleteMultipartUpload (a repeat after a lost success answers NoSuchUpload, reported as
@@ -29,6 +29,14 @@
 // DataLoss naming the object and range, not retried. With the ETag the object had when it was
 // opened, the GET sends If-Match and compares the answer's ETag: a replaced object is
 // FailedPrecondition "s3://b/k changed while being read: ETag "x" at open, "y" at offset N".
+//
+// Stuck servers: every request ends by a deadline, its retries included (Options::read_deadline
+// for range GETs, Options::request_deadline for the others), and a request whose attempts stall
+// (nothing moves for Options::stall_timeout) Options::max_stalled_attempts times ends there.
+// Those errors are DeadlineExceeded and read "<what>: not done within the request deadline of
+// 2m after 3 attempts (last: <how the last attempt ended>)" or "after 2 attempts: <what>: no
+// progress for 1m (N of M bytes sent, K bytes received)". A store out of space or over a quota
+// (QuotaExceeded, 507 InsufficientStorage) is ResourceExhausted and not retried.
 //
 // Slow servers: a range GET whose body arrives slower than Options::min_throughput on average
 // (checked once Options::throughput_grace has passed since the request was sent) is aborted
@@ -102,8 +110,12 @@ class S3Client {
     RetryPolicy retry;
     // Default: 10 s.
     absl::Duration connect_timeout = absl::Seconds(10);
-    // A transfer slower than 1 KiB/s for this long is aborted (and retried). Default: 60 s.
+    // An attempt that moves less than 1 KiB/s for this long, in either direction (a server
+    // that stops reading the body or never answers), is aborted: a stall. Default: 60 s.
     absl::Duration stall_timeout = absl::Seconds(60);
+    // Stalled attempts after which a request fails (DeadlineExceeded) without more retries: a
+    // store that stalls twice in a row is stuck, not busy. Default: 2.
+    int max_stalled_attempts = 2;
     // Range GETs: the least average rate of the body since the request was sent, in bytes per
     // second, checked once `throughput_grace` has passed; a slower attempt is aborted (and
     // retried). An attempt also ends at throughput_grace + its bytes / min_throughput. 0: no
@@ -113,6 +125,11 @@ class S3Client {
     // Time for one range read, all its attempts and the waits between them included: no attempt
     // starts after it and the one under way is cut there. Default: 10 min.
     absl::Duration read_deadline = absl::Minutes(10);
+    // Time for any other request, all its attempts and the waits between them included, plus
+    // its body's bytes at min_throughput (an 8 MiB part: 2 min + 256 s; S3's largest part,
+    // 5 GiB, is not cut on a link that keeps the floor): no attempt starts after it and the
+    // one under way is cut there (DeadlineExceeded). Default: 2 min.
+    absl::Duration request_deadline = absl::Minutes(2);
     // Cap of XML response bodies (LIST pages, errors, multipart answers). Default: 16 MiB.
     size_t max_xml_bytes = 16 << 20;
   };

@@ -113,10 +113,15 @@ S3ObjectWriter::~S3ObjectWriter() {
     if (error_.ok()) error_ = absl::AbortedError(absl::StrCat(url_, ": writer abandoned"));
   }
   StopUploaders();
-  if (!completed_) {
-    // Best effort: a failed abort leaves the upload for AbortStaleUploads on the rerun.
-    client_->AbortMultipartUpload(bucket_, key_, upload_id_).IgnoreError();
+  if (completed_) return;
+  {
+    absl::MutexLock lock(&mu_);
+    // The store stopped answering: an abort would wait its deadline again for nothing.
+    if (absl::IsDeadlineExceeded(error_)) store_stuck_ = true;
   }
+  // Best effort: a failed or skipped abort leaves the upload for AbortStaleUploads on the
+  // rerun.
+  if (!store_stuck_) client_->AbortMultipartUpload(bucket_, key_, upload_id_).IgnoreError();
 }
 
 void S3ObjectWriter::StopUploaders() {
@@ -224,6 +229,7 @@ absl::Status S3ObjectWriter::Close() {
   });
   absl::StatusOr<std::string> etag =
       client_->CompleteMultipartUpload(bucket_, key_, upload_id_, parts);
+  if (absl::IsDeadlineExceeded(etag.status())) store_stuck_ = true;
   if (absl::IsFailedPrecondition(etag.status())) {
     // NoSuchUpload: a retried completion after a lost success answer, or an upload aborted by
     // someone else (AbortStaleUploads of a concurrent rerun). Only the first leaves the object

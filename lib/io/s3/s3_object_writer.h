@@ -6,8 +6,9 @@
 // pool is full. The object appears under its key only when Close has uploaded every part and
 // completed the upload (S3 makes a multipart object visible at completion, whole). An object
 // written by a run that is killed, or a writer destroyed unclosed or after an error, leaves
-// no object: the upload is aborted (or, for a killed process, left for AbortStaleUploads to
-// find by its key prefix on the rerun).
+// no object: the upload is aborted (or, for a killed process or after a request that ended
+// DeadlineExceeded because the store stopped answering, left for AbortStaleUploads to find by
+// its key prefix on the rerun).
 //
 //   ASSIGN_OR_RETURN(auto object, S3ObjectWriter::Create(client, bucket, key, {}));
 //   Xxh3Writer digest(object.get());
@@ -74,7 +75,7 @@ class S3ObjectWriter final : public ByteWriter {
   static absl::StatusOr<std::unique_ptr<S3ObjectWriter>> Create(S3Client* client,
                                                                 std::string bucket, std::string key,
                                                                 Options options);
-  // Aborts the upload unless Close completed it.
+  // Aborts the upload unless Close completed it or the store stopped answering.
   ~S3ObjectWriter() override;
   S3ObjectWriter(const S3ObjectWriter&) = delete;
   S3ObjectWriter& operator=(const S3ObjectWriter&) = delete;
@@ -132,6 +133,9 @@ class S3ObjectWriter final : public ByteWriter {
   uint64_t pos_ = 0;
   bool closed_ = false;
   bool completed_ = false;
+  // Set when a request ended DeadlineExceeded (the store stopped answering): the destructor
+  // then leaves the upload to AbortStaleUploads instead of waiting on the store again.
+  bool store_stuck_ = false;
   std::string etag_;
 
   mutable absl::Mutex mu_;

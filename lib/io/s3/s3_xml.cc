@@ -161,6 +161,11 @@ absl::Status S3ErrorToStatus(const S3Error& error, absl::string_view what) {
       {"ServiceUnavailable", absl::StatusCode::kUnavailable},
       {"RequestTimeout", absl::StatusCode::kUnavailable},
       {"InternalError", absl::StatusCode::kUnavailable},
+      {"QuotaExceeded", absl::StatusCode::kResourceExhausted},
+      {"InsufficientStorage", absl::StatusCode::kResourceExhausted},
+      {"TooManyBuckets", absl::StatusCode::kResourceExhausted},
+      {"BadDigest", absl::StatusCode::kDataLoss},
+      {"XAmzContentSHA256Mismatch", absl::StatusCode::kDataLoss},
   });
   absl::StatusCode code = absl::StatusCode::kUnknown;
   auto it = kCodes->find(error.code);
@@ -191,6 +196,9 @@ absl::Status S3ErrorToStatus(const S3Error& error, absl::string_view what) {
         break;
       case 500:
         code = absl::StatusCode::kInternal;
+        break;
+      case 507:
+        code = absl::StatusCode::kResourceExhausted;
         break;
       case 502:
       case 503:

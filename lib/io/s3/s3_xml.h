@@ -58,6 +58,9 @@ S3Error ParseS3Error(int http_status, absl::string_view body);
 //   BucketAlreadyExists, BucketAlreadyOwnedByYou,
 //   BucketNotEmpty, OperationAborted, 409                -> AlreadyExists / FailedPrecondition
 //   PreconditionFailed, 412                              -> FailedPrecondition
+//   QuotaExceeded, InsufficientStorage, 507,
+//   TooManyBuckets                                       -> ResourceExhausted
+//   BadDigest, XAmzContentSHA256Mismatch                 -> DataLoss
 //   SlowDown, 429, 503                                   -> Unavailable
 //   RequestTimeout, 500 InternalError, other 5xx         -> Unavailable / Internal
 //   other 4xx                                            -> InvalidArgument

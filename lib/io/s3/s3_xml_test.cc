@@ -63,6 +63,11 @@ TEST(S3XmlTest, MapsCodes) {
            Case{416, "InvalidRange", absl::StatusCode::kOutOfRange},
            Case{503, "SlowDown", absl::StatusCode::kUnavailable},
            Case{409, "BucketAlreadyOwnedByYou", absl::StatusCode::kAlreadyExists},
+           Case{403, "QuotaExceeded", absl::StatusCode::kResourceExhausted},
+           Case{507, "InsufficientStorage", absl::StatusCode::kResourceExhausted},
+           Case{507, "", absl::StatusCode::kResourceExhausted},
+           Case{400, "XAmzContentSHA256Mismatch", absl::StatusCode::kDataLoss},
+           Case{400, "BadDigest", absl::StatusCode::kDataLoss},
            // HEAD responses carry no body: the HTTP status decides.
            Case{404, "", absl::StatusCode::kNotFound},
            Case{403, "", absl::StatusCode::kPermissionDenied},
