@@ -17,6 +17,7 @@
 #include "lib/exec/tensor_compare.h"
 #include "lib/formats/hf/hf_config.h"
 #include "lib/formats/hf/model_files.h"
+#include "lib/formats/megatron/megatron_core_names.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/io/file_access.h"
 #include "lib/plan/layout_builders.h"
@@ -31,6 +32,7 @@ constexpr char kConfigName[] = "config.json";
 // Megatron-LM's default --make-vocab-size-divisible-by.
 constexpr int64_t kVocabDivisibleBy = 128;
 constexpr char kEncoder[] = "language_model.encoder.";
+constexpr char kCoreLayers[] = "decoder.layers.";
 
 // The model's figures, from config.json.
 struct Sizes {
@@ -228,7 +230,7 @@ StructureNode IntOrFloat(double value) {
 
 // The argparse.Namespace of a Megatron-LM run of the model (the file comment lists the args).
 StructureNode MakeArgs(const HfFamily& family, const Sizes& sizes, const Json& config, DType dtype,
-                       int tp, int pp) {
+                       int tp, int pp, MegatronNames names) {
   StructureNode attributes = StructureNode::Dict();
   auto set = [&](const char* key, StructureNode value) {
     attributes.Add(StructureNode::String(key), std::move(value));
@@ -275,15 +277,28 @@ StructureNode MakeArgs(const HfFamily& family, const Sizes& sizes, const Json& c
     }
   }
   if (family.moe) {
-    // Megatron-Core's MoE arguments; every expert on every expert-parallel rank (EP 1).
+    // Megatron-Core's MoE arguments: Mixtral's top-k softmax router with its load-balancing
+    // loss, SequentialMLP experts, every expert on every expert-parallel rank (EP 1; the
+    // megatron output sets the EP it writes) split over TP as a dense MLP.
     set("num_experts", StructureNode::Int(sizes.experts));
     set("moe_router_topk", StructureNode::Int(sizes.top_k));
     set("moe_ffn_hidden_size", StructureNode::Int(sizes.ffn));
+    set("moe_router_load_balancing_type", StructureNode::String("aux_loss"));
     if (sizes.aux_loss_coef.has_value()) {
       set("moe_aux_loss_coeff", Float(*sizes.aux_loss_coef));
     }
+    set("moe_router_pre_softmax", StructureNode::Bool(false));
     set("moe_grouped_gemm", StructureNode::Bool(false));
     set("expert_model_parallel_size", StructureNode::Int(1));
+    set("expert_tensor_parallel_size", StructureNode::Int(tp));
+  }
+  if (names != MegatronNames::kMegatronLm) {
+    // A Megatron-Core GPTModel of the layer spec the names are, saved per rank by torch.save.
+    set("use_legacy_models", StructureNode::Bool(false));
+    set("transformer_impl", StructureNode::String(names == MegatronNames::kMegatronCoreLocal
+                                                      ? "local"
+                                                      : "transformer_engine"));
+    set("ckpt_format", StructureNode::String("torch"));
   }
   set("qk_layernorm", StructureNode::Bool(family.qk_norm));
   set("untie_embeddings_and_output_weights", StructureNode::Bool(!sizes.tied));
@@ -381,6 +396,7 @@ class Builder {
   }
 
   DType dtype() const { return dtype_.value_or(DType::kF32); }
+  const std::string& config_path() const { return config_path_; }
   std::vector<CatalogTensor> TakeTensors() { return std::move(out_); }
 
  private:
@@ -468,25 +484,71 @@ CatalogTensor FuseGateUp(std::string name, const CatalogTensor& gate, const Cata
   return fused;
 }
 
-// The word embeddings from HF's `embeddings`, then `layer(hf, megatron)` for every layer, with
-// the name prefixes of its tensors (`<hf_layers><i>.`, `language_model.encoder.layers.<i>.`).
+// The word embeddings from HF's `embeddings`, then `layer(hf, megatron, i)` for every layer i,
+// with the name prefixes of its tensors (`<hf_layers><i>.`, `language_model.encoder.layers.<i>.`).
 absl::Status BuildEmbeddingAndLayers(
     const Sizes& sizes, Builder& builder, const std::string& embeddings,
     const std::string& hf_layers,
-    const std::function<absl::Status(const std::string&, const std::string&)>& layer) {
+    const std::function<absl::Status(const std::string&, const std::string&, int64_t)>& layer) {
   RETURN_IF_ERROR(builder.Copy(embeddings, "language_model.embedding.word_embeddings.weight",
                                {sizes.vocab, sizes.hidden}));
   for (int64_t i = 0; i < sizes.layers; ++i) {
     RETURN_IF_ERROR(
-        layer(absl::StrCat(hf_layers, i, "."), absl::StrCat(kEncoder, "layers.", i, ".")));
+        layer(absl::StrCat(hf_layers, i, "."), absl::StrCat(kEncoder, "layers.", i, "."), i));
   }
   return absl::OkStatus();
 }
 
-absl::Status BuildLlamaStyle(const HfFamily& family, const Sizes& sizes, Builder& builder) {
+// Megatron's merged SwiGLU MLP from HF's gate, up and down projections ([ffn, h], [ffn, h],
+// [h, ffn]): gate and up fused as `fc1` ([gate; up]), down copied as `fc2`.
+absl::Status BuildSwiGlu(const Sizes& sizes, Builder& builder, const std::string& gate_name,
+                         const std::string& up_name, const std::string& down_name,
+                         std::string fc1, std::string fc2) {
+  const int64_t h = sizes.hidden, ffn = sizes.ffn;
+  ASSIGN_OR_RETURN(const CatalogTensor* gate, builder.Take(gate_name, {ffn, h}));
+  ASSIGN_OR_RETURN(const CatalogTensor* up, builder.Take(up_name, {ffn, h}));
+  builder.Add(FuseGateUp(std::move(fc1), *gate, *up));
+  return builder.Copy(down_name, std::move(fc2), {h, ffn});
+}
+
+// A Mixtral layer's MLP (HF names under `hf_layer`: post_attention_layernorm and
+// block_sparse_moe) as Megatron-Core's MoE layer `layer` (the table in hf_import.h), the one
+// mapping of mixture-of-experts layers for every output's names: InvalidArgument for
+// MegatronNames::kMegatronLm, which has no such layer.
+absl::Status BuildMixtralMoeLayer(const Sizes& sizes, Builder& builder,
+                                  const std::string& hf_layer, int64_t layer,
+                                  MegatronNames names) {
+  if (names == MegatronNames::kMegatronLm) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a Mixtral model (", builder.config_path(),
+        ") has no Megatron-LM legacy names: Megatron-LM builds mixture-of-experts GPTs only as "
+        "Megatron-Core models (its legacy SwitchMLP routes each token to one expert through a "
+        "biased router), so it is imported under Megatron-Core's names"));
+  }
+  const int64_t h = sizes.hidden;
+  const std::string mg = absl::StrCat(kCoreLayers, layer, ".");
+  // Megatron-Core's MoE layers keep their own pre-MLP norm in both layer specs (only a dense
+  // MLP fuses it into linear_fc1 under TransformerEngine).
+  RETURN_IF_ERROR(builder.Copy(hf_layer + "post_attention_layernorm.weight",
+                               mg + "pre_mlp_layernorm.weight", {h}));
+  RETURN_IF_ERROR(builder.Copy(hf_layer + "block_sparse_moe.gate.weight",
+                               mg + "mlp.router.weight", {sizes.experts, h}));
+  for (int64_t e = 0; e < sizes.experts; ++e) {
+    // Expert e's w1 (gate), w3 (up), w2 (down) as SequentialMLP's local expert e.
+    const std::string from = absl::StrCat(hf_layer, "block_sparse_moe.experts.", e, ".");
+    const std::string to = absl::StrCat(mg, "mlp.experts.local_experts.", e, ".");
+    RETURN_IF_ERROR(BuildSwiGlu(sizes, builder, from + "w1.weight", from + "w3.weight",
+                                from + "w2.weight", to + "linear_fc1.weight",
+                                to + "linear_fc2.weight"));
+  }
+  return absl::OkStatus();
+}
+
+
+absl::Status BuildLlamaStyle(const HfFamily& family, const Sizes& sizes, MegatronNames names,
+                             Builder& builder) {
   const int64_t h = sizes.hidden, d = sizes.head_dim, nh = sizes.heads, ng = sizes.groups;
-  const int64_t ffn = sizes.ffn;
-  auto layer = [&](const std::string& hf, const std::string& mg) -> absl::Status {
+  auto layer = [&](const std::string& hf, const std::string& mg, int64_t i) -> absl::Status {
     RETURN_IF_ERROR(
         builder.Copy(hf + "input_layernorm.weight", mg + "input_layernorm.weight", {h}));
     for (const char* suffix : {"weight", "bias"}) {
@@ -510,32 +572,12 @@ absl::Status BuildLlamaStyle(const HfFamily& family, const Sizes& sizes, Builder
     }
     RETURN_IF_ERROR(builder.Copy(hf + "self_attn.o_proj.weight", mg + "self_attention.dense.weight",
                                  {h, nh * d}));
+    if (family.moe) return BuildMixtralMoeLayer(sizes, builder, hf, i, names);
     RETURN_IF_ERROR(builder.Copy(hf + "post_attention_layernorm.weight",
                                  mg + "post_attention_layernorm.weight", {h}));
-    // A SwiGLU MLP: gate and up fused as `fc1`, down copied as `fc2`.
-    auto mlp = [&](const std::string& gate_name, const std::string& up_name,
-                   const std::string& down_name, const std::string& fc1,
-                   const std::string& fc2) -> absl::Status {
-      ASSIGN_OR_RETURN(const CatalogTensor* gate, builder.Take(gate_name, {ffn, h}));
-      ASSIGN_OR_RETURN(const CatalogTensor* up, builder.Take(up_name, {ffn, h}));
-      builder.Add(FuseGateUp(fc1, *gate, *up));
-      return builder.Copy(down_name, fc2, {h, ffn});
-    };
-    if (!family.moe) {
-      return mlp(hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight",
-                 hf + "mlp.down_proj.weight", mg + "mlp.dense_h_to_4h.weight",
-                 mg + "mlp.dense_4h_to_h.weight");
-    }
-    // Mixtral: the router, then expert e's w1 (gate), w3 (up), w2 (down).
-    RETURN_IF_ERROR(builder.Copy(hf + "block_sparse_moe.gate.weight", mg + "mlp.router.weight",
-                                 {sizes.experts, h}));
-    for (int64_t e = 0; e < sizes.experts; ++e) {
-      const std::string from = absl::StrCat(hf, "block_sparse_moe.experts.", e, ".");
-      const std::string to = absl::StrCat(mg, "mlp.experts.local_experts.", e, ".");
-      RETURN_IF_ERROR(mlp(from + "w1.weight", from + "w3.weight", from + "w2.weight",
-                          to + "dense_h_to_4h.weight", to + "dense_4h_to_h.weight"));
-    }
-    return absl::OkStatus();
+    return BuildSwiGlu(sizes, builder, hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight",
+                       hf + "mlp.down_proj.weight", mg + "mlp.dense_h_to_4h.weight",
+                       mg + "mlp.dense_4h_to_h.weight");
   };
   RETURN_IF_ERROR(
       BuildEmbeddingAndLayers(sizes, builder, "model.embed_tokens.weight", "model.layers.", layer));
@@ -546,7 +588,7 @@ absl::Status BuildLlamaStyle(const HfFamily& family, const Sizes& sizes, Builder
 
 absl::Status BuildGpt2(const Sizes& sizes, Builder& builder) {
   const int64_t h = sizes.hidden, ffn = sizes.ffn;
-  auto layer = [&](const std::string& hf, const std::string& mg) -> absl::Status {
+  auto layer = [&](const std::string& hf, const std::string& mg, int64_t) -> absl::Status {
     for (const char* suffix : {"weight", "bias"}) {
       RETURN_IF_ERROR(builder.Copy(absl::StrCat(hf, "ln_1.", suffix),
                                    absl::StrCat(mg, "input_layernorm.", suffix), {h}));
@@ -656,10 +698,15 @@ absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, const std::stri
   return parsed;
 }
 
+MegatronNames DefaultMegatronNames(const HfFamily& family) {
+  return family.moe ? MegatronNames::kMegatronCoreLocal : MegatronNames::kMegatronLm;
+}
+
 absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tensor_parallel,
                                               int pipeline_parallel, absl::string_view as_what,
                                               const HfExportOptions& hf, InputModel& model,
-                                              Catalog& catalog) {
+                                              Catalog& catalog,
+                                              std::optional<MegatronNames> names) {
   if (!IsHfImportInput(model)) return false;
   const HfFamily* family = nullptr;
   if (!hf.family.empty() && hf.family != "auto") {
@@ -678,7 +725,7 @@ absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tens
                    ReadHfInputConfig(input, hf.config_file, &config_path, as_what));
   ASSIGN_OR_RETURN(MegatronImport imported,
                    ImportHfAsMegatron(catalog, config, config_path, tensor_parallel,
-                                      pipeline_parallel, family, as_what));
+                                      pipeline_parallel, family, as_what, names));
   if (imported.tied_head >= 0) {
     RETURN_IF_ERROR(CheckTiedHead(catalog, imported.tied_head, imported.tied_embedding,
                                   config_path, as_what));
@@ -696,7 +743,8 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
                                                   const std::string& config_path,
                                                   int tensor_parallel, int pipeline_parallel,
                                                   const HfFamily* family_override,
-                                                  absl::string_view as_what) {
+                                                  absl::string_view as_what,
+                                                  std::optional<MegatronNames> names_asked) {
   const Config config(config_json, config_path, as_what);
   MegatronImport imported;
   if (family_override != nullptr) {
@@ -705,6 +753,7 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
     ASSIGN_OR_RETURN(imported.family, FamilyOfConfig(config));
   }
   const HfFamily& family = *imported.family;
+  const MegatronNames names = names_asked.value_or(DefaultMegatronNames(family));
   ASSIGN_OR_RETURN(const Sizes sizes, ReadSizes(config, family));
   const int tp = std::max(tensor_parallel, 1);
   if (sizes.heads % tp != 0 || sizes.groups % tp != 0) {
@@ -718,7 +767,7 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
   if (family.gpt2) {
     RETURN_IF_ERROR(BuildGpt2(sizes, builder));
   } else {
-    RETURN_IF_ERROR(BuildLlamaStyle(family, sizes, builder));
+    RETURN_IF_ERROR(BuildLlamaStyle(family, sizes, names, builder));
   }
   std::set<std::string> skipped;
   if (family.gpt2) {
@@ -758,11 +807,24 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
   imported.catalog.format = catalog.format;
   imported.catalog.files = catalog.files;
   imported.catalog.tensors = builder.TakeTensors();
+  if (names != MegatronNames::kMegatronLm) {
+    // Megatron-Core's names of the tensors built under Megatron-LM's (the MoE layers are built
+    // under Megatron-Core's already).
+    const MegatronCoreSpec spec = names == MegatronNames::kMegatronCoreLocal
+                                      ? MegatronCoreSpec::kLocal
+                                      : MegatronCoreSpec::kTransformerEngine;
+    for (CatalogTensor& tensor : imported.catalog.tensors) {
+      if (!absl::StartsWith(tensor.name, "language_model.")) continue;
+      ASSIGN_OR_RETURN(const MegatronCoreTensor core, MegatronCoreName(tensor.name, spec));
+      tensor.name = core.UnstackedName();
+    }
+  }
   imported.catalog.Reindex();
 
   TrainingState& state = imported.training_state;
   state.values["megatron.args"] =
-      MakeArgs(family, sizes, config_json, builder.dtype(), tp, std::max(pipeline_parallel, 1));
+      MakeArgs(family, sizes, config_json, builder.dtype(), tp, std::max(pipeline_parallel, 1),
+               names);
   state.values["megatron.iteration"] = StructureNode::Int(0);
   state.values["megatron.checkpoint_version"] = Float(3.0);
   state.values["megatron.release"] = StructureNode::Bool(true);
@@ -771,10 +833,11 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
   imported.rules = MegatronPartitionRules(/*swiglu=*/!family.gpt2,
                                           (sizes.heads / sizes.groups + 2) * sizes.head_dim);
   // The output cuts the vocabulary for each TP rank itself, padded (megatron_output.h).
+  const std::string model = names == MegatronNames::kMegatronLm ? "language_model\\." : "";
   imported.rules.insert(
       imported.rules.begin(),
-      {PartitionRule{"^language_model\\.embedding\\.word_embeddings\\.weight$", true},
-       PartitionRule{"^language_model\\.output_layer\\.weight$", true}});
+      {PartitionRule{absl::StrCat("^", model, "embedding\\.word_embeddings\\.weight$"), true},
+       PartitionRule{absl::StrCat("^", model, "output_layer\\.weight$"), true}});
   return imported;
 }
 

@@ -239,7 +239,7 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
                                                        const ArrangeRequest& request) const {
   const InputModel& model = request.model;
   // Megatron input (a Megatron-Core torch_dist one under the names PresentInput gave it), or a
-  // Hugging Face model PresentInput made a Megatron-LM one.
+  // Hugging Face model PresentInput made a Megatron one.
   if (model.format != kMegatronFormatId && model.format != kTorchDistId &&
       model.training_state.Value(kHfImportFamilyKey) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
