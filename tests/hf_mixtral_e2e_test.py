@@ -217,6 +217,41 @@ class MixtralRefusalTests(Base):
                      "which family llama has no place for (mixtral has: --family mixtral)")
 
 
+class VocabPaddingTests(Base):
+    """A Megatron-Core checkpoint whose vocabulary rows disagree with args.padded_vocab_size is
+    refused by the megatron reader, naming the tensor it checked, its file and both sizes."""
+
+    def check_refused(self, src, message):
+        for fmt in ("hf", "megatron"):
+            out = self.p("out-" + fmt)
+            res = self.ctl("consolidate", src, out, "--format", fmt, "--no-progress")
+            self.assertExit(res, 3)
+            self.assertIn(message, res.text, self.describe(res))
+            self.assertFalse(os.path.exists(out))
+
+    def test_padded_vocab_size_other_than_the_embedding_rows(self):
+        src = self.p("save")
+        moe.write(src, moe.MoE(shared_ffn=0, train_tp=2, seed=11), tp=2, pp=1, ep=2,
+                  arg_overrides=dict(mixtral_args(), padded_vocab_size=32))
+        self.check_refused(
+            src, 'tensor "embedding.word_embeddings.weight" of %s/iter_0000100/mp_rank_00_000/'
+            'model_optim_rng.pt has 12 rows, 24 over TP 2, but args.padded_vocab_size is 32'
+            % src)
+
+    def test_output_layer_padded_otherwise_than_the_embedding(self):
+        src = self.save(moe.MoE(shared_ffn=0, train_tp=2, seed=12))
+        folder = os.path.join(src, "iter_0000100")
+        for rank in os.listdir(folder):
+            path = os.path.join(folder, rank, "model_optim_rng.pt")
+            ckpt = torch.load(path)
+            ckpt["model"]["output_layer.weight"] = ckpt["model"]["output_layer.weight"][:8].clone()
+            torch.save(ckpt, path)
+        self.check_refused(
+            src, 'tensor "output_layer.weight" of %s/iter_0000100/mp_rank_00_000/'
+            'model_optim_rng.pt has 8 rows, 16 over TP 2, but args.padded_vocab_size is 24'
+            % src)
+
+
 class MixtralImportTests(Base):
     def hf_folder(self, model):
         """save_pretrained's layout of the reference state dict: two shards, index, config."""
