@@ -7,7 +7,8 @@
 //
 // ImportHfAsMegatron is the one entry point (PresentHfModelAsMegatron, the outputs' hook, calls it
 // with the config.json beside the weights, or the one `--config FILE` names, and the family
-// `--family F` names). The weights are safetensors (model.safetensors, or shards and their
+// `--family F` names; hf_import_config.h reads the folder: config.json, family, sizes, a tied
+// model's saved head). The weights are safetensors (model.safetensors, or shards and their
 // index) or torch.save zips (pytorch_model.bin, or pytorch_model-*-of-*.bin and
 // pytorch_model.bin.index.json, as save_pretrained(safe_serialization=False) writes), read in
 // place by their readers. It renames every HF tensor to Megatron-LM's legacy name
@@ -118,14 +119,11 @@
 #include "lib/core/catalog.h"
 #include "lib/formats/format.h"
 #include "lib/formats/hf/hf_family.h"
+#include "lib/formats/hf/hf_import_config.h"
 #include "lib/plan/partition_rules.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
-
-// What the Megatron writers import a Hugging Face model as, named in messages and descriptions.
-inline constexpr char kImportAsMegatronLm[] = "Megatron-LM";
-inline constexpr char kImportAsTorchDist[] = "Megatron-Core torch_dist";
 
 // The training-state value (a string: "llama", ...) that says a model was imported from a
 // Hugging Face model of that family.
@@ -180,18 +178,6 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(
     int tensor_parallel, int pipeline_parallel, const HfFamily* family = nullptr,
     absl::string_view as_what = kImportAsMegatronLm,
     std::optional<MegatronNames> names = std::nullopt);
-
-// The config.json beside the Hugging Face weights `input` (a folder, or a weight file or index
-// in it), parsed; or, when `config_file` is not empty, that file (--config) in its place, which
-// `*config_path` then names. InvalidArgument naming the file when there is none or when it is not a
-// JSON object.
-absl::StatusOr<nlohmann::ordered_json> ReadHfInputConfig(
-    const std::string& input, const std::string& config_file, std::string* config_path,
-    absl::string_view as_what = kImportAsMegatronLm);
-
-// Whether `model` is a Hugging Face model ImportHfAsMegatron takes: one safetensors model, or
-// one torch.save model whose files are save_pretrained's (IsHuggingFaceWeightName).
-bool IsHfImportInput(const InputModel& model);
 
 // OutputFormat::PresentInput of the outputs that write Megatron checkpoints (megatron,
 // megatron-torch-dist): when `model` is a Hugging Face model (IsHfImportInput), reads the
