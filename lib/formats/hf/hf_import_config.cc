@@ -96,9 +96,8 @@ absl::StatusOr<const HfFamily*> FamilyOfConfig(const Config& config) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       config.path(), " describes a model of model_type \"", model_type, "\" (architectures \"",
-      architecture,
-      "\"), which is none of the families reshard imports into ", config.as_what(), ": ",
-      HfFamilyList(), " (--family F reads the weights as one of them)"));
+      architecture, "\"), which is none of the families reshard imports into ", config.as_what(),
+      ": ", HfFamilyList(), " (--family F reads the weights as one of them)"));
 }
 
 absl::StatusOr<HfImportSizes> ReadSizes(const Config& config, const HfFamily& family) {
@@ -148,8 +147,8 @@ absl::StatusOr<HfImportSizes> ReadSizes(const Config& config, const HfFamily& fa
         return absl::InvalidArgumentError(absl::StrCat(
             config.path(), ": rope_scaling ", scaling->dump(),
             " is not Llama 3.1's (rope_type llama3, low_freq_factor 1, high_freq_factor 4, "
-            "original_max_position_embeddings 8192), the only one the ", config.as_what(),
-            " args can say (use_rope_scaling, rope_scaling_factor)"));
+            "original_max_position_embeddings 8192), the only one the ",
+            config.as_what(), " args can say (use_rope_scaling, rope_scaling_factor)"));
       }
       sizes.rope_scaling_factor = (*scaling)["factor"].get<double>();
     }
@@ -170,8 +169,7 @@ absl::StatusOr<HfImportSizes> ReadSizes(const Config& config, const HfFamily& fa
 bool IsHfImportInput(const InputModel& model) {
   // Any one safetensors model; torch.save files only as save_pretrained(safe_serialization=
   // False) names them, since other torch.save checkpoints are no Hugging Face model.
-  return (model.format == "safetensors" && model.parts.size() == 1) ||
-         IsSavePretrainedModel(model);
+  return (model.format == "safetensors" && model.parts.size() == 1) || IsSavePretrainedModel(model);
 }
 
 absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, const std::string& config_file,
@@ -193,8 +191,7 @@ absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, const std::stri
   // (as for any other format's input), not a missing file the user named.
   if (absl::IsNotFound(text.status())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        *config_path,
-        " not found: a Hugging Face model is imported into ", as_what,
+        *config_path, " not found: a Hugging Face model is imported into ", as_what,
         " with the config.json save_pretrained writes beside the weights (sizes, heads, "
         "vocabulary), or the one --config FILE names; other input must be a Megatron "
         "checkpoint"));
@@ -214,8 +211,7 @@ absl::StatusOr<const HfFamily*> HfImportFamilyOfConfig(const Json& config,
 }
 
 absl::StatusOr<HfImportSizes> ReadHfImportSizes(const Json& config, const std::string& config_path,
-                                                const HfFamily& family,
-                                                absl::string_view as_what) {
+                                                const HfFamily& family, absl::string_view as_what) {
   return ReadSizes(Config(config, config_path, as_what), family);
 }
 
@@ -235,11 +231,11 @@ absl::StatusOr<SavedTiedHead> FindSavedTiedHead(const Catalog& catalog, const Hf
   const CatalogTensor& saved = catalog.tensors[found.head];
   const CatalogTensor& words = catalog.tensors[found.embedding];
   if (saved.shape != words.shape || saved.dtype != words.dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor \"", kHfLmHead, "\" is ", DTypeName(saved.dtype), " ",
-        ShapeToString(saved.shape), " but \"", embedding_name, "\" is ", DTypeName(words.dtype),
-        " ", ShapeToString(words.shape), ", while ", config_path,
-        " says tie_word_embeddings: true (the head is the embedding)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", kHfLmHead, "\" is ", DTypeName(saved.dtype), " ",
+                     ShapeToString(saved.shape), " but \"", embedding_name, "\" is ",
+                     DTypeName(words.dtype), " ", ShapeToString(words.shape), ", while ",
+                     config_path, " says tie_word_embeddings: true (the head is the embedding)"));
   }
   return found;
 }
@@ -255,15 +251,16 @@ absl::Status CheckTiedHeadEqualsEmbedding(const Catalog& catalog, int head, int 
                                 "\" (tie_word_embeddings)"));
   if (!differs.has_value()) return absl::OkStatus();
   const int64_t columns = saved.shape.size() == 2 ? saved.shape[1] : 1;
-  const std::string file = saved.pieces.empty() ? std::string("the model")
-                                                : catalog.files[saved.pieces[0].file].path;
+  const std::string file =
+      saved.pieces.empty() ? std::string("the model") : catalog.files[saved.pieces[0].file].path;
   return absl::InvalidArgumentError(absl::StrCat(
       file, ": tensor \"", saved.name, "\" differs from tensor \"", words.name,
       "\" first at element ", *differs, " (row ", *differs / columns, ", column ",
       *differs % columns, "), but ", config_path,
       " says tie_word_embeddings: true, under which transformers loads the embedding as the "
       "head and ignores the saved one; set tie_word_embeddings to false in config.json to "
-      "import the saved head as the ", as_what, " output layer, or remove it from the weights"));
+      "import the saved head as the ",
+      as_what, " output layer, or remove it from the weights"));
 }
 
 }  // namespace reshard

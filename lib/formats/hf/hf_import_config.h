@@ -72,8 +72,7 @@ absl::StatusOr<const HfFamily*> HfImportFamilyOfConfig(const nlohmann::ordered_j
 // num_key_value_heads (GPT-2: n_embd into n_head), rope_scaling other than Llama 3.1's.
 absl::StatusOr<HfImportSizes> ReadHfImportSizes(const nlohmann::ordered_json& config,
                                                 const std::string& config_path,
-                                                const HfFamily& family,
-                                                absl::string_view as_what);
+                                                const HfFamily& family, absl::string_view as_what);
 
 // A tied model's saved head (kHfLmHead) and its word embeddings, as indices of the HF catalog;
 // -1 when the weights hold no head.

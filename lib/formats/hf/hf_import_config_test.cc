@@ -56,18 +56,18 @@ TEST(HfImportConfigTest, FamilyFromModelTypeElseArchitectures) {
                                   kImportAsMegatronLm);
   ASSERT_TRUE(family.ok()) << family.status();
   EXPECT_EQ((*family)->id, "qwen3");
-  EXPECT_EQ(Invalid(HfImportFamilyOfConfig(Json{{"model_type", "falcon"}}, "c.json",
-                                           kImportAsMegatronLm)
-                        .status()),
-            "c.json describes a model of model_type \"falcon\" (architectures \"\"), which is "
-            "none of the families reshard imports into Megatron-LM: llama, mistral, qwen2, "
-            "qwen3, gpt2, mixtral (--family F reads the weights as one of them)");
+  EXPECT_EQ(
+      Invalid(HfImportFamilyOfConfig(Json{{"model_type", "falcon"}}, "c.json", kImportAsMegatronLm)
+                  .status()),
+      "c.json describes a model of model_type \"falcon\" (architectures \"\"), which is "
+      "none of the families reshard imports into Megatron-LM: llama, mistral, qwen2, "
+      "qwen3, gpt2, mixtral (--family F reads the weights as one of them)");
 }
 
 TEST(HfImportConfigTest, SizesWithTheirDefaults) {
-  const Json llama = {{"hidden_size", 8},       {"num_hidden_layers", 2},
-                      {"num_attention_heads", 4}, {"intermediate_size", 6},
-                      {"max_position_embeddings", 32}, {"vocab_size", 10}};
+  const Json llama = {
+      {"hidden_size", 8},       {"num_hidden_layers", 2},        {"num_attention_heads", 4},
+      {"intermediate_size", 6}, {"max_position_embeddings", 32}, {"vocab_size", 10}};
   auto sizes = ReadHfImportSizes(llama, "c.json", **FindHfFamily("llama"), kImportAsMegatronLm);
   ASSERT_TRUE(sizes.ok()) << sizes.status();
   EXPECT_EQ(sizes->groups, 4);    // num_key_value_heads: the heads
@@ -86,13 +86,13 @@ TEST(HfImportConfigTest, SizesWithTheirDefaults) {
   EXPECT_EQ(sizes->top_k, 2);
   EXPECT_FALSE(sizes->aux_loss_coef.has_value());
   mixtral.erase("num_experts_per_tok");
-  EXPECT_EQ(Invalid(ReadHfImportSizes(mixtral, "c.json", **FindHfFamily("mixtral"),
-                                      kImportAsTorchDist)
-                        .status()),
-            "c.json has no num_experts_per_tok, which the Megatron-Core torch_dist args need");
+  EXPECT_EQ(
+      Invalid(ReadHfImportSizes(mixtral, "c.json", **FindHfFamily("mixtral"), kImportAsTorchDist)
+                  .status()),
+      "c.json has no num_experts_per_tok, which the Megatron-Core torch_dist args need");
 
-  const Json gpt2 = {{"n_embd", 6}, {"n_layer", 1}, {"n_head", 3}, {"n_positions", 5},
-                     {"vocab_size", 11}};
+  const Json gpt2 = {
+      {"n_embd", 6}, {"n_layer", 1}, {"n_head", 3}, {"n_positions", 5}, {"vocab_size", 11}};
   sizes = ReadHfImportSizes(gpt2, "c.json", **FindHfFamily("gpt2"), kImportAsMegatronLm);
   ASSERT_TRUE(sizes.ok()) << sizes.status();
   EXPECT_EQ(sizes->ffn, 24);  // n_inner: 4 x n_embd
