@@ -2,8 +2,9 @@
 mixture-of-experts checkpoints saved in the legacy mp_rank_TT[_PPP]_EEE folders (8 experts over
 EP 2, TP 2, SequentialMLP and TEGroupedMLP names), written with real torch by
 tests/fixtures/megatron_moe_fixture.py, exported to a Hugging Face Mixtral folder, and a
-Hugging Face Mixtral folder imported into Megatron-LM (`reshard --format megatron --parts TP`)
-and exported back.
+Hugging Face Mixtral folder imported into Megatron (`reshard --format megatron --parts TP
+[--expert-parts EP]`: Megatron-Core's names, which are what Megatron-LM loads for
+mixture-of-experts models), read back by reshard's megatron reader and exported back.
 
 Run:  /usr/bin/python3 tests/hf_mixtral_e2e_test.py --reshardctl PATH [unittest args]
 
@@ -97,32 +98,68 @@ def mixtral_config(model):
     }
 
 
-def megatron_rank(model, t, tp):
-    """The flat model state of TP rank t of the Megatron-LM checkpoint the import writes (PP 1):
-    Megatron-LM's legacy names, the vocabulary padded with zero rows to a multiple of 128 x TP,
-    [gate_t; up_t] per expert, the router replicated."""
+# Layer 0 of the Megatron-Core GPTModel Megatron-LM builds for a Mixtral run (local layer spec,
+# get_gpt_layer_local_spec(num_experts, moe_grouped_gemm=False)), written out from its module
+# tree: TransformerLayer.input_layernorm, self_attention (SelfAttention: linear_qkv,
+# linear_proj), pre_mlp_layernorm, mlp (MoELayer: router = TopKRouter, weight [E, h], no bias;
+# experts = SequentialMLP: local_experts.<l> = MLP with linear_fc1, linear_fc2, no biases).
+LAYER0_DENSE = [
+    "decoder.layers.0.input_layernorm.weight",
+    "decoder.layers.0.self_attention.linear_qkv.weight",
+    "decoder.layers.0.self_attention.linear_proj.weight",
+    "decoder.layers.0.pre_mlp_layernorm.weight",
+    "decoder.layers.0.mlp.router.weight",
+]
+LAYER0_EXPERT = [
+    "decoder.layers.0.mlp.experts.local_experts.%d.linear_fc1.weight",
+    "decoder.layers.0.mlp.experts.local_experts.%d.linear_fc2.weight",
+]
+
+
+def megatron_rank(model, t, tp, e=0, ep=1):
+    """The state dict of TP rank t, EP rank e of the checkpoint the import writes (PP 1): the
+    flat dict Megatron-Core's GPTModel saves (--ckpt-format torch), the vocabulary padded with
+    zero rows to a multiple of 128 x TP, [gate_t; up_t] per expert, experts g in
+    [e * E_local, (e + 1) * E_local) as local experts g - e * E_local, the router replicated."""
     padded = (VOCAB + 128 * tp - 1) // (128 * tp) * (128 * tp)
+    local = model.experts // ep
 
     def vocab_rows(table):
         full = np.zeros((padded, model.hidden), np.float32)
         full[:VOCAB] = table[:VOCAB]
         return moe._rows(full, t, tp)
     out = collections.OrderedDict()
-    out["language_model.embedding.word_embeddings.weight"] = vocab_rows(model.embed)
+    out["embedding.word_embeddings.weight"] = vocab_rows(model.embed)
     for i, lay in enumerate(model.layer):
-        p = "language_model.encoder.layers.%d." % i
+        p = "decoder.layers.%d." % i
         out[p + "input_layernorm.weight"] = lay["qkv_norm"]
-        out[p + "self_attention.query_key_value.weight"] = moe._rows(lay["qkv"], t, tp)
-        out[p + "self_attention.dense.weight"] = moe._cols(lay["proj"], t, tp)
-        out[p + "post_attention_layernorm.weight"] = lay["mlp_norm"]
+        out[p + "self_attention.linear_qkv.weight"] = moe._rows(lay["qkv"], t, tp)
+        out[p + "self_attention.linear_proj.weight"] = moe._cols(lay["proj"], t, tp)
+        out[p + "pre_mlp_layernorm.weight"] = lay["mlp_norm"]
         out[p + "mlp.router.weight"] = lay["router"]
-        for e in range(model.experts):
-            q = p + "mlp.experts.local_experts.%d." % e
-            out[q + "dense_h_to_4h.weight"] = np.concatenate(
-                [moe._rows(lay["gate"][e], t, tp), moe._rows(lay["up"][e], t, tp)])
-            out[q + "dense_4h_to_h.weight"] = moe._cols(lay["down"][e], t, tp)
-    out["language_model.encoder.final_layernorm.weight"] = model.final_norm
-    out["language_model.output_layer.weight"] = vocab_rows(model.output)
+        for lo in range(local):
+            g = e * local + lo
+            q = p + "mlp.experts.local_experts.%d." % lo
+            out[q + "linear_fc1.weight"] = np.concatenate(
+                [moe._rows(lay["gate"][g], t, tp), moe._rows(lay["up"][g], t, tp)])
+            out[q + "linear_fc2.weight"] = moe._cols(lay["down"][g], t, tp)
+    out["decoder.final_layernorm.weight"] = model.final_norm
+    out["output_layer.weight"] = vocab_rows(model.output)
+    return out
+
+
+def consolidated_megatron(model):
+    """The merged model reshard's megatron reader makes of the import's output: Megatron-Core
+    names, every expert under its global id, TP joined ([gate; up] per expert), the vocabulary
+    as the padded rows of TP 1 (the reader keeps what the files hold: trimmed by the caller)."""
+    out = collections.OrderedDict()
+    for i, lay in enumerate(model.layer):
+        p = "decoder.layers.%d." % i
+        out[p + "mlp.router.weight"] = lay["router"]
+        for g in range(model.experts):
+            q = p + "mlp.experts.local_experts.%d." % g
+            out[q + "linear_fc1.weight"] = np.concatenate([lay["gate"][g], lay["up"][g]])
+            out[q + "linear_fc2.weight"] = lay["down"][g]
     return out
 
 
@@ -180,6 +217,41 @@ class MixtralRefusalTests(Base):
                      "which family llama has no place for (mixtral has: --family mixtral)")
 
 
+class VocabPaddingTests(Base):
+    """A Megatron-Core checkpoint whose vocabulary rows disagree with args.padded_vocab_size is
+    refused by the megatron reader, naming the tensor it checked, its file and both sizes."""
+
+    def check_refused(self, src, message):
+        for fmt in ("hf", "megatron"):
+            out = self.p("out-" + fmt)
+            res = self.ctl("consolidate", src, out, "--format", fmt, "--no-progress")
+            self.assertExit(res, 3)
+            self.assertIn(message, res.text, self.describe(res))
+            self.assertFalse(os.path.exists(out))
+
+    def test_padded_vocab_size_other_than_the_embedding_rows(self):
+        src = self.p("save")
+        moe.write(src, moe.MoE(shared_ffn=0, train_tp=2, seed=11), tp=2, pp=1, ep=2,
+                  arg_overrides=dict(mixtral_args(), padded_vocab_size=32))
+        self.check_refused(
+            src, 'tensor "embedding.word_embeddings.weight" of %s/iter_0000100/mp_rank_00_000/'
+            'model_optim_rng.pt has 12 rows, 24 over TP 2, but args.padded_vocab_size is 32'
+            % src)
+
+    def test_output_layer_padded_otherwise_than_the_embedding(self):
+        src = self.save(moe.MoE(shared_ffn=0, train_tp=2, seed=12))
+        folder = os.path.join(src, "iter_0000100")
+        for rank in os.listdir(folder):
+            path = os.path.join(folder, rank, "model_optim_rng.pt")
+            ckpt = torch.load(path)
+            ckpt["model"]["output_layer.weight"] = ckpt["model"]["output_layer.weight"][:8].clone()
+            torch.save(ckpt, path)
+        self.check_refused(
+            src, 'tensor "output_layer.weight" of %s/iter_0000100/mp_rank_00_000/'
+            'model_optim_rng.pt has 8 rows, 16 over TP 2, but args.padded_vocab_size is 24'
+            % src)
+
+
 class MixtralImportTests(Base):
     def hf_folder(self, model):
         """save_pretrained's layout of the reference state dict: two shards, index, config."""
@@ -200,33 +272,73 @@ class MixtralImportTests(Base):
             json.dump(mixtral_config(model), f)
         return folder, hf
 
-    def test_round_trip_tp2(self):
-        model = moe.MoE(shared_ffn=0, train_tp=2, seed=8)
+    def import_and_check(self, model, tp, ep):
+        """Imports the HF folder of `model` at TP x EP (PP 1), checks every rank file's names,
+        tensors and args against Megatron-Core's, and returns the output folder and the HF
+        reference."""
         folder, hf = self.hf_folder(model)
-        tp = 2
         mg = self.p("megatron")
+        flags = ["--expert-parts", ep] if ep > 1 else []
         self.assertExit(self.ctl("reshard", folder, mg, "--format", "megatron", "--parts", tp,
-                                 "--no-progress"), 0)
-        for t in range(tp):
-            ckpt = torch.load(os.path.join(mg, "release", "mp_rank_%02d" % t,
-                                           "model_optim_rng.pt"))
+                                 *flags, "--no-progress"), 0)
+        local = model.experts // ep
+        ranks = [(t, e) for t in range(tp) for e in range(ep)]
+        dirs = ["mp_rank_%02d_%03d" % (t, e) if ep > 1 else "mp_rank_%02d" % t
+                for t, e in ranks]
+        self.assertEqual(sorted(os.listdir(os.path.join(mg, "release"))), sorted(dirs))
+        for (t, e), name in zip(ranks, dirs):
+            ckpt = torch.load(os.path.join(mg, "release", name, "model_optim_rng.pt"))
             args = ckpt["args"]
-            self.assertEqual((args.num_experts, args.moe_router_topk, args.moe_ffn_hidden_size,
-                              args.moe_aux_loss_coeff, args.expert_model_parallel_size),
-                             (model.experts, model.topk, model.moe_ffn, AUX_LOSS, 1))
-            got = HI.flatten(ckpt["model"])
-            want = megatron_rank(model, t, tp)
-            self.assertEqual(list(got), list(want), "mp_rank_%02d" % t)
+            self.assertEqual(
+                (args.num_experts, args.moe_router_topk, args.moe_ffn_hidden_size,
+                 args.moe_aux_loss_coeff, args.moe_router_load_balancing_type,
+                 args.moe_router_pre_softmax, args.moe_grouped_gemm,
+                 args.expert_model_parallel_size, args.expert_tensor_parallel_size,
+                 args.tensor_model_parallel_size, args.use_legacy_models, args.transformer_impl,
+                 args.ckpt_format),
+                (model.experts, model.topk, model.moe_ffn, AUX_LOSS, "aux_loss", False, False,
+                 ep, tp, tp, False, "local", "torch"), name)
+            state = ckpt["model"]
+            # Megatron-Core's GPTModel state dict is flat: no language_model nesting.
+            self.assertTrue(all(not isinstance(v, dict) for v in state.values()), name)
+            layer0 = [k for k in state if k.startswith("decoder.layers.0.")]
+            self.assertEqual(layer0, LAYER0_DENSE + [n % lo for lo in range(local)
+                                                     for n in LAYER0_EXPERT], name)
+            want = megatron_rank(model, t, tp, e, ep)
+            self.assertEqual(list(state), list(want), name)
             for key, value in want.items():
-                self.assertTrue(torch.equal(got[key], torch.from_numpy(value)),
-                                "mp_rank_%02d: %s differs" % (t, key))
-        back = self.p("back")
-        res = self.export(mg, back)
-        self.check_tensors(back, hf)
-        self.check_mixtral_config(back, model)
+                self.assertTrue(torch.equal(state[key], torch.from_numpy(value)),
+                                "%s: %s differs" % (name, key))
+        return mg, hf
+
+    def check_read_back(self, mg, model, ep):
+        """reshard's own megatron reader: every expert under its global id, the EP it was
+        written at, and the exact tensors."""
         res = self.ctl("inspect", mg)
         self.assertExit(res, 0)
+        self.assertIn("x EP%d, %d experts" % (ep, model.experts), res.text)
         self.assertIn("--family auto: mixtral", res.text)
+        merged = self.p("merged")
+        self.assertExit(self.ctl("consolidate", mg, merged, "--no-progress"), 0)
+        got = self.read_output(merged)
+        for key, want in consolidated_megatron(model).items():
+            self.assertIn(key, got)
+            self.assertTrue(torch.equal(got[key], torch.from_numpy(want)), "%s differs" % key)
+
+    def round_trip(self, seed, tp, ep):
+        model = moe.MoE(shared_ffn=0, train_tp=2, seed=seed)
+        mg, hf = self.import_and_check(model, tp, ep)
+        self.check_read_back(mg, model, ep)
+        back = self.p("back")
+        self.export(mg, back)
+        self.check_tensors(back, hf)
+        self.check_mixtral_config(back, model)
+
+    def test_round_trip_tp2(self):
+        self.round_trip(seed=8, tp=2, ep=1)
+
+    def test_round_trip_tp2_ep2(self):
+        self.round_trip(seed=10, tp=2, ep=2)
 
     def test_round_trip_tp2_pp2(self):
         model = moe.MoE(shared_ffn=0, train_tp=2, seed=9)

@@ -27,8 +27,8 @@
 //   Mixture-of-experts layers (Mixtral), in either stack: mlp.router.weight and expert g's
 //     mlp.experts.local_experts.<g>.{linear_fc1,linear_fc2}.weight (Megatron-Core's SequentialMLP
 //     names; the megatron reader gives TEGroupedMLP's linear_fc1.weight<l> these names with global
-//     ids) or mlp.experts.local_experts.<g>.{dense_h_to_4h,dense_4h_to_h}.weight (what the
-//     Hugging Face import writes under language_model.encoder). Shared experts
+//     ids) or mlp.experts.local_experts.<g>.{dense_h_to_4h,dense_4h_to_h}.weight (the legacy
+//     MLP's keys under SequentialMLP's path, read under language_model.encoder). Shared experts
 //     (mlp.shared_experts.*) and router biases have no Mixtral counterpart.
 // and TransformerEngine's `*._extra_state` (FP8 metadata), which has no HF counterpart.
 

@@ -14,11 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "lib/core/status.h"
-#include "lib/exec/tensor_compare.h"
-#include "lib/formats/hf/hf_config.h"
-#include "lib/formats/hf/model_files.h"
+#include "lib/formats/hf/hf_import_config.h"
+#include "lib/formats/megatron/megatron_core_names.h"
 #include "lib/formats/megatron/megatron_layout.h"
-#include "lib/io/file_access.h"
 #include "lib/plan/layout_builders.h"
 
 namespace reshard {
@@ -27,178 +25,11 @@ namespace {
 using Json = nlohmann::ordered_json;
 using Kind = StructureNode::Kind;
 
-constexpr char kConfigName[] = "config.json";
+using Sizes = HfImportSizes;
 // Megatron-LM's default --make-vocab-size-divisible-by.
 constexpr int64_t kVocabDivisibleBy = 128;
 constexpr char kEncoder[] = "language_model.encoder.";
-
-// The model's figures, from config.json.
-struct Sizes {
-  int64_t hidden = 0;
-  int64_t layers = 0;
-  int64_t heads = 0;
-  int64_t groups = 0;  // num_key_value_heads
-  int64_t head_dim = 0;
-  int64_t ffn = 0;
-  int64_t vocab = 0;
-  int64_t positions = 0;
-  double norm_epsilon = 0;
-  std::optional<double> rope_theta;
-  std::optional<double> rope_scaling_factor;  // Llama 3.1's rope_scaling
-  bool tied = false;
-  // Mixtral: experts per layer, experts each token is routed to, the router's load-balancing
-  // loss coefficient (when config.json gives it).
-  int64_t experts = 0;
-  int64_t top_k = 0;
-  std::optional<double> aux_loss_coef;
-};
-
-// config.json as read, with its path for messages.
-class Config {
- public:
-  Config(const Json& json, const std::string& path, absl::string_view as_what)
-      : json_(json), path_(path), as_what_(as_what) {}
-
-  const Json* Find(const char* key) const {
-    auto it = json_.find(key);
-    if (it == json_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-
-  // A positive integer `key`; `fallback` when absent (nullopt: required).
-  absl::StatusOr<int64_t> Int(const char* key,
-                              std::optional<int64_t> fallback = std::nullopt) const {
-    const Json* value = Find(key);
-    if (value == nullptr) {
-      if (fallback.has_value()) return *fallback;
-      return absl::InvalidArgumentError(
-          absl::StrCat(path_, " has no ", key, ", which the ", as_what_, " args need"));
-    }
-    if (!value->is_number_integer() || value->get<int64_t>() < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path_, ": ", key, " must be a positive integer, got ", value->dump()));
-    }
-    return value->get<int64_t>();
-  }
-
-  absl::StatusOr<double> Number(const char* key, double fallback) const {
-    return Typed<double>(key, fallback, &Json::is_number, "a number");
-  }
-
-  absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
-    return Typed<bool>(key, fallback, &Json::is_boolean, "true or false");
-  }
-
-  const std::string& path() const { return path_; }
-  // What the model is imported as ("Megatron-LM", "Megatron-Core torch_dist"), for messages.
-  absl::string_view as_what() const { return as_what_; }
-
- private:
-  // `key` as a T when `is` accepts it; `fallback` when absent.
-  template <typename T>
-  absl::StatusOr<T> Typed(const char* key, T fallback, bool (Json::*is)() const noexcept,
-                          const char* what) const {
-    const Json* value = Find(key);
-    if (value == nullptr) return fallback;
-    if (!(value->*is)()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path_, ": ", key, " must be ", what, ", got ", value->dump()));
-    }
-    return value->get<T>();
-  }
-
-  const Json& json_;
-  const std::string& path_;
-  absl::string_view as_what_;
-};
-
-// The family config.json names: model_type, else the first of architectures.
-absl::StatusOr<const HfFamily*> FamilyOfConfig(const Config& config) {
-  std::string model_type;
-  std::string architecture;
-  if (const Json* value = config.Find("model_type"); value != nullptr && value->is_string()) {
-    model_type = value->get<std::string>();
-  }
-  if (const Json* value = config.Find("architectures");
-      value != nullptr && value->is_array() && !value->empty() && (*value)[0].is_string()) {
-    architecture = (*value)[0].get<std::string>();
-  }
-  for (const HfFamily& family : HfFamilies()) {
-    if (!model_type.empty() ? family.model_type == model_type
-                            : family.architecture == architecture) {
-      return &family;
-    }
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      config.path(), " describes a model of model_type \"", model_type, "\" (architectures \"",
-      architecture,
-      "\"), which is none of the families reshard imports into ", config.as_what(), ": ",
-      HfFamilyList(), " (--family F reads the weights as one of them)"));
-}
-
-absl::StatusOr<Sizes> ReadSizes(const Config& config, const HfFamily& family) {
-  Sizes sizes;
-  if (family.gpt2) {
-    ASSIGN_OR_RETURN(sizes.hidden, config.Int("n_embd"));
-    ASSIGN_OR_RETURN(sizes.layers, config.Int("n_layer"));
-    ASSIGN_OR_RETURN(sizes.heads, config.Int("n_head"));
-    ASSIGN_OR_RETURN(sizes.ffn, config.Int("n_inner", 4 * sizes.hidden));
-    ASSIGN_OR_RETURN(sizes.positions, config.Int("n_positions"));
-    ASSIGN_OR_RETURN(sizes.norm_epsilon, config.Number("layer_norm_epsilon", 1e-5));
-    ASSIGN_OR_RETURN(sizes.tied, config.Bool("tie_word_embeddings", true));
-    if (sizes.hidden % sizes.heads != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(config.path(), ": n_embd ", sizes.hidden, " is not divisible by n_head ",
-                       sizes.heads, ": GPT-2's heads split the hidden size evenly"));
-    }
-    sizes.groups = sizes.heads;
-    sizes.head_dim = sizes.hidden / sizes.heads;
-  } else {
-    ASSIGN_OR_RETURN(sizes.hidden, config.Int("hidden_size"));
-    ASSIGN_OR_RETURN(sizes.layers, config.Int("num_hidden_layers"));
-    ASSIGN_OR_RETURN(sizes.heads, config.Int("num_attention_heads"));
-    ASSIGN_OR_RETURN(sizes.groups, config.Int("num_key_value_heads", sizes.heads));
-    ASSIGN_OR_RETURN(sizes.head_dim, config.Int("head_dim", sizes.hidden / sizes.heads));
-    ASSIGN_OR_RETURN(sizes.ffn, config.Int("intermediate_size"));
-    ASSIGN_OR_RETURN(sizes.positions, config.Int("max_position_embeddings"));
-    ASSIGN_OR_RETURN(sizes.norm_epsilon, config.Number("rms_norm_eps", 1e-6));
-    ASSIGN_OR_RETURN(sizes.rope_theta, config.Number("rope_theta", 10000.0));
-    ASSIGN_OR_RETURN(sizes.tied, config.Bool("tie_word_embeddings", false));
-    if (sizes.heads % sizes.groups != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(config.path(), ": num_attention_heads ", sizes.heads,
-                       " is not divisible by num_key_value_heads ", sizes.groups,
-                       " (query groups): every group must hold the same number of query heads"));
-    }
-    if (const Json* scaling = config.Find("rope_scaling")) {
-      // The keys compared as JSON values: a key of another type is no match (no exception).
-      auto is = [&](const char* key, const Json& want) {
-        return scaling->is_object() && scaling->contains(key) && (*scaling)[key] == want;
-      };
-      const bool llama3 = is("rope_type", "llama3") && is("low_freq_factor", 1.0) &&
-                          is("high_freq_factor", 4.0) &&
-                          is("original_max_position_embeddings", 8192) &&
-                          scaling->contains("factor") && (*scaling)["factor"].is_number();
-      if (!llama3) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            config.path(), ": rope_scaling ", scaling->dump(),
-            " is not Llama 3.1's (rope_type llama3, low_freq_factor 1, high_freq_factor 4, "
-            "original_max_position_embeddings 8192), the only one the ", config.as_what(),
-            " args can say (use_rope_scaling, rope_scaling_factor)"));
-      }
-      sizes.rope_scaling_factor = (*scaling)["factor"].get<double>();
-    }
-  }
-  ASSIGN_OR_RETURN(sizes.vocab, config.Int("vocab_size"));
-  if (family.moe) {
-    ASSIGN_OR_RETURN(sizes.experts, config.Int("num_local_experts"));
-    ASSIGN_OR_RETURN(sizes.top_k, config.Int("num_experts_per_tok"));
-    if (config.Find("router_aux_loss_coef") != nullptr) {
-      ASSIGN_OR_RETURN(sizes.aux_loss_coef, config.Number("router_aux_loss_coef", 0.0));
-    }
-  }
-  return sizes;
-}
+constexpr char kCoreLayers[] = "decoder.layers.";
 
 // ---------------------------------------------------------------------------- args
 
@@ -228,7 +59,7 @@ StructureNode IntOrFloat(double value) {
 
 // The argparse.Namespace of a Megatron-LM run of the model (the file comment lists the args).
 StructureNode MakeArgs(const HfFamily& family, const Sizes& sizes, const Json& config, DType dtype,
-                       int tp, int pp) {
+                       int tp, int pp, MegatronNames names) {
   StructureNode attributes = StructureNode::Dict();
   auto set = [&](const char* key, StructureNode value) {
     attributes.Add(StructureNode::String(key), std::move(value));
@@ -275,15 +106,28 @@ StructureNode MakeArgs(const HfFamily& family, const Sizes& sizes, const Json& c
     }
   }
   if (family.moe) {
-    // Megatron-Core's MoE arguments; every expert on every expert-parallel rank (EP 1).
+    // Megatron-Core's MoE arguments: Mixtral's top-k softmax router with its load-balancing
+    // loss, SequentialMLP experts, every expert on every expert-parallel rank (EP 1; the
+    // megatron output sets the EP it writes) split over TP as a dense MLP.
     set("num_experts", StructureNode::Int(sizes.experts));
     set("moe_router_topk", StructureNode::Int(sizes.top_k));
     set("moe_ffn_hidden_size", StructureNode::Int(sizes.ffn));
+    set("moe_router_load_balancing_type", StructureNode::String("aux_loss"));
     if (sizes.aux_loss_coef.has_value()) {
       set("moe_aux_loss_coeff", Float(*sizes.aux_loss_coef));
     }
+    set("moe_router_pre_softmax", StructureNode::Bool(false));
     set("moe_grouped_gemm", StructureNode::Bool(false));
     set("expert_model_parallel_size", StructureNode::Int(1));
+    set("expert_tensor_parallel_size", StructureNode::Int(tp));
+  }
+  if (names != MegatronNames::kMegatronLm) {
+    // A Megatron-Core GPTModel of the layer spec the names are, saved per rank by torch.save.
+    set("use_legacy_models", StructureNode::Bool(false));
+    set("transformer_impl", StructureNode::String(names == MegatronNames::kMegatronCoreLocal
+                                                      ? "local"
+                                                      : "transformer_engine"));
+    set("ckpt_format", StructureNode::String("torch"));
   }
   set("qk_layernorm", StructureNode::Bool(family.qk_norm));
   set("untie_embeddings_and_output_weights", StructureNode::Bool(!sizes.tied));
@@ -381,6 +225,7 @@ class Builder {
   }
 
   DType dtype() const { return dtype_.value_or(DType::kF32); }
+  const std::string& config_path() const { return config_path_; }
   std::vector<CatalogTensor> TakeTensors() { return std::move(out_); }
 
  private:
@@ -468,25 +313,71 @@ CatalogTensor FuseGateUp(std::string name, const CatalogTensor& gate, const Cata
   return fused;
 }
 
-// The word embeddings from HF's `embeddings`, then `layer(hf, megatron)` for every layer, with
-// the name prefixes of its tensors (`<hf_layers><i>.`, `language_model.encoder.layers.<i>.`).
+// The word embeddings from HF's `embeddings`, then `layer(hf, megatron, i)` for every layer i,
+// with the name prefixes of its tensors (`<hf_layers><i>.`, `language_model.encoder.layers.<i>.`).
 absl::Status BuildEmbeddingAndLayers(
     const Sizes& sizes, Builder& builder, const std::string& embeddings,
     const std::string& hf_layers,
-    const std::function<absl::Status(const std::string&, const std::string&)>& layer) {
+    const std::function<absl::Status(const std::string&, const std::string&, int64_t)>& layer) {
   RETURN_IF_ERROR(builder.Copy(embeddings, "language_model.embedding.word_embeddings.weight",
                                {sizes.vocab, sizes.hidden}));
   for (int64_t i = 0; i < sizes.layers; ++i) {
     RETURN_IF_ERROR(
-        layer(absl::StrCat(hf_layers, i, "."), absl::StrCat(kEncoder, "layers.", i, ".")));
+        layer(absl::StrCat(hf_layers, i, "."), absl::StrCat(kEncoder, "layers.", i, "."), i));
   }
   return absl::OkStatus();
 }
 
-absl::Status BuildLlamaStyle(const HfFamily& family, const Sizes& sizes, Builder& builder) {
+// Megatron's merged SwiGLU MLP from HF's gate, up and down projections ([ffn, h], [ffn, h],
+// [h, ffn]): gate and up fused as `fc1` ([gate; up]), down copied as `fc2`.
+absl::Status BuildSwiGlu(const Sizes& sizes, Builder& builder, const std::string& gate_name,
+                         const std::string& up_name, const std::string& down_name,
+                         std::string fc1, std::string fc2) {
+  const int64_t h = sizes.hidden, ffn = sizes.ffn;
+  ASSIGN_OR_RETURN(const CatalogTensor* gate, builder.Take(gate_name, {ffn, h}));
+  ASSIGN_OR_RETURN(const CatalogTensor* up, builder.Take(up_name, {ffn, h}));
+  builder.Add(FuseGateUp(std::move(fc1), *gate, *up));
+  return builder.Copy(down_name, std::move(fc2), {h, ffn});
+}
+
+// A Mixtral layer's MLP (HF names under `hf_layer`: post_attention_layernorm and
+// block_sparse_moe) as Megatron-Core's MoE layer `layer` (the table in hf_import.h), the one
+// mapping of mixture-of-experts layers for every output's names: InvalidArgument for
+// MegatronNames::kMegatronLm, which has no such layer.
+absl::Status BuildMixtralMoeLayer(const Sizes& sizes, Builder& builder,
+                                  const std::string& hf_layer, int64_t layer,
+                                  MegatronNames names) {
+  if (names == MegatronNames::kMegatronLm) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a Mixtral model (", builder.config_path(),
+        ") has no Megatron-LM legacy names: Megatron-LM builds mixture-of-experts GPTs only as "
+        "Megatron-Core models (its legacy SwitchMLP routes each token to one expert through a "
+        "biased router), so it is imported under Megatron-Core's names"));
+  }
+  const int64_t h = sizes.hidden;
+  const std::string mg = absl::StrCat(kCoreLayers, layer, ".");
+  // Megatron-Core's MoE layers keep their own pre-MLP norm in both layer specs (only a dense
+  // MLP fuses it into linear_fc1 under TransformerEngine).
+  RETURN_IF_ERROR(builder.Copy(hf_layer + "post_attention_layernorm.weight",
+                               mg + "pre_mlp_layernorm.weight", {h}));
+  RETURN_IF_ERROR(builder.Copy(hf_layer + "block_sparse_moe.gate.weight",
+                               mg + "mlp.router.weight", {sizes.experts, h}));
+  for (int64_t e = 0; e < sizes.experts; ++e) {
+    // Expert e's w1 (gate), w3 (up), w2 (down) as SequentialMLP's local expert e.
+    const std::string from = absl::StrCat(hf_layer, "block_sparse_moe.experts.", e, ".");
+    const std::string to = absl::StrCat(mg, "mlp.experts.local_experts.", e, ".");
+    RETURN_IF_ERROR(BuildSwiGlu(sizes, builder, from + "w1.weight", from + "w3.weight",
+                                from + "w2.weight", to + "linear_fc1.weight",
+                                to + "linear_fc2.weight"));
+  }
+  return absl::OkStatus();
+}
+
+
+absl::Status BuildLlamaStyle(const HfFamily& family, const Sizes& sizes, MegatronNames names,
+                             Builder& builder) {
   const int64_t h = sizes.hidden, d = sizes.head_dim, nh = sizes.heads, ng = sizes.groups;
-  const int64_t ffn = sizes.ffn;
-  auto layer = [&](const std::string& hf, const std::string& mg) -> absl::Status {
+  auto layer = [&](const std::string& hf, const std::string& mg, int64_t i) -> absl::Status {
     RETURN_IF_ERROR(
         builder.Copy(hf + "input_layernorm.weight", mg + "input_layernorm.weight", {h}));
     for (const char* suffix : {"weight", "bias"}) {
@@ -510,32 +401,12 @@ absl::Status BuildLlamaStyle(const HfFamily& family, const Sizes& sizes, Builder
     }
     RETURN_IF_ERROR(builder.Copy(hf + "self_attn.o_proj.weight", mg + "self_attention.dense.weight",
                                  {h, nh * d}));
+    if (family.moe) return BuildMixtralMoeLayer(sizes, builder, hf, i, names);
     RETURN_IF_ERROR(builder.Copy(hf + "post_attention_layernorm.weight",
                                  mg + "post_attention_layernorm.weight", {h}));
-    // A SwiGLU MLP: gate and up fused as `fc1`, down copied as `fc2`.
-    auto mlp = [&](const std::string& gate_name, const std::string& up_name,
-                   const std::string& down_name, const std::string& fc1,
-                   const std::string& fc2) -> absl::Status {
-      ASSIGN_OR_RETURN(const CatalogTensor* gate, builder.Take(gate_name, {ffn, h}));
-      ASSIGN_OR_RETURN(const CatalogTensor* up, builder.Take(up_name, {ffn, h}));
-      builder.Add(FuseGateUp(fc1, *gate, *up));
-      return builder.Copy(down_name, fc2, {h, ffn});
-    };
-    if (!family.moe) {
-      return mlp(hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight",
-                 hf + "mlp.down_proj.weight", mg + "mlp.dense_h_to_4h.weight",
-                 mg + "mlp.dense_4h_to_h.weight");
-    }
-    // Mixtral: the router, then expert e's w1 (gate), w3 (up), w2 (down).
-    RETURN_IF_ERROR(builder.Copy(hf + "block_sparse_moe.gate.weight", mg + "mlp.router.weight",
-                                 {sizes.experts, h}));
-    for (int64_t e = 0; e < sizes.experts; ++e) {
-      const std::string from = absl::StrCat(hf, "block_sparse_moe.experts.", e, ".");
-      const std::string to = absl::StrCat(mg, "mlp.experts.local_experts.", e, ".");
-      RETURN_IF_ERROR(mlp(from + "w1.weight", from + "w3.weight", from + "w2.weight",
-                          to + "dense_h_to_4h.weight", to + "dense_4h_to_h.weight"));
-    }
-    return absl::OkStatus();
+    return BuildSwiGlu(sizes, builder, hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight",
+                       hf + "mlp.down_proj.weight", mg + "mlp.dense_h_to_4h.weight",
+                       mg + "mlp.dense_4h_to_h.weight");
   };
   RETURN_IF_ERROR(
       BuildEmbeddingAndLayers(sizes, builder, "model.embed_tokens.weight", "model.layers.", layer));
@@ -546,7 +417,7 @@ absl::Status BuildLlamaStyle(const HfFamily& family, const Sizes& sizes, Builder
 
 absl::Status BuildGpt2(const Sizes& sizes, Builder& builder) {
   const int64_t h = sizes.hidden, ffn = sizes.ffn;
-  auto layer = [&](const std::string& hf, const std::string& mg) -> absl::Status {
+  auto layer = [&](const std::string& hf, const std::string& mg, int64_t) -> absl::Status {
     for (const char* suffix : {"weight", "bias"}) {
       RETURN_IF_ERROR(builder.Copy(absl::StrCat(hf, "ln_1.", suffix),
                                    absl::StrCat(mg, "input_layernorm.", suffix), {h}));
@@ -590,76 +461,17 @@ absl::Status BuildGpt2(const Sizes& sizes, Builder& builder) {
   return absl::OkStatus();
 }
 
-// A tied model's saved head `head` against its embedding `embedding` (tensors of the HF model
-// `catalog`), element by element and window by window: InvalidArgument naming both, the file
-// of the head and the first element that differs.
-absl::Status CheckTiedHead(const Catalog& catalog, int head, int embedding,
-                           const std::string& config_path, absl::string_view as_what) {
-  const CatalogTensor& saved = catalog.tensors[head];
-  const CatalogTensor& words = catalog.tensors[embedding];
-  ASSIGN_OR_RETURN(const std::optional<int64_t> differs,
-                   FirstDifferingElement(catalog, head, embedding),
-                   absl::StrCat("comparing tensor \"", saved.name, "\" with \"", words.name,
-                                "\" (tie_word_embeddings)"));
-  if (!differs.has_value()) return absl::OkStatus();
-  const int64_t columns = saved.shape.size() == 2 ? saved.shape[1] : 1;
-  const std::string file = saved.pieces.empty() ? std::string("the model")
-                                                : catalog.files[saved.pieces[0].file].path;
-  return absl::InvalidArgumentError(absl::StrCat(
-      file, ": tensor \"", saved.name, "\" differs from tensor \"", words.name,
-      "\" first at element ", *differs, " (row ", *differs / columns, ", column ",
-      *differs % columns, "), but ", config_path,
-      " says tie_word_embeddings: true, under which transformers loads the embedding as the "
-      "head and ignores the saved one; set tie_word_embeddings to false in config.json to "
-      "import the saved head as the ", as_what, " output layer, or remove it from the weights"));
-}
-
 }  // namespace
 
-bool IsHfImportInput(const InputModel& model) {
-  // Any one safetensors model; torch.save files only as save_pretrained(safe_serialization=
-  // False) names them, since other torch.save checkpoints are no Hugging Face model.
-  return (model.format == "safetensors" && model.parts.size() == 1) ||
-         IsSavePretrainedModel(model);
-}
-
-absl::StatusOr<Json> ReadHfInputConfig(const std::string& input, const std::string& config_file,
-                                       std::string* config_path, absl::string_view as_what) {
-  if (!config_file.empty()) {
-    *config_path = config_file;
-    return ReadHfConfigOverrides(config_file);
-  }
-  std::string folder = input;
-  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
-  if (absl::EndsWith(folder, ".safetensors") || absl::EndsWith(folder, ".bin") ||
-      absl::EndsWith(folder, ".json")) {
-    const size_t slash = folder.rfind('/');
-    folder = slash == std::string::npos ? "." : folder.substr(0, slash);
-  }
-  *config_path = absl::StrCat(folder, "/", kConfigName);
-  absl::StatusOr<std::string> text = ReadSmallFile(*config_path, kMaxConfigBytes);
-  // Without config.json the input is no model a Megatron writer takes: the request is invalid
-  // (as for any other format's input), not a missing file the user named.
-  if (absl::IsNotFound(text.status())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        *config_path,
-        " not found: a Hugging Face model is imported into ", as_what,
-        " with the config.json save_pretrained writes beside the weights (sizes, heads, "
-        "vocabulary), or the one --config FILE names; other input must be a Megatron "
-        "checkpoint"));
-  }
-  if (!text.ok()) return Annotate(text.status(), *config_path);
-  Json parsed = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!parsed.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(*config_path, ": not a JSON object"));
-  }
-  return parsed;
+MegatronNames DefaultMegatronNames(const HfFamily& family) {
+  return family.moe ? MegatronNames::kMegatronCoreLocal : MegatronNames::kMegatronLm;
 }
 
 absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tensor_parallel,
                                               int pipeline_parallel, absl::string_view as_what,
                                               const HfExportOptions& hf, InputModel& model,
-                                              Catalog& catalog) {
+                                              Catalog& catalog,
+                                              std::optional<MegatronNames> names) {
   if (!IsHfImportInput(model)) return false;
   const HfFamily* family = nullptr;
   if (!hf.family.empty() && hf.family != "auto") {
@@ -678,10 +490,10 @@ absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tens
                    ReadHfInputConfig(input, hf.config_file, &config_path, as_what));
   ASSIGN_OR_RETURN(MegatronImport imported,
                    ImportHfAsMegatron(catalog, config, config_path, tensor_parallel,
-                                      pipeline_parallel, family, as_what));
+                                      pipeline_parallel, family, as_what, names));
   if (imported.tied_head >= 0) {
-    RETURN_IF_ERROR(CheckTiedHead(catalog, imported.tied_head, imported.tied_embedding,
-                                  config_path, as_what));
+    RETURN_IF_ERROR(CheckTiedHeadEqualsEmbedding(catalog, imported.tied_head,
+                                                 imported.tied_embedding, config_path, as_what));
   }
   catalog = std::move(imported.catalog);
   model.training_state = std::move(imported.training_state);
@@ -696,16 +508,18 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
                                                   const std::string& config_path,
                                                   int tensor_parallel, int pipeline_parallel,
                                                   const HfFamily* family_override,
-                                                  absl::string_view as_what) {
-  const Config config(config_json, config_path, as_what);
+                                                  absl::string_view as_what,
+                                                  std::optional<MegatronNames> names_asked) {
   MegatronImport imported;
   if (family_override != nullptr) {
     imported.family = family_override;
   } else {
-    ASSIGN_OR_RETURN(imported.family, FamilyOfConfig(config));
+    ASSIGN_OR_RETURN(imported.family, HfImportFamilyOfConfig(config_json, config_path, as_what));
   }
   const HfFamily& family = *imported.family;
-  ASSIGN_OR_RETURN(const Sizes sizes, ReadSizes(config, family));
+  const MegatronNames names = names_asked.value_or(DefaultMegatronNames(family));
+  ASSIGN_OR_RETURN(const Sizes sizes,
+                   ReadHfImportSizes(config_json, config_path, family, as_what));
   const int tp = std::max(tensor_parallel, 1);
   if (sizes.heads % tp != 0 || sizes.groups % tp != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -718,7 +532,7 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
   if (family.gpt2) {
     RETURN_IF_ERROR(BuildGpt2(sizes, builder));
   } else {
-    RETURN_IF_ERROR(BuildLlamaStyle(family, sizes, builder));
+    RETURN_IF_ERROR(BuildLlamaStyle(family, sizes, names, builder));
   }
   std::set<std::string> skipped;
   if (family.gpt2) {
@@ -728,27 +542,14 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
       skipped.insert(absl::StrCat("transformer.h.", i, ".attn.masked_bias"));
     }
   }
-  const std::string lm_head = "lm_head.weight";
+  const std::string lm_head = kHfLmHead;
   if (sizes.tied) {
     // A tied model's head is the embedding: transformers ties it on load. A head saved anyway
     // is left out once PresentHfModelAsMegatron has found it equal to the embedding.
     skipped.insert(lm_head);
-    if (const int head = catalog.Find(lm_head); head >= 0) {
-      const std::string embedding_name =
-          family.gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
-      const int embedding = catalog.Find(embedding_name);  // Taken above: present.
-      const CatalogTensor& saved = catalog.tensors[head];
-      const CatalogTensor& words = catalog.tensors[embedding];
-      if (saved.shape != words.shape || saved.dtype != words.dtype) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor \"", lm_head, "\" is ", DTypeName(saved.dtype), " ",
-            ShapeToString(saved.shape), " but \"", embedding_name, "\" is ",
-            DTypeName(words.dtype), " ", ShapeToString(words.shape), ", while ", config_path,
-            " says tie_word_embeddings: true (the head is the embedding)"));
-      }
-      imported.tied_head = head;
-      imported.tied_embedding = embedding;
-    }
+    ASSIGN_OR_RETURN(const SavedTiedHead saved, FindSavedTiedHead(catalog, family, config_path));
+    imported.tied_head = saved.head;
+    imported.tied_embedding = saved.embedding;
   } else {
     RETURN_IF_ERROR(
         builder.Copy(lm_head, "language_model.output_layer.weight", {sizes.vocab, sizes.hidden}));
@@ -758,11 +559,24 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
   imported.catalog.format = catalog.format;
   imported.catalog.files = catalog.files;
   imported.catalog.tensors = builder.TakeTensors();
+  if (names != MegatronNames::kMegatronLm) {
+    // Megatron-Core's names of the tensors built under Megatron-LM's (the MoE layers are built
+    // under Megatron-Core's already).
+    const MegatronCoreSpec spec = names == MegatronNames::kMegatronCoreLocal
+                                      ? MegatronCoreSpec::kLocal
+                                      : MegatronCoreSpec::kTransformerEngine;
+    for (CatalogTensor& tensor : imported.catalog.tensors) {
+      if (!absl::StartsWith(tensor.name, "language_model.")) continue;
+      ASSIGN_OR_RETURN(const MegatronCoreTensor core, MegatronCoreName(tensor.name, spec));
+      tensor.name = core.UnstackedName();
+    }
+  }
   imported.catalog.Reindex();
 
   TrainingState& state = imported.training_state;
   state.values["megatron.args"] =
-      MakeArgs(family, sizes, config_json, builder.dtype(), tp, std::max(pipeline_parallel, 1));
+      MakeArgs(family, sizes, config_json, builder.dtype(), tp, std::max(pipeline_parallel, 1),
+               names);
   state.values["megatron.iteration"] = StructureNode::Int(0);
   state.values["megatron.checkpoint_version"] = Float(3.0);
   state.values["megatron.release"] = StructureNode::Bool(true);
@@ -771,10 +585,11 @@ absl::StatusOr<MegatronImport> ImportHfAsMegatron(const Catalog& catalog, const 
   imported.rules = MegatronPartitionRules(/*swiglu=*/!family.gpt2,
                                           (sizes.heads / sizes.groups + 2) * sizes.head_dim);
   // The output cuts the vocabulary for each TP rank itself, padded (megatron_output.h).
+  const std::string model = names == MegatronNames::kMegatronLm ? "language_model\\." : "";
   imported.rules.insert(
       imported.rules.begin(),
-      {PartitionRule{"^language_model\\.embedding\\.word_embeddings\\.weight$", true},
-       PartitionRule{"^language_model\\.output_layer\\.weight$", true}});
+      {PartitionRule{absl::StrCat("^", model, "embedding\\.word_embeddings\\.weight$"), true},
+       PartitionRule{absl::StrCat("^", model, "output_layer\\.weight$"), true}});
   return imported;
 }
 

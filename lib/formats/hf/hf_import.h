@@ -7,7 +7,8 @@
 //
 // ImportHfAsMegatron is the one entry point (PresentHfModelAsMegatron, the outputs' hook, calls it
 // with the config.json beside the weights, or the one `--config FILE` names, and the family
-// `--family F` names). The weights are safetensors (model.safetensors, or shards and their
+// `--family F` names; hf_import_config.h reads the folder: config.json, family, sizes, a tied
+// model's saved head). The weights are safetensors (model.safetensors, or shards and their
 // index) or torch.save zips (pytorch_model.bin, or pytorch_model-*-of-*.bin and
 // pytorch_model.bin.index.json, as save_pretrained(safe_serialization=False) writes), read in
 // place by their readers. It renames every HF tensor to Megatron-LM's legacy name
@@ -29,14 +30,23 @@
 //   model.norm.weight                       final_layernorm.weight
 //   lm_head.weight (untied)                 language_model.output_layer.weight
 //
-//   HF (mixtral; attention, norms as llama) Megatron-LM (layer i; X = mlp.experts.local_experts)
-//   block_sparse_moe.gate.weight            layers.i.mlp.router.weight
-//   block_sparse_moe.experts.e.{w1,w3}.weight   layers.i.X.e.dense_h_to_4h.weight
-//   block_sparse_moe.experts.e.w2.weight    layers.i.X.e.dense_4h_to_h.weight
-//   (every expert on the one expert-parallel rank: global id e is local expert e. The legacy
-//   encoder has no MoE module of its own, so the experts take Megatron-Core's SequentialMLP
-//   path `mlp.experts.local_experts.<e>` with the legacy MLP's key names, which the megatron
-//   reader and `--format hf` read back.)
+//   A Mixtral model is written under Megatron-Core's names instead (MegatronNames below):
+//   Megatron-LM builds mixture-of-experts GPTs only as Megatron-Core models (its legacy
+//   SwitchMLP routes each token to one expert through a biased router, which Mixtral's top-k
+//   softmax router is not). Layer i under decoder.layers.i., local layer spec:
+//   HF (mixtral)                            Megatron-Core (X = mlp.experts.local_experts)
+//   model.embed_tokens.weight               embedding.word_embeddings.weight
+//   input_layernorm.weight                  input_layernorm.weight
+//   self_attn.{q,k,v}_proj.weight           self_attention.linear_qkv.weight
+//   self_attn.o_proj.weight                 self_attention.linear_proj.weight
+//   post_attention_layernorm.weight         pre_mlp_layernorm.weight
+//   block_sparse_moe.gate.weight            mlp.router.weight
+//   block_sparse_moe.experts.e.{w1,w3}.weight   X.e.linear_fc1.weight
+//   block_sparse_moe.experts.e.w2.weight    X.e.linear_fc2.weight
+//   model.norm.weight                       decoder.final_layernorm.weight
+//   lm_head.weight                          output_layer.weight
+//   (SequentialMLP's names; every expert under its global id e, which the megatron output
+//   places on EP rank e / E_local as local expert e % E_local.)
 //
 //   HF (gpt2, Conv1D weights [in, out])     Megatron-LM
 //   transformer.wte.weight, wpe.weight      word_embeddings.weight, position_embeddings.weight
@@ -73,8 +83,13 @@
 // normalization (RMSNorm; GPT-2 LayerNorm), position_embedding_type (rope; GPT-2
 // learned_absolute), openai_gelu / bias_gelu_fusion (GPT-2's activation_function gelu_new /
 // gelu_fast), sliding_window (Mistral, Mixtral), num_experts, moe_router_topk,
-// moe_ffn_hidden_size, moe_aux_loss_coeff (router_aux_loss_coef when given), moe_grouped_gemm
-// (False) and expert_model_parallel_size (1) (Mixtral), vocab_size, make_vocab_size_divisible_by,
+// moe_ffn_hidden_size, moe_aux_loss_coeff (router_aux_loss_coef when given),
+// moe_router_load_balancing_type ("aux_loss"), moe_router_pre_softmax (False: softmax over the
+// top-k logits, which equals Mixtral's renormalised top-k of the softmax), moe_grouped_gemm
+// (False: SequentialMLP), expert_model_parallel_size (1; the megatron output sets the EP it
+// writes), expert_tensor_parallel_size (TP), and for Megatron-Core names use_legacy_models
+// (False), transformer_impl ("local", or "transformer_engine") and ckpt_format ("torch")
+// (Mixtral), vocab_size, make_vocab_size_divisible_by,
 // padded_vocab_size, params_dtype / fp16 / bf16 (the weights' dtype), tensor_ and
 // pipeline_model_parallel_size, data_parallel_size, world_size, rank and
 // virtual_pipeline_model_parallel_size (None). The checkpoint is a "release" one (iteration 0,
@@ -84,7 +99,8 @@
 // equal the word embeddings element by element (transformers loads the embedding as the head),
 // and is then left out.
 //
-// Refused, naming what (InvalidArgument): config.json whose model_type / architectures is none
+// Refused, naming what (InvalidArgument): a Mixtral model asked for under Megatron-LM's legacy
+// names (MegatronNames::kMegatronLm); config.json whose model_type / architectures is none
 // of the families, or a --family that is none (listing them); heads not divisible by
 // num_key_value_heads, or heads or groups not divisible by `tensor_parallel`; a tensor the
 // family has no Megatron counterpart for; a tensor missing or shaped otherwise than config.json
@@ -94,6 +110,7 @@
 #define RESHARD_LIB_FORMATS_HF_HF_IMPORT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -102,24 +119,38 @@
 #include "lib/core/catalog.h"
 #include "lib/formats/format.h"
 #include "lib/formats/hf/hf_family.h"
+#include "lib/formats/hf/hf_import_config.h"
 #include "lib/plan/partition_rules.h"
 #include "nlohmann/json.hpp"
 
 namespace reshard {
 
-// What the Megatron writers import a Hugging Face model as, named in messages and descriptions.
-inline constexpr char kImportAsMegatronLm[] = "Megatron-LM";
-inline constexpr char kImportAsTorchDist[] = "Megatron-Core torch_dist";
-
 // The training-state value (a string: "llama", ...) that says a model was imported from a
 // Hugging Face model of that family.
 inline constexpr char kHfImportFamilyKey[] = "hf_import.family";
 
+// The names the imported tensors take.
+enum class MegatronNames {
+  // Megatron-LM's legacy GPTModel: language_model.encoder.layers.<i>.* (the table above).
+  kMegatronLm,
+  // Megatron-Core's GPTModel, as its flat state dict names them: embedding.*, decoder.layers.
+  // <i>.*, decoder.final_layernorm.*, output_layer.*; the layer norms as the local layer spec
+  // (input_layernorm, pre_mlp_layernorm) or the TransformerEngine spec (fused into linear_qkv
+  // and linear_fc1 as layer_norm_weight; a mixture-of-experts layer keeps pre_mlp_layernorm)
+  // names them (megatron_core_names.h).
+  kMegatronCoreLocal,
+  kMegatronCoreTransformerEngine,
+};
+
+// The names the Megatron outputs give a model of `family` unless told otherwise: Megatron-LM's
+// for the dense families, Megatron-Core's (local spec) for mixture-of-experts ones.
+MegatronNames DefaultMegatronNames(const HfFamily& family);
+
 // The HF model as Megatron-LM's merged model.
 struct MegatronImport {
   const HfFamily* family = nullptr;
-  // Megatron-LM names, in Megatron's order; the pieces index the input catalog's files, which
-  // `catalog.files` repeats.
+  // The Megatron tensors (named as MegatronNames says), in Megatron's order; the pieces index
+  // the input catalog's files, which `catalog.files` repeats.
   Catalog catalog;
   // "megatron.args", "megatron.iteration" (0), "megatron.checkpoint_version" (3.0) and
   // "megatron.release" (true), as the megatron reader sets them (megatron_format.h); and
@@ -139,24 +170,14 @@ struct MegatronImport {
 // `config_path` (named in messages); `tensor_parallel`, `pipeline_parallel`: the sizes the args
 // record (the megatron output updates them per file); `family`: the family the tensors are
 // read as, nullptr for the one config.json names (model_type, else architectures); `as_what`
-// (kImportAsMegatronLm, kImportAsTorchDist): what messages say the model is imported as. Reads
-// no tensor data.
+// (kImportAsMegatronLm, kImportAsTorchDist): what messages say the model is imported as;
+// `names`: the names the tensors take, nullopt for DefaultMegatronNames(family). Reads no
+// tensor data.
 absl::StatusOr<MegatronImport> ImportHfAsMegatron(
     const Catalog& catalog, const nlohmann::ordered_json& config, const std::string& config_path,
     int tensor_parallel, int pipeline_parallel, const HfFamily* family = nullptr,
-    absl::string_view as_what = kImportAsMegatronLm);
-
-// The config.json beside the Hugging Face weights `input` (a folder, or a weight file or index
-// in it), parsed; or, when `config_file` is not empty, that file (--config) in its place, which
-// `*config_path` then names. InvalidArgument naming the file when there is none or when it is not a
-// JSON object.
-absl::StatusOr<nlohmann::ordered_json> ReadHfInputConfig(
-    const std::string& input, const std::string& config_file, std::string* config_path,
-    absl::string_view as_what = kImportAsMegatronLm);
-
-// Whether `model` is a Hugging Face model ImportHfAsMegatron takes: one safetensors model, or
-// one torch.save model whose files are save_pretrained's (IsHuggingFaceWeightName).
-bool IsHfImportInput(const InputModel& model);
+    absl::string_view as_what = kImportAsMegatronLm,
+    std::optional<MegatronNames> names = std::nullopt);
 
 // OutputFormat::PresentInput of the outputs that write Megatron checkpoints (megatron,
 // megatron-torch-dist): when `model` is a Hugging Face model (IsHfImportInput), reads the
@@ -170,11 +191,12 @@ bool IsHfImportInput(const InputModel& model);
 // difference is InvalidArgument naming both tensors, the head's file and the first element
 // that differs. Returns false, changing nothing, for any other input. The other errors are
 // ReadHfInputConfig's and ImportHfAsMegatron's, and InvalidArgument listing the families for
-// an `hf.family` that is none of them.
+// an `hf.family` that is none of them. `names` as for ImportHfAsMegatron.
 absl::StatusOr<bool> PresentHfModelAsMegatron(const std::string& input, int tensor_parallel,
                                               int pipeline_parallel, absl::string_view as_what,
                                               const HfExportOptions& hf, InputModel& model,
-                                              Catalog& catalog);
+                                              Catalog& catalog,
+                                              std::optional<MegatronNames> names = std::nullopt);
 
 }  // namespace reshard
 

@@ -1,6 +1,7 @@
 #include "lib/formats/hf/hf_import.h"
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -93,7 +94,10 @@ Json LlamaConfig(const Llama& m, const std::string& model_type) {
   return config;
 }
 
-HfCatalog LlamaTensors(const Llama& m) {
+// The tensors of a Llama-style model; `mlp(hf, layer prefix)` adds each layer's MLP (nullptr:
+// Llama's gate, up and down projections).
+HfCatalog LlamaTensors(const Llama& m,
+                       const std::function<void(HfCatalog&, const std::string&)>& mlp = nullptr) {
   HfCatalog hf;
   const int64_t h = m.hidden, d = m.head_dim;
   hf.Add("model.embed_tokens.weight", {m.vocab, h});
@@ -110,6 +114,10 @@ HfCatalog LlamaTensors(const Llama& m) {
     }
     hf.Add(p + "self_attn.o_proj.weight", {h, m.heads * d});
     hf.Add(p + "post_attention_layernorm.weight", {h});
+    if (mlp) {
+      mlp(hf, p);
+      continue;
+    }
     hf.Add(p + "mlp.gate_proj.weight", {m.ffn, h});
     hf.Add(p + "mlp.up_proj.weight", {m.ffn, h});
     hf.Add(p + "mlp.down_proj.weight", {h, m.ffn});
@@ -219,6 +227,23 @@ const StructureNode* Arg(const MegatronImport& imported, const std::string& key)
   return args == nullptr ? nullptr : FindKey(args->Attributes(), key);
 }
 
+// The args hold these ints and bools.
+void ExpectArgs(const MegatronImport& imported, const std::map<std::string, int64_t>& ints,
+                const std::map<std::string, bool>& bools) {
+  for (const auto& [key, value] : ints) {
+    const StructureNode* arg = Arg(imported, key);
+    ASSERT_NE(arg, nullptr) << key;
+    EXPECT_EQ(arg->kind, StructureNode::Kind::kInt) << key;
+    EXPECT_EQ(arg->integer, value) << key;
+  }
+  for (const auto& [key, value] : bools) {
+    const StructureNode* arg = Arg(imported, key);
+    ASSERT_NE(arg, nullptr) << key;
+    EXPECT_EQ(arg->kind, StructureNode::Kind::kBool) << key;
+    EXPECT_EQ(arg->boolean, value) << key;
+  }
+}
+
 TEST(HfImportTest, ArgsFromConfig) {
   Llama m;
   m.vocab = 1000;
@@ -241,12 +266,6 @@ TEST(HfImportTest, ArgsFromConfig) {
                                                {"tensor_model_parallel_size", 2},
                                                {"pipeline_model_parallel_size", 2},
                                                {"world_size", 4}};
-  for (const auto& [key, value] : ints) {
-    const StructureNode* arg = Arg(*imported, key);
-    ASSERT_NE(arg, nullptr) << key;
-    EXPECT_EQ(arg->kind, StructureNode::Kind::kInt) << key;
-    EXPECT_EQ(arg->integer, value) << key;
-  }
   const std::map<std::string, bool> bools = {{"group_query_attention", true},
                                              {"swiglu", true},
                                              {"add_qkv_bias", false},
@@ -256,12 +275,7 @@ TEST(HfImportTest, ArgsFromConfig) {
                                              {"fp16", false},
                                              {"untie_embeddings_and_output_weights", false},
                                              {"use_rope_scaling", false}};
-  for (const auto& [key, value] : bools) {
-    const StructureNode* arg = Arg(*imported, key);
-    ASSERT_NE(arg, nullptr) << key;
-    EXPECT_EQ(arg->kind, StructureNode::Kind::kBool) << key;
-    EXPECT_EQ(arg->boolean, value) << key;
-  }
+  ExpectArgs(*imported, ints, bools);
   EXPECT_EQ(Arg(*imported, "norm_epsilon")->real, 1e-5);
   EXPECT_EQ(Arg(*imported, "normalization")->text, "RMSNorm");
   EXPECT_EQ(Arg(*imported, "position_embedding_type")->text, "rope");
@@ -304,6 +318,158 @@ TEST(HfImportTest, VocabularyIsWholeInEverySplitPart) {
       }
     }
   }
+}
+
+// A Mixtral model: Llama's attention and norms, and per layer a router over `experts` SwiGLU
+// experts (w1 gate, w3 up, w2 down).
+struct Mixtral {
+  Llama base;
+  int64_t experts = 4, top_k = 2;
+};
+
+Json MixtralConfig(const Mixtral& m) {
+  Json config = LlamaConfig(m.base, "mixtral");
+  config["architectures"] = {"MixtralForCausalLM"};
+  config["num_local_experts"] = m.experts;
+  config["num_experts_per_tok"] = m.top_k;
+  config["router_aux_loss_coef"] = 0.02;
+  return config;
+}
+
+HfCatalog MixtralTensors(const Mixtral& m) {
+  const int64_t h = m.base.hidden, ffn = m.base.ffn;
+  return LlamaTensors(m.base, [&](HfCatalog& hf, const std::string& p) {
+    hf.Add(p + "block_sparse_moe.gate.weight", {m.experts, h});
+    for (int64_t e = 0; e < m.experts; ++e) {
+      const std::string x = absl::StrCat(p, "block_sparse_moe.experts.", e, ".");
+      hf.Add(x + "w1.weight", {ffn, h});
+      hf.Add(x + "w2.weight", {h, ffn});
+      hf.Add(x + "w3.weight", {ffn, h});
+    }
+  });
+}
+
+std::vector<std::string> Names(const Catalog& catalog) {
+  std::vector<std::string> names;
+  for (const CatalogTensor& tensor : catalog.tensors) names.push_back(tensor.name);
+  return names;
+}
+
+// Megatron-LM builds MoE GPTs only as Megatron-Core models, so a Mixtral import holds the
+// state dict of Megatron-Core's GPTModel with the local layer spec and SequentialMLP experts
+// (get_gpt_layer_local_spec(num_experts, moe_grouped_gemm=False)): GPTModel.embedding,
+// decoder (TransformerBlock: layers.<i> = TransformerLayer: input_layernorm, self_attention
+// (linear_qkv, linear_proj), pre_mlp_layernorm, mlp = MoELayer: router (TopKRouter, weight
+// [E, h], no bias), experts.local_experts.<e> (MLP: linear_fc1, linear_fc2)), final_layernorm,
+// output_layer. The names are written out here from that module tree.
+TEST(HfImportTest, MixtralTakesMegatronCoreNames) {
+  Mixtral m;
+  HfCatalog hf = MixtralTensors(m);
+  auto imported = ImportHfAsMegatron(hf.catalog(), MixtralConfig(m), "config.json", 2, 1);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const std::vector<std::string> want = {
+      "embedding.word_embeddings.weight",
+      "decoder.layers.0.input_layernorm.weight",
+      "decoder.layers.0.self_attention.linear_qkv.weight",
+      "decoder.layers.0.self_attention.linear_proj.weight",
+      "decoder.layers.0.pre_mlp_layernorm.weight",
+      "decoder.layers.0.mlp.router.weight",
+      "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
+      "decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight",
+      "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight",
+      "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight",
+      "decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight",
+      "decoder.layers.0.mlp.experts.local_experts.2.linear_fc2.weight",
+      "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight",
+      "decoder.layers.0.mlp.experts.local_experts.3.linear_fc2.weight",
+      "decoder.final_layernorm.weight",
+      "output_layer.weight"};
+  EXPECT_EQ(Names(imported->catalog), want);
+
+  // Where each tensor's first element comes from, and expert 2's fc1 row by row: w1 (gate)
+  // rows, then w3 (up) rows.
+  const std::string l = "decoder.layers.0.", x2 = l + "mlp.experts.local_experts.2.";
+  const std::map<std::string, std::string> from = {
+      {l + "pre_mlp_layernorm.weight", "model.layers.0.post_attention_layernorm.weight"},
+      {l + "mlp.router.weight", "model.layers.0.block_sparse_moe.gate.weight"},
+      {x2 + "linear_fc2.weight", "model.layers.0.block_sparse_moe.experts.2.w2.weight"},
+      {l + "self_attention.linear_proj.weight", "model.layers.0.self_attn.o_proj.weight"}};
+  for (const auto& [megatron, hf_name] : from) {
+    const CatalogTensor& tensor = Tensor(imported->catalog, megatron);
+    const std::vector<int64_t> first(tensor.shape.size(), 0);
+    EXPECT_EQ(SourceByte(tensor, first), static_cast<int64_t>(hf.ByteOf(hf_name, first)))
+        << megatron;
+  }
+  const CatalogTensor& fc1 = Tensor(imported->catalog, x2 + "linear_fc1.weight");
+  ASSERT_EQ(fc1.shape, Shape({2 * m.base.ffn, m.base.hidden}));
+  for (int64_t row = 0; row < 2 * m.base.ffn; ++row) {
+    const std::string w = row < m.base.ffn ? "w1.weight" : "w3.weight";
+    EXPECT_EQ(SourceByte(fc1, {row, 1}),
+              static_cast<int64_t>(hf.ByteOf("model.layers.0.block_sparse_moe.experts.2." + w,
+                                             {row % m.base.ffn, 1})))
+        << row;
+  }
+
+  // The args of a Megatron-Core MoE run.
+  const std::map<std::string, int64_t> ints = {{"num_experts", 4},
+                                               {"moe_router_topk", 2},
+                                               {"moe_ffn_hidden_size", 6},
+                                               {"expert_model_parallel_size", 1},
+                                               {"expert_tensor_parallel_size", 2}};
+  const std::map<std::string, bool> bools = {
+      {"moe_grouped_gemm", false}, {"moe_router_pre_softmax", false}, {"use_legacy_models", false}};
+  ExpectArgs(*imported, ints, bools);
+  const std::map<std::string, std::string> strings = {
+      {"moe_router_load_balancing_type", "aux_loss"},
+      {"transformer_impl", "local"},
+      {"ckpt_format", "torch"}};
+  for (const auto& [key, value] : strings) {
+    const StructureNode* arg = Arg(*imported, key);
+    ASSERT_NE(arg, nullptr) << key;
+    EXPECT_EQ(arg->text, value) << key;
+  }
+  ASSERT_NE(Arg(*imported, "moe_aux_loss_coeff"), nullptr);
+  EXPECT_EQ(Arg(*imported, "moe_aux_loss_coeff")->real, 0.02);
+
+  // The vocabulary tensors stay whole in the engine's split under these names too.
+  auto rules = PartitionRules::Create(imported->rules);
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+    auto rule = rules->Match(name);
+    ASSERT_TRUE(rule.ok()) << rule.status();
+    EXPECT_TRUE((*rule)->replicate) << name;
+  }
+}
+
+// The TransformerEngine spec fuses the input norm into linear_qkv; a MoE layer keeps its own
+// pre_mlp_layernorm (TENorm), as get_gpt_layer_with_transformer_engine_spec builds it.
+TEST(HfImportTest, MixtralUnderTransformerEngineNames) {
+  Mixtral m;
+  m.experts = 1;
+  HfCatalog hf = MixtralTensors(m);
+  auto imported = ImportHfAsMegatron(hf.catalog(), MixtralConfig(m), "config.json", 1, 1,
+                                     nullptr, kImportAsTorchDist,
+                                     MegatronNames::kMegatronCoreTransformerEngine);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(Names(imported->catalog),
+            std::vector<std::string>(
+                {"embedding.word_embeddings.weight",
+                 "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+                 "decoder.layers.0.self_attention.linear_qkv.weight",
+                 "decoder.layers.0.self_attention.linear_proj.weight",
+                 "decoder.layers.0.pre_mlp_layernorm.weight", "decoder.layers.0.mlp.router.weight",
+                 "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
+                 "decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight",
+                 "decoder.final_layernorm.weight", "output_layer.weight"}));
+  EXPECT_EQ(Arg(*imported, "transformer_impl")->text, "transformer_engine");
+
+  auto legacy = ImportHfAsMegatron(hf.catalog(), MixtralConfig(m), "/in/config.json", 1, 1,
+                                   nullptr, kImportAsMegatronLm, MegatronNames::kMegatronLm);
+  EXPECT_EQ(legacy.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(legacy.status().message().find(
+                "a Mixtral model (/in/config.json) has no Megatron-LM legacy names"),
+            std::string::npos)
+      << legacy.status();
 }
 
 TEST(HfImportTest, Gpt2ConvWeightsTransposedAndQkvPerHead) {

@@ -250,18 +250,23 @@ absl::Status CheckPaddedVocab(const FileFacts& facts, const Catalog& part, int t
                               absl::string_view what) {
   const std::optional<int64_t> padded = ArgNumber(facts.args, "padded_vocab_size");
   if (!padded.has_value()) return absl::OkStatus();
+  // Megatron pads the word embeddings and the untied output layer alike (Megatron-LM's and
+  // Megatron-Core's names, the latter in the same rank files).
   for (const CatalogTensor& tensor : part.tensors) {
-    if (tensor.name != "word_embeddings.weight" &&
-        !absl::EndsWith(tensor.name, ".word_embeddings.weight")) {
-      continue;
-    }
-    if (tensor.shape.empty() || tensor.shape[0] * tp != *padded) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": ", tensor.name, " has ", tensor.shape.empty() ? 0 : tensor.shape[0],
-                       " rows per TP rank (", tensor.shape.empty() ? 0 : tensor.shape[0] * tp,
-                       " over ", tp, " ranks), but args.padded_vocab_size is ", *padded));
-    }
-    return absl::OkStatus();
+    const bool vocabulary = tensor.name == "word_embeddings.weight" ||
+                            absl::EndsWith(tensor.name, ".word_embeddings.weight") ||
+                            tensor.name == "output_layer.weight" ||
+                            absl::EndsWith(tensor.name, ".output_layer.weight");
+    if (!vocabulary) continue;
+    const int64_t rows = tensor.shape.empty() ? 0 : tensor.shape[0];
+    if (rows * tp == *padded) continue;
+    const std::string file = tensor.pieces.empty() || static_cast<size_t>(tensor.pieces[0].file) >= part.files.size()
+                                 ? std::string("the checkpoint")
+                                 : part.files[tensor.pieces[0].file].path;
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": tensor \"", tensor.name, "\" of ", file, " has ", rows, " rows, ", rows * tp,
+        " over TP ", tp, ", but args.padded_vocab_size is ", *padded,
+        " (Megatron pads the vocabulary of the word embeddings and the output layer to it)"));
   }
   return absl::OkStatus();
 }

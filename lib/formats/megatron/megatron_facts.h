@@ -93,7 +93,9 @@ absl::Status CheckVersion(const FileFacts& facts, absl::string_view what, bool r
 absl::StatusOr<bool> DecideSwiGLU(const FileFacts& facts, const Catalog& part,
                                   absl::string_view what);
 
-// word_embeddings rows x TP must be args.padded_vocab_size.
+// The rows x TP of word_embeddings and of an untied output_layer (`part`: TP rank 0's merged
+// model) must be args.padded_vocab_size: InvalidArgument naming the tensor, its file, its rows
+// and both sizes otherwise.
 absl::Status CheckPaddedVocab(const FileFacts& facts, const Catalog& part, int tp,
                               absl::string_view what);
 

@@ -169,8 +169,10 @@ struct Plan {
   int64_t data_parallel = 1;
 };
 
-// The padded vocabulary for `tp`, as Megatron's _vocab_size_with_padding computes it.
-absl::StatusOr<int64_t> PaddedVocab(const StructureNode* args, int64_t rows_in, int tp) {
+// The padded vocabulary for `tp`, as Megatron's _vocab_size_with_padding computes it, of the
+// word embeddings `words` (named in messages) holding `rows_in` rows.
+absl::StatusOr<int64_t> PaddedVocab(const StructureNode* args, absl::string_view words,
+                                    int64_t rows_in, int tp) {
   const std::optional<int64_t> divisible = IntArg(args, "make_vocab_size_divisible_by");
   if (!divisible.has_value() || *divisible < 1) return rows_in;  // nothing to pad to: keep
   const int64_t multiple = *divisible * tp;
@@ -178,7 +180,7 @@ absl::StatusOr<int64_t> PaddedVocab(const StructureNode* args, int64_t rows_in, 
   if (vocab.has_value() && *vocab > 0) {
     if (*vocab > rows_in) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "args.vocab_size is ", *vocab, " but ", kWordEmbeddings, " has only ", rows_in, " rows"));
+          "args.vocab_size is ", *vocab, " but ", words, " has only ", rows_in, " rows"));
     }
     return (*vocab + multiple - 1) / multiple * multiple;
   }
@@ -187,7 +189,7 @@ absl::StatusOr<int64_t> PaddedVocab(const StructureNode* args, int64_t rows_in, 
       "the vocabulary must be padded again for TP ", tp, " (to a multiple of ",
       "args.make_vocab_size_divisible_by ", *divisible, " x ", tp, " = ", multiple,
       "), but the args do not record the original vocabulary size (args.vocab_size) and the ",
-      rows_in, " padded rows of ", kWordEmbeddings, " are no such multiple"));
+      rows_in, " padded rows of ", words, " are no such multiple"));
 }
 
 absl::Status CheckDivides(const StructureNode* args, absl::string_view key, int tp) {
@@ -239,7 +241,7 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
                                                        const ArrangeRequest& request) const {
   const InputModel& model = request.model;
   // Megatron input (a Megatron-Core torch_dist one under the names PresentInput gave it), or a
-  // Hugging Face model PresentInput made a Megatron-LM one.
+  // Hugging Face model PresentInput made a Megatron one.
   if (model.format != kMegatronFormatId && model.format != kTorchDistId &&
       model.training_state.Value(kHfImportFamilyKey) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -421,15 +423,17 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
 
   // The vocabulary, padded again for the new TP.
   int64_t rows_in = -1;
+  std::string words;
   for (const OutputTensor& tensor : parts[0]) {
     if (IsWordEmbeddings(tensor.name)) {
       rows_in = request.catalog.tensors[tensor.source].shape.at(0);
+      words = tensor.name;
     }
   }
   if (rows_in > 0) {
-    ASSIGN_OR_RETURN(plan.vocab_rows, PaddedVocab(args, rows_in, plan.tp));
+    ASSIGN_OR_RETURN(plan.vocab_rows, PaddedVocab(args, words, rows_in, plan.tp));
     if (plan.vocab_rows % plan.tp != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(kWordEmbeddings, ": ", plan.vocab_rows,
+      return absl::InvalidArgumentError(absl::StrCat(words, ": ", plan.vocab_rows,
                                                      " rows do not divide into TP ", plan.tp));
     }
   }

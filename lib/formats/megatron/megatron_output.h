@@ -76,9 +76,12 @@
 // values, and the reader's partition rules split them, so no --rules is needed.
 //
 // A Hugging Face model (`reshardctl reshard HF_DIR OUT --format megatron --parts TP`: a
-// safetensors model and its config.json, families llama, mistral, qwen2, qwen3, gpt2) is
-// written the same way after PresentInput has made it the merged Megatron-LM model with its
-// args (lib/formats/hf/hf_import.h): a "release" checkpoint, vocabulary padded with zero rows.
+// safetensors or save_pretrained torch.save model and its config.json, families llama, mistral,
+// qwen2, qwen3, gpt2, mixtral) is written the same way after PresentInput has made it the
+// merged Megatron model with its args (lib/formats/hf/hf_import.h): a "release" checkpoint,
+// vocabulary padded with zero rows. The dense families take Megatron-LM's names; mixtral takes
+// Megatron-Core's (local spec, SequentialMLP experts), the only model Megatron-LM builds
+// mixture-of-experts layers in, and --expert-parts spreads its experts as above.
 //
 // Refused, with a message naming what: input that is neither Megatron (legacy or torch_dist) nor
 // a Hugging Face model; a torch_dist tensor with no Megatron-LM name;
@@ -111,7 +114,7 @@ class MegatronOutput : public OutputFormat {
                                          const ArrangeRequest& request) const override;
   // A Megatron-Core torch_dist model is renamed to Megatron-LM's names (MegatronLmName); a
   // Hugging Face model (one safetensors model with its config.json) is presented as the
-  // merged Megatron-LM model of the same weights, with the args of such a run
+  // merged Megatron model of the same weights, with the args of such a run
   // (ImportHfAsMegatron, lib/formats/hf/hf_import.h); other input is left as it is.
   absl::StatusOr<bool> PresentInput(const std::string& input, int parts, int pipeline_parts,
                                     const HfExportOptions& hf, InputModel& model,
