@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -97,14 +98,16 @@ std::string WriteSource(const std::string& bytes, std::optional<uint64_t> flip =
   return path;
 }
 
-Catalog CatalogOf(const std::string& path) {
+// The catalog of the archive at `path` with its tensors `names`.
+Catalog CatalogOf(const std::string& path,
+                  const std::vector<std::string>& names = {"w", "b", "t"}) {
   Catalog catalog;
   auto archive = TorchArchive::Open(path);
   EXPECT_TRUE(archive.ok()) << archive.status();
   if (!archive.ok()) return catalog;
   catalog.format = "torch";
   catalog.files.push_back((*archive)->Source());
-  for (const char* name : {"w", "b", "t"}) {
+  for (const std::string& name : names) {
     auto location = (*archive)->Tensor(PickleField((*archive)->root(), name), name);
     EXPECT_TRUE(location.ok() && location->has_value()) << name;
     catalog.tensors.push_back(CatalogTensorAt(name, **location, 0));
@@ -123,8 +126,9 @@ struct OutTensor {
 using OutFiles = std::map<std::string, std::vector<OutTensor>>;
 
 absl::StatusOr<ExecutionResult> Convert(const std::string& source, const OutFiles& files,
-                                        ExecutorOptions options, std::string out = "") {
-  const Catalog catalog = CatalogOf(source);
+                                        ExecutorOptions options, std::string out = "",
+                                        const std::vector<std::string>& names = {"w", "b", "t"}) {
+  const Catalog catalog = CatalogOf(source, names);
   TargetLayout layout;
   std::vector<FileFraming> framings;
   for (const auto& [name, tensors] : files) {
@@ -314,6 +318,27 @@ TEST(SourceChecksumsTest, RemoteSourceIsCheckedAsItIsRead) {
   }
 }
 
+TEST(SourceChecksumsTest, RecordReadInDirectSpansIsNotReadAgain) {
+  // A record of 12 MiB, consolidated whole: read with direct I/O in spans of 4 MiB, each read
+  // ahead from a block before the end of the one before (SpanReader::overlap). Every byte of
+  // the record is read by the pass, so nothing is read again to check it.
+  constexpr int64_t kBig = 3 << 20;  // elements
+  PickleWriter w;
+  w.BeginDict(true);
+  w.String("big");
+  w.Tensor("FloatStorage", "0", kBig, {kBig / 1024, 1024}, {1024, 1});
+  w.EndDict();
+  const std::vector<Entry> entries = {{"archive/data.pkl", w.Finish()},
+                                      {"archive/byteorder", "little"},
+                                      {"archive/data/0", F32s(kBig, -3)},
+                                      {"archive/version", "3\n"}};
+  const std::string source = WriteSource(BuildZip(entries).bytes);
+  auto result = Convert(source, {{"big.bin", {{"big", Box::Full({kBig / 1024, 1024})}}}},
+                        Options(1, 32 << 20), "", {"big"});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->crc_bytes_reread, 0u);
+}
+
 TEST(SourceChecksumsTest, StridedViewIsCheckedByReadingItsRecord) {
   const TorchFixture fixture = MakeArchive();
   const OutFiles files = {{"t.bin", {{"t", Box::Full({6, 4})}}}};
@@ -359,32 +384,73 @@ TEST(SourceChecksumsTest, ResumeReusingACommittedFileStillChecksItsSources) {
 
 // ---- Crc32Source alone
 
-TEST(SourceChecksumsTest, FragmentsBeyondTheCapAreReadAtTheEnd) {
-  const std::string data = F32s(1500, 3);  // 6000 bytes
-  const std::string path = MakeTempDir("cap") + "/f";
+// A file of 4 bytes and a record of 6000 bytes after them, checked by a Crc32Source that
+// `feed` gives runs of the record (offsets within the file), once with the record's true
+// CRC-32 and once with a wrong one: Verify's statuses and the bytes it read again (intact).
+struct RecordCheck {
+  absl::Status intact;
+  absl::Status wrong;
+  uint64_t reread = 0;
+};
+RecordCheck CheckRecord(
+    const std::function<void(Crc32Source& checksums, const std::string& data)>& feed) {
+  const std::string data = F32s(1500, 3);
+  const std::string path = MakeTempDir("record") + "/f";
   WriteAll(path, "head" + data);
   SourceFile file{path, 4 + data.size(), {}};
   const uint32_t crc =
       static_cast<uint32_t>(::crc32_z(0, reinterpret_cast<const Bytef*>(data.data()), data.size()));
+  auto mapped = MappedFile::Open(path);
+  EXPECT_TRUE(mapped.ok()) << mapped.status();
+  RecordCheck check;
+  if (!mapped.ok()) return check;
   for (uint32_t recorded : {crc, crc ^ 0x80000000u}) {
     file.checksummed = {{4, data.size(), recorded, "archive/data/0"}};
     Crc32Source::FragmentBudget budget{0};
     Crc32Source checksums(file.checksummed, &budget);
+    feed(checksums, data);
+    const absl::Status status = checksums.Verify(*mapped);
+    if (recorded == crc) {
+      check.intact = status;
+      check.reread = checksums.bytes_reread();
+    } else {
+      check.wrong = status;
+    }
+  }
+  return check;
+}
+
+const std::byte* BytesAt(const std::string& data, uint64_t at) {
+  return reinterpret_cast<const std::byte*>(&data[at]);
+}
+
+TEST(SourceChecksumsTest, FragmentsBeyondTheCapAreReadAtTheEnd) {
+  const RecordCheck check = CheckRecord([](Crc32Source& checksums, const std::string& data) {
     // Every other 2-byte run, back to front: none can merge, so only the first
     // kMaxFragmentsPerRange are kept.
     for (uint64_t at = data.size(); at >= 4; at -= 4) {
-      checksums.Read(4 + at - 4, 2, reinterpret_cast<const std::byte*>(&data[at - 4]));
+      checksums.Read(4 + at - 4, 2, BytesAt(data, at - 4));
     }
-    auto mapped = MappedFile::Open(path);
-    ASSERT_TRUE(mapped.ok());
-    const absl::Status status = checksums.Verify(*mapped);
-    if (recorded == crc) {
-      EXPECT_TRUE(status.ok()) << status;
-      EXPECT_EQ(checksums.bytes_reread(), data.size() - 2 * Crc32Source::kMaxFragmentsPerRange);
-    } else {
-      EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
-    }
-  }
+  });
+  EXPECT_TRUE(check.intact.ok()) << check.intact;
+  EXPECT_EQ(check.reread, 6000 - 2 * Crc32Source::kMaxFragmentsPerRange);
+  EXPECT_EQ(check.wrong.code(), absl::StatusCode::kDataLoss) << check.wrong;
+}
+
+TEST(SourceChecksumsTest, OverlappingRunsCountTheBytesTheyAddOnce) {
+  const RecordCheck check = CheckRecord([](Crc32Source& checksums, const std::string& data) {
+    // Runs of 1000 bytes, each from 100 bytes before the end of the one before (spans read
+    // ahead); then one inside them (a span read again), one past a gap, one reaching from
+    // inside the first fragment over the gap into the second, and the rest of the record.
+    for (uint64_t at : {0, 900, 1800}) checksums.Read(4 + at, 1000, BytesAt(data, at));
+    checksums.Read(4 + 500, 700, BytesAt(data, 500));
+    checksums.Read(4 + 4000, 1000, BytesAt(data, 4000));
+    checksums.Read(4 + 2000, 2500, BytesAt(data, 2000));
+    checksums.Read(4 + 5000, 1000, BytesAt(data, 5000));
+  });
+  EXPECT_TRUE(check.intact.ok()) << check.intact;
+  EXPECT_EQ(check.reread, 0u);
+  EXPECT_EQ(check.wrong.code(), absl::StatusCode::kDataLoss) << check.wrong;
 }
 
 TEST(SourceChecksumsTest, MemoryBoundCoversRangesAndFragments) {

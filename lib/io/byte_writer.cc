@@ -57,7 +57,8 @@ absl::Status DeferredBytesWriter::Write(absl::string_view data) {
 }
 
 absl::StatusOr<std::unique_ptr<Crc32Writer>> Crc32Writer::Create(ByteWriter* dest,
-                                                                 std::vector<ByteRange> ranges) {
+                                                                 std::vector<ByteRange> ranges,
+                                                                 bool xxh3_64) {
   std::vector<size_t> order(ranges.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
@@ -72,10 +73,37 @@ absl::StatusOr<std::unique_ptr<Crc32Writer>> Crc32Writer::Create(ByteWriter* des
     }
   }
   return std::unique_ptr<Crc32Writer>(
-      new Crc32Writer(dest, std::move(ranges), std::move(order)));
+      new Crc32Writer(dest, std::move(ranges), std::move(order), xxh3_64));
+}
+
+Crc32Writer::Crc32Writer(ByteWriter* dest, std::vector<ByteRange> ranges,
+                         std::vector<size_t> order, bool xxh3_64)
+    : dest_(dest),
+      ranges_(std::move(ranges)),
+      order_(std::move(order)),
+      crc32s_(ranges_.size(), 0),
+      xxh3_(xxh3_64 ? XXH3_createState() : nullptr) {
+  if (xxh3_ != nullptr) XXH3_64bits_reset(xxh3_);
+}
+
+Crc32Writer::~Crc32Writer() {
+  if (xxh3_ != nullptr) XXH3_freeState(xxh3_);
+}
+
+uint64_t Crc32Writer::xxh3_64() const {
+  return xxh3_ != nullptr ? XXH3_64bits_digest(xxh3_) : 0;
 }
 
 absl::Status Crc32Writer::Write(absl::string_view data) {
+  for (size_t at = 0; at < data.size(); at += kPieceBytes) {
+    const absl::string_view piece = data.substr(at, kPieceBytes);
+    Checksum(piece);
+    if (xxh3_ != nullptr) XXH3_64bits_update(xxh3_, piece.data(), piece.size());
+  }
+  return dest_->Write(data);
+}
+
+void Crc32Writer::Checksum(absl::string_view data) {
   const uint64_t end = at_ + data.size();
   while (next_ < order_.size()) {
     const size_t index = order_[next_];
@@ -86,11 +114,10 @@ absl::Status Crc32Writer::Write(absl::string_view data) {
     if (to > from) {
       crc32s_[index] = Crc32(crc32s_[index], data.data() + (from - at_), to - from);
     }
-    if (range.end() > end) break;  // continues in the next Write
+    if (range.end() > end) break;  // continues in the next piece
     ++next_;
   }
   at_ = end;
-  return dest_->Write(data);
 }
 
 Xxh3Writer::Xxh3Writer(ByteWriter* dest) : dest_(dest), state_(XXH3_createState()) {

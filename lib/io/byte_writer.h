@@ -110,28 +110,42 @@ class DeferredBytesWriter final : public ByteWriter {
 };
 
 // Passes bytes on to `dest` and computes the CRC-32 (zip's, zlib's) of each of `ranges`
-// (disjoint, in any order): crc32s()[i] is that of the bytes of ranges[i] written so far.
+// (disjoint, in any order): crc32s()[i] is that of the bytes of ranges[i] written so far. With
+// `xxh3_64`, it computes the XXH3-64 (seed 0) of the whole stream too, as Xxh3Writer does, in
+// the same pass: each Write is digested kPieceBytes at a time, the piece's CRC-32s and then its
+// XXH3, so that the hash reads the piece from the cache the CRC-32 left it in. Apart, each
+// digest read the whole window from memory (a torch.save output's window is 16 MiB).
 class Crc32Writer final : public ByteWriter {
  public:
+  static constexpr size_t kPieceBytes = 256 << 10;
+
   // InvalidArgument when two ranges overlap.
   static absl::StatusOr<std::unique_ptr<Crc32Writer>> Create(ByteWriter* dest,
-                                                             std::vector<ByteRange> ranges);
+                                                             std::vector<ByteRange> ranges,
+                                                             bool xxh3_64 = false);
+  ~Crc32Writer() override;
+  Crc32Writer(const Crc32Writer&) = delete;
+  Crc32Writer& operator=(const Crc32Writer&) = delete;
 
   absl::Status Write(absl::string_view data) override;
   absl::Status Close() override { return dest_->Close(); }
   uint64_t pos() const override { return dest_->pos(); }
 
   const std::vector<uint32_t>& crc32s() const { return crc32s_; }
+  // The XXH3-64 of everything written so far; 0 unless asked for.
+  uint64_t xxh3_64() const;
 
  private:
-  Crc32Writer(ByteWriter* dest, std::vector<ByteRange> ranges, std::vector<size_t> order)
-      : dest_(dest), ranges_(std::move(ranges)), order_(std::move(order)),
-        crc32s_(ranges_.size(), 0) {}
+  Crc32Writer(ByteWriter* dest, std::vector<ByteRange> ranges, std::vector<size_t> order,
+              bool xxh3_64);
+  // Extends the CRC-32s of the ranges `piece` (the stream's next bytes) falls in.
+  void Checksum(absl::string_view piece);
 
   ByteWriter* const dest_;
   const std::vector<ByteRange> ranges_;
   const std::vector<size_t> order_;  // indices of ranges_ by offset
   std::vector<uint32_t> crc32s_;
+  XXH3_state_t* const xxh3_;  // null unless asked for
   size_t next_ = 0;  // in order_: the first range not complete
   uint64_t at_ = 0;  // bytes passed through
 };

@@ -67,18 +67,43 @@ void Crc32Source::Read(uint64_t offset, uint64_t length, const std::byte* data) 
 }
 
 void Crc32Source::Add(Range& range, uint64_t offset, uint64_t length, const std::byte* data) {
-  // The CRC of the run is computed outside the lock, while its bytes are hot.
-  const uint32_t crc = data == nullptr ? 0 : Crc32(0, data, length);
+  const uint64_t end = offset + length;
+  // The parts of the run no fragment covers yet. Runs overlap where the pass reads bytes
+  // twice: a span read ahead starts a direct-read block before the end of the one before it
+  // (SpanReader::overlap), a replicated tensor is read by several parts, a span is read again.
+  // Those bytes are accounted for once; the rest of the run still counts, else Verify would
+  // read it again.
+  std::vector<ByteRange> uncovered;
+  {
+    absl::MutexLock lock(&range.mu);
+    range.read = true;
+    if (data == nullptr) return;
+    const std::map<uint64_t, Fragment>& fragments = range.fragments;
+    uint64_t at = offset;
+    auto fragment = fragments.upper_bound(offset);
+    if (fragment != fragments.begin()) {
+      auto previous = std::prev(fragment);
+      at = std::max(at, previous->first + previous->second.length);
+    }
+    for (; fragment != fragments.end() && fragment->first < end && at < end; ++fragment) {
+      if (fragment->first > at) uncovered.push_back({at, fragment->first - at});
+      at = std::max(at, fragment->first + fragment->second.length);
+    }
+    if (at < end) uncovered.push_back({at, end - at});
+  }
+  // Their CRC-32s are computed outside the lock, while the bytes are hot.
+  for (const ByteRange& part : uncovered) {
+    Insert(range, part.offset, part.length, Crc32(0, data + (part.offset - offset), part.length));
+  }
+}
+
+void Crc32Source::Insert(Range& range, uint64_t offset, uint64_t length, uint32_t crc) {
   const uint64_t end = offset + length;
   absl::MutexLock lock(&range.mu);
-  range.read = true;
-  if (data == nullptr) return;
   std::map<uint64_t, Fragment>& fragments = range.fragments;
   auto next = fragments.upper_bound(offset);
   auto previous = next == fragments.begin() ? fragments.end() : std::prev(next);
-  // A run overlapping bytes already covered (a second view of the same record, a replicated
-  // tensor read by several parts, a span read again) adds nothing: those bytes are accounted
-  // for once.
+  // Another thread covered some of these bytes since Add looked: the part is left to Verify.
   if (previous != fragments.end() && previous->first + previous->second.length > offset) return;
   if (next != fragments.end() && next->first < end) return;
   std::map<uint64_t, Fragment>::iterator current;

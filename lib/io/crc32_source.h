@@ -6,10 +6,12 @@
 // Every run of the file's bytes the pass reads reaches Read; the CRC-32 of the run's part in
 // each range is computed there, while the bytes are hot, and merged with the runs next to it
 // (crc32_combine), so one tensor read front to back, however it is windowed, ends as one
-// fragment per range. `Verify`, after the pass, completes each range that was read from: the
-// bytes no run covered (the parts of a record no tensor reads, strided views, overlaps) are
-// read with the file's ReadAt, and the whole range's CRC-32 is compared with the recorded one.
-// Ranges nothing was read from are not checked.
+// fragment per range. A run that overlaps bytes already recorded (spans read ahead overlap the
+// one before; replicated tensors are read by several parts) adds only the bytes it is first to
+// read. `Verify`, after the pass, completes each range that was read from: the bytes no run
+// covered (the parts of a record no tensor reads, strided views) are read with the file's
+// ReadAt, and the whole range's CRC-32 is compared with the recorded one. Ranges nothing was
+// read from are not checked.
 //
 // Memory is bounded: a range keeps at most kMaxFragmentsPerRange fragments, and the stages of
 // one pass share a budget of kMaxFragments; runs beyond that are left to Verify's reads.
@@ -30,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/catalog.h"
+#include "lib/io/byte_range.h"
 #include "lib/io/mapped_file.h"
 #include "lib/io/read_stage.h"
 
@@ -81,7 +84,11 @@ class Crc32Source final : public ReadStage {
     std::map<uint64_t, Fragment> fragments ABSL_GUARDED_BY(mu);  // by offset; disjoint
   };
 
+  // Records the run's bytes that no fragment of `range` covers yet (data null: marks it read).
   void Add(Range& range, uint64_t offset, uint64_t length, const std::byte* data);
+  // Adds the fragment [offset, offset + length) with CRC-32 `crc`, merged with its neighbours;
+  // nothing when another run has covered any of it meanwhile, or the fragment caps are reached.
+  void Insert(Range& range, uint64_t offset, uint64_t length, uint32_t crc);
   absl::Status VerifyRange(const MappedFile& file, const Range& range,
                            const std::function<std::string(const ChecksummedRange&)>& context)
       const;

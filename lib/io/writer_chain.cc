@@ -33,14 +33,15 @@ const std::vector<uint32_t>& WriterChain::crc32s() const {
 absl::Status WriterChain::Build(std::unique_ptr<ByteWriter> file, WriterChainSpec spec) {
   file_ = std::move(file);
   front_ = file_.get();
-  if (spec.xxh3_64) {
-    xxh3_ = std::make_unique<Xxh3Writer>(front_);
-    front_ = xxh3_.get();
-  }
   if (!spec.crc32_ranges.empty()) {
-    ASSIGN_OR_RETURN(crc32_, Crc32Writer::Create(front_, std::move(spec.crc32_ranges)),
+    // The stream's XXH3 in the same pass as the ranges' CRC-32s (Crc32Writer).
+    ASSIGN_OR_RETURN(crc32_,
+                     Crc32Writer::Create(front_, std::move(spec.crc32_ranges), spec.xxh3_64),
                      absl::StrCat("the byte chain of ", spec.name));
     front_ = crc32_.get();
+  } else if (spec.xxh3_64) {
+    xxh3_ = std::make_unique<Xxh3Writer>(front_);
+    front_ = xxh3_.get();
   }
   if (!spec.deferred.empty()) {
     if (!spec.produce) {

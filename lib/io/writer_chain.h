@@ -3,9 +3,10 @@
 //   ExactSize -> DeferredBytes -> Crc32 -> Xxh3 -> file (an AtomicFile, direct or buffered;
 //                                                       or a writer a sink opened)
 //
-// Each stage is there only when asked for (lib/io/byte_writer.h). The deferred bytes are
-// produced from the CRC-32s of the ranges before them, which the Crc32 stage behind has seen
-// by then: a zip record's data descriptor, a central directory.
+// Each stage is there only when asked for (lib/io/byte_writer.h); with CRC-32 ranges, the
+// Crc32 stage computes the XXH3 too, in the same pass over the bytes, and there is no Xxh3
+// stage. The deferred bytes are produced from the CRC-32s of the ranges before them, which the
+// Crc32 stage behind has seen by then: a zip record's data descriptor, a central directory.
 //
 //   WriterChainSpec spec{.name = "model.bin", .size = planned_bytes, .xxh3_64 = true};
 //   spec.crc32_ranges = {{record_offset, record_bytes}};
@@ -44,7 +45,7 @@ struct WriterChainSpec {
   std::vector<ByteRange> deferred;
   std::function<absl::StatusOr<std::string>(size_t range, const std::vector<uint32_t>& crc32s)>
       produce;
-  // Whether the XXH3-64 of the whole stream is computed (Xxh3Writer).
+  // Whether the XXH3-64 of the whole stream is computed (Xxh3Writer, or Crc32Writer's).
   bool xxh3_64 = true;
 };
 
@@ -66,7 +67,10 @@ class WriterChain {
   absl::Status Close() { return front_->Close(); }
 
   // The XXH3-64 of what was written (0 unless asked for).
-  uint64_t xxh3_64() const { return xxh3_ != nullptr ? xxh3_->xxh3_64() : 0; }
+  uint64_t xxh3_64() const {
+    if (crc32_ != nullptr) return crc32_->xxh3_64();
+    return xxh3_ != nullptr ? xxh3_->xxh3_64() : 0;
+  }
   // The CRC-32s of spec.crc32_ranges as far as written.
   const std::vector<uint32_t>& crc32s() const;
   // Whether the file is a local AtomicFile written with direct I/O (so far).

@@ -95,6 +95,45 @@ TEST(WriterChainTest, DeferredBytesCarryTheCrcOfTheRangesBefore) {
   }
 }
 
+// The CRC-32s and the XXH3 computed in one pass, a piece of Crc32Writer::kPieceBytes at a
+// time: streams one byte short of a piece, a piece, a byte more and a few pieces, written in
+// Writes of one byte, of a piece less 3, of a piece and a half and whole, with CRC-32 ranges
+// that start, end and cross pieces and Writes, give zlib's CRC-32s and XXH3_64bits of the
+// bytes, which pass unchanged.
+TEST(WriterChainTest, Crc32AndXxh3InOnePassMatchTheReferences) {
+  constexpr uint64_t kPiece = Crc32Writer::kPieceBytes;
+  for (uint64_t size : {kPiece - 1, kPiece, kPiece + 1, 3 * kPiece + 17}) {
+    const std::string bytes = TestPattern(size, 5);
+    // The rest of the stream from a byte before the first piece's end, the first byte, the
+    // bytes between, and nothing at the piece's end.
+    const std::vector<ByteRange> ranges = {
+        {kPiece - 1, size - (kPiece - 1)}, {0, 1}, {1, kPiece - 2}, {kPiece, 0}};
+    for (uint64_t write : {uint64_t{1}, kPiece - 3, kPiece + kPiece / 2, size}) {
+      if (write == 1 && size > kPiece + 1) continue;  // byte by byte: the short streams suffice
+      std::string out;
+      WriterChainSpec spec;
+      spec.name = "digests.bin";
+      spec.size = size;
+      spec.crc32_ranges = ranges;
+      auto chain = WriterChain::To(std::make_unique<StringWriter>(&out), std::move(spec));
+      ASSERT_TRUE(chain.ok()) << chain.status();
+      for (uint64_t at = 0; at < size; at += write) {
+        ASSERT_TRUE((*chain)->front().Write(absl::string_view(bytes).substr(at, write)).ok());
+      }
+      ASSERT_TRUE((*chain)->Close().ok());
+      SCOPED_TRACE(absl::StrCat("size ", size, " in Writes of ", write));
+      EXPECT_EQ(out, bytes);
+      EXPECT_EQ((*chain)->xxh3_64(), XXH3_64bits(bytes.data(), bytes.size()));
+      std::vector<uint32_t> expected;
+      for (const ByteRange& range : ranges) {
+        expected.push_back(range.length == 0 ? 0u
+                                             : ZlibCrc32(bytes.substr(range.offset, range.length)));
+      }
+      EXPECT_EQ((*chain)->crc32s(), expected);
+    }
+  }
+}
+
 // To a local file, buffered or direct where the filesystem takes it: the same bytes, committed
 // under the final name by Close.
 TEST(WriterChainTest, ToFileCommitsTheFramedBytes) {
