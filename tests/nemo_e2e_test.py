@@ -277,6 +277,18 @@ class NemoHfTests(H.Base):
                 N.write_nemo1_llama(path, spec, hf, 2, tokenizer={"model": entry})
                 self.refused(path, self.p("out-bad"), [], path + message)
 
+    def test_activation_other_than_swiglu_is_refused(self):
+        spec = hmf.Spec("llama", groups=2, seed=53)
+        hf = hmf.hf_state_dict(spec)
+        path = self.p("gelu.nemo")
+        N.write_nemo1_llama(path, spec, hf, 2, activation="gelu",
+                            tokenizer={"model": ("tokenizer.model", N.sentencepiece_blob(50))})
+        self.refused(path, self.p("out"), [],
+                     "%s: arranging the hf output: the checkpoint's MLP is not SwiGLU "
+                     "(args.swiglu is false; activation is gelu), but family llama's is "
+                     "(hidden_act \"silu\"): --format hf writes no model of this activation"
+                     % path)
+
     def test_nemo2_tokenizer_folder_carried_and_vocab_trimmed(self):
         spec = hmf.Spec("llama", groups=2, seed=52)
         hf = hmf.hf_state_dict(spec)
