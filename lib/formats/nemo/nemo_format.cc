@@ -70,7 +70,8 @@ absl::StatusOr<Catalog> ReadCkptMember(const MountedTar& archive, const TarMembe
 // `--format hf` (hf_config.h reads "megatron.args"): ints, floats, booleans, null and strings as
 // such; nested mappings and sequences left out. Megatron's group_query_attention, swiglu and
 // max_position_embeddings, which NeMo spells otherwise, are derived from num_query_groups,
-// activation or gated_linear_unit (NeMo 2), and seq_length (NeMo 2).
+// activation or gated_linear_unit (NeMo 2; swiglu left out when neither is given), and
+// seq_length (NeMo 2).
 StructureNode ConfigAsArgs(const YamlNode& config) {
   StructureNode args;
   args.kind = StructureNode::Kind::kDict;
@@ -104,7 +105,9 @@ StructureNode ConfigAsArgs(const YamlNode& config) {
     add("group_query_attention",
         StructureNode::Bool(groups.has_value() && heads.has_value() && *groups != *heads));
   }
-  if (config.Get("swiglu") == nullptr) {
+  // Only when the config says which MLP it is (a NeMo 2 dataclass's defaults are not written).
+  if (config.Get("swiglu") == nullptr &&
+      (config.Get("activation") != nullptr || config.Get("gated_linear_unit") != nullptr)) {
     const std::optional<std::string> activation = YamlString(config.Get("activation"));
     add("swiglu", StructureNode::Bool(
                       (activation.has_value() && absl::StrContains(*activation, "swiglu")) ||
