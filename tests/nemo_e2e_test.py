@@ -12,7 +12,9 @@ reads it, pickle and torch.load, by tests/fixtures/dcp_fixture.py). Bad archives
 leaving the archive, a missing rank) fail naming the archive and member, and write nothing.
 """
 
+import json
 import os
+import shutil
 import sys
 import tarfile
 
@@ -209,6 +211,100 @@ class NemoHfTests(H.Base):
 
     def test_nemo2_folder_to_hf(self):
         self.export_and_check(N.write_nemo2_hf, self.p("nemo2"), seed=12)
+
+    def assertCarried(self, out, carried):
+        """OUT holds each of `carried` (HF name -> bytes) byte for byte."""
+        for name, data in carried.items():
+            with open(os.path.join(out, name), "rb") as f:
+                self.assertEqual(f.read(), data, name)
+
+    def archive_to_hf(self, layout, tp, pp, legacy, seed, tokenizer, extra_yaml="",
+                      rope_scaling=None):
+        """A Llama GQA model written as a .nemo (`layout`, its tokenizer as members), exported
+        without --vocab-size: the tensors against the HF state dict it came from (cut to the
+        tokenizer's vocabulary), config.json field by field. Returns OUT."""
+        spec = hmf.Spec("llama", layers=4, groups=2, seed=seed)
+        hf = hmf.hf_state_dict(spec)
+        path = self.p("llama-%s.nemo" % layout)
+        N.write_nemo1_llama(path, spec, hf, tp, pp, layout=layout, legacy=legacy,
+                            tokenizer=tokenizer, extra_yaml=extra_yaml)
+        out = self.p("out-%s" % layout)
+        self.export(path, out)
+        self.check_tensors(out, hf)
+        self.check_config(out, spec, rope_scaling=rope_scaling)
+        return out
+
+    def test_sentencepiece_tokenizer_carried_and_vocab_trimmed_each_layout(self):
+        blob = N.sentencepiece_blob(50)  # the model's 50 tokens (padded to 64 rows)
+        cases = (("single", 1, 1, True), ("ranks", 2, 2, False), ("ranks", 2, 1, True),
+                 ("dist", 2, 1, False))
+        for seed, (layout, tp, pp, legacy) in enumerate(cases, 40):
+            with self.subTest(layout=layout, tp=tp, pp=pp, legacy=legacy):
+                out = self.archive_to_hf(layout, tp, pp, legacy, seed,
+                                         {"model": ("tokenizer.model", blob)})
+                self.assertCarried(out, {"tokenizer.model": blob})
+                shutil.rmtree(out)
+
+    def test_bpe_vocab_and_merges_carried_rope_scaling(self):
+        vocab = json.dumps({"t%d" % i: i for i in range(50)}).encode()
+        merges = b"#version: 0.2\nt 1\n"
+        out = self.archive_to_hf(
+            "ranks", 2, 1, False, 50,
+            {"vocab_file": ("gpt2-vocab.json", vocab), "merge_file": ("gpt2-merges.txt", merges)},
+            extra_yaml="scale_positional_embedding: true\n",
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+        self.assertCarried(out, {"vocab.json": vocab, "merges.txt": merges})
+        self.assertEqual(sorted(os.listdir(out)),
+                         ["config.json", "generation_config.json", "merges.txt",
+                          "model.safetensors", "reshard-manifest.json", "vocab.json"])
+
+    def test_tokenizer_entry_outside_or_missing_is_refused(self):
+        spec = hmf.Spec("llama", groups=2, seed=51)
+        hf = hmf.hf_state_dict(spec)
+        cases = (
+            ("nemo:../x",
+             ': model_config.yaml: tokenizer.model "nemo:../x" names no member at the '
+             "archive's root: a tokenizer file NeMo registers is a member beside "
+             "model_config.yaml, never outside the archive"),
+            ("nemo:%s_tokenizer.model" % N.TOKENIZER_HASH,
+             ': model_config.yaml: tokenizer.model "nemo:{0}_tokenizer.model": the archive has '
+             "no member {0}_tokenizer.model (an incomplete archive)".format(N.TOKENIZER_HASH)),
+        )
+        for i, (entry, message) in enumerate(cases):
+            with self.subTest(entry=entry):
+                path = self.p("bad-%d.nemo" % i)
+                N.write_nemo1_llama(path, spec, hf, 2, tokenizer={"model": entry})
+                self.refused(path, self.p("out-bad"), [], path + message)
+
+    def test_activation_other_than_swiglu_is_refused(self):
+        spec = hmf.Spec("llama", groups=2, seed=53)
+        hf = hmf.hf_state_dict(spec)
+        path = self.p("gelu.nemo")
+        N.write_nemo1_llama(path, spec, hf, 2, activation="gelu",
+                            tokenizer={"model": ("tokenizer.model", N.sentencepiece_blob(50))})
+        self.refused(path, self.p("out"), [],
+                     "%s: arranging the hf output: the checkpoint's MLP is not SwiGLU "
+                     "(args.swiglu is false; activation is gelu), but family llama's is "
+                     "(hidden_act \"silu\"): --format hf writes no model of this activation"
+                     % path)
+
+    def test_nemo2_tokenizer_folder_carried_and_vocab_trimmed(self):
+        spec = hmf.Spec("llama", groups=2, seed=52)
+        hf = hmf.hf_state_dict(spec)
+        folder = self.p("nemo2")
+        N.write_nemo2_hf(folder, spec, hf, tp=2)
+        blob = N.sentencepiece_blob(50)
+        config = b'{"tokenizer_class": "LlamaTokenizer"}'
+        tokenizer = os.path.join(folder, "context", "nemo_tokenizer")
+        for name, data in (("tokenizer.model", blob), ("tokenizer_config.json", config)):
+            with open(os.path.join(tokenizer, name), "wb") as f:
+                f.write(data)
+        out = self.p("out")
+        self.export(folder, out)
+        self.check_tensors(out, hf)
+        self.check_config(out, spec)
+        self.assertCarried(out, {"tokenizer.model": blob, "tokenizer_config.json": config})
 
 if __name__ == "__main__":
     sys.exit(harness.main(globals(), "reshardctl"))

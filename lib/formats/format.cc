@@ -29,16 +29,29 @@ Registry& GetRegistry() {
 
 absl::Status AddVerbatimCopy(const std::string& path, const std::string& output_name,
                              const Catalog& catalog, ArrangedOutput& arranged) {
+  ASSIGN_OR_RETURN(const InputFileInfo info, StatInputFile(path));
+  return AddVerbatimRangeCopy(path, 0, info.size, output_name, catalog, arranged);
+}
+
+absl::Status AddVerbatimRangeCopy(const std::string& path, uint64_t offset, uint64_t size,
+                                  const std::string& output_name, const Catalog& catalog,
+                                  ArrangedOutput& arranged) {
   ASSIGN_OR_RETURN(InputFileInfo info, StatInputFile(path));
-  const uint64_t size = info.size;
+  if (offset > info.size || size > info.size - offset) {
+    return absl::DataLossError(absl::StrCat(path, ": ", output_name, " is ", size,
+                                            " bytes from byte offset ", offset, ", but the file has ",
+                                            info.size, " bytes"));
+  }
   std::string version = std::move(info.version);
   const int file = static_cast<int>(arranged.extra_files.size());
-  arranged.extra_files.push_back(SourceFile{path, size, {}, std::move(version)});
+  arranged.extra_files.push_back(SourceFile{path, info.size, {}, std::move(version)});
   CatalogTensor bytes;
   bytes.name = absl::StrCat("verbatim:", output_name);
   bytes.dtype = DType::kU8;
   bytes.shape = {static_cast<int64_t>(size)};
-  if (size > 0) AddFlatRangePieces(bytes, file, 0, 0, static_cast<int64_t>(size));
+  if (size > 0) {
+    AddFlatRangePieces(bytes, file, offset, 0, static_cast<int64_t>(size));
+  }
   const int source = static_cast<int>(catalog.tensors.size() + arranged.extra_tensors.size());
   arranged.extra_tensors.push_back(std::move(bytes));
   OutputFileLayout out;

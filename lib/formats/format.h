@@ -51,6 +51,16 @@ struct TrainingState {
   }
 };
 
+// A file of the model beside its weights that a reader found inside its input (a tokenizer member
+// of a NeMo archive): bytes [offset, offset + size) of file `path`, carried into a Hugging Face
+// output (`--format hf`) under `name`.
+struct EmbeddedModelFile {
+  std::string name;  // its name in the output: "tokenizer.model"
+  std::string path;  // the file holding it (the archive), as the storage layer reads it
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
 // What an InputFormat found at a path.
 struct InputModel {
   std::string format;  // the format's id
@@ -71,6 +81,10 @@ struct InputModel {
   // What a training run needs beside the weights to resume, for output formats that write
   // checkpoints to train from (see TrainingState). Empty for formats without it.
   TrainingState training_state;
+  // The model's files inside the input (a NeMo archive's tokenizer members) or beside its
+  // weights in the reader's own layout (a NeMo 2 folder's context/nemo_tokenizer/), which
+  // `--format hf` carries (lib/formats/hf/model_files.h). Empty for most formats.
+  std::vector<EmbeddedModelFile> model_files;
 };
 
 // Choices a user can make about what is read.
@@ -161,6 +175,11 @@ struct ArrangedOutput {
 // under the thread's path confinement; errors name it.
 absl::Status AddVerbatimCopy(const std::string& path, const std::string& output_name,
                              const Catalog& catalog, ArrangedOutput& arranged);
+// As AddVerbatimCopy, of bytes [offset, offset + size) of input file `path` (a member of an
+// archive): DataLoss naming the file when it is shorter than offset + size.
+absl::Status AddVerbatimRangeCopy(const std::string& path, uint64_t offset, uint64_t size,
+                                  const std::string& output_name, const Catalog& catalog,
+                                  ArrangedOutput& arranged);
 
 class OutputFormat {
  public:

@@ -227,6 +227,20 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
         "tensor \"", catalog.tensors[scanned.first_qk_norm].name, "\" is a q/k norm, which family ",
         family->id, " has no place for (qwen3 has: --family qwen3", moe_note, ")"));
   }
+  // Every family but gpt2 has a SwiGLU MLP (hidden_act "silu"): args that say the MLP is not
+  // gated (NeMo's `activation: gelu`) describe no model of that family.
+  if (const StructureNode* swiglu = HfArg(args, "swiglu");
+      !family->gpt2 && swiglu != nullptr && swiglu->kind == StructureNode::Kind::kBool &&
+      !swiglu->boolean) {
+    const StructureNode* activation = HfArg(args, "activation");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the checkpoint's MLP is not SwiGLU (args.swiglu is false",
+        activation != nullptr && activation->kind == StructureNode::Kind::kString
+            ? absl::StrCat("; activation is ", activation->text)
+            : "",
+        "), but family ", family->id,
+        "'s is (hidden_act \"silu\"): --format hf writes no model of this activation"));
+  }
   if (family->gpt2) {
     // Megatron-LM's checkpoint_version < 2 orders the fused QKV rows otherwise ([3, nh, d] or
     // [nh, d, 3]); the views below read [nh, 3, d].

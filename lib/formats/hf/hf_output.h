@@ -6,9 +6,11 @@
 //   OUT/model.safetensors  or  model-0000i-of-0000N.safetensors + model.safetensors.index.json
 //   OUT/config.json, OUT/generation_config.json                               (hf_config.h)
 //   OUT/tokenizer.json, ...: the tokenizer beside the checkpoint (its save folder or a tokenizer/
-//   subfolder; --tokenizer DIR instead; none with --no-extra-files), carried by PlanConversion
-//   (model_files.h); config.json's bos/eos token ids come from it when it gives them unambiguously
-//   (HfSpecialTokenIds), else are left out
+//   subfolder; a NeMo input's own: a .nemo's tokenizer members, a NeMo 2 folder's
+//   context/nemo_tokenizer/; --tokenizer DIR instead; none with --no-extra-files), carried by
+//   PlanConversion (model_files.h); config.json's bos/eos token ids come from it when it gives
+//   them unambiguously (HfSpecialTokenIds; whole files only, not an archive's members), else
+//   are left out
 //
 // IN is a Megatron-LM / Megatron-DeepSpeed TP x PP checkpoint (merged by the megatron reader:
 // TP shards joined, stage-local layer numbers made global) or a Megatron-Core torch_dist one

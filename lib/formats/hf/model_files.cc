@@ -21,6 +21,7 @@ namespace {
 using OrderedJson = nlohmann::ordered_json;
 
 constexpr absl::string_view kConfigName = "config.json";
+constexpr absl::string_view kNemoFormat = "nemo";
 
 constexpr absl::string_view kTokenizerNames[] = {
     "added_tokens.json", "chat_template.jinja",     "chat_template.json",
@@ -138,6 +139,25 @@ absl::string_view TorchDtypeName(DTypePolicy dtype) {
   return "";
 }
 
+// The tokenizer files a NeMo input carries: the reader's `embedded` ones (a `.nemo` archive's
+// tokenizer members), else those of a NeMo 2 folder's context/nemo_tokenizer/ (AutoTokenizer's
+// save_pretrained output).
+absl::StatusOr<std::vector<ModelFile>> NemoTokenizerFiles(
+    const std::string& input, const std::vector<EmbeddedModelFile>& embedded) {
+  std::vector<ModelFile> files;
+  for (const EmbeddedModelFile& file : embedded) {
+    files.push_back(ModelFile{file.name, file.path, file.size, /*in_archive=*/true, file.offset});
+  }
+  if (!files.empty()) return MergeModelFiles({}, std::move(files));
+  const std::string folder =
+      absl::StrCat(WithoutTrailingSlash(input), "/context/nemo_tokenizer");
+  ASSIGN_OR_RETURN(const bool is_folder, CheckInputFolder(folder));
+  if (!is_folder) return files;
+  absl::StatusOr<std::vector<ModelFile>> found = FindTokenizerFiles(folder);
+  if (absl::IsNotFound(found.status())) return files;
+  return found;
+}
+
 }  // namespace
 
 bool IsHuggingFaceWeightName(absl::string_view name) {
@@ -201,11 +221,10 @@ absl::StatusOr<std::vector<ModelFile>> InputModelFiles(const std::string& input,
   return FindModelFiles(input);
 }
 
-absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(const std::string& input,
-                                                         absl::string_view input_format,
-                                                         absl::string_view output_format,
-                                                         bool consolidate, bool no_extra_files,
-                                                         const std::string& tokenizer) {
+absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(
+    const std::string& input, absl::string_view input_format, absl::string_view output_format,
+    bool consolidate, bool no_extra_files, const std::string& tokenizer,
+    const std::vector<EmbeddedModelFile>& embedded) {
   std::vector<ModelFile> files;
   if (!OutputIsHuggingFaceModel(output_format, consolidate)) {
     if (tokenizer.empty()) return files;
@@ -220,6 +239,11 @@ absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(const std::string& inpu
     // Hugging Face one, with the tokenizer found beside it unless --tokenizer names one.
     if (output_format == "hf" && !no_extra_files && tokenizer.empty()) {
       ASSIGN_OR_RETURN(files, FindCheckpointTokenizerFiles(input));
+    }
+  } else if (input_format == kNemoFormat) {
+    // NeMo's names are Megatron's too; its tokenizer is inside the archive or the folder.
+    if (output_format == "hf" && !no_extra_files && tokenizer.empty()) {
+      ASSIGN_OR_RETURN(files, NemoTokenizerFiles(input, embedded));
     }
   } else if (!no_extra_files) {
     ASSIGN_OR_RETURN(files, InputModelFiles(input, input_format));
@@ -344,6 +368,9 @@ absl::Status AddModelFiles(const std::vector<ModelFile>& files, DTypePolicy dtyp
       ASSIGN_OR_RETURN(const std::string config, ReadSmallFile(file.path, kMaxConfigBytes));
       ASSIGN_OR_RETURN(std::string updated, UpdateConfigDtype(config, file.path, dtype));
       companions.emplace_back(file.name, std::move(updated));
+    } else if (file.in_archive) {
+      RETURN_IF_ERROR(
+          AddVerbatimRangeCopy(file.path, file.offset, file.size, file.name, catalog, arranged));
     } else if (file.size <= kModelFileCompanionBytes) {
       ASSIGN_OR_RETURN(std::string contents, ReadSmallFile(file.path, kModelFileCompanionBytes));
       companions.emplace_back(file.name, std::move(contents));

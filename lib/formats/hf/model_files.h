@@ -38,6 +38,10 @@ struct ModelFile {
   std::string name;  // "tokenizer.json"
   std::string path;  // the folder's path + "/" + name, as the storage layer reads it
   uint64_t size = 0;
+  // A member of an archive (EmbeddedModelFile): the file is bytes [offset, offset + size) of
+  // `path`, always carried as a verbatim copy of that range.
+  bool in_archive = false;
+  uint64_t offset = 0;
 };
 
 // Whether `name` is a model file carried beside the weights: config.json,
@@ -103,13 +107,14 @@ absl::StatusOr<std::vector<ModelFile>> InputModelFiles(const std::string& input,
 // (when not empty) over them; nothing when the output is not a Hugging Face model
 // (OutputIsHuggingFaceModel). A Megatron input (megatron, megatron-torch-dist) carries into
 // `--format hf` only: the tokenizer of folder `tokenizer`, else, unless `no_extra_files`, the
-// one beside the checkpoint (FindCheckpointTokenizerFiles). InvalidArgument when `tokenizer` is
-// given for an output that is no Hugging Face model.
-absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(const std::string& input,
-                                                         absl::string_view input_format,
-                                                         absl::string_view output_format,
-                                                         bool consolidate, bool no_extra_files,
-                                                         const std::string& tokenizer);
+// one beside the checkpoint (FindCheckpointTokenizerFiles). A NeMo input (nemo) likewise, its
+// own tokenizer being the reader's `embedded` files (a `.nemo` archive's tokenizer members) or
+// the tokenizer files of a NeMo 2 folder's context/nemo_tokenizer/. InvalidArgument when
+// `tokenizer` is given for an output that is no Hugging Face model.
+absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(
+    const std::string& input, absl::string_view input_format, absl::string_view output_format,
+    bool consolidate, bool no_extra_files, const std::string& tokenizer,
+    const std::vector<EmbeddedModelFile>& embedded = {});
 
 // config.json `config` (read from `path`, for messages) with "torch_dtype" and "dtype"
 // (transformers 5 writes the latter) set to the torch name of `dtype` ("bfloat16", ...): the
@@ -128,7 +133,8 @@ inline constexpr uint64_t kMaxConfigBytes = 16 << 20;
 
 // Adds `files` to a conversion's output: config.json (its dtype updated for `dtype`) and
 // files up to kModelFileCompanionBytes appended to `companions` as (name, contents), larger
-// ones to `arranged` as verbatim copies (AddVerbatimCopy). A file whose name the output
+// ones and archive members to `arranged` as verbatim copies (AddVerbatimCopy,
+// AddVerbatimRangeCopy). A file whose name the output
 // already has (a layout file, a companion: an output format's own config.json) is left out.
 absl::Status AddModelFiles(const std::vector<ModelFile>& files, DTypePolicy dtype,
                            const Catalog& catalog, ArrangedOutput& arranged,

@@ -1,5 +1,6 @@
 #include "lib/formats/nemo/nemo_format.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,6 +32,7 @@
 #include "lib/io/byte_source.h"
 #include "lib/io/file_access.h"
 #include "lib/io/mapped_file.h"
+#include "nlohmann/json.hpp"
 
 namespace reshard {
 
@@ -68,7 +70,8 @@ absl::StatusOr<Catalog> ReadCkptMember(const MountedTar& archive, const TarMembe
 // `--format hf` (hf_config.h reads "megatron.args"): ints, floats, booleans, null and strings as
 // such; nested mappings and sequences left out. Megatron's group_query_attention, swiglu and
 // max_position_embeddings, which NeMo spells otherwise, are derived from num_query_groups,
-// activation or gated_linear_unit (NeMo 2), and seq_length (NeMo 2).
+// activation or gated_linear_unit (NeMo 2; swiglu left out when neither is given), and
+// seq_length (NeMo 2).
 StructureNode ConfigAsArgs(const YamlNode& config) {
   StructureNode args;
   args.kind = StructureNode::Kind::kDict;
@@ -102,7 +105,9 @@ StructureNode ConfigAsArgs(const YamlNode& config) {
     add("group_query_attention",
         StructureNode::Bool(groups.has_value() && heads.has_value() && *groups != *heads));
   }
-  if (config.Get("swiglu") == nullptr) {
+  // Only when the config says which MLP it is (a NeMo 2 dataclass's defaults are not written).
+  if (config.Get("swiglu") == nullptr &&
+      (config.Get("activation") != nullptr || config.Get("gated_linear_unit") != nullptr)) {
     const std::optional<std::string> activation = YamlString(config.Get("activation"));
     add("swiglu", StructureNode::Bool(
                       (activation.has_value() && absl::StrContains(*activation, "swiglu")) ||
@@ -114,7 +119,137 @@ StructureNode ConfigAsArgs(const YamlNode& config) {
       add("max_position_embeddings", StructureNode::Int(*length));
     }
   }
+  // Llama 3.1's rope scaling: NeMo 1 says scale_positional_embedding (Megatron-Core's
+  // rope_scaling, factor rope_scaling_factor or 8), NeMo 2's Llama31Config a scale_factor.
+  if (config.Get("use_rope_scaling") == nullptr) {
+    const std::optional<bool> nemo1 = YamlBool(config.Get("scale_positional_embedding"));
+    const YamlNode* scale_factor = config.Get("scale_factor");
+    const bool scaled = nemo1.value_or(false) ||
+                        (scale_factor != nullptr && scale_factor->kind == YamlNode::Kind::kScalar);
+    add("use_rope_scaling", StructureNode::Bool(scaled));
+    if (double factor = 0; scaled && config.Get("rope_scaling_factor") == nullptr &&
+                           scale_factor != nullptr &&
+                           absl::SimpleAtod(scale_factor->scalar, &factor)) {
+      StructureNode value;
+      value.kind = StructureNode::Kind::kFloat;
+      value.real = factor;
+      add("rope_scaling_factor", value);
+    }
+  }
   return args;
+}
+
+// Adds args.vocab_size = `size` unless the args give one.
+void AddVocabSize(StructureNode& args, int64_t size) {
+  for (const StructureNode& key : args.keys) {
+    if (key.kind == StructureNode::Kind::kString && key.text == "vocab_size") return;
+  }
+  args.keys.push_back(StructureNode::String("vocab_size"));
+  args.values.push_back(StructureNode::Int(size));
+}
+
+// The tokenizer files model_config.yaml's `tokenizer` section names inside the archive, as
+// NeMo's register_artifact records them ("nemo:<hash>_<name>"), with the Hugging Face name
+// each takes: `model` (a SentencePiece model) tokenizer.model; `vocab_file` tokenizer.json
+// when it is one, else vocab.json (a BPE vocabulary) or vocab.txt (a WordPiece one, *.txt or
+// *.vocab); `merge_file` merges.txt. Entries naming files outside the archive (a path on the
+// training machine, null) are not carried.
+struct TokenizerMember {
+  std::string key;      // "tokenizer.model"
+  std::string hf_name;  // "tokenizer.model"
+  const TarMember* member = nullptr;
+};
+
+std::string TokenizerHfName(absl::string_view key, absl::string_view name) {
+  if (key == "model") return "tokenizer.model";
+  if (key == "merge_file") return "merges.txt";
+  if (absl::EndsWith(name, "tokenizer.json")) return "tokenizer.json";
+  return absl::EndsWith(name, ".json") ? "vocab.json" : "vocab.txt";
+}
+
+absl::StatusOr<std::vector<TokenizerMember>> FindTokenizerMembers(const TarArchive& tar,
+                                                                  const YamlNode& root) {
+  std::vector<TokenizerMember> found;
+  const YamlNode* tokenizer = root.Get("tokenizer");
+  if (tokenizer == nullptr || tokenizer->kind != YamlNode::Kind::kMap) return found;
+  for (const char* key : {"model", "vocab_file", "merge_file"}) {
+    const std::string value = YamlString(tokenizer->Get(key)).value_or("");
+    absl::string_view name = value;
+    if (!absl::ConsumePrefix(&name, "nemo:")) continue;
+    const std::string where = absl::StrCat(tar.path(), ": ", kConfigMember, ": tokenizer.", key,
+                                           " \"", value, "\"");
+    if (name.empty() || name == "." || name == ".." || absl::StrContains(name, "/") ||
+        absl::StrContains(name, "\\")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " names no member at the archive's root: a tokenizer file NeMo registers is a "
+                 "member beside ", kConfigMember, ", never outside the archive"));
+    }
+    const TarMember* member = tar.Find(name);
+    if (member == nullptr) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": the archive has no member ", name, " (an incomplete archive)"));
+    }
+    if (member->kind != TarMember::Kind::kFile) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": member ", name, " is not a regular file"));
+    }
+    found.push_back({absl::StrCat("tokenizer.", key), TokenizerHfName(key, name), member});
+  }
+  return found;
+}
+
+// The size of a SentencePiece model's vocabulary: the `pieces` (field 1) of its ModelProto;
+// nullopt when `bytes` is not a well-formed protobuf message.
+std::optional<int64_t> SentencePieceVocabSize(absl::string_view bytes) {
+  int64_t pieces = 0;
+  size_t at = 0;
+  auto varint = [&]() -> std::optional<uint64_t> {
+    uint64_t value = 0;
+    for (int shift = 0; shift < 64 && at < bytes.size(); shift += 7) {
+      const uint8_t byte = static_cast<uint8_t>(bytes[at++]);
+      value |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) return value;
+    }
+    return std::nullopt;
+  };
+  while (at < bytes.size()) {
+    const std::optional<uint64_t> tag = varint();
+    if (!tag.has_value() || (*tag >> 3) == 0) return std::nullopt;
+    uint64_t skip = 0;
+    switch (*tag & 7) {
+      case 0:
+        if (!varint().has_value()) return std::nullopt;
+        break;
+      case 1:
+        skip = 8;
+        break;
+      case 2: {
+        const std::optional<uint64_t> length = varint();
+        if (!length.has_value()) return std::nullopt;
+        skip = *length;
+        if ((*tag >> 3) == 1) ++pieces;
+        break;
+      }
+      case 5:
+        skip = 4;
+        break;
+      default:
+        return std::nullopt;
+    }
+    if (skip > bytes.size() - at) return std::nullopt;
+    at += skip;
+  }
+  return pieces;
+}
+
+// The vocabulary size a tokenizer file gives: a SentencePiece tokenizer.model's pieces, a
+// vocab.json's entries; nullopt for other files or ones that do not parse.
+std::optional<int64_t> TokenizerVocabSize(absl::string_view hf_name, absl::string_view bytes) {
+  if (hf_name == "tokenizer.model") return SentencePieceVocabSize(bytes);
+  if (hf_name != "vocab.json") return std::nullopt;
+  const nlohmann::json vocab = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
+  if (!vocab.is_object()) return std::nullopt;
+  return static_cast<int64_t>(vocab.size());
 }
 
 // What model_config.yaml says.
@@ -125,6 +260,7 @@ struct NemoConfig {
   std::optional<bool> swiglu;  // from `activation`
   int64_t qkv_unit_rows = 1;
   StructureNode args;  // ConfigAsArgs
+  std::vector<TokenizerMember> tokenizer;  // FindTokenizerMembers
 };
 
 absl::StatusOr<NemoConfig> ReadConfig(const MountedTar& archive) {
@@ -165,6 +301,7 @@ absl::StatusOr<NemoConfig> ReadConfig(const MountedTar& archive) {
                                             config.pp, " is not a real topology"));
   }
   config.args = ConfigAsArgs(root);
+  ASSIGN_OR_RETURN(config.tokenizer, FindTokenizerMembers(tar, root));
   config.num_layers = YamlInt(root.Get("num_layers"));
   if (std::optional<std::string> activation = YamlString(root.Get("activation"))) {
     config.swiglu = absl::StrContains(*activation, "swiglu");
@@ -435,6 +572,19 @@ absl::StatusOr<InputModel> ReadNemo1(const std::string& path, const ReadOptions&
                     absl::StrJoin(artifacts, ", "));
   }
   if (distributed) absl::StrAppend(&model.description, "; ", dist_description);
+  // The tokenizer members, carried by --format hf under their Hugging Face names; the first
+  // that gives a vocabulary size is the true vocabulary (padded rows past it dropped).
+  std::optional<int64_t> vocab_size;
+  for (const TokenizerMember& file : config.tokenizer) {
+    model.model_files.push_back(
+        {file.hf_name, tar.path(), file.member->data_offset, file.member->size});
+    if (vocab_size.has_value() || file.member->size > kMaxConfigBytes) continue;
+    ASSIGN_OR_RETURN(const absl::string_view bytes,
+                     archive.source().Read(file.member->data_offset, file.member->size,
+                                           tar.Describe(*file.member)));
+    vocab_size = TokenizerVocabSize(file.hf_name, bytes);
+  }
+  if (vocab_size.has_value()) AddVocabSize(config.args, *vocab_size);
   model.training_state.values["megatron.args"] = std::move(config.args);
   // Only metadata pages were touched; give them back before any conversion runs.
   archive.file().Release(0, archive.file().size());
@@ -463,7 +613,19 @@ absl::StatusOr<InputModel> ReadNemo2(const std::string& path, const ReadOptions&
     absl::StatusOr<YamlNode> root = ParseYamlSubset(text, model_yaml);
     const YamlNode* config = root.ok() ? root->Get("config") : nullptr;
     if (config != nullptr && config->kind == YamlNode::Kind::kMap) {
-      model.training_state.values["megatron.args"] = ConfigAsArgs(*config);
+      StructureNode args = ConfigAsArgs(*config);
+      for (const char* name : {"tokenizer.model", "vocab.json"}) {
+        if (std::find(tokenizer.begin(), tokenizer.end(), name) == tokenizer.end()) continue;
+        const std::string file = JoinPath(tokenizer_dir, name);
+        ASSIGN_OR_RETURN(const uint64_t size, InputFileSize(file));
+        if (size > kMaxConfigBytes) continue;
+        ASSIGN_OR_RETURN(const std::string bytes, ReadSmallFile(file, kMaxConfigBytes));
+        if (std::optional<int64_t> vocab = TokenizerVocabSize(name, bytes)) {
+          AddVocabSize(args, *vocab);
+          break;
+        }
+      }
+      model.training_state.values["megatron.args"] = std::move(args);
     } else {
       model.parts[0].other_entries.push_back(absl::StrCat(
           "context/model.yaml: no model config read (",

@@ -31,11 +31,21 @@
 // archive and member. A Zarr-backend one (metadata.json's sharded_backend "zarr") is refused
 // (Unimplemented): no description of that layout is precise enough to test a reader against.
 //
+// model_config.yaml's `tokenizer` entries `model`, `vocab_file` and `merge_file` that name
+// members ("nemo:<hash>_<name>") are the model's tokenizer (InputModel::model_files, each the
+// member's byte range of the archive), under the Hugging Face names `--format hf` writes them as:
+// tokenizer.model; tokenizer.json, vocab.json or vocab.txt; merges.txt. An entry naming a
+// member outside the archive's root ("nemo:../x") is InvalidArgument, one the archive lacks
+// DataLoss, both naming the archive, the entry and the member. Unless the config has
+// vocab_size, the first of them that gives a vocabulary size (a SentencePiece model's pieces,
+// a vocab.json's entries) is args.vocab_size: the rows past it are Megatron's padding.
+//
 // NeMo 2 (`nemo.lightning` checkpoints): a folder with
 //   context/   io.json, model.yaml, nemo_tokenizer/ (the tokenizer files)
 //   weights/   a Megatron-Core torch_dist checkpoint (torch_dist_format.h), tensors named
 //              `module.decoder.layers.<i>...` (the `module.` prefix kept)
-// read through the torch_dist reader.
+// read through the torch_dist reader; context/nemo_tokenizer/'s tokenizer.model or vocab.json
+// gives args.vocab_size as above.
 //
 // `inspect` names the layout: "NeMo 1 archive, TP2 x PP1, model_weights.ckpt per rank, 2 layers;
 // tokenizer files: tokenizer.model", "NeMo 1 archive, torch_dist weights (model_weights/), TP2 x
