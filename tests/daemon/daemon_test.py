@@ -241,6 +241,23 @@ class CoreTests(DaemonTestCase):
             self.assertEqual(rplan[key], local_rplan.doc[key], key)
         self.assertError(self.ctl("inspect", self.r("missing")), 3, "NOT_FOUND")
 
+    def test_inspect_says_what_hf_export_does_through_daemon(self):
+        # A Megatron-LM checkpoint (real torch, tests/fixtures/hf_megatron_fixture.py): the
+        # daemon's inspect says what --format hf writes it as, as the local one does.
+        sys.path.insert(0, os.path.dirname(
+            dh._find_source("tests/fixtures/hf_megatron_fixture.py")))
+        import hf_megatron_fixture as hmf
+        spec = hmf.Spec("qwen2", groups=2)
+        folder = hmf.write_megatron_lm(self.r("megatron_qwen2"), spec, hmf.hf_state_dict(spec),
+                                       2, 1, vocab_size=50)
+        want = {"family": "qwen2", "note": "exports to Hugging Face as qwen2 (--format hf)"}
+        self.assertEqual(self.assertOk(self.ctl("inspect", folder))["hf_export"], want)
+        local = run_ctl(["inspect", folder])
+        self.assertExit(local, 0)
+        self.assertEqual(local.doc["hf_export"], want)
+        # Other input has nothing to say of it.
+        self.assertIsNone(self.assertOk(self.ctl("inspect", self.src))["hf_export"])
+
     def test_reshard_with_rules(self):
         source = R.read_folder(self.rsrc)
         for parts in (2, 4):
