@@ -1005,8 +1005,9 @@ class SecurityTests(DaemonTestCase):
 
     def test_hf_config_file_outside_root(self):
         # --config FILE is read by the job: refused at submit (and by Plan) unless inside a root,
-        # so that no job is queued to read it.
-        config = os.path.join(self.outside, "config.json")
+        # so that no job is queued to read it. (Beside the root: other tests pin what the
+        # folder `outside` holds.)
+        config = os.path.join(self.tmp, "hf_config.json")
         with open(config, "w") as f:
             f.write("{}")
         out = self.r("o_config_outside")
