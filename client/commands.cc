@@ -50,8 +50,11 @@ int RunInspect(const ConversionFlags& conversion, const OutputFlags& flags, std:
   auto model_files = InputModelFiles(conversion.input, loaded->model.format);
   if (!model_files.ok()) return Fail(model_files.status(), flags, flags.result_file, out, err);
   loaded->model.description = WithHfFamilyNote(loaded->model, loaded->catalog);
-  return Emit(InspectDocument(conversion.input, *loaded, *model_files), kExitOk, flags,
-              flags.result_file, PrintInspect, out, err);
+  Json doc = InspectDocument(conversion.input, *loaded, *model_files);
+  if (const std::optional<HfExportNote> hf = DescribeHfExport(loaded->model, loaded->catalog)) {
+    doc["hf_export"] = HfExportJson(hf->family, hf->note);
+  }
+  return Emit(std::move(doc), kExitOk, flags, flags.result_file, PrintInspect, out, err);
 }
 
 int RunPlan(const ConversionFlags& conversion, const OutputFlags& flags, std::ostream& out,

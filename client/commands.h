@@ -37,7 +37,8 @@ struct DaemonFlags {
 
 // The ConversionSpec `consolidate` (reshard == false) or `reshard` runs in-process:
 // ParseConversionFlags, NormalizeSpec and ValidateSpec (spec_codec.h). `usage`, when given, is
-// set when a flag holds a value the option does not take (exit 2).
+// set when a flag holds a value the option does not take (exit 2); a flag the job does not
+// read is refused with a status that IsUsageError.
 absl::StatusOr<ConversionSpec> ConversionSpecFromFlags(const ConversionFlags& flags, bool reshard,
                                                        bool* usage = nullptr);
 

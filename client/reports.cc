@@ -12,6 +12,7 @@
 #include "client/progress_bar.h"
 #include "google/protobuf/util/json_util.h"
 #include "lib/engine/partition_spec.h"
+#include "lib/engine/spec_codec.h"
 
 namespace reshard {
 namespace {
@@ -67,6 +68,7 @@ Json InspectDocument(const std::string& input, const LoadedInput& loaded,
   doc["total_bytes"] = total;
   doc["metadata"] = shown.metadata;
   doc["other_entries"] = shown.other_entries;
+  doc["hf_export"] = nullptr;  // a Megatron checkpoint's: RunInspect sets it
   doc["model_files"] = Json::array();
   for (const ModelFile& file : model_files) {
     doc["model_files"].push_back({{"path", file.path}, {"bytes", file.size}});
@@ -101,7 +103,14 @@ Json InspectDocument(const std::string& input, const v1::InspectResponse& respon
   for (const v1::InputFile& file : response.model_files()) {
     doc["model_files"].push_back({{"path", file.path()}, {"bytes", file.bytes()}});
   }
+  doc["hf_export"] = response.hf_export_note().empty()
+                         ? Json()
+                         : HfExportJson(response.hf_export_family(), response.hf_export_note());
   return doc;
+}
+
+Json HfExportJson(const std::string& family, const std::string& note) {
+  return {{"family", family.empty() ? Json() : Json(family)}, {"note", note}};
 }
 
 Json PlanDocument(const std::string& input, bool reshard, const PlannedConversion& planned) {
@@ -233,6 +242,9 @@ void PrintInspect(const Json& doc, std::ostream& out) {
       << ")\n";
   if (doc.contains("description") && !doc["description"].get<std::string>().empty()) {
     out << "layout:   " << doc["description"].get<std::string>() << "\n";
+  }
+  if (doc.contains("hf_export") && doc["hf_export"].is_object()) {
+    out << "hf:       " << doc["hf_export"]["note"].get<std::string>() << "\n";
   }
   if (doc["parts"].get<int>() > 1) {
     out << "parts:    " << doc["parts"].get<int>() << " model-parallel parts"
@@ -399,7 +411,8 @@ int Emit(Json doc, int exit_code, const OutputFlags& flags, const std::string& r
 
 int Fail(const absl::Status& status, const OutputFlags& flags, const std::string& result_file,
          std::ostream& out, std::ostream& err, bool usage) {
-  const int code = usage ? kExitUsage : ExitCodeForStatus(status);
+  // A flag the job does not read is a usage error wherever the engine found it.
+  const int code = usage || IsUsageError(status) ? kExitUsage : ExitCodeForStatus(status);
   err << "reshardctl: error: " << status.message() << "\n";
   const Json doc = ErrorDocument(status, code);
   if (flags.json) out << DumpDocument(doc) << "\n";

@@ -38,6 +38,12 @@ void AddPartitions(Json& plan_doc, size_t data_files, int count);
 // Documents of daemon results, with the same fields.
 Json InspectDocument(const std::string& input, const v1::InspectResponse& response);
 Json PlanDocument(const std::string& input, bool reshard, const v1::PlanResponse& response);
+
+// inspect's "hf_export" of a Megatron checkpoint: {"family": the family `--format hf` writes it
+// as (null when refused), "note": what the text output says of it} (DescribeHfExport,
+// lib/formats/hf/hf_output.h). Other input's is null.
+Json HfExportJson(const std::string& family, const std::string& note);
+
 // A job: "job_id", "state", "job" (the full reshard.v1.Job as JSON) and, once it succeeded,
 // the fields of ConversionDocument.
 Json JobDocument(const v1::Job& job);
@@ -56,7 +62,8 @@ Json ErrorDocument(const absl::Status& status, int exit_code);
 int Emit(Json doc, int exit_code, const OutputFlags& flags, const std::string& result_file,
          void (*print)(const Json&, std::ostream&), std::ostream& out, std::ostream& err);
 
-// Reports a failure: message on `err`, error document as above. `usage` forces exit code 2.
+// Reports a failure: message on `err`, error document as above. `usage` (or a status that
+// IsUsageError, lib/engine/spec_codec.h) makes the exit code 2.
 int Fail(const absl::Status& status, const OutputFlags& flags, const std::string& result_file,
          std::ostream& out, std::ostream& err, bool usage = false);
 

@@ -37,7 +37,7 @@ CLI::Option* AddSpecOption(CLI::App* command, reshard::ConversionFlags& flags,
   using reshard::ConversionFlags;
   const reshard::SpecField& field = reshard::SpecFieldNamed(name);
   const std::string flag(field.flag);
-  const std::string help(field.help);
+  const std::string help = reshard::SpecFieldHelp(field);
   return std::visit(
       reshard::Overloaded{
           [&](std::string ConversionFlags::*text) {
@@ -142,7 +142,6 @@ int main(int argc, char** argv) {
     AddSpecOption(command, conversion, "hf_config_file");
     AddSpecOption(command, conversion, "hf_vocab_size");
     AddSpecOption(command, conversion, "output_format")
-        ->description(absl::StrCat("output format: ", absl::StrJoin(OutputFormatIds(), " | ")))
         ->check(CLI::IsMember(OutputFormatIds()))
         ->capture_default_str();
     AddSpecOption(command, conversion, "update_latest");

@@ -129,6 +129,11 @@ absl::StatusOr<v1::JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const PathP
     ASSIGN_OR_RETURN(*valid.mutable_tokenizer(), paths.CheckInputTree(spec.tokenizer()),
                      "spec.tokenizer");
   }
+  // --config FILE is read like the input too: a file inside the caller's roots.
+  if (!spec.hf_config_file().empty()) {
+    ASSIGN_OR_RETURN(*valid.mutable_hf_config_file(), paths.CheckInput(spec.hf_config_file()),
+                     "spec.hf_config_file");
+  }
   ASSIGN_OR_RETURN(*valid.mutable_output(), paths.CheckOutput(spec.output()));
   // Neither may hold the other: the output would be read back as input, or written into it.
   if (valid.output() == valid.input() || valid.input().rfind(valid.output() + "/", 0) == 0 ||
@@ -362,6 +367,10 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext* context,
       return;
     }
     response->set_description(WithHfFamilyNote(loaded->model, loaded->catalog));
+    if (const std::optional<HfExportNote> hf = DescribeHfExport(loaded->model, loaded->catalog)) {
+      response->set_hf_export_family(hf->family);
+      response->set_hf_export_note(hf->note);
+    }
     absl::StatusOr<std::vector<ModelFile>> model_files =
         InputModelFiles(*input, loaded->model.format);
     if (!model_files.ok()) {

@@ -566,5 +566,144 @@ class RefusalTests(Base):
         self.check_config(out, hmf.Spec("llama", groups=2))
 
 
+# Every output format and family there is, listed here independently of the registries.
+OUTPUT_FORMATS = ("safetensors", "torch", "olmo-safetensors", "deepspeed-universal", "torch-dcp",
+                  "megatron", "megatron-torch-dist", "hf")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral")
+ONLY_HF = ("is only for --format hf (a Hugging Face model written from a Megatron checkpoint)")
+ONLY_HF_OR_IMPORT = (ONLY_HF + " and for a Hugging Face model imported with --format megatron or "
+                     "megatron-torch-dist; ")
+
+
+class FlagTests(Base):
+    """--family, --config and --vocab-size are refused by the jobs that would ignore them, and
+    reshardctl's help says what its flags do."""
+
+    def test_hf_flags_refused_by_jobs_that_ignore_them(self):
+        spec = hmf.Spec("llama", groups=2)
+        folder = hmf.write_megatron_lm(self.p("save"), spec, hmf.hf_state_dict(spec), 2, 1)
+        config = self.p("config.json")
+        with open(config, "w") as f:
+            json.dump({"rope_theta": 10000.0}, f)
+        cases = [
+            (["consolidate", folder, self.p("o1"), "--family", "llama"],
+             "--family " + ONLY_HF_OR_IMPORT + "not for output format safetensors"),
+            (["consolidate", folder, self.p("o2"), "--format", "torch", "--config", config],
+             "--config " + ONLY_HF_OR_IMPORT + "not for output format torch"),
+            (["reshard", folder, self.p("o3"), "--parts", "1", "--format", "megatron",
+              "--vocab-size", "50"],
+             "--vocab-size " + ONLY_HF + "; not for output format megatron"),
+            # The Megatron outputs read them only from a Hugging Face model they import.
+            (["reshard", folder, self.p("o4"), "--parts", "2", "--format", "megatron",
+              "--family", "llama"],
+             "%s: --family %sthe input is megatron, not a Hugging Face model folder"
+             % (folder, ONLY_HF_OR_IMPORT)),
+            (["consolidate", folder, self.p("o5"), "--format", "megatron-torch-dist",
+              "--config", config],
+             "%s: --config %sthe input is megatron, not a Hugging Face model folder"
+             % (folder, ONLY_HF_OR_IMPORT)),
+        ]
+        for args, message in cases:
+            with self.subTest(args=args[3:]):
+                res = self.ctl(*args, "--no-progress", "--json")
+                self.assertExit(res, 2)
+                doc = json.loads(res.stdout_text)
+                self.assertEqual(doc["error"]["code"], "INVALID_ARGUMENT")
+                self.assertEqual(doc["error"]["message"], message)
+                self.assertFalse(os.path.exists(args[2]), "%s written" % args[2])
+        # --tokenizer is read by any output that is a Hugging Face model.
+        tok = self.p("tok")
+        os.makedirs(tok)
+        with open(os.path.join(tok, "tokenizer.json"), "w") as f:
+            f.write("{}")
+        self.ok("consolidate", folder, self.p("o6"), "--tokenizer", tok, "--no-progress")
+        self.assertTrue(os.path.exists(self.p("o6", "tokenizer.json")))
+
+    def help_text(self, command):
+        """`reshardctl COMMAND --help`, with CLI11's line wrapping undone."""
+        res = self.ctl(command, "--help")
+        self.assertExit(res, 0)
+        return " ".join(res.stdout_text.split())
+
+    def test_help_says_what_the_hf_and_megatron_flags_do(self):
+        for command in ("consolidate", "reshard"):
+            text = self.help_text(command)
+            listed = text.split("output format: ", 1)[1].split(" --", 1)[0].split(" | ")
+            self.assertEqual(sorted(listed), sorted(OUTPUT_FORMATS), command)
+            self.assertIn("model family, auto | " + " | ".join(FAMILIES) + ": --format hf: the "
+                          "family written (auto: from the args and tensor names); a Hugging Face "
+                          "input written as megatron or megatron-torch-dist: the family its "
+                          "weights are read as (auto: config.json's model_type, else "
+                          "architectures); refused for other jobs", text, command)
+            self.assertIn("JSON file FILE: --format hf: keys overriding or completing the "
+                          "config.json made from the checkpoint's args; a Hugging Face input "
+                          "written as megatron or megatron-torch-dist: the config.json read in "
+                          "place of the input folder's; refused for other jobs", text, command)
+            self.assertIn("--format hf only: the true vocabulary N (the tokenizer's size; "
+                          "default: the args'); padded rows past it are dropped", text, command)
+        text = self.help_text("reshard")
+        self.assertIn("pipeline stages PP (default 1; must divide the layers): --format megatron "
+                      "writes TP x PP rank folders, from Megatron input (Megatron-LM, "
+                      "Megatron-DeepSpeed, torch_dist) or a Hugging Face model imported; "
+                      "--format megatron-torch-dist records PP in its args (it loads at any TP x "
+                      "PP)", text)
+        self.assertIn("expert-parallel ranks EP of a mixture-of-experts model (--format megatron "
+                      "only; default 1; must divide the experts)", text)
+        # The help of reshardctl itself lists what it writes.
+        res = self.ctl("--help")
+        self.assertExit(res, 0)
+        listed = res.stdout_text.split("writes: ", 1)[1].split("\n", 1)[0].split(", ")
+        self.assertEqual(sorted(listed), sorted(OUTPUT_FORMATS))
+
+
+class InspectHfExportTests(Base):
+    """inspect of a Megatron checkpoint says what `--format hf` writes it as, or why not."""
+
+    def check(self, folder, family, note):
+        doc = self.inspect_json(folder)
+        self.assertEqual(doc["hf_export"], {"family": family, "note": note})
+        res = self.ok("inspect", folder)
+        self.assertIn("\nhf:       %s\n" % note, res.stdout_text)
+
+    def test_legacy_and_torch_dist_llama(self):
+        spec = hmf.Spec("llama", groups=2)
+        hf = hmf.hf_state_dict(spec)
+        note = "exports to Hugging Face as llama (--format hf)"
+        self.check(hmf.write_megatron_lm(self.p("lm"), spec, hf, 2, 2, vocab_size=50), "llama",
+                   note)
+        self.check(hmf.write_torch_dist(self.p("td"), spec, hf, 2, 1, vocab_size=50), "llama",
+                   note)
+
+    def test_megatron_deepspeed_pipeline_names_why_not(self):
+        # Megatron-DeepSpeed's pipeline layer names ("<layer>.<rest>") are not read by the
+        # export: inspect names the first such tensor, as the export's refusal does.
+        import megatron_fixture as mf
+        folder = mf.write_deepspeed_pipe(self.p("ds"), mf.GPT(train_tp=2, seed=1), 2, 2)
+        self.check(folder, None,
+                   "does not export to Hugging Face (--format hf) as it stands: tensor "
+                   "\"1.word_embeddings.weight\" has no counterpart in the Hugging Face decoder "
+                   "families reshard writes (llama, mistral, qwen2, qwen3, gpt2, mixtral): only "
+                   "the word and position embeddings, norm weights and biases, fused QKV, "
+                   "attention output and MLP (with their biases), the router and experts' MLPs, "
+                   "and output layer map onto their names")
+
+    def test_why_not(self):
+        spec = hmf.Spec("qwen2", groups=2)
+        folder = hmf.write_megatron_lm(self.p("lm"), spec, hmf.hf_state_dict(spec), 1, 1,
+                                       rotary_base=None)
+        self.check(folder, None,
+                   "does not export to Hugging Face as qwen2 (--format hf) as it stands: "
+                   "config.json "
+                   "needs rope_theta (from args.rotary_base), vocab_size (from --vocab-size or "
+                   "args.vocab_size), which the checkpoint's args do not record; give them in "
+                   "--config FILE (a JSON object of config.json keys) or give the true "
+                   "vocabulary with --vocab-size N")
+        # Not a Megatron checkpoint: nothing to say.
+        self.assertIsNone(self.inspect_json(os.path.join(folder, "mp_rank_00",
+                                                         "model_optim_rng.pt"))["hf_export"])
+        res = self.ok("inspect", os.path.join(folder, "mp_rank_00", "model_optim_rng.pt"))
+        self.assertNotIn("\nhf:", res.stdout_text)
+
+
 if __name__ == "__main__":
     sys.exit(harness.main(globals(), "reshardctl"))

@@ -169,6 +169,11 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
                                      reshard ? std::max(spec.pipeline_parts, 1) : 1, spec.hf,
                                      planned.input.model, planned.input.catalog),
         absl::StrCat(spec.input, ": presenting the input to the ", spec.output_format, " output"));
+    // --family and --config: read by --format hf, and by the Megatron outputs only for a
+    // Hugging Face model they presented.
+    RETURN_IF_ERROR(
+        CheckHfImportFlags(spec, presented, planned.input.model.format, SpecNaming::kFlags),
+        spec.input);
     if (presented) {
       ASSIGN_OR_RETURN(planned.input.rules,
                        PartitionRules::Create(planned.input.model.default_rules),

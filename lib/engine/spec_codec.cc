@@ -7,11 +7,15 @@
 #include <sstream>
 #include <type_traits>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "lib/core/status.h"
 #include "lib/engine/partition_spec.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/format.h"
+#include "lib/formats/hf/hf_family.h"
 #include "lib/io/file_access.h"
 #include "lib/io/kvstore/location.h"
 #include "lib/plan/partition_rules.h"
@@ -167,10 +171,56 @@ bool WhenHfModelDescribed(const ConversionSpec& spec) {
   return WhenHfOutput(spec) || !spec.hf.family.empty() || !spec.hf.config_file.empty();
 }
 
+// The outputs a Hugging Face model is imported into (PresentHfModelAsMegatron): they read
+// --family and --config of a Hugging Face input.
+bool ImportsHfModels(absl::string_view output_format) {
+  return output_format == "megatron" || output_format == "megatron-torch-dist";
+}
+
+// The payload that marks a status as a flag given to a job that does not take it.
+constexpr absl::string_view kUsageErrorUrl = "reshard/usage-error";
+
+// InvalidArgument, marked as a usage error: `field` is given to a job that ignores it; says
+// which jobs read it and why this one is not among them (`not_because`).
+absl::Status NotForThisJob(const SpecField& field, SpecNaming naming,
+                           absl::string_view not_because) {
+  const std::string format = SpecFieldLabel(SpecFieldNamed("output_format"), naming);
+  const bool imports = field.name != "hf_vocab_size";
+  absl::Status status = Invalid(
+      field, naming,
+      absl::StrCat("is only for ", format, " hf (a Hugging Face model written from a Megatron "
+                   "checkpoint)",
+                   imports ? absl::StrCat(" and for a Hugging Face model imported with ", format,
+                                          " megatron or megatron-torch-dist")
+                           : "",
+                   "; ", not_because));
+  status.SetPayload(kUsageErrorUrl, absl::Cord(field.flag));
+  return status;
+}
+
+// --family, --config and --vocab-size: given only to the jobs that read them (WhenHfOutput,
+// ImportsHfModels); whether the input is a Hugging Face model is CheckHfImportFlags' to say.
+absl::Status CheckHfModelFlag(const ConversionSpec& spec, const SpecField& field,
+                              SpecNaming naming) {
+  const bool given = std::visit(
+      Overloaded{[&](SpecMember<std::string> m) { return !ReadSpecMember(spec, m).empty(); },
+                 [&](SpecMember<int> m) { return ReadSpecMember(spec, m) != 0; },
+                 [](auto) { return true; }},
+      field.access);
+  if (!given || WhenHfOutput(spec)) return absl::OkStatus();
+  if (field.name != "hf_vocab_size" && ImportsHfModels(spec.output_format)) {
+    return absl::OkStatus();
+  }
+  return NotForThisJob(field, naming,
+                       absl::StrCat("not for output format ",
+                                    spec.output_format.empty() ? "safetensors"
+                                                               : spec.output_format));
+}
+
 absl::Status CheckHfVocabSize(const ConversionSpec& spec, const SpecField& field,
                               SpecNaming naming) {
   if (spec.hf.vocab_size < 0) return Invalid(field, naming, "must not be negative (0: from the args)");
-  return absl::OkStatus();
+  return CheckHfModelFlag(spec, field, naming);
 }
 
 // Every run (worker, rerun, daemon) must name the same folders, wherever it was started from.
@@ -313,7 +363,8 @@ constexpr SpecField kFields[] = {
      +[](S& s) -> std::string& { return s.input; }, &F::input},
     {"output", "", "output folder or s3://bucket/prefix (must not exist or be empty)", "output",
      "output", +[](S& s) -> std::string& { return s.output; }, &F::output},
-    {"output_format", "--format", "output format", "output_format", "output_format",
+    {"output_format", "--format", "output format: {output_formats}", "output_format",
+     "output_format",
      +[](S& s) -> std::string& { return s.output_format; }, &F::output_format, false, true,
      &CheckOutputFormat, &Always},
     {"dtype", "--dtype", "keep | fp32 | bf16 | fp16 (floating tensors)", "dtype", "dtype",
@@ -321,14 +372,22 @@ constexpr SpecField kFields[] = {
     {"max_shard_size", "--max-shard-size", "largest output file", "max_shard_size",
      "max_shard_size", +[](S& s) -> uint64_t& { return s.max_shard_size; }, &F::max_shard_size,
      true, true, nullptr, &WhenConsolidating},
-    {"parts", "--parts", "number of output parts", "parts", "parts",
+    {"parts", "--parts",
+     "output tensor-parallel parts M, split or merged by the partition rules (torch-dcp: M "
+     "ranks' files; megatron: TP; megatron-torch-dist: M ranks' files, TP M in its args)",
+     "parts", "parts",
      +[](S& s) -> int& { return s.parts; }, &F::parts, false, false, &CheckParts, &WhenResharding},
     {"pipeline_parts", "--pipeline-parts",
-     "pipeline stages of the output (--format megatron; default 1)", "pipeline_parts",
+     "pipeline stages PP (default 1; must divide the layers): --format megatron writes TP x PP "
+     "rank folders, from Megatron input (Megatron-LM, Megatron-DeepSpeed, torch_dist) or a "
+     "Hugging Face model imported; --format megatron-torch-dist records PP in its args (it "
+     "loads at any TP x PP)",
+     "pipeline_parts",
      "pipeline_parts", +[](S& s) -> int& { return s.pipeline_parts; }, &F::pipeline_parts, false,
      false, &CheckPipelineParts, &WhenPipelined},
     {"expert_parts", "--expert-parts",
-     "expert-parallel ranks of a mixture-of-experts output (--format megatron; default 1)",
+     "expert-parallel ranks EP of a mixture-of-experts model (--format megatron only; default "
+     "1; must divide the experts)",
      "expert_parts", "expert_parts", +[](S& s) -> int& { return s.expert_parts; },
      &F::expert_parts, false, false, &CheckExpertParts, &WhenExpertParallel},
     {"rules_json",
@@ -352,19 +411,21 @@ constexpr SpecField kFields[] = {
      "include_optimizer", +[](S& s) -> bool& { return s.read.include_optimizer; },
      &F::include_optimizer},
     {"hf_family", "--family",
-     "--format hf: model family, auto (from the args and names) | llama | mistral | qwen2 | "
-     "qwen3 | gpt2; a Hugging Face input imported into megatron or megatron-torch-dist: the "
-     "family its weights are read as (auto: config.json's model_type, else architectures)",
+     "model family, auto | {hf_families}: --format hf: the family written (auto: from the "
+     "args and tensor names); a Hugging Face input written as megatron or megatron-torch-dist: "
+     "the family its weights are read as (auto: config.json's model_type, else architectures); "
+     "refused for other jobs",
      "hf_family", "hf_family", +[](S& s) -> std::string& { return s.hf.family; }, &F::hf_family,
-     false, false, nullptr, &WhenHfModelDescribed},
+     false, false, &CheckHfModelFlag, &WhenHfModelDescribed},
     {"hf_config_file", "--config",
-     "--format hf: a JSON file whose keys override or complete the config.json made from the "
-     "checkpoint's args; a Hugging Face input imported into megatron or megatron-torch-dist: "
-     "the config.json read in place of the input folder's",
+     "JSON file FILE: --format hf: keys overriding or completing the config.json made from the "
+     "checkpoint's args; a Hugging Face input written as megatron or megatron-torch-dist: the "
+     "config.json read in place of the input folder's; refused for other jobs",
      "hf_config_file", "hf_config_file", +[](S& s) -> std::string& { return s.hf.config_file; },
-     &F::hf_config_file, false, false, nullptr, &WhenHfModelDescribed},
+     &F::hf_config_file, false, false, &CheckHfModelFlag, &WhenHfModelDescribed},
     {"hf_vocab_size", "--vocab-size",
-     "--format hf: the true vocabulary (the tokenizer's size); padded rows past it are dropped",
+     "--format hf only: the true vocabulary N (the tokenizer's size; default: the args'); "
+     "padded rows past it are dropped",
      "hf_vocab_size", "hf_vocab_size", +[](S& s) -> int& { return s.hf.vocab_size; },
      &F::hf_vocab_size, false, false, &CheckHfVocabSize, &WhenHfOutput},
     {"update_latest", "--update-latest",
@@ -375,7 +436,10 @@ constexpr SpecField kFields[] = {
      "leave out a Hugging Face input's other files (config.json, tokenizer, README, licence)",
      "no_extra_files", "no_extra_files", +[](S& s) -> bool& { return s.no_extra_files; },
      &F::no_extra_files, false, false, nullptr, &WhenNoExtraFiles},
-    {"tokenizer", "--tokenizer", "also carry the tokenizer files of folder DIR into OUT",
+    {"tokenizer", "--tokenizer",
+     "also carry the tokenizer files of folder DIR into an output that is a Hugging Face model "
+     "(safetensors, consolidated torch, hf; with --format hf in place of the tokenizer beside "
+     "the checkpoint)",
      "tokenizer", "tokenizer", +[](S& s) -> std::string& { return s.tokenizer; }, &F::tokenizer,
      false, false, nullptr, &WhenTokenizer},
     {"overwrite", "--overwrite", "replace a non-empty output folder or s3:// prefix", "overwrite",
@@ -422,6 +486,14 @@ const SpecField& SpecFieldNamed(absl::string_view name) {
   }
   std::cerr << "reshard: no ConversionSpec field " << name << "\n";
   std::abort();
+}
+
+std::string SpecFieldHelp(const SpecField& field) {
+  std::vector<std::string> families;
+  for (const HfFamily& family : HfFamilies()) families.emplace_back(family.id);
+  return absl::StrReplaceAll(
+      field.help, {{"{output_formats}", absl::StrJoin(OutputFormatIds(), " | ")},
+                   {"{hf_families}", absl::StrJoin(families, " | ")}});
 }
 
 std::string SpecFieldLabel(const SpecField& field, SpecNaming naming) {
@@ -481,6 +553,23 @@ absl::Status ValidateSpec(const ConversionSpec& spec, SpecNaming naming) {
     if (field.check != nullptr) RETURN_IF_ERROR(field.check(spec, field, naming));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckHfImportFlags(const ConversionSpec& spec, bool hf_model_imported,
+                                absl::string_view input_format, SpecNaming naming) {
+  if (WhenHfOutput(spec) || hf_model_imported) return absl::OkStatus();
+  for (absl::string_view name : {"hf_family", "hf_config_file"}) {
+    const SpecField& field = SpecFieldNamed(name);
+    if (SpecFieldText(spec, field).empty()) continue;
+    return NotForThisJob(field, naming,
+                         absl::StrCat("the input is ", input_format,
+                                      ", not a Hugging Face model folder"));
+  }
+  return absl::OkStatus();
+}
+
+bool IsUsageError(const absl::Status& status) {
+  return status.GetPayload(kUsageErrorUrl).has_value();
 }
 
 absl::StatusOr<OrderedJson> SpecToRequestJson(const ConversionSpec& spec) {

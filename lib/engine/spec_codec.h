@@ -143,8 +143,26 @@ absl::StatusOr<ConversionSpec> ParseConversionFlags(const ConversionFlags& flags
 // Idempotent.
 absl::StatusOr<ConversionSpec> NormalizeSpec(ConversionSpec spec);
 
-// Every row's check: InvalidArgument naming the first field that is out of range.
+// Every row's check: InvalidArgument naming the first field that is out of range, or given to
+// a job that does not read it (IsUsageError): --family and --config are read by --format hf
+// and by megatron and megatron-torch-dist outputs of a Hugging Face input, --vocab-size by
+// --format hf only.
 absl::Status ValidateSpec(const ConversionSpec& spec, SpecNaming naming);
+
+// What ValidateSpec cannot know before the input is read: InvalidArgument (IsUsageError)
+// naming --family or --config when `spec` gives one for an output other than hf whose input
+// (read as `input_format`) was not imported as a Hugging Face model (`hf_model_imported`:
+// OutputFormat::PresentInput presented it), which would ignore it. Checked by PlanConversion.
+absl::Status CheckHfImportFlags(const ConversionSpec& spec, bool hf_model_imported,
+                                absl::string_view input_format, SpecNaming naming);
+
+// Whether `status` refuses a flag (JobSpec field) given to a job that does not read it: a
+// usage error, for which reshardctl exits 2.
+bool IsUsageError(const absl::Status& status);
+
+// reshardctl's help text of `field`: its row's help, with the lists it names taken from the
+// registries ("{output_formats}": OutputFormatIds(), "{hf_families}": HfFamilies()).
+std::string SpecFieldHelp(const SpecField& field);
 
 // The request as every run of it must see it (see ConversionRequestJson).
 absl::StatusOr<nlohmann::ordered_json> SpecToRequestJson(const ConversionSpec& spec);

@@ -190,5 +190,69 @@ TEST(SpecCodecTest, FlagsParseThroughTheRows) {
             absl::InvalidArgumentError("reshard needs --parts M (M >= 1)"));
 }
 
+// InvalidArgument with `message`, marked as a usage error.
+void ExpectUsageError(const absl::Status& status, const std::string& message) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(status.message(), message);
+  EXPECT_TRUE(IsUsageError(status)) << status;
+}
+
+// A job that would ignore --family, --config or --vocab-size refuses them, naming the flag (or
+// JobSpec field) and the jobs that read it; a usage error wherever it is found.
+TEST(SpecCodecTest, HfModelFlagsOnlyForTheJobsThatReadThem) {
+  const std::string only_hf =
+      "is only for --format hf (a Hugging Face model written from a Megatron checkpoint)";
+  const std::string or_import =
+      " and for a Hugging Face model imported with --format megatron or megatron-torch-dist; ";
+  ConversionSpec spec;
+  spec.input = "/data/in";
+  spec.output = "/data/out";
+  spec.hf.family = "llama";
+  ExpectUsageError(ValidateSpec(spec, SpecNaming::kFlags),
+                   "--family " + only_hf + or_import + "not for output format safetensors");
+  EXPECT_FALSE(IsUsageError(absl::InvalidArgumentError("--family is only for")));
+
+  spec.hf.family.clear();
+  spec.hf.config_file = "/data/config.json";
+  spec.output_format = "torch";
+  ExpectUsageError(
+      ValidateSpec(spec, SpecNaming::kProto),
+      "spec.hf_config_file is only for spec.output_format hf (a Hugging Face model written from "
+      "a Megatron checkpoint) and for a Hugging Face model imported with spec.output_format "
+      "megatron or megatron-torch-dist; not for output format torch");
+
+  // --vocab-size: --format hf only, also not for the Megatron outputs.
+  spec.hf.config_file.clear();
+  spec.hf.vocab_size = 50;
+  spec.output_format = "megatron";
+  ExpectUsageError(ValidateSpec(spec, SpecNaming::kFlags),
+                   "--vocab-size " + only_hf + "; not for output format megatron");
+
+  // The jobs that read them.
+  spec.output_format = "hf";
+  spec.hf.family = "qwen2";
+  spec.hf.config_file = "/data/config.json";
+  EXPECT_TRUE(ValidateSpec(spec, SpecNaming::kFlags).ok());
+  spec.hf.vocab_size = 0;
+  for (const char* format : {"megatron", "megatron-torch-dist"}) {
+    spec.output_format = format;
+    EXPECT_TRUE(ValidateSpec(spec, SpecNaming::kFlags).ok()) << format;
+    // ... when the input is a Hugging Face model they import.
+    EXPECT_TRUE(CheckHfImportFlags(spec, /*hf_model_imported=*/true, "safetensors",
+                                   SpecNaming::kFlags)
+                    .ok());
+    ExpectUsageError(
+        CheckHfImportFlags(spec, /*hf_model_imported=*/false, "megatron", SpecNaming::kFlags),
+        "--family " + only_hf + or_import +
+            "the input is megatron, not a Hugging Face model folder");
+  }
+  spec.hf.family.clear();
+  ExpectUsageError(CheckHfImportFlags(spec, false, "megatron-torch-dist", SpecNaming::kFlags),
+                   "--config " + only_hf + or_import +
+                       "the input is megatron-torch-dist, not a Hugging Face model folder");
+  spec.output_format = "hf";
+  EXPECT_TRUE(CheckHfImportFlags(spec, false, "megatron", SpecNaming::kFlags).ok());
+}
+
 }  // namespace
 }  // namespace reshard

@@ -7,8 +7,9 @@
 
 namespace reshard {
 
-// A normalised, valid spec whose every field but rules_file (which normalising empties)
-// differs from ConversionSpec's default, so that a round trip that drops a field shows.
+// A normalised spec whose every field but rules_file (which normalising empties) differs from
+// ConversionSpec's default, so that a round trip that drops a field shows. Not a job
+// ValidateSpec passes: its megatron output reads no --vocab-size (ValidSpecWithFieldsSet).
 inline ConversionSpec EverySpecFieldSet() {
   ConversionSpec spec;
   spec.kind = ConversionSpec::Kind::kReshard;
@@ -37,6 +38,13 @@ inline ConversionSpec EverySpecFieldSet() {
   spec.io = IoMode::kBuffered;
   spec.partition_index = 2;
   spec.partition_count = 3;
+  return spec;
+}
+
+// EverySpecFieldSet() as a valid job: without hf.vocab_size, which only --format hf reads.
+inline ConversionSpec ValidSpecWithFieldsSet() {
+  ConversionSpec spec = EverySpecFieldSet();
+  spec.hf.vocab_size = 0;
   return spec;
 }
 

@@ -14,6 +14,7 @@ tools/bench/make_checkpoint.py writes.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -239,6 +240,23 @@ class CoreTests(DaemonTestCase):
         for key in ("files", "total_bytes", "source_bytes_read", "memory_bytes"):
             self.assertEqual(rplan[key], local_rplan.doc[key], key)
         self.assertError(self.ctl("inspect", self.r("missing")), 3, "NOT_FOUND")
+
+    def test_inspect_says_what_hf_export_does_through_daemon(self):
+        # A Megatron-LM checkpoint (real torch, tests/fixtures/hf_megatron_fixture.py): the
+        # daemon's inspect says what --format hf writes it as, as the local one does.
+        sys.path.insert(0, os.path.dirname(
+            dh._find_source("tests/fixtures/hf_megatron_fixture.py")))
+        import hf_megatron_fixture as hmf
+        spec = hmf.Spec("qwen2", groups=2)
+        folder = hmf.write_megatron_lm(self.r("megatron_qwen2"), spec, hmf.hf_state_dict(spec),
+                                       2, 1, vocab_size=50)
+        want = {"family": "qwen2", "note": "exports to Hugging Face as qwen2 (--format hf)"}
+        self.assertEqual(self.assertOk(self.ctl("inspect", folder))["hf_export"], want)
+        local = run_ctl(["inspect", folder])
+        self.assertExit(local, 0)
+        self.assertEqual(local.doc["hf_export"], want)
+        # Other input has nothing to say of it.
+        self.assertIsNone(self.assertOk(self.ctl("inspect", self.src))["hf_export"])
 
     def test_reshard_with_rules(self):
         source = R.read_folder(self.rsrc)
@@ -984,6 +1002,41 @@ class SecurityTests(DaemonTestCase):
         self.assertError(self.ctl("consolidate", self.src, out, "--tokenizer", tok), 3,
                          "PERMISSION_DENIED", "spec.tokenizer")
         self.assertNoOutput(out)
+
+    def test_hf_config_file_outside_root(self):
+        # --config FILE is read by the job: refused at submit (and by Plan) unless inside a root,
+        # so that no job is queued to read it. (Beside the root: other tests pin what the
+        # folder `outside` holds.)
+        config = os.path.join(self.tmp, "hf_config.json")
+        with open(config, "w") as f:
+            f.write("{}")
+        out = self.r("o_config_outside")
+        message = r"^spec\.hf_config_file: input %s is not in an allowed local root \(" % (
+            re.escape(config))
+        self.assertError(self.ctl("consolidate", self.src, out, "--format", "hf", "--config",
+                                  config, "--detach"), 3, "PERMISSION_DENIED", message)
+        self.assertError(self.ctl("plan", self.src, "--format", "hf", "--config", config), 3,
+                         "PERMISSION_DENIED", message)
+        self.assertNoOutput(out)
+
+    def test_hf_flags_for_jobs_that_ignore_them_through_the_daemon(self):
+        # The daemon refuses what the Python client or any gRPC client sends, with reshardctl's
+        # rule named as JobSpec fields.
+        spec = {"kind": "JOB_KIND_CONSOLIDATE", "input": self.src, "output": self.r("o_family"),
+                "hf_family": "llama"}
+        res = probe(self.daemon.addr, "SubmitJob", {"spec": spec})
+        self.assertEqual(res["code_name"], "INVALID_ARGUMENT", res)
+        self.assertEqual(res["message"],
+                         "spec.hf_family is only for spec.output_format hf (a Hugging Face model "
+                         "written from a Megatron checkpoint) and for a Hugging Face model "
+                         "imported with spec.output_format megatron or megatron-torch-dist; not "
+                         "for output format safetensors")
+        # reshardctl refuses it before sending: a usage error.
+        self.assertError(self.ctl("consolidate", self.src, self.r("o_vocab"), "--vocab-size",
+                                  "50", "--detach"), 2, "INVALID_ARGUMENT",
+                         r"^--vocab-size is only for --format hf ")
+        self.assertNoOutput(self.r("o_family"))
+        self.assertNoOutput(self.r("o_vocab"))
 
     def test_symlinked_file_inside_input_folder(self):
         # A folder inside the root whose shard files are symlinks to files outside it: reading

@@ -176,6 +176,27 @@ std::string WithHfFamilyNote(const InputModel& model, const Catalog& catalog) {
                       "--format hf --family auto: ", (*family)->id, " (", why, ")");
 }
 
+std::optional<HfExportNote> DescribeHfExport(const InputModel& model, const Catalog& catalog) {
+  if (!IsMegatron(model)) return std::nullopt;
+  const HfFamily* family = nullptr;  // --family auto's choice, once the tensors are known
+  const absl::Status refused = [&]() -> absl::Status {
+    if (catalog.tensors.empty()) {
+      return absl::InvalidArgumentError("the checkpoint holds no tensors");
+    }
+    ASSIGN_OR_RETURN(const ScannedModel scanned, Scan(model, catalog));
+    ASSIGN_OR_RETURN(family, ChooseHfFamily("auto", scanned.evidence));
+    return HfOutput().Arrange(TargetLayout(), ArrangeRequest{model, catalog}).status();
+  }();
+  if (!refused.ok()) {
+    return HfExportNote{
+        "", absl::StrCat("does not export to Hugging Face",
+                         family != nullptr ? absl::StrCat(" as ", family->id) : "",
+                         " (--format hf) as it stands: ", refused.message())};
+  }
+  return HfExportNote{std::string(family->id),
+                      absl::StrCat("exports to Hugging Face as ", family->id, " (--format hf)")};
+}
+
 absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
                                                  const ArrangeRequest& request) const {
   const InputModel& model = request.model;

@@ -42,6 +42,7 @@
 #ifndef RESHARD_LIB_FORMATS_HF_HF_OUTPUT_H_
 #define RESHARD_LIB_FORMATS_HF_HF_OUTPUT_H_
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,6 +77,22 @@ class HfOutput : public OutputFormat {
 // unchanged for other input, an empty catalog, or when a tensor has no HF counterpart. Only
 // inspect's: the manifest keeps the reader's description.
 std::string WithHfFamilyNote(const InputModel& model, const Catalog& catalog);
+
+// What `inspect` says of writing a checkpoint with `--format hf`.
+struct HfExportNote {
+  std::string family;  // the family `--format hf` writes it as; empty: it is refused
+  // "exports to Hugging Face as llama (--format hf)", or "does not export to Hugging Face
+  // [as llama, when the tensors decide the family] (--format hf) as it stands: " and the
+  // export's refusal (a tensor no family has a place for, config.json keys the args lack and
+  // --config or --vocab-size would give, ...).
+  std::string note;
+};
+
+// For a Megatron checkpoint (megatron, megatron-torch-dist, nemo input) whose merged model is
+// `catalog`: what `consolidate IN OUT --format hf` without --family, --config or --vocab-size
+// does with it, planned as the export plans it (HfOutput::Arrange, reading no tensor data).
+// nullopt for other input.
+std::optional<HfExportNote> DescribeHfExport(const InputModel& model, const Catalog& catalog);
 
 }  // namespace reshard
 

@@ -79,13 +79,13 @@ TEST(JobSpecCodecTest, ValuesNoSpecHoldsNameTheField) {
 }
 
 TEST(JobSpecCodecTest, RangesAreNamedAsTheRouteNamesThem) {
-  ConversionSpec spec = EverySpecFieldSet();
+  ConversionSpec spec = ValidSpecWithFieldsSet();
   spec.threads = 100;
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kProto),
             absl::InvalidArgumentError("spec.threads must be in [1, 64] (0: 2), got 100"));
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kFlags),
             absl::InvalidArgumentError("--threads must be in [1, 64] (0: 2), got 100"));
-  spec = EverySpecFieldSet();
+  spec = ValidSpecWithFieldsSet();
   spec.kind = ConversionSpec::Kind::kConsolidate;
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kProto),
             absl::InvalidArgumentError("spec.parts is only for JOB_KIND_RESHARD"));
@@ -93,16 +93,16 @@ TEST(JobSpecCodecTest, RangesAreNamedAsTheRouteNamesThem) {
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kFlags),
             absl::InvalidArgumentError(
                 "--pipeline-parts must be in [0, 4096], and only for reshard"));
-  spec = EverySpecFieldSet();
+  spec = ValidSpecWithFieldsSet();
   spec.output_format = "torch";
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kProto),
             absl::InvalidArgumentError(
                 "spec.expert_parts is only for output format megatron, not torch"));
-  spec = EverySpecFieldSet();
+  spec = ValidSpecWithFieldsSet();
   spec.partition_index = 3;
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kFlags),
             absl::InvalidArgumentError("--partition I/K needs 0 <= I < K <= 4096, got 3/3"));
-  spec = EverySpecFieldSet();
+  spec = ValidSpecWithFieldsSet();
   spec.read.tag = "../x";
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kFlags),
             absl::InvalidArgumentError(
@@ -110,7 +110,7 @@ TEST(JobSpecCodecTest, RangesAreNamedAsTheRouteNamesThem) {
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kProto),
             absl::InvalidArgumentError(
                 R"(tag "../x" (from spec.tag) is not a plain folder name)"));
-  spec = EverySpecFieldSet();
+  spec = ValidSpecWithFieldsSet();
   spec.rules_json = std::string(kMaxRulesJsonBytes + 1, ' ');
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kProto),
             absl::InvalidArgumentError("spec.rules_json is larger than 1 MiB"));
