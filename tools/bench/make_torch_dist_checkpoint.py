@@ -42,23 +42,12 @@ def choose_hidden(total_bytes, layers, vocab, tp):
         h = nxt
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", help="save folder to create; must not exist")
-    ap.add_argument("--size", type=mc.parse_size, default=mc.parse_size("4GiB"))
-    ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (default 2)")
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quiet", action="store_true")
-    args = ap.parse_args()
-    tp, layers, vocab = args.tp, args.layers, args.vocab
-    hidden = choose_hidden(args.size, layers, vocab, tp)
-    ffn = 4 * hidden
+def write(out, hidden, ffn, layers=24, vocab=32000, tp=2, seed=0, prefix=""):
+    """Writes the checkpoint under `out` (keys with `prefix`); returns the JSON summary."""
     vocab -= vocab % tp
-    folder = M.iteration_folder(args.out)
+    folder = M.iteration_folder(out)
     os.makedirs(folder)
-    g = torch.Generator().manual_seed(args.seed)
+    g = torch.Generator().manual_seed(seed)
 
     # (key, global shape, {dim: parts}, rank of a grid index)
     specs = [("embedding.word_embeddings.weight", (vocab, hidden), {0: tp}, lambda i: i[0])]
@@ -72,6 +61,7 @@ def main():
     specs += [("decoder.final_layernorm.weight", (hidden,), {}, lambda i: 0),
               ("decoder.final_layernorm.bias", (hidden,), {}, lambda i: 0),
               ("output_layer.weight", (vocab, hidden), {0: tp}, lambda i: i[0])]
+    specs = [(prefix + key, shape, splits, rank_of) for key, shape, splits, rank_of in specs]
 
     F._use_metadata_class("new")
     streams = [open(os.path.join(folder, "__%d_0.distcp" % r), "wb") for r in range(tp)]
@@ -95,14 +85,28 @@ def main():
                                            storage_data=storage_data, version="1.0.0"))
     with open(os.path.join(folder, "metadata.json"), "w") as f:
         json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1}, f)
-    with open(os.path.join(args.out, "latest_checkpointed_iteration.txt"), "w") as f:
+    with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write("%d" % M.ITERATION)
-    summary = {"total_size": total, "files": tp + 2, "tensors": len(md),
-               "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
-               "vocab_size": vocab, "tp": tp}
+    return {"total_size": total, "files": tp + 2, "tensors": len(md),
+            "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
+            "vocab_size": vocab, "tp": tp}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="save folder to create; must not exist")
+    ap.add_argument("--size", type=mc.parse_size, default=mc.parse_size("4GiB"))
+    ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (default 2)")
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args()
+    hidden = choose_hidden(args.size, args.layers, args.vocab, args.tp)
+    summary = write(args.out, hidden, 4 * hidden, args.layers, args.vocab, args.tp, args.seed)
     print(json.dumps(summary))
     if not args.quiet:
-        sys.stderr.write("wrote %s: %d bytes of tensor data\n" % (args.out, total))
+        sys.stderr.write("wrote %s: %d bytes of tensor data\n" % (args.out, summary["total_size"]))
 
 
 if __name__ == "__main__":
