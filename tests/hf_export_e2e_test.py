@@ -220,6 +220,74 @@ class TorchDistTests(Base):
         self.check_config(out, spec)
 
 
+class DeepSpeedPipeTests(Base):
+    """Megatron-DeepSpeed pipeline input (layer_XX-model_TT-model_states.pt, tensors named
+    `<layer spec index>.<key>`, args under Megatron-DeepSpeed's names): the same HF model as
+    the expected tensors, and the same output files as the model saved by Megatron-LM."""
+
+    def run_case(self, spec, tp, pp):
+        hf = hmf.hf_state_dict(spec)
+        folder = hmf.write_deepspeed_pipe(self.p("ds"), spec, hf, tp, pp, vocab_size=spec.vocab)
+        out = self.p("out")
+        self.export(folder, out)
+        self.check_tensors(out, hf)
+        self.check_config(out, spec)
+        doc = self.inspect_json(folder)
+        self.assertEqual(doc["hf_export"], {
+            "family": spec.family, "note": "exports to Hugging Face as %s (--format hf)" %
+            spec.family})
+        # The same model saved by Megatron-LM exports to the same bytes (all but the manifest,
+        # which describes the input).
+        lm = hmf.write_megatron_lm(self.p("lm"), spec, hf, tp, pp, vocab_size=spec.vocab)
+        lm_out = self.p("lm-out")
+        self.export(lm, lm_out)
+        self.assertEqual(sorted(os.listdir(out)), sorted(os.listdir(lm_out)))
+        for name in sorted(set(os.listdir(out)) - {"reshard-manifest.json"}):
+            with open(os.path.join(out, name), "rb") as a, \
+                    open(os.path.join(lm_out, name), "rb") as b:
+                self.assertTrue(a.read() == b.read(), "%s differs from Megatron-LM's" % name)
+
+    def test_llama_gqa_tp2_pp2_untied_padded_vocab(self):
+        # 4 heads in 2 groups, one per TP rank; 50 rows padded to 64.
+        self.run_case(hmf.Spec("llama", layers=4, groups=2, tied=False, seed=30), 2, 2)
+
+    def test_llama_gqa_tp1_pp2_tied(self):
+        # 8 heads in 2 groups (r = 4); the tied embedding's second instance is not written.
+        self.run_case(hmf.Spec("llama", layers=4, hidden=32, heads=8, groups=2, tied=True,
+                               seed=31), 1, 2)
+
+    def test_gpt2_tp2_pp2_tied(self):
+        # megatron_fixture's GPT-2 style model (LayerNorm and linear biases, learned positions,
+        # GeLU, fused QKV [nh, 3, d]); expected: HF GPT-2's tensors from its logical parameters
+        # (Conv1D weights are the transposes, c_attn the columns [q | k | v]).
+        import megatron_fixture as mf
+        model = mf.GPT(layers=4, hidden=16, heads=4, train_tp=2, seq=12, seed=32)
+        folder = mf.write_deepspeed_pipe(self.p("ds"), model, 2, 2, args_overrides={
+            "vocab_size": model.vocab, "layernorm_epsilon": 1e-5})
+        out = self.p("out")
+        self.export(folder, out)
+        want = {"transformer.wte.weight": model.embed[:model.vocab],
+                "transformer.wpe.weight": model.pos,
+                "transformer.ln_f.weight": model.final_w, "transformer.ln_f.bias": model.final_b}
+        for i, p in enumerate(model.layer):
+            h = "transformer.h.%d." % i
+            want.update({
+                h + "ln_1.weight": p["ln1_w"], h + "ln_1.bias": p["ln1_b"],
+                h + "attn.c_attn.weight": torch.cat([p["q"], p["k"], p["v"]], 0).t(),
+                h + "attn.c_attn.bias": torch.cat([p["qb"], p["kb"], p["vb"]], 0),
+                h + "attn.c_proj.weight": p["dense_w"].t(), h + "attn.c_proj.bias": p["dense_b"],
+                h + "ln_2.weight": p["ln2_w"], h + "ln_2.bias": p["ln2_b"],
+                h + "mlp.c_fc.weight": p["fc1_w"].t(), h + "mlp.c_fc.bias": p["fc1_b"],
+                h + "mlp.c_proj.weight": p["fc2_w"].t(), h + "mlp.c_proj.bias": p["fc2_b"]})
+        self.check_tensors(out, {k: v.contiguous().numpy() for k, v in want.items()})
+        config = self.read_json(out, "config.json")
+        self.assertEqual((config["model_type"], config["vocab_size"], config["n_positions"],
+                          config["n_layer"], config["tie_word_embeddings"]),
+                         ("gpt2", 50, 12, 4, True))
+        self.assertEqual(self.inspect_json(folder)["hf_export"], {
+            "family": "gpt2", "note": "exports to Hugging Face as gpt2 (--format hf)"})
+
+
 class Gpt2Tests(Base):
     """GPT-2 (Megatron-LM legacy names, checkpoint_version 3): LayerNorm and linear biases,
     learned positions, fused QKV per head [nh, 3, d], and HF's Conv1D weights [in, out].
@@ -674,18 +742,12 @@ class InspectHfExportTests(Base):
         self.check(hmf.write_torch_dist(self.p("td"), spec, hf, 2, 1, vocab_size=50), "llama",
                    note)
 
-    def test_megatron_deepspeed_pipeline_names_why_not(self):
-        # Megatron-DeepSpeed's pipeline layer names ("<layer>.<rest>") are not read by the
-        # export: inspect names the first such tensor, as the export's refusal does.
-        import megatron_fixture as mf
-        folder = mf.write_deepspeed_pipe(self.p("ds"), mf.GPT(train_tp=2, seed=1), 2, 2)
-        self.check(folder, None,
-                   "does not export to Hugging Face (--format hf) as it stands: tensor "
-                   "\"1.word_embeddings.weight\" has no counterpart in the Hugging Face decoder "
-                   "families reshard writes (llama, mistral, qwen2, qwen3, gpt2, mixtral): only "
-                   "the word and position embeddings, norm weights and biases, fused QKV, "
-                   "attention output and MLP (with their biases), the router and experts' MLPs, "
-                   "and output layer map onto their names")
+    def test_megatron_deepspeed_pipeline(self):
+        # Megatron-DeepSpeed's pipeline layer names ("<layer>.<rest>") are read as Megatron-LM's.
+        spec = hmf.Spec("llama", groups=2)
+        folder = hmf.write_deepspeed_pipe(self.p("ds"), spec, hmf.hf_state_dict(spec), 2, 2,
+                                          vocab_size=50)
+        self.check(folder, "llama", "exports to Hugging Face as llama (--format hf)")
 
     def test_why_not(self):
         spec = hmf.Spec("qwen2", groups=2)

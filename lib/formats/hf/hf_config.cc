@@ -178,6 +178,13 @@ absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources) {
     std::optional<int64_t> kv_heads = heads;
     if (IntAttribute(args, "group_query_attention").value_or(0) != 0) {
       kv_heads = IntAttribute(args, "num_query_groups");
+    } else if (HfArg(args, "group_query_attention") == nullptr) {
+      // Megatron-DeepSpeed has no group_query_attention: its num_key_value_heads (the heads
+      // when not given) is the number of groups.
+      if (const std::optional<int64_t> groups = IntAttribute(args, "num_key_value_heads");
+          groups.value_or(0) > 0) {
+        kv_heads = groups;
+      }
     }
     from_int("num_key_value_heads", kv_heads, "args.num_query_groups");
     std::optional<int64_t> head_dim = IntAttribute(args, "kv_channels");
@@ -196,7 +203,10 @@ absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources) {
       config["rms_norm_eps"] = nullptr;
       missing.emplace_back("rms_norm_eps", "args.norm_epsilon");
     }
-    if (const std::optional<double> theta = FloatArg(args, "rotary_base"); theta.has_value()) {
+    // Megatron-LM's rotary_base; Megatron-DeepSpeed's rope_theta.
+    std::optional<double> theta = FloatArg(args, "rotary_base");
+    if (!theta.has_value()) theta = FloatArg(args, "rope_theta");
+    if (theta.has_value()) {
       config["rope_theta"] = *theta;
     } else {
       config["rope_theta"] = nullptr;

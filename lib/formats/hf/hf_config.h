@@ -11,12 +11,13 @@
 //   num_hidden_layers                args.num_layers
 //   num_attention_heads              args.num_attention_heads
 //   num_key_value_heads              args.num_query_groups with args.group_query_attention,
+//                                    args.num_key_value_heads without it (Megatron-DeepSpeed),
 //                                    else num_attention_heads
 //   head_dim                         args.kv_channels, else hidden_size / num_attention_heads
 //   hidden_act                       "silu" (SwiGLU)
 //   max_position_embeddings          args.max_position_embeddings
 //   rms_norm_eps                     args.norm_epsilon, else args.layernorm_epsilon
-//   rope_theta                       args.rotary_base
+//   rope_theta                       args.rotary_base, else args.rope_theta (Megatron-DeepSpeed)
 //   rope_scaling                     args.use_rope_scaling: Llama 3.1's {"rope_type": "llama3",
 //                                    "factor": args.rope_scaling_factor (8.0 when absent),
 //                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,

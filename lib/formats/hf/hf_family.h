@@ -9,6 +9,8 @@
 //     input_layernorm.weight, self_attention.query_key_value.{weight,bias},
 //     self_attention.dense.weight, post_attention_layernorm.weight, mlp.dense_h_to_4h.weight,
 //     mlp.dense_4h_to_h.weight
+//   (Megatron-DeepSpeed pipeline names, `<layer spec index>.<key>`, are read under these
+//   names: PipeNamesToMegatronLM, lib/formats/megatron/megatron_layout.h)
 //   and GPT-2's LayerNorm biases, linear biases and learned positions:
 //     language_model.embedding.position_embeddings.weight,
 //     language_model.{encoder,transformer}.final_layernorm.bias, and in a layer

@@ -13,6 +13,7 @@
 #include "lib/formats/hf/hf_config.h"
 #include "lib/formats/hf/hf_family.h"
 #include "lib/formats/hf/model_files.h"
+#include "lib/formats/megatron/megatron_layout.h"
 #include "lib/plan/layout_builders.h"
 #include "nlohmann/json.hpp"
 
@@ -121,8 +122,20 @@ absl::StatusOr<ScannedModel> Scan(const InputModel& model, const Catalog& catalo
   scanned.evidence.sliding_window =
       HfArgSet(scanned.args, "sliding_window") || HfArgSet(scanned.args, "window_size");
   scanned.evidence.moe = IntAttribute(scanned.args, "num_experts").value_or(0) > 1;
+  // Megatron-DeepSpeed pipeline names (`3.self_attention.query_key_value.weight`) are read
+  // under the Megatron-LM names of the same tensors; messages keep the checkpoint's names.
+  std::vector<std::string> names;
+  names.reserve(catalog.tensors.size());
+  for (const CatalogTensor& tensor : catalog.tensors) names.push_back(tensor.name);
+  ASSIGN_OR_RETURN(const auto pipe_names, PipeNamesToMegatronLM(names));
   for (size_t i = 0; i < catalog.tensors.size(); ++i) {
-    ASSIGN_OR_RETURN(const MegatronRole role, MegatronTensorRole(catalog.tensors[i].name));
+    const std::string& name = catalog.tensors[i].name;
+    const auto renamed = pipe_names.find(name);
+    const bool pipe = renamed != pipe_names.end();
+    ASSIGN_OR_RETURN(const MegatronRole role, MegatronTensorRole(pipe ? renamed->second : name),
+                     pipe ? absl::StrCat("the Megatron-DeepSpeed pipeline tensor \"", name,
+                                         "\" (Megatron-LM's \"", renamed->second, "\")")
+                          : std::string());
     if (role.kind == Role::kSkipped) continue;
     const int index = static_cast<int>(i);
     if (role.kind == Role::kQkvBias && scanned.first_qkv_bias < 0) scanned.first_qkv_bias = index;

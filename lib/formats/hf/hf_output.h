@@ -13,7 +13,9 @@
 //   are left out
 //
 // IN is a Megatron-LM / Megatron-DeepSpeed TP x PP checkpoint (merged by the megatron reader:
-// TP shards joined, stage-local layer numbers made global) or a Megatron-Core torch_dist one
+// TP shards joined, stage-local layer numbers made global; Megatron-DeepSpeed pipeline layer
+// names read as the Megatron-LM names of the same tensors, PipeNamesToMegatronLM in
+// lib/formats/megatron/megatron_layout.h) or a Megatron-Core torch_dist one
 // (layers unstacked by its reader). Every tensor is renamed to the family's HF name
 // (hf_family.h) and written as a region of the input tensor or of a view of it, so nothing is
 // materialised and memory stays bounded by the copy window:

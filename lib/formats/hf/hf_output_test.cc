@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -157,6 +158,54 @@ TEST(HfOutputTest, ExtraStateIsSkippedAndAQkvBiasOutsideQwen2IsRefused) {
   EXPECT_EQ(Arrange(f, hf).status().message(),
             "tensor \"language_model.encoder.layers.0.self_attention.query_key_value.bias\" is a "
             "QKV bias, which family llama has no place for (qwen2 has: --family qwen2)");
+}
+
+// Llama(groups) under Megatron-DeepSpeed's pipeline names (GPTModelPipe's layer spec indices:
+// 1 the embedding, 3 and 4 the layers, 6 the final norm).
+Fixture PipeLlama(int64_t groups) {
+  Fixture f = Llama(groups);
+  for (CatalogTensor& tensor : f.catalog.tensors) {
+    absl::string_view name = tensor.name;
+    if (absl::ConsumePrefix(&name, "language_model.embedding.")) {
+      tensor.name = absl::StrCat("1.", name);
+    } else if (absl::ConsumePrefix(&name, "language_model.encoder.final_layernorm.")) {
+      tensor.name = absl::StrCat("6.", name);
+    } else if (absl::ConsumePrefix(&name, "language_model.encoder.layers.")) {
+      tensor.name = absl::StrCat(3 + (name[0] - '0'), name.substr(1));
+    }
+  }
+  f.catalog.Reindex();
+  return f;
+}
+
+TEST(HfOutputTest, MegatronDeepSpeedPipelineNamesAreReadAsMegatronLMs) {
+  const Fixture f = PipeLlama(2);
+  auto arranged = Arrange(f);
+  ASSERT_TRUE(arranged.ok()) << arranged.status();
+  const OutputTensor* down = Find(*arranged, "model.layers.1.mlp.down_proj.weight");
+  ASSERT_NE(down, nullptr);
+  EXPECT_EQ(f.catalog.tensors[down->source].name, "4.mlp.dense_4h_to_h.weight");
+  const OutputTensor* norm = Find(*arranged, "model.norm.weight");
+  ASSERT_NE(norm, nullptr);
+  EXPECT_EQ(f.catalog.tensors[norm->source].name, "6.weight");
+  const OutputTensor* embed = Find(*arranged, "model.embed_tokens.weight");
+  ASSERT_NE(embed, nullptr);
+  EXPECT_EQ(f.catalog.tensors[embed->source].name, "1.word_embeddings.weight");
+  EXPECT_EQ(embed->region.extent, (std::vector<int64_t>{20, 8}));
+}
+
+TEST(HfOutputTest, APipelineTensorNoFamilyHasIsRefusedUnderBothNames) {
+  Fixture f = PipeLlama(2);
+  f.catalog.tensors.push_back(
+      {"3.mlp.shared_experts.linear_fc1.weight", DType::kF32, {4}, {{0, 0, Box::Full({4}), {1}}}});
+  f.catalog.Reindex();
+  EXPECT_EQ(Arrange(f).status().message(),
+            "the Megatron-DeepSpeed pipeline tensor \"3.mlp.shared_experts.linear_fc1.weight\" "
+            "(Megatron-LM's \"language_model.encoder.layers.0.mlp.shared_experts.linear_fc1."
+            "weight\"): tensor \"language_model.encoder.layers.0.mlp.shared_experts.linear_fc1."
+            "weight\" is part of the shared experts, which Mixtral (the mixture-of-experts family "
+            "reshard writes) has no place for: models with shared experts or router biases "
+            "(Qwen-MoE, DeepSeek-MoE) are not written by --format hf");
 }
 
 TEST(HfOutputTest, UnknownFamilyIsRefused) {

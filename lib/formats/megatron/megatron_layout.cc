@@ -432,8 +432,8 @@ absl::StatusOr<std::map<std::string, std::string>> PipeNamesToMegatronLM(
       } else {
         return absl::InvalidArgumentError(absl::StrCat(
             "tensor \"", name,
-            "\" of the Megatron-DeepSpeed pipeline checkpoint has no Megatron-LM counterpart the "
-            "megatron output knows (embedding, transformer layer, final norm, lm_head)"));
+            "\" of the Megatron-DeepSpeed pipeline checkpoint has no Megatron-LM counterpart "
+            "(only the embedding, transformer layers, final norm and lm_head have one)"));
       }
       renamed.emplace(name, std::move(to));
     }
