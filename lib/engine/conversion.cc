@@ -317,8 +317,9 @@ OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
       writer = driver.WriteMemoryBound(write);
     }
     const bool fits = execution + files * writer <= budget;
-    // The next, smaller candidate: the larger of the window and the spans (two buffers each)
-    // halves, the window on a tie; the spans only for a remote input.
+    // The next, smaller candidate: the window halves first, down to its least; the spans only
+    // then, and only for a remote input: a remote read's throughput falls with shorter spans
+    // (each is one round of range requests), a window's hardly does.
     const bool window_halves = options.window_bytes / 2 >= smallest;
     const bool spans_halve = remote_input && options.remote_span_bytes / 2 >= kSmallestSpans;
     const bool last = !window_halves && !spans_halve;
@@ -336,7 +337,7 @@ OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
     // Nothing more to give the writers (a driver whose writers hold nothing: the first fit).
     if (writer >= unbounded && (unbounded > 0 || fits)) break;
     if (last) break;
-    if (window_halves && (!spans_halve || options.window_bytes >= 2 * options.remote_span_bytes)) {
+    if (window_halves) {
       options.window_bytes /= 2;
     } else {
       options.remote_span_bytes /= 2;

@@ -148,11 +148,11 @@ inline constexpr uint64_t kProcessMemory = 24ull << 20;
 // upload's parts in flight). Used when the sources are remote or the writers hold memory; else
 // the window of `spec` is kept. The budget is what the execution of `plan` with the window of
 // `spec` needs (EstimateExecutionMemory), at most kOutputMemoryCap - kProcessMemory; the
-// writers that are open at once, the window and the spans fit in it together: the larger of the
-// window and the spans halves (the window down to 1 MiB, the spans, shared by the workers, down
-// to 1 MiB and only for remote sources) while that gives the writers more (S3: more parts in
-// flight, or parts of 8 MiB instead of 5 MiB) or the execution does not fit, and each writer
-// gets an equal share of the rest. When even the least window, spans and writers do not fit,
+// writers that are open at once, the window and the spans fit in it together: the window halves
+// first (down to 1 MiB), then the spans, shared by the workers (down to 1 MiB and only for
+// remote sources: shorter spans cost read throughput), while that gives the writers more (S3:
+// more parts in flight, or parts of 8 MiB instead of 5 MiB) or the execution does not fit, and
+// each writer gets an equal share of the rest. When even the least window, spans and writers do not fit,
 // they are taken. `memory_bytes` is the execution's and the writers' memory together.
 struct OutputMemory {
   uint64_t window_bytes = 0;

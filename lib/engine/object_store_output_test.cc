@@ -408,7 +408,7 @@ std::string RemoteModel(const std::string& name, int64_t rows, int64_t cols) {
 // A remote input's read spans share the budget the window comes from: a consolidation of four
 // 16 MiB tensors read by range requests into a folder, whose window and spans of the spec are
 // estimated above what kOutputMemoryCap leaves beside the process's own memory, is planned
-// within it: the window halves to 16 MiB, then the spans the two workers share to 8 MiB.
+// within it: the window halves to 4 MiB and the spans the two workers share keep 16 MiB.
 TEST(ObjectStoreMemoryTest, RemoteInputSpansAndWindowShareTheBudget) {
   absl::StatusOr<S3Memory> memory =
       PlanMemory(RemoteModel("spans", 2048, 2048), MakeTempDir("spans") + "/out");
@@ -417,11 +417,12 @@ TEST(ObjectStoreMemoryTest, RemoteInputSpansAndWindowShareTheBudget) {
   ASSERT_GT(memory->local, kOutputMemoryCap - kProcessMemory);
   EXPECT_EQ(memory->planned.memory_bytes, memory->accounted);
   EXPECT_LE(memory->accounted, kOutputMemoryCap - kProcessMemory);
-  EXPECT_EQ(memory->planned.window_bytes, 16u << 20);
-  EXPECT_EQ(memory->planned.remote_span_bytes, 8u << 20);
+  EXPECT_EQ(memory->planned.window_bytes, 4u << 20);
+  EXPECT_EQ(memory->planned.remote_span_bytes, 16u << 20);
 }
 
-// Both ends remote: the window, the input's spans and the uploads' parts share one budget.
+// Both ends remote: the window, the input's spans and the uploads' parts share one budget; the
+// window halves to its least (1 MiB), then the spans to 2 MiB, where the uploads get the most.
 TEST(ObjectStoreMemoryTest, RemoteInputAndOutputShareOneBudget) {
   absl::StatusOr<S3Memory> memory =
       PlanMemory(RemoteModel("both", 2048, 2048), "s3://models/out");
@@ -430,6 +431,8 @@ TEST(ObjectStoreMemoryTest, RemoteInputAndOutputShareOneBudget) {
   ASSERT_GT(memory->local, kOutputMemoryCap - kProcessMemory);
   EXPECT_EQ(memory->planned.memory_bytes, memory->accounted);
   EXPECT_LE(memory->accounted, kOutputMemoryCap - kProcessMemory);
+  EXPECT_EQ(memory->planned.window_bytes, 1u << 20);
+  EXPECT_EQ(memory->planned.remote_span_bytes, 2u << 20);
 }
 
 // A conversion into s3:// needs no more memory than the same conversion into a folder: the
