@@ -274,7 +274,8 @@ class DeepSpeedPipeTests(Base):
         self.assertEqual(doc["parts"], 2)
         self.assertEqual(doc["description"],
                          "Megatron-DeepSpeed pipeline TP2 x PP2, 4 layers in 7 layer files, "
-                         "iteration 100, tag global_step100")
+                         "iteration 100, tag global_step100; --format hf --family auto: gpt2 "
+                         "(LayerNorm biases or learned position embeddings)")
         tied = [e for e in doc["other_entries"] if e.startswith("9.*")]
         self.assertEqual(len(tied), 1, doc["other_entries"])
         self.assertIn("left out", tied[0])
