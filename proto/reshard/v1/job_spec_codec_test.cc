@@ -97,7 +97,8 @@ TEST(JobSpecCodecTest, RangesAreNamedAsTheRouteNamesThem) {
   spec.output_format = "torch";
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kProto),
             absl::InvalidArgumentError(
-                "spec.expert_parts is only for output format megatron, not torch"));
+                "spec.expert_parts is only for output formats megatron and megatron-torch-dist, not "
+                "torch"));
   spec = ValidSpecWithFieldsSet();
   spec.partition_index = 3;
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kFlags),
