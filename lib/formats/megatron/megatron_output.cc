@@ -556,9 +556,8 @@ absl::StatusOr<bool> MegatronOutput::PresentInput(const std::string& input, int 
     // the reader, experts under global ids): Megatron-LM builds such layers only as
     // Megatron-Core modules, which it saves under these names in the same rank folders.
     const bool experts = std::any_of(
-        catalog.tensors.begin(), catalog.tensors.end(), [](const CatalogTensor& tensor) {
-          return ParseExpertTensorName(tensor.name).has_value();
-        });
+        catalog.tensors.begin(), catalog.tensors.end(),
+        [](const CatalogTensor& tensor) { return ParseExpertTensorName(tensor.name).has_value(); });
     // A dense one takes Megatron-LM's names; the tensors hold the same values (the global QKV
     // in query groups, the gated fc1 as [gate; up]), and the reader's rules split them on the
     // axes Megatron-Core's names give.
@@ -588,8 +587,7 @@ absl::StatusOr<bool> MegatronOutput::PresentInput(const std::string& input, int 
       model.description =
           absl::StrCat(model.description, "; Megatron-Core names kept (mixture-of-experts)");
     } else {
-      model.description =
-          absl::StrCat(model.description, "; Megatron-Core names as Megatron-LM's");
+      model.description = absl::StrCat(model.description, "; Megatron-Core names as Megatron-LM's");
     }
     return true;
   }

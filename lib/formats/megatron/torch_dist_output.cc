@@ -291,12 +291,11 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   }
   // The expert-parallel ranks: expert g is saved by EP rank g / E_local's ranks.
   const int expert_ranks = std::max(request.consolidate ? 0 : request.expert_parts, 1);
-  ASSIGN_OR_RETURN(
-      const int64_t local_experts,
-      LocalExpertsPerRank(request.consolidate ? 0 : request.expert_parts, experts,
-                          IntAttribute(args, "num_experts").has_value()
-                              ? "experts (args.num_experts)"
-                              : "experts per layer"));
+  ASSIGN_OR_RETURN(const int64_t local_experts,
+                   LocalExpertsPerRank(request.consolidate ? 0 : request.expert_parts, experts,
+                                       IntAttribute(args, "num_experts").has_value()
+                                           ? "experts (args.num_experts)"
+                                           : "experts per layer"));
   if (layers % stages != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--pipeline-parts ", stages, " does not divide the ", layers,
@@ -370,11 +369,10 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
       }
       continue;
     }
-    const bool halves = (gated && (entry.key == kFc1Key || entry.key == kFc1BiasKey)) ||
-                        (experts_gated &&
-                         (entry.key == kExpertFc1Key || entry.key == kExpertFc1BiasKey)) ||
-                        (shared_gated &&
-                         (entry.key == kSharedFc1Key || entry.key == kSharedFc1BiasKey));
+    const bool halves =
+        (gated && (entry.key == kFc1Key || entry.key == kFc1BiasKey)) ||
+        (experts_gated && (entry.key == kExpertFc1Key || entry.key == kExpertFc1BiasKey)) ||
+        (shared_gated && (entry.key == kSharedFc1Key || entry.key == kSharedFc1BiasKey));
     const int64_t blocks = halves ? 2 : 1;
     if (shape[axis] % (blocks * ranks) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -398,8 +396,8 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   }
   if (!arranged.extra_tensors.empty()) arranged.extra_files = catalog.files;
 
-  arranged.layout.kind = rank_tensors.size() == 1 ? TargetLayout::Kind::kConsolidated
-                                                  : TargetLayout::Kind::kParts;
+  arranged.layout.kind =
+      rank_tensors.size() == 1 ? TargetLayout::Kind::kConsolidated : TargetLayout::Kind::kParts;
   for (size_t r = 0; r < rank_tensors.size(); ++r) {
     if (rank_tensors[r].empty()) continue;
     OutputFileLayout file;
@@ -410,7 +408,8 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   // The common state, as Megatron-LM's save_checkpoint puts it first in its state dict.
   auto common = std::make_shared<StructureNode>(StructureNode::Dict());
   if (saved_args != nullptr) {
-    common->Add(StructureNode::String("args"), CommonArgs(*saved_args, ranks, stages, experts, expert_ranks));
+    common->Add(StructureNode::String("args"),
+                CommonArgs(*saved_args, ranks, stages, experts, expert_ranks));
   }
   StructureNode version;
   version.kind = Kind::kFloat;
