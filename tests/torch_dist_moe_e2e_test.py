@@ -16,7 +16,11 @@ hf_mixtral_e2e_test's Mixtral reference; compared element by element.
   * written: a Hugging Face Mixtral folder and a legacy Megatron MoE save to
     `--format megatron-torch-dist --parts 2`, its DCP tensors read back with torch
     (dcp_fixture.read_dcp) against the stacked numpy model, its common.pt args, and back to
-    `--format hf` bit for bit.
+    `--format hf` bit for bit; `--expert-parts 2`: each expert chunk in its EP rank's files,
+    the args and inspect at EP 2;
+  * written as Megatron-LM rank folders (`--format megatron --parts 2 --expert-parts 2`,
+    sequential and grouped saves): every file against megatron_moe_fixture.rank_state(), the
+    consolidation against the input's, and back to torch_dist key for key, bit for bit.
 """
 
 import os
@@ -199,6 +203,62 @@ class TorchDistMoEWriteTests(Base):
         self.check_tensors(back, hf)
         self.check_mixtral_config(back, model)
 
+    def test_expert_parts_ep2_tp2(self):
+        # --expert-parts 2: EP rank e's experts (4 each) in the files of ranks t + TP * e, the
+        # tensors outside the experts in EP rank 0's files, the args at EP 2.
+        model = moe.MoE(train_tp=2, seed=13)
+        tdm.write(self.p("save"), model, tp=2, ep=4, grouped=True)
+        core = self.p("core")
+        self.assertExit(self.ctl("reshard", self.p("save"), core, "--format",
+                                 "megatron-torch-dist", "--parts", 2, "--expert-parts", 2,
+                                 "--no-progress"), 0)
+        folder = os.path.join(core, "iter_%07d" % tdm.ITERATION)
+        metadata, got = O.read_dcp(folder)
+        for key, want in stacked_reference(model).items():
+            self.assertTrue(torch.equal(got[key], torch.from_numpy(want)), key)
+        self.assertEqual(sorted(n for n in os.listdir(folder) if n.endswith(".distcp")),
+                         ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"])
+        f1 = model.moe_ffn // 2
+        for index, info in metadata.storage_data.items():
+            if index.fqn in (FC1, FC2):
+                expert = index.offset[1]
+                t = (index.offset[2] % model.moe_ffn) // f1 if index.fqn == FC1 else \
+                    index.offset[3] // f1
+                rank = t + 2 * (expert // 4)
+            else:
+                self.assertNotIn("experts.experts", index.fqn)
+                rank = None
+            if rank is not None:
+                self.assertEqual(info.relative_path, "__%d_0.distcp" % rank, (index.fqn,
+                                                                               index.offset))
+            else:
+                self.assertIn(info.relative_path, ("__0_0.distcp", "__1_0.distcp"), index.fqn)
+        args = torch.load(os.path.join(folder, "common.pt"))["args"]
+        self.assertEqual((args.num_experts, args.tensor_model_parallel_size,
+                          args.expert_model_parallel_size, args.expert_tensor_parallel_size),
+                         (8, 2, 2, 2))
+        res = self.ok("inspect", core)
+        self.assertIn("8 experts per layer (EP 2 from the args)", res.text)
+        _, again = self.consolidate_st(core)
+        self.assertTensorsEqual(again, moe.expected(model), "torch_dist written at EP 2")
+        # Without the args' EP, the files say it: two sets of files hold the experts.
+        common = torch.load(os.path.join(folder, "common.pt"))
+        del common["args"].expert_model_parallel_size
+        torch.save(common, os.path.join(folder, "common.pt"))
+        res = self.ok("inspect", core)
+        self.assertIn("8 experts per layer (EP 2 from the files)", res.text)
+
+    def test_expert_parts_not_dividing_the_experts(self):
+        model = moe.MoE(train_tp=2, seed=14)
+        tdm.write(self.p("save"), model, tp=2, ep=2, grouped=False)
+        out = self.p("core")
+        res = self.ctl("reshard", self.p("save"), out, "--format", "megatron-torch-dist",
+                       "--parts", 2, "--expert-parts", 3, "--no-progress")
+        self.assertExit(res, 3)
+        self.assertIn("--expert-parts 3 does not divide the 8 experts (args.num_experts)",
+                      res.text, self.describe(res))
+        self.assertFalse(os.path.exists(out), "%s created by a refused command" % out)
+
     def test_megatron_moe_to_torch_dist_tp2(self):
         # A legacy save at TP 2 x EP 2 (TEGroupedMLP names), written at TP 2 x EP 1.
         model = moe.MoE(shared_ffn=0, train_tp=2, seed=12)
@@ -209,6 +269,57 @@ class TorchDistMoEWriteTests(Base):
         self.check_written(core, model, "iter_0000100")
         _, got = self.consolidate_st(core)
         self.assertTensorsEqual(got, moe.expected(model), "torch_dist written from EP 2")
+
+
+class TorchDistMoEToMegatronTests(Base):
+    """torch_dist MoE -> `--format megatron --parts 2 --expert-parts 2` (Megatron-Core names in
+    mp_rank_TT_EEE folders), each file against the fixture's own legacy rank_state(), then
+    consolidated and written back to torch_dist."""
+
+    def check(self, grouped, seed):
+        model = moe.MoE(train_tp=2, seed=seed)
+        folder, _ = tdm.write(self.p("save"), model, tp=2, ep=4, grouped=grouped,
+                              arg_overrides={"ckpt_format": "torch_dist"})
+        mg = self.p("mg")
+        self.ok("reshard", self.p("save"), mg, "--format", "megatron", "--parts", 2,
+                "--expert-parts", 2)
+        iteration = os.path.join(mg, "iter_%07d" % tdm.ITERATION)
+        self.assertEqual(sorted(os.listdir(iteration)),
+                         ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"])
+        for t in range(2):
+            for e in range(2):
+                name = moe.rank_folder(t, 0, e, 1, 2)
+                ckpt = torch.load(os.path.join(iteration, name, "model_optim_rng.pt"))
+                # EP rank e holds experts 4e .. 4e + 3 as local experts 0 .. 3, named as the
+                # args' moe_grouped_gemm says (TEGroupedMLP or SequentialMLP).
+                want = moe.rank_state(model, t, 2, 0, 1, e, 2, grouped)
+                self.assertTensorsEqual(ckpt["model"], want, name)
+                args = ckpt["args"]
+                self.assertEqual((args.tensor_model_parallel_size, args.expert_model_parallel_size,
+                                  args.expert_tensor_parallel_size, args.num_experts,
+                                  args.ckpt_format),
+                                 (2, 2, 2, 8, "torch"), name)
+                self.assertEqual(ckpt["iteration"], tdm.ITERATION, name)
+        # Consolidated: the torch_dist input's consolidation and the numpy reference.
+        _, original = self.consolidate_st(self.p("save"))
+        _, again = self.consolidate_st(mg)
+        self.assertTensorsEqual(again, original, "torch_dist -> megatron EP 2 -> consolidated")
+        self.assertTensorsEqual(again, moe.expected(model), "megatron EP 2 consolidated")
+        # And back to torch_dist: every key of the original save, bit for bit.
+        core = self.p("core")
+        self.ok("reshard", mg, core, "--format", "megatron-torch-dist", "--parts", 2)
+        want = F.read_dcp(folder)  # the fixture's own save, read with plain pickle
+        _, got = O.read_dcp(os.path.join(core, "iter_%07d" % tdm.ITERATION))
+        self.assertEqual(sorted(got), sorted(want), "torch_dist keys")
+        for key, value in want.items():
+            if isinstance(value, torch.Tensor):
+                self.assertTrue(torch.equal(got[key], value), key)
+
+    def test_sequential_to_megatron_tp2_ep2(self):
+        self.check(grouped=False, seed=31)
+
+    def test_grouped_to_megatron_tp2_ep2(self):
+        self.check(grouped=True, seed=32)
 
 
 if __name__ == "__main__":

@@ -79,10 +79,11 @@ absl::Status CheckExpertParts(const ConversionSpec& spec, const SpecField& field
                    absl::StrCat("must be in [0, ", kMaxParts, "], and only for ",
                                 ReshardKindName(naming)));
   }
-  // Only the megatron output distributes experts over expert-parallel ranks.
-  if (spec.expert_parts != 0 && spec.output_format != "megatron") {
+  // Only the Megatron outputs distribute experts over expert-parallel ranks.
+  if (spec.expert_parts != 0 && spec.output_format != "megatron" &&
+      spec.output_format != "megatron-torch-dist") {
     return Invalid(field, naming,
-                   absl::StrCat("is only for output format megatron, not ",
+                   absl::StrCat("is only for output formats megatron and megatron-torch-dist, not ",
                                 spec.output_format.empty() ? "safetensors" : spec.output_format));
   }
   return absl::OkStatus();
@@ -386,8 +387,9 @@ constexpr SpecField kFields[] = {
      "pipeline_parts", +[](S& s) -> int& { return s.pipeline_parts; }, &F::pipeline_parts, false,
      false, &CheckPipelineParts, &WhenPipelined},
     {"expert_parts", "--expert-parts",
-     "expert-parallel ranks EP of a mixture-of-experts model (--format megatron only; default "
-     "1; must divide the experts)",
+     "expert-parallel ranks EP of a mixture-of-experts model (--format megatron: rank folders "
+     "mp_rank_TT[_PPP]_EEE; megatron-torch-dist: the files of EP rank e's ranks hold its "
+     "experts; default 1; must divide the experts)",
      "expert_parts", "expert_parts", +[](S& s) -> int& { return s.expert_parts; },
      &F::expert_parts, false, false, &CheckExpertParts, &WhenExpertParallel},
     {"rules_json",

@@ -641,7 +641,8 @@ class Client:
                 (-100..100), threads, window_bytes, memory_budget, overwrite, duplicate_tied,
                 tag, include_optimizer, skip_crc_check, update_latest, io ("auto", "direct",
                 "buffered"), partition_index, partition_count, pipeline_parts, expert_parts
-                (reshard to output_format "megatron": expert-parallel ranks), no_extra_files
+                (reshard to output_format "megatron" or "megatron-torch-dist":
+                expert-parallel ranks), no_extra_files
                 (leave out a Hugging Face input's config.json, tokenizer, README and licence),
                 tokenizer (a folder whose tokenizer files are carried into the output),
                 hf_family, hf_config_file (output_format "hf", and a Hugging Face input

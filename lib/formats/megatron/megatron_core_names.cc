@@ -65,6 +65,9 @@ constexpr std::pair<absl::string_view, int> kSplitTensors[] = {
     {"decoder.layers.mlp.experts.experts.linear_fc1.weight", 0},
     {"decoder.layers.mlp.experts.experts.linear_fc1.bias", 0},
     {"decoder.layers.mlp.experts.experts.linear_fc2.weight", 1},
+    {"decoder.layers.mlp.shared_experts.linear_fc1.weight", 0},
+    {"decoder.layers.mlp.shared_experts.linear_fc1.bias", 0},
+    {"decoder.layers.mlp.shared_experts.linear_fc2.weight", 1},
 };
 
 // A legacy expert tensor's Megatron-Core name inside the expert.

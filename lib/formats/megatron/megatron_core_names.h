@@ -40,7 +40,9 @@
 //                                               [L, E, ...]                                    0
 //   mlp.experts.local_experts.<e>.linear_fc2.weight   ...experts.experts.linear_fc2.weight     1
 //   mlp.experts.local_experts.<e>.linear_fc2.bias     ...experts.experts.linear_fc2.bias       -
-// (`expert` = e, the index along axis 1 of the key).
+// (`expert` = e, the index along axis 1 of the key). The shared experts
+// (`mlp.shared_experts.linear_fc{1,2}.*`) are layer-stacked and split over TP as the dense MLP
+// is: linear_fc1 on axis 0, linear_fc2.weight on axis 1.
 
 #ifndef RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_CORE_NAMES_H_
 #define RESHARD_LIB_FORMATS_MEGATRON_MEGATRON_CORE_NAMES_H_

@@ -125,6 +125,11 @@ TEST(MegatronCoreNameTest, ExpertsStackUnderSequentialMlpKeys) {
                 "decoder.layers.mlp.experts.experts.linear_fc2.bias", 4, 5, -1},
            Case{"decoder.layers.2.mlp.router.weight", "decoder.layers.mlp.router.weight", 2, -1,
                 -1},
+           // The shared experts are a dense MLP: split over TP as one.
+           Case{"decoder.layers.1.mlp.shared_experts.linear_fc1.weight",
+                "decoder.layers.mlp.shared_experts.linear_fc1.weight", 1, -1, 0},
+           Case{"decoder.layers.1.mlp.shared_experts.linear_fc2.weight",
+                "decoder.layers.mlp.shared_experts.linear_fc2.weight", 1, -1, 1},
        }) {
     absl::StatusOr<MegatronCoreTensor> core =
         MegatronCoreName(c.name, MegatronCoreSpec::kTransformerEngine);

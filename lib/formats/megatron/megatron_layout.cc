@@ -162,6 +162,25 @@ std::string LocalExpertTensorName(const ExpertTensorName& name, int64_t local, b
   return ExpertTensorNameFor(name, local);
 }
 
+absl::StatusOr<int64_t> LocalExpertsPerRank(int expert_parts, int64_t experts,
+                                            absl::string_view counted) {
+  if (experts <= 0) {
+    if (expert_parts <= 0) return 0;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--expert-parts ", expert_parts,
+        ": the model has no mixture-of-experts layers (no tensor named "
+        "*.mlp.experts.local_experts.<e>.* or *.mlp.experts.linear_fc1.weight<e>), so there "
+        "are no experts to distribute"));
+  }
+  const int ep = std::max(expert_parts, 1);
+  if (experts % ep != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--expert-parts ", ep, " does not divide the ", experts, " ", counted,
+                     ": every expert-parallel rank holds the same number of experts"));
+  }
+  return experts / ep;
+}
+
 std::optional<PipeLayerFile> ParsePipeLayerFile(absl::string_view name) {
   if (!absl::ConsumePrefix(&name, "layer_") || !absl::ConsumeSuffix(&name, "-model_states.pt")) {
     return std::nullopt;
@@ -292,10 +311,12 @@ absl::StatusOr<Catalog> MergePipelineStages(std::vector<PipelineStage> stages,
 }
 
 std::optional<bool> SwiGLUFromShapes(const Catalog& catalog) {
-  // Megatron-LM's names, then Megatron-Core's.
+  // Megatron-LM's names, then Megatron-Core's: the dense MLP's, or in a mixture-of-experts
+  // layer an expert's (`mlp.experts.local_experts.<e>.linear_fc1.weight`) or the shared
+  // experts' (`mlp.shared_experts.linear_fc1.weight`), which are gated as the model is.
   constexpr std::pair<absl::string_view, absl::string_view> kPairs[] = {
       {"mlp.dense_h_to_4h.weight", "mlp.dense_4h_to_h.weight"},
-      {"mlp.linear_fc1.weight", "mlp.linear_fc2.weight"},
+      {".linear_fc1.weight", ".linear_fc2.weight"},
   };
   for (const auto& [up, down] : kPairs) {
     for (const CatalogTensor& tensor : catalog.tensors) {

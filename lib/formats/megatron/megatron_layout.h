@@ -84,6 +84,14 @@ inline int64_t GlobalExpertId(int ep_rank, int64_t local_experts, int64_t local)
   return static_cast<int64_t>(ep_rank) * local_experts + local;
 }
 
+// The experts each of `expert_parts` expert-parallel ranks holds (--expert-parts; 0 is 1) when
+// the model's mixture-of-experts layers hold `experts` each, counted as `counted` says
+// ("experts (args.num_experts)"); 0 for a model without experts and no --expert-parts.
+// InvalidArgument naming --expert-parts when it does not divide the experts, or when the model
+// has none to distribute.
+absl::StatusOr<int64_t> LocalExpertsPerRank(int expert_parts, int64_t experts,
+                                            absl::string_view counted);
+
 // A DeepSpeed pipeline layer file name: "layer_03-model_01-model_states.pt".
 struct PipeLayerFile {
   int layer = 0;
@@ -125,9 +133,10 @@ absl::StatusOr<Catalog> MergePipelineStages(std::vector<PipelineStage> stages,
                                             const StageMergeOptions& options);
 
 // Whether the model's MLP is SwiGLU, judged from shapes: the first layer's
-// mlp.dense_h_to_4h.weight (Megatron-Core: mlp.linear_fc1.weight) has twice as many rows as its
-// mlp.dense_4h_to_h.weight (mlp.linear_fc2.weight) has columns. nullopt when the catalog has no
-// such pair.
+// mlp.dense_h_to_4h.weight (Megatron-Core: mlp.linear_fc1.weight, or in a mixture-of-experts
+// layer an expert's or the shared experts' linear_fc1.weight) has twice as many rows as its
+// dense_4h_to_h.weight (linear_fc2.weight) has columns. nullopt when the catalog has no such
+// pair.
 std::optional<bool> SwiGLUFromShapes(const Catalog& catalog);
 
 // Megatron-DeepSpeed's pipeline names (`<layer spec index>.<key>`, as its layer files and

@@ -238,6 +238,15 @@ TEST(MegatronRulesTest, SwiGLUFromShapes) {
   swiglu.Reindex();
   EXPECT_EQ(SwiGLUFromShapes(swiglu), true);
   EXPECT_EQ(SwiGLUFromShapes(StageCatalog("/a.pt", {"w"})), std::nullopt);
+  // A mixture-of-experts model without a dense MLP: its experts say it.
+  Catalog experts = StageCatalog("/a.pt", {});
+  experts.tensors.push_back({"decoder.layers.0.mlp.router.weight", DType::kF32, {8, 16}, {}});
+  experts.tensors.push_back(
+      {"decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight", DType::kF32, {12, 16}, {}});
+  experts.tensors.push_back(
+      {"decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight", DType::kF32, {16, 6}, {}});
+  experts.Reindex();
+  EXPECT_EQ(SwiGLUFromShapes(experts), true);
 }
 
 TEST(MegatronRulesTest, RulesParseAndSwiGLUIsFused) {

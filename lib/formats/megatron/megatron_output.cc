@@ -356,13 +356,7 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
   }
   const int asked_ep = request.consolidate ? 0 : request.expert_parts;
   if (experts_of.empty()) {
-    if (asked_ep > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--expert-parts ", asked_ep,
-          ": the model has no mixture-of-experts layers (no tensor named "
-          "*.mlp.experts.local_experts.<e>.* or *.mlp.experts.linear_fc1.weight<e>), so there "
-          "are no experts to distribute"));
-    }
+    RETURN_IF_ERROR(LocalExpertsPerRank(asked_ep, 0, "experts").status());
   } else {
     plan.ep = std::max(asked_ep, 1);
     int64_t num_experts = static_cast<int64_t>(experts_of.begin()->second.size());
@@ -379,12 +373,7 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
             *ids.rbegin(), "), but the model has ", num_experts, " ", counted));
       }
     }
-    if (num_experts % plan.ep != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--expert-parts ", plan.ep, " does not divide the ", num_experts, " ", counted,
-          ": every expert-parallel rank holds the same number of experts"));
-    }
-    plan.local_experts = num_experts / plan.ep;
+    ASSIGN_OR_RETURN(plan.local_experts, LocalExpertsPerRank(plan.ep, num_experts, counted));
     if (const StructureNode* grouped = state.Value(kMegatronGroupedExpertsKey);
         grouped != nullptr && grouped->kind == Kind::kBool) {
       plan.grouped_experts = grouped->boolean;
@@ -563,21 +552,43 @@ absl::StatusOr<bool> MegatronOutput::PresentInput(const std::string& input, int 
                                                   int pipeline_parts, const HfExportOptions& hf,
                                                   InputModel& model, Catalog& catalog) const {
   if (model.format == kTorchDistId) {
-    // Megatron-Core's names (layers unstacked by the reader) as Megatron-LM's; the tensors hold
-    // the same values (the global QKV in query groups, the gated fc1 as [gate; up]), and the
-    // reader's rules split them on the axes Megatron-Core's names give.
+    // A mixture-of-experts model keeps Megatron-Core's names (layers and experts unstacked by
+    // the reader, experts under global ids): Megatron-LM builds such layers only as
+    // Megatron-Core modules, which it saves under these names in the same rank folders.
+    const bool experts = std::any_of(
+        catalog.tensors.begin(), catalog.tensors.end(),
+        [](const CatalogTensor& tensor) { return ParseExpertTensorName(tensor.name).has_value(); });
+    // A dense one takes Megatron-LM's names; the tensors hold the same values (the global QKV
+    // in query groups, the gated fc1 as [gate; up]), and the reader's rules split them on the
+    // axes Megatron-Core's names give.
     std::vector<CatalogTensor> renamed;
     for (CatalogTensor& tensor : catalog.tensors) {
-      ASSIGN_OR_RETURN(const std::optional<std::string> name, MegatronLmName(tensor.name),
-                       absl::StrCat(input, ": a Megatron-Core torch_dist checkpoint"));
+      std::optional<std::string> name = tensor.name;
+      if (experts) {
+        // TransformerEngine's FP8 metadata, which the torch.save files do not hold.
+        if (absl::EndsWith(tensor.name, "._extra_state")) name = std::nullopt;
+      } else {
+        ASSIGN_OR_RETURN(name, MegatronLmName(tensor.name),
+                         absl::StrCat(input, ": a Megatron-Core torch_dist checkpoint"));
+      }
       if (!name.has_value()) continue;
-      tensor.name = *name;
+      tensor.name = *std::move(name);
       renamed.push_back(std::move(tensor));
     }
     catalog.tensors = std::move(renamed);
     catalog.structure = nullptr;  // placed by name, as the megatron reader's merged model
     catalog.Reindex();
-    model.description = absl::StrCat(model.description, "; Megatron-Core names as Megatron-LM's");
+    if (experts) {
+      // The files are torch.save ones (--ckpt-format torch), whatever the run saved with.
+      if (auto args = model.training_state.values.find("megatron.args");
+          args != model.training_state.values.end()) {
+        SetIfPresent(args->second.Attributes(), "ckpt_format", StructureNode::String("torch"));
+      }
+      model.description =
+          absl::StrCat(model.description, "; Megatron-Core names kept (mixture-of-experts)");
+    } else {
+      model.description = absl::StrCat(model.description, "; Megatron-Core names as Megatron-LM's");
+    }
     return true;
   }
   return PresentHfModelAsMegatron(input, parts, pipeline_parts, kImportAsMegatronLm, hf, model,

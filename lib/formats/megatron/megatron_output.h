@@ -73,7 +73,11 @@
 // A Megatron-Core torch_dist checkpoint (the torch_dist reader's model, layers unstacked) is
 // written the same way after PresentInput has renamed its tensors to Megatron-LM's
 // (MegatronLmName, megatron_core_names.h; `_extra_state` left out): the tensors hold the same
-// values, and the reader's partition rules split them, so no --rules is needed.
+// values, and the reader's partition rules split them, so no --rules is needed. A
+// mixture-of-experts one (a tensor ParseExpertTensorName matches) keeps its Megatron-Core names
+// instead, experts under global ids, and is written over --expert-parts as above, with
+// args.ckpt_format "torch" where the args have it: Megatron-LM has no legacy router or expert
+// modules, and saves Megatron-Core MoE models under these names in the same folders.
 //
 // A Hugging Face model (`reshardctl reshard HF_DIR OUT --format megatron --parts TP`: a
 // safetensors or save_pretrained torch.save model and its config.json, families llama, mistral,
@@ -84,7 +88,7 @@
 // mixture-of-experts layers in, and --expert-parts spreads its experts as above.
 //
 // Refused, with a message naming what: input that is neither Megatron (legacy or torch_dist) nor
-// a Hugging Face model; a torch_dist tensor with no Megatron-LM name;
+// a Hugging Face model; a tensor of a dense torch_dist model with no Megatron-LM name;
 // num_layers not divisible
 // by PP; num_attention_heads or num_query_groups (num_key_value_heads) not divisible by TP;
 // tensors outside a GPT's embedding, encoder and output layer; --dtype other than keep (the
@@ -112,7 +116,8 @@ class MegatronOutput : public OutputFormat {
   OutputNaming naming() const override;
   absl::StatusOr<ArrangedOutput> Arrange(TargetLayout engine_layout,
                                          const ArrangeRequest& request) const override;
-  // A Megatron-Core torch_dist model is renamed to Megatron-LM's names (MegatronLmName); a
+  // A dense Megatron-Core torch_dist model is renamed to Megatron-LM's names (MegatronLmName),
+  // a mixture-of-experts one keeps its Megatron-Core names (args.ckpt_format "torch"); a
   // Hugging Face model (one safetensors model with its config.json) is presented as the
   // merged Megatron model of the same weights, with the args of such a run
   // (ImportHfAsMegatron, lib/formats/hf/hf_import.h); other input is left as it is.

@@ -21,6 +21,7 @@
 #include "lib/formats/dcp/dcp_metadata.h"
 #include "lib/formats/folder_model.h"
 #include "lib/formats/megatron/megatron_layout.h"
+#include "lib/formats/megatron/torch_dist_experts.h"
 #include "lib/formats/torch/pickle_structure.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/formats/torch/torch_format.h"
@@ -33,24 +34,6 @@ namespace {
 constexpr uint64_t kMaxMetadataJsonBytes = 1 << 20;
 
 // ---- Unstacking.
-
-// A layer-stacked name split around its `layers` component: "decoder.layers.mlp.fc1.weight"
-// -> ("decoder.layers.", "mlp.fc1.weight"); nullopt when the name has no `layers` component
-// followed by a non-numeric one.
-std::optional<std::pair<std::string, std::string>> SplitStacked(absl::string_view name) {
-  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    if (parts[i] != "layers") continue;
-    const absl::string_view next = parts[i + 1];
-    const bool numeric =
-        !next.empty() && std::all_of(next.begin(), next.end(), absl::ascii_isdigit);
-    if (numeric) return std::nullopt;  // per-layer names: not stacked
-    return std::make_pair(
-        absl::StrCat(absl::StrJoin(parts.begin(), parts.begin() + i + 1, "."), "."),
-        std::string(absl::StrJoin(parts.begin() + i + 1, parts.end(), ".")));
-  }
-  return std::nullopt;
-}
 
 // Index `layer` of the stacked `tensor`'s axis 0 (a layer, or an expert of a layer), read in
 // place from the same pieces.
@@ -140,166 +123,6 @@ absl::Status FinishUnstacking(
   return absl::OkStatus();
 }
 
-// ---- Experts.
-
-bool IsIndex(absl::string_view part) {
-  return !part.empty() && std::all_of(part.begin(), part.end(), absl::ascii_isdigit);
-}
-
-// A key of a mixture-of-experts layer's experts as Megatron-Core's SequentialMLP, TEGroupedMLP
-// and GroupedMLP save it: `<experts>.experts.<rest>` (or `<experts>.local_experts.<rest>`) with
-// a global expert axis, `<experts>` = "...mlp.experts" and <rest> not starting with an index;
-// or, with singleton_local_shards, one key per expert `<experts>.experts.<g>.<rest>` (`expert`
-// = g).
-struct ExpertKey {
-  std::string experts;
-  std::string rest;
-  int64_t expert = -1;  // the singleton form's global id; -1: the key has an expert axis
-};
-
-std::optional<ExpertKey> ParseExpertKey(absl::string_view name) {
-  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
-  for (size_t i = 1; i + 2 < parts.size(); ++i) {
-    if (parts[i - 1] != "mlp" || parts[i] != "experts") continue;
-    const absl::string_view form = parts[i + 1];
-    if (form != "experts" && form != "local_experts") return std::nullopt;
-    ExpertKey key;
-    key.experts = absl::StrJoin(parts.begin(), parts.begin() + i + 1, ".");
-    if (!IsIndex(parts[i + 2])) {
-      key.rest = absl::StrJoin(parts.begin() + i + 2, parts.end(), ".");
-      return key;
-    }
-    // local_experts.<l> is already one expert's tensor (a legacy save's name).
-    if (form != "experts" || i + 3 >= parts.size()) return std::nullopt;
-    const std::optional<int> expert = ParseMegatronIndex(parts[i + 2]);
-    if (!expert.has_value()) return std::nullopt;
-    key.expert = *expert;
-    key.rest = absl::StrJoin(parts.begin() + i + 3, parts.end(), ".");
-    return key;
-  }
-  return std::nullopt;
-}
-
-// The name reshard gives expert `expert` of `key`: SequentialMLP's per-expert name with the
-// global id, as the megatron reader gives a legacy save's experts.
-std::string ExpertName(const ExpertKey& key, int64_t expert) {
-  return absl::StrCat(key.experts, ".local_experts.", expert, ".", key.rest);
-}
-
-// The axis of a DCP tensor `fqn` that holds its experts: 1 in a layer-stacked key, 0 in a
-// per-layer one; nullopt when `fqn` has no expert axis.
-std::optional<size_t> ExpertAxis(absl::string_view fqn) {
-  const std::optional<ExpertKey> key = ParseExpertKey(fqn);
-  if (!key.has_value() || key->expert >= 0) return std::nullopt;
-  return SplitStacked(fqn).has_value() ? 1 : 0;
-}
-
-// A box without its axis `axis`.
-Box DropAxis(const Box& box, size_t axis) {
-  Box out = box;
-  out.origin.erase(out.origin.begin() + axis);
-  out.extent.erase(out.extent.begin() + axis);
-  return out;
-}
-
-// Upper bounds of the expert check's work; a `.metadata` beyond them is left to the generic
-// chunk tiling check.
-constexpr int64_t kMaxExpertHoldings = int64_t{1} << 24;
-constexpr int64_t kMaxPairComparisons = int64_t{1} << 22;
-
-// Checks that the chunks of every expert-stacked tensor hold each of its experts exactly once,
-// before DCP's check of the whole tensor, so that a refusal names the expert, the key and the
-// files. DataLoss naming `metadata_path`, the key and the expert: missing (its chunks do not
-// cover it), or stored twice (two chunks overlap within it: their files and byte offsets).
-absl::Status CheckExpertChunks(const std::string& dir, const DcpMetadata& metadata,
-                               const std::string& metadata_path) {
-  for (const DcpEntry& entry : metadata.entries) {
-    if (!entry.is_tensor) continue;
-    const std::optional<size_t> axis = ExpertAxis(entry.fqn);
-    if (!axis.has_value() || *axis >= entry.size.size()) continue;
-    const int64_t experts = entry.size[*axis];
-    if (experts > kMaxMegatronIndex) {
-      return absl::DataLossError(absl::StrCat(metadata_path, ": tensor \"", entry.fqn, "\" has ",
-                                              experts, " experts along its axis ", *axis,
-                                              "; reshard reads at most ", kMaxMegatronIndex));
-    }
-    // Chunks outside the tensor are the DCP check's to name.
-    int64_t holdings = 0;
-    for (const Box& chunk : entry.chunks) {
-      if (chunk.rank() != entry.size.size()) return absl::OkStatus();
-      for (size_t d = 0; d < chunk.rank(); ++d) {
-        if (chunk.origin[d] < 0 || chunk.extent[d] < 0 || chunk.origin[d] > entry.size[d] ||
-            chunk.extent[d] > entry.size[d] - chunk.origin[d]) {
-          return absl::OkStatus();
-        }
-      }
-      holdings += chunk.extent[*axis];
-    }
-    if (holdings > kMaxExpertHoldings) continue;
-    std::vector<std::vector<size_t>> holders(experts);
-    for (size_t c = 0; c < entry.chunks.size(); ++c) {
-      const Box& chunk = entry.chunks[c];
-      for (int64_t e = chunk.origin[*axis]; e < chunk.origin[*axis] + chunk.extent[*axis]; ++e) {
-        holders[e].push_back(c);
-      }
-    }
-    Shape size = entry.size;
-    size.erase(size.begin() + *axis);
-    const int64_t elements = NumElementsUnchecked(size);
-    const std::string where =
-        absl::StrCat(metadata_path, ": tensor \"", entry.fqn, "\" ", ShapeToString(entry.size),
-                     " (experts along axis ", *axis, "): expert ");
-    for (int64_t e = 0; e < experts; ++e) {
-      std::vector<Box> boxes;
-      for (size_t c : holders[e]) boxes.push_back(DropAxis(entry.chunks[c], *axis));
-      if (CheckChunkTiling(size, boxes).ok()) continue;
-      // Stored twice: the first two chunks that overlap within the expert.
-      int64_t comparisons = 0;
-      for (size_t x = 0; x < boxes.size() && comparisons < kMaxPairComparisons; ++x) {
-        for (size_t y = x + 1; y < boxes.size() && comparisons < kMaxPairComparisons; ++y) {
-          ++comparisons;
-          if (NumElementsUnchecked(boxes[x].extent) == 0 ||
-              NumElementsUnchecked(boxes[y].extent) == 0 || !Intersect(boxes[x], boxes[y])) {
-            continue;
-          }
-          auto describe = [&](size_t c) {
-            const DcpStorage& storage = entry.storage[c];
-            return absl::StrCat("chunk ", BoxToString(entry.chunks[c]), " in ",
-                                JoinPath(dir, storage.relative_path), " at byte offset ",
-                                storage.offset);
-          };
-          return absl::DataLossError(absl::StrCat(
-              where, e, " of ", experts, " is stored twice: ", describe(holders[e][x]), ", and ",
-              describe(holders[e][y]),
-              "; each expert of a Megatron-Core save is held by one expert-parallel rank"));
-        }
-      }
-      int64_t covered = 0;
-      for (const Box& box : boxes) covered += NumElementsUnchecked(box.extent);
-      return absl::DataLossError(absl::StrCat(
-          where, e, " of ", experts, " is missing: ",
-          covered == 0
-              ? std::string("no chunk holds it")
-              : absl::StrCat("its chunks hold ", covered, " of its ", elements, " elements"),
-          "; a Megatron-Core save holds every expert once, saved by its expert-parallel rank"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// `name` without the layer index after its `layers` component: the checkpoint key of a layer's
-// tensor ("decoder.layers.3.mlp.x" -> "decoder.layers.mlp.x").
-std::string WithoutLayerIndex(absl::string_view name) {
-  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    if (parts[i] == "layers" && IsIndex(parts[i + 1])) {
-      parts.erase(parts.begin() + i + 1);
-      break;
-    }
-  }
-  return absl::StrJoin(parts, ".");
-}
-
 // What UnstackExperts found.
 struct UnstackedExperts {
   int64_t experts = 0;  // per layer; 0: no experts
@@ -325,7 +148,7 @@ absl::StatusOr<UnstackedExperts> UnstackExperts(Catalog& catalog,
   std::set<std::string> singletons;  // likewise, the per-expert keys
   std::map<int64_t, std::set<int>> files_of;  // expert -> the data files holding it
   for (CatalogTensor& tensor : catalog.tensors) {
-    const std::optional<ExpertKey> key = ParseExpertKey(tensor.name);
+    const std::optional<TorchDistExpertKey> key = ParseTorchDistExpertKey(tensor.name);
     if (!key.has_value()) {
       out.push_back(std::move(tensor));
       continue;
@@ -333,7 +156,7 @@ absl::StatusOr<UnstackedExperts> UnstackExperts(Catalog& catalog,
     if (key->expert >= 0) {
       singletons.insert(WithoutLayerIndex(tensor.name));
       for (const SourcePiece& piece : tensor.pieces) files_of[key->expert].insert(piece.file);
-      std::string name = ExpertName(*key, key->expert);
+      std::string name = TorchDistExpertName(*key, key->expert);
       experts_of[tensor.name] = {name};
       tensor.name = std::move(name);
       out.push_back(std::move(tensor));
@@ -361,7 +184,7 @@ absl::StatusOr<UnstackedExperts> UnstackExperts(Catalog& catalog,
     keys.insert(WithoutLayerIndex(tensor.name));
     std::vector<std::string>& names = experts_of[tensor.name];
     for (int64_t e = 0; e < experts; ++e) {
-      names.push_back(ExpertName(*key, e));
+      names.push_back(TorchDistExpertName(*key, e));
       out.push_back(LayerOf(tensor, names.back(), e));
     }
   }
@@ -542,7 +365,7 @@ absl::StatusOr<int64_t> UnstackLayers(Catalog& catalog, int64_t* stacked_tensors
   std::vector<std::pair<std::string, std::string>> splits;
   size_t insert_at = 0;
   for (CatalogTensor& tensor : catalog.tensors) {
-    std::optional<std::pair<std::string, std::string>> split = SplitStacked(tensor.name);
+    std::optional<std::pair<std::string, std::string>> split = SplitLayerStacked(tensor.name);
     if (!split.has_value()) {
       out.push_back(std::move(tensor));
       continue;

@@ -31,7 +31,8 @@
 // legacy save's experts (global ids), so --format hf (Mixtral) and megatron-torch-dist read it
 // alike; with singleton_local_shards, `...mlp.experts.experts.<g>.<rest>` is renamed to the same
 // name (DataLoss when an id below the largest has no key). Before anything else is read, the
-// chunks of each expert key must hold every expert exactly once: DataLoss naming `.metadata`,
+// chunks of each expert key must hold every expert exactly once (CheckExpertChunks,
+// torch_dist_experts.h, which also parses these key forms): DataLoss naming `.metadata`,
 // the key and the expert when an expert is missing (no chunk, or not all of it) or stored twice
 // (the two chunks, their files and byte offsets). All expert keys must agree on E, and
 // args.num_experts when the args give it. inspect names the experts and the EP

@@ -32,6 +32,9 @@ constexpr char kFc2Key[] = "decoder.layers.mlp.linear_fc2.weight";
 constexpr char kExpertFc1Key[] = "decoder.layers.mlp.experts.experts.linear_fc1.weight";
 constexpr char kExpertFc1BiasKey[] = "decoder.layers.mlp.experts.experts.linear_fc1.bias";
 constexpr char kExpertFc2Key[] = "decoder.layers.mlp.experts.experts.linear_fc2.weight";
+constexpr char kSharedFc1Key[] = "decoder.layers.mlp.shared_experts.linear_fc1.weight";
+constexpr char kSharedFc1BiasKey[] = "decoder.layers.mlp.shared_experts.linear_fc1.bias";
+constexpr char kSharedFc2Key[] = "decoder.layers.mlp.shared_experts.linear_fc2.weight";
 constexpr char kWordEmbeddingsKey[] = "embedding.word_embeddings.weight";
 constexpr char kOutputLayerKey[] = "output_layer.weight";
 // Megatron-Core's CheckpointingConfig as json.dump(asdict(config)) writes it.
@@ -127,10 +130,10 @@ absl::StatusOr<CatalogTensor> Stack(const Entry& entry, int64_t layers, int64_t 
 }
 
 // The common state's args: the input's, for a run of TP `ranks` x PP `stages`; with `experts`
-// (> 0) experts per layer, num_experts set (added when missing) and the experts on one
-// expert-parallel rank, as the data files hold them.
-StructureNode CommonArgs(const StructureNode& input_args, int ranks, int stages,
-                         int64_t experts) {
+// (> 0) experts per layer, num_experts set (added when missing) and the experts over
+// `expert_ranks` expert-parallel ranks, as the data files hold them.
+StructureNode CommonArgs(const StructureNode& input_args, int ranks, int stages, int64_t experts,
+                         int expert_ranks) {
   StructureNode args = input_args;
   StructureNode* attributes = args.Attributes();
   SetMegatronParallelArgs(attributes, ranks, stages);
@@ -144,7 +147,7 @@ StructureNode CommonArgs(const StructureNode& input_args, int ranks, int stages,
       attributes->Add(StructureNode::String("num_experts"), StructureNode::Int(experts));
     }
     if (StructureNode* slot = FindKey(attributes, "expert_model_parallel_size")) {
-      *slot = StructureNode::Int(1);
+      *slot = StructureNode::Int(expert_ranks);
     }
     if (StructureNode* slot = FindKey(attributes, "expert_tensor_parallel_size")) {
       *slot = StructureNode::Int(ranks);
@@ -286,6 +289,13 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
     return absl::InvalidArgumentError(absl::StrCat("args.num_layers is ", *num_layers,
                                                    " but the model holds ", layers, " layers"));
   }
+  // The expert-parallel ranks: expert g is saved by EP rank g / E_local's ranks.
+  const int expert_ranks = std::max(request.consolidate ? 0 : request.expert_parts, 1);
+  ASSIGN_OR_RETURN(const int64_t local_experts,
+                   LocalExpertsPerRank(request.consolidate ? 0 : request.expert_parts, experts,
+                                       IntAttribute(args, "num_experts").has_value()
+                                           ? "experts (args.num_experts)"
+                                           : "experts per layer"));
   if (layers % stages != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--pipeline-parts ", stages, " does not divide the ", layers,
@@ -304,10 +314,17 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   };
   const bool gated = gated_pair(kFc1Key, kFc2Key);
   const bool experts_gated = gated_pair(kExpertFc1Key, kExpertFc2Key);
+  const bool shared_gated = gated_pair(kSharedFc1Key, kSharedFc2Key);
 
   ArrangedOutput arranged;
   const int base = static_cast<int>(catalog.tensors.size());
-  std::vector<std::vector<OutputTensor>> rank_tensors(ranks);
+  // Rank t + TP x e stores TP rank t's chunks of EP rank e's experts (Megatron's tp-ep rank
+  // order); the tensors outside the experts are stored by EP rank 0's ranks.
+  std::vector<std::vector<OutputTensor>> rank_tensors(static_cast<size_t>(ranks) * expert_ranks);
+  auto rank_of = [&](int tp_rank, const OutputTensor& cell, bool experts_key) {
+    const int64_t ep_rank = experts_key ? cell.region.origin[1] / local_experts : 0;
+    return static_cast<size_t>(tp_rank + int64_t{ranks} * ep_rank);
+  };
   for (Entry& entry : entries) {
     // Stacked and merged tensors are read as extra tensors, the others from the catalog.
     int source = entry.whole_source;
@@ -346,12 +363,16 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
       cells.push_back(std::move(cell));
     }
     if (ranks == 1 || axis < 0 || axis >= static_cast<int>(shape.size())) {
-      for (OutputTensor& cell : cells) rank_tensors[0].push_back(std::move(cell));
+      for (OutputTensor& cell : cells) {
+        const size_t rank = rank_of(0, cell, entry.experts);
+        rank_tensors[rank].push_back(std::move(cell));
+      }
       continue;
     }
-    const bool halves = (gated && (entry.key == kFc1Key || entry.key == kFc1BiasKey)) ||
-                        (experts_gated &&
-                         (entry.key == kExpertFc1Key || entry.key == kExpertFc1BiasKey));
+    const bool halves =
+        (gated && (entry.key == kFc1Key || entry.key == kFc1BiasKey)) ||
+        (experts_gated && (entry.key == kExpertFc1Key || entry.key == kExpertFc1BiasKey)) ||
+        (shared_gated && (entry.key == kSharedFc1Key || entry.key == kSharedFc1BiasKey));
     const int64_t blocks = halves ? 2 : 1;
     if (shape[axis] % (blocks * ranks) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -367,7 +388,8 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
           OutputTensor part = cell;
           part.region.origin[axis] = b * block_size + r * rows;
           part.region.extent[axis] = rows;
-          rank_tensors[r].push_back(std::move(part));
+          const size_t rank = rank_of(r, part, entry.experts);
+          rank_tensors[rank].push_back(std::move(part));
         }
       }
     }
@@ -375,8 +397,8 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   if (!arranged.extra_tensors.empty()) arranged.extra_files = catalog.files;
 
   arranged.layout.kind =
-      ranks == 1 ? TargetLayout::Kind::kConsolidated : TargetLayout::Kind::kParts;
-  for (int r = 0; r < ranks; ++r) {
+      rank_tensors.size() == 1 ? TargetLayout::Kind::kConsolidated : TargetLayout::Kind::kParts;
+  for (size_t r = 0; r < rank_tensors.size(); ++r) {
     if (rank_tensors[r].empty()) continue;
     OutputFileLayout file;
     file.name = absl::StrCat(folder, "/__", r, "_0.distcp");
@@ -386,7 +408,8 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
   // The common state, as Megatron-LM's save_checkpoint puts it first in its state dict.
   auto common = std::make_shared<StructureNode>(StructureNode::Dict());
   if (saved_args != nullptr) {
-    common->Add(StructureNode::String("args"), CommonArgs(*saved_args, ranks, stages, experts));
+    common->Add(StructureNode::String("args"),
+                CommonArgs(*saved_args, ranks, stages, experts, expert_ranks));
   }
   StructureNode version;
   version.kind = Kind::kFloat;

@@ -3,8 +3,8 @@
 // at any TP x PP:
 //
 //   reshardctl consolidate IN OUT --format megatron-torch-dist             world size 1
-//   reshardctl reshard IN OUT --parts N [--pipeline-parts P] --format megatron-torch-dist
-//                                                                          world size N
+//   reshardctl reshard IN OUT --parts N [--pipeline-parts P] [--expert-parts EP]
+//       --format megatron-torch-dist                                       world size N x EP
 //
 //   OUT/latest_checkpointed_iteration.txt   "100" (or "release"), no newline
 //   OUT/iter_0000100/__R_0.distcp           rank R's tensor chunks (DcpOutput's framing)
@@ -51,15 +51,20 @@
 // `__R_0.distcp`, a gated fc1 two per rank (its gate rows and its up rows, Megatron-Core's
 // swiglu sharding); a replicated tensor one chunk, stored by rank 0. Each chunk spans all
 // layers of a stacked tensor (Megatron-Core saves one chunk per layer; DCP loads any tiling).
-// The experts are all on one expert-parallel rank (EP 1: rank R stores TP rank R's chunks of
-// every expert; Megatron-Core loads them at any EP). The common state carries the input's args
+// The experts are saved as Megatron-Core's distributed save at EP (--expert-parts, default 1)
+// places them: rank t + N x e (Megatron's tp-ep rank order) stores TP rank t's chunks of EP
+// rank e's experts, g in [e x E / EP, (e + 1) x E / EP); the tensors outside the experts are
+// stored by EP rank 0's ranks 0 .. N - 1, as DP replicas are saved once. The chunks and the
+// tensors are the same at any EP (Megatron-Core loads them at any EP); only the files holding
+// the expert chunks and the args differ. EP must divide E; --expert-parts on a model without
+// experts is refused. The common state carries the input's args
 // (tensor_model_parallel_size N, with experts num_experts E (added when missing),
-// expert_model_parallel_size 1 and expert_tensor_parallel_size N where the args have them,
+// expert_model_parallel_size EP and expert_tensor_parallel_size N where the args have them,
 // pipeline_model_parallel_size P (1 without --pipeline-parts), no virtual or uneven stages,
 // ckpt_format "torch_dist", each where the args have it: what Megatron saves for a run of
 // TP N x PP P, which --use-checkpoint-args --use-mp-args-from-checkpoint-args starts at; the
 // checkpoint loads at any TP x PP), checkpoint_version (3.0 when the input has none) and
-// iteration. The data files are N whatever P (each chunk spans all layers).
+// iteration. The data files are N x EP whatever P (each chunk spans all layers).
 //
 // Megatron-LM loads it with --ckpt-format torch_dist (or --auto-detect-ckpt-format).
 // Not written: the optimizer state and RNG state (resume with --no-load-optim --no-load-rng),

@@ -95,9 +95,11 @@ TEST(JobSpecCodecTest, RangesAreNamedAsTheRouteNamesThem) {
                 "--pipeline-parts must be in [0, 4096], and only for reshard"));
   spec = ValidSpecWithFieldsSet();
   spec.output_format = "torch";
-  EXPECT_EQ(ValidateSpec(spec, SpecNaming::kProto),
-            absl::InvalidArgumentError(
-                "spec.expert_parts is only for output format megatron, not torch"));
+  EXPECT_EQ(
+      ValidateSpec(spec, SpecNaming::kProto),
+      absl::InvalidArgumentError(
+          "spec.expert_parts is only for output formats megatron and megatron-torch-dist, not "
+          "torch"));
   spec = ValidSpecWithFieldsSet();
   spec.partition_index = 3;
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kFlags),
