@@ -27,13 +27,11 @@ std::string ExpertFileName(int layer, int expert, int mp) {
                       "_model_states.pt");
 }
 
-// An expert parameter's key split where DeepSpeed's `.*{infix}([0-9]+).*` splits it: the module
-// before the last infix, the expert id, and the parameter after it ("" or ".w1.weight").
-struct ExpertKey {
-  std::string module;
-  int64_t id = 0;
-  std::string param;
-};
+}  // namespace
+
+std::string ExpertKey::WithId(int64_t expert) const {
+  return absl::StrCat(module, kExpertKeyInfix, expert, param);
+}
 
 std::optional<ExpertKey> ParseExpertKey(const std::string& key) {
   const size_t at = key.rfind(kExpertKeyInfix);
@@ -51,8 +49,6 @@ std::optional<ExpertKey> ParseExpertKey(const std::string& key) {
   }
   return ExpertKey{key.substr(0, at), id, key.substr(end)};
 }
-
-}  // namespace
 
 absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolderFiles& files,
                                         int parts, absl::Span<const int64_t> num_experts) {

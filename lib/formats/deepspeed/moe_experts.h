@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,20 @@ namespace zero_internal {
 inline constexpr char kExpertKeyInfix[] = ".deepspeed_moe.experts.deepspeed_experts.";
 // Experts per MoE layer accepted.
 inline constexpr int64_t kMaxExpertsPerLayer = 1 << 16;
+
+// An expert parameter's key split where DeepSpeed's `.*{infix}([0-9]+).*` splits it: the module
+// before the last infix, the expert id, and the parameter after it ("" or ".w1.weight").
+struct ExpertKey {
+  std::string module;
+  int64_t id = 0;
+  std::string param;
+
+  // The key of the same parameter of expert `expert`.
+  std::string WithId(int64_t expert) const;
+};
+
+// `key` split, or nullopt when it holds no `{infix}{id}` followed by "." or its end.
+std::optional<ExpertKey> ParseExpertKey(const std::string& key);
 
 struct MoeSave {
   std::vector<int> experts;  // per MoE layer, its number of experts

@@ -74,12 +74,14 @@ class NoZeroReader {
         "_optim_states.pt): the fp32 weights live there; copy them too"));
   }
 
-  // The refusal for a mixture-of-experts save with ZeRO.
-  absl::Status MoeWithZero(const std::string& what) const {
-    return absl::UnimplementedError(absl::StrCat(
-        dir_, ": DeepSpeed mixture-of-experts checkpoint ", tag_, " with ", what,
-        ": the experts' fp32 weights and Adam moments are in the ZeRO files' expert param "
-        "groups, which reshard does not read; reshard reads MoE saves without ZeRO"));
+  // The refusal for expert files beside ZeRO-3 model states (`name`): DeepSpeed's engine
+  // asserts "MoE not supported with Stage 3", so the files are of two saves.
+  absl::Status MoeWithZero3(const std::string& name) const {
+    return absl::DataLossError(absl::StrCat(
+        dir_, ": ", name, " (ZeRO-3 model states) beside the expert files of a DeepSpeed "
+        "mixture-of-experts save (", files_.moe_files.front().second,
+        "): DeepSpeed does not run MoE with ZeRO-3 (\"MoE not supported with Stage 3\"), so the "
+        "files are of two saves"));
   }
 
   // A folder with model-states files only: a ZeRO checkpoint whose optimizer files were not
@@ -87,7 +89,9 @@ class NoZeroReader {
   // mixture-of-experts the expert files).
   absl::StatusOr<InputModel> ReadWithoutOptimizerFiles() {
     const bool moe = !files_.moe_files.empty();
-    if (moe && !files_.rank_model_names.empty()) return MoeWithZero("ZeRO-3");
+    if (moe && !files_.rank_model_names.empty()) {
+      return MoeWithZero3(files_.rank_model_names.front());
+    }
     if (moe && files_.model_files.empty()) {
       return absl::DataLossError(
           absl::StrCat(dir_, " holds the expert files of a DeepSpeed mixture-of-experts save (",
@@ -116,7 +120,6 @@ class NoZeroReader {
     ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> first,
                      OpenArchive(files_.model_files.begin()->second));
     if (const ZeroSigns signs = ReadZeroSigns(*first); !signs.what.empty()) {
-      if (moe) return MoeWithZero(signs.what);
       return MissingOptimizerFiles(signs, mps);
     }
     const int parts = files_.model_files.rbegin()->first + 1;

@@ -1,6 +1,6 @@
 // The files of one DeepSpeed checkpoint folder, sorted by kind and rank from their names, with
 // the refusals a listing alone can make (pipeline layer files, ZeRO with model parallelism,
-// mixture-of-experts files beside ZeRO files, two runs mixed).
+// two runs mixed).
 
 #ifndef RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FOLDER_FILES_H_
 #define RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FOLDER_FILES_H_
@@ -43,8 +43,7 @@ struct ZeroFolderFiles {
 };
 
 // The files of checkpoint folder `dir`. With optimizer files, refuses model-parallel ranks
-// > 0, mixed prefixes and mixture-of-experts files (MoE with ZeRO); without, the readers decide
-// from the model-states files.
+// > 0 and mixed prefixes; without, the readers decide from the model-states files.
 absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir);
 
 }  // namespace zero_internal
