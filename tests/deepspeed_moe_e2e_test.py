@@ -1,5 +1,5 @@
-"""End-to-end tests of reshard's DeepSpeed reader on mixture-of-experts saves without ZeRO
-(mp_rank_XX_model_states.pt + layer_{m}_expert_{g}_mp_rank_XX_model_states.pt +
+"""End-to-end tests of reshard's DeepSpeed reader on mixture-of-experts saves without ZeRO and
+with ZeRO-1/2 (mp_rank_XX_model_states.pt + layer_{m}_expert_{g}_mp_rank_XX_model_states.pt +
 expp_rank_{ep}_mp_rank_XX_optim_states.pt), written with real torch by
 tests/fixtures/deepspeed_moe_fixture.py.
 
@@ -13,8 +13,14 @@ a model with EP 1 names it), never reshard's, compared element by element:
     state dict order (each layer's experts after its router);
   * refusals (exit 3, the message names the expert and the file, OUT not created): an expert
     file missing, an expert's file copied under another expert's name, two names of one expert,
-    an expert file of another save, MoE with ZeRO (ZeRO files, or model states of a ZeRO
-    run), --include-optimizer.
+    an expert file of another save, model states of a ZeRO run without optimizer files,
+    --include-optimizer;
+  * DeepSpeed's legacy expert_{g}_mp_rank_XX files (every layer's expert g in one file);
+  * ZeRO-1/2 (deepspeed_moe_fixture.write_zero: 4 data-parallel ranks, EP 2 and 4, both rank
+    placements): the fp32 master weights and Adam moments of the optimizer files, compared
+    with the fixture's fp32 tensors (the model states and expert files hold bf16/fp16 copies);
+    a missing rank file, an expert in no mapping, fragments leaving a gap, partition counts of
+    another save or disagreeing with EP, ZeRO-3 files refused naming the file.
 """
 
 import collections
@@ -40,9 +46,10 @@ class Base(megatron_moe_e2e_test.Base):
     assertTensorsEqual()."""
     TMP_PREFIX = "reshard-dsmoe"
 
-    def save(self, tp, ep, seed, expert_tp=False, name="save"):
+    def save(self, tp, ep, seed, expert_tp=False, name="save", legacy=False):
         model = dsm.Model(seed=seed)
-        folder = dsm.write(self.p(name), model, tp=tp, ep=ep, expert_tp=expert_tp)
+        folder = dsm.write(self.p(name), model, tp=tp, ep=ep, expert_tp=expert_tp,
+                           legacy=legacy)
         return model, folder
 
     def rules_args(self, tp, expert_tp=False):
@@ -115,6 +122,51 @@ class DeepSpeedMoEReadTests(Base):
         self.assertIn("2 MoE layers x 8 experts, EP 2, TP 1", doc["description"])
         # The model's own state dict order: each layer's experts right after its router.
         self.assertEqual([t["name"] for t in doc["tensors"]], list(model.full))
+
+
+class DeepSpeedMoELegacyTests(Base):
+    """DeepSpeed's layout before per-layer expert files: expert_{g}_mp_rank_XX_model_states.pt
+    holding expert g of every MoE layer, `num_experts` one int."""
+
+    def test_ep2_tp1(self):
+        model, folder = self.save(tp=1, ep=2, seed=41, legacy=True)
+        self.assertFalse([n for n in os.listdir(folder) if n.startswith("layer_")])
+        got = self.merged_st(folder)
+        self.assertTensorsEqual(got, model.full, "legacy EP2")
+
+    def test_ep4_tp2_inspect(self):
+        model, folder = self.save(tp=2, ep=4, seed=42, legacy=True)
+        got = self.merged_st(folder, *self.rules_args(2))
+        self.assertTensorsEqual(got, model.full, "legacy EP4 TP2")
+        doc = self.inspect_json(folder)
+        doc = doc.get("result", doc)
+        self.assertEqual(
+            doc["description"],
+            "DeepSpeed MoE (no ZeRO), 2 MoE layers x 8 experts, EP 4, TP 2, weights from "
+            "mp_rank_{00..01}_model_states.pt module and "
+            "expert_{0..7}_mp_rank_{00..01}_model_states.pt (DeepSpeed's legacy layout: every "
+            "layer's expert g in one file), tag global_step10, %d tensors each" % len(model.full))
+        self.assertEqual([t["name"] for t in doc["tensors"]], list(model.full))
+
+    def test_missing_expert(self):
+        _, folder = self.save(tp=1, ep=2, seed=43, legacy=True)
+        os.remove(os.path.join(folder, "expert_6_mp_rank_00_model_states.pt"))
+        self.refused(folder, "expert 6 is missing: expert_6_mp_rank_00_model_states.pt is not "
+                     "in the folder")
+
+    def test_expert_file_under_another_experts_name(self):
+        _, folder = self.save(tp=1, ep=2, seed=44, legacy=True)
+        shutil.copy(os.path.join(folder, "expert_1_mp_rank_00_model_states.pt"),
+                    os.path.join(folder, "expert_2_mp_rank_00_model_states.pt"))
+        self.refused(folder, "expert_2_mp_rank_00_model_states.pt",
+                     "is a parameter of expert 1, but the file is expert 2's")
+
+    def test_mixed_with_per_layer_files(self):
+        _, folder = self.save(tp=1, ep=2, seed=45, legacy=True)
+        _, other = self.save(tp=1, ep=2, seed=46, name="other")
+        name = "layer_0_expert_0_mp_rank_00_model_states.pt"
+        shutil.copy(os.path.join(other, name), os.path.join(folder, name))
+        self.refused(folder, name, "are of two saves")
 
 
 class DeepSpeedMoEZeroTests(Base):
