@@ -16,8 +16,8 @@ a model with EP 1 names it), never reshard's, compared element by element:
     an expert file of another save, model states of a ZeRO run without optimizer files,
     --include-optimizer;
   * DeepSpeed's legacy expert_{g}_mp_rank_XX files (every layer's expert g in one file);
-  * ZeRO-1/2 (deepspeed_moe_fixture.write_zero: 4 data-parallel ranks, EP 2 and 4, both rank
-    placements): the fp32 master weights and Adam moments of the optimizer files, compared
+  * ZeRO-1/2 (deepspeed_moe_fixture.write_zero: 4 data-parallel ranks, EP 2 and 4, TP 1 and
+    2, both rank placements): the fp32 master weights and Adam moments of the optimizer files, compared
     with the fixture's fp32 tensors (the model states and expert files hold bf16/fp16 copies);
     a missing rank file, an expert in no mapping, fragments leaving a gap, partition counts of
     another save or disagreeing with EP, ZeRO-3 files refused naming the file.
@@ -181,7 +181,7 @@ class DeepSpeedMoEZeroTests(Base):
 
     def check(self, ep, world, seed, **kwargs):
         model, folder = self.zero_save(ep, world, seed, **kwargs)
-        got = self.merged_st(os.path.dirname(folder))
+        got = self.merged_st(os.path.dirname(folder), *self.rules_args(kwargs.get("tp", 1)))
         self.assertTensorsEqual(got, model.full, "ZeRO EP%d DP%d" % (ep, world))
         return model, folder
 
@@ -190,6 +190,36 @@ class DeepSpeedMoEZeroTests(Base):
 
     def test_zero1_ep4_dp4(self):
         self.check(ep=4, world=4, seed=22, stage=1, half=torch.float16)
+
+    def test_zero2_ep2_dp4_tp2(self):
+        # Each TP rank's ZeRO files hold its shards; --rules merges the two parts.
+        model, folder = self.check(ep=2, world=4, seed=34, tp=2)
+        doc = self.inspect_json(folder)
+        doc = doc.get("result", doc)
+        self.assertEqual(doc["layout"], "model-parallel-parts")
+        self.assertIn("fp32 master weights from "
+                      "bf16_zero_pp_rank_{0..3}_mp_rank_{00..01}_optim_states.pt",
+                      doc["description"])
+        self.assertIn(", tag global_step10, TP 2, %d tensors each" % len(model.full),
+                      doc["description"])
+
+    def test_include_optimizer_tp2(self):
+        model = dsm.Model(seed=35)
+        moments = dsm.ZeroMoments(model, 35)
+        folder = dsm.write_zero(self.p("save"), model, ep=4, world=4, moments=moments, tp=2)
+        rules = dsm.rules()
+        # The moments follow their param's rule.
+        rules["rules"] = [dict(r, pattern=r["pattern"].replace("$", r"(\.exp_avg(_sq)?)?$"))
+                          for r in rules["rules"]]
+        path = self.p("rules-moments.json")
+        with open(path, "w") as f:
+            json.dump(rules, f)
+        got = self.merged_st(folder, "--include-optimizer", "--rules", path)
+        want = collections.OrderedDict(model.full)
+        for name in model.full:
+            want[name + ".exp_avg"] = moments.exp_avg[name]
+            want[name + ".exp_avg_sq"] = moments.exp_avg_sq[name]
+        self.assertTensorsEqual(got, want, "ZeRO TP2 EP4 DP4 with moments")
 
     def test_data_before_expert_placement(self):
         # use_data_before_expert_parallelism: rank r is expert-parallel rank r // (W / EP).

@@ -80,34 +80,50 @@ class MoeZeroReader {
 
   absl::StatusOr<InputModel> Read() {
     // Names, shapes and order: the 16-bit model states and expert files, read as DeepSpeed
-    // without ZeRO reads them.
+    // without ZeRO reads them, one part per model-parallel rank.
     ZeroFolderFiles weights = files_;
     weights.any_optimizer_file = false;
     ReadOptions weight_options = options_;
     weight_options.include_optimizer = false;
     ASSIGN_OR_RETURN(InputModel model, ReadWithoutOptimizerFiles(dir_, tag_, weights,
                                                                  weight_options));
-    if (model.parts.size() != 1) {
-      return absl::UnimplementedError(
-          absl::StrCat(dir_, ": DeepSpeed mixture-of-experts with ZeRO and ", model.parts.size(),
-                       " model-parallel ranks; reshard reads MoE ZeRO saves of TP 1"));
-    }
+    parts_ = static_cast<int>(model.parts.size());
     for (const auto& [parsed, name] : files_.moe_files) {
       if (parsed.kind == MoeFileName::Kind::kExpertOptimizer) ep_ = std::max(ep_, parsed.ep + 1);
     }
-    // The optimizer files join the catalog's files after the model states and expert files.
-    builder_.catalog() = std::move(model.parts[0]);
-    RETURN_IF_ERROR(ReadRankFiles());
-    RETURN_IF_ERROR(CountExperts());
-    for (int g = 0; g < static_cast<int>(counts_.size()); ++g) RETURN_IF_ERROR(MapGroup(g));
-    RETURN_IF_ERROR(Rebuild());
-    Catalog& catalog = builder_.catalog();
-    catalog.format = kZeroFormatId;
-    catalog.Reindex();
-    model.description = Description(catalog.tensors.size() - moments_);
-    model.arrangement = "sharded";
-    model.parts[0] = std::move(catalog);
-    model.part_names = {dir_};
+    for (const auto& [mp, ranks] : files_.mp_optimizer_files) {
+      if (mp >= parts_) {
+        return absl::DataLossError(absl::StrCat(
+            dir_, ": ", ranks.begin()->second, " is of model-parallel rank ", mp,
+            ", but the folder holds ", parts_, " mp_rank_XX_model_states.pt file",
+            parts_ == 1 ? "" : "s", " (files of two saves mixed?)"));
+      }
+    }
+    size_t tensors = 0;
+    for (mp_ = 0; mp_ < parts_; ++mp_) {
+      // The optimizer files join the catalog's files after the model states and expert files.
+      builder_ = ZeroCatalogBuilder(dir_);
+      builder_.catalog() = std::move(model.parts[mp_]);
+      ranks_.clear();
+      mapped_.clear();
+      experts_.clear();
+      modules_.clear();
+      RETURN_IF_ERROR(ReadRankFiles());
+      RETURN_IF_ERROR(CountExperts());
+      for (int g = 0; g < static_cast<int>(counts_.size()); ++g) RETURN_IF_ERROR(MapGroup(g));
+      RETURN_IF_ERROR(Rebuild());
+      Catalog& catalog = builder_.catalog();
+      catalog.format = kZeroFormatId;
+      catalog.Reindex();
+      tensors = catalog.tensors.size() - moments_;
+      model.parts[mp_] = std::move(catalog);
+    }
+    mp_ = parts_ == 1 ? 0 : -1;  // names in the description: every mp rank's
+    model.description = Description(tensors);
+    if (parts_ == 1) {
+      model.arrangement = "sharded";
+      model.part_names = {dir_};
+    }
     if (options_.include_optimizer) {
       model.training_state.problem = absl::UnimplementedError(absl::StrCat(
           dir_, ": the training state of a DeepSpeed mixture-of-experts ZeRO save (per-group "
@@ -117,13 +133,25 @@ class MoeZeroReader {
   }
 
  private:
+  // "00", "{00..01}" (mp_ -1: every model-parallel rank).
+  std::string MpRank() const {
+    if (mp_ < 0) return absl::StrCat("{00..", parts_ <= 10 ? "0" : "", parts_ - 1, "}");
+    return absl::StrCat(mp_ < 10 ? "0" : "", mp_);
+  }
   std::string OptimizerName(int rank) const {
-    return absl::StrCat(files_.prefix, "zero_pp_rank_", rank, "_mp_rank_00_optim_states.pt");
+    return absl::StrCat(files_.prefix, "zero_pp_rank_", rank, "_mp_rank_", MpRank(),
+                        "_optim_states.pt");
   }
   // "bf16_zero_pp_rank_{0..3}_mp_rank_00_optim_states.pt".
   std::string AllOptimizerNames() const {
-    return absl::StrCat(files_.prefix, "zero_pp_rank_{0..", world_ - 1,
-                        "}_mp_rank_00_optim_states.pt");
+    return absl::StrCat(files_.prefix, "zero_pp_rank_{0..", world_ - 1, "}_mp_rank_", MpRank(),
+                        "_optim_states.pt");
+  }
+  // This model-parallel rank's optimizer files: data-parallel rank -> file name.
+  const std::map<int, std::string>& OptimizerFiles() const {
+    static const std::map<int, std::string>* const kNone = new std::map<int, std::string>();
+    auto it = files_.mp_optimizer_files.find(mp_);
+    return it == files_.mp_optimizer_files.end() ? *kNone : it->second;
   }
 
   absl::StatusOr<RankFile> ReadRankFile(const TorchArchive& archive, int rank) {
@@ -228,8 +256,9 @@ class MoeZeroReader {
 
   // Every rank's optimizer file, 0..W-1 (W: the dense groups' partition count), of one save.
   absl::Status ReadRankFiles() {
-    auto first = files_.optimizer_files.find(0);
-    if (first == files_.optimizer_files.end()) {
+    const std::map<int, std::string>& optimizer_files = OptimizerFiles();
+    auto first = optimizer_files.find(0);
+    if (first == optimizer_files.end()) {
       return absl::DataLossError(absl::StrCat(
           dir_, ": rank 0's optimizer file (", OptimizerName(0),
           ") is missing; it gives the world size and param groups. ", kPartialSaveHint));
@@ -240,19 +269,26 @@ class MoeZeroReader {
     const PickleValue* config = PickleField(archive->root(), "ds_config");
     data_before_expert_ =
         PickleInt(PickleField(config, "use_data_before_expert_parallelism")).value_or(0) != 0;
+    if (data_before_expert_ && parts_ > 1) {
+      // groups._get_expert_parallel_ranks orders that topology's data-parallel ranks otherwise
+      // than the ZeRO files number them.
+      return absl::UnimplementedError(absl::StrCat(
+          archive->path(), ": use_data_before_expert_parallelism with ", parts_,
+          " model-parallel ranks; reshard reads that placement at TP 1 only"));
+    }
     archive.reset();
     counts_ = rank0.counts;
     world_ = static_cast<int>(*std::max_element(counts_.begin(), counts_.end()));
     stage_ = rank0.stage;
     for (int rank = 0; rank < world_; ++rank) {
-      if (files_.optimizer_files.count(rank) == 0) {
+      if (optimizer_files.count(rank) == 0) {
         return absl::DataLossError(absl::StrCat(
             dir_, ": DeepSpeed MoE with ZeRO-", stage_, ", ", world_, " ranks (partition_count of ",
             first->second, "): rank ", rank, "'s optimizer file (", OptimizerName(rank),
             ") is missing. ", kPartialSaveHint));
       }
     }
-    if (const auto& [rank, name] = *files_.optimizer_files.rbegin(); rank >= world_) {
+    if (const auto& [rank, name] = *optimizer_files.rbegin(); rank >= world_) {
       return absl::DataLossError(absl::StrCat(
           dir_, ": ", name, " is beyond the ", world_, " ranks of partition_count [",
           absl::StrJoin(counts_, ", "), "] in ", first->second, " (files of two saves mixed?)"));
@@ -260,7 +296,7 @@ class MoeZeroReader {
     ranks_.push_back(std::move(rank0));
     std::vector<std::string> paths;
     for (int rank = 1; rank < world_; ++rank) {
-      paths.push_back(JoinPath(dir_, files_.optimizer_files.at(rank)));
+      paths.push_back(JoinPath(dir_, optimizer_files.at(rank)));
     }
     return OpenArchivesInOrder(paths, [&](int i, const TorchArchive& optim) -> absl::Status {
       ASSIGN_OR_RETURN(RankFile file, ReadRankFile(optim, i + 1));
@@ -297,7 +333,8 @@ class MoeZeroReader {
       return absl::DataLossError(absl::StrCat(
           file.path, ": param_slice_mappings[", g, "] names \"", fragment.name,
           "\", an expert of module ", key->module,
-          ", which no layer_{m}_expert_{g}_mp_rank_00_model_states.pt holds (two saves mixed?)"));
+          ", which no layer_{m}_expert_{g}_mp_rank_", MpRank(),
+          "_model_states.pt holds (two saves mixed?)"));
     }
     const int64_t local = it->second / ep;
     if (it->second % ep != 0 || key->id >= local) {
@@ -445,8 +482,8 @@ class MoeZeroReader {
         return absl::DataLossError(absl::StrCat(
             ranks_[param.runs.front().rank].path, ": param_slice_mappings[",
             param.runs.front().group, "] holds \"", name,
-            "\", which neither mp_rank_00_model_states.pt nor an expert file holds (files of two "
-            "saves mixed?)"));
+            "\", which neither mp_rank_", MpRank(),
+            "_model_states.pt nor an expert file holds (files of two saves mixed?)"));
       }
     }
     moments_ = moments.size();
@@ -481,10 +518,12 @@ class MoeZeroReader {
              : absl::StrCat("{", absl::StrJoin(counts, ", "), "} experts"),
         ", EP ", ep, ": fp32 master weights from ", AllOptimizerNames(), " (expert groups over ",
         edp, edp == 1 ? " rank" : " ranks", " each; ", placement,
-        "), names and shapes from mp_rank_00_model_states.pt and layer_",
+        "), names and shapes from mp_rank_", MpRank(), "_model_states.pt and layer_",
         layers == 1 ? std::string("0") : absl::StrCat("{0..", layers - 1, "}"), "_expert_",
         most == 1 ? std::string("0") : absl::StrCat("{0..", most - 1, "}"),
-        "_mp_rank_00_model_states.pt, tag ", tag_, ", ", tensors, " tensors");
+        "_mp_rank_", MpRank(), "_model_states.pt, tag ", tag_, ", ",
+        parts_ == 1 ? "" : absl::StrCat("TP ", parts_, ", "), tensors,
+        parts_ == 1 ? " tensors" : " tensors each");
   }
 
   const std::string& dir_;
@@ -493,6 +532,8 @@ class MoeZeroReader {
   const ReadOptions& options_;
   ZeroCatalogBuilder builder_;
   int ep_ = 0;            // expp_rank files; 0 when none
+  int parts_ = 1;         // model-parallel ranks
+  int mp_ = 0;            // the one read
   int ep_groups_ = 1;     // the expert groups' EP, from their partition count
   int world_ = 0;
   int stage_ = 0;

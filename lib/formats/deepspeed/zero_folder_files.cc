@@ -40,6 +40,8 @@ absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir) {
     switch (parsed->kind) {
       case ZeroFileName::Kind::kOptimizer: {
         files.any_optimizer_file = true;
+        files.mp_optimizer_files[parsed->mp][parsed->dp] = name;
+        prefixes.insert(parsed->prefix);
         if (parsed->mp != 0) {
           other_mp.push_back(name);
           break;
@@ -50,7 +52,6 @@ absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir) {
                                                   " are both rank ", parsed->dp,
                                                   "'s optimizer file (two runs mixed?)"));
         }
-        prefixes.insert(parsed->prefix);
         break;
       }
       case ZeroFileName::Kind::kRankModel:
@@ -75,7 +76,7 @@ absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir) {
             [](const auto& a, const auto& b) { return NaturalLess(a.second, b.second); });
   // Without optimizer files, Read decides from the model-states files what the folder is.
   if (!files.any_optimizer_file) return files;
-  if (!other_mp.empty()) {
+  if (!other_mp.empty() && files.moe_files.empty()) {
     std::sort(other_mp.begin(), other_mp.end(), NaturalLess);
     return absl::UnimplementedError(absl::StrCat(
         dir, " holds files of model-parallel rank > 0 (", other_mp[0],
