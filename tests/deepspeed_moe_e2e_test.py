@@ -1,5 +1,5 @@
-"""End-to-end tests of reshard's DeepSpeed reader on mixture-of-experts saves without ZeRO
-(mp_rank_XX_model_states.pt + layer_{m}_expert_{g}_mp_rank_XX_model_states.pt +
+"""End-to-end tests of reshard's DeepSpeed reader on mixture-of-experts saves without ZeRO and
+with ZeRO-1/2 (mp_rank_XX_model_states.pt + layer_{m}_expert_{g}_mp_rank_XX_model_states.pt +
 expp_rank_{ep}_mp_rank_XX_optim_states.pt), written with real torch by
 tests/fixtures/deepspeed_moe_fixture.py.
 
@@ -13,10 +13,17 @@ a model with EP 1 names it), never reshard's, compared element by element:
     state dict order (each layer's experts after its router);
   * refusals (exit 3, the message names the expert and the file, OUT not created): an expert
     file missing, an expert's file copied under another expert's name, two names of one expert,
-    an expert file of another save, MoE with ZeRO (ZeRO files, or model states of a ZeRO
-    run), --include-optimizer.
+    an expert file of another save, model states of a ZeRO run without optimizer files,
+    --include-optimizer;
+  * DeepSpeed's legacy expert_{g}_mp_rank_XX files (every layer's expert g in one file);
+  * ZeRO-1/2 (deepspeed_moe_fixture.write_zero: 4 data-parallel ranks, EP 2 and 4, TP 1 and
+    2, both rank placements): the fp32 master weights and Adam moments of the optimizer files, compared
+    with the fixture's fp32 tensors (the model states and expert files hold bf16/fp16 copies);
+    a missing rank file, an expert in no mapping, fragments leaving a gap, partition counts of
+    another save or disagreeing with EP, ZeRO-3 files refused naming the file.
 """
 
+import collections
 import json
 import os
 import shutil
@@ -39,9 +46,10 @@ class Base(megatron_moe_e2e_test.Base):
     assertTensorsEqual()."""
     TMP_PREFIX = "reshard-dsmoe"
 
-    def save(self, tp, ep, seed, expert_tp=False, name="save"):
+    def save(self, tp, ep, seed, expert_tp=False, name="save", legacy=False):
         model = dsm.Model(seed=seed)
-        folder = dsm.write(self.p(name), model, tp=tp, ep=ep, expert_tp=expert_tp)
+        folder = dsm.write(self.p(name), model, tp=tp, ep=ep, expert_tp=expert_tp,
+                           legacy=legacy)
         return model, folder
 
     def rules_args(self, tp, expert_tp=False):
@@ -116,6 +124,202 @@ class DeepSpeedMoEReadTests(Base):
         self.assertEqual([t["name"] for t in doc["tensors"]], list(model.full))
 
 
+class DeepSpeedMoELegacyTests(Base):
+    """DeepSpeed's layout before per-layer expert files: expert_{g}_mp_rank_XX_model_states.pt
+    holding expert g of every MoE layer, `num_experts` one int."""
+
+    def test_ep2_tp1(self):
+        model, folder = self.save(tp=1, ep=2, seed=41, legacy=True)
+        self.assertFalse([n for n in os.listdir(folder) if n.startswith("layer_")])
+        got = self.merged_st(folder)
+        self.assertTensorsEqual(got, model.full, "legacy EP2")
+
+    def test_ep4_tp2_inspect(self):
+        model, folder = self.save(tp=2, ep=4, seed=42, legacy=True)
+        got = self.merged_st(folder, *self.rules_args(2))
+        self.assertTensorsEqual(got, model.full, "legacy EP4 TP2")
+        doc = self.inspect_json(folder)
+        doc = doc.get("result", doc)
+        self.assertEqual(
+            doc["description"],
+            "DeepSpeed MoE (no ZeRO), 2 MoE layers x 8 experts, EP 4, TP 2, weights from "
+            "mp_rank_{00..01}_model_states.pt module and "
+            "expert_{0..7}_mp_rank_{00..01}_model_states.pt (DeepSpeed's legacy layout: every "
+            "layer's expert g in one file), tag global_step10, %d tensors each" % len(model.full))
+        self.assertEqual([t["name"] for t in doc["tensors"]], list(model.full))
+
+    def test_missing_expert(self):
+        _, folder = self.save(tp=1, ep=2, seed=43, legacy=True)
+        os.remove(os.path.join(folder, "expert_6_mp_rank_00_model_states.pt"))
+        self.refused(folder, "expert 6 is missing: expert_6_mp_rank_00_model_states.pt is not "
+                     "in the folder")
+
+    def test_expert_file_under_another_experts_name(self):
+        _, folder = self.save(tp=1, ep=2, seed=44, legacy=True)
+        shutil.copy(os.path.join(folder, "expert_1_mp_rank_00_model_states.pt"),
+                    os.path.join(folder, "expert_2_mp_rank_00_model_states.pt"))
+        self.refused(folder, "expert_2_mp_rank_00_model_states.pt",
+                     "is a parameter of expert 1, but the file is expert 2's")
+
+    def test_mixed_with_per_layer_files(self):
+        _, folder = self.save(tp=1, ep=2, seed=45, legacy=True)
+        _, other = self.save(tp=1, ep=2, seed=46, name="other")
+        name = "layer_0_expert_0_mp_rank_00_model_states.pt"
+        shutil.copy(os.path.join(other, name), os.path.join(folder, name))
+        self.refused(folder, name, "are of two saves")
+
+
+class DeepSpeedMoEZeroTests(Base):
+    """MoE saves with ZeRO-1/2: fp32 master weights (and Adam moments) out of the ranks'
+    optimizer files, compared with the fixture's known fp32 tensors; the 16-bit copies in the
+    model states and expert files are bf16 and differ from them."""
+
+    def zero_save(self, ep, world, seed, name="save", **kwargs):
+        model = dsm.Model(seed=seed)
+        folder = dsm.write_zero(self.p(name), model, ep=ep, world=world, **kwargs)
+        return model, folder
+
+    def check(self, ep, world, seed, **kwargs):
+        model, folder = self.zero_save(ep, world, seed, **kwargs)
+        got = self.merged_st(os.path.dirname(folder), *self.rules_args(kwargs.get("tp", 1)))
+        self.assertTensorsEqual(got, model.full, "ZeRO EP%d DP%d" % (ep, world))
+        return model, folder
+
+    def test_zero2_ep2_dp4(self):
+        self.check(ep=2, world=4, seed=21)
+
+    def test_zero1_ep4_dp4(self):
+        self.check(ep=4, world=4, seed=22, stage=1, half=torch.float16)
+
+    def test_zero2_ep2_dp4_tp2(self):
+        # Each TP rank's ZeRO files hold its shards; --rules merges the two parts.
+        model, folder = self.check(ep=2, world=4, seed=34, tp=2)
+        doc = self.inspect_json(folder)
+        doc = doc.get("result", doc)
+        self.assertEqual(doc["layout"], "model-parallel-parts")
+        self.assertIn("fp32 master weights from "
+                      "bf16_zero_pp_rank_{0..3}_mp_rank_{00..01}_optim_states.pt",
+                      doc["description"])
+        self.assertIn(", tag global_step10, TP 2, %d tensors each" % len(model.full),
+                      doc["description"])
+
+    def test_include_optimizer_tp2(self):
+        model = dsm.Model(seed=35)
+        moments = dsm.ZeroMoments(model, 35)
+        folder = dsm.write_zero(self.p("save"), model, ep=4, world=4, moments=moments, tp=2)
+        rules = dsm.rules()
+        # The moments follow their param's rule.
+        rules["rules"] = [dict(r, pattern=r["pattern"].replace("$", r"(\.exp_avg(_sq)?)?$"))
+                          for r in rules["rules"]]
+        path = self.p("rules-moments.json")
+        with open(path, "w") as f:
+            json.dump(rules, f)
+        got = self.merged_st(folder, "--include-optimizer", "--rules", path)
+        want = collections.OrderedDict(model.full)
+        for name in model.full:
+            want[name + ".exp_avg"] = moments.exp_avg[name]
+            want[name + ".exp_avg_sq"] = moments.exp_avg_sq[name]
+        self.assertTensorsEqual(got, want, "ZeRO TP2 EP4 DP4 with moments")
+
+    def test_data_before_expert_placement(self):
+        # use_data_before_expert_parallelism: rank r is expert-parallel rank r // (W / EP).
+        self.check(ep=2, world=4, seed=23, data_before_expert=True)
+
+    def test_include_optimizer(self):
+        model = dsm.Model(seed=24)
+        moments = dsm.ZeroMoments(model, 24)
+        folder = dsm.write_zero(self.p("save"), model, ep=2, world=4, moments=moments)
+        got = self.merged_st(folder, "--include-optimizer")
+        want = collections.OrderedDict(model.full)
+        for name in model.full:
+            want[name + ".exp_avg"] = moments.exp_avg[name]
+            want[name + ".exp_avg_sq"] = moments.exp_avg_sq[name]
+        self.assertTensorsEqual(got, want, "ZeRO EP2 DP4 with moments")
+
+    def test_inspect(self):
+        model, folder = self.zero_save(ep=2, world=4, seed=25)
+        doc = self.inspect_json(folder)
+        doc = doc.get("result", doc)
+        self.assertEqual(doc["format"], "deepspeed-zero")
+        self.assertEqual(
+            doc["description"],
+            "DeepSpeed MoE with ZeRO-2, 4 ranks, 2 MoE layers x 8 experts, EP 2: fp32 master "
+            "weights from bf16_zero_pp_rank_{0..3}_mp_rank_00_optim_states.pt (expert groups "
+            "over 2 ranks each; rank r is expert-parallel rank r %% 2, DeepSpeed's default "
+            "expert-then-data placement), names and shapes from mp_rank_00_model_states.pt and "
+            "layer_{0..1}_expert_{0..7}_mp_rank_00_model_states.pt, tag global_step10, "
+            "%d tensors" % len(model.full))
+        self.assertEqual([t["name"] for t in doc["tensors"]], list(model.full))
+        self.assertEqual({t["dtype"] for t in doc["tensors"]}, {"F32"})
+
+    def test_missing_rank_file(self):
+        _, folder = self.zero_save(ep=2, world=4, seed=26)
+        os.remove(os.path.join(folder, "bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt"))
+        self.refused(folder, "rank 3's optimizer file "
+                     "(bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt) is missing")
+
+    def test_expert_missing_from_every_mapping(self):
+        # Every file consistent, but one expert parameter is in no rank's optimizer.
+        name = "language_model.encoder.layers.3.mlp" + dsm.INFIX + "5.dense_4h_to_h.bias"
+        _, folder = self.zero_save(ep=2, world=4, seed=27, drop=(name,))
+        self.refused(folder, "\"%s\" (expert 5 of language_model.encoder.layers.3.mlp) is in "
+                     "no param_slice_mappings of "
+                     "bf16_zero_pp_rank_{0..3}_mp_rank_00_optim_states.pt" % name)
+
+    def test_fragments_that_do_not_tile_a_partition(self):
+        # One expert parameter's fragment taken out of the mappings of the ranks holding it:
+        # a gap in those ranks' partitions.
+        name = "language_model.encoder.layers.1.mlp" + dsm.INFIX + "6.dense_h_to_4h.bias"
+        _, folder = self.zero_save(ep=2, world=4, seed=28)
+        for rank in (1, 3):
+            path = os.path.join(folder, "bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt" % rank)
+            top = torch.load(path)
+            mapping = top["optimizer_state_dict"]["param_slice_mappings"][1]
+            mapping.pop(name.replace(dsm.INFIX + "6.", dsm.INFIX + "2."), None)
+            torch.save(top, path)
+        after = "language_model.encoder.layers.1.mlp" + dsm.INFIX + "2.dense_4h_to_h.weight"
+        self.refused(folder, "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt: "
+                     "param_slice_mappings[1][\"%s\"] starts at 704, but the fragments before "
+                     "it end at 688: the fragments do not tile "
+                     "single_partition_of_fp32_groups[1]" % after)
+
+    def test_zero3_refused(self):
+        # DeepSpeed asserts "MoE not supported with Stage 3": ZeRO-3 files are of another save.
+        _, folder = self.zero_save(ep=2, world=4, seed=32)
+        name = "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+        top = torch.load(os.path.join(folder, name))
+        top["optimizer_state_dict"]["zero_stage"] = 3
+        torch.save(top, os.path.join(folder, name))
+        self.refused(folder, name + ": a ZeRO-3 optimizer file beside the expert files of a "
+                     "DeepSpeed mixture-of-experts save: DeepSpeed does not run MoE with ZeRO-3")
+        _, folder = self.save(tp=1, ep=2, seed=33, name="zero3-states")
+        name = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+        shutil.copy(os.path.join(folder, "mp_rank_00_model_states.pt"),
+                    os.path.join(folder, name))
+        self.refused(folder, name + " (ZeRO-3 model states) beside the expert files of a "
+                     "DeepSpeed mixture-of-experts save", "DeepSpeed does not run MoE with ZeRO-3")
+
+    def test_two_saves_mixed(self):
+        _, other = self.zero_save(ep=4, world=4, seed=29, name="other")
+        _, folder = self.zero_save(ep=2, world=4, seed=30)
+        name = "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt"
+        shutil.copy(os.path.join(other, name), os.path.join(folder, name))
+        self.refused(folder, name + ": ZeRO-2 with partition_count [4, 1], but "
+                     "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt has ZeRO-2 with [4, 2] "
+                     "(files of two saves mixed)")
+
+    def test_expert_group_partition_count_disagrees_with_ep(self):
+        _, folder = self.zero_save(ep=2, world=4, seed=31)
+        for rank in range(4):
+            path = os.path.join(folder, "bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt" % rank)
+            top = torch.load(path)
+            top["optimizer_state_dict"]["partition_count"] = [4, 4]
+            torch.save(top, path)
+        self.refused(folder, "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                     "param group 1 holds experts and is partitioned over 4 ranks, but 4 ranks "
+                     "at EP 2 (expp_rank_0..1) give expert groups of 2")
+
+
 class DeepSpeedMoERefusalTests(Base):
 
     def test_missing_expert(self):
@@ -144,21 +348,14 @@ class DeepSpeedMoERefusalTests(Base):
         self.refused(folder, name, "(expert 6 of MoE layer 0) is F32 [24, 8], but expert 0 has "
                      "F32 [16, 8] (experts of two saves mixed?)")
 
-    def test_moe_with_zero(self):
-        # ZeRO optimizer files beside the expert files.
-        name = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
-        folder = self.replace_expert_file(1, 2, 17, "expp_rank_0_mp_rank_00_optim_states.pt",
-                                          name)
-        self.refused(folder, "holds a DeepSpeed mixture-of-experts save", "with ZeRO optimizer "
-                     "files (%s)" % name, "reshard reads MoE saves without ZeRO")
-        # A ZeRO-1 run's model states without their optimizer files.
+    def test_moe_model_states_of_a_zero_run_without_optimizer_files(self):
         _, folder = self.save(tp=1, ep=2, seed=18, name="zero1")
         path = os.path.join(folder, "mp_rank_00_model_states.pt")
         states = torch.load(path)
         states["ds_config"]["zero_optimization"]["stage"] = 1
         torch.save(states, path)
-        self.refused(folder, "DeepSpeed mixture-of-experts checkpoint global_step10 with ZeRO-1",
-                     "reshard reads MoE saves without ZeRO")
+        self.refused(folder, "DeepSpeed ZeRO-1 checkpoint global_step10 has no optimizer files",
+                     "zero_pp_rank_*_mp_rank_00_optim_states.pt")
 
     def test_include_optimizer(self):
         _, folder = self.save(tp=1, ep=2, seed=16)

@@ -22,18 +22,16 @@ namespace {
 
 std::string TwoDigits(int n) { return absl::StrCat(n < 10 ? "0" : "", n); }
 
-std::string ExpertFileName(int layer, int expert, int mp) {
-  return absl::StrCat("layer_", layer, "_expert_", expert, "_mp_rank_", TwoDigits(mp),
-                      "_model_states.pt");
+std::string ExpertFileName(bool legacy, int layer, int expert, int mp) {
+  return absl::StrCat(legacy ? "" : absl::StrCat("layer_", layer, "_"), "expert_", expert,
+                      "_mp_rank_", TwoDigits(mp), "_model_states.pt");
 }
 
-// An expert parameter's key split where DeepSpeed's `.*{infix}([0-9]+).*` splits it: the module
-// before the last infix, the expert id, and the parameter after it ("" or ".w1.weight").
-struct ExpertKey {
-  std::string module;
-  int64_t id = 0;
-  std::string param;
-};
+}  // namespace
+
+std::string ExpertKey::WithId(int64_t expert) const {
+  return absl::StrCat(module, kExpertKeyInfix, expert, param);
+}
 
 std::optional<ExpertKey> ParseExpertKey(const std::string& key) {
   const size_t at = key.rfind(kExpertKeyInfix);
@@ -52,8 +50,6 @@ std::optional<ExpertKey> ParseExpertKey(const std::string& key) {
   return ExpertKey{key.substr(0, at), id, key.substr(end)};
 }
 
-}  // namespace
-
 absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolderFiles& files,
                                         int parts, absl::Span<const int64_t> num_experts) {
   MoeSave save;
@@ -63,11 +59,16 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
   int max_layer = -1;
   std::map<int, int> max_expert;  // layer -> largest expert id named
   for (const auto& [parsed, name] : files.moe_files) {
-    if (parsed.kind == MoeFileName::Kind::kLegacyExpert) {
-      return absl::UnimplementedError(absl::StrCat(
-          dir, ": ", name,
-          " is an expert file of DeepSpeed's legacy MoE layout (expert_{g}_mp_rank_XX, before "
-          "per-layer files); reshard reads layer_{m}_expert_{g}_mp_rank_XX_model_states.pt"));
+    if (parsed.kind != MoeFileName::Kind::kExpertOptimizer) {
+      const bool legacy = parsed.kind == MoeFileName::Kind::kLegacyExpert;
+      if (!experts.empty() && legacy != save.legacy) {
+        return absl::DataLossError(absl::StrCat(
+            dir, ": ", name, " beside ", experts.begin()->second.begin()->second,
+            ": expert files of DeepSpeed's legacy layout (expert_{g}_mp_rank_XX, every MoE "
+            "layer's expert g in one file) and of the per-layer one (layer_{m}_expert_{g}_...) "
+            "are of two saves"));
+      }
+      save.legacy = legacy;
     }
     if (parsed.mp >= parts) {
       return absl::DataLossError(
@@ -88,9 +89,10 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
     auto [slot, inserted] =
         experts[parsed.mp].try_emplace(std::make_pair(parsed.layer, parsed.expert), name);
     if (!inserted) {
-      return absl::DataLossError(absl::StrCat(dir, ": ", slot->second, " and ", name,
-                                              " are both expert ", parsed.expert, " of MoE layer ",
-                                              parsed.layer, " (two saves mixed?)"));
+      return absl::DataLossError(absl::StrCat(
+          dir, ": ", slot->second, " and ", name, " are both expert ", parsed.expert,
+          save.legacy ? std::string() : absl::StrCat(" of MoE layer ", parsed.layer),
+          " (two saves mixed?)"));
     }
     max_layer = std::max(max_layer, parsed.layer);
     max_expert[parsed.layer] = std::max(max_expert[parsed.layer], parsed.expert);
@@ -105,6 +107,12 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
   const std::string recorded = num_experts.empty()
                                    ? std::string("the expert files")
                                    : std::string("num_experts in mp_rank_00_model_states.pt");
+  if (save.legacy && num_experts.size() > 1) {
+    return absl::DataLossError(absl::StrCat(
+        dir, ": ", experts.begin()->second.begin()->second, " is an expert file of DeepSpeed's "
+        "legacy layout, but ", recorded, " lists the experts of ", num_experts.size(),
+        " MoE layers, as only the per-layer layout records them (two saves mixed?)"));
+  }
   if (!num_experts.empty()) {
     for (size_t m = 0; m < num_experts.size(); ++m) {
       if (num_experts[m] < 1 || num_experts[m] > kMaxExpertsPerLayer) {
@@ -132,8 +140,10 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
       }
       if (expert >= save.experts[layer]) {
         return absl::DataLossError(absl::StrCat(
-            dir, ": ", name, " is expert ", expert, " of MoE layer ", layer, ", which has ",
-            save.experts[layer], " experts (", recorded, "; two saves mixed?)"));
+            dir, ": ", name, " is expert ", expert,
+            save.legacy ? std::string() : absl::StrCat(" of MoE layer ", layer), ", but ",
+            save.legacy ? "every MoE layer" : "the layer", " has ", save.experts[layer],
+            " experts (", recorded, "; two saves mixed?)"));
       }
     }
     std::vector<std::vector<std::string>>& arranged = save.files[mp];
@@ -142,9 +152,10 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
       for (int g = 0; g < save.experts[m]; ++g) {
         auto it = named.find({m, g});
         if (it == named.end()) {
-          return absl::DataLossError(absl::StrCat(dir, ": expert ", g, " of MoE layer ", m,
-                                                  " is missing: ", ExpertFileName(m, g, mp),
-                                                  " is not in the folder. ", kPartialSaveHint));
+          return absl::DataLossError(absl::StrCat(
+              dir, ": expert ", g,
+              save.legacy ? std::string() : absl::StrCat(" of MoE layer ", m), " is missing: ",
+              ExpertFileName(save.legacy, m, g, mp), " is not in the folder. ", kPartialSaveHint));
         }
         arranged[m].push_back(it->second);
       }
@@ -183,11 +194,18 @@ absl::StatusOr<MoeSave> ArrangeMoeFiles(const std::string& dir, const ZeroFolder
 }
 
 absl::Status AddExpertTensors(const std::string& dir,
-                              const std::vector<std::vector<std::string>>& layers,
+                              const std::vector<std::vector<std::string>>& layers, bool legacy,
                               ZeroCatalogBuilder& builder) {
   const size_t dense = builder.catalog().tensors.size();
   std::vector<std::string> modules(layers.size());      // per layer, its MoE module
   std::vector<size_t> layer_end(layers.size(), dense);  // per layer, one past its last tensor
+  // Legacy files: the MoE modules in the order expert 0's file holds them.
+  std::vector<std::string> legacy_modules;
+  // What is compared across the experts of a layer: the parameter after the id, and in a
+  // legacy file, which holds every layer's expert, the module before it too.
+  auto param_key = [legacy](const ExpertKey& key) {
+    return legacy ? absl::StrCat(key.module, kExpertKeyInfix, "*", key.param) : key.param;
+  };
   for (size_t m = 0; m < layers.size(); ++m) {
     // The parameters of expert 0 of this layer (after the id): what every expert must hold.
     std::map<std::string, std::pair<DType, Shape>> params;
@@ -195,7 +213,8 @@ absl::Status AddExpertTensors(const std::string& dir,
       const std::string& name = layers[m][g];
       ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive,
                        TorchArchive::Open(JoinPath(dir, name)));
-      const std::string expert = absl::StrCat("expert ", g, " of MoE layer ", m);
+      const std::string expert =
+          legacy ? absl::StrCat("expert ", g) : absl::StrCat("expert ", g, " of MoE layer ", m);
       if (PickleEntries(archive->root()) == nullptr) {
         return Corrupt(*archive, absl::StrCat("holds ", DescribePickleValue(archive->root()),
                                               "; expected the state dict of ", expert));
@@ -215,7 +234,12 @@ absl::Status AddExpertTensors(const std::string& dir,
                                                     parsed->id, ", but the file is ", expert,
                                                     "'s (a duplicated or renamed expert file)"));
             }
-            if (modules[m].empty()) {
+            if (legacy) {
+              if (g == 0 && std::find(legacy_modules.begin(), legacy_modules.end(),
+                                      parsed->module) == legacy_modules.end()) {
+                legacy_modules.push_back(parsed->module);
+              }
+            } else if (modules[m].empty()) {
               for (size_t other = 0; other < m; ++other) {
                 if (modules[other] == parsed->module) {
                   return Corrupt(*archive, absl::StrCat("\"", key, "\" (", expert,
@@ -236,13 +260,13 @@ absl::Status AddExpertTensors(const std::string& dir,
                                                         ? "the dense model states' module"
                                                         : "another expert file"));
             }
-            seen.insert(parsed->param);
+            seen.insert(param_key(*parsed));
             return absl::OkStatus();
           }));
       // Every expert of a layer holds the same parameters, shapes and dtypes.
       for (size_t i = before; i < builder.catalog().tensors.size(); ++i) {
         const CatalogTensor& tensor = builder.catalog().tensors[i];
-        const std::string param = ParseExpertKey(tensor.name)->param;
+        const std::string param = param_key(*ParseExpertKey(tensor.name));
         if (g == 0) {
           params[param] = {tensor.dtype, tensor.shape};
           continue;
@@ -271,12 +295,31 @@ absl::Status AddExpertTensors(const std::string& dir,
     }
     layer_end[m] = builder.catalog().tensors.size();
   }
+  if (legacy) {
+    // Each file holds one expert of every layer: regroup layer by layer, experts in id order,
+    // as the per-layer layout reads them.
+    std::vector<CatalogTensor>& added = builder.catalog().tensors;
+    auto rank = [&](const CatalogTensor& tensor) {
+      const ExpertKey key = *ParseExpertKey(tensor.name);
+      const size_t layer =
+          std::find(legacy_modules.begin(), legacy_modules.end(), key.module) -
+          legacy_modules.begin();
+      return std::make_pair(layer, key.id);
+    };
+    std::stable_sort(added.begin() + dense, added.end(),
+                     [&](const CatalogTensor& a, const CatalogTensor& b) {
+                       return rank(a) < rank(b);
+                     });
+    modules = legacy_modules;
+    layer_end.assign(modules.size(), dense);
+    for (size_t i = dense; i < added.size(); ++i) layer_end[rank(added[i]).first] = i + 1;
+  }
   // Each layer's experts go after the last dense tensor of its `<module>.` (its router), as in
   // the model's state dict; a layer whose module holds no dense tensor stays at the end.
   std::vector<CatalogTensor>& tensors = builder.catalog().tensors;
   std::vector<std::vector<size_t>> after(dense);  // dense index -> layers placed after it
   std::vector<size_t> trailing;
-  for (size_t m = 0; m < layers.size(); ++m) {
+  for (size_t m = 0; m < modules.size(); ++m) {
     const std::string moe_prefix = absl::StrCat(modules[m], ".deepspeed_moe.");
     int anchor = -1;
     for (size_t i = 0; i < dense; ++i) {

@@ -74,12 +74,14 @@ class NoZeroReader {
         "_optim_states.pt): the fp32 weights live there; copy them too"));
   }
 
-  // The refusal for a mixture-of-experts save with ZeRO.
-  absl::Status MoeWithZero(const std::string& what) const {
-    return absl::UnimplementedError(absl::StrCat(
-        dir_, ": DeepSpeed mixture-of-experts checkpoint ", tag_, " with ", what,
-        ": the experts' fp32 weights and Adam moments are in the ZeRO files' expert param "
-        "groups, which reshard does not read; reshard reads MoE saves without ZeRO"));
+  // The refusal for expert files beside ZeRO-3 model states (`name`): DeepSpeed's engine
+  // asserts "MoE not supported with Stage 3", so the files are of two saves.
+  absl::Status MoeWithZero3(const std::string& name) const {
+    return absl::DataLossError(absl::StrCat(
+        dir_, ": ", name, " (ZeRO-3 model states) beside the expert files of a DeepSpeed "
+        "mixture-of-experts save (", files_.moe_files.front().second,
+        "): DeepSpeed does not run MoE with ZeRO-3 (\"MoE not supported with Stage 3\"), so the "
+        "files are of two saves"));
   }
 
   // A folder with model-states files only: a ZeRO checkpoint whose optimizer files were not
@@ -87,7 +89,9 @@ class NoZeroReader {
   // mixture-of-experts the expert files).
   absl::StatusOr<InputModel> ReadWithoutOptimizerFiles() {
     const bool moe = !files_.moe_files.empty();
-    if (moe && !files_.rank_model_names.empty()) return MoeWithZero("ZeRO-3");
+    if (moe && !files_.rank_model_names.empty()) {
+      return MoeWithZero3(files_.rank_model_names.front());
+    }
     if (moe && files_.model_files.empty()) {
       return absl::DataLossError(
           absl::StrCat(dir_, " holds the expert files of a DeepSpeed mixture-of-experts save (",
@@ -116,7 +120,6 @@ class NoZeroReader {
     ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> first,
                      OpenArchive(files_.model_files.begin()->second));
     if (const ZeroSigns signs = ReadZeroSigns(*first); !signs.what.empty()) {
-      if (moe) return MoeWithZero(signs.what);
       return MissingOptimizerFiles(signs, mps);
     }
     const int parts = files_.model_files.rbegin()->first + 1;
@@ -154,8 +157,11 @@ class NoZeroReader {
     MoeSave experts;
     if (moe) {
       std::vector<int64_t> num_experts;
-      if (const auto* list = PickleField(first->root(), "num_experts");
-          list != nullptr && list->kind == Kind::kList) {
+      const PickleValue* recorded = PickleField(first->root(), "num_experts");
+      if (std::optional<int64_t> every = PickleInt(recorded); every.has_value()) {
+        num_experts.push_back(*every);  // DeepSpeed's legacy MoE layout: every layer's experts
+      } else if (const auto* list = recorded;
+                 list != nullptr && list->kind == Kind::kList) {
         for (const PickleValue* item : list->items) {
           std::optional<int64_t> n = PickleInt(item);
           if (!n.has_value()) {
@@ -179,7 +185,8 @@ class NoZeroReader {
         const ZeroSigns signs = ReadZeroSigns(*archive);
         if (!signs.what.empty()) return MissingOptimizerFiles(signs, mps);
       }
-      ASSIGN_OR_RETURN(Catalog part, ReadModule(*archive, moe ? &experts.files.at(mp) : nullptr));
+      ASSIGN_OR_RETURN(Catalog part, ReadModule(*archive, moe ? &experts.files.at(mp) : nullptr,
+                                                experts.legacy));
       tensors = part.tensors.size();
       model.parts.push_back(std::move(part));
       model.part_names.push_back(archive->path());
@@ -205,7 +212,7 @@ class NoZeroReader {
   // layer_{0..1}_expert_{0..7}_mp_rank_{00..01}_model_states.pt, tag global_step10, 40 tensors
   // each".
   std::string MoeDescription(const MoeSave& experts, int parts, size_t tensors) const {
-    const int layers = static_cast<int>(experts.experts.size());
+    const int layers = experts.legacy ? moe_layers_ : static_cast<int>(experts.experts.size());
     const int most = *std::max_element(experts.experts.begin(), experts.experts.end());
     const bool same = std::all_of(experts.experts.begin(), experts.experts.end(),
                                   [&](int n) { return n == most; });
@@ -216,10 +223,15 @@ class NoZeroReader {
         same ? absl::StrCat(most, " experts")
              : absl::StrCat("{", absl::StrJoin(experts.experts, ", "), "} experts"),
         ", EP ", experts.ep > 0 ? absl::StrCat(experts.ep) : "not recorded (no expp_rank files)",
-        ", TP ", parts, ", weights from mp_rank_", mp, "_model_states.pt module and layer_",
-        layers == 1 ? std::string("0") : absl::StrCat("{0..", layers - 1, "}"), "_expert_",
-        most == 1 ? std::string("0") : absl::StrCat("{0..", most - 1, "}"), "_mp_rank_", mp,
-        "_model_states.pt, tag ", tag_, ", ", tensors, parts == 1 ? " tensors" : " tensors each");
+        ", TP ", parts, ", weights from mp_rank_", mp, "_model_states.pt module and ",
+        experts.legacy ? std::string()
+                       : absl::StrCat("layer_",
+                                      layers == 1 ? std::string("0")
+                                                  : absl::StrCat("{0..", layers - 1, "}"),
+                                      "_"),
+        "expert_", most == 1 ? std::string("0") : absl::StrCat("{0..", most - 1, "}"), "_mp_rank_", mp,
+        "_model_states.pt", experts.legacy ? " (DeepSpeed's legacy layout: every layer's expert g in one file)" : "",
+        ", tag ", tag_, ", ", tensors, parts == 1 ? " tensors" : " tensors each");
   }
 
   // The tensors of a model-states file's `module` (a state dict), in its order, under their
@@ -227,7 +239,8 @@ class NoZeroReader {
   // [expert] -> file name) where the model's state dict has them. Tied weights are two names of
   // one storage: identical pieces.
   absl::StatusOr<Catalog> ReadModule(const TorchArchive& model,
-                                     const std::vector<std::vector<std::string>>* expert_files) {
+                                     const std::vector<std::vector<std::string>>* expert_files,
+                                     bool legacy) {
     builder_ = ZeroCatalogBuilder(dir_);
     const PickleValue* module = PickleField(model.root(), "module");
     if (module == nullptr) {
@@ -247,7 +260,14 @@ class NoZeroReader {
                                          "; expected a state dict"));
     }
     RETURN_IF_ERROR(builder_.AddStateDict(model, module, "module", nullptr));
-    if (expert_files != nullptr) RETURN_IF_ERROR(AddExpertTensors(dir_, *expert_files, builder_));
+    if (expert_files != nullptr) {
+      RETURN_IF_ERROR(AddExpertTensors(dir_, *expert_files, legacy, builder_));
+      std::set<std::string> modules;
+      for (const CatalogTensor& tensor : builder_.catalog().tensors) {
+        if (auto key = ParseExpertKey(tensor.name); key.has_value()) modules.insert(key->module);
+      }
+      moe_layers_ = static_cast<int>(modules.size());
+    }
     if (builder_.catalog().tensors.empty()) {
       return absl::DataLossError(absl::StrCat(model.path(), ": `module` holds no tensors"));
     }
@@ -277,6 +297,7 @@ class NoZeroReader {
   const ZeroFolderFiles& files_;
   const ReadOptions& options_;
   ZeroCatalogBuilder builder_;
+  int moe_layers_ = 0;  // MoE modules the expert files hold
 };
 
 }  // namespace

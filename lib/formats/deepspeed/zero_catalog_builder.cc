@@ -4,6 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "lib/core/dtype.h"
+#include "lib/core/shape.h"
 #include "lib/core/status.h"
 
 namespace reshard {
@@ -45,6 +47,25 @@ absl::Status ZeroCatalogBuilder::Add(CatalogTensor tensor) {
   index_[tensor.name] = static_cast<int>(catalog_.tensors.size());
   catalog_.tensors.push_back(std::move(tensor));
   return absl::OkStatus();
+}
+
+absl::StatusOr<FlatTensor> ZeroCatalogBuilder::Flat(const TorchArchive& archive,
+                                                    const PickleValue* value,
+                                                    const std::string& what) {
+  if (value == nullptr) return Corrupt(archive, absl::StrCat(what, " is missing"));
+  ASSIGN_OR_RETURN(std::optional<TensorLocation> location, archive.Tensor(value, what));
+  if (!location.has_value()) {
+    return Corrupt(archive,
+                   absl::StrCat(what, " is ", DescribePickleValue(value), ", not a tensor"));
+  }
+  if (location->dtype != DType::kF32 || location->shape.size() != 1 ||
+      (location->shape[0] > 1 && location->strides[0] != 1)) {
+    return Corrupt(archive, absl::StrCat(what, " is a ", DTypeName(location->dtype),
+                                         " tensor of shape ", ShapeToString(location->shape),
+                                         " strides ", ShapeToString(location->strides),
+                                         "; expected a 1-D contiguous float32 tensor"));
+  }
+  return FlatTensor{FileIndex(archive), location->byte_offset, location->shape[0]};
 }
 
 int ZeroCatalogBuilder::Find(absl::string_view name) const {

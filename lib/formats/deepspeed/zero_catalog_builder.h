@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "lib/core/catalog.h"
+#include "lib/formats/deepspeed/zero_locate.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
 
@@ -40,6 +41,12 @@ class ZeroCatalogBuilder {
   // piece named `name`; DataLoss when `value` is not a tensor.
   absl::StatusOr<CatalogTensor> WholeTensor(const TorchArchive& archive, const PickleValue* value,
                                             const std::string& name, const std::string& what);
+
+  // A 1-D contiguous float32 tensor of an optimizer file (a rank's flat group or flat moment;
+  // `what` names it in messages) in `archive`'s file; DataLoss when `value` is missing or is
+  // another kind of tensor.
+  absl::StatusOr<FlatTensor> Flat(const TorchArchive& archive, const PickleValue* value,
+                                  const std::string& what);
 
   // Adds the tensors of state dict `dict` of `archive` under their keys, in its order. `what`
   // names the dict in messages (`what["key"]`) and prefixes the other_entries that note its

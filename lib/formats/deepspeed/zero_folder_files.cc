@@ -19,7 +19,6 @@ absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir) {
   ZeroFolderFiles files;
   std::set<std::string> prefixes;
   std::vector<std::string> other_mp;
-  std::vector<std::string> optimizer_names;
   ASSIGN_OR_RETURN(std::vector<std::string> names, ListInputFolderEntries(dir));
   if (names.size() > static_cast<size_t>(kMaxZeroFolderEntries)) {
     return absl::InvalidArgumentError(
@@ -41,7 +40,8 @@ absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir) {
     switch (parsed->kind) {
       case ZeroFileName::Kind::kOptimizer: {
         files.any_optimizer_file = true;
-        optimizer_names.push_back(name);
+        files.mp_optimizer_files[parsed->mp][parsed->dp] = name;
+        prefixes.insert(parsed->prefix);
         if (parsed->mp != 0) {
           other_mp.push_back(name);
           break;
@@ -52,7 +52,6 @@ absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir) {
                                                   " are both rank ", parsed->dp,
                                                   "'s optimizer file (two runs mixed?)"));
         }
-        prefixes.insert(parsed->prefix);
         break;
       }
       case ZeroFileName::Kind::kRankModel:
@@ -75,17 +74,9 @@ absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir) {
   std::sort(files.rank_model_names.begin(), files.rank_model_names.end(), NaturalLess);
   std::sort(files.moe_files.begin(), files.moe_files.end(),
             [](const auto& a, const auto& b) { return NaturalLess(a.second, b.second); });
-  if (!files.moe_files.empty() && files.any_optimizer_file) {
-    std::sort(optimizer_names.begin(), optimizer_names.end(), NaturalLess);
-    return absl::UnimplementedError(absl::StrCat(
-        dir, " holds a DeepSpeed mixture-of-experts save (", files.moe_files.front().second,
-        ") with ZeRO optimizer files (", optimizer_names.front(),
-        "): the experts' fp32 weights and Adam moments are in the ZeRO files' expert param "
-        "groups, which reshard does not read; reshard reads MoE saves without ZeRO"));
-  }
   // Without optimizer files, Read decides from the model-states files what the folder is.
   if (!files.any_optimizer_file) return files;
-  if (!other_mp.empty()) {
+  if (!other_mp.empty() && files.moe_files.empty()) {
     std::sort(other_mp.begin(), other_mp.end(), NaturalLess);
     return absl::UnimplementedError(absl::StrCat(
         dir, " holds files of model-parallel rank > 0 (", other_mp[0],

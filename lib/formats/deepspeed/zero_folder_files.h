@@ -1,6 +1,6 @@
 // The files of one DeepSpeed checkpoint folder, sorted by kind and rank from their names, with
 // the refusals a listing alone can make (pipeline layer files, ZeRO with model parallelism,
-// mixture-of-experts files beside ZeRO files, two runs mixed).
+// two runs mixed).
 
 #ifndef RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FOLDER_FILES_H_
 #define RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FOLDER_FILES_H_
@@ -24,6 +24,9 @@ inline constexpr char kPartialSaveHint[] =
 
 struct ZeroFolderFiles {
   std::map<int, std::string> optimizer_files;   // rank -> file name (mp_rank_00)
+  // mp rank -> rank -> file name, every model-parallel rank's (mixture-of-experts saves read
+  // each mp rank's ZeRO files as a model-parallel part).
+  std::map<int, std::map<int, std::string>> mp_optimizer_files;
   std::map<int, std::string> rank_model_files;  // ZeRO-3: rank -> file name (mp_rank_00)
   std::vector<std::string> rank_model_names;    // every zero_pp_rank_*_model_states.pt
   std::set<int> rank_model_mps;                 // their model-parallel ranks
@@ -42,9 +45,9 @@ struct ZeroFolderFiles {
   std::vector<std::pair<MoeFileName, std::string>> moe_files;
 };
 
-// The files of checkpoint folder `dir`. With optimizer files, refuses model-parallel ranks
-// > 0, mixed prefixes and mixture-of-experts files (MoE with ZeRO); without, the readers decide
-// from the model-states files.
+// The files of checkpoint folder `dir`. With optimizer files, refuses mixed prefixes and,
+// unless the folder holds mixture-of-experts files, model-parallel ranks > 0; without, the
+// readers decide from the model-states files.
 absl::StatusOr<ZeroFolderFiles> ListZeroFolder(const std::string& dir);
 
 }  // namespace zero_internal

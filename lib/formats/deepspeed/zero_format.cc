@@ -5,6 +5,7 @@
 
 #include "lib/core/status.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/deepspeed/moe_zero_reader.h"
 #include "lib/formats/deepspeed/no_zero_reader.h"
 #include "lib/formats/deepspeed/zero_folder_files.h"
 #include "lib/formats/deepspeed/zero_reader.h"
@@ -15,6 +16,7 @@ namespace reshard {
 
 using zero_internal::FolderScan;
 using zero_internal::ListZeroFolder;
+using zero_internal::ReadMoeZeroCheckpoint;
 using zero_internal::ReadWithoutOptimizerFiles;
 using zero_internal::ReadZeroCheckpoint;
 using zero_internal::ResolveCheckpointFolder;
@@ -43,6 +45,7 @@ absl::StatusOr<InputModel> ZeroInput::Read(const std::string& path,
   auto& [folder, tag] = folder_tag;
   ASSIGN_OR_RETURN(ZeroFolderFiles files, ListZeroFolder(folder));
   if (!files.any_optimizer_file) return ReadWithoutOptimizerFiles(folder, tag, files, options);
+  if (!files.moe_files.empty()) return ReadMoeZeroCheckpoint(folder, tag, files, options);
   return ReadZeroCheckpoint(std::move(folder), std::move(tag), std::move(files), options);
 }
 

@@ -64,10 +64,12 @@
 // recorded), zero_to_fp32's sanity checks (ZeRO-1/2: aligned param total == aligned flat total
 // per group; ZeRO-3: W*sum(P_p) == W*sum(sub-group sizes)). Not supported
 // (Unimplemented): ZeRO with model parallelism (mp_rank_01... beside optimizer files), pipeline
-// layer files (left to the Megatron reader, which probes first), MoE expert files beside ZeRO
-// files, per-group partition counts that differ (MiCS, expert groups), AutoEP partition groups.
-// Mixture-of-experts saves without ZeRO (layer_{m}_expert_{g}_mp_rank_XX_model_states.pt beside
-// mp_rank_XX_model_states.pt) are read with every expert under its global id (moe_experts.h).
+// layer files (left to the Megatron reader, which probes first), per-group partition counts
+// that differ without expert files (MiCS), AutoEP partition groups. Mixture-of-experts saves
+// (layer_{m}_expert_{g}_mp_rank_XX_model_states.pt, or the legacy expert_{g}_mp_rank_XX, beside
+// mp_rank_XX_model_states.pt) are read with every expert under its global id: without ZeRO from
+// the expert files (moe_experts.h), with ZeRO-1/2 from the optimizer files' dense and expert
+// param groups (moe_zero_reader.h).
 
 #ifndef RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FORMAT_H_
 #define RESHARD_LIB_FORMATS_DEEPSPEED_ZERO_FORMAT_H_

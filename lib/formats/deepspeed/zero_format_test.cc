@@ -313,7 +313,7 @@ TEST(ZeroInputTest, ReadRejectsBadTagsAndMissingLatest) {
       << message;
 }
 
-TEST(ZeroInputTest, ReadRefusesModelParallelAndExpertFiles) {
+TEST(ZeroInputTest, ReadRefusesModelParallelAndMoeWithoutModelStates) {
   const ZeroInput input;
   const std::string root = MakeTempDir("zero_mp");
   Touch(root + "/zero_pp_rank_0_mp_rank_00_optim_states.pt");
@@ -328,7 +328,10 @@ TEST(ZeroInputTest, ReadRefusesModelParallelAndExpertFiles) {
   Touch(moe + "/expp_rank_0_mp_rank_00_optim_states.pt");
   model = input.Read(moe, ReadOptions{});
   ASSERT_FALSE(model.ok());
-  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented) << model.status();
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss) << model.status();
+  EXPECT_NE(std::string(model.status().message()).find("no mp_rank_00_model_states.pt"),
+            std::string::npos)
+      << model.status();
 }
 
 TEST(ZeroInputTest, MissingRankZeroNamesTheFile) {

@@ -377,20 +377,7 @@ class ZeroReader {
 
   absl::StatusOr<FlatTensor> Flat(const TorchArchive& archive, const PickleValue* value,
                                   const std::string& what) {
-    if (value == nullptr) return Corrupt(archive, absl::StrCat(what, " is missing"));
-    ASSIGN_OR_RETURN(std::optional<TensorLocation> location, archive.Tensor(value, what));
-    if (!location.has_value()) {
-      return Corrupt(archive,
-                     absl::StrCat(what, " is ", DescribePickleValue(value), ", not a tensor"));
-    }
-    if (location->dtype != DType::kF32 || location->shape.size() != 1 ||
-        (location->shape[0] > 1 && location->strides[0] != 1)) {
-      return Corrupt(archive, absl::StrCat(what, " is a ", DTypeName(location->dtype),
-                                           " tensor of shape ", ShapeToString(location->shape),
-                                           " strides ", ShapeToString(location->strides),
-                                           "; expected a 1-D contiguous float32 tensor"));
-    }
-    return FlatTensor{builder_.FileIndex(archive), location->byte_offset, location->shape[0]};
+    return builder_.Flat(archive, value, what);
   }
 
   // The optimizer state (a dict holding exp_avg, exp_avg_sq) of flat group `group`.
