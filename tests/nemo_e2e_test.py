@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import dcp_fixture as F  # noqa: E402
 import nemo_fixture as N  # noqa: E402
+import nemo_io_json_fixture as IO  # noqa: E402
 import hf_export_e2e_test as H  # noqa: E402
 import hf_megatron_fixture as hmf  # noqa: E402
 
@@ -212,6 +213,42 @@ class NemoHfTests(H.Base):
     def test_nemo2_folder_to_hf(self):
         self.export_and_check(N.write_nemo2_hf, self.p("nemo2"), seed=12)
 
+    def test_nemo2_folder_with_only_io_json_to_hf(self):
+        """context/ without model.yaml: the config comes from io.json (fiddle's serialization of
+        the TrainerContext), and config.json equals the one model.yaml gives."""
+        spec = hmf.Spec("llama", groups=2, seed=14)
+        hf = hmf.hf_state_dict(spec)
+        outs = {}
+        for model_yaml in (True, False):
+            folder = self.p("nemo2-%s" % model_yaml)
+            N.write_nemo2_hf(folder, spec, hf, tp=2, model_yaml=model_yaml)
+            outs[model_yaml] = self.p("out-%s" % model_yaml)
+            self.export(folder, outs[model_yaml], "--vocab-size", "50")
+        self.assertFalse(os.path.exists(os.path.join(self.p("nemo2-False"), "context",
+                                                     "model.yaml")))
+        self.check_tensors(outs[False], hf)
+        self.check_config(outs[False], spec)
+        for name in ("config.json", "generation_config.json"):
+            self.assertEqual(self.read_json(outs[False], name), self.read_json(outs[True], name))
+
+    def test_nemo2_malformed_io_json_is_refused(self):
+        spec = hmf.Spec("llama", groups=2, seed=15)
+        hf = hmf.hf_state_dict(spec)
+        good = IO.io_json(IO.trainer_context(IO.model_config(
+            "nemo.collections.llm.gpt.model.llama", "LlamaConfig", N.nemo2_config_fields(spec))))
+        cases = (
+            (good.replace('"key": "llama_config_1"', '"key": "llama_config_7"'),
+             'context/io.json: objects["llama_model_1"].items[0][1]: a reference to '
+             '"llama_config_7", which "objects" lacks'),
+            (good[:200], "context/io.json: not valid JSON at byte offset 200"),
+        )
+        for i, (text, message) in enumerate(cases):
+            with self.subTest(case=i):
+                folder = self.p("bad-%d" % i)
+                N.write_nemo2_hf(folder, spec, hf, tp=2, model_yaml=False, io_json=text)
+                self.refused(folder, self.p("out-bad"), ["--vocab-size", "50"],
+                             os.path.join(folder, message))
+
     def assertCarried(self, out, carried):
         """OUT holds each of `carried` (HF name -> bytes) byte for byte."""
         for name, data in carried.items():
@@ -290,21 +327,27 @@ class NemoHfTests(H.Base):
                      % path)
 
     def test_nemo2_tokenizer_folder_carried_and_vocab_trimmed(self):
+        # With io.json alone, the config's vocab_size is null (GPTConfig's default): the
+        # tokenizer's size is the vocabulary all the same.
         spec = hmf.Spec("llama", groups=2, seed=52)
         hf = hmf.hf_state_dict(spec)
-        folder = self.p("nemo2")
-        N.write_nemo2_hf(folder, spec, hf, tp=2)
-        blob = N.sentencepiece_blob(50)
-        config = b'{"tokenizer_class": "LlamaTokenizer"}'
-        tokenizer = os.path.join(folder, "context", "nemo_tokenizer")
-        for name, data in (("tokenizer.model", blob), ("tokenizer_config.json", config)):
-            with open(os.path.join(tokenizer, name), "wb") as f:
-                f.write(data)
-        out = self.p("out")
-        self.export(folder, out)
-        self.check_tensors(out, hf)
-        self.check_config(out, spec)
-        self.assertCarried(out, {"tokenizer.model": blob, "tokenizer_config.json": config})
+        for model_yaml in (True, False):
+            with self.subTest(model_yaml=model_yaml):
+                folder = self.p("nemo2-%s" % model_yaml)
+                N.write_nemo2_hf(folder, spec, hf, tp=2, model_yaml=model_yaml)
+                blob = N.sentencepiece_blob(50)
+                config = b'{"tokenizer_class": "LlamaTokenizer"}'
+                tokenizer = os.path.join(folder, "context", "nemo_tokenizer")
+                for name, data in (("tokenizer.model", blob), ("tokenizer_config.json", config)):
+                    with open(os.path.join(tokenizer, name), "wb") as f:
+                        f.write(data)
+                out = self.p("out-%s" % model_yaml)
+                self.export(folder, out)
+                self.check_tensors(out, hf)
+                self.check_config(out, spec)
+                self.assertCarried(out, {"tokenizer.model": blob,
+                                         "tokenizer_config.json": config})
+
 
 if __name__ == "__main__":
     sys.exit(harness.main(globals(), "reshardctl"))

@@ -24,6 +24,7 @@
 #include "lib/formats/megatron/megatron_facts.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/formats/megatron/torch_dist_format.h"
+#include "lib/formats/nemo/nemo_io_json.h"
 #include "lib/formats/nemo/tar_archive.h"
 #include "lib/formats/nemo/tar_store.h"
 #include "lib/formats/nemo/yaml_subset.h"
@@ -139,10 +140,14 @@ StructureNode ConfigAsArgs(const YamlNode& config) {
   return args;
 }
 
-// Adds args.vocab_size = `size` unless the args give one.
+// Sets args.vocab_size = `size` unless the args give one (a null one, NeMo 2's GPTConfig
+// default, gives none).
 void AddVocabSize(StructureNode& args, int64_t size) {
-  for (const StructureNode& key : args.keys) {
-    if (key.kind == StructureNode::Kind::kString && key.text == "vocab_size") return;
+  for (size_t i = 0; i < args.keys.size(); ++i) {
+    const StructureNode& key = args.keys[i];
+    if (key.kind != StructureNode::Kind::kString || key.text != "vocab_size") continue;
+    if (args.values[i].kind == StructureNode::Kind::kNone) args.values[i] = StructureNode::Int(size);
+    return;
   }
   args.keys.push_back(StructureNode::String("vocab_size"));
   args.values.push_back(StructureNode::Int(size));
@@ -604,34 +609,58 @@ absl::StatusOr<InputModel> ReadNemo2(const std::string& path, const ReadOptions&
     ASSIGN_OR_RETURN(InputListing listing, ListInput(tokenizer_dir));
     tokenizer = listing.files;
   }
-  // context/model.yaml's `config` (the model's dataclass, serialized by fiddle) as args for
-  // `--format hf`, when it is YAML this reader reads; otherwise --config gives the config.
-  const std::string model_yaml = JoinPath(JoinPath(path, "context"), "model.yaml");
+  // The model's config for `--format hf`: context/model.yaml's `config` mapping when it is YAML
+  // this reader reads, else context/io.json's (fiddle's serialization of the same dataclass);
+  // otherwise --config gives the config.
+  const std::string context = JoinPath(path, "context");
+  std::optional<YamlNode> config;
+  std::string no_config;  // why neither gave one
+  const std::string model_yaml = JoinPath(context, "model.yaml");
   ASSIGN_OR_RETURN(const bool has_model_yaml, CheckInputFile(model_yaml));
   if (has_model_yaml) {
     ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(model_yaml, kMaxConfigBytes));
     absl::StatusOr<YamlNode> root = ParseYamlSubset(text, model_yaml);
-    const YamlNode* config = root.ok() ? root->Get("config") : nullptr;
-    if (config != nullptr && config->kind == YamlNode::Kind::kMap) {
-      StructureNode args = ConfigAsArgs(*config);
-      for (const char* name : {"tokenizer.model", "vocab.json"}) {
-        if (std::find(tokenizer.begin(), tokenizer.end(), name) == tokenizer.end()) continue;
-        const std::string file = JoinPath(tokenizer_dir, name);
-        ASSIGN_OR_RETURN(const uint64_t size, InputFileSize(file));
-        if (size > kMaxConfigBytes) continue;
-        ASSIGN_OR_RETURN(const std::string bytes, ReadSmallFile(file, kMaxConfigBytes));
-        if (std::optional<int64_t> vocab = TokenizerVocabSize(name, bytes)) {
-          AddVocabSize(args, *vocab);
-          break;
-        }
-      }
-      model.training_state.values["megatron.args"] = std::move(args);
+    const YamlNode* found = root.ok() ? root->Get("config") : nullptr;
+    if (found != nullptr && found->kind == YamlNode::Kind::kMap) {
+      config = *found;
     } else {
-      model.parts[0].other_entries.push_back(absl::StrCat(
-          "context/model.yaml: no model config read (",
-          root.ok() ? "no `config` mapping" : root.status().message(),
-          "); --format hf needs --config"));
+      no_config = absl::StrCat("context/model.yaml: no model config read (",
+                               root.ok() ? "no `config` mapping" : root.status().message(), ")");
     }
+  }
+  const std::string io_json = JoinPath(context, "io.json");
+  ASSIGN_OR_RETURN(const bool has_io_json, CheckInputFile(io_json));
+  if (!config.has_value() && has_io_json) {
+    ASSIGN_OR_RETURN(const uint64_t size, InputFileSize(io_json));
+    if (size > kMaxNemoIoJsonBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(io_json, ": ", size,
+                                                       " bytes, more than the ",
+                                                       kMaxNemoIoJsonBytes, " read"));
+    }
+    ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(io_json, kMaxNemoIoJsonBytes));
+    ASSIGN_OR_RETURN(config, NemoIoJsonModelConfig(text, io_json));
+    if (!config.has_value()) {
+      absl::StrAppend(&no_config, no_config.empty() ? "" : "; ",
+                      "context/io.json: no model config (the TrainerContext's model.config)");
+    }
+  }
+  if (config.has_value()) {
+    StructureNode args = ConfigAsArgs(*config);
+    for (const char* name : {"tokenizer.model", "vocab.json"}) {
+      if (std::find(tokenizer.begin(), tokenizer.end(), name) == tokenizer.end()) continue;
+      const std::string file = JoinPath(tokenizer_dir, name);
+      ASSIGN_OR_RETURN(const uint64_t size, InputFileSize(file));
+      if (size > kMaxConfigBytes) continue;
+      ASSIGN_OR_RETURN(const std::string bytes, ReadSmallFile(file, kMaxConfigBytes));
+      if (std::optional<int64_t> vocab = TokenizerVocabSize(name, bytes)) {
+        AddVocabSize(args, *vocab);
+        break;
+      }
+    }
+    model.training_state.values["megatron.args"] = std::move(args);
+  } else if (!no_config.empty()) {
+    model.parts[0].other_entries.push_back(
+        absl::StrCat(no_config, "; --format hf needs --config"));
   }
   model.description = absl::StrCat(
       "NeMo 2 folder (context/, weights/)",
