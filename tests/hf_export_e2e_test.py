@@ -95,9 +95,13 @@ class Base(harness.CliTestCase):
             self.assertEqual(tuple(got[name].shape), tuple(want.shape), name)
             self.assertTrue(torch.equal(got[name], want), "%s differs" % name)
 
-    def check_config(self, out, spec, dtype="float32", rope_scaling=None):
+    def check_config(self, out, spec, dtype="float32", rope_scaling=None, special=None):
+        """config.json field by field; `special`: the token ids the tokenizer gives
+        ({"bos_token_id": 1, ...}), in config.json and generation_config.json."""
+        special = special or {}
         config = self.read_json(out, "config.json")
         keys = dict(COMMON_KEYS, **FAMILY_KEYS[spec.family])
+        keys.update({key: int for key in special})
         self.assertEqual(sorted(config), sorted(keys), "config.json keys")
         for key, kind in keys.items():
             self.assertIsInstance(config[key], kind, key)
@@ -114,9 +118,10 @@ class Base(harness.CliTestCase):
             want["sliding_window"] = 4096
         else:
             want["attention_bias"] = spec.family == "qwen2"
+        want.update(special)
         self.assertEqual(config, want)
         self.assertEqual(self.read_json(out, "generation_config.json"),
-                         {"_from_model_config": True})
+                         dict({"_from_model_config": True}, **special))
 
 
 class FamilyTests(Base):

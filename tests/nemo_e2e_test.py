@@ -256,7 +256,7 @@ class NemoHfTests(H.Base):
                 self.assertEqual(f.read(), data, name)
 
     def archive_to_hf(self, layout, tp, pp, legacy, seed, tokenizer, extra_yaml="",
-                      rope_scaling=None):
+                      rope_scaling=None, special=None):
         """A Llama GQA model written as a .nemo (`layout`, its tokenizer as members), exported
         without --vocab-size: the tensors against the HF state dict it came from (cut to the
         tokenizer's vocabulary), config.json field by field. Returns OUT."""
@@ -268,19 +268,42 @@ class NemoHfTests(H.Base):
         out = self.p("out-%s" % layout)
         self.export(path, out)
         self.check_tensors(out, hf)
-        self.check_config(out, spec, rope_scaling=rope_scaling)
+        self.check_config(out, spec, rope_scaling=rope_scaling, special=special)
         return out
 
     def test_sentencepiece_tokenizer_carried_and_vocab_trimmed_each_layout(self):
-        blob = N.sentencepiece_blob(50)  # the model's 50 tokens (padded to 64 rows)
+        # The model's 50 tokens (padded to 64 rows); trainer_spec without ids: bos 1, eos 2.
+        blob = N.sentencepiece_blob(50)
         cases = (("single", 1, 1, True), ("ranks", 2, 2, False), ("ranks", 2, 1, True),
                  ("dist", 2, 1, False))
         for seed, (layout, tp, pp, legacy) in enumerate(cases, 40):
             with self.subTest(layout=layout, tp=tp, pp=pp, legacy=legacy):
                 out = self.archive_to_hf(layout, tp, pp, legacy, seed,
-                                         {"model": ("tokenizer.model", blob)})
+                                         {"model": ("tokenizer.model", blob)},
+                                         special={"bos_token_id": 1, "eos_token_id": 2})
                 self.assertCarried(out, {"tokenizer.model": blob})
                 shutil.rmtree(out)
+
+    def test_sentencepiece_special_ids_from_the_archive_member(self):
+        # Gemma-like ids: none of SentencePiece's defaults.
+        blob = N.sentencepiece_blob(50, bos=5, eos=7, pad=3)
+        out = self.archive_to_hf("ranks", 2, 1, False, 45, {"model": ("tokenizer.model", blob)},
+                                 special={"bos_token_id": 5, "eos_token_id": 7,
+                                          "pad_token_id": 3})
+        self.assertCarried(out, {"tokenizer.model": blob})
+
+    def test_broken_tokenizer_model_is_refused_naming_the_member(self):
+        spec = hmf.Spec("llama", groups=2, seed=46)
+        hf = hmf.hf_state_dict(spec)
+        blob = N.sentencepiece_blob(50, damage="group")
+        path = self.p("broken.nemo")
+        N.write_nemo1_llama(path, spec, hf, 2, tokenizer={"model": ("tokenizer.model", blob)})
+        self.refused(path, self.p("out"), ["--vocab-size", "50"],
+                     "%s: arranging the hf output: reading the special token ids of the tokenizer "
+                     "carried into the output: %s: member %s_tokenizer.model: not a "
+                     "SentencePiece model (ModelProto): wire type 3 of field 1 (no group or "
+                     "other type is in sentencepiece_model.proto) at byte offset %d"
+                     % (path, path, N.TOKENIZER_HASH, len(blob) - 1))
 
     def test_bpe_vocab_and_merges_carried_rope_scaling(self):
         vocab = json.dumps({"t%d" % i: i for i in range(50)}).encode()
@@ -335,7 +358,7 @@ class NemoHfTests(H.Base):
             with self.subTest(model_yaml=model_yaml):
                 folder = self.p("nemo2-%s" % model_yaml)
                 N.write_nemo2_hf(folder, spec, hf, tp=2, model_yaml=model_yaml)
-                blob = N.sentencepiece_blob(50)
+                blob = N.sentencepiece_blob(50, bos=3, eos=4)
                 config = b'{"tokenizer_class": "LlamaTokenizer"}'
                 tokenizer = os.path.join(folder, "context", "nemo_tokenizer")
                 for name, data in (("tokenizer.model", blob), ("tokenizer_config.json", config)):
@@ -344,7 +367,8 @@ class NemoHfTests(H.Base):
                 out = self.p("out-%s" % model_yaml)
                 self.export(folder, out)
                 self.check_tensors(out, hf)
-                self.check_config(out, spec)
+                # No tokenizer.json: the ids are tokenizer.model's.
+                self.check_config(out, spec, special={"bos_token_id": 3, "eos_token_id": 4})
                 self.assertCarried(out, {"tokenizer.model": blob,
                                          "tokenizer_config.json": config})
 

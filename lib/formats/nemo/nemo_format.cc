@@ -21,6 +21,7 @@
 #include "lib/core/catalog.h"
 #include "lib/core/status.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/hf/sentencepiece_model.h"
 #include "lib/formats/megatron/megatron_facts.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/formats/megatron/torch_dist_format.h"
@@ -203,54 +204,14 @@ absl::StatusOr<std::vector<TokenizerMember>> FindTokenizerMembers(const TarArchi
   return found;
 }
 
-// The size of a SentencePiece model's vocabulary: the `pieces` (field 1) of its ModelProto;
-// nullopt when `bytes` is not a well-formed protobuf message.
-std::optional<int64_t> SentencePieceVocabSize(absl::string_view bytes) {
-  int64_t pieces = 0;
-  size_t at = 0;
-  auto varint = [&]() -> std::optional<uint64_t> {
-    uint64_t value = 0;
-    for (int shift = 0; shift < 64 && at < bytes.size(); shift += 7) {
-      const uint8_t byte = static_cast<uint8_t>(bytes[at++]);
-      value |= static_cast<uint64_t>(byte & 0x7f) << shift;
-      if ((byte & 0x80) == 0) return value;
-    }
-    return std::nullopt;
-  };
-  while (at < bytes.size()) {
-    const std::optional<uint64_t> tag = varint();
-    if (!tag.has_value() || (*tag >> 3) == 0) return std::nullopt;
-    uint64_t skip = 0;
-    switch (*tag & 7) {
-      case 0:
-        if (!varint().has_value()) return std::nullopt;
-        break;
-      case 1:
-        skip = 8;
-        break;
-      case 2: {
-        const std::optional<uint64_t> length = varint();
-        if (!length.has_value()) return std::nullopt;
-        skip = *length;
-        if ((*tag >> 3) == 1) ++pieces;
-        break;
-      }
-      case 5:
-        skip = 4;
-        break;
-      default:
-        return std::nullopt;
-    }
-    if (skip > bytes.size() - at) return std::nullopt;
-    at += skip;
-  }
-  return pieces;
-}
-
 // The vocabulary size a tokenizer file gives: a SentencePiece tokenizer.model's pieces, a
 // vocab.json's entries; nullopt for other files or ones that do not parse.
 std::optional<int64_t> TokenizerVocabSize(absl::string_view hf_name, absl::string_view bytes) {
-  if (hf_name == "tokenizer.model") return SentencePieceVocabSize(bytes);
+  if (hf_name == "tokenizer.model") {
+    const absl::StatusOr<SentencePieceModel> model = ParseSentencePieceModel(bytes, hf_name);
+    if (!model.ok()) return std::nullopt;
+    return model->pieces;
+  }
   if (hf_name != "vocab.json") return std::nullopt;
   const nlohmann::json vocab = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
   if (!vocab.is_object()) return std::nullopt;
@@ -581,8 +542,8 @@ absl::StatusOr<InputModel> ReadNemo1(const std::string& path, const ReadOptions&
   // that gives a vocabulary size is the true vocabulary (padded rows past it dropped).
   std::optional<int64_t> vocab_size;
   for (const TokenizerMember& file : config.tokenizer) {
-    model.model_files.push_back(
-        {file.hf_name, tar.path(), file.member->data_offset, file.member->size});
+    model.model_files.push_back({file.hf_name, tar.path(), file.member->data_offset,
+                                 file.member->size, file.member->name});
     if (vocab_size.has_value() || file.member->size > kMaxConfigBytes) continue;
     ASSIGN_OR_RETURN(const absl::string_view bytes,
                      archive.source().Read(file.member->data_offset, file.member->size,
