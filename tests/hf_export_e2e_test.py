@@ -30,6 +30,7 @@ import harness  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import hf_megatron_fixture as hmf  # noqa: E402
+import nemo_fixture  # noqa: E402
 from st_torch import read_file as st_tensors  # noqa: E402
 
 # config.json keys every family's config class takes, with their JSON types (transformers'
@@ -577,13 +578,15 @@ class TokenizerTests(Base):
         other = self.p("other")
         os.makedirs(other)
         with open(os.path.join(other, "tokenizer.model"), "wb") as f:
-            f.write(b"sentencepiece")
+            f.write(nemo_fixture.sentencepiece_blob(20, bos=3, eos=4))
         out = self.p("out")
         self.export(self.p("save"), out, "--tokenizer", other)
         self.assertEqual(sorted(n for n in os.listdir(out) if not n.startswith("model")),
                          ["config.json", "generation_config.json", "reshard-manifest.json",
                           "tokenizer.model"])
-        self.assertNotIn("bos_token_id", self.read_json(out, "config.json"))
+        # The ids are the replacing tokenizer.model's, not the save's tokenizer.json's (47, 48).
+        config = self.read_json(out, "config.json")
+        self.assertEqual((config["bos_token_id"], config["eos_token_id"]), (3, 4))
         out2 = self.p("out2")
         self.export(self.p("save"), out2, "--no-extra-files")
         self.assertEqual(sorted(n for n in os.listdir(out2) if not n.startswith("model")),
