@@ -105,10 +105,10 @@ struct HfSpecialTokens {
 
 // The special token ids a tokenizer's files give, `files` being (name, path as the storage layer
 // reads it) of the files carried into the output. The token (bos_token, eos_token, pad_token: a
-// string or an AddedToken {"content": ...}) is named by tokenizer_config.json and special_tokens_map.json; its
-// id is looked up in tokenizer.json (its added_tokens and its model's vocab object). An id is
-// given only when unambiguous: the files naming the token name the same one, and tokenizer.json
-// gives it exactly one id. Left out otherwise, and both without tokenizer.json (a
+// string or an AddedToken {"content": ...}) is named by tokenizer_config.json and
+// special_tokens_map.json; its id is looked up in tokenizer.json (its added_tokens and its
+// model's vocab object). An id is given only when unambiguous: the files naming the token name
+// the same one, and tokenizer.json gives it exactly one id. Left out otherwise, and both without tokenizer.json (a
 // sentencepiece tokenizer.model alone) or when tokenizer.json is over kMaxTokenizerJsonBytes.
 // DataLoss naming the file and the byte offset when one of these files is not valid JSON.
 absl::StatusOr<HfSpecialTokens> HfSpecialTokenIds(

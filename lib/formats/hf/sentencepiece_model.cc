@@ -66,14 +66,15 @@ class Fields {
         skip = 4;
         break;
       default:
-        return Error(field.offset, absl::StrCat("wire type ", field.type, " of field ",
-                                                field.number, " (no group or other type is in "
-                                                "sentencepiece_model.proto)"));
+        return Error(field.offset,
+                     absl::StrCat("wire type ", field.type, " of field ", field.number,
+                                  " (no group or other type is in "
+                                  "sentencepiece_model.proto)"));
     }
     if (skip > bytes_.size() - at_) {
-      return Error(field.offset, absl::StrCat("field ", field.number, " runs ",
-                                              skip - (bytes_.size() - at_),
-                                              " bytes past the end of its message"));
+      return Error(field.offset,
+                   absl::StrCat("field ", field.number, " runs ", skip - (bytes_.size() - at_),
+                                " bytes past the end of its message"));
     }
     field.payload = bytes_.substr(at_, skip);
     at_ += skip;
@@ -88,8 +89,8 @@ class Fields {
   }
 
   absl::Status Error(uint64_t offset, absl::string_view what) const {
-    return absl::DataLossError(absl::StrCat(what_, ": not a SentencePiece model (ModelProto): ",
-                                            what, " at byte offset ", offset));
+    return absl::DataLossError(absl::StrCat(
+        what_, ": not a SentencePiece model (ModelProto): ", what, " at byte offset ", offset));
   }
 
  private:
@@ -112,11 +113,11 @@ class Fields {
 
 // A special token of TrainerSpec: its id and piece fields, defaults and name.
 struct Special {
-  const char* name;        // "bos"
-  uint32_t id_field;       // 41
-  uint32_t piece_field;    // 46
-  int64_t id;              // the default, then what the spec says
-  std::string piece;       // likewise
+  const char* name;      // "bos"
+  uint32_t id_field;     // 41
+  uint32_t piece_field;  // 46
+  int64_t id;            // the default, then what the spec says
+  std::string piece;     // likewise
   std::optional<int64_t>* out;
 };
 
@@ -162,9 +163,9 @@ absl::StatusOr<SentencePieceModel> ParseSentencePieceModel(absl::string_view byt
   for (Special& special : specials) {
     if (special.id < 0) continue;
     if (special.id >= model.pieces) {
-      return absl::DataLossError(absl::StrCat(
-          what, ": trainer_spec.", special.name, "_id is ", special.id, ", but the model has ",
-          model.pieces, " pieces"));
+      return absl::DataLossError(absl::StrCat(what, ": trainer_spec.", special.name, "_id is ",
+                                              special.id, ", but the model has ", model.pieces,
+                                              " pieces"));
     }
     *special.out = special.id;
   }
@@ -195,8 +196,8 @@ absl::StatusOr<SentencePieceModel> ParseSentencePieceModel(absl::string_view byt
     }
     if (type != kControl || text != wanted->piece) {
       return absl::DataLossError(absl::StrCat(
-          what, ": trainer_spec.", wanted->name, "_id is ", id, ", but piece ", id, " is \"",
-          text, "\"", type == kControl ? "" : " (not a control piece)", ", not the control piece \"",
+          what, ": trainer_spec.", wanted->name, "_id is ", id, ", but piece ", id, " is \"", text,
+          "\"", type == kControl ? "" : " (not a control piece)", ", not the control piece \"",
           wanted->piece, "\" SentencePiece trains there"));
     }
   }

@@ -31,16 +31,16 @@ std::string Int(uint32_t number, int32_t value) {
   return Varint(number << 3) + Varint(static_cast<uint64_t>(static_cast<int64_t>(value)));
 }
 std::string Piece(const std::string& text, int type) {
-  return Bytes(1, Bytes(1, text) + std::string("\x15\x00\x00\x80\xbf", 5) +
-                      (type == 1 ? "" : Int(3, type)));
+  return Bytes(
+      1, Bytes(1, text) + std::string("\x15\x00\x00\x80\xbf", 5) + (type == 1 ? "" : Int(3, type)));
 }
 
 // A Gemma-like model: <pad> 0, </s> 1, <s> 2, <unk> 3 (bos 2, eos 1, pad 0), 8 pieces.
 std::string Gemma() {
   std::string model = Piece("<pad>", 3) + Piece("</s>", 3) + Piece("<s>", 3) + Piece("<unk>", 2);
   for (int i = 0; i < 4; ++i) model += Piece("\xe2\x96\x81t" + std::to_string(i), 1);
-  model += Bytes(2, Bytes(1, "corpus.txt") + Int(3, 1) + Int(40, 3) + Int(41, 2) + Int(42, 1) +
-                        Int(43, 0));
+  model += Bytes(
+      2, Bytes(1, "corpus.txt") + Int(3, 1) + Int(40, 3) + Int(41, 2) + Int(42, 1) + Int(43, 0));
   return model + Bytes(3, Bytes(1, "nmt_nfkc"));
 }
 
@@ -75,12 +75,14 @@ TEST(SentencePieceModelTest, DamagedModelsAreDataLossWithTheOffset) {
       {good.substr(0, good.size() - 3),
        "t.model: not a SentencePiece model (ModelProto): field 3 runs 3 bytes past the end of "
        "its message at byte offset"},
-      {good + "\x0b", "wire type 3 of field 1 (no group or other type is in "
-                      "sentencepiece_model.proto) at byte offset " +
-                          std::to_string(good.size())},
+      {good + "\x0b",
+       "wire type 3 of field 1 (no group or other type is in "
+       "sentencepiece_model.proto) at byte offset " +
+           std::to_string(good.size())},
       {"\x08\x01", "a piece (field 1) has wire type 0, not 2 at byte offset 0"},
-      {Piece("<unk>", 2) + Piece("<s>", 3), "t.model: trainer_spec.eos_id is 2, but the model "
-                                            "has 2 pieces"},
+      {Piece("<unk>", 2) + Piece("<s>", 3),
+       "t.model: trainer_spec.eos_id is 2, but the model "
+       "has 2 pieces"},
       {Piece("<unk>", 2) + Piece("x", 1) + Piece("</s>", 3),
        "t.model: trainer_spec.bos_id is 1, but piece 1 is \"x\" (not a control piece), not the "
        "control piece \"<s>\" SentencePiece trains there"},

@@ -147,7 +147,9 @@ void AddVocabSize(StructureNode& args, int64_t size) {
   for (size_t i = 0; i < args.keys.size(); ++i) {
     const StructureNode& key = args.keys[i];
     if (key.kind != StructureNode::Kind::kString || key.text != "vocab_size") continue;
-    if (args.values[i].kind == StructureNode::Kind::kNone) args.values[i] = StructureNode::Int(size);
+    if (args.values[i].kind == StructureNode::Kind::kNone) {
+      args.values[i] = StructureNode::Int(size);
+    }
     return;
   }
   args.keys.push_back(StructureNode::String("vocab_size"));

@@ -165,10 +165,9 @@ class IoJson {
     arguments.target = Pyref(*fn_or_cls.value).value_or("");
     ASSIGN_OR_RETURN(At names, Item(metadata, 1));
     ASSIGN_OR_RETURN(names, Resolve(names));
-    const auto name_items = names.value->is_object() ? names.value->find("items")
-                                                     : names.value->end();
-    if (!names.value->is_object() || name_items == names.value->end() ||
-        !name_items->is_array()) {
+    const auto name_items =
+        names.value->is_object() ? names.value->find("items") : names.value->end();
+    if (!names.value->is_object() || name_items == names.value->end() || !name_items->is_array()) {
       return Error(names, "argument_names that is not a tuple of names");
     }
     if (name_items->size() != items->size()) {
@@ -230,14 +229,13 @@ YamlNode Scalar(std::string text) {
 absl::StatusOr<std::optional<YamlNode>> NemoIoJsonModelConfig(absl::string_view text,
                                                               absl::string_view path) {
   if (text.size() > kMaxNemoIoJsonBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(path, ": ", text.size(),
-                                                     " bytes, more than the ",
-                                                     kMaxNemoIoJsonBytes, " read"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        path, ": ", text.size(), " bytes, more than the ", kMaxNemoIoJsonBytes, " read"));
   }
   if (const size_t deep = TooDeepAt(text); deep != absl::string_view::npos) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(path, ": arrays and objects nested more than ", kMaxNemoIoJsonDepth,
-                     " deep at byte offset ", deep));
+    return absl::ResourceExhaustedError(absl::StrCat(path, ": arrays and objects nested more than ",
+                                                     kMaxNemoIoJsonDepth, " deep at byte offset ",
+                                                     deep));
   }
   // Every object's "paths" (debugging aid, the bulk of the file) and the refcounts are dropped
   // while parsing.
@@ -251,15 +249,16 @@ absl::StatusOr<std::optional<YamlNode>> NemoIoJsonModelConfig(absl::string_view 
     doc = Json::parse(text, drop);
   } catch (const Json::parse_error& error) {
     return absl::DataLossError(absl::StrCat(path, ": not valid JSON at byte offset ",
-                                            error.byte > 0 ? error.byte - 1 : 0, " (",
-                                            error.what(), ")"));
+                                            error.byte > 0 ? error.byte - 1 : 0, " (", error.what(),
+                                            ")"));
   }
   const auto root = doc.is_object() ? doc.find("root") : doc.end();
   const auto objects = doc.is_object() ? doc.find("objects") : doc.end();
   if (!doc.is_object() || root == doc.end() || objects == doc.end() || !objects->is_object()) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": not fiddle's serialization (a JSON object with \"root\" and an \"objects\" "
-              "object)"));
+    return absl::DataLossError(
+        absl::StrCat(path,
+                     ": not fiddle's serialization (a JSON object with \"root\" and an \"objects\" "
+                     "object)"));
   }
   const IoJson io(*objects, path);
   ASSIGN_OR_RETURN(const At context, io.Resolve(At{&*root, "root"}));

@@ -21,38 +21,39 @@ std::string Metadata(const std::string& module, const std::string& name,
                      const std::string& names_key) {
   return absl::StrCat(
       R"j({"type": {"type": "pyref", "module": "fiddle._src.config", "name": "BuildableTraverserMetadata"},
-          "items": [["Attr(name='fn_or_cls')", {"type": "pyref", "module": ")j", module,
-      R"j(", "name": ")j", name, R"j("}],
-                    ["Attr(name='argument_names')", {"type": "ref", "key": ")j", names_key,
+          "items": [["Attr(name='fn_or_cls')", {"type": "pyref", "module": ")j",
+      module, R"j(", "name": ")j", name, R"j("}],
+                    ["Attr(name='argument_names')", {"type": "ref", "key": ")j",
+      names_key,
       R"j("}], ["Attr(name='argument_tags')", {}], ["Attr(name='argument_history')", {}]]})j");
 }
 
 std::string Config(const std::string& items, const std::string& metadata) {
   return absl::StrCat(
       R"j({"type": {"type": "pyref", "module": "fiddle._src.config", "name": "Config"}, "items": )j",
-      items, R"j(, "metadata": {"type": "ref", "key": ")j", metadata, R"j("}, "paths": ["<root>"]})j");
+      items, R"j(, "metadata": {"type": "ref", "key": ")j", metadata,
+      R"j("}, "paths": ["<root>"]})j");
 }
 
 std::string Names(const std::string& names) {
-  return absl::StrCat(R"j({"type": {"type": "pyref", "module": "builtins", "name": "tuple"}, "items": )j",
-                      names, R"j(, "metadata": null})j");
+  return absl::StrCat(
+      R"j({"type": {"type": "pyref", "module": "builtins", "name": "tuple"}, "items": )j", names,
+      R"j(, "metadata": null})j");
 }
 
 std::string IoJson(const std::string& config_items, const std::string& config_names) {
   return absl::StrCat(
       R"j({"root": {"type": "ref", "key": "trainer_context_1"}, "objects": {)j",
-      R"j("llama_config_1": )j", Config(config_items, "m1"), ",",
-      R"j("m1": )j", Metadata("nemo.collections.llm.gpt.model.llama", "LlamaConfig", "t1"), ",",
-      R"j("t1": )j", Names(config_names), ",",
-      R"j("llama_model_1": )j",
+      R"j("llama_config_1": )j", Config(config_items, "m1"), ",", R"j("m1": )j",
+      Metadata("nemo.collections.llm.gpt.model.llama", "LlamaConfig", "t1"), ",", R"j("t1": )j",
+      Names(config_names), ",", R"j("llama_model_1": )j",
       Config(R"j([["Attr(name='config')", {"type": "ref", "key": "llama_config_1"}]])j", "m2"), ",",
       R"j("m2": )j", Metadata("nemo.collections.llm.gpt.model.llama", "LlamaModel", "t2"), ",",
       R"j("t2": )j", Names(R"j([["Index(index=0)", "config"]])j"), ",",
       R"j("trainer_context_1": )j",
       Config(R"j([["Attr(name='model')", {"type": "ref", "key": "llama_model_1"}]])j", "m3"), ",",
-      R"j("m3": )j", Metadata("nemo.lightning.io.pl", "TrainerContext", "t3"), ",",
-      R"j("t3": )j", Names(R"j([["Index(index=0)", "model"]])j"),
-      R"j(}, "refcounts": {}, "version": "0.0.1"})j");
+      R"j("m3": )j", Metadata("nemo.lightning.io.pl", "TrainerContext", "t3"), ",", R"j("t3": )j",
+      Names(R"j([["Index(index=0)", "model"]])j"), R"j(}, "refcounts": {}, "version": "0.0.1"})j");
 }
 
 constexpr char kItems[] = R"j([
@@ -63,7 +64,8 @@ constexpr char kItems[] = R"j([
   ["Attr(name='vocab_size')", {"type": "leaf", "value": null}],
   ["Attr(name='activation_func')", {"type": "pyref", "module": "torch.nn.functional", "name": "silu"}],
   ["Attr(name='rotary_base')", 10000.0]])j";
-constexpr char kNames[] = R"j([["Index(index=0)", "num_layers"], ["Index(index=1)", "layernorm_epsilon"],
+constexpr char kNames[] =
+    R"j([["Index(index=0)", "num_layers"], ["Index(index=1)", "layernorm_epsilon"],
   ["Index(index=2)", "gated_linear_unit"], ["Index(index=3)", "normalization"],
   ["Index(index=4)", "vocab_size"], ["Index(index=5)", "activation_func"],
   ["Index(index=6)", "rotary_base"]])j";
@@ -103,16 +105,19 @@ TEST(NemoIoJsonTest, BadDocumentsNameTheJsonPath) {
       {"[1]", absl::StatusCode::kDataLoss,
        "io.json: not fiddle's serialization (a JSON object with \"root\" and an \"objects\" "
        "object)"},
-      {absl::StrReplaceAll(good, {{R"j("key": "llama_config_1")j", R"j("key": "llama_config_9")j"}}),
+      {absl::StrReplaceAll(good,
+                           {{R"j("key": "llama_config_1")j", R"j("key": "llama_config_9")j"}}),
        absl::StatusCode::kDataLoss,
        "io.json: objects[\"llama_model_1\"].items[0][1]: a reference to \"llama_config_9\", "
        "which \"objects\" lacks"},
-      {absl::StrReplaceAll(good, {{R"j({"type": "leaf", "value": true})j", R"j({"type": "leaf"})j"}}),
+      {absl::StrReplaceAll(good,
+                           {{R"j({"type": "leaf", "value": true})j", R"j({"type": "leaf"})j"}}),
        absl::StatusCode::kDataLoss,
        "io.json: objects[\"llama_config_1\"].items[2][1]: a leaf without a JSON primitive "
        "\"value\""},
       {absl::StrReplaceAll(good, {{R"j(["Index(index=6)", "rotary_base"])j", R"j("oops")j"}}),
-       absl::StatusCode::kDataLoss, "io.json: objects[\"t1\"].items[6]: an item that is not a [path element, value] pair"},
+       absl::StatusCode::kDataLoss,
+       "io.json: objects[\"t1\"].items[6]: an item that is not a [path element, value] pair"},
       {IoJson(kItems, R"j([["Index(index=0)", "num_layers"]])j"), absl::StatusCode::kDataLoss,
        "io.json: objects[\"llama_config_1\"]: 7 items, but its metadata names 1 arguments"},
       {std::string(100, '[') + std::string(100, ']'), absl::StatusCode::kResourceExhausted,
