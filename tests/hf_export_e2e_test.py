@@ -30,6 +30,7 @@ import harness  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import hf_megatron_fixture as hmf  # noqa: E402
+import nemo_fixture  # noqa: E402
 from st_torch import read_file as st_tensors  # noqa: E402
 
 # config.json keys every family's config class takes, with their JSON types (transformers'
@@ -95,9 +96,13 @@ class Base(harness.CliTestCase):
             self.assertEqual(tuple(got[name].shape), tuple(want.shape), name)
             self.assertTrue(torch.equal(got[name], want), "%s differs" % name)
 
-    def check_config(self, out, spec, dtype="float32", rope_scaling=None):
+    def check_config(self, out, spec, dtype="float32", rope_scaling=None, special=None):
+        """config.json field by field; `special`: the token ids the tokenizer gives
+        ({"bos_token_id": 1, ...}), in config.json and generation_config.json."""
+        special = special or {}
         config = self.read_json(out, "config.json")
         keys = dict(COMMON_KEYS, **FAMILY_KEYS[spec.family])
+        keys.update({key: int for key in special})
         self.assertEqual(sorted(config), sorted(keys), "config.json keys")
         for key, kind in keys.items():
             self.assertIsInstance(config[key], kind, key)
@@ -114,9 +119,10 @@ class Base(harness.CliTestCase):
             want["sliding_window"] = 4096
         else:
             want["attention_bias"] = spec.family == "qwen2"
+        want.update(special)
         self.assertEqual(config, want)
         self.assertEqual(self.read_json(out, "generation_config.json"),
-                         {"_from_model_config": True})
+                         dict({"_from_model_config": True}, **special))
 
 
 class FamilyTests(Base):
@@ -572,13 +578,15 @@ class TokenizerTests(Base):
         other = self.p("other")
         os.makedirs(other)
         with open(os.path.join(other, "tokenizer.model"), "wb") as f:
-            f.write(b"sentencepiece")
+            f.write(nemo_fixture.sentencepiece_blob(20, bos=3, eos=4))
         out = self.p("out")
         self.export(self.p("save"), out, "--tokenizer", other)
         self.assertEqual(sorted(n for n in os.listdir(out) if not n.startswith("model")),
                          ["config.json", "generation_config.json", "reshard-manifest.json",
                           "tokenizer.model"])
-        self.assertNotIn("bos_token_id", self.read_json(out, "config.json"))
+        # The ids are the replacing tokenizer.model's, not the save's tokenizer.json's (47, 48).
+        config = self.read_json(out, "config.json")
+        self.assertEqual((config["bos_token_id"], config["eos_token_id"]), (3, 4))
         out2 = self.p("out2")
         self.export(self.p("save"), out2, "--no-extra-files")
         self.assertEqual(sorted(n for n in os.listdir(out2) if not n.startswith("model")),

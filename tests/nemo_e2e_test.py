@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402  -- a missing torch is a failure, not a skip
 import dcp_fixture as F  # noqa: E402
 import nemo_fixture as N  # noqa: E402
+import nemo_io_json_fixture as IO  # noqa: E402
 import hf_export_e2e_test as H  # noqa: E402
 import hf_megatron_fixture as hmf  # noqa: E402
 
@@ -212,6 +213,42 @@ class NemoHfTests(H.Base):
     def test_nemo2_folder_to_hf(self):
         self.export_and_check(N.write_nemo2_hf, self.p("nemo2"), seed=12)
 
+    def test_nemo2_folder_with_only_io_json_to_hf(self):
+        """context/ without model.yaml: the config comes from io.json (fiddle's serialization of
+        the TrainerContext), and config.json equals the one model.yaml gives."""
+        spec = hmf.Spec("llama", groups=2, seed=14)
+        hf = hmf.hf_state_dict(spec)
+        outs = {}
+        for model_yaml in (True, False):
+            folder = self.p("nemo2-%s" % model_yaml)
+            N.write_nemo2_hf(folder, spec, hf, tp=2, model_yaml=model_yaml)
+            outs[model_yaml] = self.p("out-%s" % model_yaml)
+            self.export(folder, outs[model_yaml], "--vocab-size", "50")
+        self.assertFalse(os.path.exists(os.path.join(self.p("nemo2-False"), "context",
+                                                     "model.yaml")))
+        self.check_tensors(outs[False], hf)
+        self.check_config(outs[False], spec)
+        for name in ("config.json", "generation_config.json"):
+            self.assertEqual(self.read_json(outs[False], name), self.read_json(outs[True], name))
+
+    def test_nemo2_malformed_io_json_is_refused(self):
+        spec = hmf.Spec("llama", groups=2, seed=15)
+        hf = hmf.hf_state_dict(spec)
+        good = IO.io_json(IO.trainer_context(IO.model_config(
+            "nemo.collections.llm.gpt.model.llama", "LlamaConfig", N.nemo2_config_fields(spec))))
+        cases = (
+            (good.replace('"key": "llama_config_1"', '"key": "llama_config_7"'),
+             'context/io.json: objects["llama_model_1"].items[0][1]: a reference to '
+             '"llama_config_7", which "objects" lacks'),
+            (good[:200], "context/io.json: not valid JSON at byte offset 200"),
+        )
+        for i, (text, message) in enumerate(cases):
+            with self.subTest(case=i):
+                folder = self.p("bad-%d" % i)
+                N.write_nemo2_hf(folder, spec, hf, tp=2, model_yaml=False, io_json=text)
+                self.refused(folder, self.p("out-bad"), ["--vocab-size", "50"],
+                             os.path.join(folder, message))
+
     def assertCarried(self, out, carried):
         """OUT holds each of `carried` (HF name -> bytes) byte for byte."""
         for name, data in carried.items():
@@ -219,7 +256,7 @@ class NemoHfTests(H.Base):
                 self.assertEqual(f.read(), data, name)
 
     def archive_to_hf(self, layout, tp, pp, legacy, seed, tokenizer, extra_yaml="",
-                      rope_scaling=None):
+                      rope_scaling=None, special=None):
         """A Llama GQA model written as a .nemo (`layout`, its tokenizer as members), exported
         without --vocab-size: the tensors against the HF state dict it came from (cut to the
         tokenizer's vocabulary), config.json field by field. Returns OUT."""
@@ -231,19 +268,42 @@ class NemoHfTests(H.Base):
         out = self.p("out-%s" % layout)
         self.export(path, out)
         self.check_tensors(out, hf)
-        self.check_config(out, spec, rope_scaling=rope_scaling)
+        self.check_config(out, spec, rope_scaling=rope_scaling, special=special)
         return out
 
     def test_sentencepiece_tokenizer_carried_and_vocab_trimmed_each_layout(self):
-        blob = N.sentencepiece_blob(50)  # the model's 50 tokens (padded to 64 rows)
+        # The model's 50 tokens (padded to 64 rows); trainer_spec without ids: bos 1, eos 2.
+        blob = N.sentencepiece_blob(50)
         cases = (("single", 1, 1, True), ("ranks", 2, 2, False), ("ranks", 2, 1, True),
                  ("dist", 2, 1, False))
         for seed, (layout, tp, pp, legacy) in enumerate(cases, 40):
             with self.subTest(layout=layout, tp=tp, pp=pp, legacy=legacy):
                 out = self.archive_to_hf(layout, tp, pp, legacy, seed,
-                                         {"model": ("tokenizer.model", blob)})
+                                         {"model": ("tokenizer.model", blob)},
+                                         special={"bos_token_id": 1, "eos_token_id": 2})
                 self.assertCarried(out, {"tokenizer.model": blob})
                 shutil.rmtree(out)
+
+    def test_sentencepiece_special_ids_from_the_archive_member(self):
+        # Gemma-like ids: none of SentencePiece's defaults.
+        blob = N.sentencepiece_blob(50, bos=5, eos=7, pad=3)
+        out = self.archive_to_hf("ranks", 2, 1, False, 45, {"model": ("tokenizer.model", blob)},
+                                 special={"bos_token_id": 5, "eos_token_id": 7,
+                                          "pad_token_id": 3})
+        self.assertCarried(out, {"tokenizer.model": blob})
+
+    def test_broken_tokenizer_model_is_refused_naming_the_member(self):
+        spec = hmf.Spec("llama", groups=2, seed=46)
+        hf = hmf.hf_state_dict(spec)
+        blob = N.sentencepiece_blob(50, damage="group")
+        path = self.p("broken.nemo")
+        N.write_nemo1_llama(path, spec, hf, 2, tokenizer={"model": ("tokenizer.model", blob)})
+        self.refused(path, self.p("out"), ["--vocab-size", "50"],
+                     "%s: arranging the hf output: reading the special token ids of the tokenizer "
+                     "carried into the output: %s: member %s_tokenizer.model: not a "
+                     "SentencePiece model (ModelProto): wire type 3 of field 1 (no group or "
+                     "other type is in sentencepiece_model.proto) at byte offset %d"
+                     % (path, path, N.TOKENIZER_HASH, len(blob) - 1))
 
     def test_bpe_vocab_and_merges_carried_rope_scaling(self):
         vocab = json.dumps({"t%d" % i: i for i in range(50)}).encode()
@@ -290,21 +350,28 @@ class NemoHfTests(H.Base):
                      % path)
 
     def test_nemo2_tokenizer_folder_carried_and_vocab_trimmed(self):
+        # With io.json alone, the config's vocab_size is null (GPTConfig's default): the
+        # tokenizer's size is the vocabulary all the same.
         spec = hmf.Spec("llama", groups=2, seed=52)
         hf = hmf.hf_state_dict(spec)
-        folder = self.p("nemo2")
-        N.write_nemo2_hf(folder, spec, hf, tp=2)
-        blob = N.sentencepiece_blob(50)
-        config = b'{"tokenizer_class": "LlamaTokenizer"}'
-        tokenizer = os.path.join(folder, "context", "nemo_tokenizer")
-        for name, data in (("tokenizer.model", blob), ("tokenizer_config.json", config)):
-            with open(os.path.join(tokenizer, name), "wb") as f:
-                f.write(data)
-        out = self.p("out")
-        self.export(folder, out)
-        self.check_tensors(out, hf)
-        self.check_config(out, spec)
-        self.assertCarried(out, {"tokenizer.model": blob, "tokenizer_config.json": config})
+        for model_yaml in (True, False):
+            with self.subTest(model_yaml=model_yaml):
+                folder = self.p("nemo2-%s" % model_yaml)
+                N.write_nemo2_hf(folder, spec, hf, tp=2, model_yaml=model_yaml)
+                blob = N.sentencepiece_blob(50, bos=3, eos=4)
+                config = b'{"tokenizer_class": "LlamaTokenizer"}'
+                tokenizer = os.path.join(folder, "context", "nemo_tokenizer")
+                for name, data in (("tokenizer.model", blob), ("tokenizer_config.json", config)):
+                    with open(os.path.join(tokenizer, name), "wb") as f:
+                        f.write(data)
+                out = self.p("out-%s" % model_yaml)
+                self.export(folder, out)
+                self.check_tensors(out, hf)
+                # No tokenizer.json: the ids are tokenizer.model's.
+                self.check_config(out, spec, special={"bos_token_id": 3, "eos_token_id": 4})
+                self.assertCarried(out, {"tokenizer.model": blob,
+                                         "tokenizer_config.json": config})
+
 
 if __name__ == "__main__":
     sys.exit(harness.main(globals(), "reshardctl"))

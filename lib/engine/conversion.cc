@@ -224,9 +224,13 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
       ModelFilesToCarry(planned.input.path, planned.input.model.format, spec.output_format,
                         request.consolidate, spec.no_extra_files, spec.tokenizer,
                         planned.input.model.model_files));
-  // Special token ids are read from whole files (an archive's members are copied, not parsed).
   for (const ModelFile& file : model_files) {
-    if (!file.in_archive) request.model_files.emplace_back(file.name, file.path);
+    if (file.in_archive) {
+      request.archive_model_files.push_back(
+          {file.name, file.path, file.offset, file.size, file.member});
+    } else {
+      request.model_files.emplace_back(file.name, file.path);
+    }
   }
   ASSIGN_OR_RETURN(ArrangedOutput arranged,
                    planned.writer->Arrange(std::move(planned.layout), request),

@@ -59,6 +59,7 @@ struct EmbeddedModelFile {
   std::string path;  // the file holding it (the archive), as the storage layer reads it
   uint64_t offset = 0;
   uint64_t size = 0;
+  std::string member;  // its name in the archive, for messages: "<md5>_tokenizer.model"
 };
 
 // What an InputFormat found at a path.
@@ -156,6 +157,9 @@ struct ArrangeRequest {
   // The files the conversion carries beside the weights (lib/formats/hf/model_files.h), as
   // (name in the output, path read): `--format hf` reads its tokenizer's special token ids.
   std::vector<std::pair<std::string, std::string>> model_files;
+  // The carried files that are members of an archive (a `.nemo`'s tokenizer), as byte ranges
+  // of it; read likewise.
+  std::vector<EmbeddedModelFile> archive_model_files;
 };
 
 // An OutputFormat's own arrangement of the output.

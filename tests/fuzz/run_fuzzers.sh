@@ -28,6 +28,8 @@ targets=(
   "//lib/io/s3:s3_xml_fuzzer seeds-s3xml"
   "//lib/formats/nemo:tar_archive_fuzzer seeds-tar"
   "//lib/formats/nemo:yaml_subset_fuzzer seeds-yaml"
+  "//lib/formats/nemo:nemo_io_json_fuzzer seeds-iojson"
+  "//lib/formats/hf:sentencepiece_model_fuzzer seeds-spm"
 )
 
 # Every reshard_fuzzer target must be listed above.
@@ -42,7 +44,8 @@ fi
 /usr/bin/python3 tests/fuzz/make_torch_seeds.py "$work/seeds-zip" "$work/seeds-pickle"
 /usr/bin/python3 tests/fuzz/make_dcp_seeds.py "$work/seeds-dcp"
 /usr/bin/python3 tests/fuzz/make_key_meta_seeds.py "$work/seeds-olmo" "$work/seeds-colossalai"
-/usr/bin/python3 tests/fuzz/make_nemo_seeds.py "$work/seeds-tar" "$work/seeds-yaml"
+/usr/bin/python3 tests/fuzz/make_nemo_seeds.py "$work/seeds-tar" "$work/seeds-yaml" "$work/seeds-iojson" \
+  "$work/seeds-spm"
 /usr/bin/python3 tests/fuzz/make_dtensor_seeds.py "$work/seeds-dtensor"
 /usr/bin/python3 tests/fuzz/make_sharded_tensor_seeds.py "$work/seeds-sharded-tensor"
 /usr/bin/python3 tests/fuzz/make_flat_param_seeds.py "$work/seeds-flat-param"

@@ -1,6 +1,8 @@
 #include "lib/formats/hf/hf_config.h"
 
+#include <algorithm>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -12,7 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "lib/core/status.h"
+#include "lib/formats/hf/sentencepiece_model.h"
+#include "lib/io/byte_source.h"
 #include "lib/io/file_access.h"
+#include "lib/io/mapped_file.h"
 
 namespace reshard {
 namespace {
@@ -328,6 +333,21 @@ namespace {
 constexpr uint64_t kMaxTokenizerConfigBytes = 16 << 20;
 
 constexpr char kTokenizerJson[] = "tokenizer.json";
+constexpr char kTokenizerModel[] = "tokenizer.model";
+
+// The name a carried file takes in the output.
+const std::string& NameOfCarried(const std::pair<std::string, std::string>& file) {
+  return file.first;
+}
+const std::string& NameOfCarried(const EmbeddedModelFile& file) { return file.name; }
+
+absl::Status CheckSentencePieceSize(const std::string& what, uint64_t size) {
+  if (size <= kMaxSentencePieceModelBytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": a tokenizer.model of ", size, " bytes, more than the ",
+      kMaxSentencePieceModelBytes, " read for its special token ids (give bos_token_id and "
+      "eos_token_id with --config)"));
+}
 constexpr const char* kTokenNamers[] = {"tokenizer_config.json", "special_tokens_map.json"};
 
 // Parses `text` read from `path`; `callback` (nlohmann's parser_callback_t) keeps what it
@@ -364,7 +384,7 @@ absl::StatusOr<HfSpecialTokens> HfSpecialTokenIds(
   const auto tokenizer = paths.find(kTokenizerJson);
   if (tokenizer == paths.end()) return ids;
   // The token each key names; "" when the files disagree or name none.
-  constexpr const char* kKeys[] = {"bos_token", "eos_token"};
+  constexpr const char* kKeys[] = {"bos_token", "eos_token", "pad_token"};
   std::map<std::string, std::set<std::string>> named;
   for (const char* name : kTokenNamers) {
     const auto found = paths.find(name);
@@ -437,6 +457,47 @@ absl::StatusOr<HfSpecialTokens> HfSpecialTokenIds(
   };
   ids.bos_token_id = id_of("bos_token");
   ids.eos_token_id = id_of("eos_token");
+  ids.pad_token_id = id_of("pad_token");
+  return ids;
+}
+
+absl::StatusOr<HfSpecialTokens> HfTokenizerSpecialIds(
+    const std::vector<std::pair<std::string, std::string>>& files,
+    const std::vector<EmbeddedModelFile>& members) {
+  const auto named = [](absl::string_view name) {
+    return [name](const auto& file) { return NameOfCarried(file) == name; };
+  };
+  if (std::any_of(files.begin(), files.end(), named(kTokenizerJson)) ||
+      std::any_of(members.begin(), members.end(), named(kTokenizerJson))) {
+    return HfSpecialTokenIds(files);
+  }
+  std::string bytes;
+  std::string what;
+  if (const auto file = std::find_if(files.begin(), files.end(), named(kTokenizerModel));
+      file != files.end()) {
+    what = file->second;
+    ASSIGN_OR_RETURN(const uint64_t size, InputFileSize(what));
+    RETURN_IF_ERROR(CheckSentencePieceSize(what, size));
+    ASSIGN_OR_RETURN(bytes, ReadSmallFile(what, kMaxSentencePieceModelBytes));
+  } else if (const auto member = std::find_if(members.begin(), members.end(),
+                                              named(kTokenizerModel));
+             member != members.end()) {
+    what = absl::StrCat(member->path, ": member ", member->member);
+    RETURN_IF_ERROR(CheckSentencePieceSize(what, member->size));
+    ASSIGN_OR_RETURN(const MappedFile archive, MappedFile::Open(member->path));
+    const std::unique_ptr<ByteSource> source = ByteSourceFor(archive);
+    ASSIGN_OR_RETURN(const absl::string_view view,
+                     source->Read(member->offset, member->size, what));
+    bytes = std::string(view);
+    archive.Release(0, archive.size());
+  } else {
+    return HfSpecialTokens();
+  }
+  ASSIGN_OR_RETURN(const SentencePieceModel model, ParseSentencePieceModel(bytes, what));
+  HfSpecialTokens ids;
+  ids.bos_token_id = model.bos_id;
+  ids.eos_token_id = model.eos_id;
+  ids.pad_token_id = model.pad_id;
   return ids;
 }
 

@@ -47,9 +47,9 @@
 //   scale_attn_weights               true
 //   tie_word_embeddings, torch_dtype, use_cache   as above
 // A key the args lack and --config does not give is refused, naming the key and the arg.
-// bos_token_id and eos_token_id (config.json and generation_config.json) come from --config, else
-// from the tokenizer files carried into the output (HfSpecialTokenIds) when they give them
-// unambiguously; otherwise they are left out, and transformers uses its defaults.
+// bos_token_id, eos_token_id and pad_token_id (config.json and generation_config.json) come from
+// --config, else from the tokenizer carried into the output (HfTokenizerSpecialIds) when it
+// gives them; otherwise they are left out, and transformers uses its defaults.
 
 #ifndef RESHARD_LIB_FORMATS_HF_HF_CONFIG_H_
 #define RESHARD_LIB_FORMATS_HF_HF_CONFIG_H_
@@ -63,6 +63,7 @@
 #include "absl/status/statusor.h"
 #include "lib/core/catalog.h"
 #include "lib/core/dtype.h"
+#include "lib/formats/format.h"
 #include "lib/formats/hf/hf_family.h"
 #include "nlohmann/json.hpp"
 
@@ -94,18 +95,20 @@ struct HfModelConfig {
   int64_t experts = 0;    // mixtral: num_local_experts, the experts of every layer
 };
 
-// The ids of a tokenizer's beginning- and end-of-sequence tokens; nullopt: left out.
+// The ids of a tokenizer's beginning-of-sequence, end-of-sequence and padding tokens; nullopt:
+// left out.
 struct HfSpecialTokens {
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> eos_token_id;
+  std::optional<int64_t> pad_token_id;
 };
 
 // The special token ids a tokenizer's files give, `files` being (name, path as the storage layer
-// reads it) of the files carried into the output. The token (bos_token, eos_token: a string or an
-// AddedToken {"content": ...}) is named by tokenizer_config.json and special_tokens_map.json; its
-// id is looked up in tokenizer.json (its added_tokens and its model's vocab object). An id is
-// given only when unambiguous: the files naming the token name the same one, and tokenizer.json
-// gives it exactly one id. Left out otherwise, and both without tokenizer.json (a
+// reads it) of the files carried into the output. The token (bos_token, eos_token, pad_token: a
+// string or an AddedToken {"content": ...}) is named by tokenizer_config.json and
+// special_tokens_map.json; its id is looked up in tokenizer.json (its added_tokens and its
+// model's vocab object). An id is given only when unambiguous: the files naming the token name
+// the same one, and tokenizer.json gives it exactly one id. Left out otherwise, and both without tokenizer.json (a
 // sentencepiece tokenizer.model alone) or when tokenizer.json is over kMaxTokenizerJsonBytes.
 // DataLoss naming the file and the byte offset when one of these files is not valid JSON.
 absl::StatusOr<HfSpecialTokens> HfSpecialTokenIds(
@@ -114,6 +117,20 @@ absl::StatusOr<HfSpecialTokens> HfSpecialTokenIds(
 // tokenizer.json is read whole (and parsed keeping only the special tokens) up to this size.
 inline constexpr uint64_t kMaxTokenizerJsonBytes = 48ull << 20;
 
+// The special token ids of the tokenizer carried into the output, `files` being its whole files
+// (as for HfSpecialTokenIds) and `members` those that are members of an archive (a `.nemo`'s).
+// With a tokenizer.json: HfSpecialTokenIds of `files`. Else, with a SentencePiece
+// tokenizer.model (a file or a member): its trainer_spec's bos_id, eos_id and pad_id (1, 2 and
+// -1 when absent; a negative id leaves the token out), ParseSentencePieceModel's DataLoss for a
+// damaged model naming the file, or the archive and member, and ResourceExhausted when it is
+// over kMaxSentencePieceModelBytes. No ids otherwise.
+absl::StatusOr<HfSpecialTokens> HfTokenizerSpecialIds(
+    const std::vector<std::pair<std::string, std::string>>& files,
+    const std::vector<EmbeddedModelFile>& members);
+
+// A tokenizer.model is read whole up to this size.
+inline constexpr uint64_t kMaxSentencePieceModelBytes = 16ull << 20;
+
 // InvalidArgument naming the missing keys (and the args they come from) and --config; naming
 // a key of the wrong type; when n_embd is not divisible by n_head (gpt2); when num_attention_heads
 // is not divisible by num_key_value_heads; when num_experts_per_tok exceeds num_local_experts
@@ -121,8 +138,8 @@ inline constexpr uint64_t kMaxTokenizerJsonBytes = 48ull << 20;
 // tie_word_embeddings.
 absl::StatusOr<HfModelConfig> MakeHfConfig(const HfConfigSources& sources);
 
-// generation_config.json: {"_from_model_config": true, "bos_token_id", "eos_token_id" (when
-// config.json has them)}.
+// generation_config.json: {"_from_model_config": true, "bos_token_id", "eos_token_id",
+// "pad_token_id" (those config.json has)}.
 std::string HfGenerationConfigJson(const nlohmann::ordered_json& config);
 
 // --config FILE read and parsed: InvalidArgument naming the file unless a JSON object.

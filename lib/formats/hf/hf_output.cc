@@ -307,11 +307,13 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
   }
   ASSIGN_OR_RETURN(HfModelConfig config, MakeHfConfig(sources));
   // The tokenizer's special token ids, unless --config gives them.
-  ASSIGN_OR_RETURN(const HfSpecialTokens special, HfSpecialTokenIds(request.model_files),
+  ASSIGN_OR_RETURN(const HfSpecialTokens special,
+                   HfTokenizerSpecialIds(request.model_files, request.archive_model_files),
                    "reading the special token ids of the tokenizer carried into the output");
   for (const auto& [key, id] :
        {std::pair<const char*, std::optional<int64_t>>{"bos_token_id", special.bos_token_id},
-        {"eos_token_id", special.eos_token_id}}) {
+        {"eos_token_id", special.eos_token_id},
+        {"pad_token_id", special.pad_token_id}}) {
     if (id.has_value() && !config.json.contains(key)) config.json[key] = *id;
   }
   const int64_t h = config.hidden;

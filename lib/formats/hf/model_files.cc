@@ -146,7 +146,8 @@ absl::StatusOr<std::vector<ModelFile>> NemoTokenizerFiles(
     const std::string& input, const std::vector<EmbeddedModelFile>& embedded) {
   std::vector<ModelFile> files;
   for (const EmbeddedModelFile& file : embedded) {
-    files.push_back(ModelFile{file.name, file.path, file.size, /*in_archive=*/true, file.offset});
+    files.push_back(
+        ModelFile{file.name, file.path, file.size, /*in_archive=*/true, file.offset, file.member});
   }
   if (!files.empty()) return MergeModelFiles({}, std::move(files));
   const std::string folder =

@@ -42,6 +42,7 @@ struct ModelFile {
   // `path`, always carried as a verbatim copy of that range.
   bool in_archive = false;
   uint64_t offset = 0;
+  std::string member;  // in_archive: its name in the archive, for messages
 };
 
 // Whether `name` is a model file carried beside the weights: config.json,

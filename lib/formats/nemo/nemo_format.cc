@@ -21,9 +21,11 @@
 #include "lib/core/catalog.h"
 #include "lib/core/status.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/hf/sentencepiece_model.h"
 #include "lib/formats/megatron/megatron_facts.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/formats/megatron/torch_dist_format.h"
+#include "lib/formats/nemo/nemo_io_json.h"
 #include "lib/formats/nemo/tar_archive.h"
 #include "lib/formats/nemo/tar_store.h"
 #include "lib/formats/nemo/yaml_subset.h"
@@ -139,10 +141,16 @@ StructureNode ConfigAsArgs(const YamlNode& config) {
   return args;
 }
 
-// Adds args.vocab_size = `size` unless the args give one.
+// Sets args.vocab_size = `size` unless the args give one (a null one, NeMo 2's GPTConfig
+// default, gives none).
 void AddVocabSize(StructureNode& args, int64_t size) {
-  for (const StructureNode& key : args.keys) {
-    if (key.kind == StructureNode::Kind::kString && key.text == "vocab_size") return;
+  for (size_t i = 0; i < args.keys.size(); ++i) {
+    const StructureNode& key = args.keys[i];
+    if (key.kind != StructureNode::Kind::kString || key.text != "vocab_size") continue;
+    if (args.values[i].kind == StructureNode::Kind::kNone) {
+      args.values[i] = StructureNode::Int(size);
+    }
+    return;
   }
   args.keys.push_back(StructureNode::String("vocab_size"));
   args.values.push_back(StructureNode::Int(size));
@@ -198,54 +206,14 @@ absl::StatusOr<std::vector<TokenizerMember>> FindTokenizerMembers(const TarArchi
   return found;
 }
 
-// The size of a SentencePiece model's vocabulary: the `pieces` (field 1) of its ModelProto;
-// nullopt when `bytes` is not a well-formed protobuf message.
-std::optional<int64_t> SentencePieceVocabSize(absl::string_view bytes) {
-  int64_t pieces = 0;
-  size_t at = 0;
-  auto varint = [&]() -> std::optional<uint64_t> {
-    uint64_t value = 0;
-    for (int shift = 0; shift < 64 && at < bytes.size(); shift += 7) {
-      const uint8_t byte = static_cast<uint8_t>(bytes[at++]);
-      value |= static_cast<uint64_t>(byte & 0x7f) << shift;
-      if ((byte & 0x80) == 0) return value;
-    }
-    return std::nullopt;
-  };
-  while (at < bytes.size()) {
-    const std::optional<uint64_t> tag = varint();
-    if (!tag.has_value() || (*tag >> 3) == 0) return std::nullopt;
-    uint64_t skip = 0;
-    switch (*tag & 7) {
-      case 0:
-        if (!varint().has_value()) return std::nullopt;
-        break;
-      case 1:
-        skip = 8;
-        break;
-      case 2: {
-        const std::optional<uint64_t> length = varint();
-        if (!length.has_value()) return std::nullopt;
-        skip = *length;
-        if ((*tag >> 3) == 1) ++pieces;
-        break;
-      }
-      case 5:
-        skip = 4;
-        break;
-      default:
-        return std::nullopt;
-    }
-    if (skip > bytes.size() - at) return std::nullopt;
-    at += skip;
-  }
-  return pieces;
-}
-
 // The vocabulary size a tokenizer file gives: a SentencePiece tokenizer.model's pieces, a
 // vocab.json's entries; nullopt for other files or ones that do not parse.
 std::optional<int64_t> TokenizerVocabSize(absl::string_view hf_name, absl::string_view bytes) {
-  if (hf_name == "tokenizer.model") return SentencePieceVocabSize(bytes);
+  if (hf_name == "tokenizer.model") {
+    const absl::StatusOr<SentencePieceModel> model = ParseSentencePieceModel(bytes, hf_name);
+    if (!model.ok()) return std::nullopt;
+    return model->pieces;
+  }
   if (hf_name != "vocab.json") return std::nullopt;
   const nlohmann::json vocab = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
   if (!vocab.is_object()) return std::nullopt;
@@ -576,8 +544,8 @@ absl::StatusOr<InputModel> ReadNemo1(const std::string& path, const ReadOptions&
   // that gives a vocabulary size is the true vocabulary (padded rows past it dropped).
   std::optional<int64_t> vocab_size;
   for (const TokenizerMember& file : config.tokenizer) {
-    model.model_files.push_back(
-        {file.hf_name, tar.path(), file.member->data_offset, file.member->size});
+    model.model_files.push_back({file.hf_name, tar.path(), file.member->data_offset,
+                                 file.member->size, file.member->name});
     if (vocab_size.has_value() || file.member->size > kMaxConfigBytes) continue;
     ASSIGN_OR_RETURN(const absl::string_view bytes,
                      archive.source().Read(file.member->data_offset, file.member->size,
@@ -604,34 +572,58 @@ absl::StatusOr<InputModel> ReadNemo2(const std::string& path, const ReadOptions&
     ASSIGN_OR_RETURN(InputListing listing, ListInput(tokenizer_dir));
     tokenizer = listing.files;
   }
-  // context/model.yaml's `config` (the model's dataclass, serialized by fiddle) as args for
-  // `--format hf`, when it is YAML this reader reads; otherwise --config gives the config.
-  const std::string model_yaml = JoinPath(JoinPath(path, "context"), "model.yaml");
+  // The model's config for `--format hf`: context/model.yaml's `config` mapping when it is YAML
+  // this reader reads, else context/io.json's (fiddle's serialization of the same dataclass);
+  // otherwise --config gives the config.
+  const std::string context = JoinPath(path, "context");
+  std::optional<YamlNode> config;
+  std::string no_config;  // why neither gave one
+  const std::string model_yaml = JoinPath(context, "model.yaml");
   ASSIGN_OR_RETURN(const bool has_model_yaml, CheckInputFile(model_yaml));
   if (has_model_yaml) {
     ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(model_yaml, kMaxConfigBytes));
     absl::StatusOr<YamlNode> root = ParseYamlSubset(text, model_yaml);
-    const YamlNode* config = root.ok() ? root->Get("config") : nullptr;
-    if (config != nullptr && config->kind == YamlNode::Kind::kMap) {
-      StructureNode args = ConfigAsArgs(*config);
-      for (const char* name : {"tokenizer.model", "vocab.json"}) {
-        if (std::find(tokenizer.begin(), tokenizer.end(), name) == tokenizer.end()) continue;
-        const std::string file = JoinPath(tokenizer_dir, name);
-        ASSIGN_OR_RETURN(const uint64_t size, InputFileSize(file));
-        if (size > kMaxConfigBytes) continue;
-        ASSIGN_OR_RETURN(const std::string bytes, ReadSmallFile(file, kMaxConfigBytes));
-        if (std::optional<int64_t> vocab = TokenizerVocabSize(name, bytes)) {
-          AddVocabSize(args, *vocab);
-          break;
-        }
-      }
-      model.training_state.values["megatron.args"] = std::move(args);
+    const YamlNode* found = root.ok() ? root->Get("config") : nullptr;
+    if (found != nullptr && found->kind == YamlNode::Kind::kMap) {
+      config = *found;
     } else {
-      model.parts[0].other_entries.push_back(absl::StrCat(
-          "context/model.yaml: no model config read (",
-          root.ok() ? "no `config` mapping" : root.status().message(),
-          "); --format hf needs --config"));
+      no_config = absl::StrCat("context/model.yaml: no model config read (",
+                               root.ok() ? "no `config` mapping" : root.status().message(), ")");
     }
+  }
+  const std::string io_json = JoinPath(context, "io.json");
+  ASSIGN_OR_RETURN(const bool has_io_json, CheckInputFile(io_json));
+  if (!config.has_value() && has_io_json) {
+    ASSIGN_OR_RETURN(const uint64_t size, InputFileSize(io_json));
+    if (size > kMaxNemoIoJsonBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(io_json, ": ", size,
+                                                       " bytes, more than the ",
+                                                       kMaxNemoIoJsonBytes, " read"));
+    }
+    ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(io_json, kMaxNemoIoJsonBytes));
+    ASSIGN_OR_RETURN(config, NemoIoJsonModelConfig(text, io_json));
+    if (!config.has_value()) {
+      absl::StrAppend(&no_config, no_config.empty() ? "" : "; ",
+                      "context/io.json: no model config (the TrainerContext's model.config)");
+    }
+  }
+  if (config.has_value()) {
+    StructureNode args = ConfigAsArgs(*config);
+    for (const char* name : {"tokenizer.model", "vocab.json"}) {
+      if (std::find(tokenizer.begin(), tokenizer.end(), name) == tokenizer.end()) continue;
+      const std::string file = JoinPath(tokenizer_dir, name);
+      ASSIGN_OR_RETURN(const uint64_t size, InputFileSize(file));
+      if (size > kMaxConfigBytes) continue;
+      ASSIGN_OR_RETURN(const std::string bytes, ReadSmallFile(file, kMaxConfigBytes));
+      if (std::optional<int64_t> vocab = TokenizerVocabSize(name, bytes)) {
+        AddVocabSize(args, *vocab);
+        break;
+      }
+    }
+    model.training_state.values["megatron.args"] = std::move(args);
+  } else if (!no_config.empty()) {
+    model.parts[0].other_entries.push_back(
+        absl::StrCat(no_config, "; --format hf needs --config"));
   }
   model.description = absl::StrCat(
       "NeMo 2 folder (context/, weights/)",

@@ -44,8 +44,11 @@
 //   context/   io.json, model.yaml, nemo_tokenizer/ (the tokenizer files)
 //   weights/   a Megatron-Core torch_dist checkpoint (torch_dist_format.h), tensors named
 //              `module.decoder.layers.<i>...` (the `module.` prefix kept)
-// read through the torch_dist reader; context/nemo_tokenizer/'s tokenizer.model or vocab.json
-// gives args.vocab_size as above.
+// read through the torch_dist reader. The model's config (args for --format hf) is
+// context/model.yaml's `config` mapping when it parses, else context/io.json's (fiddle's
+// serialization of the TrainerContext, nemo_io_json.h; a malformed io.json is refused naming it
+// and the JSON path); context/nemo_tokenizer/'s tokenizer.model or vocab.json gives
+// args.vocab_size as above.
 //
 // `inspect` names the layout: "NeMo 1 archive, TP2 x PP1, model_weights.ckpt per rank, 2 layers;
 // tokenizer files: tokenizer.model", "NeMo 1 archive, torch_dist weights (model_weights/), TP2 x
