@@ -118,6 +118,23 @@ bool IsNaN(DType dtype, uint64_t bits) {
   }
 }
 
+// The offset in its file of byte `byte` of `piece`'s bytes in row-major order (elements of
+// `dtype`, stored at the piece's strides).
+uint64_t FileOffset(const SourcePiece& piece, DType dtype, int64_t byte) {
+  const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
+  const std::vector<int64_t>& extent = piece.box.extent;
+  int64_t offset = 0;  // in elements
+  int64_t rest = byte / size;
+  int64_t dense = 1;  // the row-major stride of dimension d, for pieces without strides
+  for (int d = static_cast<int>(extent.size()) - 1; d >= 0; --d) {
+    const int64_t index = extent[d] > 0 ? rest % extent[d] : 0;
+    rest = extent[d] > 0 ? rest / extent[d] : 0;
+    offset += index * (piece.strides.empty() ? dense : piece.strides[d]);
+    dense *= extent[d];
+  }
+  return piece.byte_offset + static_cast<uint64_t>(offset * size + byte % size);
+}
+
 }  // namespace
 
 absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::string& b,
@@ -159,8 +176,8 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     std::optional<SpanReader>& spans;
   };
   // Reads both sides window by window and counts the elements that differ (compared as
-  // `dtype`) into `mismatch`.
-  auto compare = [&](const Side& a, const Side& b, DType dtype,
+  // `dtype`; any NaN equals any NaN unless `bytewise`) into `mismatch`.
+  auto compare = [&](const Side& a, const Side& b, DType dtype, bool bytewise,
                      TensorMismatch& mismatch) -> absl::Status {
     TensorFiller fill_a(a.copy, a.sources, a.spans.has_value() ? &*a.spans : nullptr);
     TensorFiller fill_b(b.copy, b.sources, b.spans.has_value() ? &*b.spans : nullptr);
@@ -172,9 +189,11 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
           for (int64_t i = 0; i < count; ++i) {
             const uint64_t x = LoadBits(buffer_a.data() + i * size, size);
             const uint64_t y = LoadBits(buffer_b.data() + i * size, size);
-            if (x == y || (IsNaN(dtype, x) && IsNaN(dtype, y))) continue;
+            if (x == y || (!bytewise && IsNaN(dtype, x) && IsNaN(dtype, y))) continue;
             if (mismatch.mismatches++ == 0) {
               mismatch.first_index = begin + i;
+              mismatch.first_byte = static_cast<int64_t>((begin + i) * size) +
+                                    __builtin_ctzll(x ^ y) / 8;  // little-endian host
               mismatch.a_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), x);
               mismatch.b_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), y);
             }
@@ -208,16 +227,18 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     }
     ASSIGN_OR_RETURN(TensorCopy copy_a, PlanWholeTensor(ca, ia, *dtype));
     ASSIGN_OR_RETURN(TensorCopy copy_b, PlanWholeTensor(cb, ib, *dtype));
-    RETURN_IF_ERROR(
-        compare({copy_a, sources_a, spans_a}, {copy_b, sources_b, spans_b}, *dtype, mismatch));
+    RETURN_IF_ERROR(compare({copy_a, sources_a, spans_a}, {copy_b, sources_b, spans_b}, *dtype,
+                            /*bytewise=*/false, mismatch));
     result.elements_compared += copy_a.num_elements;
     if (mismatch.mismatches > 0) {
       mismatch.reason = absl::StrCat("values differ (compared as ", DTypeName(*dtype), ")");
       result.mismatched.push_back(std::move(mismatch));
     }
   }
-  // The copies an input keeps of its replicated pieces (ColossalAI), each against the piece
-  // of its box that conversions read (not counted in tensors_ or elements_compared).
+  // The copies an input keeps of its replicated pieces (ColossalAI, FSDP, Megatron's
+  // expert-parallel ranks, the tensors replicated in every model-parallel part merged with
+  // partition rules), each byte by byte against the piece of its box that conversions read
+  // (not counted in tensors_ or elements_compared).
   for (auto [catalog, sources, spans] :
        {std::tie(ca, sources_a, spans_a), std::tie(cb, sources_b, spans_b)}) {
     Catalog pair;  // the two copies as tensors of the box's shape
@@ -244,11 +265,16 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
         TensorMismatch mismatch;
         mismatch.name = absl::StrCat(tensor.name, " (replicated copy in ",
                                      catalog.files[replica.file].path, ")");
-        RETURN_IF_ERROR(
-            compare({first, sources, spans}, {copy, sources, spans}, tensor.dtype, mismatch));
+        RETURN_IF_ERROR(compare({first, sources, spans}, {copy, sources, spans}, tensor.dtype,
+                                /*bytewise=*/true, mismatch));
         if (mismatch.mismatches > 0) {
-          mismatch.reason =
-              absl::StrCat("values differ from the copy read, in ", catalog.files[read->file].path);
+          mismatch.reason = absl::StrCat(
+              "values differ from the copy read, in ", catalog.files[read->file].path,
+              "; first differing byte: byte ", mismatch.first_byte, " of the copies (offset ",
+              FileOffset(replica, tensor.dtype, mismatch.first_byte), " of ",
+              catalog.files[replica.file].path, ", offset ",
+              FileOffset(*read, tensor.dtype, mismatch.first_byte), " of ",
+              catalog.files[read->file].path, ")");
           result.mismatched.push_back(std::move(mismatch));
         }
       }
