@@ -11,6 +11,8 @@ a model with EP 1 names it), never reshard's, compared element by element:
     expert tensor parallelism), 4 layers of which 1 and 3 are MoE, consolidated to safetensors;
   * inspect: the format, the description (MoE layers, experts, EP, TP), tensors in the model's
     state dict order (each layer's experts after its router);
+  * verify of a TP 2 save: TP rank 1's copies of replicated tensors (a layer norm, an expert)
+    compared byte by byte with TP rank 0's, a flipped byte named with both files and offsets;
   * refusals (exit 3, the message names the expert and the file, OUT not created): an expert
     file missing, an expert's file copied under another expert's name, two names of one expert,
     an expert file of another save, model states of a ZeRO run without optimizer files,
@@ -318,6 +320,60 @@ class DeepSpeedMoEZeroTests(Base):
         self.refused(folder, "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
                      "param group 1 holds experts and is partitioned over 4 ranks, but 4 ranks "
                      "at EP 2 (expp_rank_0..1) give expert groups of 2")
+
+
+class DeepSpeedMoEVerifyTests(Base):
+
+    def alter(self, path, key, element, byte):
+        """Flips byte `byte` of element `element` of tensor `key` in the torch.save file `path`
+        (saved again: its CRC-32s are right); returns the tensor's original bytes."""
+        sd = torch.load(path)
+        tensor = (sd["module"] if "module" in sd else sd)[key]
+        original = tensor.contiguous().view(torch.uint8).flatten().numpy().tobytes()
+        tensor.view(torch.uint8).view(-1)[element * tensor.element_size() + byte] ^= 0x40
+        torch.save(sd, path)
+        return original
+
+    def offset(self, path, data, byte):
+        """The file offset of byte `byte` of the tensor bytes `data`, stored once in `path`."""
+        with open(path, "rb") as f:
+            content = f.read()
+        self.assertEqual(content.count(data), 1, path)
+        return content.find(data) + byte
+
+    def test_tp2_replicated_copies_compared_byte_by_byte(self):
+        # TP 2 without expert tensor parallelism: the layer norms are replicated in both TP
+        # ranks' model states, every expert in both TP ranks' expert files. Conversions read TP
+        # rank 0's copies; verify compares TP rank 1's with them.
+        _, folder = self.save(tp=2, ep=2, seed=21)
+        rules = self.rules_args(2)
+        out = self.p("out")
+        self.ok("consolidate", folder, out, "--no-progress", *rules)
+        self.ok("verify", folder, out, *rules)
+        norm = "language_model.encoder.layers.0.input_layernorm.weight"
+        expert = ("language_model.encoder.layers.1.mlp" + dsm.INFIX +
+                  "5.dense_4h_to_h.weight")
+        checks = []
+        for key, name, element, byte in (
+                (norm, "mp_rank_%02d_model_states.pt", 3, 2),
+                (expert, "layer_0_expert_5_mp_rank_%02d_model_states.pt", 17, 1)):
+            read, copy = (os.path.join(folder, name % rank) for rank in (0, 1))
+            data = self.alter(copy, key, element, byte)
+            first = element * 4 + byte
+            checks.append((
+                "%s (replicated copy in %s)" % (key, copy), 1, element,
+                "values differ from the copy read, in %s; first differing byte: byte %d of the "
+                "copies (offset %d of %s, offset %d of %s)" % (
+                    read, first, self.offset(copy, data[:first] + bytes([data[first] ^ 0x40]) +
+                                             data[first + 1:], first), copy,
+                    self.offset(read, data, first), read)))
+        for a, b in ((folder, out), (out, folder)):
+            res = self.ctl("verify", a, b, "--json", *rules)
+            self.assertExit(res, 4)
+            doc = json.loads(res.stdout_text)
+            self.assertEqual([(m["name"], m["mismatches"], m["first_index"], m["reason"])
+                              for m in doc["mismatched"]], checks)
+            self.assertEqual(doc["only_in_a"] + doc["only_in_b"], [])
 
 
 class DeepSpeedMoERefusalTests(Base):

@@ -61,8 +61,9 @@ struct CatalogTensor {
   DType dtype = DType::kF32;
   Shape shape;
   std::vector<SourcePiece> pieces;
-  // Further copies of pieces that the input stores more than once (ColossalAI's replicated
-  // parameters, one in every tensor-parallel rank's file): conversions never read them;
+  // Further copies of pieces that the input stores more than once (replicated parameters, one
+  // in every tensor-parallel rank's file: ColossalAI's, and those of parts merged by
+  // MergeParts): conversions never read them;
   // `verify` compares each with the piece of the same box.
   std::vector<SourcePiece> replicas;
 };

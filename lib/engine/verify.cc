@@ -14,14 +14,62 @@
 #include "lib/exec/span_reader.h"
 #include "lib/exec/tensor_compare.h"
 #include "lib/exec/tensor_filler.h"
+#include "lib/io/kvstore/posix_driver.h"
 #include "lib/plan/planner.h"
 
 namespace reshard {
 namespace {
 
-constexpr int64_t kChunkBytes = 16 << 20;
-// Span of the SpanReader of a side with remote sources (two buffers of it).
-constexpr size_t kRemoteSpanBytes = 8 << 20;
+// Each side's window (the elements compared at a time) when the memory budget allows it.
+constexpr uint64_t kChunkBytes = 16 << 20;
+// ...and when either side reads remote sources: their reads go by the spans (range requests of
+// a span, the next read ahead), which a shorter window does not shorten, so the spans keep the
+// budget. Two sides of s3:// sources then hold 2 x 1 MiB of windows and 4 x 8 MiB of spans
+// beside the ~26 MiB of the process (a conversion's kProcessMemory and a second S3 side).
+constexpr uint64_t kRemoteChunkBytes = 1 << 20;
+// The least span of a side with remote sources (one range request's least piece, as for a
+// conversion's workers).
+constexpr uint64_t kRemoteMinSpanBytes = 1 << 20;
+
+// What a verify holds: per side a window of the elements compared at a time and, for remote
+// sources, a SpanReader of two spans.
+struct VerifyMemory {
+  uint64_t window_bytes = 0;
+  uint64_t span_bytes = 0;
+};
+
+// A verify reads as a conversion with two workers would, one per side, each filling its window
+// of one side's tensors (through its spans for remote sources). So its window and spans come
+// from the budget conversions share (ShareOutputMemory), planned as such a conversion of the
+// whole tensors of both sides that writes nothing: with remote sources they fit in the cap
+// with the process's own memory; local ones keep kChunkBytes.
+absl::StatusOr<VerifyMemory> ShareVerifyMemory(const Catalog& ca, const Catalog& cb,
+                                               bool remote) {
+  ConversionSpec spec;
+  spec.threads = 2;
+  spec.window_bytes = 2 * (remote ? kRemoteChunkBytes : kChunkBytes);
+  spec.skip_crc_check = true;  // verify checks no source CRC-32
+  CopyPlan plan;
+  for (const Catalog* side : {&ca, &cb}) {
+    const int base = static_cast<int>(plan.sources.size());
+    plan.sources.insert(plan.sources.end(), side->files.begin(), side->files.end());
+    FilePlan file;
+    for (int i = 0; i < static_cast<int>(side->tensors.size()); ++i) {
+      ASSIGN_OR_RETURN(TensorCopy copy, PlanWholeTensor(*side, i, side->tensors[i].dtype));
+      for (CopyItem& item : copy.items) item.src_file += base;
+      file.bytes += copy.dst_bytes();
+      file.segments.push_back(
+          FramingSegment{FramingSegment::Kind::kTensor, "", static_cast<int>(file.tensors.size())});
+      file.tensors.push_back(std::move(copy));
+    }
+    plan.source_bytes_read += file.bytes;
+    plan.total_bytes += file.bytes;
+    plan.files.push_back(std::move(file));
+  }
+  const OutputMemory memory = ShareOutputMemory(spec, plan, kvstore::GetPosixDriver());
+  return VerifyMemory{std::max<uint64_t>(memory.window_bytes / 2, 4096),
+                      std::max(kRemoteMinSpanBytes, memory.remote_span_bytes / 2)};
+}
 
 int MantissaBits(DType dtype) {
   switch (dtype) {
@@ -70,6 +118,23 @@ bool IsNaN(DType dtype, uint64_t bits) {
   }
 }
 
+// The offset in its file of byte `byte` of `piece`'s bytes in row-major order (elements of
+// `dtype`, stored at the piece's strides).
+uint64_t FileOffset(const SourcePiece& piece, DType dtype, int64_t byte) {
+  const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
+  const std::vector<int64_t>& extent = piece.box.extent;
+  int64_t offset = 0;  // in elements
+  int64_t rest = byte / size;
+  int64_t dense = 1;  // the row-major stride of dimension d, for pieces without strides
+  for (int d = static_cast<int>(extent.size()) - 1; d >= 0; --d) {
+    const int64_t index = extent[d] > 0 ? rest % extent[d] : 0;
+    rest = extent[d] > 0 ? rest / extent[d] : 0;
+    offset += index * (piece.strides.empty() ? dense : piece.strides[d]);
+    dense *= extent[d];
+  }
+  return piece.byte_offset + static_cast<uint64_t>(offset * size + byte % size);
+}
+
 }  // namespace
 
 absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::string& b,
@@ -90,9 +155,11 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     return std::any_of(sources.begin(), sources.end(),
                        [](const MappedFile& source) { return !source.mapped(); });
   };
+  ASSIGN_OR_RETURN(const VerifyMemory memory,
+                   ShareVerifyMemory(ca, cb, any_remote(sources_a) || any_remote(sources_b)));
   std::optional<SpanReader> spans_a, spans_b;
-  if (any_remote(sources_a)) spans_a.emplace(kRemoteSpanBytes);
-  if (any_remote(sources_b)) spans_b.emplace(kRemoteSpanBytes);
+  if (any_remote(sources_a)) spans_a.emplace(memory.span_bytes);
+  if (any_remote(sources_b)) spans_b.emplace(memory.span_bytes);
 
   VerifyResult result;
   result.tolerance =
@@ -109,21 +176,24 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     std::optional<SpanReader>& spans;
   };
   // Reads both sides window by window and counts the elements that differ (compared as
-  // `dtype`) into `mismatch`.
-  auto compare = [&](const Side& a, const Side& b, DType dtype,
+  // `dtype`; any NaN equals any NaN unless `bytewise`) into `mismatch`.
+  auto compare = [&](const Side& a, const Side& b, DType dtype, bool bytewise,
                      TensorMismatch& mismatch) -> absl::Status {
     TensorFiller fill_a(a.copy, a.sources, a.spans.has_value() ? &*a.spans : nullptr);
     TensorFiller fill_b(b.copy, b.sources, b.spans.has_value() ? &*b.spans : nullptr);
     const size_t size = DTypeSize(dtype);
     return CompareInWindows(
-        fill_a, fill_b, a.copy.num_elements, size, kChunkBytes / static_cast<int64_t>(size),
+        fill_a, fill_b, a.copy.num_elements, size,
+        std::max<int64_t>(1, static_cast<int64_t>(memory.window_bytes / size)),
         buffer_a, buffer_b, options.cancelled, "verify", [&](int64_t begin, int64_t count) {
           for (int64_t i = 0; i < count; ++i) {
             const uint64_t x = LoadBits(buffer_a.data() + i * size, size);
             const uint64_t y = LoadBits(buffer_b.data() + i * size, size);
-            if (x == y || (IsNaN(dtype, x) && IsNaN(dtype, y))) continue;
+            if (x == y || (!bytewise && IsNaN(dtype, x) && IsNaN(dtype, y))) continue;
             if (mismatch.mismatches++ == 0) {
               mismatch.first_index = begin + i;
+              mismatch.first_byte = static_cast<int64_t>((begin + i) * size) +
+                                    __builtin_ctzll(x ^ y) / 8;  // little-endian host
               mismatch.a_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), x);
               mismatch.b_value = absl::StrFormat("0x%0*x", static_cast<int>(size * 2), y);
             }
@@ -157,16 +227,18 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     }
     ASSIGN_OR_RETURN(TensorCopy copy_a, PlanWholeTensor(ca, ia, *dtype));
     ASSIGN_OR_RETURN(TensorCopy copy_b, PlanWholeTensor(cb, ib, *dtype));
-    RETURN_IF_ERROR(
-        compare({copy_a, sources_a, spans_a}, {copy_b, sources_b, spans_b}, *dtype, mismatch));
+    RETURN_IF_ERROR(compare({copy_a, sources_a, spans_a}, {copy_b, sources_b, spans_b}, *dtype,
+                            /*bytewise=*/false, mismatch));
     result.elements_compared += copy_a.num_elements;
     if (mismatch.mismatches > 0) {
       mismatch.reason = absl::StrCat("values differ (compared as ", DTypeName(*dtype), ")");
       result.mismatched.push_back(std::move(mismatch));
     }
   }
-  // The copies an input keeps of its replicated pieces (ColossalAI), each against the piece
-  // of its box that conversions read (not counted in tensors_ or elements_compared).
+  // The copies an input keeps of its replicated pieces (ColossalAI, FSDP, Megatron's
+  // expert-parallel ranks, the tensors replicated in every model-parallel part merged with
+  // partition rules), each byte by byte against the piece of its box that conversions read
+  // (not counted in tensors_ or elements_compared).
   for (auto [catalog, sources, spans] :
        {std::tie(ca, sources_a, spans_a), std::tie(cb, sources_b, spans_b)}) {
     Catalog pair;  // the two copies as tensors of the box's shape
@@ -193,11 +265,16 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
         TensorMismatch mismatch;
         mismatch.name = absl::StrCat(tensor.name, " (replicated copy in ",
                                      catalog.files[replica.file].path, ")");
-        RETURN_IF_ERROR(
-            compare({first, sources, spans}, {copy, sources, spans}, tensor.dtype, mismatch));
+        RETURN_IF_ERROR(compare({first, sources, spans}, {copy, sources, spans}, tensor.dtype,
+                                /*bytewise=*/true, mismatch));
         if (mismatch.mismatches > 0) {
-          mismatch.reason =
-              absl::StrCat("values differ from the copy read, in ", catalog.files[read->file].path);
+          mismatch.reason = absl::StrCat(
+              "values differ from the copy read, in ", catalog.files[read->file].path,
+              "; first differing byte: byte ", mismatch.first_byte, " of the copies (offset ",
+              FileOffset(replica, tensor.dtype, mismatch.first_byte), " of ",
+              catalog.files[replica.file].path, ", offset ",
+              FileOffset(*read, tensor.dtype, mismatch.first_byte), " of ",
+              catalog.files[read->file].path, ")");
           result.mismatched.push_back(std::move(mismatch));
         }
       }

@@ -24,6 +24,7 @@ struct TensorMismatch {
   std::string reason;        // "values differ", "shape differs", "dtype differs"
   int64_t mismatches = 0;    // elements that differ (for "values differ")
   int64_t first_index = -1;  // flat index of the first differing element
+  int64_t first_byte = -1;   // offset of its first differing byte, in the compared dtype's bytes
   std::string a_value;       // the first differing elements, as hex bits of the compared dtype
   std::string b_value;
 };

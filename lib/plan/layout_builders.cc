@@ -430,13 +430,12 @@ absl::StatusOr<Catalog> MergeParts(std::vector<Catalog> parts, const PartitionRu
                             : absl::StrCat(" (only dimension ", dim, " may differ)")));
       }
       // A part's own copies of its pieces (Megatron's expert-parallel ranks) stay replicas of
-      // the merged tensor, at the box the merged pieces give them, for `verify` to compare.
+      // the merged tensor, at the box the merged pieces give them, for `verify` to compare. A
+      // replicated tensor is read from part 0; the other parts' copies are its replicas too.
       if (rule->replicate) {
-        if (p == 0) {
-          for (SourcePiece piece : local.pieces) {
-            piece.file += file_base[p];
-            global.pieces.push_back(std::move(piece));
-          }
+        for (SourcePiece piece : local.pieces) {
+          piece.file += file_base[p];
+          (p == 0 ? global.pieces : global.replicas).push_back(std::move(piece));
         }
         for (SourcePiece replica : local.replicas) {
           replica.file += file_base[p];

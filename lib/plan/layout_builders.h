@@ -81,7 +81,8 @@ absl::StatusOr<CatalogTensor> ViewPermuted(const CatalogTensor& tensor,
 // Merges N model-parallel parts (each a Catalog of its local tensors, in rank order) into one
 // Catalog of global tensors. Every part must hold the same tensor names. Split tensors are
 // concatenated along the rule's dimension in part order; replicated ones must agree in shape
-// and dtype, and part 0's copy is used. Each part's replicas (CatalogTensor::replicas) are
+// and dtype, and part 0's copy is used; the other parts' copies become its replicas
+// (CatalogTensor::replicas), which `verify` compares byte by byte. Each part's own replicas are
 // carried, placed as its pieces are, so that `verify` compares them with the piece of the same
 // box (for a replicated tensor, part 0's). `part_names` name the parts in error messages.
 absl::StatusOr<Catalog> MergeParts(std::vector<Catalog> parts, const PartitionRules& rules,

@@ -7,7 +7,8 @@ by tools/bench/make_checkpoint.py with boto3, and checks that reading them from 
 same bytes as reading the local copies: a Hugging Face sharded folder and a DeepSpeed ZeRO-3
 save (fp32 and bf16, each within the 64 MiB cap less a margin), a single file, a folder without
 an index, through the flaky proxy (retries).
-It also checks inspect, plan and verify on s3:// paths, and the errors: wrong secret, missing
+It also checks inspect, plan and verify on s3:// paths (verify of an s3:// consolidation against
+its s3:// input within the same bound), and the errors: wrong secret, missing
 key and bucket, malformed URL, no credentials, a layout reshard does not read from S3. Then
 torch.save inputs written by Debian's torch (/usr/bin/python3): a single file and a sharded
 pytorch_model-*.bin folder with its index, consolidated in fp32 and bf16 byte-equal to the local
@@ -45,7 +46,8 @@ import rgw_fixture  # noqa: E402
 BUCKET = "models"
 # The fixture writers of tests/fixtures.
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
-# Peak RSS allowed for a consolidation of the 256 MiB models read from S3: the 64 MiB cap of
+# Peak RSS allowed for a consolidation of the 256 MiB models read from S3, and for a verify of
+# two s3:// sides (~58.7 MiB: 2 x 1 MiB windows, 4 x 8 MiB spans): the 64 MiB cap of
 # every conversion (kOutputMemoryCap, lib/engine/conversion.h) less a 2 MiB margin: a
 # safetensors read peaks at ~59.5 MiB (4 MiB window, 8 MiB spans per worker, ~24 MiB process).
 MAX_RSS = 62 << 20
@@ -326,27 +328,33 @@ class S3InputTests(harness.TempDirTestCase):
         self.assertSameFolder(remote_out, local_out)
         return remote_out
 
+    def ok_in_bounded_memory(self, what, *args):
+        """Runs reshardctl ARGS against the store, which must succeed within MAX_RSS."""
+        cmd = [harness.BINARIES["reshardctl"]] + [str(a) for a in args]
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(ENV)
+        try:
+            start = time.time()
+            code, out, err, rss = harness.run_peak_rss(cmd, self.TIMEOUT)
+            seconds = time.time() - start
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        self.assertEqual(code, 0, (out + err).decode("utf-8", "replace")[-3000:])
+        sys.stderr.write("%s: 256 MiB in %.2f s, peak RSS %.1f MiB\n" % (
+            what, seconds, rss / 2**20))
+        self.assertLess(rss, MAX_RSS, "%s: peak RSS %.1f MiB" % (what, rss / 2**20))
+        return out
+
     def consolidate_in_bounded_memory(self, name, local):
         """Consolidates s3://BUCKET/NAME in fp32 and bf16, each within MAX_RSS and byte-equal to
         the consolidation of its local copy `local`."""
         for dtype in ("f32", "bf16"):
             remote_out, local_out = self.p("s3-" + dtype), self.p("local-" + dtype)
-            cmd = [harness.BINARIES["reshardctl"], "consolidate", "s3://%s/%s" % (BUCKET, name),
-                   remote_out, "--no-progress", "--dtype", dtype]
-            saved = dict(os.environ)
-            os.environ.clear()
-            os.environ.update(ENV)
-            try:
-                start = time.time()
-                code, out, err, rss = harness.run_peak_rss(cmd, self.TIMEOUT)
-                seconds = time.time() - start
-            finally:
-                os.environ.clear()
-                os.environ.update(saved)
-            self.assertEqual(code, 0, err.decode("utf-8", "replace")[-3000:])
-            sys.stderr.write("s3 -> local %s %s: 256 MiB in %.2f s, peak RSS %.1f MiB\n" % (
-                name, dtype, seconds, rss / 2**20))
-            self.assertLess(rss, MAX_RSS, "%s %s: peak RSS %.1f MiB" % (name, dtype, rss / 2**20))
+            self.ok_in_bounded_memory("s3 -> local %s %s" % (name, dtype), "consolidate",
+                                      "s3://%s/%s" % (BUCKET, name), remote_out, "--no-progress",
+                                      "--dtype", dtype)
             self.ok("consolidate", local, local_out, "--no-progress", "--dtype", dtype)
             self.assertSameFolder(remote_out, local_out)
 
@@ -360,6 +368,20 @@ class S3InputTests(harness.TempDirTestCase):
         # Each window gathers one run per rank per parameter (RemoteRunQueue); bf16 converts
         # through the queue's scratch memory.
         self.consolidate_in_bounded_memory("zero3big", os.path.join(STATE["local"], "zero3big"))
+
+    def test_verify_s3_output_against_s3_input_in_bounded_memory(self):
+        # Both sides read from S3, each through its own spans: the windows and spans of both
+        # come from the budget a conversion shares (ShareOutputMemory).
+        url, out = "s3://%s/big" % BUCKET, "s3://%s/verify-big" % BUCKET
+        self.ok("consolidate", url, out, "--no-progress")
+        try:
+            stdout = self.ok_in_bounded_memory("verify s3 vs s3", "verify", url, out)
+            self.assertTrue(stdout.decode().startswith("equal: 138 tensors"), stdout)
+        finally:
+            s3 = s3_client()
+            for key in s3.list_objects_v2(Bucket=BUCKET, Prefix="verify-big/").get(
+                    "Contents", []):
+                s3.delete_object(Bucket=BUCKET, Key=key["Key"])
 
     def test_sharded_output_and_trailing_slash(self):
         self.consolidate_both("s3://%s/small/" % BUCKET, os.path.join(STATE["local"], "small"),
