@@ -59,9 +59,9 @@ absl::Status RemoveAllBut(const Directory& dir, const std::string& relative,
 }
 
 // Takes over what a killed run left in the staging folder `area` (empty for a new one): keeps
-// the data files its records show finished for plan `plan_id`, with their records, and
-// removes everything else (other plans' files, a manifest written before the run was killed,
-// damaged records).
+// the data files its records show finished for plan `plan_id`, with their records of their own,
+// and removes everything else (other plans' files, a manifest written before the run was
+// killed, damaged records, the log, which RunConversion writes anew).
 absl::StatusOr<ReusableFiles> TakeOverStaging(const OutputArea& area, const StagingDir& staging,
                                               const PlannedConversion& planned,
                                               const std::string& plan_id) {
@@ -498,6 +498,8 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   ASSIGN_OR_RETURN(const std::string request, ConversionRequestJson(spec));
   const std::string plan_id = OutputPlanId(request, planned.plan);
   ASSIGN_OR_RETURN(const ReusableFiles reuse, TakeOverStaging(area, staging, planned, plan_id));
+  // The records of the files kept, then of each file as it is finished.
+  ASSIGN_OR_RETURN(FileRecordLog records, FileRecordLog::Create(staging.dir(), reuse.records));
   const double plan_seconds = SecondsSince(start);
 
   const auto write_start = Clock::now();
@@ -514,7 +516,10 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   // serialized.
   absl::Status record_status;
   options.on_file_committed = [&](const WrittenFile& file) {
-    if (record_status.ok()) record_status = area.RecordCommitted(plan_id, file);
+    if (record_status.ok()) {
+      const absl::StatusOr<FileRecord> record = area.CommittedRecord(plan_id, file);
+      record_status = record.ok() ? records.Append(*record) : record.status();
+    }
     TestFaultPoint("file-recorded", control.cancelled);
     if (control.on_file_committed) control.on_file_committed(file);
   };

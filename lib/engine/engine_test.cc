@@ -10,13 +10,18 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "lib/engine/conversion.h"
+#include "lib/engine/output_commit.h"
 #include "lib/engine/verify.h"
 #include "lib/formats/safetensors/safetensors_format.h"
 #include "lib/io/staging_dir.h"
@@ -397,10 +402,26 @@ std::map<std::string, uint64_t> DataFilesIn(const std::string& dir) {
   return files;
 }
 
+// The lines of the staging folder's record log, in order.
+std::vector<std::string> LogLines(const std::string& staging) {
+  return absl::StrSplit(ReadAll(absl::StrCat(staging, "/", kFileRecordLogName)), '\n',
+                        absl::SkipEmpty());
+}
+
+// The names of the files in the staging folder's records folder.
+std::set<std::string> RecordFolderFiles(const std::string& staging) {
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(staging + "/.reshard-progress")) {
+    names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
 // A conversion killed (SIGKILL) right after it recorded its second data file, then rerun as
 // reshardctl reruns it (no daemon, not resuming a job): the rerun keeps exactly those two files
 // from the staging folder (the same inodes are published) and publishes what an uninterrupted
-// run publishes, with nothing of the records left.
+// run publishes, with nothing of the records left. The records are two lines of one file, in
+// the order the files were finished: no file is created per data file.
 TEST_F(EngineTest, RerunAfterAKillReusesTheRecordedFiles) {
   const std::string out = root_ + "/out";
   const std::string staging = StagingPathFor(out);
@@ -409,9 +430,17 @@ TEST_F(EngineTest, RerunAfterAKillReusesTheRecordedFiles) {
   EXPECT_FALSE(fs::exists(out));
   const std::map<std::string, uint64_t> finished = DataFilesIn(staging);
   ASSERT_EQ(finished.size(), 2u);
-  for (const auto& [name, inode] : finished) {
-    EXPECT_TRUE(fs::exists(staging + "/.reshard-progress/" + name + ".json")) << name;
+  EXPECT_EQ(RecordFolderFiles(staging), std::set<std::string>{"records.jsonl"});
+  std::vector<std::string> logged;
+  for (const std::string& line : LogLines(staging)) {
+    const std::optional<FileRecord> record = ParseFileRecord(line);
+    ASSERT_TRUE(record.has_value()) << line;
+    logged.push_back(record->name);
   }
+  // One worker finishes the files in the order of their names.
+  std::vector<std::string> names;
+  for (const auto& [name, inode] : finished) names.push_back(name);
+  EXPECT_EQ(logged, names);
 
   auto rerun = RunConversion(spec);
   ASSERT_TRUE(rerun.ok()) << rerun.status();
@@ -428,9 +457,34 @@ TEST_F(EngineTest, RerunAfterAKillReusesTheRecordedFiles) {
   EXPECT_EQ(OutputFiles(out), resumed);
 }
 
+// A staging folder whose records are files of their own (`.reshard-progress/<file>.json`, as
+// partitioned runs and object stores write them) is taken over as one with the log: the rerun
+// keeps the recorded files (the same inodes are published).
+TEST_F(EngineTest, RerunTakesOverRecordsThatAreFilesOfTheirOwn) {
+  const std::string out = root_ + "/out";
+  const std::string staging = StagingPathFor(out);
+  const ConversionSpec spec = KilledAfterTwoFiles(out);
+  if (HasFatalFailure()) return;
+  const std::map<std::string, uint64_t> finished = DataFilesIn(staging);
+  ASSERT_EQ(finished.size(), 2u);
+  for (const std::string& line : LogLines(staging)) {
+    const std::optional<FileRecord> record = ParseFileRecord(line);
+    ASSERT_TRUE(record.has_value()) << line;
+    WriteAll(absl::StrCat(staging, "/", FileRecordName(record->name)), FileRecordJson(*record));
+  }
+  fs::remove(absl::StrCat(staging, "/", kFileRecordLogName));
+  ASSERT_EQ(RecordFolderFiles(staging).size(), 2u);
+
+  auto rerun = RunConversion(spec);
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_EQ(rerun->reused_files, 2);
+  EXPECT_EQ(rerun->verification_failures, 0);
+  for (const auto& [name, inode] : finished) EXPECT_EQ(InodeOf(out + "/" + name), inode) << name;
+}
+
 // What a crash of the machine can leave of records, which are not fsynced (output_commit.h,
-// "Durability"): after a kill right after the fourth data file was recorded, one record is
-// emptied, one cut short, one names another size and one another XXH3-64 than its file's.
+// "Durability"): after a kill right after the fourth data file was recorded, one line of the
+// log is zeros, one cut short, one names another size and one another XXH3-64 than its file's.
 // The rerun succeeds, keeps none of the four files (each is written again: another inode), counts
 // the one whose hash it checked and found different, and publishes what an uninterrupted run
 // does.
@@ -450,22 +504,19 @@ TEST_F(EngineTest, RerunRewritesTheFilesOfTornRecords) {
   for (const auto& [name, inode] : finished) {
     fs::create_hard_link(staging + "/" + name, root_ + "/killed/" + name);
   }
-  auto file = finished.begin();
-  const std::string emptied = staging + "/.reshard-progress/" + (file++)->first + ".json";
-  const std::string cut = staging + "/.reshard-progress/" + (file++)->first + ".json";
-  const std::string sized = staging + "/.reshard-progress/" + (file++)->first + ".json";
-  const std::string hashed = staging + "/.reshard-progress/" + (file++)->first + ".json";
-  WriteAll(emptied, "");
-  const std::string whole = ReadAll(cut);
-  WriteAll(cut, whole.substr(0, whole.size() / 2));
-  nlohmann::ordered_json record = nlohmann::ordered_json::parse(ReadAll(sized));
+  std::vector<std::string> lines = LogLines(staging);
+  ASSERT_EQ(lines.size(), 4u);
+  lines[0] = std::string(lines[0].size(), '\0');
+  lines[1] = lines[1].substr(0, lines[1].size() / 2);
+  nlohmann::ordered_json record = nlohmann::ordered_json::parse(lines[2]);
   record["bytes"] = record["bytes"].get<uint64_t>() + 1;
-  WriteAll(sized, record.dump());
-  record = nlohmann::ordered_json::parse(ReadAll(hashed));
+  lines[2] = record.dump();
+  record = nlohmann::ordered_json::parse(lines[3]);
   record["xxh3_64"] = record["xxh3_64"].get<std::string>() == "0000000000000000"
                           ? "0000000000000001"
                           : "0000000000000000";
-  WriteAll(hashed, record.dump());
+  lines[3] = record.dump();
+  WriteAll(absl::StrCat(staging, "/", kFileRecordLogName), absl::StrJoin(lines, "\n") + "\n");
 
   auto rerun = RunConversion(spec);
   ASSERT_TRUE(rerun.ok()) << rerun.status();

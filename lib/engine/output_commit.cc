@@ -1,7 +1,10 @@
 #include "lib/engine/output_commit.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
+
+#include <cerrno>
 
 #include <ctime>
 #include <utility>
@@ -10,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/types/span.h"
 #include "lib/core/status.h"
 #include "lib/core/test_faults.h"
@@ -66,7 +70,10 @@ std::string OutputPlanId(const std::string& request_json, const CopyPlan& plan) 
   return absl::StrFormat("%016x", XXH3_64bits(canonical.data(), canonical.size()));
 }
 
-std::string FileRecordJson(const FileRecord& record) {
+namespace {
+
+// The record as JSON, for its own file and for a line of the log.
+OrderedJson FileRecordObject(const FileRecord& record) {
   OrderedJson json;
   json["tool"] = "reshard";
   json["plan_id"] = record.plan_id;
@@ -74,7 +81,19 @@ std::string FileRecordJson(const FileRecord& record) {
   json["bytes"] = record.bytes;
   json["xxh3_64"] = absl::StrFormat("%016x", record.xxh3_64);
   json["generation"] = record.generation;
-  return json.dump(1, ' ', false, OrderedJson::error_handler_t::replace) + "\n";
+  return json;
+}
+
+}  // namespace
+
+std::string FileRecordJson(const FileRecord& record) {
+  return FileRecordObject(record).dump(1, ' ', false, OrderedJson::error_handler_t::replace) +
+         "\n";
+}
+
+std::string FileRecordLine(const FileRecord& record) {
+  return FileRecordObject(record).dump(-1, ' ', false, OrderedJson::error_handler_t::replace) +
+         "\n";
 }
 
 std::optional<FileRecord> ParseFileRecord(absl::string_view text) {
@@ -145,11 +164,31 @@ absl::Status OutputArea::WriteRecord(const FileRecord& record) const {
       absl::StrCat("recording the finished data file ", PathOf(record.name)));
 }
 
-absl::Status OutputArea::RecordCommitted(const std::string& plan_id,
-                                         const WrittenFile& file) const {
+absl::StatusOr<FileRecord> OutputArea::CommittedRecord(const std::string& plan_id,
+                                                       const WrittenFile& file) const {
   ASSIGN_OR_RETURN(const kvstore::PathStat stat, driver_->Stat(PathOf(file.name)),
                    absl::StrCat("recording the finished data file ", PathOf(file.name)));
-  return WriteRecord(FileRecord{plan_id, file.name, file.bytes, file.xxh3_64, stat.generation});
+  return FileRecord{plan_id, file.name, file.bytes, file.xxh3_64, stat.generation};
+}
+
+absl::Status OutputArea::RecordCommitted(const std::string& plan_id,
+                                         const WrittenFile& file) const {
+  ASSIGN_OR_RETURN(const FileRecord record, CommittedRecord(plan_id, file));
+  return WriteRecord(record);
+}
+
+absl::StatusOr<std::optional<std::string>> OutputArea::ReadSmallFile(const std::string& name,
+                                                                     uint64_t max_bytes) const {
+  const std::string path = PathOf(name);
+  const absl::StatusOr<kvstore::PathStat> stat = driver_->Stat(path);
+  if (absl::IsNotFound(stat.status())) return std::nullopt;  // removed since the listing
+  RETURN_IF_ERROR(stat.status(), absl::StrCat("reading the record ", path));
+  if (stat->is_folder || stat->size > max_bytes) return std::nullopt;
+  std::string text(stat->size, '\0');
+  const absl::Status read = driver_->ReadRange(path, 0, absl::MakeSpan(text), *stat);
+  if (absl::IsNotFound(read)) return std::nullopt;
+  RETURN_IF_ERROR(read, absl::StrCat("reading the record ", path, " of finished data files"));
+  return text;
 }
 
 absl::StatusOr<ReusableFiles> OutputArea::FindReusable(const AreaContents& contents,
@@ -157,29 +196,47 @@ absl::StatusOr<ReusableFiles> OutputArea::FindReusable(const AreaContents& conte
                                                        const std::string& plan_id) const {
   std::map<std::string, uint64_t> planned;
   for (const FilePlan& file : plan.files) planned[file.name] = file.bytes;
+  // Data file -> its record of this plan and the record's own file ("" for a line of the log).
+  std::map<std::string, std::pair<FileRecord, std::string>> recorded;
+  std::map<std::string, FileRecord> logged;
   const std::string records = absl::StrCat(kFileRecordsFolder, "/");
-  ReusableFiles reuse;
   for (const kvstore::FileEntry& entry : contents.files) {
+    if (entry.name == kFileRecordLogName) {
+      ASSIGN_OR_RETURN(const std::optional<std::string> text,
+                       ReadSmallFile(entry.name, kMaxFileRecordLogBytes));
+      if (!text.has_value()) continue;
+      for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+        std::optional<FileRecord> record = ParseFileRecord(line);
+        if (record.has_value() && record->plan_id == plan_id) {
+          std::string name = record->name;
+          logged.insert_or_assign(std::move(name), *std::move(record));
+        }
+      }
+      continue;
+    }
     if (!absl::StartsWith(entry.name, records) || !absl::EndsWith(entry.name, ".json") ||
         entry.size > kMaxFileRecordBytes) {
       continue;
     }
-    const std::string path = PathOf(entry.name);
-    const absl::StatusOr<kvstore::PathStat> stat = driver_->Stat(path);
-    if (absl::IsNotFound(stat.status())) continue;  // removed since the listing
-    RETURN_IF_ERROR(stat.status(), absl::StrCat("reading the record ", path));
-    if (stat->is_folder || stat->size > kMaxFileRecordBytes) continue;
-    std::string text(stat->size, '\0');
-    const absl::Status read = driver_->ReadRange(path, 0, absl::MakeSpan(text), *stat);
-    if (absl::IsNotFound(read)) continue;
-    RETURN_IF_ERROR(read, absl::StrCat("reading the record ", path, " of a finished data file"));
-    const std::optional<FileRecord> record = ParseFileRecord(text);
-    if (!record.has_value() || record->plan_id != plan_id) continue;
-    auto file = planned.find(record->name);
-    if (file == planned.end() || file->second != record->bytes ||
+    ASSIGN_OR_RETURN(const std::optional<std::string> text,
+                     ReadSmallFile(entry.name, kMaxFileRecordBytes));
+    if (!text.has_value()) continue;
+    std::optional<FileRecord> record = ParseFileRecord(*text);
+    if (!record.has_value() || record->plan_id != plan_id ||
         entry.name != FileRecordName(record->name)) {
       continue;
     }
+    std::string name = record->name;
+    recorded.insert_or_assign(std::move(name), std::make_pair(*std::move(record), entry.name));
+  }
+  for (auto& [name, record] : logged) {
+    recorded.insert_or_assign(name, std::make_pair(std::move(record), std::string()));
+  }
+  ReusableFiles reuse;
+  for (const auto& [name, entry] : recorded) {
+    const FileRecord* const record = &entry.first;
+    auto file = planned.find(record->name);
+    if (file == planned.end() || file->second != record->bytes) continue;
     // The file itself, now: it may have been replaced or removed since it was recorded.
     const absl::StatusOr<kvstore::PathStat> now = driver_->Stat(PathOf(record->name));
     if (!now.ok() && !absl::IsNotFound(now.status())) {
@@ -192,8 +249,9 @@ absl::StatusOr<ReusableFiles> OutputArea::FindReusable(const AreaContents& conte
       continue;
     }
     reuse.files[record->name] = record->xxh3_64;
-    reuse.kept.insert(entry.name);
+    if (!entry.second.empty()) reuse.kept.insert(entry.second);
     reuse.kept.insert(record->name);
+    reuse.records.push_back(*record);
   }
   return reuse;
 }
@@ -224,6 +282,46 @@ void OutputArea::RemoveRecordsAndMarker() const {
     }
   }
   driver_->Delete(PathOf(kInProgressMarkerName)).IgnoreError();
+}
+
+absl::StatusOr<FileRecordLog> FileRecordLog::Create(const Directory& area,
+                                                    const std::vector<FileRecord>& records) {
+  const std::string path = area.PathOf(kFileRecordLogName);
+  ASSIGN_OR_RETURN(const Directory folder, area.OpenChild(kFileRecordsFolder, /*create=*/true),
+                   absl::StrCat("creating the records of finished data files ", path));
+  ASSIGN_OR_RETURN(const int fd,
+                   // The log's name inside the records folder.
+                   folder.OpenFile(absl::string_view(kFileRecordLogName)
+                                       .substr(sizeof(kFileRecordsFolder)),
+                                   O_WRONLY | O_CREAT | O_TRUNC | O_APPEND),
+                   absl::StrCat("creating the records of finished data files ", path));
+  FileRecordLog log(fd, path);
+  for (const FileRecord& record : records) RETURN_IF_ERROR(log.Append(record));
+  return log;
+}
+
+FileRecordLog::FileRecordLog(FileRecordLog&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
+
+FileRecordLog::~FileRecordLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status FileRecordLog::Append(const FileRecord& record) {
+  // One write of a few hundred bytes: a killed process leaves the line whole or absent.
+  const std::string line = FileRecordLine(record);
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return ErrnoToStatus(n < 0 ? errno : EIO,
+                           absl::StrCat("recording the finished data file ", record.name,
+                                        " in ", path_));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
 }
 
 // Streams into the driver's Writer; Close commits the file and tells the sink its generation.

@@ -17,8 +17,10 @@
 //      (Driver::AbortUnfinishedWrites: S3's multipart uploads).
 //   4. Streams every data file through the driver's Writer (OutputAreaSink): a file appears
 //      under its name only once whole. Right after it is committed, and before the executor
-//      counts it done, its record is written: `.reshard-progress/<file>.json` holding
-//      {plan_id, name, bytes, xxh3_64, generation}.
+//      counts it done, its record is written: {plan_id, name, bytes, xxh3_64, generation},
+//      as a file of its own, `.reshard-progress/<file>.json` (S3, memory, partitioned runs),
+//      or as a line appended to `.reshard-progress/records.jsonl` (RunConversion's staging
+//      folder, FileRecordLog).
 //   5. Writes the companion files (index), then the manifest, which lists every file with its
 //      size and XXH3-64.
 //   6. Removes the records and the marker (best effort: beside a manifest they mean nothing).
@@ -34,9 +36,14 @@
 // manifest and no index; before 3 it changes nothing. Rerunning the same command takes the
 // unfinished area over and reuses the data files the killed run finished.
 //
-// Reuse. Every finished data file gets its own small record, written once (no shared journal:
-// S3 has no append, and rewriting one object per finished file would serialize the workers
-// and cost O(files^2) bytes). The record's XXH3-64 is the one the executor computed while
+// Reuse. Every finished data file gets a small record, written once. On S3 and memory, and in
+// a partitioned run's data area, it is a file of its own (S3 has no append, and rewriting one
+// object per finished file would serialize the workers and cost O(files^2) bytes; a
+// partitioned run's publisher reads each file's record by name). In RunConversion's staging
+// folder the records are lines of one append-only file, FileRecordLog: a file created,
+// renamed and later deleted per data file is filesystem work on every file (docs/
+// benchmarks.md, "Output commit records"); an append is one write.
+// FindReusable reads both forms, so a staging folder either form left is taken over. The record's XXH3-64 is the one the executor computed while
 // streaming the file, its generation the driver's (PathStat::generation: S3's ETag, the memory
 // driver's version, posix "<inode>:<mtime ns>:<size>"). `plan_id` is the XXH3-64 of what
 // decides the bytes: the request as ConversionRequestJson gives it without overwrite and
@@ -55,14 +62,15 @@
 //
 // Durability. A record is written without waiting for the disk (Driver::WriteFileUnsynced:
 // on posix neither the record nor its folder is fsynced, two fsyncs that would cost about what
-// the data file's own commit does on many small files; S3 and memory write it as any file).
+// the data file's own commit does on many small files; S3 and memory write it as any file;
+// FileRecordLog appends with neither fsync nor writeback started).
 // Correctness depends only on what a record that exists says, never on its surviving a crash
 // of the machine:
 //   - its data file is durable before the record is written: the file's commit fsyncs it,
 //     renames it into place and fsyncs its folder (posix), or is a completed upload (S3), so a
 //     record found after a crash names a file that was whole on disk;
-//   - a record a crash lost, emptied or cut short is missing or does not parse, and its file
-//     is written again (FindReusable skips it and Prepare deletes it), as is a file whose
+//   - a record a crash lost, emptied or cut short (a file, or a line of the log) is missing or
+//     does not parse, and its file is written again (FindReusable skips it and Prepare deletes it), as is a file whose
 //     record gives another size or generation, or on posix another XXH3-64 than the file
 //     hashes to now: a damaged record costs one file's work, never a wrong output or an error;
 //   - no commit mark relies on the records: on posix they are removed before the manifest is
@@ -94,6 +102,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/exec/executor_options.h"
+#include "lib/io/directory.h"
 #include "lib/io/kvstore/driver.h"
 #include "lib/plan/layout.h"
 
@@ -107,6 +116,11 @@ inline constexpr char kInProgressMarkerName[] = "reshard-in-progress.json";
 inline constexpr char kFileRecordsFolder[] = ".reshard-progress";
 // A record is a few hundred bytes; anything larger among the records is not one.
 inline constexpr uint64_t kMaxFileRecordBytes = 64 << 10;
+// The file of FileRecordLog, relative to the area's root. Its name cannot be a data file's
+// record (FileRecordName ends in ".json").
+inline constexpr char kFileRecordLogName[] = ".reshard-progress/records.jsonl";
+// A larger log (~60,000 records) is not read: its files are written again.
+inline constexpr uint64_t kMaxFileRecordLogBytes = 16 << 20;
 
 // The identity of the plan (see above), as 16 hex digits. `request_json` is the request as
 // ConversionRequestJson gives it (lib/engine/conversion.h), of the spec with the output as
@@ -126,6 +140,8 @@ struct FileRecord {
 // record (damaged, foreign, another version of reshard's records).
 std::string FileRecordJson(const FileRecord& record);
 std::optional<FileRecord> ParseFileRecord(absl::string_view text);
+// The record as a line of FileRecordLog (compact JSON and '\n').
+std::string FileRecordLine(const FileRecord& record);
 
 // The name of the record of data file `name`, relative to the area's root.
 std::string FileRecordName(absl::string_view name);
@@ -143,8 +159,10 @@ struct ReusableFiles {
   // Data file -> its recorded XXH3-64 (ExecutorOptions::completed_files).
   std::map<std::string, uint64_t> files;
   // Names relative to the root that preparing the area keeps: those data files and their
-  // records.
+  // records of their own (not the log: FileRecordLog::Create writes `records` into a new one).
   std::set<std::string> kept;
+  // The records of those data files, by name.
+  std::vector<FileRecord> records;
   // Records of this plan whose file is gone or was replaced (written again).
   int mismatches = 0;
 };
@@ -174,13 +192,18 @@ class OutputArea {
   // is not made durable (see "Durability" above).
   absl::Status WriteRecord(const FileRecord& record) const;
 
-  // Writes the record of data file `file`, just committed below the root by a writer that
-  // gives no generation with its commit (posix), with the generation Stat gives it now.
+  // The record of data file `file`, just committed below the root by a writer that gives no
+  // generation with its commit (posix), with the generation Stat gives it now.
+  absl::StatusOr<FileRecord> CommittedRecord(const std::string& plan_id,
+                                             const WrittenFile& file) const;
+  // Writes that record as a file of its own.
   absl::Status RecordCommitted(const std::string& plan_id, const WrittenFile& file) const;
 
-  // Reads the records among `contents` and keeps each data file of plan `plan_id` that `plan`
-  // has, of the recorded size, whose Stat now shows the recorded size and generation. Errors
-  // (reading a record or a Stat failing other than NotFound) name the file.
+  // Reads the records among `contents` (files of their own and the lines of the log; of
+  // several records of one data file the log's last line counts) and keeps each data file of
+  // plan `plan_id` that `plan` has, of the recorded size, whose Stat now shows the recorded
+  // size and generation. Errors (reading a record or a Stat failing other than NotFound) name
+  // the file.
   absl::StatusOr<ReusableFiles> FindReusable(const AreaContents& contents, const CopyPlan& plan,
                                              const std::string& plan_id) const;
 
@@ -193,8 +216,39 @@ class OutputArea {
   void RemoveRecordsAndMarker() const;
 
  private:
+  // The text of file `name` below the root; nullopt when it is gone, a folder or larger than
+  // `max_bytes`. Errors name the file.
+  absl::StatusOr<std::optional<std::string>> ReadSmallFile(const std::string& name,
+                                                           uint64_t max_bytes) const;
+
   const kvstore::Driver* driver_;
   std::string root_;
+};
+
+// The records of a posix area's finished data files as lines appended to one file,
+// kFileRecordLogName, in the order the files were finished; nothing is fsynced (see
+// "Durability" above). Not thread safe: the executor's on_file_committed is serialized.
+class FileRecordLog {
+ public:
+  // Creates the log in the area's folder `area` (replacing one there) holding `records`, the
+  // records of the data files a rerun keeps (ReusableFiles::records).
+  static absl::StatusOr<FileRecordLog> Create(const Directory& area,
+                                              const std::vector<FileRecord>& records);
+
+  FileRecordLog(FileRecordLog&& other) noexcept;
+  FileRecordLog& operator=(FileRecordLog&& other) = delete;
+  FileRecordLog(const FileRecordLog&) = delete;
+  FileRecordLog& operator=(const FileRecordLog&) = delete;
+  ~FileRecordLog();
+
+  // Appends the record of a data file once that file is durable. Errors name the log.
+  absl::Status Append(const FileRecord& record);
+
+ private:
+  FileRecordLog(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+
+  int fd_ = -1;
+  std::string path_;
 };
 
 // Writes the data files of an execution into an area through the driver's Writer, and after

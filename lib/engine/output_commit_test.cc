@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "lib/io/directory.h"
 #include "lib/io/kvstore/memory_driver.h"
 #include "lib/io/kvstore/posix_driver.h"
 #include "lib/testing/test_files.h"
@@ -279,6 +280,67 @@ TEST(OutputCommitPosixTest, RecordFollowsItsDurableFileWithoutAnFsyncOfItsOwn) {
                               absl::StrCat("fsync ", root, "/sub"),
                               absl::StrCat("rename ", root, "/.reshard-progress/sub/b.bin.json"),
                           }));
+}
+
+// The records of a staging folder are lines of one file: appending them creates, renames and
+// fsyncs nothing; a rerun keeps the files whose last line matches them, and the log is not
+// among the names preparing the area keeps (the run writes it anew from `records`).
+TEST(OutputCommitPosixTest, LoggedRecordsAppendNothingButALineAndTheLastLineCounts) {
+  const std::string root = std::filesystem::canonical(MakeTempDir("logged")).string();
+  const kvstore::Driver& driver = kvstore::GetPosixDriver();
+  const OutputArea area(driver, root);
+  const std::string a(1000, 'a');
+  const std::string b(2000, 'b');
+  ASSERT_TRUE(driver.WriteFile(area.PathOf("a.bin"), a).ok());
+  ASSERT_TRUE(driver.WriteFile(area.PathOf("sub/b.bin"), b).ok());
+  const WrittenFile written_a{"a.bin", a.size(), XXH3_64bits(a.data(), a.size()), 0};
+  const WrittenFile written_b{"sub/b.bin", b.size(), XXH3_64bits(b.data(), b.size()), 0};
+  absl::StatusOr<FileRecord> record_a = area.CommittedRecord("plan1", written_a);
+  absl::StatusOr<FileRecord> record_b = area.CommittedRecord("plan1", written_b);
+  ASSERT_TRUE(record_a.ok()) << record_a.status();
+  ASSERT_TRUE(record_b.ok()) << record_b.status();
+  FileRecord stale_b = *record_b;
+  stale_b.generation = "1:2:2000";
+  FileRecord other_plan = *record_a;
+  other_plan.plan_id = "plan0";
+
+  absl::StatusOr<Directory> dir = Directory::Open(root);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  {
+    {
+      absl::MutexLock lock(&Log().mu);
+      Log().events.clear();
+    }
+    Log().observing.store(true);
+    absl::StatusOr<FileRecordLog> log = FileRecordLog::Create(*dir, {other_plan});
+    ASSERT_TRUE(log.ok()) << log.status();
+    for (const FileRecord& record : {*record_a, *record_b, stale_b}) {
+      const absl::Status appended = log->Append(record);
+      ASSERT_TRUE(appended.ok()) << appended;
+    }
+    Log().observing.store(false);
+  }
+  {
+    absl::MutexLock lock(&Log().mu);
+    EXPECT_EQ(Log().events, std::vector<std::string>());
+  }
+  const std::string log_path = area.PathOf(kFileRecordLogName);
+  EXPECT_EQ(ReadAll(log_path),
+            absl::StrCat(FileRecordLine(other_plan), FileRecordLine(*record_a),
+                         FileRecordLine(*record_b), FileRecordLine(stale_b)));
+
+  CopyPlan plan;
+  plan.files.push_back(FilePlan{"a.bin", {}, {}, 1000});
+  plan.files.push_back(FilePlan{"sub/b.bin", {}, {}, 2000});
+  absl::StatusOr<AreaContents> contents = area.List();
+  ASSERT_TRUE(contents.ok()) << contents.status();
+  absl::StatusOr<ReusableFiles> reuse = area.FindReusable(*contents, plan, "plan1");
+  ASSERT_TRUE(reuse.ok()) << reuse.status();
+  EXPECT_EQ(reuse->files, (std::map<std::string, uint64_t>{{"a.bin", written_a.xxh3_64}}));
+  EXPECT_EQ(reuse->kept, std::set<std::string>{"a.bin"});
+  ASSERT_EQ(reuse->records.size(), 1u);
+  EXPECT_EQ(FileRecordLine(reuse->records[0]), FileRecordLine(*record_a));
+  EXPECT_EQ(reuse->mismatches, 1);  // sub/b.bin: its last line names another generation
 }
 
 }  // namespace

@@ -14,155 +14,11 @@
 #include "lib/core/status.h"
 #include "lib/io/s3/curl_library.h"
 #include "lib/io/s3/s3_location.h"
+#include "lib/io/s3/s3_request.h"
+#include "lib/io/s3/s3_transfer.h"
 #include "lib/io/s3/s3_xml.h"
 
 namespace reshard {
-
-// One HTTP request. `query` is already encoded and sorted by parameter name.
-struct S3Client::Request {
-  const char* method = "GET";
-  std::string bucket;
-  std::string key;
-  std::string query;
-  std::vector<std::string> headers;
-  absl::string_view body;
-  bool has_body = false;
-  // Range GETs write the 2xx body here; otherwise it goes to Response::body (capped).
-  absl::Span<char> out;
-  bool to_span = false;
-  // Range GETs: held to Options::min_throughput and, with their retries, to
-  // Options::read_deadline; other requests to Options::request_deadline.
-  bool throughput_floor = false;
-};
-
-struct S3Client::Response {
-  long http_status = 0;
-  std::map<std::string, std::string> headers;  // Lowercase names.
-  std::string body;
-  size_t span_bytes = 0;
-};
-
-namespace {
-
-constexpr size_t kMaxErrorBodyBytes = 64 << 10;
-constexpr size_t kMaxHeaderBytes = 64 << 10;
-
-struct TransferState {
-  const CurlLibrary* library = nullptr;
-  CURL* curl = nullptr;
-  S3Client::Response* response = nullptr;
-  absl::Span<char> out;
-  bool to_span = false;
-  size_t max_xml_bytes = 0;
-  size_t header_bytes = 0;
-  // Set when the server sent more than the caller's buffer or the XML cap allows.
-  bool overflow = false;
-  // Throughput floor (OnProgress): when the attempt started, and the least average rate in
-  // bytes per second once `grace` has passed (0: none).
-  absl::Time start;
-  absl::Duration grace;
-  double min_rate = 0;
-  // Set by OnProgress when it aborted the transfer: the body bytes received by then.
-  bool too_slow = false;
-  uint64_t slow_bytes = 0;
-  absl::Duration slow_elapsed;
-};
-
-size_t OnBody(char* data, size_t size, size_t count, void* user) {
-  auto* state = static_cast<TransferState*>(user);
-  const size_t n = size * count;
-  long status = 0;
-  state->library->easy_getinfo(state->curl, CURLINFO_RESPONSE_CODE, &status);
-  S3Client::Response& response = *state->response;
-  if (status >= 200 && status < 300 && state->to_span) {
-    if (n > state->out.size() - response.span_bytes) {
-      state->overflow = true;
-      return 0;
-    }
-    std::memcpy(state->out.data() + response.span_bytes, data, n);
-    response.span_bytes += n;
-    return n;
-  }
-  const size_t cap = (status >= 200 && status < 300) ? state->max_xml_bytes : kMaxErrorBodyBytes;
-  if (n > cap - std::min(cap, response.body.size())) {
-    state->overflow = true;
-    return 0;
-  }
-  response.body.append(data, n);
-  return n;
-}
-
-size_t OnHeader(char* data, size_t size, size_t count, void* user) {
-  auto* state = static_cast<TransferState*>(user);
-  const size_t n = size * count;
-  state->header_bytes += n;
-  if (state->header_bytes > kMaxHeaderBytes) return 0;
-  absl::string_view line(data, n);
-  if (absl::StartsWith(line, "HTTP/")) {
-    state->response->headers.clear();  // A new response (after 100 Continue or a redirect).
-    return n;
-  }
-  const size_t colon = line.find(':');
-  if (colon == absl::string_view::npos) return n;
-  state->response
-      ->headers[absl::AsciiStrToLower(absl::StripAsciiWhitespace(line.substr(0, colon)))] =
-      std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
-  return n;
-}
-
-// libcurl's progress callback (about once a second, and on every chunk): aborts the transfer
-// when, past the grace period, the body has arrived slower than the floor on average.
-int OnProgress(void* user, curl_off_t /*dltotal*/, curl_off_t dlnow, curl_off_t /*ultotal*/,
-               curl_off_t /*ulnow*/) {
-  auto* state = static_cast<TransferState*>(user);
-  if (state->min_rate <= 0) return 0;
-  const absl::Duration elapsed = absl::Now() - state->start;
-  if (elapsed < state->grace) return 0;
-  if (static_cast<double>(dlnow) >= state->min_rate * absl::ToDoubleSeconds(elapsed)) return 0;
-  state->too_slow = true;
-  state->slow_bytes = static_cast<uint64_t>(dlnow);
-  state->slow_elapsed = elapsed;
-  return 1;
-}
-
-// "2.0 KiB/s" for a rate in bytes per second.
-std::string KiBPerSecond(double bytes_per_second) {
-  return absl::StrFormat("%.1f KiB/s", bytes_per_second / 1024);
-}
-
-std::string HeaderOr(const S3Client::Response& response, const std::string& name) {
-  auto it = response.headers.find(name);
-  return it == response.headers.end() ? std::string() : it->second;
-}
-
-absl::StatusOr<uint64_t> ParseSize(absl::string_view text, absl::string_view what) {
-  uint64_t size = 0;
-  if (!absl::SimpleAtoi(text, &size) || size > S3Client::kMaxObjectBytes) {
-    return absl::DataLossError(absl::StrCat(what, ": server sent an invalid object size \"",
-                                            absl::CHexEscape(text.substr(0, 40)), "\""));
-  }
-  return size;
-}
-
-std::string S3Url(absl::string_view bucket, absl::string_view key) {
-  return S3Location{std::string(bucket), std::string(key)}.ToString();
-}
-
-}  // namespace
-
-std::string S3UriEncode(absl::string_view text, bool keep_slash) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    if (absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
-        (keep_slash && c == '/')) {
-      out += c;
-    } else {
-      absl::StrAppendFormat(&out, "%%%02X", static_cast<unsigned char>(c));
-    }
-  }
-  return out;
-}
 
 absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(Options options) {
   ASSIGN_OR_RETURN(const CurlLibrary* curl, LoadCurlLibrary());
@@ -215,24 +71,8 @@ void S3Client::ReturnHandle(void* handle) {
   }
 }
 
-std::string S3Client::Url(absl::string_view bucket, absl::string_view key,
-                          absl::string_view query) const {
-  std::string url;
-  const std::string& endpoint = options_.config.endpoint;
-  if (options_.config.path_style) {
-    url = absl::StrCat(endpoint, "/", bucket);
-    if (!key.empty()) absl::StrAppend(&url, "/", S3UriEncode(key, /*keep_slash=*/true));
-  } else {
-    const size_t scheme_end = endpoint.find("://") + 3;
-    url = absl::StrCat(endpoint.substr(0, scheme_end), bucket, ".", endpoint.substr(scheme_end),
-                       "/", S3UriEncode(key, /*keep_slash=*/true));
-  }
-  if (!query.empty()) absl::StrAppend(&url, "?", query);
-  return url;
-}
-
 absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::string_view what) {
-  const std::string url = Url(request.bucket, request.key, request.query);
+  const std::string url = S3RequestUrl(options_.config, request.bucket, request.key, request.query);
   // All attempts and the waits between them end by the deadline: a range read's, or the
   // request's with time for its body at the throughput floor.
   absl::Duration allowed = options_.read_deadline;
@@ -323,12 +163,12 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
     curl_->easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
     curl_->easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
                        static_cast<long>(absl::ToInt64Seconds(options_.stall_timeout)));
-    curl_->easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnBody);
+    curl_->easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnTransferBody);
     curl_->easy_setopt(curl, CURLOPT_WRITEDATA, &state);
-    curl_->easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
+    curl_->easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnTransferHeader);
     curl_->easy_setopt(curl, CURLOPT_HEADERDATA, &state);
     if (state.min_rate > 0) {
-      curl_->easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnProgress);
+      curl_->easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnTransferProgress);
       curl_->easy_setopt(curl, CURLOPT_XFERINFODATA, &state);
       curl_->easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
     }
@@ -358,7 +198,7 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
       if (request.to_span && response.http_status == 200) {
         return absl::DataLossError(
             absl::StrCat(what, ": server ignored the range (HTTP 200, Content-Length ",
-                         HeaderOr(response, "content-length"), ") and sent more than the ",
+                         ResponseHeader(response, "content-length"), ") and sent more than the ",
                          request.out.size(), " bytes asked for"));
       }
       if (request.to_span && response.http_status >= 200 && response.http_status < 300) {
@@ -456,8 +296,8 @@ absl::StatusOr<S3ObjectInfo> S3Client::Head(absl::string_view bucket, absl::stri
   ASSIGN_OR_RETURN(Response response, Send(request, what));
   S3ObjectInfo info;
   info.key = std::string(key);
-  ASSIGN_OR_RETURN(info.size, ParseSize(HeaderOr(response, "content-length"), what));
-  info.etag = HeaderOr(response, "etag");
+  ASSIGN_OR_RETURN(info.size, ParseObjectSize(ResponseHeader(response, "content-length"), what));
+  info.etag = ResponseHeader(response, "etag");
   return info;
 }
 
@@ -493,9 +333,9 @@ absl::Status S3Client::GetRange(absl::string_view bucket, absl::string_view key,
     return sent.status();
   }
   const Response& response = *sent;
-  const std::string etag = HeaderOr(response, "etag");
+  const std::string etag = ResponseHeader(response, "etag");
   if (!expected.etag.empty() && !etag.empty() && etag != expected.etag) return changed(etag);
-  const std::string content_length = HeaderOr(response, "content-length");
+  const std::string content_length = ResponseHeader(response, "content-length");
   if (!content_length.empty() && content_length != absl::StrCat(response.span_bytes)) {
     return absl::DataLossError(absl::StrCat(what, ": body of ", response.span_bytes,
                                             " bytes but Content-Length ", content_length));
@@ -510,7 +350,7 @@ absl::Status S3Client::GetRange(absl::string_view bucket, absl::string_view key,
     return absl::OkStatus();
   }
   // 206: "bytes A-B/TOTAL" must be the range asked for, TOTAL the object's size.
-  const std::string content_range = HeaderOr(response, "content-range");
+  const std::string content_range = ResponseHeader(response, "content-range");
   uint64_t first = 0, end = 0, total = 0;
   bool total_known = false;
   {
@@ -564,7 +404,7 @@ absl::StatusOr<std::string> S3Client::Put(absl::string_view bucket, absl::string
   request.body = data;
   request.has_body = true;
   ASSIGN_OR_RETURN(Response response, Send(request, absl::StrCat("PUT ", S3Url(bucket, key))));
-  return HeaderOr(response, "etag");
+  return ResponseHeader(response, "etag");
 }
 
 absl::StatusOr<std::string> S3Client::PutIfAbsent(absl::string_view bucket,
@@ -583,7 +423,7 @@ absl::StatusOr<std::string> S3Client::PutIfAbsent(absl::string_view bucket,
         absl::StrCat(url, " already exists (", response.status().message(), ")"));
   }
   if (!response.ok()) return response.status();
-  return HeaderOr(*response, "etag");
+  return ResponseHeader(*response, "etag");
 }
 
 absl::StatusOr<std::vector<S3ObjectInfo>> S3Client::List(absl::string_view bucket,
@@ -624,7 +464,7 @@ absl::StatusOr<S3Client::Folder> S3Client::ListPages(absl::string_view bucket,
     for (absl::string_view contents : XmlElements(response.body, "Contents")) {
       S3ObjectInfo info;
       info.key = XmlText(contents, "Key").value_or("");
-      ASSIGN_OR_RETURN(info.size, ParseSize(XmlText(contents, "Size").value_or(""), what));
+      ASSIGN_OR_RETURN(info.size, ParseObjectSize(XmlText(contents, "Size").value_or(""), what));
       info.etag = XmlText(contents, "ETag").value_or("");
       folder.objects.push_back(std::move(info));
     }
@@ -647,146 +487,6 @@ absl::Status S3Client::Delete(absl::string_view bucket, absl::string_view key) {
   request.bucket = std::string(bucket);
   request.key = std::string(key);
   return Send(request, absl::StrCat("DELETE ", S3Url(bucket, key))).status();
-}
-
-absl::StatusOr<std::string> S3Client::CreateMultipartUpload(
-    absl::string_view bucket, absl::string_view key,
-    const std::map<std::string, std::string>& metadata) {
-  const std::string what = absl::StrCat("CreateMultipartUpload ", S3Url(bucket, key));
-  Request request;
-  request.method = "POST";
-  request.bucket = std::string(bucket);
-  request.key = std::string(key);
-  request.query = "uploads=";  // Not "uploads": see the file comment.
-  request.has_body = true;
-  for (const auto& [name, value] : metadata) {
-    for (char c : name) {
-      if (!absl::ascii_isalnum(c) && c != '-') {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": bad metadata name \"", name, "\""));
-      }
-    }
-    for (char c : value) {
-      if (c < 0x20 || c == 0x7f) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": bad metadata value for ", name));
-      }
-    }
-    request.headers.push_back(absl::StrCat("x-amz-meta-", name, ": ", value));
-  }
-  ASSIGN_OR_RETURN(Response response, Send(request, what));
-  std::string upload_id = XmlText(response.body, "UploadId").value_or("");
-  if (upload_id.empty()) return absl::DataLossError(absl::StrCat(what, ": no UploadId in answer"));
-  return upload_id;
-}
-
-absl::StatusOr<std::string> S3Client::UploadPart(absl::string_view bucket, absl::string_view key,
-                                                 absl::string_view upload_id, int part_number,
-                                                 absl::string_view data) {
-  const std::string what = absl::StrCat("UploadPart ", S3Url(bucket, key), " part ", part_number);
-  if (part_number < 1 || part_number > kMaxParts) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": part number not in 1..10000"));
-  }
-  Request request;
-  request.method = "PUT";
-  request.bucket = std::string(bucket);
-  request.key = std::string(key);
-  request.query =
-      absl::StrCat("partNumber=", part_number, "&uploadId=", S3UriEncode(upload_id, false));
-  request.body = data;
-  request.has_body = true;
-  ASSIGN_OR_RETURN(Response response, Send(request, what));
-  std::string etag = HeaderOr(response, "etag");
-  if (etag.empty()) return absl::DataLossError(absl::StrCat(what, ": no ETag in answer"));
-  return etag;
-}
-
-absl::StatusOr<std::string> S3Client::CompleteMultipartUpload(
-    absl::string_view bucket, absl::string_view key, absl::string_view upload_id,
-    const std::vector<S3CompletedPart>& parts) {
-  const std::string what = absl::StrCat("CompleteMultipartUpload ", S3Url(bucket, key));
-  std::string body = "<CompleteMultipartUpload>";
-  int previous = 0;
-  for (const S3CompletedPart& part : parts) {
-    if (part.part_number <= previous) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": part numbers must ascend"));
-    }
-    previous = part.part_number;
-    absl::StrAppend(&body, "<Part><PartNumber>", part.part_number, "</PartNumber><ETag>",
-                    XmlEscape(part.etag), "</ETag></Part>");
-  }
-  body += "</CompleteMultipartUpload>";
-  Request request;
-  request.method = "POST";
-  request.bucket = std::string(bucket);
-  request.key = std::string(key);
-  request.query = absl::StrCat("uploadId=", S3UriEncode(upload_id, false));
-  request.body = body;
-  request.has_body = true;
-  const uint64_t retries_before = retries_.load();
-  absl::StatusOr<Response> response = Send(request, what);
-  if (!response.ok()) {
-    if (absl::IsNotFound(response.status()) && retries_.load() != retries_before) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(response.status().message(),
-                       " (after a retry: may have completed on an earlier attempt)"));
-    }
-    return response.status();
-  }
-  // S3 may answer 200 and report the error in the body.
-  if (XmlText(response->body, "Code").has_value()) {
-    return S3ErrorToStatus(ParseS3Error(200, response->body), what);
-  }
-  std::string etag = XmlText(response->body, "ETag").value_or("");
-  if (etag.empty()) {
-    // Ceph radosgw 16 answers <ETag></ETag>; the object's HEAD has it.
-    ASSIGN_OR_RETURN(S3ObjectInfo info, Head(bucket, key), what);
-    etag = info.etag;
-  }
-  return etag;
-}
-
-absl::Status S3Client::AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
-                                            absl::string_view upload_id) {
-  Request request;
-  request.method = "DELETE";
-  request.bucket = std::string(bucket);
-  request.key = std::string(key);
-  request.query = absl::StrCat("uploadId=", S3UriEncode(upload_id, false));
-  return Send(request, absl::StrCat("AbortMultipartUpload ", S3Url(bucket, key))).status();
-}
-
-absl::StatusOr<std::vector<S3UploadInfo>> S3Client::ListMultipartUploads(absl::string_view bucket,
-                                                                         absl::string_view prefix) {
-  const std::string what = absl::StrCat("ListMultipartUploads ", S3Url(bucket, prefix));
-  std::vector<S3UploadInfo> uploads;
-  std::string key_marker, upload_id_marker;
-  while (true) {
-    Request request;
-    request.bucket = std::string(bucket);
-    if (!key_marker.empty()) {
-      absl::StrAppend(&request.query, "key-marker=", S3UriEncode(key_marker, false), "&");
-    }
-    absl::StrAppend(&request.query, "prefix=", S3UriEncode(prefix, false), "&");
-    if (!upload_id_marker.empty()) {
-      absl::StrAppend(&request.query, "upload-id-marker=", S3UriEncode(upload_id_marker, false),
-                      "&");
-    }
-    request.query += "uploads=";
-    ASSIGN_OR_RETURN(Response response, Send(request, what));
-    for (absl::string_view upload : XmlElements(response.body, "Upload")) {
-      uploads.push_back(S3UploadInfo{XmlText(upload, "Key").value_or(""),
-                                     XmlText(upload, "UploadId").value_or(""),
-                                     XmlText(upload, "Initiated").value_or("")});
-    }
-    if (XmlText(response.body, "IsTruncated").value_or("false") != "true") break;
-    std::string next_key = XmlText(response.body, "NextKeyMarker").value_or("");
-    std::string next_id = XmlText(response.body, "NextUploadIdMarker").value_or("");
-    if (next_key == key_marker && next_id == upload_id_marker) {
-      return absl::DataLossError(absl::StrCat(what, ": truncated page without new markers"));
-    }
-    key_marker = std::move(next_key);
-    upload_id_marker = std::move(next_id);
-  }
-  return uploads;
 }
 
 }  // namespace reshard

@@ -17,6 +17,10 @@
 // a value ("?uploads="), because libcurl 7.88 signs the query string as written.
 //
 // Errors name the operation, the s3:// URL and the S3 error code (S3ErrorToStatus).
+//
+// Where its parts live: a request and its URL in lib/io/s3/s3_request.h, the libcurl callbacks
+// of one attempt in s3_transfer.h, the retry policy in retry_policy.h, XML answers in s3_xml.h;
+// this class's multipart uploads are defined in s3_multipart.cc, the rest in s3_client.cc.
 // The requests are virtual so that tests can put an in-memory store in the client's place
 // (lib/io/s3/testing/memory_s3_client.h); a request costs far more than the indirection.
 // Sizes from the server are bounded: XML responses are capped (Options), a range GET never
@@ -64,6 +68,7 @@
 #include "absl/types/span.h"
 #include "lib/io/s3/retry_policy.h"
 #include "lib/io/s3/s3_config.h"
+#include "lib/io/s3/s3_request.h"
 
 namespace reshard {
 
@@ -137,7 +142,7 @@ class S3Client {
   // S3 limits for multipart uploads.
   static constexpr uint64_t kMinPartBytes = 5ull << 20;  // All parts but the last (S3).
   static constexpr int kMaxParts = 10000;
-  static constexpr uint64_t kMaxObjectBytes = 5ull << 40;
+  static constexpr uint64_t kMaxObjectBytes = kS3MaxObjectBytes;
 
   static absl::StatusOr<std::unique_ptr<S3Client>> Create(Options options);
   virtual ~S3Client();
@@ -214,8 +219,8 @@ class S3Client {
 
   S3ClientStats stats() const;
 
-  struct Request;
-  struct Response;
+  using Request = S3Request;
+  using Response = S3Response;
 
  protected:
   // `curl` is LoadCurlLibrary's table (Create). Test doubles
@@ -229,7 +234,6 @@ class S3Client {
   // listing ends or `max_entries` (when not 0) objects and sub-prefixes are listed.
   absl::StatusOr<Folder> ListPages(absl::string_view bucket, absl::string_view prefix, bool delimit,
                                    size_t page_size, size_t max_entries);
-  std::string Url(absl::string_view bucket, absl::string_view key, absl::string_view query) const;
 
   void* TakeHandle();
   void ReturnHandle(void* handle);
@@ -243,10 +247,6 @@ class S3Client {
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> retries_{0};
 };
-
-// Percent-encodes `text` for a URL path (keep_slash) or a query value, per SigV4 (unreserved
-// characters A-Z a-z 0-9 - _ . ~ kept, everything else %XX uppercase).
-std::string S3UriEncode(absl::string_view text, bool keep_slash);
 
 }  // namespace reshard
 

@@ -25,7 +25,8 @@ std::string QuotedMd5(absl::string_view data) {
   return absl::StrCat("\"", hex, "\"");
 }
 
-std::string S3Url(absl::string_view bucket, absl::string_view key) {
+// "s3://bucket/key", with the '/' after an empty key too (as the test doubles' messages read).
+std::string ObjectUrl(absl::string_view bucket, absl::string_view key) {
   return absl::StrCat("s3://", bucket, "/", key);
 }
 
@@ -66,7 +67,7 @@ absl::Status MemoryS3Client::Begin(absl::string_view op, absl::string_view key) 
 absl::StatusOr<MemoryS3Client::Bucket*> MemoryS3Client::FindBucket(absl::string_view bucket) {
   auto it = buckets_.find(bucket);
   if (it == buckets_.end()) {
-    return absl::NotFoundError(absl::StrCat(S3Url(bucket, ""), ": S3 NoSuchBucket (HTTP 404)"));
+    return absl::NotFoundError(absl::StrCat(ObjectUrl(bucket, ""), ": S3 NoSuchBucket (HTTP 404)"));
   }
   return &it->second;
 }
@@ -78,7 +79,7 @@ absl::StatusOr<const MemoryS3Client::Object*> MemoryS3Client::FindObject(absl::s
   auto it = objects->find(key);
   if (it == objects->end()) {
     return absl::NotFoundError(
-        absl::StrCat(op, " ", S3Url(bucket, key), ": S3 NoSuchKey (HTTP 404)"));
+        absl::StrCat(op, " ", ObjectUrl(bucket, key), ": S3 NoSuchKey (HTTP 404)"));
   }
   return &it->second;
 }
@@ -90,7 +91,7 @@ absl::StatusOr<MemoryS3Client::Upload*> MemoryS3Client::FindUpload(absl::string_
   auto it = uploads_.find(upload_id);
   if (it == uploads_.end() || it->second.bucket != bucket || it->second.key != key) {
     return absl::NotFoundError(
-        absl::StrCat(op, " ", S3Url(bucket, key), ": S3 NoSuchUpload (HTTP 404)"));
+        absl::StrCat(op, " ", ObjectUrl(bucket, key), ": S3 NoSuchUpload (HTTP 404)"));
   }
   return &it->second;
 }
@@ -100,7 +101,7 @@ absl::Status MemoryS3Client::CreateBucket(absl::string_view bucket) {
   absl::MutexLock lock(&mu_);
   if (!buckets_.emplace(std::string(bucket), Bucket()).second) {
     return absl::AlreadyExistsError(
-        absl::StrCat(S3Url(bucket, ""), ": S3 BucketAlreadyOwnedByYou"));
+        absl::StrCat(ObjectUrl(bucket, ""), ": S3 BucketAlreadyOwnedByYou"));
   }
   return absl::OkStatus();
 }
@@ -121,12 +122,12 @@ absl::Status MemoryS3Client::GetRange(absl::string_view bucket, absl::string_vie
   ASSIGN_OR_RETURN(const Object* object, FindObject("GET", bucket, key));
   if (!expected.etag.empty() && expected.etag != object->etag) {
     return absl::FailedPreconditionError(
-        absl::StrCat("GET ", S3Url(bucket, key), ": S3 PreconditionFailed (HTTP 412)"));
+        absl::StrCat("GET ", ObjectUrl(bucket, key), ": S3 PreconditionFailed (HTTP 412)"));
   }
   const std::string& data = object->data;
   if (offset > data.size() || out.size() > data.size() - offset) {
     return absl::OutOfRangeError(
-        absl::StrCat("GET ", S3Url(bucket, key), ": S3 InvalidRange (HTTP 416)"));
+        absl::StrCat("GET ", ObjectUrl(bucket, key), ": S3 InvalidRange (HTTP 416)"));
   }
   std::memcpy(out.data(), data.data() + offset, out.size());
   return absl::OkStatus();
@@ -238,7 +239,7 @@ absl::StatusOr<std::string> MemoryS3Client::CompleteMultipartUpload(
   for (const S3CompletedPart& part : parts) {
     auto uploaded = (*upload)->parts.find(part.part_number);
     if (uploaded == (*upload)->parts.end() || QuotedMd5(uploaded->second) != part.etag) {
-      return absl::InvalidArgumentError(absl::StrCat("CompleteMultipartUpload ", S3Url(bucket, key),
+      return absl::InvalidArgumentError(absl::StrCat("CompleteMultipartUpload ", ObjectUrl(bucket, key),
                                                      ": S3 InvalidPart (HTTP 400)"));
     }
     data += uploaded->second;
