@@ -220,6 +220,25 @@ class TorchDistTests(Base):
         self.check_config(out, spec)
 
 
+def gpt2_expected(model):
+    """HF GPT-2's tensors from megatron_fixture's logical parameters (Conv1D weights are the
+    transposes, c_attn the columns [q | k | v])."""
+    want = {"transformer.wte.weight": model.embed[:model.vocab],
+            "transformer.wpe.weight": model.pos,
+            "transformer.ln_f.weight": model.final_w, "transformer.ln_f.bias": model.final_b}
+    for i, p in enumerate(model.layer):
+        h = "transformer.h.%d." % i
+        want.update({
+            h + "ln_1.weight": p["ln1_w"], h + "ln_1.bias": p["ln1_b"],
+            h + "attn.c_attn.weight": torch.cat([p["q"], p["k"], p["v"]], 0).t(),
+            h + "attn.c_attn.bias": torch.cat([p["qb"], p["kb"], p["vb"]], 0),
+            h + "attn.c_proj.weight": p["dense_w"].t(), h + "attn.c_proj.bias": p["dense_b"],
+            h + "ln_2.weight": p["ln2_w"], h + "ln_2.bias": p["ln2_b"],
+            h + "mlp.c_fc.weight": p["fc1_w"].t(), h + "mlp.c_fc.bias": p["fc1_b"],
+            h + "mlp.c_proj.weight": p["fc2_w"].t(), h + "mlp.c_proj.bias": p["fc2_b"]})
+    return {k: v.contiguous().numpy() for k, v in want.items()}
+
+
 class DeepSpeedPipeTests(Base):
     """Megatron-DeepSpeed pipeline input (layer_XX-model_TT-model_states.pt, tensors named
     `<layer spec index>.<key>`, args under Megatron-DeepSpeed's names): the same HF model as
@@ -266,20 +285,7 @@ class DeepSpeedPipeTests(Base):
             "vocab_size": model.vocab, "layernorm_epsilon": 1e-5})
         out = self.p("out")
         self.export(folder, out)
-        want = {"transformer.wte.weight": model.embed[:model.vocab],
-                "transformer.wpe.weight": model.pos,
-                "transformer.ln_f.weight": model.final_w, "transformer.ln_f.bias": model.final_b}
-        for i, p in enumerate(model.layer):
-            h = "transformer.h.%d." % i
-            want.update({
-                h + "ln_1.weight": p["ln1_w"], h + "ln_1.bias": p["ln1_b"],
-                h + "attn.c_attn.weight": torch.cat([p["q"], p["k"], p["v"]], 0).t(),
-                h + "attn.c_attn.bias": torch.cat([p["qb"], p["kb"], p["vb"]], 0),
-                h + "attn.c_proj.weight": p["dense_w"].t(), h + "attn.c_proj.bias": p["dense_b"],
-                h + "ln_2.weight": p["ln2_w"], h + "ln_2.bias": p["ln2_b"],
-                h + "mlp.c_fc.weight": p["fc1_w"].t(), h + "mlp.c_fc.bias": p["fc1_b"],
-                h + "mlp.c_proj.weight": p["fc2_w"].t(), h + "mlp.c_proj.bias": p["fc2_b"]})
-        self.check_tensors(out, {k: v.contiguous().numpy() for k, v in want.items()})
+        self.check_tensors(out, gpt2_expected(model))
         config = self.read_json(out, "config.json")
         self.assertEqual((config["model_type"], config["vocab_size"], config["n_positions"],
                           config["n_layer"], config["tie_word_embeddings"]),
@@ -357,6 +363,17 @@ class DeepSpeedQkvSubParamsTests(Base):
         self.run_case(hmf.Spec("qwen2", layers=2, hidden=32, heads=8, groups=4, tied=False,
                                seed=51), 2, 1, None)
 
+
+    def test_gpt2_multi_head_tp2_pp2(self):
+        # megatron_fixture's GPT-2 style model with query_key_value as sub-params (each rank
+        # [q_t; k_t; v_t], not [heads, 3, d]): c_attn is the transpose of [q; k; v].
+        import megatron_fixture as mf
+        model = mf.GPT(layers=4, hidden=16, heads=4, train_tp=2, seq=12, seed=53,
+                       qkv_sub_params=True)
+        folder = mf.write_deepspeed_pipe(self.p("ds"), model, 2, 2, args_overrides={
+            "vocab_size": model.vocab, "layernorm_epsilon": 1e-5})
+        self.export(folder, self.p("out"))
+        self.check_tensors(self.p("out"), gpt2_expected(model))
 
     def test_refusals(self):
         spec = hmf.Spec("llama", layers=2, hidden=32, heads=8, groups=4, tied=False, seed=52)
