@@ -804,6 +804,31 @@ class FlagTests(Base):
         self.ok("consolidate", folder, self.p("o6"), "--tokenizer", tok, "--no-progress")
         self.assertTrue(os.path.exists(self.p("o6", "tokenizer.json")))
 
+    def test_pipeline_parts_refused_by_outputs_without_stages(self):
+        spec = hmf.Spec("llama", groups=2)
+        folder = hmf.write_megatron_lm(self.p("save"), spec, hmf.hf_state_dict(spec), 2, 1)
+        for fmt, named in ((None, "safetensors"), ("torch", "torch"), ("torch-dcp", "torch-dcp"),
+                           ("hf", "hf")):
+            out = self.p("out-%s" % named)
+            args = ["reshard", folder, out, "--parts", "1", "--pipeline-parts", "2"]
+            if fmt is not None:
+                args += ["--format", fmt]
+            with self.subTest(output=named):
+                res = self.ctl(*args, "--no-progress", "--json")
+                self.assertExit(res, 2)
+                doc = json.loads(res.stdout_text)
+                self.assertEqual(doc["error"]["code"], "INVALID_ARGUMENT")
+                self.assertEqual(doc["error"]["message"],
+                                 "--pipeline-parts is only for --format megatron and "
+                                 "megatron-torch-dist (the outputs with pipeline stages); not for "
+                                 "output format %s" % named)
+                self.assertFalse(os.path.exists(out), "%s written" % out)
+        # The Megatron outputs take it.
+        self.ok("reshard", folder, self.p("mg"), "--parts", "1", "--pipeline-parts", "2",
+                "--format", "megatron", "--no-progress")
+        self.assertEqual(sorted(os.listdir(self.p("mg", "iter_0000100"))),
+                         ["mp_rank_00_000", "mp_rank_00_001"])
+
     def help_text(self, command):
         """`reshardctl COMMAND --help`, with CLI11's line wrapping undone."""
         res = self.ctl(command, "--help")
