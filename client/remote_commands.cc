@@ -68,6 +68,9 @@ int ExitCodeForJob(const v1::Job& job) {
     case v1::JOB_STATE_CANCELLED:
       return kExitCancelled;
     case v1::JOB_STATE_FAILED:
+      // A flag the job does not read, refused once the input was read: a usage error, as
+      // in-process.
+      if (job.error().usage_error()) return kExitUsage;
       return ExitCodeForStatus(
           absl::Status(static_cast<absl::StatusCode>(job.error().code()), job.error().message()));
     default:

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "lib/core/status.h"
+#include "lib/engine/spec_codec.h"
 #include "server/job_metrics.h"
 #include "server/job_result.h"
 
@@ -44,6 +45,7 @@ void SetError(v1::Job& job, const absl::Status& status) {
   error->set_code(static_cast<int>(status.code()));
   error->set_code_name(absl::StatusCodeToString(status.code()));  // "INVALID_ARGUMENT"
   error->set_message(std::string(status.message()));
+  error->set_usage_error(IsUsageError(status));
 }
 
 }  // namespace

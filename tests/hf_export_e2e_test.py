@@ -226,6 +226,25 @@ class TorchDistTests(Base):
         self.check_config(out, spec)
 
 
+def gpt2_expected(model):
+    """HF GPT-2's tensors from megatron_fixture's logical parameters (Conv1D weights are the
+    transposes, c_attn the columns [q | k | v])."""
+    want = {"transformer.wte.weight": model.embed[:model.vocab],
+            "transformer.wpe.weight": model.pos,
+            "transformer.ln_f.weight": model.final_w, "transformer.ln_f.bias": model.final_b}
+    for i, p in enumerate(model.layer):
+        h = "transformer.h.%d." % i
+        want.update({
+            h + "ln_1.weight": p["ln1_w"], h + "ln_1.bias": p["ln1_b"],
+            h + "attn.c_attn.weight": torch.cat([p["q"], p["k"], p["v"]], 0).t(),
+            h + "attn.c_attn.bias": torch.cat([p["qb"], p["kb"], p["vb"]], 0),
+            h + "attn.c_proj.weight": p["dense_w"].t(), h + "attn.c_proj.bias": p["dense_b"],
+            h + "ln_2.weight": p["ln2_w"], h + "ln_2.bias": p["ln2_b"],
+            h + "mlp.c_fc.weight": p["fc1_w"].t(), h + "mlp.c_fc.bias": p["fc1_b"],
+            h + "mlp.c_proj.weight": p["fc2_w"].t(), h + "mlp.c_proj.bias": p["fc2_b"]})
+    return {k: v.contiguous().numpy() for k, v in want.items()}
+
+
 class DeepSpeedPipeTests(Base):
     """Megatron-DeepSpeed pipeline input (layer_XX-model_TT-model_states.pt, tensors named
     `<layer spec index>.<key>`, args under Megatron-DeepSpeed's names): the same HF model as
@@ -272,26 +291,124 @@ class DeepSpeedPipeTests(Base):
             "vocab_size": model.vocab, "layernorm_epsilon": 1e-5})
         out = self.p("out")
         self.export(folder, out)
-        want = {"transformer.wte.weight": model.embed[:model.vocab],
-                "transformer.wpe.weight": model.pos,
-                "transformer.ln_f.weight": model.final_w, "transformer.ln_f.bias": model.final_b}
-        for i, p in enumerate(model.layer):
-            h = "transformer.h.%d." % i
-            want.update({
-                h + "ln_1.weight": p["ln1_w"], h + "ln_1.bias": p["ln1_b"],
-                h + "attn.c_attn.weight": torch.cat([p["q"], p["k"], p["v"]], 0).t(),
-                h + "attn.c_attn.bias": torch.cat([p["qb"], p["kb"], p["vb"]], 0),
-                h + "attn.c_proj.weight": p["dense_w"].t(), h + "attn.c_proj.bias": p["dense_b"],
-                h + "ln_2.weight": p["ln2_w"], h + "ln_2.bias": p["ln2_b"],
-                h + "mlp.c_fc.weight": p["fc1_w"].t(), h + "mlp.c_fc.bias": p["fc1_b"],
-                h + "mlp.c_proj.weight": p["fc2_w"].t(), h + "mlp.c_proj.bias": p["fc2_b"]})
-        self.check_tensors(out, {k: v.contiguous().numpy() for k, v in want.items()})
+        self.check_tensors(out, gpt2_expected(model))
         config = self.read_json(out, "config.json")
         self.assertEqual((config["model_type"], config["vocab_size"], config["n_positions"],
                           config["n_layer"], config["tie_word_embeddings"]),
                          ("gpt2", 50, 12, 4, True))
         self.assertEqual(self.inspect_json(folder)["hf_export"], {
             "family": "gpt2", "note": "exports to Hugging Face as gpt2 (--format hf)"})
+
+
+class DeepSpeedQkvSubParamsTests(Base):
+    """Megatron-DeepSpeed pipeline saves whose fused QKV each TP rank holds as [q_t; k_t; v_t]
+    (universal_checkpoint_info's parameter_with_sub_params; hf_megatron_fixture's
+    write_deepspeed_pipe(qkv_sub_params=True)), with and without ZeRO optimizer files.
+    Consolidated, the QKV is [q; k; v], ds_to_universal's merge of the sub-params, from the
+    layer files and (--include-optimizer) from the ZeRO files; exported with --format hf, q, k
+    and v are the HF state dict's own. Both expectations are written here from the HF tensors."""
+
+    def expected_pipe(self, spec, hf, tp):
+        """The consolidated tensors under the pipe's names (`<layer spec index>.<key>`)."""
+        def fused(p, kind):
+            return np.concatenate([hf[p + "self_attn.%s_proj.%s" % (x, kind)] for x in "qkv"])
+        out = {"1.word_embeddings.weight": np.concatenate([
+            hf["model.embed_tokens.weight"], np.random.default_rng(spec.seed + 1).standard_normal(
+                (spec.padded_vocab(tp) - spec.vocab, spec.hidden)).astype(np.float32)])}
+        for i in range(spec.layers):
+            p, n = "model.layers.%d." % i, "%d." % (3 + i)
+            out[n + "input_layernorm.weight"] = hf[p + "input_layernorm.weight"]
+            out[n + "self_attention.query_key_value.weight"] = fused(p, "weight")
+            if spec.family == "qwen2":
+                out[n + "self_attention.query_key_value.bias"] = fused(p, "bias")
+            out[n + "self_attention.dense.weight"] = hf[p + "self_attn.o_proj.weight"]
+            out[n + "post_attention_layernorm.weight"] = hf[p + "post_attention_layernorm.weight"]
+            out[n + "mlp.dense_h_to_4h.weight"] = np.concatenate(
+                [hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+            out[n + "mlp.dense_4h_to_h.weight"] = hf[p + "mlp.down_proj.weight"]
+        out["%d.weight" % (spec.layers + 4)] = hf["model.norm.weight"]
+        out["%d.lm_head.weight" % (spec.layers + 5)] = np.concatenate([
+            hf["lm_head.weight"], np.random.default_rng(spec.seed + 2).standard_normal(
+                (spec.padded_vocab(tp) - spec.vocab, spec.hidden)).astype(np.float32)])
+        return out
+
+    def run_case(self, spec, tp, pp, zero_dp):
+        what = "%s TP%d x PP%d%s" % (spec.family, tp, pp, " ZeRO" if zero_dp else "")
+        hf = hmf.hf_state_dict(spec)
+        save = self.p(what.replace(" ", "-"))
+        hmf.write_deepspeed_pipe(save, spec, hf, tp, pp, qkv_sub_params=True, zero_dp=zero_dp,
+                                 vocab_size=spec.vocab)
+        pipe = self.expected_pipe(spec, hf, tp)
+        self.ok("consolidate", save, save + "-mg", "--no-progress")
+        with self.subTest(what=what, output="consolidate"):
+            self.check_tensors(save + "-mg", pipe)
+        if zero_dp:
+            # The ZeRO files' fp32 weights and Adam moments (the fixture's |0.5 x|, |0.25 x|).
+            self.ok("consolidate", save, save + "-zero", "--no-progress", "--include-optimizer")
+            with_moments = dict(pipe)
+            for name, x in pipe.items():
+                with_moments[name + ".exp_avg"] = np.abs(x * np.float32(0.5))
+                with_moments[name + ".exp_avg_sq"] = np.abs(x * np.float32(0.25))
+            with self.subTest(what=what, output="consolidate --include-optimizer"):
+                self.check_tensors(save + "-zero", with_moments)
+        self.export(save, save + "-hf")
+        with self.subTest(what=what, output="--format hf"):
+            self.check_tensors(save + "-hf", hf)
+            self.check_config(save + "-hf", spec)
+
+    def test_llama_gqa_tp1_and_tp2_with_and_without_zero_files(self):
+        # 8 heads in 4 groups: q 32 rows, k and v 16 each, split over TP 2 on their own. With
+        # as many groups as TP ranks [q_t; k_t; v_t] would be the per-group layout: more here.
+        for tp, pp in ((1, 1), (2, 1), (2, 2)):
+            for zero_dp in (None, 2):
+                self.run_case(hmf.Spec("llama", layers=2, hidden=32, heads=8, groups=4,
+                                       tied=False, seed=50), tp, pp, zero_dp)
+
+    def test_qwen2_qkv_bias_tp2(self):
+        # The bias is a sub-param tensor too: SubparamShape(((q, kv, kv),), 0).
+        self.run_case(hmf.Spec("qwen2", layers=2, hidden=32, heads=8, groups=4, tied=False,
+                               seed=51), 2, 1, None)
+
+
+    def test_gpt2_multi_head_tp2_pp2(self):
+        # megatron_fixture's GPT-2 style model with query_key_value as sub-params (each rank
+        # [q_t; k_t; v_t], not [heads, 3, d]): c_attn is the transpose of [q; k; v].
+        import megatron_fixture as mf
+        model = mf.GPT(layers=4, hidden=16, heads=4, train_tp=2, seq=12, seed=53,
+                       qkv_sub_params=True)
+        folder = mf.write_deepspeed_pipe(self.p("ds"), model, 2, 2, args_overrides={
+            "vocab_size": model.vocab, "layernorm_epsilon": 1e-5})
+        self.export(folder, self.p("out"))
+        self.check_tensors(self.p("out"), gpt2_expected(model))
+
+    def test_refusals(self):
+        spec = hmf.Spec("llama", layers=2, hidden=32, heads=8, groups=4, tied=False, seed=52)
+        hf = hmf.hf_state_dict(spec)
+        folder = hmf.write_deepspeed_pipe(self.p("save"), spec, hf, 2, 1, qkv_sub_params=True,
+                                          vocab_size=spec.vocab)
+        qkv = '"3.self_attention.query_key_value.weight" (%s)' % os.path.join(
+            folder, "layer_03-model_00-model_states.pt")
+        # Megatron-LM / Megatron-Core outputs fuse QKV per query group: refused, no OUT.
+        for fmt in ("megatron", "megatron-torch-dist"):
+            out = self.p("out-" + fmt)
+            res = self.ctl("reshard", folder, out, "--format", fmt, "--parts", "2",
+                           "--no-progress")
+            self.assertExit(res, 3)
+            self.assertIn("tensor %s is a Megatron-DeepSpeed fused QKV saved as sub-params" % qkv,
+                          res.text)
+            self.assertIn("--format %s does not write it" % fmt, res.text)
+            self.assertFalse(os.path.exists(out), out)
+        # Sub-param sizes that are not q, k, v (k's and q's swapped): the export refuses.
+        states = os.path.join(folder, "mp_rank_00_model_states.pt")
+        saved = torch.load(states)
+        q, kv = spec.heads * spec.head_dim, spec.groups * spec.head_dim
+        for entry in saved["universal_checkpoint_info"]["parameter_with_sub_params"]:
+            entry["shape"] = ((kv, q, kv),) + tuple(entry["shape"][1:])
+        torch.save(saved, states)
+        self.refused(folder, self.p("out-hf"), [],
+                     "tensor %s is fused from sub-params of 16, 32, 16 along dimension 0 "
+                     "(universal_checkpoint_info.parameter_with_sub_params), not q, k and v of "
+                     "32, 16, 16 rows" % qkv)
 
 
 class Gpt2Tests(Base):
@@ -694,6 +811,31 @@ class FlagTests(Base):
             f.write("{}")
         self.ok("consolidate", folder, self.p("o6"), "--tokenizer", tok, "--no-progress")
         self.assertTrue(os.path.exists(self.p("o6", "tokenizer.json")))
+
+    def test_pipeline_parts_refused_by_outputs_without_stages(self):
+        spec = hmf.Spec("llama", groups=2)
+        folder = hmf.write_megatron_lm(self.p("save"), spec, hmf.hf_state_dict(spec), 2, 1)
+        for fmt, named in ((None, "safetensors"), ("torch", "torch"), ("torch-dcp", "torch-dcp"),
+                           ("hf", "hf")):
+            out = self.p("out-%s" % named)
+            args = ["reshard", folder, out, "--parts", "1", "--pipeline-parts", "2"]
+            if fmt is not None:
+                args += ["--format", fmt]
+            with self.subTest(output=named):
+                res = self.ctl(*args, "--no-progress", "--json")
+                self.assertExit(res, 2)
+                doc = json.loads(res.stdout_text)
+                self.assertEqual(doc["error"]["code"], "INVALID_ARGUMENT")
+                self.assertEqual(doc["error"]["message"],
+                                 "--pipeline-parts is only for --format megatron and "
+                                 "megatron-torch-dist (the outputs with pipeline stages); not for "
+                                 "output format %s" % named)
+                self.assertFalse(os.path.exists(out), "%s written" % out)
+        # The Megatron outputs take it.
+        self.ok("reshard", folder, self.p("mg"), "--parts", "1", "--pipeline-parts", "2",
+                "--format", "megatron", "--no-progress")
+        self.assertEqual(sorted(os.listdir(self.p("mg", "iter_0000100"))),
+                         ["mp_rank_00_000", "mp_rank_00_001"])
 
     def help_text(self, command):
         """`reshardctl COMMAND --help`, with CLI11's line wrapping undone."""

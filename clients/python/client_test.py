@@ -219,6 +219,26 @@ class ClientTests(DaemonTestCase):
         self.assertNoOutput(out)
         self.assertNoStaging(out)
 
+    def test_flag_refused_once_the_input_is_read_exits_2(self):
+        # hf_family for a Megatron input written as megatron: refused when the job plans, a
+        # usage error as reshardctl's in-process refusal (exit 2).
+        sys.path.insert(0, _runfiles_path("tests/fixtures"))
+        import hf_megatron_fixture as hmf
+        spec = hmf.Spec("llama", groups=2)
+        folder = hmf.write_megatron_lm(self.r("mlm"), spec, hmf.hf_state_dict(spec), 1, 1)
+        out = self.r("out_family")
+        job_id = self.client.reshard(folder, out, 1, output_format="megatron", hf_family="llama")
+        with self.assertRaises(JobFailedError) as cm:
+            self.client.wait(job_id, timeout=120)
+        e = cm.exception
+        self.assertEqual((e.code, e.exit_code, e.job.error.usage_error),
+                         ("INVALID_ARGUMENT", 2, True))
+        self.assertEqual(e.message, "%s: --family is only for --format hf (a Hugging Face model "
+                         "written from a Megatron checkpoint) and for a Hugging Face model "
+                         "imported with --format megatron or megatron-torch-dist; the input is "
+                         "megatron, not a Hugging Face model folder" % folder)
+        self.assertNoOutput(out)
+
     def test_refused_calls_raise_with_code(self):
         with self.assertRaises(ReshardError) as cm:
             self.client.consolidate(self.src, os.path.join(self.outside, "out"))

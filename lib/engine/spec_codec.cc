@@ -46,6 +46,22 @@ absl::Status Invalid(const SpecField& field, SpecNaming naming, absl::string_vie
   return absl::InvalidArgumentError(absl::StrCat(SpecFieldLabel(field, naming), " ", what));
 }
 
+// The payload that marks a status as a flag given to a job that does not take it.
+constexpr absl::string_view kUsageErrorUrl = "reshard/usage-error";
+
+// Invalid, marked as a usage error (IsUsageError): `field` is given to a job that ignores it.
+absl::Status NotRead(const SpecField& field, SpecNaming naming, absl::string_view what) {
+  absl::Status status = Invalid(field, naming, what);
+  status.SetPayload(kUsageErrorUrl, absl::Cord(field.flag));
+  return status;
+}
+
+// The outputs that write pipeline stages (--pipeline-parts) and import Hugging Face models
+// (PresentHfModelAsMegatron: they read --family and --config of a Hugging Face input).
+bool IsMegatronOutput(absl::string_view output_format) {
+  return output_format == "megatron" || output_format == "megatron-torch-dist";
+}
+
 absl::string_view ReshardKindName(SpecNaming naming) {
   return naming == SpecNaming::kProto ? "JOB_KIND_RESHARD" : "reshard";
 }
@@ -67,6 +83,14 @@ absl::Status CheckPipelineParts(const ConversionSpec& spec, const SpecField& fie
     return Invalid(field, naming,
                    absl::StrCat("must be in [0, ", kMaxParts, "], and only for ",
                                 ReshardKindName(naming)));
+  }
+  if (spec.pipeline_parts != 0 && !IsMegatronOutput(spec.output_format)) {
+    return NotRead(
+        field, naming,
+        absl::StrCat("is only for ", SpecFieldLabel(SpecFieldNamed("output_format"), naming),
+                     " megatron and megatron-torch-dist (the outputs with pipeline stages); not "
+                     "for output format ",
+                     spec.output_format.empty() ? "safetensors" : spec.output_format));
   }
   return absl::OkStatus();
 }
@@ -172,14 +196,6 @@ bool WhenHfModelDescribed(const ConversionSpec& spec) {
   return WhenHfOutput(spec) || !spec.hf.family.empty() || !spec.hf.config_file.empty();
 }
 
-// The outputs a Hugging Face model is imported into (PresentHfModelAsMegatron): they read
-// --family and --config of a Hugging Face input.
-bool ImportsHfModels(absl::string_view output_format) {
-  return output_format == "megatron" || output_format == "megatron-torch-dist";
-}
-
-// The payload that marks a status as a flag given to a job that does not take it.
-constexpr absl::string_view kUsageErrorUrl = "reshard/usage-error";
 
 // InvalidArgument, marked as a usage error: `field` is given to a job that ignores it; says
 // which jobs read it and why this one is not among them (`not_because`).
@@ -187,7 +203,7 @@ absl::Status NotForThisJob(const SpecField& field, SpecNaming naming,
                            absl::string_view not_because) {
   const std::string format = SpecFieldLabel(SpecFieldNamed("output_format"), naming);
   const bool imports = field.name != "hf_vocab_size";
-  absl::Status status = Invalid(
+  return NotRead(
       field, naming,
       absl::StrCat("is only for ", format, " hf (a Hugging Face model written from a Megatron "
                    "checkpoint)",
@@ -195,8 +211,6 @@ absl::Status NotForThisJob(const SpecField& field, SpecNaming naming,
                                           " megatron or megatron-torch-dist")
                            : "",
                    "; ", not_because));
-  status.SetPayload(kUsageErrorUrl, absl::Cord(field.flag));
-  return status;
 }
 
 // --family, --config and --vocab-size: given only to the jobs that read them (WhenHfOutput,
@@ -209,7 +223,7 @@ absl::Status CheckHfModelFlag(const ConversionSpec& spec, const SpecField& field
                  [](auto) { return true; }},
       field.access);
   if (!given || WhenHfOutput(spec)) return absl::OkStatus();
-  if (field.name != "hf_vocab_size" && ImportsHfModels(spec.output_format)) {
+  if (field.name != "hf_vocab_size" && IsMegatronOutput(spec.output_format)) {
     return absl::OkStatus();
   }
   return NotForThisJob(field, naming,

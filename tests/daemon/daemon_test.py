@@ -1038,6 +1038,57 @@ class SecurityTests(DaemonTestCase):
         self.assertNoOutput(self.r("o_family"))
         self.assertNoOutput(self.r("o_vocab"))
 
+    def test_flag_refused_once_the_input_is_read_exits_as_in_process(self):
+        # --family / --config for an input that is not a Hugging Face model folder are refused
+        # when the job plans (the input must be read to know): through reshardd too, a usage
+        # error (exit 2) with the message reshardctl gives in-process.
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))), "fixtures"))
+        import hf_megatron_fixture as hmf
+        spec = hmf.Spec("llama", groups=2)
+        folder = hmf.write_megatron_lm(self.r("mlm"), spec, hmf.hf_state_dict(spec), 1, 1)
+        config = self.r("config.json")
+        with open(config, "w") as f:
+            json.dump({"rope_theta": 10000.0}, f)
+        for i, flags in enumerate((["--family", "llama"], ["--config", config])):
+            args = ["reshard", folder, self.r("o_hf_flag_%d" % i), "--format", "megatron",
+                    "--parts", "1", "--no-progress"] + flags
+            with self.subTest(flags=flags):
+                local = self.assertError(run_ctl(args), 2, "INVALID_ARGUMENT")
+                self.assertEqual(
+                    local["error"]["message"],
+                    "%s: %s is only for --format hf (a Hugging Face model written from a "
+                    "Megatron checkpoint) and for a Hugging Face model imported with --format "
+                    "megatron or megatron-torch-dist; the input is megatron, not a Hugging Face "
+                    "model folder" % (folder, flags[0]))
+                remote = self.ctl(*args)
+                self.assertExit(remote, 2)
+                self.assertEqual((remote.doc["ok"], remote.doc["exit_code"], remote.doc["state"]),
+                                 (False, 2, "failed"), repr(remote))
+                error = remote.doc["job"]["error"]
+                self.assertEqual((error["code_name"], error["message"], error["usage_error"]),
+                                 ("INVALID_ARGUMENT", local["error"]["message"], True))
+                self.assertNoOutput(self.r("o_hf_flag_%d" % i))
+
+    def test_pipeline_parts_refused_for_outputs_without_stages(self):
+        spec = {"kind": "JOB_KIND_RESHARD", "input": self.src, "output": self.r("o_pp"),
+                "parts": 1, "pipeline_parts": 2, "output_format": "torch"}
+        res = probe(self.daemon.addr, "SubmitJob", {"spec": spec})
+        self.assertEqual(res["code_name"], "INVALID_ARGUMENT", res)
+        self.assertEqual(res["message"],
+                         "spec.pipeline_parts is only for spec.output_format megatron and "
+                         "megatron-torch-dist (the outputs with pipeline stages); not for output "
+                         "format torch")
+        # reshardctl refuses it before sending, as in-process: a usage error.
+        args = ["reshard", self.src, self.r("o_pp2"), "--parts", "1", "--pipeline-parts", "2"]
+        for res in (run_ctl(args), self.ctl(*args)):
+            self.assertError(res, 2, "INVALID_ARGUMENT",
+                             r"^--pipeline-parts is only for --format megatron and "
+                             r"megatron-torch-dist \(the outputs with pipeline stages\); not "
+                             r"for output format safetensors$")
+        self.assertNoOutput(self.r("o_pp"))
+        self.assertNoOutput(self.r("o_pp2"))
+
     def test_symlinked_file_inside_input_folder(self):
         # A folder inside the root whose shard files are symlinks to files outside it: reading
         # them would read outside the allowed roots.

@@ -115,8 +115,9 @@ class ReshardError(Exception):
         message: the daemon's message (names the file, tensor or field concerned).
         job: the Job, when a job failed (None for a refused call).
         job_id: the job's id, when one is concerned.
-        exit_code: the exit code reshardctl gives for this error (3 invalid input, 5 cancelled,
-            6 resource exhausted, 7 unavailable, 1 otherwise).
+        exit_code: the exit code reshardctl gives for this error (2 a flag the job does not
+            read, 3 invalid input, 5 cancelled, 6 resource exhausted, 7 unavailable, 1
+            otherwise).
     """
 
     def __init__(self, code: str, message: str, code_value: Optional[int] = None,
@@ -131,6 +132,8 @@ class ReshardError(Exception):
 
     @property
     def exit_code(self) -> int:
+        if self.job is not None and self.job.error is not None and self.job.error.usage_error:
+            return 2
         return _EXIT_CODES.get(self.code, 1)
 
 
@@ -188,6 +191,9 @@ class JobError:
     code: str        # "DATA_LOSS"
     code_value: int  # 15
     message: str
+    # A flag (JobSpec field) the job does not read, refused once the input was read: reshardctl
+    # exits 2 for it.
+    usage_error: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,7 +267,7 @@ class Job:
         error = None
         if j.HasField("error") and (j.error.code or j.error.message):
             error = JobError(j.error.code_name or _code_name(j.error.code), j.error.code,
-                             j.error.message)
+                             j.error.message, j.error.usage_error)
         timings = {f.name[:-len("_seconds")]: getattr(j.timings, f.name)
                    for f in j.timings.DESCRIPTOR.fields}
         return cls(

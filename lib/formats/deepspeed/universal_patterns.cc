@@ -303,4 +303,18 @@ absl::Status RegroupSubParams(std::vector<Catalog>& parts, const std::string& na
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::pair<std::string, const UcpSubParamShape*>>> RegroupAllSubParams(
+    std::vector<Catalog>& parts, const UniversalPatterns& patterns) {
+  std::vector<std::pair<std::string, const UcpSubParamShape*>> regrouped;
+  if (parts.empty()) return regrouped;
+  for (size_t i = 0; i < parts[0].tensors.size(); ++i) {
+    const std::string name = parts[0].tensors[i].name;
+    if (patterns.Classify(name).merge != UcpMerge::kSubParams) continue;
+    const UcpSubParamShape* shape = patterns.SubParamShape(name);
+    RETURN_IF_ERROR(RegroupSubParams(parts, name, *shape));
+    regrouped.emplace_back(name, shape);
+  }
+  return regrouped;
+}
+
 }  // namespace reshard

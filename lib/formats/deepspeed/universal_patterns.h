@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -119,6 +120,13 @@ absl::string_view UcpMergeName(UcpMerge merge);
 // sub-param size is not divisible by TP.
 absl::Status RegroupSubParams(std::vector<Catalog>& parts, const std::string& name,
                               const UcpSubParamShape& shape);
+
+// RegroupSubParams of every tensor of parts[0] that `patterns` merges as fused sub-params
+// (Classify gives kSubParams), in catalog order. Returns those tensors' names with their
+// entries of parameter_with_sub_params (owned by `patterns`), for the readers to record what
+// the merged tensors hold.
+absl::StatusOr<std::vector<std::pair<std::string, const UcpSubParamShape*>>> RegroupAllSubParams(
+    std::vector<Catalog>& parts, const UniversalPatterns& patterns);
 
 }  // namespace reshard
 

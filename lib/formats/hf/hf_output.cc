@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "lib/core/status.h"
 #include "lib/formats/hf/hf_config.h"
 #include "lib/formats/hf/hf_family.h"
@@ -460,6 +462,42 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
     }
   }
 
+  // A Megatron-DeepSpeed fused QKV merged from sub-params (kMegatronSubParamsKey) is [q; k; v]
+  // rather than grouped per query group: it must hold exactly q, k and v. No other tensor is
+  // split from sub-params.
+  std::set<int> qkv_tensors;
+  for (const auto& [layer, held] : layers) {
+    for (Role role : {Role::kQkvWeight, Role::kQkvBias}) {
+      if (const auto it = held.by_role.find(role); it != held.by_role.end()) {
+        qkv_tensors.insert(it->second);
+      }
+    }
+  }
+  const std::map<std::string, StructureNode>& state = model.training_state.values;
+  const std::vector<int64_t> qkv_sizes = {nh * d, ng * d, ng * d};
+  for (int index = 0; index < static_cast<int>(catalog.tensors.size()); ++index) {
+    const CatalogTensor& tensor = catalog.tensors[index];
+    const std::optional<SubParamLayout> layout = RecordedSubParams(state, tensor.name);
+    if (!layout.has_value()) continue;
+    const std::string held =
+        absl::StrCat("tensor \"", tensor.name, "\" (",
+                     tensor.pieces.empty() ? "" : catalog.files[tensor.pieces[0].file].path,
+                     ") is fused from sub-params of ", absl::StrJoin(layout->sizes, ", "),
+                     " along dimension ", layout->partition_dim,
+                     " (universal_checkpoint_info.parameter_with_sub_params)");
+    if (qkv_tensors.count(index) == 0) {
+      return absl::UnimplementedError(
+          absl::StrCat(held, ": --format hf splits only a fused QKV laid out so"));
+    }
+    if (layout->partition_dim != 0 || layout->sizes != qkv_sizes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          held, ", not q, k and v of ", absl::StrJoin(qkv_sizes, ", "), " rows (", sizes, ")"));
+    }
+  }
+  auto sub_params = [&](int index) {
+    return RecordedSubParams(state, catalog.tensors[index].name).has_value();
+  };
+
   // The HF tensors, in the order transformers names them.
   ArrangedOutput arranged;
   std::vector<OutputTensor> tensors;
@@ -514,6 +552,15 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
       // the [nh, 3, d, ...] view, then of the matrix.)
       for (Role role : {Role::kQkvWeight, Role::kQkvBias}) {
         const bool weight = role == Role::kQkvWeight;
+        if (sub_params(by_role.at(role))) {
+          // Already [Q; K; V]: the weight transposed, the bias as it is.
+          if (weight) {
+            RETURN_IF_ERROR(transposed(prefix + "attn.c_attn.weight", by_role.at(role)));
+          } else {
+            whole(prefix + "attn.c_attn.bias", by_role.at(role));
+          }
+          continue;
+        }
         ASSIGN_OR_RETURN(CatalogTensor heads,
                          ViewAsBlocks(catalog.tensors[by_role.at(role)], 0, nh));
         ASSIGN_OR_RETURN(CatalogTensor split, ViewAsBlocks(heads, 1, 3));
@@ -542,11 +589,22 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
       const std::map<Role, int>& by_role = layers.at(layer).by_role;
       const std::string prefix = absl::StrCat("model.layers.", layer, ".");
       whole(prefix + "input_layernorm.weight", by_role.at(Role::kInputNorm));
-      // QKV: [ng * (r + 2) * d, ...] viewed as [ng, r + 2, d, ...].
+      // QKV: [ng * (r + 2) * d, ...] viewed as [ng, r + 2, d, ...] (or [q; k; v], below).
       for (Role role : {Role::kQkvWeight, Role::kQkvBias}) {
         const auto it = by_role.find(role);
         if (it == by_role.end()) continue;
         const char* suffix = role == Role::kQkvWeight ? ".weight" : ".bias";
+        if (sub_params(it->second)) {
+          // [q; k; v]: three row ranges.
+          const CatalogTensor& fused = catalog.tensors[it->second];
+          region(absl::StrCat(prefix, "self_attn.q_proj", suffix), it->second, fused, 0, 0,
+                 nh * d, {});
+          region(absl::StrCat(prefix, "self_attn.k_proj", suffix), it->second, fused, 0, nh * d,
+                 ng * d, {});
+          region(absl::StrCat(prefix, "self_attn.v_proj", suffix), it->second, fused, 0,
+                 (nh + ng) * d, ng * d, {});
+          continue;
+        }
         ASSIGN_OR_RETURN(CatalogTensor grouped, ViewAsBlocks(catalog.tensors[it->second], 0, ng));
         ASSIGN_OR_RETURN(CatalogTensor viewed, ViewAsBlocks(grouped, 1, r + 2));
         const int source = view(viewed);

@@ -20,10 +20,12 @@
 #include "lib/core/catalog.h"
 #include "lib/core/status.h"
 #include "lib/formats/checkpoint_folder.h"
+#include "lib/formats/deepspeed/universal_patterns.h"
 #include "lib/formats/megatron/megatron_facts.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/formats/parallel_reads.h"
 #include "lib/formats/torch/pickle.h"
+#include "lib/formats/torch/pickle_structure.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/io/file_access.h"
 
@@ -60,6 +62,8 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
   std::vector<FileFacts> facts;
   std::vector<std::string> notes;
   std::map<std::string, StructureNode> carried;  // the first file's, for the training state
+  // The first file's universal_checkpoint_info: how the TP slices of each parameter merge.
+  std::optional<StructureNode> info;
   std::vector<std::string> state_names, state_paths;
   for (const auto& [rank, name] : state_files) {
     state_names.push_back(name);
@@ -72,6 +76,11 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
       NoteTopLevel(archive.root(), {}, notes, {"args", "iteration", "checkpoint_version"});
       carried = CarriedValues(archive.root(), facts.back(), notes);
       for (std::string& note : notes) note = absl::StrCat(name, ": ", note);
+      if (const PickleValue* saved = PickleField(archive.root(), "universal_checkpoint_info");
+          saved != nullptr && saved->kind != PickleValue::Kind::kNone) {
+        ASSIGN_OR_RETURN(info, PickleToStructure(saved),
+                         absl::StrCat(archive.path(), ": universal_checkpoint_info"));
+      }
     }
     return absl::OkStatus();
   }));
@@ -204,6 +213,17 @@ absl::StatusOr<InputModel> ReadDeepSpeedPipe(const Resolved& where) {
     part.Reindex();
     model.parts.push_back(std::move(part));
     model.part_names.push_back(absl::StrFormat("tp %d (layer_*-model_%02d-model_states.pt)", t, t));
+  }
+  // Fused sub-params (universal_checkpoint_info.parameter_with_sub_params: the GQA
+  // query_key_value saved [q_t; k_t; v_t] per TP rank) regrouped so that concatenating the TP
+  // parts gives ds_to_universal's merge, [q; k; v], as the ZeRO pipeline reader does; recorded
+  // for the outputs that split a fused QKV.
+  ASSIGN_OR_RETURN(const UniversalPatterns patterns,
+                   UniversalPatterns::FromInfo(info.has_value() ? &*info : nullptr),
+                   absl::StrCat(what, ": ", reference.name));
+  ASSIGN_OR_RETURN(const auto regrouped, RegroupAllSubParams(model.parts, patterns), what);
+  for (const auto& [name, shape] : regrouped) {
+    RecordSubParams(carried, name, {shape->partition_dim, shape->sizes});
   }
   RETURN_IF_ERROR(CheckPaddedVocab(reference, model.parts[0], tp, what));
   ASSIGN_OR_RETURN(const bool swiglu, DecideSwiGLU(reference, model.parts[0], what));

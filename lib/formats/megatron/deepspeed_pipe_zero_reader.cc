@@ -286,9 +286,10 @@ absl::StatusOr<std::optional<InputModel>> ReadDeepSpeedPipeZero(const Resolved& 
         state.tensors.push_back(std::move(slice));
       }
     }
-    if (merge == UcpMerge::kSubParams) {
-      RETURN_IF_ERROR(RegroupSubParams(model.parts, name, *patterns.SubParamShape(name)), what);
-    }
+  }
+  ASSIGN_OR_RETURN(const auto regrouped, RegroupAllSubParams(model.parts, patterns), what);
+  for (const auto& [name, shape] : regrouped) {
+    RecordSubParams(model.training_state.values, name, {shape->partition_dim, shape->sizes});
   }
   model.default_rules = patterns.MergeRules();
   std::string when = absl::StrCat("tag ", where.name);

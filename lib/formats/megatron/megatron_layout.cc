@@ -49,6 +49,54 @@ bool IsMainStack(absl::string_view prefix) {
 }  // namespace
 
 // A run of digits as an index in [0, kMaxMegatronIndex).
+void RecordSubParams(std::map<std::string, StructureNode>& values, const std::string& name,
+                     const SubParamLayout& layout) {
+  StructureNode& record = values[kMegatronSubParamsKey];
+  record.kind = StructureNode::Kind::kDict;
+  StructureNode sizes;
+  sizes.kind = StructureNode::Kind::kList;
+  for (int64_t size : layout.sizes) sizes.items.push_back(StructureNode::Int(size));
+  StructureNode entry = StructureNode::Dict();
+  entry.Add(StructureNode::String("partition_dim"), StructureNode::Int(layout.partition_dim));
+  entry.Add(StructureNode::String("sizes"), std::move(sizes));
+  record.Add(StructureNode::String(name), std::move(entry));
+}
+
+std::optional<SubParamLayout> RecordedSubParams(const std::map<std::string, StructureNode>& values,
+                                                absl::string_view name) {
+  const auto found = values.find(kMegatronSubParamsKey);
+  if (found == values.end()) return std::nullopt;
+  const StructureNode* entry = found->second.Find(name);
+  if (entry == nullptr) return std::nullopt;
+  SubParamLayout layout;
+  if (const StructureNode* dim = entry->Find("partition_dim");
+      dim != nullptr && dim->kind == StructureNode::Kind::kInt) {
+    layout.partition_dim = static_cast<int>(dim->integer);
+  }
+  if (const StructureNode* sizes = entry->Find("sizes")) {
+    for (const StructureNode& size : sizes->items) layout.sizes.push_back(size.integer);
+  }
+  return layout;
+}
+
+absl::Status RefuseSubParams(const std::map<std::string, StructureNode>& values,
+                             const Catalog& catalog, absl::string_view output) {
+  const auto found = values.find(kMegatronSubParamsKey);
+  if (found == values.end() || found->second.keys.empty()) return absl::OkStatus();
+  const std::string& name = found->second.keys.front().text;
+  std::string file;
+  if (const int index = catalog.Find(name);
+      index >= 0 && !catalog.tensors[index].pieces.empty()) {
+    file = absl::StrCat(" (", catalog.files[catalog.tensors[index].pieces[0].file].path, ")");
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      "tensor \"", name, "\"", file,
+      " is a Megatron-DeepSpeed fused QKV saved as sub-params ([q; k; v] per TP rank, "
+      "universal_checkpoint_info.parameter_with_sub_params), not grouped per query group as "
+      "Megatron-LM's query_key_value is; ",
+      output, " does not write it (consolidate and --format hf read it)"));
+}
+
 std::optional<int> ParseMegatronIndex(absl::string_view text) {
   if (text.empty() || text.size() > 9) return std::nullopt;
   for (char c : text) {

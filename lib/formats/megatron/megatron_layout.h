@@ -28,10 +28,39 @@ inline constexpr char kMegatronRankFileName[] = "model_optim_rng.pt";
 // InputModel::training_state key of a mixture-of-experts input's expert naming (kBool: true for
 // TEGroupedMLP's `linear_fc1.weight<l>`, false for SequentialMLP's `local_experts.<l>.*`).
 inline constexpr char kMegatronGroupedExpertsKey[] = "megatron.grouped_experts";
+// InputModel::training_state key of a Megatron-DeepSpeed input whose merged tensors include
+// fused sub-params (universal_checkpoint_info.parameter_with_sub_params: the GQA
+// query_key_value each TP rank saves as [q_t; k_t; v_t]), which both pipeline readers regroup
+// so that the merged tensor is ds_to_universal's: its sub-params one after the other along the
+// partition dimension ([q; k; v]), not Megatron-LM's per-group interleave [ng, r + 2, d, h].
+// A dict: tensor name (the catalog's) -> {"partition_dim": int, "sizes": [int, ...]}. Outputs
+// that split or re-fuse a QKV tensor read it (RecordedSubParams).
+inline constexpr char kMegatronSubParamsKey[] = "megatron.sub_params";
 // The last pipeline stage's copy of the tied word embeddings, left out of merged stages.
 inline constexpr char kMegatronHeadCopyName[] = "word_embeddings_for_head.weight";
 // Ranks and layer indices above this are not real checkpoints; the bound keeps loops small.
 inline constexpr int kMaxMegatronIndex = 1 << 20;
+
+// How a merged tensor recorded under kMegatronSubParamsKey holds its sub-params.
+struct SubParamLayout {
+  int partition_dim = 0;
+  std::vector<int64_t> sizes;  // along partition_dim, in order: (q rows, k rows, v rows)
+};
+
+// Records in `values` (a TrainingState's) that tensor `name` holds `layout`.
+void RecordSubParams(std::map<std::string, StructureNode>& values, const std::string& name,
+                     const SubParamLayout& layout);
+
+// What `values` records for tensor `name`; nullopt when it records nothing (the tensor is laid
+// out as Megatron-LM lays it out).
+std::optional<SubParamLayout> RecordedSubParams(const std::map<std::string, StructureNode>& values,
+                                                absl::string_view name);
+
+// UnimplementedError when `values` records a tensor merged from sub-params, naming it and the
+// file of `catalog` holding its first piece: `output` ("--format megatron") writes the fused QKV
+// in Megatron-LM's per-group layout, which would need the [q; k; v] rows interleaved again.
+absl::Status RefuseSubParams(const std::map<std::string, StructureNode>& values,
+                             const Catalog& catalog, absl::string_view output);
 
 // A run of digits as an index in [0, kMaxMegatronIndex); nullopt for anything else.
 std::optional<int> ParseMegatronIndex(absl::string_view text);

@@ -250,6 +250,8 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
         "from a Hugging Face model (safetensors and config.json), not from ",
         model.format, " input"));
   }
+  RETURN_IF_ERROR(RefuseSubParams(model.training_state.values, request.catalog,
+                                  "--format megatron"));
   if (request.dtype != DTypePolicy::kKeep) {
     return absl::InvalidArgumentError(
         "--dtype with --format megatron: the args (params_dtype, fp16, bf16) would no longer "

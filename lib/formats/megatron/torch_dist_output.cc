@@ -185,6 +185,8 @@ absl::StatusOr<ArrangedOutput> TorchDistOutput::Arrange(TargetLayout /*engine_la
         "not from ",
         model.format, " input"));
   }
+  RETURN_IF_ERROR(RefuseSubParams(model.training_state.values, request.catalog,
+                                  "--format megatron-torch-dist"));
   if (request.dtype != DTypePolicy::kKeep) {
     return absl::InvalidArgumentError(
         "--dtype with --format megatron-torch-dist: the args (params_dtype, fp16, bf16) would "
