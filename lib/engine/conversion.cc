@@ -271,7 +271,7 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
                    spec.input);
   planned.memory_bytes = EstimateExecutionMemory(planned.plan, ExecutorOptionsFor(spec));
   ASSIGN_OR_RETURN(const kvstore::Location output, kvstore::ParseLocation(spec.output), "output");
-  const OutputMemory memory = ShareOutputMemory(spec, planned.plan, *output.driver);
+  const ConversionMemory memory = ShareConversionMemory(spec, planned.plan, *output.driver);
   planned.memory_bytes = memory.memory_bytes;
   planned.window_bytes = memory.window_bytes;
   planned.remote_span_bytes = memory.remote_span_bytes;
@@ -279,10 +279,10 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
   return planned;
 }
 
-OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
-                               const kvstore::Driver& driver) {
+ConversionMemory ShareConversionMemory(const ConversionSpec& spec, const CopyPlan& plan,
+                                       const kvstore::Driver& driver) {
   ExecutorOptions options = ExecutorOptionsFor(spec);
-  OutputMemory shared;
+  ConversionMemory shared;
   shared.window_bytes = spec.window_bytes;
   shared.remote_span_bytes = options.remote_span_bytes;
   const uint64_t local = EstimateExecutionMemory(plan, options);
@@ -505,7 +505,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   const auto write_start = Clock::now();
   ExecutorOptions options = ExecutorOptionsFor(spec, control);
   // The window and the spans of remote sources share the conversion's memory
-  // (ShareOutputMemory).
+  // (ShareConversionMemory).
   options.window_bytes = planned.window_bytes;
   options.remote_span_bytes = planned.remote_span_bytes;
   // Checked again by the executor, size and XXH3-64, before it reuses them: a posix

@@ -125,7 +125,7 @@ struct PlannedConversion {
   uint64_t memory_bytes = 0;  // what the Executor will need, see EstimateExecutionMemory
   // The executor's window and remote read spans (ExecutorOptions::window_bytes,
   // remote_span_bytes) and each output writer's budget (kvstore::WriteOptions::memory_budget,
-  // 0: none), see ShareOutputMemory.
+  // 0: none), see ShareConversionMemory.
   uint64_t window_bytes = 0;
   uint64_t remote_span_bytes = 0;
   uint64_t writer_budget = 0;
@@ -135,7 +135,7 @@ struct PlannedConversion {
 // the executor's window, its read spans of remote sources and the output's writers
 // (kProcessMemory): the resident pages of reshardctl and its libraries, heaps, thread stacks
 // and the S3 client's connections, about 24 MiB in a conversion from or into s3://.
-// ShareOutputMemory gives the window, the spans and the writers the difference.
+// ShareConversionMemory gives the window, the spans and the writers the difference.
 // EstimateExecutionMemory counts more than the executor holds (the source pages of a fill, a
 // local span twice), but that margin shrinks with the window while the process's own memory
 // does not, and the writers' parts are all held: so the process's memory is set aside rather
@@ -154,14 +154,14 @@ inline constexpr uint64_t kProcessMemory = 24ull << 20;
 // more parts in flight, or parts of 8 MiB instead of 5 MiB) or the execution does not fit, and
 // each writer gets an equal share of the rest. When even the least window, spans and writers do not fit,
 // they are taken. `memory_bytes` is the execution's and the writers' memory together.
-struct OutputMemory {
+struct ConversionMemory {
   uint64_t window_bytes = 0;
   uint64_t remote_span_bytes = 0;
   uint64_t writer_budget = 0;
   uint64_t memory_bytes = 0;
 };
-OutputMemory ShareOutputMemory(const ConversionSpec& spec, const CopyPlan& plan,
-                               const kvstore::Driver& driver);
+ConversionMemory ShareConversionMemory(const ConversionSpec& spec, const CopyPlan& plan,
+                                       const kvstore::Driver& driver);
 
 // An upper bound of the memory a conversion of `spec` needs, computed without reading the
 // input (the scheduler admits jobs with it): per thread the window, the source pages it may

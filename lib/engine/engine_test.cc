@@ -621,7 +621,7 @@ TEST_F(EngineTest, RemotePathsAreRefusedNotWrittenLocally) {
 
 // The plan of an s3:// output counts the upload parts each data file written at once holds
 // (S3ObjectWriter) within the memory a local output of the same conversion would use
-// (ShareOutputMemory); a model this small leaves the writers no room beyond that, so each
+// (ShareConversionMemory); a model this small leaves the writers no room beyond that, so each
 // holds its least: one part in flight and the one filling, of S3's least part size (5 MiB).
 TEST_F(EngineTest, PlanOfAnObjectStoreOutputCountsTheUploads) {
   auto local = PlanConversion(Consolidate(input_, root_ + "/out"));

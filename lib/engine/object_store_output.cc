@@ -123,7 +123,7 @@ absl::StatusOr<ConversionResult> RunConversionToObjectStore(const ConversionSpec
   std::map<std::string, std::string> metadata;
   if (!control.job_id.empty()) metadata["reshard-job"] = control.job_id;
   // The window, the spans of remote sources and the upload buffers share the conversion's
-  // memory (ShareOutputMemory).
+  // memory (ShareConversionMemory).
   OutputAreaSink sink(area, plan_id, std::move(metadata), control.cancelled,
                       planned.writer_budget);
   ExecutorOptions options = ExecutorOptionsFor(spec, control);

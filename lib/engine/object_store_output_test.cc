@@ -363,7 +363,7 @@ TEST(MemoryOutputTest, FinishedOutputIsRefusedWithoutOverwrite) {
 }
 
 // The plan of a consolidation of `input` into `output` with 20 MB shards, and the memory
-// ShareOutputMemory accounts for: the execution with the planned window and spans and, into
+// ShareConversionMemory accounts for: the execution with the planned window and spans and, into
 // s3://, an open upload per thread of the first file's size with the planned writer budget (the
 // parts in flight that fit, and the one filling). `local` is the estimate of the execution with
 // the spec's window and spans.
@@ -405,34 +405,32 @@ std::string RemoteModel(const std::string& name, int64_t rows, int64_t cols) {
   return path;
 }
 
-// A remote input's read spans share the budget the window comes from: a consolidation of four
-// 16 MiB tensors read by range requests into a folder, whose window and spans of the spec are
-// estimated above what kOutputMemoryCap leaves beside the process's own memory, is planned
-// within it: the window halves to 4 MiB and the spans the two workers share keep 16 MiB.
-TEST(ObjectStoreMemoryTest, RemoteInputSpansAndWindowShareTheBudget) {
-  absl::StatusOr<S3Memory> memory =
-      PlanMemory(RemoteModel("spans", 2048, 2048), MakeTempDir("spans") + "/out");
+// Plans a consolidation of four 16 MiB tensors read by range requests (RemoteModel `name`)
+// into `output`, whose window and spans of the spec are estimated above what kOutputMemoryCap
+// leaves beside the process's own memory, and expects it planned within that, accounted
+// exactly, with the window `window` and the spans `spans` (shared by the two workers).
+void ExpectPlannedSplit(const std::string& name, const std::string& output, uint64_t window,
+                        uint64_t spans) {
+  absl::StatusOr<S3Memory> memory = PlanMemory(RemoteModel(name, 2048, 2048), output);
   ASSERT_TRUE(memory.ok()) << memory.status();
   ASSERT_EQ(memory->planned.plan.files.size(), 4u);
   ASSERT_GT(memory->local, kOutputMemoryCap - kProcessMemory);
   EXPECT_EQ(memory->planned.memory_bytes, memory->accounted);
   EXPECT_LE(memory->accounted, kOutputMemoryCap - kProcessMemory);
-  EXPECT_EQ(memory->planned.window_bytes, 4u << 20);
-  EXPECT_EQ(memory->planned.remote_span_bytes, 16u << 20);
+  EXPECT_EQ(memory->planned.window_bytes, window);
+  EXPECT_EQ(memory->planned.remote_span_bytes, spans);
+}
+
+// A remote input's read spans share the budget the window comes from: into a folder, the
+// window halves to 4 MiB and the spans keep 16 MiB.
+TEST(ObjectStoreMemoryTest, RemoteInputSpansAndWindowShareTheBudget) {
+  ExpectPlannedSplit("spans", MakeTempDir("spans") + "/out", 4u << 20, 16u << 20);
 }
 
 // Both ends remote: the window, the input's spans and the uploads' parts share one budget; the
 // window halves to its least (1 MiB), then the spans to 2 MiB, where the uploads get the most.
 TEST(ObjectStoreMemoryTest, RemoteInputAndOutputShareOneBudget) {
-  absl::StatusOr<S3Memory> memory =
-      PlanMemory(RemoteModel("both", 2048, 2048), "s3://models/out");
-  ASSERT_TRUE(memory.ok()) << memory.status();
-  ASSERT_EQ(memory->planned.plan.files.size(), 4u);
-  ASSERT_GT(memory->local, kOutputMemoryCap - kProcessMemory);
-  EXPECT_EQ(memory->planned.memory_bytes, memory->accounted);
-  EXPECT_LE(memory->accounted, kOutputMemoryCap - kProcessMemory);
-  EXPECT_EQ(memory->planned.window_bytes, 1u << 20);
-  EXPECT_EQ(memory->planned.remote_span_bytes, 2u << 20);
+  ExpectPlannedSplit("both", "s3://models/out", 1u << 20, 2u << 20);
 }
 
 // A conversion into s3:// needs no more memory than the same conversion into a folder: the

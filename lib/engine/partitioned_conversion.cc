@@ -454,8 +454,8 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   ExecutorOptions options = ExecutorOptionsFor(spec, control);
   options.completed_files = completed;
   // The window, the spans of remote sources and the upload buffers share the worker's memory
-  // (ShareOutputMemory).
-  const OutputMemory memory = ShareOutputMemory(spec, mine, *area.driver);
+  // (ShareConversionMemory).
+  const ConversionMemory memory = ShareConversionMemory(spec, mine, *area.driver);
   options.window_bytes = memory.window_bytes;
   options.remote_span_bytes = memory.remote_span_bytes;
   const Clock::time_point write_start = Clock::now();

@@ -45,7 +45,7 @@ struct ExecutorOptions {
   // Bytes of the spans remote sources (s3://) are read in, shared by the workers that run at
   // once like the window: each worker reads spans of remote_span_bytes / workers (at least
   // 1 MiB) and holds two of them (three for files written in turns). A conversion sizes it
-  // with the window from one memory budget (ShareOutputMemory, lib/engine/conversion.h).
+  // with the window from one memory budget (ShareConversionMemory, lib/engine/conversion.h).
   // Default: 16 MiB.
   uint64_t remote_span_bytes = 16ull << 20;
   // Called after every window and every finished file, from worker threads, serialized.
