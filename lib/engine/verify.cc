@@ -40,7 +40,7 @@ struct VerifyMemory {
 
 // A verify reads as a conversion with two workers would, one per side, each filling its window
 // of one side's tensors (through its spans for remote sources). So its window and spans come
-// from the budget conversions share (ShareOutputMemory), planned as such a conversion of the
+// from the budget conversions share (ShareConversionMemory), planned as such a conversion of the
 // whole tensors of both sides that writes nothing: with remote sources they fit in the cap
 // with the process's own memory; local ones keep kChunkBytes.
 absl::StatusOr<VerifyMemory> ShareVerifyMemory(const Catalog& ca, const Catalog& cb,
@@ -66,7 +66,7 @@ absl::StatusOr<VerifyMemory> ShareVerifyMemory(const Catalog& ca, const Catalog&
     plan.total_bytes += file.bytes;
     plan.files.push_back(std::move(file));
   }
-  const OutputMemory memory = ShareOutputMemory(spec, plan, kvstore::GetPosixDriver());
+  const ConversionMemory memory = ShareConversionMemory(spec, plan, kvstore::GetPosixDriver());
   return VerifyMemory{std::max<uint64_t>(memory.window_bytes / 2, 4096),
                       std::max(kRemoteMinSpanBytes, memory.remote_span_bytes / 2)};
 }

@@ -371,7 +371,7 @@ class S3InputTests(harness.TempDirTestCase):
 
     def test_verify_s3_output_against_s3_input_in_bounded_memory(self):
         # Both sides read from S3, each through its own spans: the windows and spans of both
-        # come from the budget a conversion shares (ShareOutputMemory).
+        # come from the budget a conversion shares (ShareConversionMemory).
         url, out = "s3://%s/big" % BUCKET, "s3://%s/verify-big" % BUCKET
         self.ok("consolidate", url, out, "--no-progress")
         try:
