@@ -865,8 +865,9 @@ class FlagTests(Base):
                       "Megatron-DeepSpeed, torch_dist) or a Hugging Face model imported; "
                       "--format megatron-torch-dist records PP in its args (it loads at any TP x "
                       "PP)", text)
-        self.assertIn("expert-parallel ranks EP of a mixture-of-experts model (--format megatron "
-                      "only; default 1; must divide the experts)", text)
+        self.assertIn("expert-parallel ranks EP of a mixture-of-experts model (--format megatron: "
+                      "rank folders mp_rank_TT[_PPP]_EEE; megatron-torch-dist: the files of EP "
+                      "rank e's ranks hold its experts; default 1; must divide the experts)", text)
         # The help of reshardctl itself lists what it writes.
         res = self.ctl("--help")
         self.assertExit(res, 0)

@@ -95,6 +95,12 @@ TEST(JobSpecCodecTest, RangesAreNamedAsTheRouteNamesThem) {
                 "--pipeline-parts must be in [0, 4096], and only for reshard"));
   spec = ValidSpecWithFieldsSet();
   spec.output_format = "torch";
+  const absl::Status pipeline = ValidateSpec(spec, SpecNaming::kProto);
+  EXPECT_EQ(pipeline.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pipeline.message(),
+            "spec.pipeline_parts is only for spec.output_format megatron and "
+            "megatron-torch-dist (the outputs with pipeline stages); not for output format torch");
+  spec.pipeline_parts = 0;
   EXPECT_EQ(
       ValidateSpec(spec, SpecNaming::kProto),
       absl::InvalidArgumentError(
