@@ -812,7 +812,7 @@ class FlagTests(Base):
         self.ok("consolidate", folder, self.p("o6"), "--tokenizer", tok, "--no-progress")
         self.assertTrue(os.path.exists(self.p("o6", "tokenizer.json")))
 
-    def test_pipeline_parts_refused_by_outputs_without_stages(self):
+    def test_pipeline_and_expert_parts_refused_by_outputs_without_them(self):
         spec = hmf.Spec("llama", groups=2)
         folder = hmf.write_megatron_lm(self.p("save"), spec, hmf.hf_state_dict(spec), 2, 1)
         for fmt, named in ((None, "safetensors"), ("torch", "torch"), ("torch-dcp", "torch-dcp"),
@@ -830,6 +830,20 @@ class FlagTests(Base):
                                  "--pipeline-parts is only for --format megatron and "
                                  "megatron-torch-dist (the outputs with pipeline stages); not for "
                                  "output format %s" % named)
+                self.assertFalse(os.path.exists(out), "%s written" % out)
+            # --expert-parts likewise: only the Megatron outputs have expert-parallel ranks.
+            out = self.p("out-ep-%s" % named)
+            args = ["reshard", folder, out, "--parts", "1", "--expert-parts", "2"]
+            if fmt is not None:
+                args += ["--format", fmt]
+            with self.subTest(output=named, flag="--expert-parts"):
+                res = self.ctl(*args, "--no-progress", "--json")
+                self.assertExit(res, 2)
+                doc = json.loads(res.stdout_text)
+                self.assertEqual(doc["error"]["code"], "INVALID_ARGUMENT")
+                self.assertEqual(doc["error"]["message"],
+                                 "--expert-parts is only for output formats megatron and "
+                                 "megatron-torch-dist, not %s" % named)
                 self.assertFalse(os.path.exists(out), "%s written" % out)
         # The Megatron outputs take it.
         self.ok("reshard", folder, self.p("mg"), "--parts", "1", "--pipeline-parts", "2",

@@ -56,7 +56,8 @@ absl::Status NotRead(const SpecField& field, SpecNaming naming, absl::string_vie
   return status;
 }
 
-// The outputs that write pipeline stages (--pipeline-parts) and import Hugging Face models
+// The outputs that write pipeline stages (--pipeline-parts) and expert-parallel ranks
+// (--expert-parts), and import Hugging Face models
 // (PresentHfModelAsMegatron: they read --family and --config of a Hugging Face input).
 bool IsMegatronOutput(absl::string_view output_format) {
   return output_format == "megatron" || output_format == "megatron-torch-dist";
@@ -104,9 +105,8 @@ absl::Status CheckExpertParts(const ConversionSpec& spec, const SpecField& field
                                 ReshardKindName(naming)));
   }
   // Only the Megatron outputs distribute experts over expert-parallel ranks.
-  if (spec.expert_parts != 0 && spec.output_format != "megatron" &&
-      spec.output_format != "megatron-torch-dist") {
-    return Invalid(field, naming,
+  if (spec.expert_parts != 0 && !IsMegatronOutput(spec.output_format)) {
+    return NotRead(field, naming,
                    absl::StrCat("is only for output formats megatron and megatron-torch-dist, not ",
                                 spec.output_format.empty() ? "safetensors" : spec.output_format));
   }

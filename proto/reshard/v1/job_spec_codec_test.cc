@@ -101,11 +101,12 @@ TEST(JobSpecCodecTest, RangesAreNamedAsTheRouteNamesThem) {
             "spec.pipeline_parts is only for spec.output_format megatron and "
             "megatron-torch-dist (the outputs with pipeline stages); not for output format torch");
   spec.pipeline_parts = 0;
-  EXPECT_EQ(
-      ValidateSpec(spec, SpecNaming::kProto),
-      absl::InvalidArgumentError(
-          "spec.expert_parts is only for output formats megatron and megatron-torch-dist, not "
-          "torch"));
+  const absl::Status experts = ValidateSpec(spec, SpecNaming::kProto);
+  EXPECT_EQ(experts.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(experts.message(),
+            "spec.expert_parts is only for output formats megatron and megatron-torch-dist, not "
+            "torch");
+  EXPECT_TRUE(IsUsageError(experts));
   spec = ValidSpecWithFieldsSet();
   spec.partition_index = 3;
   EXPECT_EQ(ValidateSpec(spec, SpecNaming::kFlags),
