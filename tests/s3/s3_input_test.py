@@ -47,7 +47,7 @@ BUCKET = "models"
 # The fixture writers of tests/fixtures.
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
 # Peak RSS allowed for a consolidation of the 256 MiB models read from S3, and for a verify of
-# two s3:// sides (~58.7 MiB: 2 x 1 MiB windows, 4 x 8 MiB spans): the 64 MiB cap of
+# two s3:// sides (2 x 1 MiB windows and 4 x 8 MiB spans besides the process): the 64 MiB cap of
 # every conversion (kOutputMemoryCap, lib/engine/conversion.h) less a 2 MiB margin: a
 # safetensors read peaks at ~59.5 MiB (4 MiB window, 8 MiB spans per worker, ~24 MiB process).
 MAX_RSS = 62 << 20
