@@ -9,14 +9,15 @@
 // consolidated and resharded to 2 and 3 ranks; megatron TP 2 x PP 2, and TP 2 from Hugging Face
 // Mixtral and Llama folders; megatron-torch-dist TP 2 from Megatron-LM saves and from a Hugging
 // Face Llama folder; hf from a Megatron-LM Llama save at TP 2 x PP 2 (with --family and
-// --config) and from its torch_dist form (lib/testing/hf_megatron_fixture.h); deepspeed-universal
-// from a ZeRO-2 save folder with Adam moments, with the latest_universal written beside the
-// output, listed as "../latest_universal") and consolidation to safetensors of every registered
-// input fixture. A new fixture adds a conversion, which fails until its lines are recorded.
+// --config), from its torch_dist form and from a Qwen2 save with a QKV bias and tied embeddings
+// (lib/testing/hf_megatron_fixture.h); deepspeed-universal from a ZeRO-2 save folder with Adam
+// moments, with the latest_universal written beside the output, listed as "../latest_universal")
+// and consolidation to safetensors of every registered input fixture. A new fixture adds a
+// conversion, which fails until its lines are recorded.
 //
 // reshard-manifest.json holds a creation time, the input's path and the paths of the files the
-// request names beside it (--config, --tokenizer), the tool's version (a release
-// changes it, not the bytes of any format) and, for daemon jobs and partitioned conversions, a
+// request names beside it (--config, --tokenizer), the tool's version (a release changes it,
+// not the bytes of any format) and, for daemon jobs and partitioned conversions, a
 // job and split id: those fields are removed and the rest (source format and layout, request,
 // files with their XXH3-64, tensors) is compared, as the XXH3-64 of the remainder re-serialized
 // by nlohmann::ordered_json (dump(2)).
@@ -204,6 +205,15 @@ std::string WriteHfMixtralInput(const std::string& dir) {
 // untied, vocabulary 10 padded to 12.
 const HfLlamaModel kLlama;
 
+// A Qwen2 model of the same sizes: a QKV bias, 4 heads in 4 groups, tied.
+const HfLlamaModel kQwen2 = [] {
+  HfLlamaModel model;
+  model.groups = 4;
+  model.qkv_bias = true;
+  model.tied = true;
+  return model;
+}();
+
 // A Megatron-LM save of kLlama at TP 2 x PP 2 in `dir`/save, and beside it (outside the save)
 // the --config file of HfConfigOverrides.
 std::string WriteMegatronLlamaInput(const std::string& dir) {
@@ -289,6 +299,9 @@ std::vector<GoldenConversion> Conversions() {
       {"hf_from_megatron_llama_tp2_pp2", WriteMegatronLlamaInput,
        With(Consolidate("hf"), HfConfigOverrides)},
       {"hf_from_torch_dist_llama", WriteTorchDistLlamaInput, Consolidate("hf")},
+      {"hf_from_megatron_qwen2_tied_tp2",
+       [](const std::string& dir) { return WriteMegatronLlamaSave(dir, kQwen2, 2, 1); },
+       Consolidate("hf")},
       {"megatron_tp2_from_hf_llama",
        [](const std::string& dir) { return WriteHfLlamaFolder(dir, kLlama); },
        Reshard("megatron", 2)},

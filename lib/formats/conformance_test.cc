@@ -463,7 +463,8 @@ TEST(HfWriterConformanceTest, MegatronSavesOfKnownFamiliesExportExactly) {
 // and config.json) resharded to --format megatron at TP 2, into a local folder and into memory,
 // and read back by the megatron reader: the merged model is the Megatron layout the fixture
 // computes (q/k/v fused per query group, [gate; up]), the vocabulary padded with zero rows to a
-// multiple of make_vocab_size_divisible_by (128) x TP.
+// multiple of make_vocab_size_divisible_by (128) x TP; each rank's file holds its TP slice
+// ([gate_t; up_t], its query groups, its rows and columns).
 TEST(HfWriterConformanceTest, HfFoldersImportToMegatronTp2AndReadBackExactly) {
   for (const HfExportCase& c : HfExportCases()) {
     SCOPED_TRACE(c.name);
@@ -486,6 +487,15 @@ TEST(HfWriterConformanceTest, HfFoldersImportToMegatronTp2AndReadBackExactly) {
       ASSERT_EQ(loaded->model.parts.size(), 2u);
       ASSERT_NO_FATAL_FAILURE(ExpectHolds(output, MegatronLlamaTensors(c.model, zero_rows),
                                           "hf_import_" + c.name));
+      // Each rank's file, read as the torch.save state dict it is: its own TP slice.
+      for (int rank = 0; rank < 2; ++rank) {
+        SCOPED_TRACE(absl::StrCat("TP rank ", rank));
+        std::vector<FixtureTensor> slice = MegatronLlamaTensors(c.model, zero_rows, rank, 2);
+        for (FixtureTensor& tensor : slice) tensor.name = "model." + tensor.name;
+        ASSERT_NO_FATAL_FAILURE(
+            ExpectHolds(absl::StrCat(output, "/release/mp_rank_0", rank, "/model_optim_rng.pt"),
+                        slice, absl::StrCat("hf_import_", c.name, "_rank", rank)));
+      }
     }
   }
 }
