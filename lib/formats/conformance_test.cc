@@ -175,8 +175,8 @@ void ExpectHolds(const std::string& checkpoint, const std::vector<FixtureTensor>
   WriteAll(reference, SafetensorsFileOf(expected));
   absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(reference, checkpoint);
   ASSERT_TRUE(verify.ok()) << verify.status();
-  ASSERT_TRUE(verify->only_in_a.empty()) << "missing from " << checkpoint << ": "
-                                          << verify->only_in_a[0];
+  ASSERT_TRUE(verify->only_in_a.empty())
+      << "missing from " << checkpoint << ": " << verify->only_in_a[0];
   ASSERT_TRUE(verify->only_in_b.empty()) << "not expected: " << verify->only_in_b[0];
   ASSERT_TRUE(verify->mismatched.empty())
       << verify->mismatched[0].name << ": " << verify->mismatched[0].reason;
