@@ -182,6 +182,19 @@ class FamilyTests(Base):
         self.run_case(hmf.Spec("qwen2", groups=2, tied=True, seed=6), 2, 1,
                       ["--vocab-size", "50"])
 
+    def test_llama_gqa_pp3_and_tp2_pp3(self):
+        # Three stages of two layers each: stage-local numbers 0, 1 made global 0..5, the
+        # embedding in the first stage's files and the final norm and output layer in the last.
+        for tp, seed in ((1, 23), (2, 24)):
+            with self.subTest(tp=tp):
+                spec = hmf.Spec("llama", layers=6, groups=2, tied=False, seed=seed)
+                hf = hmf.hf_state_dict(spec)
+                folder = hmf.write_megatron_lm(self.p("save-tp%d" % tp), spec, hf, tp, 3)
+                out = self.p("out-tp%d" % tp)
+                self.export(folder, out, "--vocab-size", "50")
+                self.check_tensors(out, hf)
+                self.check_config(out, spec)
+
     def test_qwen3_qk_norm_head_dim_tp2_pp2(self):
         # head_dim 8 while hidden / heads is 4.
         self.run_case(hmf.Spec("qwen3", layers=4, groups=2, head_dim=8, seed=7), 2, 2,

@@ -1,6 +1,6 @@
 """End-to-end tests of the Mixtral family of `--format hf` (lib/formats/hf): Megatron-Core
 mixture-of-experts checkpoints saved in the legacy mp_rank_TT[_PPP]_EEE folders (8 experts over
-EP 2, TP 2, SequentialMLP and TEGroupedMLP names), written with real torch by
+EP 2 and EP 4, TP 2, SequentialMLP and TEGroupedMLP names), written with real torch by
 tests/fixtures/megatron_moe_fixture.py, exported to a Hugging Face Mixtral folder, and a
 Hugging Face Mixtral folder imported into Megatron (`reshard --format megatron --parts TP
 [--expert-parts EP]`: Megatron-Core's names, which are what Megatron-LM loads for
@@ -181,9 +181,9 @@ class Base(HE.Base):
 
 
 class MixtralExportTests(Base):
-    def run_case(self, grouped, pp=1, seed=3):
+    def run_case(self, grouped, pp=1, seed=3, ep=2):
         model = moe.MoE(shared_ffn=0, train_tp=2, seed=seed)
-        src = self.save(model, pp=pp, grouped=grouped)
+        src = self.save(model, pp=pp, ep=ep, grouped=grouped)
         out = self.p("hf")
         self.export(src, out, "--max-shard-size", "4KB")
         self.check_tensors(out, hf_reference(model))
@@ -201,6 +201,13 @@ class MixtralExportTests(Base):
 
     def test_ep2_tp2_pp2_grouped_gemm_experts(self):
         self.run_case(grouped=True, pp=2, seed=5)
+
+    def test_ep4_tp2_sequential_experts(self):
+        # 8 experts, 2 on each of 4 EP ranks: local experts 0, 1 of rank e are global 2e, 2e + 1.
+        self.run_case(grouped=False, seed=12, ep=4)
+
+    def test_ep4_tp2_pp2_grouped_gemm_experts(self):
+        self.run_case(grouped=True, pp=2, seed=13, ep=4)
 
 
 class MixtralRefusalTests(Base):

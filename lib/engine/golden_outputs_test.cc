@@ -6,13 +6,18 @@
 //
 // It covers every writer (safetensors single, sharded with an index, bf16, fp16, tied weights
 // aliased and duplicated, parts; torch single, sharded, parts; olmo-safetensors; torch-dcp
-// consolidated and resharded to 2 and 3 ranks; megatron TP 2 x PP 2; deepspeed-universal from a
-// ZeRO-2 save folder with Adam moments, with the latest_universal written beside the output,
-// listed as "../latest_universal") and consolidation to safetensors of every registered input
-// fixture. A new fixture adds a conversion, which fails until the file is regenerated.
+// consolidated and resharded to 2 and 3 ranks; megatron TP 2 x PP 2, and TP 2 from Hugging Face
+// Mixtral and Llama folders; megatron-torch-dist TP 2 from Megatron-LM saves and from a Hugging
+// Face Llama folder; hf from a Megatron-LM Llama save at TP 2 x PP 2 (with --family and
+// --config), from its torch_dist form and from a Qwen2 save with a QKV bias and tied embeddings
+// (lib/testing/hf_megatron_fixture.h); deepspeed-universal from a ZeRO-2 save folder with Adam
+// moments, with the latest_universal written beside the output, listed as "../latest_universal")
+// and consolidation to safetensors of every registered input fixture. A new fixture adds a
+// conversion, which fails until its lines are recorded.
 //
-// reshard-manifest.json holds a creation time, the input's path, the tool's version (a release
-// changes it, not the bytes of any format) and, for daemon jobs and partitioned conversions, a
+// reshard-manifest.json holds a creation time, the input's path and the paths of the files the
+// request names beside it (--config, --tokenizer), the tool's version (a release changes it,
+// not the bytes of any format) and, for daemon jobs and partitioned conversions, a
 // job and split id: those fields are removed and the rest (source format and layout, request,
 // files with their XXH3-64, tensors) is compared, as the XXH3-64 of the remainder re-serialized
 // by nlohmann::ordered_json (dump(2)).
@@ -60,6 +65,7 @@
 #include "lib/io/io_mode.h"
 #include "lib/io/s3/s3_store.h"
 #include "lib/io/s3/testing/memory_s3_client.h"
+#include "lib/testing/hf_megatron_fixture.h"
 #include "lib/testing/test_files.h"
 #include "nlohmann/json.hpp"
 #include "xxhash.h"
@@ -195,6 +201,51 @@ std::string WriteHfMixtralInput(const std::string& dir) {
   return dir;
 }
 
+// The Llama model of lib/testing/hf_megatron_fixture.h: 4 query heads in 2 groups, SwiGLU,
+// untied, vocabulary 10 padded to 12.
+const HfLlamaModel kLlama;
+
+// A Qwen2 model of the same sizes: a QKV bias, 4 heads in 4 groups, tied.
+const HfLlamaModel kQwen2 = [] {
+  HfLlamaModel model;
+  model.groups = 4;
+  model.qkv_bias = true;
+  model.tied = true;
+  return model;
+}();
+
+// A Megatron-LM save of kLlama at TP 2 x PP 2 in `dir`/save, and beside it (outside the save)
+// the --config file of HfConfigOverrides.
+std::string WriteMegatronLlamaInput(const std::string& dir) {
+  fs::create_directories(dir + "/save");
+  WriteAll(dir + "/config-overrides.json", R"({"bos_token_id": 1, "eos_token_id": 2})");
+  return WriteMegatronLlamaSave(dir + "/save", kLlama, 2, 2);
+}
+
+// --format hf --family llama --config <the file WriteMegatronLlamaInput writes beside the save>.
+void HfConfigOverrides(ConversionSpec& spec) {
+  spec.hf.family = "llama";
+  spec.hf.config_file = (fs::path(spec.input).parent_path() / "config-overrides.json").string();
+}
+
+// The Megatron-LM save of WriteMegatronLlamaInput written as a Megatron-Core torch_dist
+// checkpoint at TP 2 (by reshard's megatron-torch-dist writer, whose bytes
+// megatron_torch_dist_tp2_from_megatron_llama pins), in `dir`/torch-dist.
+std::string WriteTorchDistLlamaInput(const std::string& dir) {
+  ConversionSpec spec;
+  spec.kind = ConversionSpec::Kind::kReshard;
+  spec.input = WriteMegatronLlamaInput(dir);
+  spec.output = dir + "/torch-dist";
+  spec.output_format = "megatron-torch-dist";
+  spec.parts = 2;
+  absl::StatusOr<ConversionResult> result = RunAnyConversion(spec);
+  if (!result.ok()) {
+    ADD_FAILURE() << "writing the torch_dist input: " << result.status();
+    return "";
+  }
+  return spec.output;
+}
+
 std::vector<GoldenConversion> Conversions() {
   const auto st = Fixture("safetensors", "single-file");
   const auto megatron = Fixture("megatron");
@@ -242,6 +293,21 @@ std::vector<GoldenConversion> Conversions() {
        With(Reshard("megatron", 2), [](ConversionSpec& s) { s.pipeline_parts = 2; }), 0,
        /*to_s3=*/true},
       {"megatron_tp2_from_hf_mixtral", WriteHfMixtralInput, Reshard("megatron", 2)},
+      {"megatron_torch_dist_tp2", megatron, Reshard("megatron-torch-dist", 2)},
+      {"megatron_torch_dist_tp2_from_megatron_llama", WriteMegatronLlamaInput,
+       Reshard("megatron-torch-dist", 2)},
+      {"hf_from_megatron_llama_tp2_pp2", WriteMegatronLlamaInput,
+       With(Consolidate("hf"), HfConfigOverrides)},
+      {"hf_from_torch_dist_llama", WriteTorchDistLlamaInput, Consolidate("hf")},
+      {"hf_from_megatron_qwen2_tied_tp2",
+       [](const std::string& dir) { return WriteMegatronLlamaSave(dir, kQwen2, 2, 1); },
+       Consolidate("hf")},
+      {"megatron_tp2_from_hf_llama",
+       [](const std::string& dir) { return WriteHfLlamaFolder(dir, kLlama); },
+       Reshard("megatron", 2)},
+      {"megatron_torch_dist_tp2_from_hf_llama",
+       [](const std::string& dir) { return WriteHfLlamaFolder(dir, kLlama); },
+       Reshard("megatron-torch-dist", 2)},
   };
   for (const auto& [key, fixture] : FormatFixtures()) {
     conversions.push_back({absl::StrCat("consolidate_", FixtureTestName(key)),
@@ -264,6 +330,12 @@ std::string StableManifest(const std::string& text) {
   }
   if (manifest.contains("source") && manifest["source"].is_object()) {
     manifest["source"].erase("path");
+  }
+  // The paths of the files the request names beside the input (--config, --tokenizer).
+  if (manifest.contains("request") && manifest["request"].is_object()) {
+    for (const char* field : {"hf_config_file", "tokenizer"}) {
+      manifest["request"].erase(field);
+    }
   }
   return manifest.dump(2);
 }

@@ -44,7 +44,9 @@
 #include "lib/formats/safetensors/safetensors_fixture.h"
 #include "lib/io/kvstore/driver.h"
 #include "lib/io/kvstore/memory_driver.h"
+#include "lib/testing/hf_megatron_fixture.h"
 #include "lib/testing/test_files.h"
+#include "nlohmann/json.hpp"
 
 namespace reshard {
 namespace {
@@ -165,29 +167,37 @@ TEST_P(ConformanceTest, ReadsAndTheCatalogValidates) {
   ASSERT_EQ(loaded->catalog.tensors.size(), fixture_.expected.size());
 }
 
-// What the reader gives is what the fixture holds: verify against a safetensors file of the
-// expected tensors, written independently of the reader.
-TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
-  ASSERT_FALSE(fixture_.expected.empty());
-  const std::string reference = MakeTempDir(absl::StrCat("expected_", Tag())) + "/x.safetensors";
-  WriteAll(reference, SafetensorsFileOf(fixture_.expected));
-  absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(reference, fixture_.input);
+// Verify of `checkpoint` against a safetensors file of `expected`: equal, every tensor compared,
+// none missing or extra. `tag` names the temporary folder.
+void ExpectHolds(const std::string& checkpoint, const std::vector<FixtureTensor>& expected,
+                 const std::string& tag) {
+  const std::string reference = MakeTempDir(absl::StrCat("expected_", tag)) + "/x.safetensors";
+  WriteAll(reference, SafetensorsFileOf(expected));
+  absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(reference, checkpoint);
   ASSERT_TRUE(verify.ok()) << verify.status();
-  ASSERT_TRUE(verify->only_in_a.empty()) << "missing from the input: " << verify->only_in_a[0];
+  ASSERT_TRUE(verify->only_in_a.empty())
+      << "missing from " << checkpoint << ": " << verify->only_in_a[0];
   ASSERT_TRUE(verify->only_in_b.empty()) << "not expected: " << verify->only_in_b[0];
   ASSERT_TRUE(verify->mismatched.empty())
       << verify->mismatched[0].name << ": " << verify->mismatched[0].reason;
   ASSERT_TRUE(verify->equal);
-  ASSERT_EQ(verify->tensors_compared, static_cast<int64_t>(fixture_.expected.size()));
+  ASSERT_EQ(verify->tensors_compared, static_cast<int64_t>(expected.size()));
+}
+
+// What the reader gives is what the fixture holds: verify against a safetensors file of the
+// expected tensors, written independently of the reader.
+TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
+  ASSERT_FALSE(fixture_.expected.empty());
+  ExpectHolds(fixture_.input, fixture_.expected, Tag());
 }
 
 // Writers of training checkpoints that take input of their own framework only (they carry its
 // args and iteration, or its optimizer state): writer -> the input formats it writes from.
 // Other inputs are refused. deepspeed-universal needs the Adam moments, which no registered
 // fixture holds: the writer suite below runs it from a ZeRO save with moments
-// (WriteZeroFolderWithMoments). hf needs a whole Megatron decoder to rename and split, which no
-// conformance fixture is (tests/hf_export_e2e_test.py covers it with real Megatron
-// checkpoints).
+// (WriteZeroFolderWithMoments). hf needs a whole Megatron decoder of a known family to rename and
+// split, which no registered fixture is: the hf suite below runs it from Megatron-LM saves of
+// Llama and Qwen2 models (lib/testing/hf_megatron_fixture.h).
 const std::map<std::string, std::set<std::string>>& FrameworkWriters() {
   static const auto* writers = new std::map<std::string, std::set<std::string>>{
       {"megatron", {"megatron"}},
@@ -228,20 +238,27 @@ const std::set<std::string>& ReadBackLocally() {
   return *writers;
 }
 
+// The bytes of the file at `path` (a local path or a mem:// URL); empty, and a failure, when it
+// cannot be read.
+std::string OutputFile(const std::string& path) {
+  if (!absl::StartsWith(path, "mem://")) return ReadAll(path);
+  absl::StatusOr<kvstore::PathStat> stat = kvstore::GetMemoryDriver().Stat(path);
+  EXPECT_TRUE(stat.ok()) << stat.status();
+  if (!stat.ok()) return "";
+  std::string bytes(stat->size, '\0');
+  const absl::Status read =
+      kvstore::GetMemoryDriver().ReadRange(path, 0, absl::MakeSpan(bytes), *stat);
+  EXPECT_TRUE(read.ok()) << read;
+  return read.ok() ? bytes : "";
+}
+
 // Copies every file under mem:// folder `url` into local folder `dir`.
 void Download(const std::string& url, const std::string& dir) {
   absl::StatusOr<kvstore::Listing> listing = kvstore::GetMemoryDriver().List(url);
   ASSERT_TRUE(listing.ok()) << listing.status();
   fs::create_directories(dir);
   for (const kvstore::FileEntry& file : listing->files) {
-    const std::string path = absl::StrCat(url, "/", file.name);
-    absl::StatusOr<kvstore::PathStat> stat = kvstore::GetMemoryDriver().Stat(path);
-    ASSERT_TRUE(stat.ok()) << stat.status();
-    std::string bytes(stat->size, '\0');
-    const absl::Status read =
-        kvstore::GetMemoryDriver().ReadRange(path, 0, absl::MakeSpan(bytes), *stat);
-    ASSERT_TRUE(read.ok()) << read;
-    WriteAll(absl::StrCat(dir, "/", file.name), bytes);
+    WriteAll(absl::StrCat(dir, "/", file.name), OutputFile(absl::StrCat(url, "/", file.name)));
   }
   for (const std::string& folder : listing->folders) {
     ASSERT_NO_FATAL_FAILURE(Download(absl::StrCat(url, "/", folder), absl::StrCat(dir, "/", folder)));
@@ -356,6 +373,130 @@ TEST(UniversalWriterConformanceTest, RoundTripsFromZeroWithMomentsExactly) {
     ASSERT_TRUE(verify->mismatched.empty());
     ASSERT_TRUE(verify->only_in_a.empty());
     ASSERT_TRUE(verify->only_in_b.empty());
+  }
+}
+
+struct HfExportCase {
+  std::string name;
+  HfLlamaModel model;
+  int tp = 1;
+  int pp = 1;
+};
+
+// The Hugging Face export cases: Llama with 4 query heads in 2 groups, untied, at TP 2 x PP 2;
+// Qwen2 (a QKV bias) with 4 heads in 4 groups, tied, at TP 2.
+std::vector<HfExportCase> HfExportCases() {
+  HfExportCase llama{"llama_gqa_tp2_pp2", {}, 2, 2};
+  HfExportCase qwen2{"qwen2_bias_tied_tp2", {}, 2, 1};
+  qwen2.model.groups = 4;
+  qwen2.model.qkv_bias = true;
+  qwen2.model.tied = true;
+  return {llama, qwen2};
+}
+
+// config.json as transformers' LlamaConfig / Qwen2Config takes it for `model` (the keys of
+// lib/formats/hf/hf_config.h, with the args the fixture saves), with the token ids of --config.
+nlohmann::json ExpectedHfConfig(const HfLlamaModel& model) {
+  const bool qwen2 = model.qkv_bias;
+  return {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+          {"model_type", model.family()},
+          {"hidden_size", model.hidden},
+          {"intermediate_size", model.ffn},
+          {"num_hidden_layers", model.layers},
+          {"num_attention_heads", model.heads},
+          {"num_key_value_heads", model.groups},
+          {"head_dim", model.head_dim},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", 64},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", 500000.0},
+          {"rope_scaling", nullptr},
+          {"vocab_size", model.vocab},
+          {"tie_word_embeddings", model.tied},
+          {"attention_bias", qwen2},
+          {"torch_dtype", "float32"},
+          {"use_cache", true},
+          {"bos_token_id", 1},
+          {"eos_token_id", 2}};
+}
+
+// --format hf, which no registered fixture can feed (FrameworkWriters), from Megatron-LM saves
+// of HfExportCases, into a local folder and into memory: every tensor equal to the Hugging Face
+// tensor the save was made from (the Megatron layout is computed by the fixture, not by
+// reshard's transforms), the vocabulary's padding rows left out, config.json and
+// generation_config.json field by field.
+TEST(HfWriterConformanceTest, MegatronSavesOfKnownFamiliesExportExactly) {
+  for (const HfExportCase& c : HfExportCases()) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = MakeTempDir(absl::StrCat("hf_export_", c.name));
+    fs::create_directories(dir + "/save");
+    const std::string input = WriteMegatronLlamaSave(dir + "/save", c.model, c.tp, c.pp);
+    const std::string config = dir + "/config-overrides.json";
+    WriteAll(config, R"({"bos_token_id": 1, "eos_token_id": 2})");
+    for (const std::string& output :
+         {dir + "/out", absl::StrCat("mem://conformance/hf/", c.name)}) {
+      SCOPED_TRACE(output);
+      ConversionSpec spec = Spec(input, output, "hf");
+      spec.hf.config_file = config;
+      absl::StatusOr<ConversionResult> result = RunAnyConversion(spec);
+      ASSERT_TRUE(result.ok()) << result.status();
+      ASSERT_NO_FATAL_FAILURE(ExpectHolds(output, HfLlamaTensors(c.model), "hf_" + c.name));
+
+      const nlohmann::json written = nlohmann::json::parse(OutputFile(output + "/config.json"),
+                                                           nullptr, /*allow_exceptions=*/false);
+      ASSERT_TRUE(written.is_object()) << "config.json is not a JSON object";
+      EXPECT_EQ(written, ExpectedHfConfig(c.model)) << written.dump(2);
+      // JSON types as the config classes read them.
+      EXPECT_TRUE(written["rms_norm_eps"].is_number_float());
+      EXPECT_TRUE(written["rope_theta"].is_number_float());
+      EXPECT_TRUE(written["num_key_value_heads"].is_number_integer());
+      const nlohmann::json generation = nlohmann::json::parse(
+          OutputFile(output + "/generation_config.json"), nullptr, /*allow_exceptions=*/false);
+      EXPECT_EQ(generation, (nlohmann::json{{"_from_model_config", true},
+                                            {"bos_token_id", 1},
+                                            {"eos_token_id", 2}}));
+    }
+  }
+}
+
+// The import, the other way: a Hugging Face folder of each HfExportCases model (model.safetensors
+// and config.json) resharded to --format megatron at TP 2, into a local folder and into memory,
+// and read back by the megatron reader: the merged model is the Megatron layout the fixture
+// computes (q/k/v fused per query group, [gate; up]), the vocabulary padded with zero rows to a
+// multiple of make_vocab_size_divisible_by (128) x TP; each rank's file holds its TP slice
+// ([gate_t; up_t], its query groups, its rows and columns).
+TEST(HfWriterConformanceTest, HfFoldersImportToMegatronTp2AndReadBackExactly) {
+  for (const HfExportCase& c : HfExportCases()) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = MakeTempDir(absl::StrCat("hf_import_", c.name));
+    fs::create_directories(dir + "/hf");
+    const std::string input = WriteHfLlamaFolder(dir + "/hf", c.model);
+    const int64_t padded_rows = 256;  // the vocabulary rounded up to 128 x TP 2
+    const std::string zero_rows((padded_rows - c.model.vocab) * c.model.hidden * 4, '\0');
+    for (const std::string& output :
+         {dir + "/out", absl::StrCat("mem://conformance/hf-import/", c.name)}) {
+      SCOPED_TRACE(output);
+      ConversionSpec spec = Spec(input, output, "megatron");
+      spec.kind = ConversionSpec::Kind::kReshard;
+      spec.parts = 2;
+      absl::StatusOr<ConversionResult> result = RunAnyConversion(spec);
+      ASSERT_TRUE(result.ok()) << result.status();
+      absl::StatusOr<LoadedInput> loaded = LoadInput(output, {}, /*require_model=*/true);
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      ASSERT_EQ(loaded->model.format, "megatron");
+      ASSERT_EQ(loaded->model.parts.size(), 2u);
+      ASSERT_NO_FATAL_FAILURE(ExpectHolds(output, MegatronLlamaTensors(c.model, zero_rows),
+                                          "hf_import_" + c.name));
+      // Each rank's file, read as the torch.save state dict it is: its own TP slice.
+      for (int rank = 0; rank < 2; ++rank) {
+        SCOPED_TRACE(absl::StrCat("TP rank ", rank));
+        std::vector<FixtureTensor> slice = MegatronLlamaTensors(c.model, zero_rows, rank, 2);
+        for (FixtureTensor& tensor : slice) tensor.name = "model." + tensor.name;
+        ASSERT_NO_FATAL_FAILURE(
+            ExpectHolds(absl::StrCat(output, "/release/mp_rank_0", rank, "/model_optim_rng.pt"),
+                        slice, absl::StrCat("hf_import_", c.name, "_rank", rank)));
+      }
+    }
   }
 }
 
