@@ -205,6 +205,16 @@ class HfFromTrainerTests(Base):
             "(config.json: %s; wrapper prefix \"model.\" stripped)"
             % os.path.join(folder, "config.json"))
 
+    def test_no_extra_files_keeps_config_and_generation_config(self):
+        spec = hmf.Spec("llama", groups=2)
+        hf, folder = self.zero_save(spec, stage=1, world=2)
+        out = self.p("out")
+        self.export(folder, out, "--no-extra-files")
+        self.check_tensors(out, hf)
+        self.assertEqual(sorted(os.listdir(out)),
+                         ["config.json", "generation_config.json", "model.safetensors",
+                          "reshard-manifest.json"])
+
     def test_inspect_says_it_exports_and_the_family(self):
         spec = hmf.Spec("llama", groups=2)
         _, folder = self.zero_save(spec, stage=2, world=2)
