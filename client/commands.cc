@@ -51,7 +51,7 @@ int RunInspect(const ConversionFlags& conversion, const OutputFlags& flags, std:
   if (!model_files.ok()) return Fail(model_files.status(), flags, flags.result_file, out, err);
   loaded->model.description = WithHfFamilyNote(loaded->model, loaded->catalog);
   Json doc = InspectDocument(conversion.input, *loaded, *model_files);
-  if (const std::optional<HfExportNote> hf = DescribeHfExport(loaded->model, loaded->catalog)) {
+  if (const std::optional<HfExportNote> hf = DescribeHfExport(loaded->model, loaded->catalog, conversion.input)) {
     doc["hf_export"] = HfExportJson(hf->family, hf->note);
   }
   return Emit(std::move(doc), kExitOk, flags, flags.result_file, PrintInspect, out, err);

@@ -367,7 +367,7 @@ grpc::Status ReshardService::Inspect(grpc::ServerContext* context,
       return;
     }
     response->set_description(WithHfFamilyNote(loaded->model, loaded->catalog));
-    if (const std::optional<HfExportNote> hf = DescribeHfExport(loaded->model, loaded->catalog)) {
+    if (const std::optional<HfExportNote> hf = DescribeHfExport(loaded->model, loaded->catalog, *input)) {
       response->set_hf_export_family(hf->family);
       response->set_hf_export_note(hf->note);
     }

@@ -66,6 +66,15 @@ class CliTestCase(TempDirTestCase):
         self.assertGreaterEqual(res.returncode, 0, "killed by a signal (crash)" + self.describe(res))
         self.assertEqual(res.returncode, code, "unexpected exit code" + self.describe(res))
 
+    def assertRefusedWithoutOutput(self, args, out, code, message):
+        """reshardctl `args` exits `code`, its output holds `message`, and `out` (the output it
+        was given) is not created."""
+        res = self.ctl(*args)
+        self.assertExit(res, code)
+        self.assertIn(message, res.text, self.describe(res))
+        self.assertFalse(os.path.exists(out), "%s created by a refused run" % out)
+        return res
+
     def ok(self, *args, **kw):
         res = self.ctl(*args, **kw)
         self.assertExit(res, 0)

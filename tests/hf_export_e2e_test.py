@@ -63,10 +63,9 @@ class Base(harness.CliTestCase):
 
     def refused(self, folder, out, args, message):
         """Exit 3, the message holds `message`, and OUT is not created."""
-        res = self.ctl("consolidate", folder, out, "--format", "hf", "--no-progress", *args)
-        self.assertExit(res, 3)
-        self.assertIn(message, res.text, self.describe(res))
-        self.assertFalse(os.path.exists(out), "%s created by a refused export" % out)
+        self.assertRefusedWithoutOutput(
+            ["consolidate", folder, out, "--format", "hf", "--no-progress"] + list(args), out, 3,
+            message)
 
     def read_output(self, out):
         """Every tensor of the output folder, through its index when sharded."""

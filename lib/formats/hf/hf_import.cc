@@ -178,7 +178,8 @@ class Builder {
                        config_path_, " makes it ", ShapeToString(shape)));
     }
     if (!dtype_.has_value()) dtype_ = tensor.dtype;
-    if (tensor.dtype != *dtype_) {
+    // A Hugging Face model may mix dtypes (norms kept in fp32); a Megatron checkpoint may not.
+    if (tensor.dtype != *dtype_ && as_what_ != kExportAsHf) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor \"", name, "\" is ", DTypeName(tensor.dtype), " but the tensors before it are ",
           DTypeName(*dtype_), ": a ", as_what_, " checkpoint holds one params_dtype"));
@@ -216,6 +217,12 @@ class Builder {
     for (size_t i = 0; i < hf_.tensors.size(); ++i) {
       const std::string& name = hf_.tensors[i].name;
       if (used_.count(static_cast<int>(i)) != 0 || skipped.count(name) != 0) continue;
+      if (as_what_ == kExportAsHf) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", name, "\" is not a parameter of a ", family_.id, " model (",
+            config_path_, "): --format hf writes a model of one of the families ",
+            HfFamilyList(), " under its own names (--family F reads the weights as another)"));
+      }
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor \"", name, "\" has no ", as_what_, " counterpart in a ", family_.id, " model (",
           config_path_, "), so it cannot be imported; the families reshard imports ", "are ",

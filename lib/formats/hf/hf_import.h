@@ -170,7 +170,8 @@ struct MegatronImport {
 // `config_path` (named in messages); `tensor_parallel`, `pipeline_parallel`: the sizes the args
 // record (the megatron output updates them per file); `family`: the family the tensors are
 // read as, nullptr for the one config.json names (model_type, else architectures); `as_what`
-// (kImportAsMegatronLm, kImportAsTorchDist): what messages say the model is imported as;
+// (kImportAsMegatronLm, kImportAsTorchDist): what messages say the model is imported as
+// (kExportAsHf: the names and shapes of a training save checked for --format hf, hf_named.h);
 // `names`: the names the tensors take, nullopt for DefaultMegatronNames(family). Reads no
 // tensor data.
 absl::StatusOr<MegatronImport> ImportHfAsMegatron(

@@ -37,8 +37,10 @@ class Config {
     const Json* value = Find(key);
     if (value == nullptr) {
       if (fallback.has_value()) return *fallback;
-      return absl::InvalidArgumentError(
-          absl::StrCat(path_, " has no ", key, ", which the ", as_what_, " args need"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path_, " has no ", key, ", which ",
+          as_what_ == kExportAsHf ? "--format hf checks the weights' shapes with"
+                                  : absl::StrCat("the ", as_what_, " args need")));
     }
     if (!value->is_number_integer() || value->get<int64_t>() < 1) {
       return absl::InvalidArgumentError(
@@ -96,7 +98,9 @@ absl::StatusOr<const HfFamily*> FamilyOfConfig(const Config& config) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       config.path(), " describes a model of model_type \"", model_type, "\" (architectures \"",
-      architecture, "\"), which is none of the families reshard imports into ", config.as_what(),
+      architecture, "\"), which is none of the families ",
+      config.as_what() == kExportAsHf ? "--format hf writes"
+                                      : absl::StrCat("reshard imports into ", config.as_what()),
       ": ", HfFamilyList(), " (--family F reads the weights as one of them)"));
 }
 
@@ -134,7 +138,10 @@ absl::StatusOr<HfImportSizes> ReadSizes(const Config& config, const HfFamily& fa
                        " is not divisible by num_key_value_heads ", sizes.groups,
                        " (query groups): every group must hold the same number of query heads"));
     }
-    if (const Json* scaling = config.Find("rope_scaling")) {
+    // --format hf keeps config.json's rope_scaling as it is; an import writes it as args.
+    const Json* scaling =
+        config.as_what() == kExportAsHf ? nullptr : config.Find("rope_scaling");
+    if (scaling != nullptr) {
       // The keys compared as JSON values: a key of another type is no match (no exception).
       auto is = [&](const char* key, const Json& want) {
         return scaling->is_object() && scaling->contains(key) && (*scaling)[key] == want;

@@ -23,6 +23,11 @@ namespace reshard {
 // What the Megatron writers import a Hugging Face model as, named in messages and descriptions.
 inline constexpr char kImportAsMegatronLm[] = "Megatron-LM";
 inline constexpr char kImportAsTorchDist[] = "Megatron-Core torch_dist";
+// Not an import: the weights of a training save under Hugging Face names checked against
+// config.json for `--format hf` (hf_named.h). Messages then speak of that output, the
+// rope_scaling of config.json is not read (the output keeps config.json), and the tensors may
+// be of several dtypes.
+inline constexpr char kExportAsHf[] = "--format hf";
 
 // The HF name of the output head.
 inline constexpr char kHfLmHead[] = "lm_head.weight";

@@ -14,7 +14,9 @@
 #include "lib/core/status.h"
 #include "lib/formats/hf/hf_config.h"
 #include "lib/formats/hf/hf_family.h"
+#include "lib/formats/hf/hf_named.h"
 #include "lib/formats/hf/model_files.h"
+#include "lib/io/file_access.h"
 #include "lib/formats/megatron/megatron_layout.h"
 #include "lib/plan/layout_builders.h"
 #include "nlohmann/json.hpp"
@@ -191,7 +193,19 @@ std::string WithHfFamilyNote(const InputModel& model, const Catalog& catalog) {
                       "--format hf --family auto: ", (*family)->id, " (", why, ")");
 }
 
-std::optional<HfExportNote> DescribeHfExport(const InputModel& model, const Catalog& catalog) {
+std::optional<HfExportNote> DescribeHfExport(const InputModel& model, const Catalog& catalog,
+                                             const std::string& input) {
+  if (IsHfNamedTrainingFormat(model.format)) {
+    const absl::StatusOr<HfNamedModel> named = ReadHfNamedModel(input, HfExportOptions(), catalog);
+    if (!named.ok()) {
+      return HfExportNote{"", absl::StrCat("does not export to Hugging Face (--format hf) as it "
+                                           "stands: ",
+                                           named.status().message())};
+    }
+    return HfExportNote{std::string(named->family->id),
+                        absl::StrCat("exports to Hugging Face as ", named->family->id,
+                                     " (--format hf): ", DescribeHfNamedModel(*named))};
+  }
   if (!IsMegatron(model)) return std::nullopt;
   const HfFamily* family = nullptr;  // --family auto's choice, once the tensors are known
   const absl::Status refused = [&]() -> absl::Status {
@@ -212,22 +226,30 @@ std::optional<HfExportNote> DescribeHfExport(const InputModel& model, const Cata
                       absl::StrCat("exports to Hugging Face as ", family->id, " (--format hf)")};
 }
 
-absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
+absl::StatusOr<bool> HfOutput::PresentInput(const std::string& input, int /*parts*/,
+                                             int /*pipeline_parts*/, const HfExportOptions& hf,
+                                             InputModel& model, Catalog& catalog) const {
+  return PresentHfNamedModel(input, hf, model, catalog);
+}
+
+absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout engine_layout,
                                                  const ArrangeRequest& request) const {
   const InputModel& model = request.model;
   const Catalog& catalog = request.catalog;
-  if (!IsMegatron(model)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--format hf writes Hugging Face models from Megatron checkpoints (megatron, "
-                     "megatron-torch-dist, nemo input), not from ",
-                     model.format,
-                     " input; a model already under Hugging Face names is written by --format "
-                     "safetensors"));
+  const bool hf_named = model.training_state.Value(kHfNamedFamilyKey) != nullptr;
+  if (!IsMegatron(model) && !hf_named) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--format hf writes Hugging Face models from Megatron checkpoints (megatron, "
+        "megatron-torch-dist, nemo input) and from training saves under Hugging Face names "
+        "(deepspeed-zero, torch-dcp input), not from ",
+        model.format,
+        " input; a model already under Hugging Face names is written by --format safetensors"));
   }
   if (!request.consolidate) {
     return absl::InvalidArgumentError(
         "--format hf writes one model: use `reshardctl consolidate IN OUT --format hf`");
   }
+  if (hf_named) return ArrangeHfNamed(std::move(engine_layout), request);
 
   ASSIGN_OR_RETURN(ScannedModel scanned, Scan(model, catalog));
   const StructureNode* args = scanned.args;
@@ -671,6 +693,41 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout /*engine_layout*/,
   // The tokenizer files (request.model_files) join the output in PlanConversion
   // (AddModelFiles, lib/formats/hf/model_files.h), which leaves the two files written here as
   // they are.
+  return arranged;
+}
+
+absl::StatusOr<ArrangedOutput> HfOutput::ArrangeHfNamed(TargetLayout engine_layout,
+                                                        const ArrangeRequest& request) const {
+  // The tensors keep their names (PresentHfNamedModel stripped the wrapper prefix), sharded as
+  // the engine laid them out; config.json is --config's, else the one carried from beside the
+  // save (AddModelFiles, which sets its torch_dtype after a cast).
+  ArrangedOutput arranged;
+  arranged.layout = std::move(engine_layout);
+  std::string config_path = request.hf.config_file;
+  bool carried_generation_config = false;
+  for (const auto& [name, path] : request.model_files) {
+    if (name == kConfigName && config_path.empty()) config_path = path;
+    if (name == kGenerationConfigName) carried_generation_config = true;
+  }
+  if (config_path.empty()) {
+    return absl::InvalidArgumentError(
+        "no config.json to write: give --config FILE (the model's config.json)");
+  }
+  ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(config_path, kMaxConfigBytes),
+                   config_path);
+  if (!request.hf.config_file.empty()) {
+    ASSIGN_OR_RETURN(std::string updated,
+                     UpdateConfigDtype(text, request.hf.config_file, request.dtype));
+    arranged.layout.format_files.emplace_back(kConfigName, std::move(updated));
+  }
+  if (!carried_generation_config) {
+    const Json config = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!config.is_object()) {
+      return absl::DataLossError(absl::StrCat(config_path, ": not a JSON object"));
+    }
+    arranged.layout.format_files.emplace_back(kGenerationConfigName,
+                                              HfGenerationConfigJson(config));
+  }
   return arranged;
 }
 

@@ -33,7 +33,13 @@
 //   - TransformerEngine `_extra_state`: not written.
 // The files are sharded and framed as the safetensors output does (Hugging Face's rule).
 //
-// Refused before anything is written, naming what: input that is not Megatron; reshard (the
+// A training save of a model already under Hugging Face names (deepspeed-zero, torch-dcp input:
+// HF Trainer + DeepSpeed or FSDP) is written with its own names instead, wrapper prefix
+// stripped, with the config.json and tokenizer found beside it (hf_named.h; PresentInput checks
+// it, ArrangeHfNamed lays it out).
+//
+// Refused before anything is written, naming what: input that is neither Megatron nor such a
+// save; reshard (the
 // output is one model); an unknown family; a tensor with no HF counterpart (shared experts and
 // router biases among them); a QKV bias or q/k norms the family lacks (or lacks them when the
 // family has them); experts with a dense family, a dense MLP layer with mixtral, an expert
@@ -61,6 +67,11 @@ class HfOutput : public OutputFormat {
   OutputNaming naming() const override { return safetensors_.naming(); }
   absl::StatusOr<ArrangedOutput> Arrange(TargetLayout engine_layout,
                                          const ArrangeRequest& request) const override;
+  // A training save under Hugging Face names (deepspeed-zero, torch-dcp input): checked and
+  // its wrapper prefix stripped (PresentHfNamedModel, hf_named.h). Other input: unchanged.
+  absl::StatusOr<bool> PresentInput(const std::string& input, int parts, int pipeline_parts,
+                                    const HfExportOptions& hf, InputModel& model,
+                                    Catalog& catalog) const override;
   absl::StatusOr<FileFraming> Frame(const OutputFileLayout& file) const override {
     return safetensors_.Frame(file);
   }
@@ -69,6 +80,12 @@ class HfOutput : public OutputFormat {
       const TargetLayout& layout) const override;
 
  private:
+  // Arrange for a model PresentInput presented: the engine's shards as they are, config.json
+  // from --config (its torch_dtype set after a cast; else the carried one is), and
+  // generation_config.json made from config.json unless one is carried.
+  absl::StatusOr<ArrangedOutput> ArrangeHfNamed(TargetLayout engine_layout,
+                                                const ArrangeRequest& request) const;
+
   SafetensorsOutput safetensors_;
 };
 
@@ -93,8 +110,12 @@ struct HfExportNote {
 // For a Megatron checkpoint (megatron, megatron-torch-dist, nemo input) whose merged model is
 // `catalog`: what `consolidate IN OUT --format hf` without --family, --config or --vocab-size
 // does with it, planned as the export plans it (HfOutput::Arrange, reading no tensor data).
-// nullopt for other input.
-std::optional<HfExportNote> DescribeHfExport(const InputModel& model, const Catalog& catalog);
+// For a training save under Hugging Face names (deepspeed-zero, torch-dcp input) read from
+// `input`: whether its names and shapes pass ReadHfNamedModel with the config.json found beside
+// it, and the family and config.json that decided ("exports to Hugging Face as llama (--format
+// hf): Hugging Face llama model (config.json: ...)"). nullopt for other input.
+std::optional<HfExportNote> DescribeHfExport(const InputModel& model, const Catalog& catalog,
+                                             const std::string& input);
 
 }  // namespace reshard
 

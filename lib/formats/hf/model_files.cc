@@ -121,6 +121,12 @@ absl::StatusOr<std::vector<ModelFile>> SelectFiles(const std::string& folder,
   return files;
 }
 
+// The files `--format hf` writes for a model under Hugging Face names whatever
+// --no-extra-files says: without them the output is no model.
+bool IsModelDescriptionFile(absl::string_view name) {
+  return name == kConfigName || name == "generation_config.json";
+}
+
 bool IsMegatronFormat(absl::string_view format) {
   return format == "megatron" || format == "megatron-torch-dist";
 }
@@ -246,6 +252,19 @@ absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(
     if (output_format == "hf" && !no_extra_files && tokenizer.empty()) {
       ASSIGN_OR_RETURN(files, NemoTokenizerFiles(input, embedded));
     }
+  } else if (IsHfNamedTrainingFormat(input_format)) {
+    // A training save is no Hugging Face model until --format hf writes it with the config
+    // and tokenizer its trainer saved beside it.
+    if (output_format == "hf") {
+      ASSIGN_OR_RETURN(files, FindTrainingSaveModelFiles(input));
+      if (no_extra_files) {
+        files.erase(std::remove_if(files.begin(), files.end(),
+                                   [](const ModelFile& file) {
+                                     return !IsModelDescriptionFile(file.name);
+                                   }),
+                    files.end());
+      }
+    }
   } else if (!no_extra_files) {
     ASSIGN_OR_RETURN(files, InputModelFiles(input, input_format));
   }
@@ -277,6 +296,40 @@ absl::StatusOr<std::vector<ModelFile>> FindModelFiles(const std::string& input) 
   }
   return SelectFiles(folder, listing,
                      [](const std::string& name) { return IsModelFileName(name); });
+}
+
+bool IsHfNamedTrainingFormat(absl::string_view input_format) {
+  return input_format == "deepspeed-zero" || input_format == "torch-dcp";
+}
+
+absl::StatusOr<std::vector<ModelFile>> FindTrainingSaveModelFiles(
+    const std::string& input, std::vector<std::string>* looked_in) {
+  ScopedRemoteListingCache listings;
+  const std::string given = WithoutTrailingSlash(input);
+  ASSIGN_OR_RETURN(const bool is_folder, CheckInputFolder(given));
+  if (!is_folder) return std::vector<ModelFile>();
+  std::vector<std::string> folders = {given};
+  // HF Trainer's checkpoint folder (PREFIX_CHECKPOINT_DIR "checkpoint", "-", the step) holds
+  // config.json and the tokenizer beside the weights' folder.
+  static const LazyRE2 kTrainerCheckpoint = {R"(checkpoint-\d+)"};
+  const std::string parent = ParentOf(given);
+  const std::string parent_name = NameOf(parent);
+  if (given.find('/') != std::string::npos &&
+      RE2::FullMatch(re2::StringPiece(parent_name.data(), parent_name.size()),
+                     *kTrainerCheckpoint)) {
+    folders.push_back(parent);
+  }
+  for (const std::string& folder : folders) {
+    if (looked_in != nullptr) looked_in->push_back(folder);
+    ASSIGN_OR_RETURN(const InputListing listing, ListInput(folder));
+    if (std::find(listing.files.begin(), listing.files.end(), kConfigName) ==
+        listing.files.end()) {
+      continue;
+    }
+    return SelectFiles(folder, listing,
+                       [](const std::string& name) { return IsModelFileName(name); });
+  }
+  return std::vector<ModelFile>();
 }
 
 absl::StatusOr<std::vector<ModelFile>> FindTokenizerFiles(const std::string& dir) {

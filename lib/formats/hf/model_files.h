@@ -91,6 +91,22 @@ absl::StatusOr<std::vector<ModelFile>> FindTokenizerFiles(const std::string& dir
 // FindModelFiles.
 absl::StatusOr<std::vector<ModelFile>> FindCheckpointTokenizerFiles(const std::string& input);
 
+// Whether input of `input_format` is a training save whose tensors carry a model's own names
+// (Hugging Face's, when a transformers model was trained): deepspeed-zero (HF Trainer +
+// DeepSpeed) and torch-dcp (HF Trainer / accelerate + FSDP). `--format hf` writes such a model
+// (hf_named.h).
+bool IsHfNamedTrainingFormat(absl::string_view input_format);
+
+// The model files (IsModelFileName) beside training save `input` (IsHfNamedTrainingFormat):
+// those of the folder given when it holds config.json, else of the folder above it when that
+// is an HF Trainer checkpoint folder, `checkpoint-<N>` (which holds the weights' folder:
+// DeepSpeed's `global_stepN/`, FSDP's `pytorch_model_fsdp_0/`), else none. Never higher, and
+// never the parent of another folder. Sorted by name; `looked_in` (when not null) receives the
+// folders looked in, for messages. A file linking out of its folder is refused as in
+// FindModelFiles.
+absl::StatusOr<std::vector<ModelFile>> FindTrainingSaveModelFiles(
+    const std::string& input, std::vector<std::string>* looked_in = nullptr);
+
 // Whether an output in `output_format` is still a Hugging Face model the carried files belong
 // beside: safetensors (consolidated, or parts), hf, and torch when consolidated
 // (pytorch_model.bin, or pytorch_model-*-of-*.bin with its index). torch parts are metaseq's
@@ -110,7 +126,10 @@ absl::StatusOr<std::vector<ModelFile>> InputModelFiles(const std::string& input,
 // `--format hf` only: the tokenizer of folder `tokenizer`, else, unless `no_extra_files`, the
 // one beside the checkpoint (FindCheckpointTokenizerFiles). A NeMo input (nemo) likewise, its
 // own tokenizer being the reader's `embedded` files (a `.nemo` archive's tokenizer members) or
-// the tokenizer files of a NeMo 2 folder's context/nemo_tokenizer/. InvalidArgument when
+// the tokenizer files of a NeMo 2 folder's context/nemo_tokenizer/. A training save under
+// Hugging Face names (IsHfNamedTrainingFormat) carries into `--format hf` only: the model files
+// found beside it (FindTrainingSaveModelFiles; with `no_extra_files` its config.json and
+// generation_config.json only), the tokenizer of folder `tokenizer` over them. InvalidArgument when
 // `tokenizer` is given for an output that is no Hugging Face model.
 absl::StatusOr<std::vector<ModelFile>> ModelFilesToCarry(
     const std::string& input, absl::string_view input_format, absl::string_view output_format,

@@ -161,6 +161,34 @@ TEST(ModelFilesTest, ConfigDtypeIsTheOnlyChange) {
   EXPECT_THAT(broken.status().message(), HasSubstr("in/config.json"));
 }
 
+TEST(ModelFilesTest, ATrainingSaveReadsItsFolderOrTheTrainerCheckpointAboveIt) {
+  const std::string root = MakeTempDir("trainer");
+  // HF Trainer: checkpoint-500/ holds the config and tokenizer beside global_step500/.
+  fs::create_directories(root + "/out/checkpoint-500/global_step500");
+  WriteAll(root + "/out/checkpoint-500/config.json", "{}");
+  WriteAll(root + "/out/checkpoint-500/tokenizer.json", "{}");
+  WriteAll(root + "/out/checkpoint-500/trainer_state.json", "{}");
+  std::vector<std::string> looked_in;
+  EXPECT_THAT(Names(FindTrainingSaveModelFiles(root + "/out/checkpoint-500/global_step500",
+                                               &looked_in)),
+              ElementsAre("config.json", "tokenizer.json"));
+  EXPECT_THAT(looked_in, ElementsAre(root + "/out/checkpoint-500/global_step500",
+                                     root + "/out/checkpoint-500"));
+  EXPECT_THAT(Names(FindTrainingSaveModelFiles(root + "/out/checkpoint-500/")),
+              ElementsAre("config.json", "tokenizer.json"));
+  // A folder above that is no trainer checkpoint folder is not read, nor one two levels up.
+  fs::create_directories(root + "/run/global_step7");
+  WriteAll(root + "/run/config.json", "{}");
+  looked_in.clear();
+  EXPECT_THAT(Names(FindTrainingSaveModelFiles(root + "/run/global_step7", &looked_in)),
+              IsEmpty());
+  EXPECT_THAT(looked_in, ElementsAre(root + "/run/global_step7"));
+  fs::create_directories(root + "/checkpoint-9/x/global_step9");
+  WriteAll(root + "/checkpoint-9/config.json", "{}");
+  EXPECT_THAT(Names(FindTrainingSaveModelFiles(root + "/checkpoint-9/x/global_step9")),
+              IsEmpty());
+}
+
 TEST(ModelFilesTest, OnlyHuggingFaceOutputsCarryThem) {
   EXPECT_TRUE(OutputIsHuggingFaceModel("safetensors", /*consolidate=*/true));
   EXPECT_TRUE(OutputIsHuggingFaceModel("safetensors", /*consolidate=*/false));
