@@ -44,6 +44,8 @@
 #include "lib/formats/format_fixture.h"
 #include "lib/formats/megatron/megatron_core_names.h"
 #include "lib/formats/safetensors/safetensors_fixture.h"
+#include "lib/formats/torch/pickle_writer.h"
+#include "lib/formats/torch/torch_fixture.h"
 #include "lib/io/kvstore/driver.h"
 #include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/test_files.h"
@@ -371,6 +373,33 @@ TEST(ExpertParallelWriterConformanceTest, WritesTp2Ep2AndReadsBackExactly) {
           ExpectWrittenExactly(built.input, writer, output, built.expected, "expert_parallel"));
     }
   }
+}
+
+// Megatron-LM names EP rank folders mp_rank_TT_EEE at PP 1, which only the args tell from
+// pipeline stages: from an input whose common.pt has no args, --expert-parts 2 is refused
+// before anything is written, naming the input and the args it lacks.
+TEST(ExpertParallelWriterConformanceTest, MegatronAtEp2WithoutArgsIsRefused) {
+  const auto fixture = FormatFixtures().find({"megatron-torch-dist", "moe"});
+  ASSERT_NE(fixture, FormatFixtures().end());
+  const BuiltFixture built = fixture->second.builder(MakeTempDir("expert_parallel_no_args"));
+  PickleWriter common;  // common.pt without its args
+  common.BeginDict(false);
+  common.String("checkpoint_version");
+  common.Float(3.0);
+  common.String("iteration");
+  common.Int(10);
+  common.EndDict();
+  WriteAll(built.input + "/iter_0000010/common.pt", BuildTorchSave(common.Finish(), {}).bytes);
+  const std::string output = MakeTempDir("expert_parallel_no_args_out") + "/out";
+  ConversionSpec spec = Spec(built.input, output, "megatron");
+  spec.kind = ConversionSpec::Kind::kReshard;
+  spec.parts = 2;
+  spec.expert_parts = 2;
+  absl::StatusOr<ConversionResult> result = RunAnyConversion(spec);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "expert_model_parallel_size"))
+      << result.status();
+  EXPECT_FALSE(OutputExists(output));
 }
 
 // The names of `catalog`'s tensors, sorted.
