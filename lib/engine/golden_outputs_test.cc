@@ -10,10 +10,12 @@
 // Mixtral and Llama folders; megatron-torch-dist TP 2 from Megatron-LM saves and from a Hugging
 // Face Llama folder; hf from a Megatron-LM Llama save at TP 2 x PP 2 (with --family and
 // --config), from its torch_dist form and from a Qwen2 save with a QKV bias and tied embeddings
-// (lib/testing/hf_megatron_fixture.h); deepspeed-universal from a ZeRO-2 save folder with Adam
-// moments, with the latest_universal written beside the output, listed as "../latest_universal")
-// and consolidation to safetensors of every registered input fixture. A new fixture adds a
-// conversion, which fails until its lines are recorded.
+// (lib/testing/hf_megatron_fixture.h); Megatron-LM and Megatron-Core torch_dist at TP 2 x EP 2
+// from a torch_dist mixture-of-experts save; deepspeed-universal from a ZeRO-2 save folder with
+// Adam moments, with the latest_universal written beside the output, listed as
+// "../latest_universal") and consolidation to safetensors of every registered input fixture
+// (and of a DeepSpeed MoE ZeRO-2 save with its Adam moments). A new fixture adds a conversion,
+// which fails until its lines are recorded.
 //
 // reshard-manifest.json holds a creation time, the input's path and the paths of the files the
 // request names beside it (--config, --tokenizer), the tool's version (a release changes it,
@@ -33,7 +35,9 @@
 //
 //   RESHARD_GOLDEN_UPDATE=$PWD/lib/engine/golden_outputs.txt bazel run //lib/engine:golden_outputs_test
 //
-// (bazel run, not bazel test: the test writes into the source tree.)
+// (bazel run, not bazel test: the test writes into the source tree.) A new conversion leaves the
+// recorded lines as they are: write the whole set elsewhere (RESHARD_GOLDEN_UPDATE=/tmp/all.txt)
+// and append the new conversion's lines to the file.
 
 #include <algorithm>
 #include <cstdint>
@@ -59,6 +63,7 @@
 #include "lib/engine/conversion.h"
 #include "lib/engine/object_store_output.h"
 #include "lib/engine/partitioned_conversion.h"
+#include "lib/formats/deepspeed/moe_fixture.h"
 #include "lib/formats/deepspeed/zero_fixture.h"
 #include "lib/formats/format_fixture.h"
 #include "lib/formats/safetensors/safetensors_fixture.h"
@@ -251,6 +256,9 @@ std::vector<GoldenConversion> Conversions() {
   const auto megatron = Fixture("megatron");
   // The tied fixture: lm_head.weight shares embed.weight's storage.
   const auto tied = Fixture("deepspeed-zero", "no-zero");
+  // Mixture-of-experts at TP 2 x EP 2, its experts laid out over 2 EP ranks again.
+  const auto torch_dist_moe = Fixture("megatron-torch-dist", "moe");
+  const auto expert_parts2 = [](ConversionSpec& spec) { spec.expert_parts = 2; };
   // 48 + 6 + 16 bytes of tensors: at most 50 bytes per file gives two shards.
   const auto small_shards = [](ConversionSpec& spec) { spec.max_shard_size = 50; };
   std::vector<GoldenConversion> conversions = {
@@ -308,6 +316,14 @@ std::vector<GoldenConversion> Conversions() {
       {"megatron_torch_dist_tp2_from_hf_llama",
        [](const std::string& dir) { return WriteHfLlamaFolder(dir, kLlama); },
        Reshard("megatron-torch-dist", 2)},
+      {"safetensors_from_deepspeed_moe_zero2_with_moments",
+       [](const std::string& dir) { return WriteMoeZeroFolder(dir, /*moments=*/true).input; },
+       With(Consolidate("safetensors"),
+            [](ConversionSpec& s) { s.read.include_optimizer = true; })},
+      {"megatron_tp2_ep2_from_torch_dist_moe", torch_dist_moe,
+       With(Reshard("megatron", 2), expert_parts2)},
+      {"megatron_torch_dist_tp2_ep2_from_torch_dist_moe", torch_dist_moe,
+       With(Reshard("megatron-torch-dist", 2), expert_parts2)},
   };
   for (const auto& [key, fixture] : FormatFixtures()) {
     conversions.push_back({absl::StrCat("consolidate_", FixtureTestName(key)),

@@ -10,8 +10,9 @@
 //      into the memory kvstore driver (mem://, standing in for S3), and `verify` finds input
 //      and output equal, exactly (deepspeed-universal, which needs Adam moments no registered
 //      fixture holds, from a ZeRO save with moments);
-//   4. truncated and bit-flipped variants (and a missing file, where the format has several)
-//      fail with DATA_LOSS or INVALID_ARGUMENT (NOT_FOUND for a missing file): never a crash,
+//   4. truncated and bit-flipped variants (and a missing file, where the format has several,
+//      or a file of another save) fail with one exact code, DATA_LOSS or INVALID_ARGUMENT
+//      (NOT_FOUND for a missing file), naming the file where the fixture says so: never a crash,
 //      never OK with different data. torch.save storage records carry CRC-32s, so a flipped
 //      data byte of the torch.save-based formats fails DATA_LOSS when converting. safetensors
 //      keeps no checksum: a flipped data byte cannot be noticed there; the suite checks that
@@ -38,10 +39,13 @@
 #include "lib/engine/partitioned_conversion.h"
 #include "lib/engine/verify.h"
 #include "lib/formats/format.h"
+#include "lib/formats/deepspeed/moe_fixture.h"
 #include "lib/formats/deepspeed/zero_fixture.h"
 #include "lib/formats/format_fixture.h"
 #include "lib/formats/megatron/megatron_core_names.h"
 #include "lib/formats/safetensors/safetensors_fixture.h"
+#include "lib/formats/torch/pickle_writer.h"
+#include "lib/formats/torch/torch_fixture.h"
 #include "lib/io/kvstore/driver.h"
 #include "lib/io/kvstore/memory_driver.h"
 #include "lib/testing/hf_megatron_fixture.h"
@@ -200,7 +204,7 @@ TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
 // Llama and Qwen2 models (lib/testing/hf_megatron_fixture.h).
 const std::map<std::string, std::set<std::string>>& FrameworkWriters() {
   static const auto* writers = new std::map<std::string, std::set<std::string>>{
-      {"megatron", {"megatron"}},
+      {"megatron", {"megatron", "megatron-torch-dist"}},
       {"megatron-torch-dist", {"megatron", "megatron-torch-dist"}},
       {"deepspeed-universal", {}},
       {"hf", {}}};
@@ -221,6 +225,18 @@ const std::map<std::string, Renaming>& RenamingWriters() {
   return *writers;
 }
 
+// Fixtures a writer refuses for a limit of its own rather than for their framework: (writer,
+// fixture tag "<format id>[_<variant>]") -> the one code it refuses with. deepspeed-universal
+// carries a ZeRO save's training state, which a DeepSpeed mixture-of-experts ZeRO save's reader
+// does not give (per-group steps and settings, moe_zero_reader.cc); megatron writes a GPT's
+// tensors under Megatron-LM's names, and the torch_dist fixture's layer tensor is no GPT's.
+const std::map<std::pair<std::string, std::string>, absl::StatusCode>& RefusingWriters() {
+  static const auto* writers = new std::map<std::pair<std::string, std::string>, absl::StatusCode>{
+      {{"deepspeed-universal", "deepspeed-zero_moe-zero2"}, absl::StatusCode::kUnimplemented},
+      {{"megatron", "megatron-torch-dist"}, absl::StatusCode::kInvalidArgument}};
+  return *writers;
+}
+
 // Whether anything is at `output` (a local path or a mem:// URL).
 bool OutputExists(const std::string& output) {
   if (!absl::StartsWith(output, "mem://")) return fs::exists(output);
@@ -228,14 +244,15 @@ bool OutputExists(const std::string& output) {
   return !listing.ok() || !listing->files.empty() || !listing->folders.empty();
 }
 
-// Writers whose output the readers cannot take from object storage when the input lacks what
-// would say its layout: the Megatron writer keeps the input's args, and the Megatron fixture's
-// have no tensor_model_parallel_size and pipeline_model_parallel_size, which the Megatron
-// reader needs on storage without folders (a missing rank leaves no folder behind there). Such
-// an output is read back from a local copy of its files.
-const std::set<std::string>& ReadBackLocally() {
-  static const auto* writers = new std::set<std::string>{"megatron"};
-  return *writers;
+// Outputs the readers cannot take from object storage because the input lacks what would say
+// their layout: (writer, fixture tag). The Megatron writer keeps the input's args, and the
+// Megatron fixture's have no tensor_model_parallel_size and pipeline_model_parallel_size, which
+// the Megatron reader needs on storage without folders (a missing rank leaves no folder behind
+// there). Such an output is read back from a local copy of its files.
+const std::set<std::pair<std::string, std::string>>& ReadBackLocally() {
+  static const auto* outputs = new std::set<std::pair<std::string, std::string>>{
+      {"megatron", "megatron"}};
+  return *outputs;
 }
 
 // The bytes of the file at `path` (a local path or a mem:// URL); empty, and a failure, when it
@@ -265,16 +282,46 @@ void Download(const std::string& url, const std::string& dir) {
   }
 }
 
+// Checks that `output`, which `writer` wrote from `input` (holding the `expected` tensors),
+// reads back through the readers equal to the input (under the names a renaming writer gives
+// them), exactly. `tag`, the fixture's, names temporary folders.
+void ExpectWrittenExactly(const std::string& input, const std::string& writer,
+                          const std::string& output, const std::vector<FixtureTensor>& expected,
+                          const std::string& tag) {
+  const int64_t tensors = static_cast<int64_t>(expected.size());
+  std::string read_back = output;
+  if (absl::StartsWith(output, "mem://") && ReadBackLocally().count({writer, tag}) > 0) {
+    absl::StatusOr<LoadedInput> remote = LoadInput(output, {}, /*require_model=*/true);
+    ASSERT_EQ(remote.status().code(), absl::StatusCode::kInvalidArgument) << remote.status();
+    read_back = MakeTempDir(absl::StrCat("read_back_", writer)) + "/out";
+    ASSERT_NO_FATAL_FAILURE(Download(output, read_back));
+  }
+  std::string reference = input;
+  if (auto renaming = RenamingWriters().find(writer); renaming != RenamingWriters().end()) {
+    // The output against the fixture's tensors under the names it gives them.
+    std::vector<FixtureTensor> renamed = expected;
+    for (FixtureTensor& tensor : renamed) tensor.name = renaming->second(tensor.name);
+    reference = MakeTempDir(absl::StrCat("renamed_", tag, "_", writer)) + "/x.safetensors";
+    WriteAll(reference, SafetensorsFileOf(renamed));
+  }
+  absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(reference, read_back);
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  ASSERT_TRUE(verify->equal) << "verify finds the " << writer << " output different";
+  ASSERT_EQ(verify->tensors_compared, tensors);
+  ASSERT_TRUE(verify->mismatched.empty());
+  ASSERT_TRUE(verify->only_in_a.empty());
+  ASSERT_TRUE(verify->only_in_b.empty());
+}
+
 // Converts `input` (of format `format`, holding the `expected` tensors) through every registered
 // writer into `output_of(writer)`, and checks that verify, reading the output back through the
 // readers, finds it equal to the input (under the names a renaming writer gives them), exactly;
-// writers of another framework refuse it and leave nothing at the output. `tag` names temporary
-// folders.
+// writers of another framework (and RefusingWriters) refuse it and leave nothing at the output.
+// `tag`, the fixture's, names temporary folders.
 void RoundTripThroughEveryWriter(const std::string& input, const std::string& format,
                                  const std::vector<FixtureTensor>& expected,
                                  const std::string& tag,
                                  const std::function<std::string(const std::string&)>& output_of) {
-  const int64_t tensors = static_cast<int64_t>(expected.size());
   const std::vector<std::string> writers = OutputFormatIds();
   ASSERT_FALSE(writers.empty());
   for (const std::string& writer : writers) {
@@ -282,6 +329,11 @@ void RoundTripThroughEveryWriter(const std::string& input, const std::string& fo
     const std::string output = output_of(writer);
     // The CLI's and the daemon's entry point: mem:// outputs go through the object store commit.
     absl::StatusOr<ConversionResult> result = RunAnyConversion(Spec(input, output, writer));
+    if (auto it = RefusingWriters().find({writer, tag}); it != RefusingWriters().end()) {
+      ASSERT_EQ(result.status().code(), it->second) << result.status();
+      ASSERT_FALSE(OutputExists(output));
+      continue;
+    }
     if (auto it = FrameworkWriters().find(writer);
         it != FrameworkWriters().end() && it->second.count(format) == 0) {
       // InvalidArgument (another framework's input), FailedPrecondition (no optimizer state).
@@ -292,30 +344,10 @@ void RoundTripThroughEveryWriter(const std::string& input, const std::string& fo
       continue;
     }
     ASSERT_TRUE(result.ok()) << result.status();
-    std::string read_back = output;
-    if (absl::StartsWith(output, "mem://") && ReadBackLocally().count(writer) > 0) {
-      absl::StatusOr<LoadedInput> remote = LoadInput(output, {}, /*require_model=*/true);
-      ASSERT_EQ(remote.status().code(), absl::StatusCode::kInvalidArgument) << remote.status();
-      read_back = MakeTempDir(absl::StrCat("read_back_", writer)) + "/out";
-      ASSERT_NO_FATAL_FAILURE(Download(output, read_back));
+    if (RenamingWriters().count(writer) == 0) {
+      ASSERT_EQ(result->tensors, static_cast<int64_t>(expected.size()));
     }
-    std::string reference = input;
-    if (auto renaming = RenamingWriters().find(writer); renaming != RenamingWriters().end()) {
-      // The output against the fixture's tensors under the names it gives them.
-      std::vector<FixtureTensor> renamed = expected;
-      for (FixtureTensor& tensor : renamed) tensor.name = renaming->second(tensor.name);
-      reference = MakeTempDir(absl::StrCat("renamed_", tag, "_", writer)) + "/x.safetensors";
-      WriteAll(reference, SafetensorsFileOf(renamed));
-    } else {
-      ASSERT_EQ(result->tensors, tensors);
-    }
-    absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(reference, read_back);
-    ASSERT_TRUE(verify.ok()) << verify.status();
-    ASSERT_TRUE(verify->equal) << "verify finds the " << writer << " output different";
-    ASSERT_EQ(verify->tensors_compared, tensors);
-    ASSERT_TRUE(verify->mismatched.empty());
-    ASSERT_TRUE(verify->only_in_a.empty());
-    ASSERT_TRUE(verify->only_in_b.empty());
+    ASSERT_NO_FATAL_FAILURE(ExpectWrittenExactly(input, writer, output, expected, tag));
   }
 }
 
@@ -334,6 +366,57 @@ TEST_P(ConformanceTest, RoundTripsThroughEveryWriterIntoMemoryExactly) {
                               [this](const std::string& writer) {
                                 return absl::StrCat("mem://conformance/", Tag(), "/", writer);
                               });
+}
+
+// The writers that lay a mixture-of-experts model's experts over expert-parallel ranks
+// (--parts 2 --expert-parts 2), from the torch_dist MoE fixture (TP 2 x EP 2), into a local
+// folder and into memory: each output reads back equal to the fixture's tensors.
+TEST(ExpertParallelWriterConformanceTest, WritesTp2Ep2AndReadsBackExactly) {
+  const auto fixture = FormatFixtures().find({"megatron-torch-dist", "moe"});
+  ASSERT_NE(fixture, FormatFixtures().end());
+  const BuiltFixture built = fixture->second.builder(MakeTempDir("expert_parallel_input"));
+  for (const std::string writer : {"megatron", "megatron-torch-dist"}) {
+    for (const std::string output :
+         {MakeTempDir(absl::StrCat("expert_parallel_", writer)) + "/out",
+          absl::StrCat("mem://conformance/expert_parallel/", writer)}) {
+      SCOPED_TRACE(output);
+      ConversionSpec spec = Spec(built.input, output, writer);
+      spec.kind = ConversionSpec::Kind::kReshard;
+      spec.parts = 2;
+      spec.expert_parts = 2;
+      absl::StatusOr<ConversionResult> result = RunAnyConversion(spec);
+      ASSERT_TRUE(result.ok()) << result.status();
+      ASSERT_NO_FATAL_FAILURE(
+          ExpectWrittenExactly(built.input, writer, output, built.expected, "expert_parallel"));
+    }
+  }
+}
+
+// Megatron-LM names EP rank folders mp_rank_TT_EEE at PP 1, which only the args tell from
+// pipeline stages: from an input whose common.pt has no args, --expert-parts 2 is refused
+// before anything is written, naming the input and the args it lacks.
+TEST(ExpertParallelWriterConformanceTest, MegatronAtEp2WithoutArgsIsRefused) {
+  const auto fixture = FormatFixtures().find({"megatron-torch-dist", "moe"});
+  ASSERT_NE(fixture, FormatFixtures().end());
+  const BuiltFixture built = fixture->second.builder(MakeTempDir("expert_parallel_no_args"));
+  PickleWriter common;  // common.pt without its args
+  common.BeginDict(false);
+  common.String("checkpoint_version");
+  common.Float(3.0);
+  common.String("iteration");
+  common.Int(10);
+  common.EndDict();
+  WriteAll(built.input + "/iter_0000010/common.pt", BuildTorchSave(common.Finish(), {}).bytes);
+  const std::string output = MakeTempDir("expert_parallel_no_args_out") + "/out";
+  ConversionSpec spec = Spec(built.input, output, "megatron");
+  spec.kind = ConversionSpec::Kind::kReshard;
+  spec.parts = 2;
+  spec.expert_parts = 2;
+  absl::StatusOr<ConversionResult> result = RunAnyConversion(spec);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "expert_model_parallel_size"))
+      << result.status();
+  EXPECT_FALSE(OutputExists(output));
 }
 
 // The names of `catalog`'s tensors, sorted.
@@ -500,6 +583,33 @@ TEST(HfWriterConformanceTest, HfFoldersImportToMegatronTp2AndReadBackExactly) {
   }
 }
 
+// A DeepSpeed mixture-of-experts ZeRO-2 save read with --include-optimizer into the outputs
+// that take the Adam moments as tensors of their own: the fp32 master weights and both moments
+// of every dense and expert param (experts under their global ids), element by element against
+// the fixture's known values.
+TEST(MoeZeroConformanceTest, ConsolidatesTheWeightsAndAdamMomentsExactly) {
+  const BuiltFixture fixture = WriteMoeZeroFolder(MakeTempDir("moe_zero_moments"), true);
+  const std::string reference = MakeTempDir("moe_zero_moments_expected") + "/x.safetensors";
+  WriteAll(reference, SafetensorsFileOf(fixture.expected));
+  for (const std::string writer : {"safetensors", "torch"}) {
+    SCOPED_TRACE(writer);
+    const std::string output = MakeTempDir(absl::StrCat("moe_zero_moments_", writer)) + "/out";
+    ConversionSpec spec = Spec(fixture.input, output, writer);
+    spec.read.include_optimizer = true;
+    absl::StatusOr<ConversionResult> result = RunAnyConversion(spec);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->tensors, static_cast<int64_t>(fixture.expected.size()));
+    absl::StatusOr<VerifyResult> verify = VerifyCheckpoints(reference, output);
+    ASSERT_TRUE(verify.ok()) << verify.status();
+    ASSERT_TRUE(verify->mismatched.empty())
+        << verify->mismatched[0].name << ": " << verify->mismatched[0].reason;
+    ASSERT_TRUE(verify->only_in_a.empty()) << "missing from the output: " << verify->only_in_a[0];
+    ASSERT_TRUE(verify->only_in_b.empty()) << "not expected: " << verify->only_in_b[0];
+    ASSERT_TRUE(verify->equal);
+    ASSERT_EQ(verify->tensors_compared, static_cast<int64_t>(fixture.expected.size()));
+  }
+}
+
 void Damage(const std::string& path, const FixtureDamage& damage) {
   switch (damage.kind) {
     case FixtureDamage::Kind::kTruncate: {
@@ -518,6 +628,10 @@ void Damage(const std::string& path, const FixtureDamage& damage) {
     }
     case FixtureDamage::Kind::kRemove:
       ASSERT_TRUE(fs::remove(path)) << damage.label;
+      return;
+    case FixtureDamage::Kind::kReplace:
+      ASSERT_TRUE(fs::exists(path)) << damage.label;
+      WriteAll(path, damage.replacement);
       return;
   }
 }
@@ -570,6 +684,9 @@ void CheckDamaged(const std::string& intact, const std::string& input, const std
                    : absl::StatusCode::kDataLoss;
   }
   EXPECT_EQ(status.code(), expected) << status;
+  if (!damage.named.empty()) {
+    EXPECT_TRUE(absl::StrContains(status.message(), damage.named)) << status;
+  }
 }
 
 TEST_P(ConformanceTest, DamagedVariantsFailCleanly) {

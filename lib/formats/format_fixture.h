@@ -28,9 +28,9 @@
 namespace reshard {
 
 // One damaged variant of a fixture: a file cut at `offset`, with the byte at `offset` flipped
-// (its lowest bit), or removed.
+// (its lowest bit), removed, or replaced by `replacement` (the same file of another save).
 struct FixtureDamage {
-  enum class Kind { kTruncate, kFlip, kRemove };
+  enum class Kind { kTruncate, kFlip, kRemove, kReplace };
   std::string label;  // "truncated inside data.pkl", for messages
   std::string file;   // relative to the fixture's folder
   Kind kind = Kind::kTruncate;
@@ -51,6 +51,10 @@ struct FixtureDamage {
   // for a file missing from a multi-file save (an incomplete checkpoint), INVALID_ARGUMENT when
   // nothing left identifies the format.
   absl::StatusCode code = absl::StatusCode::kOk;
+  // kReplace: the file's new bytes.
+  std::string replacement;
+  // When set, the error must name it (the file, usually), besides giving `code`.
+  std::string named;
 };
 
 // A tensor of the model a fixture holds, as the reader must give it: row-major bytes.

@@ -233,6 +233,9 @@ void DamageRemote(const std::string& url, const std::string& local_dir,
     case FixtureDamage::Kind::kRemove:
       Store()->RemovePrefix(object);
       return;
+    case FixtureDamage::Kind::kReplace:
+      bytes = damage.replacement;
+      break;
   }
   Store()->Put(object, std::move(bytes));
 }

@@ -51,16 +51,29 @@ void WriteOneRankZeroConfig(PickleWriter& p, int stage) {
   p.String("mp_world_size");
   p.Int(1);
   p.String("ds_config");
-  p.BeginDict(false);
-  p.String("zero_optimization");
-  p.BeginDict(false);
-  p.String("stage");
-  p.Int(stage);
-  p.EndDict();
-  p.EndDict();
+  WriteDeepSpeedConfig(p, stage, /*bf16=*/false);
 }
 
 }  // namespace
+
+void WriteDeepSpeedConfig(PickleWriter& p, int stage, bool bf16) {
+  p.BeginDict(false);
+  if (stage >= 0) {
+    p.String("zero_optimization");
+    p.BeginDict(false);
+    p.String("stage");
+    p.Int(stage);
+    p.EndDict();
+  }
+  if (bf16) {
+    p.String("bf16");
+    p.BeginDict(false);
+    p.String("enabled");
+    p.Bool(true);
+    p.EndDict();
+  }
+  p.EndDict();
+}
 
 TorchSaveFile WriteModelStates(const std::string& path, const ModelStates& states) {
   PickleWriter p;
@@ -96,22 +109,7 @@ TorchSaveFile WriteModelStates(const std::string& path, const ModelStates& state
     p.Int(states.mp_world_size);
   }
   p.String("ds_config");
-  p.BeginDict(false);
-  if (states.zero_stage >= 0) {
-    p.String("zero_optimization");
-    p.BeginDict(false);
-    p.String("stage");
-    p.Int(states.zero_stage);
-    p.EndDict();
-  }
-  if (states.bf16) {
-    p.String("bf16");
-    p.BeginDict(false);
-    p.String("enabled");
-    p.Bool(true);
-    p.EndDict();
-  }
-  p.EndDict();
+  WriteDeepSpeedConfig(p, states.zero_stage, states.bf16);
   p.EndDict();
   TorchSaveFile archive = BuildTorchSave(p.Finish(), {{"0", std::string(states.rows * 3 * 4, '\1')},
                                                       {"1", std::string(3 * 2, '\2')},

@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_fixture.h"
 
 namespace reshard {
@@ -23,6 +24,10 @@ struct ModelStates {
   int64_t mp_world_size = 1;  // -1: not written
   int64_t rows = 4;           // of embed.weight (a TP part has fewer)
 };
+
+// A ds_config dict into `p`: {"zero_optimization": {"stage": `stage`}} (none when `stage` is
+// -1), and {"bf16": {"enabled": True}} with `bf16`.
+void WriteDeepSpeedConfig(PickleWriter& p, int stage, bool bf16);
 
 // mp_rank_XX_model_states.pt: module {embed.weight f32 [rows, 3], lm_head.weight (tied: the
 // same storage), ln.bias f16 [3], steps i64 [], layer._extra_state None}.

@@ -384,6 +384,17 @@ absl::StatusOr<ArrangedOutput> MegatronOutput::Arrange(TargetLayout engine_layou
     }
     // Expert-parallel ranks are data-parallel ranks: the data-parallel size is a multiple of EP.
     plan.data_parallel = (plan.data_parallel + plan.ep - 1) / plan.ep * plan.ep;
+    // At one pipeline stage the EP ranks' folders are mp_rank_TT_EEE, which readers tell from
+    // pipeline stages (mp_rank_TT_PPP) by args.expert_model_parallel_size alone; the files
+    // carry the input's args, so they must hold it.
+    if (plan.ep > 1 && plan.pp == 1 && !IntArg(args, "expert_model_parallel_size").has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--expert-parts ", plan.ep, " with --format megatron at one pipeline stage writes "
+          "mp_rank_TT_EEE folders, which only args.expert_model_parallel_size tells from "
+          "pipeline stages, and the input's args ",
+          args == nullptr ? "are missing (a torch_dist common.pt without args?)" : "lack it",
+          ": the output could not be read back"));
+    }
   }
   const StructureNode* release_value = state.Value("megatron.release");
   const bool release =

@@ -61,6 +61,42 @@ std::vector<std::pair<std::string, std::string>> FixtureStateDictStorages(float 
   return storages;
 }
 
+void WriteFixtureTensor(PickleWriter& p, const FixtureTensor& tensor,
+                        std::vector<std::pair<std::string, std::string>>& storages) {
+  // The legacy storage class torch.save names for the dtype, and its element size.
+  std::pair<const char*, int64_t> storage = {"FloatStorage", 4};
+  if (tensor.dtype == DType::kF16) storage = {"HalfStorage", 2};
+  if (tensor.dtype == DType::kBF16) storage = {"BFloat16Storage", 2};
+  if (tensor.dtype == DType::kI64) storage = {"LongStorage", 8};
+  EXPECT_TRUE(tensor.dtype == DType::kF32 || storage.second != 4)
+      << tensor.name << ": fixtures write F32, F16, BF16 and I64 tensors";
+  std::vector<int64_t> strides(tensor.shape.size(), 1);
+  for (size_t i = tensor.shape.size(); i > 1; --i) {
+    strides[i - 2] = strides[i - 1] * tensor.shape[i - 1];
+  }
+  const std::string key = std::to_string(storages.size());
+  p.Tensor(storage.first, key, static_cast<int64_t>(tensor.bytes.size()) / storage.second,
+           tensor.shape, strides);
+  storages.emplace_back(key, tensor.bytes);
+}
+
+void WriteTensorDict(PickleWriter& p, const std::vector<FixtureTensor>& tensors,
+                     std::vector<std::pair<std::string, std::string>>& storages) {
+  p.BeginDict(true);
+  for (const FixtureTensor& tensor : tensors) {
+    p.String(tensor.name);
+    WriteFixtureTensor(p, tensor, storages);
+  }
+  p.EndDict();
+}
+
+TorchSaveFile TorchSaveOf(const std::vector<FixtureTensor>& tensors) {
+  PickleWriter p;
+  std::vector<std::pair<std::string, std::string>> storages;
+  WriteTensorDict(p, tensors, storages);
+  return BuildTorchSave(p.Finish(), storages);
+}
+
 std::vector<FixtureDamage> TorchSaveDamages(const std::string& file, const TorchSaveFile& archive,
                                             absl::string_view name, uint64_t base,
                                             bool whole_file) {

@@ -46,6 +46,16 @@ void WriteFixtureStateDict(PickleWriter& p, const std::vector<std::string>& name
 // Its storage records (key, bytes): the bytes of ThreeFixtureTensors(names, first_f32).
 std::vector<std::pair<std::string, std::string>> FixtureStateDictStorages(float first_f32 = 1.5f);
 
+// `tensor` (F32, F16, BF16 or I64) written into `p` as a row-major tensor whose storage record,
+// holding its bytes, is appended to `storages` under the next key ("0", "1", ...).
+void WriteFixtureTensor(PickleWriter& p, const FixtureTensor& tensor,
+                        std::vector<std::pair<std::string, std::string>>& storages);
+// The OrderedDict of `tensors` by name, each written by WriteFixtureTensor.
+void WriteTensorDict(PickleWriter& p, const std::vector<FixtureTensor>& tensors,
+                     std::vector<std::pair<std::string, std::string>>& storages);
+// A torch.save archive of the OrderedDict of `tensors` (a state dict).
+TorchSaveFile TorchSaveOf(const std::vector<FixtureTensor>& tensors);
+
 // The damages a torch.save archive in `file` (relative to the fixture folder) can suffer; the
 // archive starts at byte `base` of the file (a DCP data file holds several), and `whole_file`
 // says it ends where the file ends. Truncations inside data.pkl, the first storage record and
