@@ -360,19 +360,22 @@ class DeepSpeedMoEVerifyTests(Base):
             read, copy = (os.path.join(folder, name % rank) for rank in (0, 1))
             data = self.alter(copy, key, element, byte)
             first = element * 4 + byte
+            copy_offset = self.offset(
+                copy, data[:first] + bytes([data[first] ^ 0x40]) + data[first + 1:], first)
+            read_offset = self.offset(read, data, first)
             checks.append((
                 "%s (replicated copy in %s)" % (key, copy), 1, element,
                 "values differ from the copy read, in %s; first differing byte: byte %d of the "
                 "copies (offset %d of %s, offset %d of %s)" % (
-                    read, first, self.offset(copy, data[:first] + bytes([data[first] ^ 0x40]) +
-                                             data[first + 1:], first), copy,
-                    self.offset(read, data, first), read)))
+                    read, first, copy_offset, copy, read_offset, read),
+                first, read, read_offset, copy, copy_offset))
         for a, b in ((folder, out), (out, folder)):
             res = self.ctl("verify", a, b, "--json", *rules)
             self.assertExit(res, 4)
             doc = json.loads(res.stdout_text)
-            self.assertEqual([(m["name"], m["mismatches"], m["first_index"], m["reason"])
-                              for m in doc["mismatched"]], checks)
+            self.assertEqual([(m["name"], m["mismatches"], m["first_index"], m["reason"],
+                               m["first_byte"], m["a_file"], m["a_offset"], m["b_file"],
+                               m["b_offset"]) for m in doc["mismatched"]], checks)
             self.assertEqual(doc["only_in_a"] + doc["only_in_b"], [])
 
 
