@@ -199,11 +199,16 @@ class DeepSpeedMoEZeroTests(Base):
         doc = self.inspect_json(folder)
         doc = doc.get("result", doc)
         self.assertEqual(doc["layout"], "model-parallel-parts")
-        self.assertIn("fp32 master weights from "
-                      "bf16_zero_pp_rank_{0..3}_mp_rank_{00..01}_optim_states.pt",
-                      doc["description"])
-        self.assertIn(", tag global_step10, TP 2, %d tensors each" % len(model.full),
-                      doc["description"])
+        self.assertEqual(
+            doc["description"],
+            "DeepSpeed MoE with ZeRO-2, 2 MoE layers x 8 experts, EP 2, TP 2, PP 1, world size 8 "
+            "(4 data-parallel ranks x TP 2): fp32 master weights from "
+            "bf16_zero_pp_rank_{0..3}_mp_rank_{00..01}_optim_states.pt (expert groups over 2 "
+            "ranks each; rank r is expert-parallel rank r %% 2, DeepSpeed's default "
+            "expert-then-data placement), names and shapes from "
+            "mp_rank_{00..01}_model_states.pt and "
+            "layer_{0..1}_expert_{0..7}_mp_rank_{00..01}_model_states.pt, tag global_step10, "
+            "%d tensors each" % len(model.full))
 
     def test_include_optimizer_tp2(self):
         model = dsm.Model(seed=35)
@@ -245,7 +250,8 @@ class DeepSpeedMoEZeroTests(Base):
         self.assertEqual(doc["format"], "deepspeed-zero")
         self.assertEqual(
             doc["description"],
-            "DeepSpeed MoE with ZeRO-2, 4 ranks, 2 MoE layers x 8 experts, EP 2: fp32 master "
+            "DeepSpeed MoE with ZeRO-2, 2 MoE layers x 8 experts, EP 2, TP 1, PP 1, world size 4 "
+            "(4 data-parallel ranks x TP 1): fp32 master "
             "weights from bf16_zero_pp_rank_{0..3}_mp_rank_00_optim_states.pt (expert groups "
             "over 2 ranks each; rank r is expert-parallel rank r %% 2, DeepSpeed's default "
             "expert-then-data placement), names and shapes from mp_rank_00_model_states.pt and "
