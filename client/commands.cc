@@ -149,8 +149,17 @@ int RunVerify(const std::string& a, const std::string& b, const ConversionFlags&
     Json entry{{"name", m.name}, {"reason", m.reason}, {"mismatches", m.mismatches}};
     if (m.first_index >= 0) {
       entry["first_index"] = m.first_index;
+      entry["first_byte"] = m.first_byte;
       entry["a"] = m.a_value;
       entry["b"] = m.b_value;
+      // Where each side stores the first differing byte, when a piece of it is found.
+      auto locate = [&entry](absl::string_view side, const std::string& file, int64_t offset) {
+        if (offset < 0) return;
+        entry[absl::StrCat(side, "_file")] = file;
+        entry[absl::StrCat(side, "_offset")] = offset;
+      };
+      locate("a", m.a_file, m.a_offset);
+      locate("b", m.b_file, m.b_offset);
     }
     doc["mismatched"].push_back(std::move(entry));
   }

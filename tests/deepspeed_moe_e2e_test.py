@@ -199,11 +199,16 @@ class DeepSpeedMoEZeroTests(Base):
         doc = self.inspect_json(folder)
         doc = doc.get("result", doc)
         self.assertEqual(doc["layout"], "model-parallel-parts")
-        self.assertIn("fp32 master weights from "
-                      "bf16_zero_pp_rank_{0..3}_mp_rank_{00..01}_optim_states.pt",
-                      doc["description"])
-        self.assertIn(", tag global_step10, TP 2, %d tensors each" % len(model.full),
-                      doc["description"])
+        self.assertEqual(
+            doc["description"],
+            "DeepSpeed MoE with ZeRO-2, 2 MoE layers x 8 experts, EP 2, TP 2, PP 1, world size 8 "
+            "(4 data-parallel ranks x TP 2): fp32 master weights from "
+            "bf16_zero_pp_rank_{0..3}_mp_rank_{00..01}_optim_states.pt (expert groups over 2 "
+            "ranks each; rank r is expert-parallel rank r %% 2, DeepSpeed's default "
+            "expert-then-data placement), names and shapes from "
+            "mp_rank_{00..01}_model_states.pt and "
+            "layer_{0..1}_expert_{0..7}_mp_rank_{00..01}_model_states.pt, tag global_step10, "
+            "%d tensors each" % len(model.full))
 
     def test_include_optimizer_tp2(self):
         model = dsm.Model(seed=35)
@@ -245,7 +250,8 @@ class DeepSpeedMoEZeroTests(Base):
         self.assertEqual(doc["format"], "deepspeed-zero")
         self.assertEqual(
             doc["description"],
-            "DeepSpeed MoE with ZeRO-2, 4 ranks, 2 MoE layers x 8 experts, EP 2: fp32 master "
+            "DeepSpeed MoE with ZeRO-2, 2 MoE layers x 8 experts, EP 2, TP 1, PP 1, world size 4 "
+            "(4 data-parallel ranks x TP 1): fp32 master "
             "weights from bf16_zero_pp_rank_{0..3}_mp_rank_00_optim_states.pt (expert groups "
             "over 2 ranks each; rank r is expert-parallel rank r %% 2, DeepSpeed's default "
             "expert-then-data placement), names and shapes from mp_rank_00_model_states.pt and "
@@ -360,19 +366,22 @@ class DeepSpeedMoEVerifyTests(Base):
             read, copy = (os.path.join(folder, name % rank) for rank in (0, 1))
             data = self.alter(copy, key, element, byte)
             first = element * 4 + byte
+            copy_offset = self.offset(
+                copy, data[:first] + bytes([data[first] ^ 0x40]) + data[first + 1:], first)
+            read_offset = self.offset(read, data, first)
             checks.append((
                 "%s (replicated copy in %s)" % (key, copy), 1, element,
                 "values differ from the copy read, in %s; first differing byte: byte %d of the "
                 "copies (offset %d of %s, offset %d of %s)" % (
-                    read, first, self.offset(copy, data[:first] + bytes([data[first] ^ 0x40]) +
-                                             data[first + 1:], first), copy,
-                    self.offset(read, data, first), read)))
+                    read, first, copy_offset, copy, read_offset, read),
+                first, read, read_offset, copy, copy_offset))
         for a, b in ((folder, out), (out, folder)):
             res = self.ctl("verify", a, b, "--json", *rules)
             self.assertExit(res, 4)
             doc = json.loads(res.stdout_text)
-            self.assertEqual([(m["name"], m["mismatches"], m["first_index"], m["reason"])
-                              for m in doc["mismatched"]], checks)
+            self.assertEqual([(m["name"], m["mismatches"], m["first_index"], m["reason"],
+                               m["first_byte"], m["a_file"], m["a_offset"], m["b_file"],
+                               m["b_offset"]) for m in doc["mismatched"]], checks)
             self.assertEqual(doc["only_in_a"] + doc["only_in_b"], [])
 
 

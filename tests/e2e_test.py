@@ -103,6 +103,11 @@ class Base(harness.TempDirTestCase):
         R.write_file(path, sd, metadata)
         return path
 
+    def data_offset(self, path, name):
+        """The offset in the safetensors file `path` of tensor `name`'s first byte."""
+        _, entries, _, start = R.parse_header(path)
+        return start + next(begin for n, _, _, begin, _ in entries if n == name)
+
     def write_parts(self, parts, folder="parts", fmt="model_part-%d.safetensors"):
         d = self.p(folder)
         os.makedirs(d)
@@ -888,17 +893,30 @@ class InspectPlanVerifyTests(Base):
         self.assertEqual(mismatch["reason"], "values differ (compared as F32)")
         self.assertEqual(mismatch["mismatches"], 1)
         self.assertEqual(mismatch["first_index"], idx)
+        # The flipped bit is bit 0 of the element: its first byte, at the same offset of both
+        # files (same header).
+        self.assertEqual(mismatch["first_byte"], 4 * idx)
+        offset = self.data_offset(a, "extra.odd_f32") + 4 * idx
+        self.assertEqual((mismatch["a_file"], mismatch["a_offset"]), (a, offset))
+        self.assertEqual((mismatch["b_file"], mismatch["b_offset"]), (c, offset))
         self.assertEqual(doc.get("only_in_a"), [])
         self.assertEqual(doc.get("only_in_b"), [])
-        doc = self.json_of(res)
-        self.assertIs(doc.get("equal"), False)
-        self.assertEqual(len(doc["mismatched"]), 1)
-        m = doc["mismatched"][0]
-        self.assertEqual(m["name"], "extra.odd_f32")
-        self.assertEqual(m["mismatches"], 1)
-        fi = m["first_index"]
-        self.assertIn(fi, (idx, list(np.unravel_index(idx, t.shape))),
-                      "first_index (flat or multi-dimensional)")
+
+        # Against a bf16 copy whose element differs in its high byte: A is rounded to bf16
+        # before comparing, so A's offset is its element's first byte; B's is the byte itself.
+        half = collections.OrderedDict(sd)
+        rounded = R.bf16_rne(t.array).reshape(-1)
+        rounded[idx] ^= 0x0100
+        half["extra.odd_f32"] = R.Tensor("BF16", rounded.reshape(t.shape))
+        e = self.write_model(half, "e.safetensors")
+        res = self.ctl("verify", a, e, "--json")
+        self.assertExit(res, 4)
+        (m,) = self.json_of(res)["mismatched"]
+        self.assertEqual((m["name"], m["reason"], m["first_index"], m["first_byte"]),
+                         ("extra.odd_f32", "values differ (compared as BF16)", idx, 2 * idx + 1))
+        self.assertEqual((m["a_file"], m["a_offset"]), (a, offset))
+        self.assertEqual((m["b_file"], m["b_offset"]),
+                         (e, self.data_offset(e, "extra.odd_f32") + 2 * idx + 1))
 
         # Missing tensor in B.
         less = collections.OrderedDict(sd)

@@ -231,7 +231,7 @@ class NemoHfTests(H.Base):
         for name in ("config.json", "generation_config.json"):
             self.assertEqual(self.read_json(outs[False], name), self.read_json(outs[True], name))
 
-    def test_nemo2_malformed_io_json_is_refused(self):
+    def test_nemo2_malformed_io_json_refuses_hf_alone(self):
         spec = hmf.Spec("llama", groups=2, seed=15)
         hf = hmf.hf_state_dict(spec)
         good = IO.io_json(IO.trainer_context(IO.model_config(
@@ -240,14 +240,34 @@ class NemoHfTests(H.Base):
             (good.replace('"key": "llama_config_1"', '"key": "llama_config_7"'),
              'context/io.json: objects["llama_model_1"].items[0][1]: a reference to '
              '"llama_config_7", which "objects" lacks'),
-            (good[:200], "context/io.json: not valid JSON at byte offset 200"),
+            (good[:200], "context/io.json: not valid JSON at byte offset 200 "
+                         "([json.exception.parse_error.101] parse error at line 1, column 201: "
+                         "syntax error while parsing value - invalid string: missing closing "
+                         "quote; last read: '\"tensor_model_parallel_size')"),
         )
+        reference = self.p("good")
+        N.write_nemo2_hf(reference, spec, hf, tp=2, model_yaml=False, io_json=good)
+        self.ok("consolidate", reference, self.p("out-good"), "--no-progress")
+        want = R.read_folder(self.p("out-good"))
         for i, (text, message) in enumerate(cases):
             with self.subTest(case=i):
                 folder = self.p("bad-%d" % i)
                 N.write_nemo2_hf(folder, spec, hf, tp=2, model_yaml=False, io_json=text)
                 self.refused(folder, self.p("out-bad"), ["--vocab-size", "50"],
                              os.path.join(folder, message))
+                # Only --format hf needs the config: the weights consolidate as from a good
+                # folder, and inspect gives the refusal as its hf: line.
+                out = self.p("out-%d" % i)
+                self.ok("consolidate", folder, out, "--no-progress")
+                got = R.read_folder(out)
+                self.assertEqual(sorted(got), sorted(want))
+                for name, tensor in want.items():
+                    self.assertEqual(got[name].dtype, tensor.dtype, name)
+                    self.assertTrue(np.array_equal(got[name].array, tensor.array), name)
+                self.assertEqual(self.inspect_json(folder)["hf_export"], {
+                    "family": None,
+                    "note": "does not export to Hugging Face as llama (--format hf) as it "
+                            "stands: " + os.path.join(folder, message)})
 
     def assertCarried(self, out, carried):
         """OUT holds each of `carried` (HF name -> bytes) byte for byte."""

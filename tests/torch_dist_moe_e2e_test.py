@@ -68,10 +68,15 @@ class TorchDistMoEReadTests(Base):
 
     def test_sequential_ep2_tp2(self):
         self.check(ep=2, grouped=False, seed=1)
-        res = self.ctl("inspect", self.p("save"))
-        self.assertExit(res, 0)
-        self.assertIn("8 experts per layer (EP 2 from the args) unstacked from 2 expert-stacked "
-                      "keys", res.text)
+        doc = self.inspect_json(self.p("save"))
+        self.assertEqual(
+            (doc["format"], doc["layout"], doc["description"]),
+            ("megatron-torch-dist", "sharded",
+             "Megatron-Core torch_dist, iter_0000010, 2 layers unstacked from 9 layer-stacked "
+             "tensors, 8 experts per layer (EP 2 from the args) unstacked from 2 expert-stacked "
+             "keys, TP 2, PP 1, world size 4 from the args, common.pt; PyTorch DCP, 4 ranks "
+             "(__0_0 .. __3_0.distcp), 12 tensors in 127 chunks, 0 other values, flat (no "
+             "planner_data)"))
 
     def test_grouped_ep2_tp2(self):
         self.check(ep=2, grouped=True, seed=2)
@@ -96,10 +101,13 @@ class TorchDistMoEReadTests(Base):
         folder, _ = tdm.write(self.p("save"), model, tp=2, ep=4, grouped=True)
         common = torch.load(os.path.join(folder, "common.pt"))
         del common["args"].expert_model_parallel_size
+        del common["args"].world_size
         torch.save(common, os.path.join(folder, "common.pt"))
         res = self.ctl("inspect", self.p("save"))
         self.assertExit(res, 0)
-        self.assertIn("8 experts per layer (EP 4 from the files)", res.text)
+        self.assertIn("8 experts per layer (EP 4 from the files) unstacked from 2 "
+                      "expert-stacked keys, TP 2, PP 1 from the args; world size not recorded, "
+                      "common.pt", res.text)
 
     def test_hf_mixtral_export(self):
         model = moe.MoE(shared_ffn=0, train_tp=2, seed=5)

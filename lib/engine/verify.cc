@@ -4,6 +4,8 @@
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -43,8 +45,7 @@ struct VerifyMemory {
 // from the budget conversions share (ShareConversionMemory), planned as such a conversion of the
 // whole tensors of both sides that writes nothing: with remote sources they fit in the cap
 // with the process's own memory; local ones keep kChunkBytes.
-absl::StatusOr<VerifyMemory> ShareVerifyMemory(const Catalog& ca, const Catalog& cb,
-                                               bool remote) {
+absl::StatusOr<VerifyMemory> ShareVerifyMemory(const Catalog& ca, const Catalog& cb, bool remote) {
   ConversionSpec spec;
   spec.threads = 2;
   spec.window_bytes = 2 * (remote ? kRemoteChunkBytes : kChunkBytes);
@@ -135,6 +136,34 @@ uint64_t FileOffset(const SourcePiece& piece, DType dtype, int64_t byte) {
   return piece.byte_offset + static_cast<uint64_t>(offset * size + byte % size);
 }
 
+// Where `tensor` of `catalog` stores element `index` (flat, row-major) compared as `dtype`:
+// its file, and the offset there of byte `byte` of the element as `dtype` when the tensor is
+// stored as `dtype`, of the element's first byte otherwise. {"", -1} when no piece holds it.
+std::pair<std::string, int64_t> Locate(const Catalog& catalog, const CatalogTensor& tensor,
+                                       int64_t index, int64_t byte, DType dtype) {
+  std::vector<int64_t> at(tensor.shape.size());
+  for (int d = static_cast<int>(at.size()) - 1; d >= 0; --d) {
+    at[d] = tensor.shape[d] > 0 ? index % tensor.shape[d] : 0;
+    index = tensor.shape[d] > 0 ? index / tensor.shape[d] : 0;
+  }
+  for (const SourcePiece& piece : tensor.pieces) {
+    if (piece.box.rank() != at.size()) continue;
+    int64_t local = 0;  // row-major in the piece's box
+    bool inside = true;
+    for (size_t d = 0; inside && d < at.size(); ++d) {
+      const int64_t i = at[d] - piece.box.origin[d];
+      inside = i >= 0 && i < piece.box.extent[d];
+      local = local * piece.box.extent[d] + i;
+    }
+    if (!inside) continue;
+    const int64_t size = static_cast<int64_t>(DTypeSize(tensor.dtype));
+    const int64_t offset =
+        FileOffset(piece, tensor.dtype, local * size + (tensor.dtype == dtype ? byte : 0));
+    return {catalog.files[piece.file].path, offset};
+  }
+  return {"", -1};
+}
+
 }  // namespace
 
 absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::string& b,
@@ -184,8 +213,8 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     const size_t size = DTypeSize(dtype);
     return CompareInWindows(
         fill_a, fill_b, a.copy.num_elements, size,
-        std::max<int64_t>(1, static_cast<int64_t>(memory.window_bytes / size)),
-        buffer_a, buffer_b, options.cancelled, "verify", [&](int64_t begin, int64_t count) {
+        std::max<int64_t>(1, static_cast<int64_t>(memory.window_bytes / size)), buffer_a, buffer_b,
+        options.cancelled, "verify", [&](int64_t begin, int64_t count) {
           for (int64_t i = 0; i < count; ++i) {
             const uint64_t x = LoadBits(buffer_a.data() + i * size, size);
             const uint64_t y = LoadBits(buffer_b.data() + i * size, size);
@@ -232,6 +261,11 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
     result.elements_compared += copy_a.num_elements;
     if (mismatch.mismatches > 0) {
       mismatch.reason = absl::StrCat("values differ (compared as ", DTypeName(*dtype), ")");
+      const int64_t byte = mismatch.first_byte % static_cast<int64_t>(DTypeSize(*dtype));
+      std::tie(mismatch.a_file, mismatch.a_offset) =
+          Locate(ca, ta, mismatch.first_index, byte, *dtype);
+      std::tie(mismatch.b_file, mismatch.b_offset) =
+          Locate(cb, tb, mismatch.first_index, byte, *dtype);
       result.mismatched.push_back(std::move(mismatch));
     }
   }
@@ -268,6 +302,10 @@ absl::StatusOr<VerifyResult> VerifyCheckpoints(const std::string& a, const std::
         RETURN_IF_ERROR(compare({first, sources, spans}, {copy, sources, spans}, tensor.dtype,
                                 /*bytewise=*/true, mismatch));
         if (mismatch.mismatches > 0) {
+          mismatch.a_file = catalog.files[read->file].path;
+          mismatch.a_offset = FileOffset(*read, tensor.dtype, mismatch.first_byte);
+          mismatch.b_file = catalog.files[replica.file].path;
+          mismatch.b_offset = FileOffset(replica, tensor.dtype, mismatch.first_byte);
           mismatch.reason = absl::StrCat(
               "values differ from the copy read, in ", catalog.files[read->file].path,
               "; first differing byte: byte ", mismatch.first_byte, " of the copies (offset ",

@@ -27,6 +27,13 @@ struct TensorMismatch {
   int64_t first_byte = -1;   // offset of its first differing byte, in the compared dtype's bytes
   std::string a_value;       // the first differing elements, as hex bits of the compared dtype
   std::string b_value;
+  // Where each side stores the first differing element: its file, and the offset there of the
+  // first differing byte (of the element's first byte, for a side rounded to the compared
+  // dtype). For a replicated copy, side a is the copy conversions read and b the other copy.
+  std::string a_file;
+  int64_t a_offset = -1;
+  std::string b_file;
+  int64_t b_offset = -1;
 };
 
 struct VerifyResult {

@@ -43,6 +43,10 @@ struct TrainingState {
   // Why the training state could not be read completely (a value reshard cannot carry). The
   // model itself was read; only output formats that need the training state fail with it.
   absl::Status problem;
+  // Why the model's config ("megatron.args") could not be read from the file that records it
+  // (a malformed NeMo 2 context/io.json). The weights were read; `--format hf`, which needs the
+  // config, fails with it.
+  absl::Status args_problem;
 
   // values[name], or null.
   const StructureNode* Value(absl::string_view name) const {

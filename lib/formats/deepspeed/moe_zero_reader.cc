@@ -491,8 +491,9 @@ class MoeZeroReader {
     return absl::OkStatus();
   }
 
-  // "DeepSpeed MoE with ZeRO-2, 4 ranks, 2 MoE layers x 8 experts, EP 2: fp32 master weights
-  // from ... (expert groups over 2 ranks each; rank r is expert-parallel rank r % 2, ...)".
+  // "DeepSpeed MoE with ZeRO-2, 2 MoE layers x 8 experts, EP 2, TP 1, PP 1, world size 4 (4
+  // data-parallel ranks x TP 1): fp32 master weights from ... (expert groups over 2 ranks each;
+  // rank r is expert-parallel rank r % 2, ...)". DeepSpeed's MoE saves have no pipeline stages.
   std::string Description(size_t tensors) const {
     int64_t most = 0;
     std::vector<int64_t> counts;
@@ -512,18 +513,17 @@ class MoeZeroReader {
             : absl::StrCat("rank r is expert-parallel rank r % ", ep,
                            ", DeepSpeed's default expert-then-data placement");
     return absl::StrCat(
-        "DeepSpeed MoE with ZeRO-", stage_, ", ", world_, " ranks, ", layers, " MoE layer",
-        layers == 1 ? "" : "s", " x ",
+        "DeepSpeed MoE with ZeRO-", stage_, ", ", layers, " MoE layer", layers == 1 ? "" : "s",
+        " x ",
         same ? absl::StrCat(most, " experts")
              : absl::StrCat("{", absl::StrJoin(counts, ", "), "} experts"),
-        ", EP ", ep, ": fp32 master weights from ", AllOptimizerNames(), " (expert groups over ",
-        edp, edp == 1 ? " rank" : " ranks", " each; ", placement,
+        ", EP ", ep, ", TP ", parts_, ", PP 1, world size ", world_ * parts_, " (", world_,
+        " data-parallel ranks x TP ", parts_, "): fp32 master weights from ", AllOptimizerNames(),
+        " (expert groups over ", edp, edp == 1 ? " rank" : " ranks", " each; ", placement,
         "), names and shapes from mp_rank_", MpRank(), "_model_states.pt and layer_",
         layers == 1 ? std::string("0") : absl::StrCat("{0..", layers - 1, "}"), "_expert_",
-        most == 1 ? std::string("0") : absl::StrCat("{0..", most - 1, "}"),
-        "_mp_rank_", MpRank(), "_model_states.pt, tag ", tag_, ", ",
-        parts_ == 1 ? "" : absl::StrCat("TP ", parts_, ", "), tensors,
-        parts_ == 1 ? " tensors" : " tensors each");
+        most == 1 ? std::string("0") : absl::StrCat("{0..", most - 1, "}"), "_mp_rank_", MpRank(),
+        "_model_states.pt, tag ", tag_, ", ", tensors, parts_ == 1 ? " tensors" : " tensors each");
   }
 
   const std::string& dir_;

@@ -250,6 +250,8 @@ absl::StatusOr<ArrangedOutput> HfOutput::Arrange(TargetLayout engine_layout,
         "--format hf writes one model: use `reshardctl consolidate IN OUT --format hf`");
   }
   if (hf_named) return ArrangeHfNamed(std::move(engine_layout), request);
+  // The file that records the model's config is malformed: config.json cannot be written.
+  RETURN_IF_ERROR(model.training_state.args_problem);
 
   ASSIGN_OR_RETURN(ScannedModel scanned, Scan(model, catalog));
   const StructureNode* args = scanned.args;

@@ -36,6 +36,41 @@ Box DropAxis(const Box& box, size_t axis) {
   return out;
 }
 
+// "expert 3", "experts 2 to 3" (the global ids `chunk` holds along `axis`), or "" when it holds
+// none or has no such axis.
+std::string ExpertsOf(const Box& chunk, size_t axis) {
+  if (axis >= chunk.rank() || chunk.extent[axis] <= 0) return "";
+  const int64_t first = chunk.origin[axis];
+  if (chunk.extent[axis] == 1) return absl::StrCat("expert ", first);
+  return absl::StrCat("experts ", first, " to ", first + (chunk.extent[axis] - 1));
+}
+
+// Chunk `c` of `entry` and where it is stored: "chunk [0:2, 1:2] in DIR/FILE at byte offset N".
+std::string DescribeChunk(const std::string& dir, const DcpEntry& entry, size_t c) {
+  std::string out = absl::StrCat("chunk ", BoxToString(entry.chunks[c]));
+  if (c < entry.storage.size()) {
+    absl::StrAppend(&out, " in ", JoinPath(dir, entry.storage[c].relative_path), " at byte offset ",
+                    entry.storage[c].offset);
+  }
+  return out;
+}
+
+// Why chunk `chunk` cannot be one of a tensor of `size`: it has another rank or lies outside the
+// tensor along some axis; nullopt when it lies inside.
+std::optional<std::string> OutsideTheTensor(const Box& chunk, const Shape& size) {
+  if (chunk.rank() != size.size()) {
+    return absl::StrCat("has ", chunk.rank(), chunk.rank() == 1 ? " dimension" : " dimensions",
+                        ", the tensor ", size.size());
+  }
+  for (size_t d = 0; d < chunk.rank(); ++d) {
+    if (chunk.origin[d] < 0 || chunk.extent[d] < 0 || chunk.origin[d] > size[d] ||
+        chunk.extent[d] > size[d] - chunk.origin[d]) {
+      return absl::StrCat("lies outside the tensor along axis ", d);
+    }
+  }
+  return std::nullopt;
+}
+
 // Upper bounds of the expert check's work; a `.metadata` beyond them is left to the generic
 // chunk tiling check.
 constexpr int64_t kMaxExpertHoldings = int64_t{1} << 24;
@@ -94,15 +129,18 @@ absl::Status CheckExpertChunks(const std::string& dir, const DcpMetadata& metada
                                               experts, " experts along its axis ", *axis,
                                               "; reshard reads at most ", kMaxMegatronIndex));
     }
-    // Chunks outside the tensor are the DCP check's to name.
+    const std::string where =
+        absl::StrCat(metadata_path, ": tensor \"", entry.fqn, "\" ", ShapeToString(entry.size),
+                     " (experts along axis ", *axis, "): ");
     int64_t holdings = 0;
-    for (const Box& chunk : entry.chunks) {
-      if (chunk.rank() != entry.size.size()) return absl::OkStatus();
-      for (size_t d = 0; d < chunk.rank(); ++d) {
-        if (chunk.origin[d] < 0 || chunk.extent[d] < 0 || chunk.origin[d] > entry.size[d] ||
-            chunk.extent[d] > entry.size[d] - chunk.origin[d]) {
-          return absl::OkStatus();
-        }
+    for (size_t c = 0; c < entry.chunks.size(); ++c) {
+      const Box& chunk = entry.chunks[c];
+      if (std::optional<std::string> outside = OutsideTheTensor(chunk, entry.size)) {
+        const std::string held = ExpertsOf(chunk, *axis);
+        return absl::DataLossError(
+            absl::StrCat(where, held.empty() ? "" : absl::StrCat(held, " of ", experts, ": "),
+                         DescribeChunk(dir, entry, c), " ", *outside,
+                         *axis < chunk.rank() ? "" : ", and no expert axis"));
       }
       holdings += chunk.extent[*axis];
     }
@@ -117,9 +155,6 @@ absl::Status CheckExpertChunks(const std::string& dir, const DcpMetadata& metada
     Shape size = entry.size;
     size.erase(size.begin() + *axis);
     const int64_t elements = NumElementsUnchecked(size);
-    const std::string where =
-        absl::StrCat(metadata_path, ": tensor \"", entry.fqn, "\" ", ShapeToString(entry.size),
-                     " (experts along axis ", *axis, "): expert ");
     for (int64_t e = 0; e < experts; ++e) {
       std::vector<Box> boxes;
       for (size_t c : holders[e]) boxes.push_back(DropAxis(entry.chunks[c], *axis));
@@ -133,22 +168,17 @@ absl::Status CheckExpertChunks(const std::string& dir, const DcpMetadata& metada
               NumElementsUnchecked(boxes[y].extent) == 0 || !Intersect(boxes[x], boxes[y])) {
             continue;
           }
-          auto describe = [&](size_t c) {
-            const DcpStorage& storage = entry.storage[c];
-            return absl::StrCat("chunk ", BoxToString(entry.chunks[c]), " in ",
-                                JoinPath(dir, storage.relative_path), " at byte offset ",
-                                storage.offset);
-          };
           return absl::DataLossError(absl::StrCat(
-              where, e, " of ", experts, " is stored twice: ", describe(holders[e][x]), ", and ",
-              describe(holders[e][y]),
+              where, "expert ", e, " of ", experts,
+              " is stored twice: ", DescribeChunk(dir, entry, holders[e][x]), ", and ",
+              DescribeChunk(dir, entry, holders[e][y]),
               "; each expert of a Megatron-Core save is held by one expert-parallel rank"));
         }
       }
       int64_t covered = 0;
       for (const Box& box : boxes) covered += NumElementsUnchecked(box.extent);
       return absl::DataLossError(absl::StrCat(
-          where, e, " of ", experts, " is missing: ",
+          where, "expert ", e, " of ", experts, " is missing: ",
           covered == 0
               ? std::string("no chunk holds it")
               : absl::StrCat("its chunks hold ", covered, " of its ", elements, " elements"),

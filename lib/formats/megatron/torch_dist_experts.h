@@ -59,9 +59,10 @@ std::string WithoutLayerIndex(absl::string_view name);
 // DCP's check of the whole tensor (ReadDcpCheckpoint's check parameter), so that a refusal
 // names the expert, the key and the files. DataLoss naming `metadata_path`, the key and the
 // expert: missing (its chunks do not cover it: none, or how many of its elements they hold), or
-// stored twice (two chunks overlap within it: both chunks, their files and byte offsets); more
-// than kMaxMegatronIndex experts. Chunks outside their tensor, and metadata too large to check
-// expert by expert, are left to DCP's tiling check.
+// stored twice (two chunks overlap within it: both chunks, their files and byte offsets); a
+// chunk of another rank than its tensor's or outside it (the chunk, its file and byte offset and
+// the experts it claims); more than kMaxMegatronIndex experts. Metadata too large to check
+// expert by expert is left to DCP's tiling check.
 absl::Status CheckExpertChunks(const std::string& dir, const DcpMetadata& metadata,
                                const std::string& metadata_path);
 

@@ -127,6 +127,43 @@ TEST(CheckExpertChunksTest, AnExpertTwoRanksHoldIsStoredTwiceNamingBothChunks) {
                 "Megatron-Core save is held by one expert-parallel rank"));
 }
 
+TEST(CheckExpertChunksTest, AChunkOutsideItsTensorNamesItsExpertsAndFile) {
+  struct Case {
+    size_t chunk;  // of StackedExperts(), replaced by `box`
+    Box box;
+    const char* refusal;  // after the tensor's description
+  };
+  for (const Case& c : {
+           // EP rank 1's first chunk claims expert 4 of 4 instead of expert 2.
+           Case{4, Box{{0, 4, 0, 0}, {2, 1, 3, 8}},
+                "expert 4 of 4: chunk [0:2, 4:5, 0:3, 0:8] in /ck/__2_0.distcp at byte offset "
+                "2000 lies outside the tensor along axis 1"},
+           // Expert 3's second TP block holds rows 4:7 of 6.
+           Case{7, Box{{0, 3, 4, 0}, {2, 1, 3, 8}},
+                "expert 3 of 4: chunk [0:2, 3:4, 4:7, 0:8] in /ck/__3_0.distcp at byte offset "
+                "3100 lies outside the tensor along axis 2"},
+           // Chunks of another rank: one expert's, a GroupedMLP chunk of two experts, and one
+           // too short to reach the expert axis.
+           Case{2, Box{{0, 1, 0}, {2, 1, 3}},
+                "expert 1 of 4: chunk [0:2, 1:2, 0:3] in /ck/__0_0.distcp at byte offset 1000 "
+                "has 3 dimensions, the tensor 4"},
+           Case{0, Box{{0, 0, 0}, {2, 2, 6}},
+                "experts 0 to 1 of 4: chunk [0:2, 0:2, 0:6] in /ck/__0_0.distcp at byte offset "
+                "0 has 3 dimensions, the tensor 4"},
+           Case{0, Box{{0}, {2}},
+                "chunk [0:2] in /ck/__0_0.distcp at byte offset 0 has 1 dimension, the tensor 4, "
+                "and no expert axis"},
+       }) {
+    DcpEntry entry = StackedExperts();
+    entry.chunks[c.chunk] = c.box;
+    EXPECT_EQ(Check(std::move(entry)),
+              absl::DataLossError(absl::StrCat(
+                  "/ck/.metadata: tensor \"decoder.layers.mlp.experts.experts.linear_fc1.weight\" "
+                  "[2, 4, 6, 8] (experts along axis 1): ",
+                  c.refusal)));
+  }
+}
+
 TEST(CheckExpertChunksTest, APerLayerKeyHasItsExpertsOnAxisZero) {
   DcpEntry entry;
   entry.fqn = "decoder.layers.1.mlp.experts.experts.linear_fc2.weight";

@@ -509,6 +509,22 @@ absl::StatusOr<InputModel> TorchDistInput::Read(const std::string& path,
       absl::StrAppend(&model.description, experts.stacked > 0 ? " and" : "", " named by ",
                       experts.singletons, " per-expert keys");
     }
+    // The rest of the topology the run saved with: the args' (the files hold global tensors).
+    std::vector<std::string> recorded, missing;
+    for (const auto& [label, key] :
+         {std::pair<const char*, const char*>{"TP", "tensor_model_parallel_size"},
+          {"PP", "pipeline_model_parallel_size"},
+          {"world size", "world_size"}}) {
+      if (const std::optional<int64_t> value = IntAttribute(attributes, key)) {
+        recorded.push_back(absl::StrCat(label, " ", *value));
+      } else {
+        missing.push_back(label);
+      }
+    }
+    absl::StrAppend(&model.description, ", ", absl::StrJoin(recorded, ", "),
+                    recorded.empty() ? "" : " from the args",
+                    recorded.empty() || missing.empty() ? "" : "; ", absl::StrJoin(missing, ", "),
+                    missing.empty() ? "" : " not recorded");
   }
   ASSIGN_OR_RETURN(const bool common, CheckInputExists(JoinPath(dir, kTorchDistCommonName)));
   if (common) absl::StrAppend(&model.description, ", ", kTorchDistCommonName);

@@ -594,15 +594,20 @@ absl::StatusOr<InputModel> ReadNemo2(const std::string& path, const ReadOptions&
   const std::string io_json = JoinPath(context, "io.json");
   ASSIGN_OR_RETURN(const bool has_io_json, CheckInputFile(io_json));
   if (!config.has_value() && has_io_json) {
+    // A malformed or oversized io.json leaves the weights readable: only --format hf, which
+    // needs the config, is refused with it.
     ASSIGN_OR_RETURN(const uint64_t size, InputFileSize(io_json));
-    if (size > kMaxNemoIoJsonBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(io_json, ": ", size,
-                                                       " bytes, more than the ",
-                                                       kMaxNemoIoJsonBytes, " read"));
+    absl::StatusOr<std::optional<YamlNode>> recorded = absl::ResourceExhaustedError(
+        absl::StrCat(io_json, ": ", size, " bytes, more than the ", kMaxNemoIoJsonBytes, " read"));
+    if (size <= kMaxNemoIoJsonBytes) {
+      ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(io_json, kMaxNemoIoJsonBytes));
+      recorded = NemoIoJsonModelConfig(text, io_json);
     }
-    ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(io_json, kMaxNemoIoJsonBytes));
-    ASSIGN_OR_RETURN(config, NemoIoJsonModelConfig(text, io_json));
-    if (!config.has_value()) {
+    if (!recorded.ok()) {
+      model.training_state.args_problem = recorded.status();
+    } else if (recorded->has_value()) {
+      config = **std::move(recorded);
+    } else {
       absl::StrAppend(&no_config, no_config.empty() ? "" : "; ",
                       "context/io.json: no model config (the TrainerContext's model.config)");
     }

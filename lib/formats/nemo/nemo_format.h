@@ -46,8 +46,9 @@
 //              `module.decoder.layers.<i>...` (the `module.` prefix kept)
 // read through the torch_dist reader. The model's config (args for --format hf) is
 // context/model.yaml's `config` mapping when it parses, else context/io.json's (fiddle's
-// serialization of the TrainerContext, nemo_io_json.h; a malformed io.json is refused naming it
-// and the JSON path); context/nemo_tokenizer/'s tokenizer.model or vocab.json gives
+// serialization of the TrainerContext, nemo_io_json.h). A malformed io.json (TrainingState's
+// args_problem, naming it and the JSON path) refuses `--format hf` alone: the weights are read
+// as from any folder. context/nemo_tokenizer/'s tokenizer.model or vocab.json gives
 // args.vocab_size as above.
 //
 // `inspect` names the layout: "NeMo 1 archive, TP2 x PP1, model_weights.ckpt per rank, 2 layers;
