@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "lib/core/catalog.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/io/file_access.h"
@@ -148,6 +149,15 @@ absl::Status ReadInOrder(int count, const ParallelReadOptions& options,
 }
 
 }  // namespace parallel_reads_internal
+
+uint64_t CatalogBytes(const Catalog& catalog) {
+  uint64_t bytes = sizeof(catalog);
+  for (const CatalogTensor& tensor : catalog.tensors) {
+    bytes += sizeof(tensor) + tensor.name.size() + tensor.shape.size() * sizeof(int64_t) +
+             (tensor.pieces.size() + tensor.replicas.size()) * sizeof(SourcePiece);
+  }
+  return bytes;
+}
 
 absl::Status OpenArchivesInOrder(const std::vector<std::string>& paths,
                                  absl::FunctionRef<absl::Status(int, const TorchArchive&)> take,

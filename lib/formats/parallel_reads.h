@@ -55,6 +55,11 @@ absl::Status ReadInOrder(int count, const ParallelReadOptions& options, Read rea
                          Take take);
 
 class TorchArchive;
+struct Catalog;
+
+// The memory `catalog` holds, roughly (its tensors' names, shapes and pieces): what a
+// ReadInOrder of catalogs counts ahead of the caller.
+uint64_t CatalogBytes(const Catalog& catalog);
 
 // Opens the torch.save archives at `paths` (TorchArchive::Open) with ReadInOrder and hands each
 // to `take(i, archive)`, in order; an archive is dropped once taken. Counted at its parsed

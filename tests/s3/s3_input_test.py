@@ -18,8 +18,9 @@ central directory) refused naming the object. Finally it runs the S3Store gtest 
 (lib/io/s3/s3_store_rgw_test.cc) against the same radosgw.
 
 Training layouts (DeepSpeed ZeRO-2/3, PyTorch DCP, Megatron-Core torch_dist, Megatron-LM
-TP x PP, ColossalAI), written by the repository's fixture writers, are consolidated from S3
-byte-equal to their local copies and inspected, with their metadata's range GETs counted; an
+TP x PP, ColossalAI, verl FSDP, FSDP1, OLMo-sharded, a NeMo 1 archive of per-rank weights,
+DeepSpeed MoE with ZeRO-2), written by the repository's fixture writers, are consolidated from
+S3 byte-equal to their local copies and inspected, with their metadata's range GETs counted; an
 element-strided (column-major) DCP layout is converted byte-equal too, each byte fetched once;
 damaged objects are refused naming them.
 
@@ -144,11 +145,43 @@ T.write_torch_dist(os.path.join(out, "torchdist"), tp=2, pp=2, num_layers=4, hid
 MF.write_megatron_lm(os.path.join(out, "megatron"), MF.GPT(train_tp=2, seed=1), tp=2, pp=2)
 """
 
-# The training layouts of MAKE_LAYOUTS, the ColossalAI and the OLMo one, uploaded under
-# layouts/: name -> the format inspect must find.
+# Writes, under DIR, a small save of the trainers' per-rank layout NAME with the writers of its
+# end-to-end test or tests/fixtures, one layout a process (their stand-ins for torch 2.x classes
+# replace torch modules' classes): verl/ (verl FSDP, 4 ranks), fsdp1/ (FSDP1 sharded state dict,
+# 3 ranks), olmo-sharded/ (OLMo LocalShardedCheckpointer, 2 ranks), nemo1/model.nemo (NeMo 1, a
+# model_weights.ckpt per rank of TP2 x PP2), moe-zero/ (DeepSpeed MoE, 8 experts at EP 2 on 4
+# ranks, ZeRO-2).
+MAKE_RANK_LAYOUT = r"""
+import os, sys
+out, tests, name = sys.argv[1:4]
+sys.path[:0] = [tests, os.path.join(tests, "fixtures")]
+folder = os.path.join(out, name)
+if name == "verl":
+    import verl_e2e_test as V
+    V.write_verl(folder, V.verl_model(0), 4)
+elif name == "fsdp1":
+    import fsdp1_e2e_test as F
+    F.write_fsdp1(folder, F.fsdp1_model(0), 3)
+elif name == "olmo-sharded":
+    import olmo_sharded_e2e_test as O
+    O.write_olmo_sharded(folder, O.olmo_model(0), 2)
+elif name == "nemo1":
+    import nemo_fixture as N
+    os.makedirs(folder)
+    N.write_nemo1(os.path.join(folder, "model.nemo"), tp=2, pp=2)
+elif name == "moe-zero":
+    import deepspeed_moe_fixture as M
+    M.write_zero(folder, M.Model(), ep=2, world=4)
+"""
+RANK_LAYOUTS = ["verl", "fsdp1", "olmo-sharded", "nemo1", "moe-zero"]
+
+# The training layouts of MAKE_LAYOUTS, MAKE_RANK_LAYOUT, the ColossalAI and the OLMo one,
+# uploaded under layouts/: path under layouts/ -> the format inspect must find.
 LAYOUTS = {"zero3": "deepspeed-zero", "zero2": "deepspeed-zero", "dcp": "torch-dcp",
            "torchdist": "megatron-torch-dist", "megatron": "megatron",
-           "colossalai": "colossalai-dist", "olmo": "olmo-safetensors"}
+           "colossalai": "colossalai-dist", "olmo": "olmo-safetensors",
+           "verl": "verl-fsdp", "fsdp1": "fsdp1-sharded", "olmo-sharded": "olmo-sharded",
+           "nemo1/model.nemo": "nemo", "moe-zero": "deepspeed-zero"}
 
 
 def upload_tree(s3, folder, prefix):
@@ -234,6 +267,9 @@ def setUpModule():
     bench = os.path.dirname(harness.BINARIES["make-checkpoint"])
     subprocess.run(["/usr/bin/python3", "-c", MAKE_LAYOUTS, layouts, FIXTURES, bench], check=True,
                    stdout=subprocess.DEVNULL)
+    for name in RANK_LAYOUTS:
+        subprocess.run(["/usr/bin/python3", "-c", MAKE_RANK_LAYOUT, layouts,
+                        os.path.dirname(FIXTURES), name], check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["/usr/bin/python3", os.path.join(bench, "make_colossalai_checkpoint.py"),
                     os.path.join(layouts, "colossalai"), "--size", "6MiB", "--tp", "2",
                     "--block-size", "1MiB", "--quiet"], check=True, stdout=subprocess.DEVNULL)
@@ -529,8 +565,8 @@ class S3InputTests(harness.TempDirTestCase):
             counts = {name: count("inspect", "s3://%s/layouts/%s" % (BUCKET, name), "--json")
                       for name in sorted(LAYOUTS)}
         for name, (gets, requests) in sorted(counts.items()):
-            files = sum(len(f) for _, _, f in os.walk(os.path.join(STATE["local"], "layouts",
-                                                                   name)))
+            local = os.path.join(STATE["local"], "layouts", name)
+            files = 1 if os.path.isfile(local) else sum(len(f) for _, _, f in os.walk(local))
             sys.stderr.write("%s (%d files) metadata: %d range GETs, %d requests in all\n" % (
                 name, files, gets, requests))
             # A few range GETs per file, whatever the tensor count.

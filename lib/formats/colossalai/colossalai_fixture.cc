@@ -5,12 +5,14 @@
 // steps are replicated in both ranks' files.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "lib/formats/colossalai/colossalai_fixture.h"
 #include "lib/formats/format_fixture.h"
 #include "lib/formats/safetensors/safetensors_fixture.h"
 #include "lib/testing/test_files.h"
@@ -77,4 +79,19 @@ BuiltFixture BuildColossalFixture(const std::string& dir) {
 const FormatFixtureRegistration register_fixture("colossalai-dist", BuildColossalFixture);
 
 }  // namespace
+
+std::map<std::string, std::string> ColossalSaveFiles(int world) {
+  const std::string w = FixtureF32Bytes(8 * int64_t{world}, 0);
+  std::map<std::string, std::string> files;
+  for (int rank = 0; rank < world; ++rank) {
+    const std::string weight = absl::StrFormat("pytorch_model-dist-%05d.safetensors", rank);
+    files[weight] = SafetensorsFileOf({FixtureTensor{"w", DType::kF32, {1, 8},
+                                                     w.substr(rank * 32, 32)}});
+    files[absl::StrFormat("pytorch_model-meta-dist-%05d.index.json", rank)] = absl::StrFormat(
+        R"({"checkpoint_version": "1.0", "total_size": null, "metadata": {"w": {"offsets": [%d, 0],
+ "lengths": [1, 8], "global_shape": [%d, 8], "file": "%s", "rank": %d}}})",
+        rank, world, weight, rank);
+  }
+  return files;
+}
 }  // namespace reshard

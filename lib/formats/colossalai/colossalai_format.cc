@@ -21,6 +21,7 @@
 #include "lib/formats/dcp/dcp_format.h"
 #include "lib/formats/dcp/dcp_metadata.h"
 #include "lib/formats/folder_model.h"
+#include "lib/formats/parallel_reads.h"
 #include "lib/formats/safetensors/header.h"
 #include "lib/formats/safetensors/safetensors_format.h"
 #include "lib/formats/torch/torch_file.h"
@@ -39,7 +40,7 @@ struct WeightFile {
   std::vector<bool> described;  // per tensor: some metadata entry names it
 };
 
-absl::StatusOr<Catalog> ReadWeightCatalog(const std::string& path) {
+absl::StatusOr<Catalog> ReadWeightCatalogOf(const std::string& path) {
   if (absl::EndsWith(path, ".safetensors")) {
     uint64_t size = 0;
     std::string version;
@@ -52,6 +53,25 @@ absl::StatusOr<Catalog> ReadWeightCatalog(const std::string& path) {
   ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
   ASSIGN_OR_RETURN(Catalog catalog, CatalogFromArchive(*archive));
   return catalog;
+}
+
+// ReadWeightCatalogOf, its errors naming the file (a storage error may not).
+absl::StatusOr<Catalog> ReadWeightCatalog(const std::string& path) {
+  absl::StatusOr<Catalog> catalog = ReadWeightCatalogOf(path);
+  if (!catalog.ok() && !absl::StrContains(catalog.status().message(), path)) {
+    return Annotate(catalog.status(), path);
+  }
+  return catalog;
+}
+
+// The memory a parsed metadata file holds, roughly: what ReadInOrder bounds.
+uint64_t MetaBytes(const ColossalMeta& meta) {
+  uint64_t bytes = sizeof(meta) + meta.path.size();
+  for (const ColossalParam& param : meta.params) {
+    bytes += sizeof(param) + param.name.size() + param.file.size() +
+             (param.box.origin.size() * 2 + param.global_shape.size()) * sizeof(int64_t);
+  }
+  return bytes;
 }
 
 // One piece of a parameter, with where it was described (for messages).
@@ -75,6 +95,7 @@ class ColossalReader {
 
   absl::StatusOr<InputModel> Read() {
     RETURN_IF_ERROR(ReadMetas());
+    RETURN_IF_ERROR(PreloadWeightFiles());
     for (const ColossalMeta& meta : metas_) {
       for (const ColossalParam& param : meta.params) {
         RETURN_IF_ERROR(AddPiece(meta, param),
@@ -112,32 +133,87 @@ class ColossalReader {
           "rank writes one; a partial save or copy is the usual cause",
           dir_, id, kColossalMetaPrefix, id, last, names.size()));
     }
-    for (const auto& [id, name] : names) {
-      const std::string path = JoinPath(dir_, name);
-      ASSIGN_OR_RETURN(std::string json, ReadSmallFile(path, kMaxMetaBytes));
-      ASSIGN_OR_RETURN(ColossalMeta meta, ParseColossalMeta(json, path, id));
-      metas_.push_back(std::move(meta));
+    // Read and parsed several at once (each rank's file is a round trip on S3), kept in id
+    // order.
+    std::vector<std::string> paths;
+    for (const auto& [id, name] : names) paths.push_back(JoinPath(dir_, name));
+    return ReadInOrder<ColossalMeta>(
+        static_cast<int>(paths.size()), ParallelReadOptions(),
+        [&](int id) -> absl::StatusOr<ColossalMeta> {
+          ASSIGN_OR_RETURN(std::string json, ReadSmallFile(paths[id], kMaxMetaBytes));
+          return ParseColossalMeta(json, paths[id], id);
+        },
+        [](const ColossalMeta& meta) { return MetaBytes(meta); },
+        [this](int id, ColossalMeta meta) {
+          metas_.push_back(std::move(meta));
+          return absl::OkStatus();
+        });
+  }
+
+  // The weight files the metadata names, in the order AddPiece first asks for them, resolved
+  // in the folder here and read several at once. A file that cannot be resolved or read keeps
+  // its error, which File returns where the reading one after another would have met it.
+  absl::Status PreloadWeightFiles() {
+    struct Pending {
+      std::string relative;
+      absl::StatusOr<std::string> path;
+    };
+    std::vector<Pending> pending;
+    absl::flat_hash_set<std::string> seen;
+    for (const ColossalMeta& meta : metas_) {
+      for (const ColossalParam& param : meta.params) {
+        const std::string relative = RelativeName(param.file);
+        if (!seen.insert(relative).second) continue;
+        pending.push_back(Pending{relative, ResolveWeightFile(param.file)});
+      }
     }
-    return absl::OkStatus();
+    return ReadInOrder<absl::StatusOr<Catalog>>(
+        static_cast<int>(pending.size()), ParallelReadOptions(),
+        [&](int i) -> absl::StatusOr<absl::StatusOr<Catalog>> {
+          const Pending& file = pending[i];
+          if (!file.path.ok()) return absl::StatusOr<Catalog>(file.path.status());
+          return absl::StatusOr<Catalog>(ReadWeightCatalog(*file.path));
+        },
+        [](const absl::StatusOr<Catalog>& catalog) {
+          return catalog.ok() ? CatalogBytes(*catalog) : uint64_t{0};
+        },
+        [&](int i, absl::StatusOr<Catalog> catalog) {
+          preloaded_.emplace(pending[i].relative, std::move(catalog));
+          return absl::OkStatus();
+        });
+  }
+
+  // A weight file's name in the folder: unsharded saves record the saving machine's path, of
+  // which the last component is looked for.
+  static std::string RelativeName(const std::string& file) {
+    return !file.empty() && file.front() == '/' ? BaseName(file) : file;
+  }
+
+  // Where weight file `file` (as a metadata entry gives it) is in the folder.
+  absl::StatusOr<std::string> ResolveWeightFile(const std::string& file) const {
+    const std::string relative = RelativeName(file);
+    absl::StatusOr<std::string> path = ResolveDcpDataFile(dir_, relative);
+    if (!path.ok() && relative != file) {
+      return Annotate(path.status(),
+                      absl::StrCat("\"file\" ", file, " (the saving machine's path; its name ",
+                                   relative, " is looked for in the checkpoint folder)"));
+    }
+    return path;
   }
 
   // The weight file `file` (as a metadata entry gives it) read, by index into files_.
   absl::StatusOr<int> File(const std::string& file) {
-    // Unsharded saves record the saving machine's path: its last component, here.
-    std::string relative = file;
-    if (!file.empty() && file.front() == '/') relative = BaseName(file);
+    const std::string relative = RelativeName(file);
     auto it = file_index_.find(relative);
     if (it != file_index_.end()) return it->second;
-    absl::StatusOr<std::string> path = ResolveDcpDataFile(dir_, relative);
-    if (!path.ok()) {
-      if (relative != file) {
-        return Annotate(path.status(),
-                        absl::StrCat("\"file\" ", file, " (the saving machine's path; its name ",
-                                     relative, " is looked for in the checkpoint folder)"));
-      }
-      return path.status();
+    auto loaded = preloaded_.find(relative);
+    if (loaded == preloaded_.end()) {
+      return absl::InternalError(absl::StrCat(dir_, ": weight file ", file, " was not read"));
     }
-    ASSIGN_OR_RETURN(Catalog catalog, ReadWeightCatalog(*path));
+    absl::StatusOr<Catalog> read = std::move(loaded->second);
+    preloaded_.erase(loaded);
+    if (!read.ok()) return read.status();
+    Catalog catalog = *std::move(read);
     const int index = static_cast<int>(files_.size());
     WeightFile weights{relative, std::move(catalog), {}};
     weights.described.assign(weights.catalog.tensors.size(), false);
@@ -265,6 +341,8 @@ class ColossalReader {
   std::vector<ColossalMeta> metas_;
   std::vector<WeightFile> files_;
   absl::flat_hash_map<std::string, int> file_index_;
+  // Weight files read and not yet taken by File, by their name in the folder.
+  absl::flat_hash_map<std::string, absl::StatusOr<Catalog>> preloaded_;
   std::vector<Param> params_;
   absl::flat_hash_map<std::string, size_t> param_index_;
   int64_t replicated_copies_ = 0;

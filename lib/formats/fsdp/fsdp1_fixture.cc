@@ -4,12 +4,14 @@
 // ln.weight (BF16 [3]) in 2 + 1, and steps (I64 [2]) a plain buffer in both files.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "lib/formats/format_fixture.h"
+#include "lib/formats/fsdp/fsdp1_fixture.h"
 #include "lib/formats/fsdp/sharded_tensor_pickle_writer.h"
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_fixture.h"
@@ -68,4 +70,28 @@ BuiltFixture BuildFsdp1Fixture(const std::string& dir) {
 const FormatFixtureRegistration register_fixture("fsdp1-sharded", BuildFsdp1Fixture);
 
 }  // namespace
+
+std::map<std::string, std::string> Fsdp1SaveFiles(int world) {
+  const std::string w = FixtureF32Bytes(8 * int64_t{world}, 0);
+  std::map<std::string, std::string> files;
+  for (int rank = 0; rank < world; ++rank) {
+    PickleWriter p;
+    p.BeginDict(true);
+    ShardedTensorToWrite st;
+    st.global_shape = {world, 8};
+    st.shards = ChunkShards(st.global_shape, world);
+    st.rank = rank;
+    st.world_size = world;
+    st.local = {static_cast<size_t>(rank)};
+    st.local_tensor = [](PickleWriter& writer, size_t) {
+      writer.Tensor("FloatStorage", "0", 8, {1, 8}, {8, 1});
+    };
+    p.String("w");
+    WriteShardedTensor(p, st);
+    p.EndDict();
+    files[absl::StrCat("model_rank", rank, ".pt")] =
+        BuildTorchSave(p.Finish(), {{"0", w.substr(rank * 32, 32)}}).bytes;
+  }
+  return files;
+}
 }  // namespace reshard

@@ -80,7 +80,9 @@ class Fsdp1Reader {
 
   absl::StatusOr<InputModel> Read() {
     RETURN_IF_ERROR(CheckRankFiles());
-    for (int64_t rank = 0; rank < world_size_; ++rank) RETURN_IF_ERROR(ReadRank(rank));
+    RETURN_IF_ERROR(OpenRankStateDictsInOrder(
+        paths_, CheckShardedTensorStateDictGlobals,
+        [this](int64_t rank, RankStateDict state) { return TakeRank(rank, state); }));
     return Assemble();
   }
 
@@ -108,10 +110,9 @@ class Fsdp1Reader {
     return absl::OkStatus();
   }
 
-  absl::Status ReadRank(int64_t rank) {
+  // The pieces of rank `rank`'s state dict `state`.
+  absl::Status TakeRank(int64_t rank, const RankStateDict& state) {
     const std::string& path = paths_[rank];
-    ASSIGN_OR_RETURN(RankStateDict state,
-                     OpenRankStateDict(path, CheckShardedTensorStateDictGlobals));
     const std::unique_ptr<TorchArchive>& archive = state.archive;
     files_read_.push_back(archive->Source());
     const int file = static_cast<int>(files_read_.size()) - 1;

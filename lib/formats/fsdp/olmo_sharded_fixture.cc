@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "lib/formats/format_fixture.h"
+#include "lib/formats/fsdp/olmo_sharded_fixture.h"
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_fixture.h"
 #include "lib/testing/test_files.h"
@@ -59,29 +62,38 @@ void WriteHandle(PickleWriter& p, const std::string& name, const Shape& shape,
   p.EndDict();
 }
 
+// A model file's state: one FSDP module (named "", as the root module) whose handles
+// `handles` writes.
+std::string OlmoModelPickle(const std::function<void(PickleWriter&)>& handles) {
+  PickleWriter p;
+  p.BeginDict(false);
+  p.String("modules");
+  p.BeginList();
+  p.BeginDict(false);
+  p.String("handles");
+  p.BeginList();
+  handles(p);
+  p.EndList();
+  p.String("name");
+  p.String("");
+  p.EndDict();
+  p.EndList();
+  p.EndDict();
+  return p.Finish();
+}
+
 BuiltFixture BuildOlmoShardedFixture(const std::string& dir) {
   const std::vector<std::string> names = {"embed.weight", "ln.weight", "steps"};
   const std::vector<FixtureTensor> tensors = ThreeFixtureTensors(names);
   std::vector<TorchSaveFile> archives;
   std::filesystem::create_directories(dir + "/model");
   for (int64_t rank = 0; rank < 2; ++rank) {
-    PickleWriter p;
-    p.BeginDict(false);
-    p.String("modules");
-    p.BeginList();
-    p.BeginDict(false);
-    p.String("handles");
-    p.BeginList();
-    WriteHandle(p, names[0], tensors[0].shape, "FloatStorage", "0", rank * 6, 6, 0);
-    WriteHandle(p, names[1], tensors[1].shape, "BFloat16Storage", "1", rank * 2, 2 - rank,
-                rank);
-    WriteHandle(p, names[2], tensors[2].shape, "LongStorage", "2", rank, 1, 0);
-    p.EndList();
-    p.String("name");
-    p.String("");
-    p.EndDict();
-    p.EndList();
-    p.EndDict();
+    const std::string pickle = OlmoModelPickle([&](PickleWriter& p) {
+      WriteHandle(p, names[0], tensors[0].shape, "FloatStorage", "0", rank * 6, 6, 0);
+      WriteHandle(p, names[1], tensors[1].shape, "BFloat16Storage", "1", rank * 2, 2 - rank,
+                  rank);
+      WriteHandle(p, names[2], tensors[2].shape, "LongStorage", "2", rank, 1, 0);
+    });
     std::string ln = tensors[1].bytes.substr(rank * 4, 4 - 2 * rank);
     ln.resize(4, '\0');
     const std::vector<std::pair<std::string, std::string>> storages = {
@@ -89,7 +101,7 @@ BuiltFixture BuildOlmoShardedFixture(const std::string& dir) {
         {"1", ln},
         {"2", tensors[2].bytes.substr(rank * 8, 8)},
     };
-    archives.push_back(BuildTorchSave(p.Finish(), storages));
+    archives.push_back(BuildTorchSave(pickle, storages));
     WriteAll(absl::StrCat(dir, "/model/rank", rank, ".pt"), archives.back().bytes);
   }
   WriteAll(dir + "/metadata.yaml", "world_size: 2\n");
@@ -103,4 +115,18 @@ BuiltFixture BuildOlmoShardedFixture(const std::string& dir) {
 const FormatFixtureRegistration register_fixture("olmo-sharded", BuildOlmoShardedFixture);
 
 }  // namespace
+
+std::map<std::string, std::string> OlmoShardedSaveFiles(int world) {
+  const std::string w = FixtureF32Bytes(8 * int64_t{world}, 0);
+  std::map<std::string, std::string> files;
+  files["metadata.yaml"] = absl::StrCat("world_size: ", world, "\n");
+  for (int rank = 0; rank < world; ++rank) {
+    const std::string pickle = OlmoModelPickle([&](PickleWriter& p) {
+      WriteHandle(p, "w", {world, 8}, "FloatStorage", "0", int64_t{rank} * 8, 8, 0);
+    });
+    files[absl::StrCat("model/rank", rank, ".pt")] =
+        BuildTorchSave(pickle, {{"0", w.substr(rank * 32, 32)}}).bytes;
+  }
+  return files;
+}
 }  // namespace reshard

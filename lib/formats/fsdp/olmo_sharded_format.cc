@@ -21,6 +21,7 @@
 #include "lib/formats/folder_model.h"
 #include "lib/formats/fsdp/dtensor.h"
 #include "lib/formats/fsdp/flat_param.h"
+#include "lib/formats/parallel_reads.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/io/file_access.h"
 
@@ -56,7 +57,8 @@ class OlmoShardedReader {
 
   absl::StatusOr<InputModel> Read() {
     RETURN_IF_ERROR(ListRanks());
-    for (size_t rank = 0; rank < paths_.size(); ++rank) RETURN_IF_ERROR(ReadRank(rank));
+    RETURN_IF_ERROR(OpenArchivesInOrder(
+        paths_, [this](int rank, const TorchArchive& archive) { return TakeRank(rank, archive); }));
     return Assemble();
   }
 
@@ -108,15 +110,15 @@ class OlmoShardedReader {
     return absl::OkStatus();
   }
 
-  absl::Status ReadRank(int64_t rank) {
+  // The flat parameters of rank `rank`'s model file, opened as `archive`.
+  absl::Status TakeRank(int64_t rank, const TorchArchive& archive) {
     const std::string& path = paths_[rank];
-    ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
-    files_.push_back(archive->Source());
-    RETURN_IF_ERROR(CheckPickleGlobals(archive->root(), IsFlatParamGlobal,
+    files_.push_back(archive.Source());
+    RETURN_IF_ERROR(CheckPickleGlobals(archive.root(), IsFlatParamGlobal,
                                        "OLMo's flat parameter state (allowed: tensor rebuild "
                                        "functions, torch dtypes and sizes, _ShardParamInfo)"),
                     path);
-    const auto* modules = PickleItems(PickleField(archive->root(), "modules"));
+    const auto* modules = PickleItems(PickleField(archive.root(), "modules"));
     if (modules == nullptr) {
       return absl::DataLossError(
           absl::StrCat(path, ": no \"modules\" list (LocalShardedCheckpointer's model state)"));
@@ -131,7 +133,7 @@ class OlmoShardedReader {
       }
       const std::string prefix = absl::StrReplaceAll(*name, {{"_fsdp_wrapped_module.", ""}});
       for (size_t h = 0; h < handles->size(); ++h) {
-        RETURN_IF_ERROR(ReadHandle(*archive, rank, prefix, (*handles)[h]),
+        RETURN_IF_ERROR(ReadHandle(archive, rank, prefix, (*handles)[h]),
                         absl::StrCat(path, ": module \"", *name, "\" handle ", h));
       }
     }

@@ -7,6 +7,7 @@
 #include "lib/core/status.h"
 #include "lib/formats/colossalai/colossalai_meta.h"
 #include "lib/formats/dcp/dcp_metadata.h"
+#include "lib/formats/parallel_reads.h"
 
 namespace reshard {
 
@@ -29,6 +30,17 @@ absl::StatusOr<RankStateDict> OpenRankStateDict(
     out.entries.emplace_back(*std::move(name), value);
   }
   return out;
+}
+
+absl::Status OpenRankStateDictsInOrder(
+    const std::vector<std::string>& paths,
+    const std::function<absl::Status(const PickleValue*)>& check_globals,
+    absl::FunctionRef<absl::Status(int64_t rank, RankStateDict state)> take) {
+  return ReadInOrder<RankStateDict>(
+      static_cast<int>(paths.size()), ParallelReadOptions(),
+      [&](int rank) { return OpenRankStateDict(paths[rank], check_globals); },
+      [](const RankStateDict& state) { return state.archive->metadata_bytes(); },
+      [&](int rank, RankStateDict state) { return take(rank, std::move(state)); });
 }
 
 SourcePiece PieceAt(const TensorLocation& location, Box box, int file) {

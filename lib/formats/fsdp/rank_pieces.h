@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "lib/core/catalog.h"
@@ -40,6 +41,15 @@ struct RankStateDict {
 // key that is no string.
 absl::StatusOr<RankStateDict> OpenRankStateDict(
     const std::string& path, const std::function<absl::Status(const PickleValue*)>& check_globals);
+
+// Opens the rank files `paths` (by rank) with OpenRankStateDict, several at once once reads are
+// slow (ReadInOrder: a save's many rank files on S3 cost round trips in parallel, not in
+// sequence), and hands each to `take(rank, state)` on the calling thread, in rank order. The
+// first error in rank order is returned; files after it are not opened.
+absl::Status OpenRankStateDictsInOrder(
+    const std::vector<std::string>& paths,
+    const std::function<absl::Status(const PickleValue*)>& check_globals,
+    absl::FunctionRef<absl::Status(int64_t rank, RankStateDict state)> take);
 
 // The piece of box `box` whose elements are at `location` of source file `file`.
 SourcePiece PieceAt(const TensorLocation& location, Box box, int file);

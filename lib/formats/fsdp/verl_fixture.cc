@@ -4,6 +4,7 @@
 // ln.weight (BF16 [3]) Replicate() in both files.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "lib/formats/format_fixture.h"
 #include "lib/formats/fsdp/dtensor_pickle_writer.h"
+#include "lib/formats/fsdp/verl_fixture.h"
 #include "lib/formats/torch/pickle_writer.h"
 #include "lib/formats/torch/torch_fixture.h"
 #include "lib/testing/test_files.h"
@@ -65,4 +67,26 @@ BuiltFixture BuildVerlFixture(const std::string& dir) {
 const FormatFixtureRegistration register_fixture("verl-fsdp", BuildVerlFixture);
 
 }  // namespace
+
+std::map<std::string, std::string> VerlSaveFiles(int world) {
+  const std::string w = FixtureF32Bytes(8 * int64_t{world}, 0);
+  std::map<std::string, std::string> files;
+  for (int rank = 0; rank < world; ++rank) {
+    PickleWriter p;
+    p.BeginDict(true);
+    DTensorToWrite d;
+    d.global_shape = {world, 8};
+    d.placements = {DTensorPlacement{true, 0}};
+    d.device = rank;
+    d.local_tensor = [](PickleWriter& writer) {
+      writer.Tensor("FloatStorage", "0", 8, {1, 8}, {8, 1});
+    };
+    p.String("w");
+    WriteDTensor(p, d);
+    p.EndDict();
+    files[absl::StrCat("model_world_size_", world, "_rank_", rank, ".pt")] =
+        BuildTorchSave(p.Finish(), {{"0", w.substr(rank * 32, 32)}}).bytes;
+  }
+  return files;
+}
 }  // namespace reshard

@@ -31,7 +31,9 @@ class VerlReader {
 
   absl::StatusOr<InputModel> Read() {
     RETURN_IF_ERROR(ListShards());
-    for (int64_t rank = 0; rank < world_size_; ++rank) RETURN_IF_ERROR(ReadRank(rank));
+    RETURN_IF_ERROR(OpenRankStateDictsInOrder(
+        paths_, CheckDTensorStateDictGlobals,
+        [this](int64_t rank, RankStateDict state) { return TakeRank(rank, state); }));
     return Assemble();
   }
 
@@ -70,9 +72,9 @@ class VerlReader {
     return absl::OkStatus();
   }
 
-  absl::Status ReadRank(int64_t rank) {
+  // The pieces of rank `rank`'s state dict `state`.
+  absl::Status TakeRank(int64_t rank, const RankStateDict& state) {
     const std::string& path = paths_[rank];
-    ASSIGN_OR_RETURN(RankStateDict state, OpenRankStateDict(path, CheckDTensorStateDictGlobals));
     const std::unique_ptr<TorchArchive>& archive = state.archive;
     files_.push_back(archive->Source());
     const int file = static_cast<int>(files_.size()) - 1;

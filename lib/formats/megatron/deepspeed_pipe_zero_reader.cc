@@ -24,6 +24,7 @@
 #include "lib/formats/deepspeed/zero_reader.h"
 #include "lib/formats/megatron/megatron_facts.h"
 #include "lib/formats/megatron/megatron_layout.h"
+#include "lib/formats/parallel_reads.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/pickle_structure.h"
 #include "lib/formats/torch/torch_file.h"
@@ -76,10 +77,22 @@ absl::StatusOr<PipeZeroFiles> ListFiles(const std::string& dir) {
   return files;
 }
 
-// Whether model-states file `path` records partitioned fp32 weights (param_shapes not None).
-absl::StatusOr<bool> HasParamShapes(const std::string& path) {
-  ASSIGN_OR_RETURN(std::unique_ptr<TorchArchive> archive, TorchArchive::Open(path));
-  return !zero_internal::IsNone(PickleField(archive->root(), "param_shapes"));
+// Whether every model-states file of `files` records partitioned fp32 weights (param_shapes
+// not None), the files opened several at once in mp order; false at the first that does not.
+absl::StatusOr<bool> AllHaveParamShapes(const std::string& dir, const PipeZeroFiles& files) {
+  std::vector<std::string> paths;
+  for (const auto& [mp, name] : files.model) paths.push_back(JoinPath(dir, name));
+  bool partitioned = true;
+  const absl::Status read = OpenArchivesInOrder(paths, [&](int, const TorchArchive& archive) {
+    if (!zero_internal::IsNone(PickleField(archive.root(), "param_shapes"))) {
+      return absl::OkStatus();
+    }
+    partitioned = false;
+    return absl::CancelledError("stops the reading: a file without partitions");
+  });
+  if (!partitioned) return false;
+  RETURN_IF_ERROR(read);
+  return true;
 }
 
 // Appends TP rank part `source` (one pipeline stage's params and moments) to `target`. A name
@@ -123,10 +136,8 @@ absl::StatusOr<std::optional<InputModel>> ReadDeepSpeedPipeZero(const Resolved& 
   const std::string& dir = where.dir;
   ASSIGN_OR_RETURN(PipeZeroFiles files, ListFiles(dir));
   if (files.optimizer.empty() || files.model.empty()) return std::nullopt;
-  for (const auto& [mp, name] : files.model) {
-    ASSIGN_OR_RETURN(const bool partitioned, HasParamShapes(JoinPath(dir, name)));
-    if (!partitioned) return std::nullopt;  // no ZeRO fp32 partitions: the layer files it is
-  }
+  ASSIGN_OR_RETURN(const bool partitioned, AllHaveParamShapes(dir, files));
+  if (!partitioned) return std::nullopt;  // no ZeRO fp32 partitions: the layer files it is
   if (!files.zero3_file.empty()) {
     return absl::UnimplementedError(absl::StrCat(
         dir, ": ", files.zero3_file,

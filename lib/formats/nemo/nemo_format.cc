@@ -29,6 +29,7 @@
 #include "lib/formats/nemo/tar_archive.h"
 #include "lib/formats/nemo/tar_store.h"
 #include "lib/formats/nemo/yaml_subset.h"
+#include "lib/formats/parallel_reads.h"
 #include "lib/formats/torch/pickle.h"
 #include "lib/formats/torch/torch_file.h"
 #include "lib/io/byte_source.h"
@@ -482,22 +483,30 @@ absl::StatusOr<InputModel> ReadNemo1(const std::string& path, const ReadOptions&
     }
     std::vector<std::vector<PipelineStage>> stages(config.tp);
     std::vector<std::vector<ChecksummedRange>> checksummed(config.tp);
-    for (int t = 0; t < config.tp; ++t) {
-      for (int p = 0; p < config.pp; ++p) {
-        const std::string folder = RankFolderName(t, p, config.pp);
-        auto it = ranks.find({t, p});
-        if (it == ranks.end()) {
-          return absl::DataLossError(absl::StrCat(what, ": member ", folder, "/", kWeightsMember,
-                                                  " is missing"));
-        }
-        ASSIGN_OR_RETURN(const TarMember* member, tar.File(it->second->name));
-        ASSIGN_OR_RETURN(Catalog catalog, ReadCkptMember(archive, *member));
-        for (const ChecksummedRange& range : catalog.files[0].checksummed) {
-          checksummed[t].push_back(range);
-        }
-        stages[t].push_back({folder, std::move(catalog)});
-      }
-    }
+    // The members parsed several at once (from S3 each is range reads of the archive; its
+    // source's reads are safe concurrently), taken in (tp, pp) order.
+    RETURN_IF_ERROR(ReadInOrder<Catalog>(
+        config.tp * config.pp, ParallelReadOptions(),
+        [&](int i) -> absl::StatusOr<Catalog> {
+          const int t = i / config.pp, p = i % config.pp;
+          auto it = ranks.find({t, p});
+          if (it == ranks.end()) {
+            return absl::DataLossError(absl::StrCat(what, ": member ",
+                                                    RankFolderName(t, p, config.pp), "/",
+                                                    kWeightsMember, " is missing"));
+          }
+          ASSIGN_OR_RETURN(const TarMember* member, tar.File(it->second->name));
+          return ReadCkptMember(archive, *member);
+        },
+        [](const Catalog& catalog) { return CatalogBytes(catalog); },
+        [&](int i, Catalog catalog) {
+          const int t = i / config.pp, p = i % config.pp;
+          for (const ChecksummedRange& range : catalog.files[0].checksummed) {
+            checksummed[t].push_back(range);
+          }
+          stages[t].push_back({RankFolderName(t, p, config.pp), std::move(catalog)});
+          return absl::OkStatus();
+        }));
     for (int t = 1; t < config.tp; ++t) {
       for (int p = 0; p < config.pp; ++p) {
         RETURN_IF_ERROR(megatron_internal::CompareNames(stages[0][p].catalog, stages[0][p].name,
