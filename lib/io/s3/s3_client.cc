@@ -130,8 +130,8 @@ absl::StatusOr<S3AttemptEnd> S3Client::Perform(const Request& request, const std
   headers = curl_->slist_append(headers, "Content-Type: application/octet-stream");
   if (!options_.config.credentials.session_token.empty()) {
     headers = curl_->slist_append(
-        headers, absl::StrCat("x-amz-security-token: ", options_.config.credentials.session_token)
-                     .c_str());
+        headers,
+        absl::StrCat("x-amz-security-token: ", options_.config.credentials.session_token).c_str());
   }
   for (const std::string& header : request.headers) {
     headers = curl_->slist_append(headers, header.c_str());
@@ -158,8 +158,9 @@ absl::StatusOr<S3AttemptEnd> S3Client::Perform(const Request& request, const std
     curl_->easy_setopt(curl, CURLOPT_XFERINFODATA, &state);
     curl_->easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
   }
-  curl_->easy_setopt(curl, CURLOPT_TIMEOUT_MS,
-                     static_cast<long>(std::max<int64_t>(1, absl::ToInt64Milliseconds(time_limit))));
+  curl_->easy_setopt(
+      curl, CURLOPT_TIMEOUT_MS,
+      static_cast<long>(std::max<int64_t>(1, absl::ToInt64Milliseconds(time_limit))));
   if (absl::string_view(request.method) == "HEAD") {
     curl_->easy_setopt(curl, CURLOPT_NOBODY, 1L);
   } else if (absl::string_view(request.method) != "GET") {
@@ -321,8 +322,8 @@ absl::StatusOr<std::string> S3Client::Put(absl::string_view bucket, absl::string
   return ResponseHeader(response, "etag");
 }
 
-absl::StatusOr<std::string> S3Client::PutIfAbsent(absl::string_view bucket,
-                                                  absl::string_view key, absl::string_view data) {
+absl::StatusOr<std::string> S3Client::PutIfAbsent(absl::string_view bucket, absl::string_view key,
+                                                  absl::string_view data) {
   const std::string url = S3Url(bucket, key);
   Request request;
   request.method = "PUT";

@@ -5,12 +5,12 @@
 // multipart uploads. Every call is synchronous; call from several threads to have several
 // requests in flight. Easy handles are pooled so connections and DNS results are reused.
 //
-// Retries: every request is retried (S3RetryLoop, RetryPolicy) on 5xx (but 507), 429/SlowDown, timeouts and
-// dropped or truncated connections. All calls here are idempotent or harmless to repeat: GET/HEAD/LIST,
-// PUT of the same bytes, DELETE, UploadPart (per part number), CreateMultipartUpload (a
-// repeat leaves an extra empty upload, which stale-upload cleanup removes), and
-// CompleteMultipartUpload (a repeat after a lost success answers NoSuchUpload, reported as
-// FailedPrecondition "may have completed").
+// Retries: every request is retried (S3RetryLoop, RetryPolicy) on 5xx (but 507), 429/SlowDown,
+// timeouts and dropped or truncated connections. All calls here are idempotent or harmless to
+// repeat: GET/HEAD/LIST, PUT of the same bytes, DELETE, UploadPart (per part number),
+// CreateMultipartUpload (a repeat leaves an extra empty upload, which stale-upload cleanup
+// removes), and CompleteMultipartUpload (a repeat after a lost success answers NoSuchUpload,
+// reported as FailedPrecondition "may have completed").
 //
 // Signing pitfalls (see docs/s3.md): the payload is sent unsigned (x-amz-content-sha256:
 // UNSIGNED-PAYLOAD, set here, not by libcurl), and query parameters are written sorted and with

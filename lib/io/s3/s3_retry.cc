@@ -20,9 +20,7 @@ S3RetryClock S3RetryClock::Real() {
   S3RetryClock clock;
   clock.now = [] { return absl::Now(); };
   clock.sleep = [](absl::Duration wait) { absl::SleepFor(wait); };
-  clock.jitter = [gen = std::make_shared<absl::BitGen>()] {
-    return absl::Uniform(*gen, 0.0, 1.0);
-  };
+  clock.jitter = [gen = std::make_shared<absl::BitGen>()] { return absl::Uniform(*gen, 0.0, 1.0); };
   return clock;
 }
 
@@ -117,21 +115,20 @@ absl::Status S3RetryLoop::AttemptFailed(const S3AttemptEnd& end) {
                          KiBPerSecond(min_rate())));
   } else if (end.curl_code == CURLE_OPERATION_TIMEDOUT) {
     outcome.transport_error = true;
-    const std::string transferred = absl::StrCat(
-        request_.body_bytes > 0
-            ? absl::StrCat(end.sent, " of ", request_.body_bytes, " bytes sent, ")
-            : std::string(),
-        end.received, " bytes received");
+    const std::string transferred =
+        absl::StrCat(request_.body_bytes > 0
+                         ? absl::StrCat(end.sent, " of ", request_.body_bytes, " bytes sent, ")
+                         : std::string(),
+                     end.received, " bytes received");
     if (end.ended >= deadline_ - absl::Milliseconds(10)) {  // CURLOPT_TIMEOUT_MS is in ms
-      last_detail_ =
-          absl::StrCat(end.curl_error, " (curl ", end.curl_code, "); ", transferred);
+      last_detail_ = absl::StrCat(end.curl_error, " (curl ", end.curl_code, "); ", transferred);
       return final_error(PastDeadline());
     }
     if (!end.connected) {
-      Fail(absl::StatusCode::kUnavailable,
-           absl::StrCat("could not connect within ",
-                        absl::FormatDuration(settings_.connect_timeout), " (", end.curl_error,
-                        ", curl ", end.curl_code, ")"));
+      Fail(
+          absl::StatusCode::kUnavailable,
+          absl::StrCat("could not connect within ", absl::FormatDuration(settings_.connect_timeout),
+                       " (", end.curl_error, ", curl ", end.curl_code, ")"));
     } else if (floor_limit_) {
       Fail(absl::StatusCode::kDeadlineExceeded,
            absl::StrCat("not done within ", absl::FormatDuration(time_limit_), " (", transferred,
@@ -143,9 +140,9 @@ absl::Status S3RetryLoop::AttemptFailed(const S3AttemptEnd& end) {
            absl::StrCat("no progress for ", absl::FormatDuration(settings_.stall_timeout), " (",
                         transferred, ")"));
       if (stalls_ >= settings_.max_stalled_attempts) {
-        return final_error(Annotate(
-            last_error_,
-            absl::StrCat("after ", attempt_, attempt_ == 1 ? " attempt" : " attempts")));
+        return final_error(
+            Annotate(last_error_,
+                     absl::StrCat("after ", attempt_, attempt_ == 1 ? " attempt" : " attempts")));
       }
     }
   } else if (end.curl_code != CURLE_OK) {

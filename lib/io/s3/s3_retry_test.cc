@@ -45,8 +45,7 @@ S3AttemptEnd Answer(absl::Time ended, int status, const std::string& code,
   end.ended = ended;
   end.http_status = status;
   end.s3_code = code;
-  end.answer_error =
-      absl::Status(status_code, absl::StrCat(kWhat, ": HTTP ", status, " ", code));
+  end.answer_error = absl::Status(status_code, absl::StrCat(kWhat, ": HTTP ", status, " ", code));
   return end;
 }
 
@@ -77,8 +76,7 @@ TEST(S3RetryLoopTest, WhichEndingsRetry) {
   EXPECT_TRUE(AfterOneAttempt(CurlError(t, CURLE_GOT_NOTHING, "Empty reply")).ok());
   // Server errors, throttling and timeouts.
   for (int status : {500, 502, 503, 504}) {
-    EXPECT_TRUE(
-        AfterOneAttempt(Answer(t, status, "", absl::StatusCode::kUnavailable)).ok())
+    EXPECT_TRUE(AfterOneAttempt(Answer(t, status, "", absl::StatusCode::kUnavailable)).ok())
         << status;
   }
   EXPECT_TRUE(AfterOneAttempt(Answer(t, 429, "", absl::StatusCode::kUnavailable)).ok());
@@ -89,13 +87,13 @@ TEST(S3RetryLoopTest, WhichEndingsRetry) {
   const absl::Status missing =
       AfterOneAttempt(Answer(t, 404, "NoSuchKey", absl::StatusCode::kNotFound));
   EXPECT_EQ(missing, absl::NotFoundError("GET s3://b/k: HTTP 404 NoSuchKey"));
-  EXPECT_EQ(AfterOneAttempt(Answer(t, 403, "AccessDenied", absl::StatusCode::kPermissionDenied))
-                .code(),
-            absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(AfterOneAttempt(
-                Answer(t, 507, "InsufficientStorage", absl::StatusCode::kResourceExhausted))
-                .code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(
+      AfterOneAttempt(Answer(t, 403, "AccessDenied", absl::StatusCode::kPermissionDenied)).code(),
+      absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(
+      AfterOneAttempt(Answer(t, 507, "InsufficientStorage", absl::StatusCode::kResourceExhausted))
+          .code(),
+      absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(AfterOneAttempt(Answer(t, 416, "InvalidRange", absl::StatusCode::kOutOfRange)).code(),
             absl::StatusCode::kOutOfRange);
 }
@@ -109,9 +107,8 @@ TEST(S3RetryLoopTest, WaitsAreTheJitteredFractionOfACapThatDoublesUpToItsMaximum
   while ((status = loop.NextAttempt()).ok()) {
     ++attempts;
     EXPECT_EQ(loop.attempt(), attempts);
-    ASSERT_TRUE(loop.AttemptFailed(Answer(time.now, 503, "SlowDown",
-                                          absl::StatusCode::kUnavailable))
-                    .ok());
+    ASSERT_TRUE(
+        loop.AttemptFailed(Answer(time.now, 503, "SlowDown", absl::StatusCode::kUnavailable)).ok());
   }
   EXPECT_EQ(attempts, 6);
   // Caps 100, 200, 400, 500, 500 ms; half of each.
@@ -222,8 +219,9 @@ TEST(S3RetryLoopTest, ATimeoutBeforeConnectingIsUnavailableAndRetried) {
   EXPECT_TRUE(loop.AttemptFailed(end).ok());
   time.jitter = 0;
   ASSERT_TRUE(loop.NextAttempt().ok());
-  ASSERT_TRUE(loop.AttemptFailed(Answer(time.now, 404, "NoSuchKey", absl::StatusCode::kNotFound))
-                  .code() == absl::StatusCode::kNotFound);
+  ASSERT_TRUE(
+      loop.AttemptFailed(Answer(time.now, 404, "NoSuchKey", absl::StatusCode::kNotFound)).code() ==
+      absl::StatusCode::kNotFound);
 }
 
 TEST(S3RetryLoopTest, ARangeReadBelowTheFloorIsCutAtItsLimitAndRetried) {
