@@ -5,7 +5,6 @@
 #include <xxhash.h>
 
 #include <cerrno>
-
 #include <ctime>
 #include <utility>
 
@@ -14,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "lib/core/status.h"
 #include "lib/core/test_faults.h"
@@ -87,8 +87,7 @@ OrderedJson FileRecordObject(const FileRecord& record) {
 }  // namespace
 
 std::string FileRecordJson(const FileRecord& record) {
-  return FileRecordObject(record).dump(1, ' ', false, OrderedJson::error_handler_t::replace) +
-         "\n";
+  return FileRecordObject(record).dump(1, ' ', false, OrderedJson::error_handler_t::replace) + "\n";
 }
 
 std::string FileRecordLine(const FileRecord& record) {
@@ -118,6 +117,17 @@ std::optional<FileRecord> ParseFileRecord(absl::string_view text) {
 
 std::string FileRecordName(absl::string_view name) {
   return absl::StrCat(kFileRecordsFolder, "/", name, ".json");
+}
+
+std::string FileRecordLogName(absl::string_view writer) {
+  return absl::StrCat(kFileRecordsFolder, "/records-", writer, ".jsonl");
+}
+
+bool IsFileRecordLog(absl::string_view name) {
+  if (name == kFileRecordLogName) return true;
+  return absl::ConsumePrefix(&name, absl::StrCat(kFileRecordsFolder, "/records-")) &&
+         absl::ConsumeSuffix(&name, ".jsonl") && !name.empty() &&
+         name.find('/') == absl::string_view::npos;
 }
 
 OutputArea::OutputArea(const kvstore::Driver& driver, std::string root)
@@ -201,7 +211,7 @@ absl::StatusOr<ReusableFiles> OutputArea::FindReusable(const AreaContents& conte
   std::map<std::string, FileRecord> logged;
   const std::string records = absl::StrCat(kFileRecordsFolder, "/");
   for (const kvstore::FileEntry& entry : contents.files) {
-    if (entry.name == kFileRecordLogName) {
+    if (IsFileRecordLog(entry.name)) {
       ASSIGN_OR_RETURN(const std::optional<std::string> text,
                        ReadSmallFile(entry.name, kMaxFileRecordLogBytes));
       if (!text.has_value()) continue;
@@ -284,16 +294,18 @@ void OutputArea::RemoveRecordsAndMarker() const {
   driver_->Delete(PathOf(kInProgressMarkerName)).IgnoreError();
 }
 
-absl::StatusOr<FileRecordLog> FileRecordLog::Create(const Directory& area,
+absl::StatusOr<FileRecordLog> FileRecordLog::Create(const Directory& area, absl::string_view name,
                                                     const std::vector<FileRecord>& records) {
-  const std::string path = area.PathOf(kFileRecordLogName);
+  const std::string path = area.PathOf(name);
+  absl::string_view inside = name;  // the log's name inside the records folder
+  if (!absl::ConsumePrefix(&inside, absl::StrCat(kFileRecordsFolder, "/")) || inside.empty() ||
+      inside.find('/') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the records log ", path, " is not a file of ", kFileRecordsFolder));
+  }
   ASSIGN_OR_RETURN(const Directory folder, area.OpenChild(kFileRecordsFolder, /*create=*/true),
                    absl::StrCat("creating the records of finished data files ", path));
-  ASSIGN_OR_RETURN(const int fd,
-                   // The log's name inside the records folder.
-                   folder.OpenFile(absl::string_view(kFileRecordLogName)
-                                       .substr(sizeof(kFileRecordsFolder)),
-                                   O_WRONLY | O_CREAT | O_TRUNC | O_APPEND),
+  ASSIGN_OR_RETURN(const int fd, folder.OpenFile(inside, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND),
                    absl::StrCat("creating the records of finished data files ", path));
   FileRecordLog log(fd, path);
   for (const FileRecord& record : records) RETURN_IF_ERROR(log.Append(record));
@@ -315,9 +327,8 @@ absl::Status FileRecordLog::Append(const FileRecord& record) {
     const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      return ErrnoToStatus(n < 0 ? errno : EIO,
-                           absl::StrCat("recording the finished data file ", record.name,
-                                        " in ", path_));
+      return ErrnoToStatus(n < 0 ? errno : EIO, absl::StrCat("recording the finished data file ",
+                                                             record.name, " in ", path_));
     }
     done += static_cast<size_t>(n);
   }

@@ -312,7 +312,7 @@ TEST(OutputCommitPosixTest, LoggedRecordsAppendNothingButALineAndTheLastLineCoun
       Log().events.clear();
     }
     Log().observing.store(true);
-    absl::StatusOr<FileRecordLog> log = FileRecordLog::Create(*dir, {other_plan});
+    absl::StatusOr<FileRecordLog> log = FileRecordLog::Create(*dir, kFileRecordLogName, {other_plan});
     ASSERT_TRUE(log.ok()) << log.status();
     for (const FileRecord& record : {*record_a, *record_b, stale_b}) {
       const absl::Status appended = log->Append(record);
