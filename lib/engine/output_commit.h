@@ -45,7 +45,9 @@
 // every file (docs/benchmarks.md, "Output commit records"); an append is one write. Each
 // partitioned worker appends to a log of its own, so no two processes share an append.
 // FindReusable reads every log and the records of their own, so an area either form left is
-// taken over. The record's XXH3-64 is the one the executor computed while
+// taken over; a log is read line by line in chunks (kFileRecordLogChunkBytes), whatever its
+// length, and a line longer than a record (kMaxFileRecordBytes) is skipped. The record's
+// XXH3-64 is the one the executor computed while
 // streaming the file, its generation the driver's (PathStat::generation: S3's ETag, the memory
 // driver's version, posix "<inode>:<mtime ns>:<size>"). `plan_id` is the XXH3-64 of what
 // decides the bytes: the request as ConversionRequestJson gives it without overwrite and
@@ -92,6 +94,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -122,8 +125,8 @@ inline constexpr uint64_t kMaxFileRecordBytes = 64 << 10;
 // The file of RunConversion's FileRecordLog, relative to the area's root. Its name cannot be a
 // data file's record (FileRecordName ends in ".json").
 inline constexpr char kFileRecordLogName[] = ".reshard-progress/records.jsonl";
-// A larger log (~60,000 records) is not read: its files are written again.
-inline constexpr uint64_t kMaxFileRecordLogBytes = 16 << 20;
+// A log is read in chunks of this size, whatever its length.
+inline constexpr size_t kFileRecordLogChunkBytes = 64 << 10;
 
 // The log of one writer of an area shared by several (a partitioned worker, `writer` such as
 // "partition-00001-of-00003"): ".reshard-progress/records-<writer>.jsonl".
@@ -226,6 +229,11 @@ class OutputArea {
   void RemoveRecordsAndMarker() const;
 
  private:
+  // Calls `on_line` with each line of log `name` below the root, without its '\n', reading it
+  // in chunks: a line longer than kMaxFileRecordBytes is skipped, and a log that is gone or
+  // shrinks while it is read ends there. Errors name the log and the byte offset.
+  absl::Status ForEachLogLine(const std::string& name,
+                              const std::function<void(absl::string_view)>& on_line) const;
   // The text of file `name` below the root; nullopt when it is gone, a folder or larger than
   // `max_bytes`. Errors name the file.
   absl::StatusOr<std::optional<std::string>> ReadSmallFile(const std::string& name,

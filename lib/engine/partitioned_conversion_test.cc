@@ -89,18 +89,18 @@ std::string ClaimOf(pid_t pid, const std::string& host, const std::string& start
                     int count, absl::Time expires = absl::Now() + absl::Hours(1)) {
   char pid_ns[128] = {};
   EXPECT_GT(readlink("/proc/self/ns/pid", pid_ns, sizeof(pid_ns) - 1), 0);
-  return nlohmann::json{
-      {"pid", pid},
-      {"host", host},
-      {"boot_id", ProcLine("/proc/sys/kernel/random/boot_id")},
-      {"pid_ns", pid_ns},
-      {"start_time", start_time},
-      {"partition", index},
-      {"partitions", count},
-      {"since", "2026-01-01T00:00:00Z"},
-      {"token", "00000000000000aa"},
-      {"heartbeat", 7},
-      {"expires", absl::FormatTime(absl::RFC3339_full, expires, absl::UTCTimeZone())}}
+  return nlohmann::json{{"pid", pid},
+                        {"host", host},
+                        {"boot_id", ProcLine("/proc/sys/kernel/random/boot_id")},
+                        {"pid_ns", pid_ns},
+                        {"start_time", start_time},
+                        {"partition", index},
+                        {"partitions", count},
+                        {"since", "2026-01-01T00:00:00Z"},
+                        {"token", "00000000000000aa"},
+                        {"heartbeat", 7},
+                        {"expires", absl::FormatTime(absl::RFC3339_full, expires,
+                                                     absl::UTCTimeZone())}}
       .dump();
 }
 
