@@ -499,7 +499,7 @@ absl::StatusOr<ConversionResult> RunConversion(const ConversionSpec& spec,
   const std::string plan_id = OutputPlanId(request, planned.plan);
   ASSIGN_OR_RETURN(const ReusableFiles reuse, TakeOverStaging(area, staging, planned, plan_id));
   // The records of the files kept, then of each file as it is finished.
-  ASSIGN_OR_RETURN(FileRecordLog records, FileRecordLog::Create(staging.dir(), reuse.records));
+  ASSIGN_OR_RETURN(FileRecordLog records, FileRecordLog::Create(staging.dir(), kFileRecordLogName, reuse.records));
   const double plan_seconds = SecondsSince(start);
 
   const auto write_start = Clock::now();

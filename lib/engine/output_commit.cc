@@ -4,16 +4,17 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
-
 #include <ctime>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "lib/core/status.h"
 #include "lib/core/test_faults.h"
@@ -87,8 +88,7 @@ OrderedJson FileRecordObject(const FileRecord& record) {
 }  // namespace
 
 std::string FileRecordJson(const FileRecord& record) {
-  return FileRecordObject(record).dump(1, ' ', false, OrderedJson::error_handler_t::replace) +
-         "\n";
+  return FileRecordObject(record).dump(1, ' ', false, OrderedJson::error_handler_t::replace) + "\n";
 }
 
 std::string FileRecordLine(const FileRecord& record) {
@@ -118,6 +118,17 @@ std::optional<FileRecord> ParseFileRecord(absl::string_view text) {
 
 std::string FileRecordName(absl::string_view name) {
   return absl::StrCat(kFileRecordsFolder, "/", name, ".json");
+}
+
+std::string FileRecordLogName(absl::string_view writer) {
+  return absl::StrCat(kFileRecordsFolder, "/records-", writer, ".jsonl");
+}
+
+bool IsFileRecordLog(absl::string_view name) {
+  if (name == kFileRecordLogName) return true;
+  return absl::ConsumePrefix(&name, absl::StrCat(kFileRecordsFolder, "/records-")) &&
+         absl::ConsumeSuffix(&name, ".jsonl") && !name.empty() &&
+         name.find('/') == absl::string_view::npos;
 }
 
 OutputArea::OutputArea(const kvstore::Driver& driver, std::string root)
@@ -191,6 +202,46 @@ absl::StatusOr<std::optional<std::string>> OutputArea::ReadSmallFile(const std::
   return text;
 }
 
+absl::Status OutputArea::ForEachLogLine(
+    const std::string& name, const std::function<void(absl::string_view)>& on_line) const {
+  const std::string path = PathOf(name);
+  const absl::StatusOr<kvstore::PathStat> stat = driver_->Stat(path);
+  if (absl::IsNotFound(stat.status())) return absl::OkStatus();  // removed since the listing
+  RETURN_IF_ERROR(stat.status(), absl::StrCat("reading the records log ", path));
+  if (stat->is_folder) return absl::OkStatus();
+  std::string chunk(kFileRecordLogChunkBytes, '\0');
+  std::string line;       // the line read so far, at most kMaxFileRecordBytes
+  bool too_long = false;  // the line read so far is longer: skipped up to its '\n'
+  for (uint64_t offset = 0; offset < stat->size;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), stat->size - offset));
+    const absl::Status read =
+        driver_->ReadRange(path, offset, absl::MakeSpan(chunk.data(), n), *stat);
+    // Gone, or cut short by its writer starting it anew: its records are that writer's.
+    if (absl::IsNotFound(read) || absl::IsDataLoss(read)) return absl::OkStatus();
+    RETURN_IF_ERROR(read,
+                    absl::StrCat("reading the records log ", path, " at byte offset ", offset));
+    offset += n;
+    absl::string_view rest(chunk.data(), n);
+    while (!rest.empty()) {
+      const size_t end = rest.find('\n');
+      const absl::string_view piece = rest.substr(0, end);
+      if (!too_long && line.size() + piece.size() > kMaxFileRecordBytes) {
+        too_long = true;
+        line.clear();
+      }
+      if (!too_long) line.append(piece.data(), piece.size());
+      if (end == absl::string_view::npos) break;
+      if (!too_long && !line.empty()) on_line(line);
+      line.clear();
+      too_long = false;
+      rest.remove_prefix(end + 1);
+    }
+  }
+  // A last line without its '\n' (torn, or written by a writer still running).
+  if (!too_long && !line.empty()) on_line(line);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ReusableFiles> OutputArea::FindReusable(const AreaContents& contents,
                                                        const CopyPlan& plan,
                                                        const std::string& plan_id) const {
@@ -201,17 +252,14 @@ absl::StatusOr<ReusableFiles> OutputArea::FindReusable(const AreaContents& conte
   std::map<std::string, FileRecord> logged;
   const std::string records = absl::StrCat(kFileRecordsFolder, "/");
   for (const kvstore::FileEntry& entry : contents.files) {
-    if (entry.name == kFileRecordLogName) {
-      ASSIGN_OR_RETURN(const std::optional<std::string> text,
-                       ReadSmallFile(entry.name, kMaxFileRecordLogBytes));
-      if (!text.has_value()) continue;
-      for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    if (IsFileRecordLog(entry.name)) {
+      RETURN_IF_ERROR(ForEachLogLine(entry.name, [&](absl::string_view line) {
         std::optional<FileRecord> record = ParseFileRecord(line);
         if (record.has_value() && record->plan_id == plan_id) {
           std::string name = record->name;
           logged.insert_or_assign(std::move(name), *std::move(record));
         }
-      }
+      }));
       continue;
     }
     if (!absl::StartsWith(entry.name, records) || !absl::EndsWith(entry.name, ".json") ||
@@ -284,16 +332,18 @@ void OutputArea::RemoveRecordsAndMarker() const {
   driver_->Delete(PathOf(kInProgressMarkerName)).IgnoreError();
 }
 
-absl::StatusOr<FileRecordLog> FileRecordLog::Create(const Directory& area,
+absl::StatusOr<FileRecordLog> FileRecordLog::Create(const Directory& area, absl::string_view name,
                                                     const std::vector<FileRecord>& records) {
-  const std::string path = area.PathOf(kFileRecordLogName);
+  const std::string path = area.PathOf(name);
+  absl::string_view inside = name;  // the log's name inside the records folder
+  if (!absl::ConsumePrefix(&inside, absl::StrCat(kFileRecordsFolder, "/")) || inside.empty() ||
+      inside.find('/') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the records log ", path, " is not a file of ", kFileRecordsFolder));
+  }
   ASSIGN_OR_RETURN(const Directory folder, area.OpenChild(kFileRecordsFolder, /*create=*/true),
                    absl::StrCat("creating the records of finished data files ", path));
-  ASSIGN_OR_RETURN(const int fd,
-                   // The log's name inside the records folder.
-                   folder.OpenFile(absl::string_view(kFileRecordLogName)
-                                       .substr(sizeof(kFileRecordsFolder)),
-                                   O_WRONLY | O_CREAT | O_TRUNC | O_APPEND),
+  ASSIGN_OR_RETURN(const int fd, folder.OpenFile(inside, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND),
                    absl::StrCat("creating the records of finished data files ", path));
   FileRecordLog log(fd, path);
   for (const FileRecord& record : records) RETURN_IF_ERROR(log.Append(record));
@@ -315,9 +365,8 @@ absl::Status FileRecordLog::Append(const FileRecord& record) {
     const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      return ErrnoToStatus(n < 0 ? errno : EIO,
-                           absl::StrCat("recording the finished data file ", record.name,
-                                        " in ", path_));
+      return ErrnoToStatus(n < 0 ? errno : EIO, absl::StrCat("recording the finished data file ",
+                                                             record.name, " in ", path_));
     }
     done += static_cast<size_t>(n);
   }

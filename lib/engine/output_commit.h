@@ -18,9 +18,10 @@
 //   4. Streams every data file through the driver's Writer (OutputAreaSink): a file appears
 //      under its name only once whole. Right after it is committed, and before the executor
 //      counts it done, its record is written: {plan_id, name, bytes, xxh3_64, generation},
-//      as a file of its own, `.reshard-progress/<file>.json` (S3, memory, partitioned runs),
-//      or as a line appended to `.reshard-progress/records.jsonl` (RunConversion's staging
-//      folder, FileRecordLog).
+//      as a file of its own, `.reshard-progress/<file>.json` (S3, memory), or as a line
+//      appended to a log, FileRecordLog: `.reshard-progress/records.jsonl` in RunConversion's
+//      staging folder, `.reshard-progress/records-partition-<i>-of-<n>.jsonl` per worker in a
+//      partitioned run's posix data area.
 //   5. Writes the companion files (index), then the manifest, which lists every file with its
 //      size and XXH3-64.
 //   6. Removes the records and the marker (best effort: beside a manifest they mean nothing).
@@ -36,14 +37,17 @@
 // manifest and no index; before 3 it changes nothing. Rerunning the same command takes the
 // unfinished area over and reuses the data files the killed run finished.
 //
-// Reuse. Every finished data file gets a small record, written once. On S3 and memory, and in
-// a partitioned run's data area, it is a file of its own (S3 has no append, and rewriting one
-// object per finished file would serialize the workers and cost O(files^2) bytes; a
-// partitioned run's publisher reads each file's record by name). In RunConversion's staging
-// folder the records are lines of one append-only file, FileRecordLog: a file created,
-// renamed and later deleted per data file is filesystem work on every file (docs/
-// benchmarks.md, "Output commit records"); an append is one write.
-// FindReusable reads both forms, so a staging folder either form left is taken over. The record's XXH3-64 is the one the executor computed while
+// Reuse. Every finished data file gets a small record, written once. On S3 and memory it is a
+// file of its own (S3 has no append, and rewriting one object per finished file would
+// serialize the workers and cost O(files^2) bytes; a partitioned run's publisher in place
+// reads each file's record by name). On posix the records are lines of an append-only file,
+// FileRecordLog: a file created, renamed and later deleted per data file is filesystem work on
+// every file (docs/benchmarks.md, "Output commit records"); an append is one write. Each
+// partitioned worker appends to a log of its own, so no two processes share an append.
+// FindReusable reads every log and the records of their own, so an area either form left is
+// taken over; a log is read line by line in chunks (kFileRecordLogChunkBytes), whatever its
+// length, and a line longer than a record (kMaxFileRecordBytes) is skipped. The record's
+// XXH3-64 is the one the executor computed while
 // streaming the file, its generation the driver's (PathStat::generation: S3's ETag, the memory
 // driver's version, posix "<inode>:<mtime ns>:<size>"). `plan_id` is the XXH3-64 of what
 // decides the bytes: the request as ConversionRequestJson gives it without overwrite and
@@ -70,9 +74,10 @@
 //     renames it into place and fsyncs its folder (posix), or is a completed upload (S3), so a
 //     record found after a crash names a file that was whole on disk;
 //   - a record a crash lost, emptied or cut short (a file, or a line of the log) is missing or
-//     does not parse, and its file is written again (FindReusable skips it and Prepare deletes it), as is a file whose
-//     record gives another size or generation, or on posix another XXH3-64 than the file
-//     hashes to now: a damaged record costs one file's work, never a wrong output or an error;
+//     does not parse, and its file is written again (FindReusable skips it and Prepare deletes it),
+//     as is a file whose record gives another size or generation, or on posix another XXH3-64 than
+//     the file hashes to now: a damaged record costs one file's work, never a wrong output or an
+//     error;
 //   - no commit mark relies on the records: on posix they are removed before the manifest is
 //     written (the manifest's fsync of its folder makes the removal durable), and a partitioned
 //     worker's own record, written durably, is what publishing checks.
@@ -89,6 +94,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -116,11 +122,18 @@ inline constexpr char kInProgressMarkerName[] = "reshard-in-progress.json";
 inline constexpr char kFileRecordsFolder[] = ".reshard-progress";
 // A record is a few hundred bytes; anything larger among the records is not one.
 inline constexpr uint64_t kMaxFileRecordBytes = 64 << 10;
-// The file of FileRecordLog, relative to the area's root. Its name cannot be a data file's
-// record (FileRecordName ends in ".json").
+// The file of RunConversion's FileRecordLog, relative to the area's root. Its name cannot be a
+// data file's record (FileRecordName ends in ".json").
 inline constexpr char kFileRecordLogName[] = ".reshard-progress/records.jsonl";
-// A larger log (~60,000 records) is not read: its files are written again.
-inline constexpr uint64_t kMaxFileRecordLogBytes = 16 << 20;
+// A log is read in chunks of this size, whatever its length.
+inline constexpr size_t kFileRecordLogChunkBytes = 64 << 10;
+
+// The log of one writer of an area shared by several (a partitioned worker, `writer` such as
+// "partition-00001-of-00003"): ".reshard-progress/records-<writer>.jsonl".
+std::string FileRecordLogName(absl::string_view writer);
+// Whether `name` (relative to the area's root) is a FileRecordLog: kFileRecordLogName or a
+// writer's.
+bool IsFileRecordLog(absl::string_view name);
 
 // The identity of the plan (see above), as 16 hex digits. `request_json` is the request as
 // ConversionRequestJson gives it (lib/engine/conversion.h), of the spec with the output as
@@ -199,8 +212,8 @@ class OutputArea {
   // Writes that record as a file of its own.
   absl::Status RecordCommitted(const std::string& plan_id, const WrittenFile& file) const;
 
-  // Reads the records among `contents` (files of their own and the lines of the log; of
-  // several records of one data file the log's last line counts) and keeps each data file of
+  // Reads the records among `contents` (files of their own and the lines of every log; of
+  // several records of one data file a log's last line counts) and keeps each data file of
   // plan `plan_id` that `plan` has, of the recorded size, whose Stat now shows the recorded
   // size and generation. Errors (reading a record or a Stat failing other than NotFound) name
   // the file.
@@ -216,6 +229,11 @@ class OutputArea {
   void RemoveRecordsAndMarker() const;
 
  private:
+  // Calls `on_line` with each line of log `name` below the root, without its '\n', reading it
+  // in chunks: a line longer than kMaxFileRecordBytes is skipped, and a log that is gone or
+  // shrinks while it is read ends there. Errors name the log and the byte offset.
+  absl::Status ForEachLogLine(const std::string& name,
+                              const std::function<void(absl::string_view)>& on_line) const;
   // The text of file `name` below the root; nullopt when it is gone, a folder or larger than
   // `max_bytes`. Errors name the file.
   absl::StatusOr<std::optional<std::string>> ReadSmallFile(const std::string& name,
@@ -225,14 +243,16 @@ class OutputArea {
   std::string root_;
 };
 
-// The records of a posix area's finished data files as lines appended to one file,
-// kFileRecordLogName, in the order the files were finished; nothing is fsynced (see
-// "Durability" above). Not thread safe: the executor's on_file_committed is serialized.
+// The records of a posix area's finished data files as lines appended to one file of the
+// records folder (kFileRecordLogName, or a writer's FileRecordLogName), in the order the files
+// were finished; nothing is fsynced (see "Durability" above). Not thread safe: the executor's
+// on_file_committed is serialized.
 class FileRecordLog {
  public:
-  // Creates the log in the area's folder `area` (replacing one there) holding `records`, the
-  // records of the data files a rerun keeps (ReusableFiles::records).
-  static absl::StatusOr<FileRecordLog> Create(const Directory& area,
+  // Creates log `name` (relative to the area's root, inside kFileRecordsFolder) in the area's
+  // folder `area`, replacing one there, holding `records`: the records of the data files a
+  // rerun keeps (ReusableFiles::records).
+  static absl::StatusOr<FileRecordLog> Create(const Directory& area, absl::string_view name,
                                               const std::vector<FileRecord>& records);
 
   FileRecordLog(FileRecordLog&& other) noexcept;
@@ -260,8 +280,8 @@ class OutputAreaSink final : public OutputSink {
   // `cancelled` (may be null) ends a test fault point's wait. `writer_budget` is each file
   // writer's memory budget (WriteOptions::memory_budget; 0: the driver's choice).
   OutputAreaSink(const OutputArea& area, std::string plan_id,
-                 std::map<std::string, std::string> metadata,
-                 const std::atomic<bool>* cancelled, uint64_t writer_budget = 0);
+                 std::map<std::string, std::string> metadata, const std::atomic<bool>* cancelled,
+                 uint64_t writer_budget = 0);
 
   absl::StatusOr<std::unique_ptr<ByteWriter>> Open(const std::string& name,
                                                    uint64_t bytes) override;

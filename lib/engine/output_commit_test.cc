@@ -312,7 +312,7 @@ TEST(OutputCommitPosixTest, LoggedRecordsAppendNothingButALineAndTheLastLineCoun
       Log().events.clear();
     }
     Log().observing.store(true);
-    absl::StatusOr<FileRecordLog> log = FileRecordLog::Create(*dir, {other_plan});
+    absl::StatusOr<FileRecordLog> log = FileRecordLog::Create(*dir, kFileRecordLogName, {other_plan});
     ASSERT_TRUE(log.ok()) << log.status();
     for (const FileRecord& record : {*record_a, *record_b, stale_b}) {
       const absl::Status appended = log->Append(record);
@@ -341,6 +341,48 @@ TEST(OutputCommitPosixTest, LoggedRecordsAppendNothingButALineAndTheLastLineCoun
   ASSERT_EQ(reuse->records.size(), 1u);
   EXPECT_EQ(FileRecordLine(reuse->records[0]), FileRecordLine(*record_a));
   EXPECT_EQ(reuse->mismatches, 1);  // sub/b.bin: its last line names another generation
+}
+
+// A log of ~60,000 records (past 16 MiB), a line longer than any record among them and the
+// records of this plan at its end, the last one without its '\n': read to the end, every record
+// of the plan counts, and the long line costs nothing but itself.
+TEST(OutputCommitPosixTest, LogOfAnyLengthIsReadLineByLine) {
+  const std::string root = std::filesystem::canonical(MakeTempDir("long_log")).string();
+  const kvstore::Driver& driver = kvstore::GetPosixDriver();
+  const OutputArea area(driver, root);
+  ASSERT_TRUE(driver.WriteFile(area.PathOf("a.bin"), "a").ok());
+  ASSERT_TRUE(driver.WriteFile(area.PathOf("b.bin"), "bb").ok());
+  absl::StatusOr<FileRecord> record_a =
+      area.CommittedRecord("plan1", WrittenFile{"a.bin", 1, XXH3_64bits("a", 1), 0});
+  absl::StatusOr<FileRecord> record_b =
+      area.CommittedRecord("plan1", WrittenFile{"b.bin", 2, XXH3_64bits("bb", 2), 0});
+  ASSERT_TRUE(record_a.ok()) << record_a.status();
+  ASSERT_TRUE(record_b.ok()) << record_b.status();
+
+  std::string log;
+  FileRecord other{"plan0", "", 1, 7, "1:2:1"};
+  for (int i = 0; log.size() <= (16u << 20); ++i) {
+    other.name = absl::StrCat(std::string(200, 'x'), i, ".bin");
+    log += FileRecordLine(other);
+  }
+  log += std::string(kMaxFileRecordBytes + 10, '{') + "\n";
+  log += FileRecordLine(*record_a);
+  const std::string last = FileRecordLine(*record_b);
+  log += last.substr(0, last.size() - 1);
+  ASSERT_GT(log.size(), 16u << 20);
+  std::filesystem::create_directory(area.PathOf(kFileRecordsFolder));
+  WriteAll(area.PathOf(kFileRecordLogName), log);
+
+  CopyPlan plan;
+  plan.files.push_back(FilePlan{"a.bin", {}, {}, 1});
+  plan.files.push_back(FilePlan{"b.bin", {}, {}, 2});
+  absl::StatusOr<AreaContents> contents = area.List();
+  ASSERT_TRUE(contents.ok()) << contents.status();
+  absl::StatusOr<ReusableFiles> reuse = area.FindReusable(*contents, plan, "plan1");
+  ASSERT_TRUE(reuse.ok()) << reuse.status();
+  EXPECT_EQ(reuse->files, (std::map<std::string, uint64_t>{{"a.bin", XXH3_64bits("a", 1)},
+                                                           {"b.bin", XXH3_64bits("bb", 2)}}));
+  EXPECT_EQ(reuse->mismatches, 0);
 }
 
 }  // namespace

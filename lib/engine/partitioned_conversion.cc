@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "lib/core/status.h"
 #include "lib/core/stopwatch.h"
 #include "lib/core/test_faults.h"
@@ -43,7 +45,7 @@ using OrderedJson = nlohmann::ordered_json;
 // into place (posix). This and the publish step are all that differ between drivers.
 bool WritesInPlace(const PartitionArea& area) { return !area.driver->has_folders(); }
 
-// The area where the data files and their per-file records (output_commit.h) are written.
+// The area where the data files and their records (output_commit.h) are written.
 OutputArea DataArea(const PartitionArea& area) {
   return OutputArea(*area.driver, WritesInPlace(area) ? area.output : area.PathOf(kAreaDataName));
 }
@@ -112,6 +114,12 @@ absl::Status CheckRecordedFile(const PartitionArea& area, const Split& split, co
                                           ")", tail, ", which publishes"));
 }
 
+// The records log of worker `index` of `count` in a posix data area (output_commit.h): each
+// worker appends to its own.
+std::string WorkerLogName(int index, int count) {
+  return FileRecordLogName(absl::StripSuffix(PartitionRecordName(index, count), ".json"));
+}
+
 // Posix: writes the index and the manifest into data/ and renames data/ to the output.
 absl::Status PublishByRename(const PartitionArea& area, const Split& split,
                              const ConversionSpec& spec, const PlannedConversion& planned,
@@ -120,7 +128,8 @@ absl::Status PublishByRename(const PartitionArea& area, const Split& split,
   const std::string area_name = std::filesystem::path(area.root).filename().string();
   ASSIGN_OR_RETURN(Directory dir, parent.OpenChild(area_name));
   ASSIGN_OR_RETURN(Directory data, dir.OpenChild(kAreaDataName));
-  // The per-file records (output_commit.h) have served once every partition's record is in.
+  // The records of finished data files (output_commit.h) have served once every partition's
+  // record is in.
   RETURN_IF_ERROR(data.RemoveTree(kFileRecordsFolder),
                   "removing the records of finished data files before publishing");
   RETURN_IF_ERROR(data.Sync());  // the data files of every worker
@@ -297,10 +306,13 @@ absl::Status PrepareData(const PartitionArea& area, const AreaContents& contents
   return absl::OkStatus();
 }
 
-// Writes `mine` into the data area, recording each file as it is committed.
-absl::StatusOr<ExecutionResult> WriteData(const PartitionArea& area, const Split& split,
-                                          const CopyPlan& mine, ExecutorOptions options,
-                                          uint64_t writer_budget, const RunControl& control) {
+// Writes `mine` into the data area, recording each file as it is committed: in place as a
+// record of its own (OutputAreaSink), on posix as a line of this worker's log, which starts
+// with `kept`, the records of the files an earlier attempt finished.
+absl::StatusOr<ExecutionResult> WriteData(const PartitionArea& area, const Split& split, int index,
+                                          const CopyPlan& mine, const std::vector<FileRecord>& kept,
+                                          ExecutorOptions options, uint64_t writer_budget,
+                                          const RunControl& control) {
   const OutputArea data = DataArea(area);
   // The first error recording a finished file; the executor calls on_file_committed
   // serialized.
@@ -309,20 +321,29 @@ absl::StatusOr<ExecutionResult> WriteData(const PartitionArea& area, const Split
   if (!control.job_id.empty()) metadata["reshard-job"] = control.job_id;
   OutputAreaSink sink(data, split.id, std::move(metadata), control.cancelled, writer_budget);
   const bool in_place = WritesInPlace(area);
+  std::optional<Directory> dir;
+  std::optional<FileRecordLog> log;
+  if (!in_place) {
+    ASSIGN_OR_RETURN(dir, OpenExistingFolder(data.root()));
+    absl::StatusOr<FileRecordLog> created =
+        FileRecordLog::Create(*dir, WorkerLogName(index, split.count), kept);
+    RETURN_IF_ERROR(created.status());
+    log.emplace(*std::move(created));
+  }
   options.on_file_committed = [&](const WrittenFile& file) {
     if (record_status.ok()) {
-      record_status = in_place ? sink.Record(file) : data.RecordCommitted(split.id, file);
+      if (in_place) {
+        record_status = sink.Record(file);
+      } else {
+        const absl::StatusOr<FileRecord> record = data.CommittedRecord(split.id, file);
+        record_status = record.ok() ? log->Append(*record) : record.status();
+      }
     }
     if (control.on_file_committed) control.on_file_committed(file);
     TestFaultPoint("partition-file-committed", control.cancelled);
   };
-  absl::StatusOr<ExecutionResult> executed;
-  if (in_place) {
-    executed = Execute(mine, sink, options);
-  } else {
-    ASSIGN_OR_RETURN(Directory dir, OpenExistingFolder(data.root()));
-    executed = Execute(mine, dir, options);
-  }
+  absl::StatusOr<ExecutionResult> executed =
+      in_place ? Execute(mine, sink, options) : Execute(mine, *dir, options);
   RETURN_IF_ERROR(executed.status());
   RETURN_IF_ERROR(record_status);
   return executed;
@@ -438,8 +459,9 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   mine.source_bytes_read = planned.plan.source_bytes_read;
 
   // Every data file this worker commits gets its output_commit record (plan id: the split's),
-  // so that a rerun of a killed attempt reuses the files it finished. Records of other
-  // partitions' files name no file of `mine` and are left alone.
+  // so that a rerun of a killed attempt reuses the files it finished: on posix a line of this
+  // worker's log, in place a record of its own. Records of other partitions' files name no
+  // file of `mine` and are left alone.
   const OutputArea data = DataArea(area);
   ASSIGN_OR_RETURN(const AreaContents contents, data.List());
   ASSIGN_OR_RETURN(const ReusableFiles reuse, data.FindReusable(contents, mine, split.id),
@@ -459,9 +481,10 @@ absl::StatusOr<ConversionResult> RunPartition(const ConversionSpec& spec,
   options.window_bytes = memory.window_bytes;
   options.remote_span_bytes = memory.remote_span_bytes;
   const Clock::time_point write_start = Clock::now();
-  ASSIGN_OR_RETURN(ExecutionResult executed,
-                   WriteData(area, split, mine, options, memory.writer_budget, control),
-                   absl::StrCat("partition ", PartitionName({index, count})));
+  ASSIGN_OR_RETURN(
+      ExecutionResult executed,
+      WriteData(area, split, index, mine, reuse.records, options, memory.writer_budget, control),
+      absl::StrCat("partition ", PartitionName({index, count})));
 
   RecordedFiles recorded;
   std::map<std::string, uint64_t> hashed;  // every file of this run was hashed as written or reused

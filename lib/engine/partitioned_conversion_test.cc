@@ -7,17 +7,21 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
@@ -117,6 +121,39 @@ std::map<std::string, std::string> Files(const std::string& dir) {
     files[fs::relative(entry.path(), dir).string()] = ReadAll(entry.path().string());
   }
   return files;
+}
+
+// The files of the records folder of the posix data area `area`.
+std::set<std::string> RecordsFolderFiles(const std::string& area) {
+  std::set<std::string> files;
+  for (const auto& entry :
+       fs::directory_iterator(absl::StrCat(area, "/data/", kFileRecordsFolder))) {
+    files.insert(entry.path().filename().string());
+  }
+  return files;
+}
+
+// The records log of worker `index` of `count` in the posix data area `area`.
+std::string WorkerLogPath(const std::string& area, int index, int count) {
+  return absl::StrCat(area, "/data/",
+                      FileRecordLogName(absl::StrFormat("partition-%05d-of-%05d", index, count)));
+}
+
+// The data files that worker's log records, line by line (a line that is no record: "?").
+std::vector<std::string> LoggedNames(const std::string& area, int index, int count) {
+  std::vector<std::string> names;
+  for (absl::string_view line :
+       absl::StrSplit(ReadAll(WorkerLogPath(area, index, count)), '\n', absl::SkipEmpty())) {
+    const std::optional<FileRecord> record = ParseFileRecord(line);
+    names.push_back(record.has_value() ? record->name : "?");
+  }
+  return names;
+}
+
+uint64_t InodeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return static_cast<uint64_t>(st.st_ino);
 }
 
 class PartitionedConversionTest : public testing::Test {
@@ -249,11 +286,12 @@ TEST_F(PartitionedConversionTest, InterruptedWorkerRerunReusesItsCommittedFiles)
   ASSERT_FALSE(interrupted.ok());
   EXPECT_TRUE(absl::IsCancelled(interrupted.status())) << interrupted.status();
   const std::string area = PartitionAreaPathFor(out);
-  // Each finished file has its output_commit record (output_commit.h), and no journal.
+  // Each finished file has its output_commit record (output_commit.h), a line of the worker's
+  // log, and no journal.
   ASSERT_FALSE(finished.empty());
-  for (const std::string& name : finished) {
-    EXPECT_TRUE(fs::exists(absl::StrCat(area, "/data/", FileRecordName(name)))) << name;
-  }
+  EXPECT_EQ(RecordsFolderFiles(area),
+            std::set<std::string>{"records-partition-00001-of-00002.jsonl"});
+  EXPECT_EQ(LoggedNames(area, 1, 2), finished);
   EXPECT_FALSE(fs::exists(area + "/partition-00001-of-00002.journal"));
   EXPECT_FALSE(fs::exists(area + "/partition-00001-of-00002.json"));
 
@@ -264,6 +302,66 @@ TEST_F(PartitionedConversionTest, InterruptedWorkerRerunReusesItsCommittedFiles)
   EXPECT_TRUE(rerun->published);
   EXPECT_EQ(rerun->verification_failures, 0);
   EXPECT_GT(rerun->data_phases.verify, 0.0) << "the recorded files were checked and reused";
+  ExpectSameAsSingle(out);
+}
+
+// A worker killed (SIGKILL) after three files: its log holds their three records, the records
+// folder nothing else. The last line torn (as a crash can leave it), the rerun keeps exactly
+// the first two files (the same inodes are published) and writes the third again.
+TEST_F(PartitionedConversionTest, RerunAfterAKillReusesTheLoggedFilesAndRewritesATornLastLine) {
+  const std::string out = root_ + "/out";
+  ConversionSpec spec = Spec(out, 1, 2);
+  spec.threads = 1;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int committed = 0;
+    RunControl control;
+    control.on_file_committed = [&committed](const WrittenFile&) {
+      if (++committed == 3) ::raise(SIGKILL);
+    };
+    RunAnyConversion(spec, control).IgnoreError();
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+
+  const std::string area = PartitionAreaPathFor(out);
+  EXPECT_EQ(RecordsFolderFiles(area),
+            std::set<std::string>{"records-partition-00001-of-00002.jsonl"});
+  const std::vector<std::string> logged = LoggedNames(area, 1, 2);
+  ASSERT_EQ(logged.size(), 3u);
+  // The files the killed worker finished are exactly those its log names.
+  std::set<std::string> finished;
+  for (const auto& entry : fs::directory_iterator(area + "/data")) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && !absl::EndsWith(name, ".partial")) finished.insert(name);
+  }
+  EXPECT_EQ(finished, std::set<std::string>(logged.begin(), logged.end()));
+  // Links that keep the killed run's files, so that a file written again cannot get a freed
+  // inode back.
+  fs::create_directory(root_ + "/killed");
+  std::map<std::string, uint64_t> inodes;
+  for (const std::string& name : logged) {
+    fs::create_hard_link(area + "/data/" + name, root_ + "/killed/" + name);
+    inodes[name] = InodeOf(area + "/data/" + name);
+  }
+  const std::string log = WorkerLogPath(area, 1, 2);
+  const std::string text = ReadAll(log);
+  const size_t last = text.rfind('\n', text.size() - 2) + 1;
+  WriteAll(log, text.substr(0, last + (text.size() - last) / 2));
+  ASSERT_EQ(LoggedNames(area, 1, 2), (std::vector<std::string>{logged[0], logged[1], "?"}));
+
+  ASSERT_TRUE(RunAnyConversion(Spec(out, 0, 2)).ok());
+  auto rerun = RunAnyConversion(spec);
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_TRUE(rerun->published);
+  EXPECT_EQ(rerun->reused_files, 2);
+  EXPECT_EQ(rerun->verification_failures, 0);
+  EXPECT_EQ(InodeOf(out + "/" + logged[0]), inodes[logged[0]]) << logged[0];
+  EXPECT_EQ(InodeOf(out + "/" + logged[1]), inodes[logged[1]]) << logged[1];
+  EXPECT_NE(InodeOf(out + "/" + logged[2]), inodes[logged[2]]) << logged[2] << " was kept";
   ExpectSameAsSingle(out);
 }
 
@@ -447,14 +545,11 @@ TEST_F(PartitionedConversionTest, DamagedFileRecordIsWrittenAgainByItsRerun) {
   std::atomic<bool> cancelled{false};
   RunControl control;
   control.cancelled = &cancelled;
-  std::string record;
-  control.on_file_committed = [&](const WrittenFile& file) {
-    record = absl::StrCat(PartitionAreaPathFor(out), "/data/", FileRecordName(file.name));
-    cancelled.store(true);
-  };
+  control.on_file_committed = [&](const WrittenFile&) { cancelled.store(true); };
   ASSERT_TRUE(absl::IsCancelled(RunAnyConversion(Spec(out, 1, 2), control).status()));
-  ASSERT_TRUE(fs::exists(record));
-  WriteAll(record, "{\"files\": [");
+  const std::string log = WorkerLogPath(PartitionAreaPathFor(out), 1, 2);
+  ASSERT_TRUE(fs::exists(log));
+  WriteAll(log, "{\"files\": [");
   ASSERT_TRUE(RunAnyConversion(Spec(out, 0, 2)).ok());
 
   ExpectPublishes(out, 1, 2);
@@ -707,9 +802,9 @@ TEST_F(MemoryPartitionsTest, ReplacedFileIsRefusedAtPublishAndRewrittenByItsReru
   kvstore::GetMemoryDriver().Put(replaced, MemoryFiles(out)[first->files.front().name]);
   auto last = RunAnyConversion(Spec(out, 1, 2));
   ASSERT_EQ(last.status().code(), absl::StatusCode::kDataLoss) << last.status();
-  EXPECT_NE(last.status().message().find(
-                absl::StrCat(replaced, " is not the file partition 0 recorded")),
-            std::string::npos)
+  EXPECT_NE(
+      last.status().message().find(absl::StrCat(replaced, " is not the file partition 0 recorded")),
+      std::string::npos)
       << last.status();
   EXPECT_NE(last.status().message().find("rerun partition 0 of 2 (--partition 0/2)"),
             std::string::npos)

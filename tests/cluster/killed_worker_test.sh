@@ -1,8 +1,9 @@
 #!/bin/bash
 # A partition worker killed with SIGKILL mid-way (no chance to clean up, unlike scancel's
 # SIGTERM in slurm_test) publishes nothing and records nothing; rerunning the same index reuses
-# the files it recorded (data/.reshard-progress/<file>.json: each keeps its inode; a rewritten
-# file is a new one renamed over it) and publishes an output equal to a single worker's.
+# the files it recorded (the lines of its log data/.reshard-progress/records-partition-00001-
+# of-00002.jsonl: each keeps its inode; a rewritten file is a new one renamed over it) and
+# publishes an output equal to a single worker's.
 #
 # Flags (tests/e2e.bzl): --reshardctl PATH --make-checkpoint PATH --same-output PATH
 set -euo pipefail
@@ -32,7 +33,8 @@ run() {  # run INDEX RESULT_FILE [env...]; with RUN_EXEC=exec the shell becomes 
 victim_pid=$!
 area=$work/.out.reshard-partitions
 records=$area/data/.reshard-progress
-recorded() { find "$records" -name '*.json' 2>/dev/null | grep -q .; }
+log=$records/records-partition-00001-of-00002.jsonl
+recorded() { [ -s "$log" ]; }
 for _ in $(seq 600); do
   recorded && break
   sleep 0.1
@@ -43,10 +45,11 @@ wait "$victim_pid" 2>/dev/null || true
 victim_pid=
 [ ! -e "$area/partition-00001-of-00002.json" ] || { echo "FAIL: the killed worker recorded"; exit 1; }
 [ ! -e "$work/out" ] || { echo "FAIL: the output was published by a killed worker"; exit 1; }
+# The worker's log is all the records folder holds: one line per finished file.
+[ "$(ls -A "$records")" = "$(basename "$log")" ] || { echo "FAIL: $records: $(ls -A "$records")"; exit 1; }
 committed=$(/usr/bin/python3 -c '
-import json, pathlib, sys
-print(" ".join(json.load(open(p))["name"] for p in sorted(pathlib.Path(sys.argv[1]).rglob("*.json"))))' \
-  "$records")
+import json, sys
+print(" ".join(json.loads(line)["name"] for line in open(sys.argv[1]) if line.strip()))' "$log")
 [ -n "$committed" ] || { echo "FAIL: no file record names a file"; exit 1; }
 # Each file's inode: a file written again is a new file renamed over the old one.
 declare -A inode

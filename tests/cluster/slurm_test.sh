@@ -167,8 +167,8 @@ export RESHARD_TEST_FAULTS="partition-file-committed=wait:$base/release"
 job=$(RESHARD_OUT=$base/out2 sbatch --parsable --array=0-3 --output="$base/logs/%A_%a.out" "$sbatch_script")
 area=$base/.out2.reshard-partitions
 for _ in $(seq 1 600); do
-  # Tasks with a recorded file (each records under data/.reshard-progress/).
-  n=$( (cat "$area"/data/.reshard-progress/*.json 2>/dev/null || true) | grep -c '"name"' || true)
+  # Files recorded (each task appends a line per file to its log in data/.reshard-progress/).
+  n=$( (cat "$area"/data/.reshard-progress/*.jsonl 2>/dev/null || true) | grep -c '"name"' || true)
   [ "$n" -ge 4 ] && break
   sleep 0.2
 done
@@ -201,7 +201,8 @@ import json, pathlib, sys
 area = pathlib.Path(sys.argv[1])
 others = {f["name"] for i in (0, 1, 3)
           for f in json.load(open(area / f"partition-0000{i}-of-00004.json"))["files"]}
-recorded = {json.load(open(p))["name"] for p in (area / "data/.reshard-progress").rglob("*.json")}
+recorded = {json.loads(line)["name"] for p in (area / "data/.reshard-progress").glob("*.jsonl")
+            for line in open(p) if line.strip()}
 print(" ".join(sorted(recorded - others)))' "$area")
 [ -n "$committed" ] || { echo "FAIL: no file record of the cancelled task"; exit 1; }
 # Each file's inode: a file written again is a new file renamed over the old one.

@@ -49,8 +49,9 @@ BUCKET = "models"
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
 # Peak RSS allowed for a consolidation of the 256 MiB models read from S3, and for a verify of
 # two s3:// sides (2 x 1 MiB windows and 4 x 8 MiB spans besides the process): the 64 MiB cap of
-# every conversion (kOutputMemoryCap, lib/engine/conversion.h) less a 2 MiB margin: a
-# safetensors read peaks at ~59.5 MiB (4 MiB window, 8 MiB spans per worker, ~24 MiB process).
+# every conversion (kOutputMemoryCap, lib/engine/conversion.h) less a 2 MiB margin. It holds a
+# safetensors read's window and spans, which ShareConversionMemory sizes from that cap, and the
+# process itself.
 MAX_RSS = 62 << 20
 
 # Filled by setUpModule.

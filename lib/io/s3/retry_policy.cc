@@ -13,9 +13,13 @@ absl::Duration RetryPolicy::BackoffCap(int retry) const {
 }
 
 absl::Duration RetryPolicy::Backoff(int retry, absl::BitGen& gen) const {
+  return BackoffAt(retry, absl::Uniform(gen, 0.0, 1.0));
+}
+
+absl::Duration RetryPolicy::BackoffAt(int retry, double fraction) const {
   const double cap_seconds = absl::ToDoubleSeconds(BackoffCap(retry));
   if (cap_seconds <= 0) return absl::ZeroDuration();
-  return absl::Seconds(absl::Uniform(gen, 0.0, cap_seconds));
+  return absl::Seconds(cap_seconds * fraction);
 }
 
 bool IsRetryable(const AttemptOutcome& outcome) {

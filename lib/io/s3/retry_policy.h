@@ -28,6 +28,8 @@ struct RetryPolicy {
 
   // The wait before attempt `retry` + 1 (retry = 1 for the first retry).
   absl::Duration Backoff(int retry, absl::BitGen& gen) const;
+  // That wait for the draw `fraction` in [0, 1): BackoffCap(retry) * fraction.
+  absl::Duration BackoffAt(int retry, double fraction) const;
   // The upper bound of Backoff(retry): min(max_backoff, initial_backoff * 2^(retry-1)).
   absl::Duration BackoffCap(int retry) const;
 };

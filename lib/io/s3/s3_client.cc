@@ -15,6 +15,7 @@
 #include "lib/io/s3/curl_library.h"
 #include "lib/io/s3/s3_location.h"
 #include "lib/io/s3/s3_request.h"
+#include "lib/io/s3/s3_retry.h"
 #include "lib/io/s3/s3_transfer.h"
 #include "lib/io/s3/s3_xml.h"
 
@@ -73,127 +74,25 @@ void S3Client::ReturnHandle(void* handle) {
 
 absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::string_view what) {
   const std::string url = S3RequestUrl(options_.config, request.bucket, request.key, request.query);
-  // All attempts and the waits between them end by the deadline: a range read's, or the
-  // request's with time for its body at the throughput floor.
-  absl::Duration allowed = options_.read_deadline;
-  absl::string_view deadline_name = "read";
-  if (!request.throughput_floor) {
-    deadline_name = "request";
-    allowed = options_.request_deadline;
-    if (request.has_body && options_.min_throughput > 0) {
-      // Whole seconds, so that messages read "2m5s".
-      allowed += absl::Ceil(absl::Seconds(static_cast<double>(request.body.size()) /
-                                          static_cast<double>(options_.min_throughput)),
-                            absl::Seconds(1));
-    }
-  }
-  const absl::Time deadline = absl::Now() + allowed;
-  absl::BitGen gen;
-  absl::Status last_error;
-  std::string last_detail;  // what the last attempt ended with, without `what`
-  int attempts = 0;
-  int stalls = 0;
-  const auto past_deadline = [&] {
-    return absl::DeadlineExceededError(
-        absl::StrCat(what, ": not done within the ", deadline_name, " deadline of ",
-                     absl::FormatDuration(allowed), " after ", attempts,
-                     attempts == 1 ? " attempt" : " attempts", " (last: ", last_detail, ")"));
-  };
-  const auto fail = [&](absl::StatusCode code, std::string detail) {
-    last_error = absl::Status(code, absl::StrCat(what, ": ", detail));
-    last_detail = std::move(detail);
-  };
-  for (int attempt = 1; attempt <= options_.retry.max_attempts; ++attempt) {
-    if (attempt > 1) {
-      const absl::Duration backoff = options_.retry.Backoff(attempt - 1, gen);
-      if (absl::Now() + backoff >= deadline) return past_deadline();
-      retries_.fetch_add(1);
-      absl::SleepFor(backoff);
-    }
-    attempts = attempt;
+  S3RetryRequest facts;
+  facts.throughput_floor = request.throughput_floor;
+  facts.span_bytes = request.out.size();
+  facts.body_bytes = request.has_body ? request.body.size() : 0;
+  S3RetryLoop loop(options_, facts, what);
+  for (;;) {
+    RETURN_IF_ERROR(loop.NextAttempt());
+    if (loop.attempt() > 1) retries_.fetch_add(1);
     requests_.fetch_add(1);
-    CURL* curl = static_cast<CURL*>(TakeHandle());
-    if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
-    curl_->easy_reset(curl);
     Response response;
     TransferState state;
-    state.library = curl_;
-    state.curl = curl;
     state.response = &response;
     state.out = request.out;
     state.to_span = request.to_span;
     state.max_xml_bytes = options_.max_xml_bytes;
-    state.start = absl::Now();
-    // The attempt's time limit: the deadline, and the throughput floor's for its bytes.
-    absl::Duration time_limit = std::max(absl::Milliseconds(1), deadline - state.start);
-    bool floor_limit = false;
-    if (request.throughput_floor && options_.min_throughput > 0) {
-      state.grace = options_.throughput_grace;
-      state.min_rate = static_cast<double>(options_.min_throughput);
-      const absl::Duration floor_time =
-          options_.throughput_grace +
-          absl::Seconds(static_cast<double>(request.out.size()) / state.min_rate);
-      if (floor_time < time_limit) {
-        time_limit = floor_time;
-        floor_limit = true;
-      }
-    }
-
-    curl_slist* headers = nullptr;
-    headers = curl_->slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    headers = curl_->slist_append(headers, "Content-Type: application/octet-stream");
-    if (!options_.config.credentials.session_token.empty()) {
-      headers = curl_->slist_append(
-          headers, absl::StrCat("x-amz-security-token: ", options_.config.credentials.session_token)
-                       .c_str());
-    }
-    for (const std::string& header : request.headers) {
-      headers = curl_->slist_append(headers, header.c_str());
-    }
-    curl_->easy_setopt(curl, CURLOPT_URL, url.c_str());
-    curl_->easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-    curl_->easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4_.c_str());
-    curl_->easy_setopt(curl, CURLOPT_USERPWD, userpwd_.c_str());
-    curl_->easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    // No "Expect:" header to suppress 100-continue: libcurl would sign the empty header.
-    curl_->easy_setopt(curl, CURLOPT_EXPECT_100_TIMEOUT_MS, 200L);
-    curl_->easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_->easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
-                       static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
-    curl_->easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-    curl_->easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
-                       static_cast<long>(absl::ToInt64Seconds(options_.stall_timeout)));
-    curl_->easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnTransferBody);
-    curl_->easy_setopt(curl, CURLOPT_WRITEDATA, &state);
-    curl_->easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnTransferHeader);
-    curl_->easy_setopt(curl, CURLOPT_HEADERDATA, &state);
-    if (state.min_rate > 0) {
-      curl_->easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnTransferProgress);
-      curl_->easy_setopt(curl, CURLOPT_XFERINFODATA, &state);
-      curl_->easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
-    }
-    curl_->easy_setopt(curl, CURLOPT_TIMEOUT_MS,
-                       static_cast<long>(std::max<int64_t>(1, absl::ToInt64Milliseconds(time_limit))));
-    if (absl::string_view(request.method) == "HEAD") {
-      curl_->easy_setopt(curl, CURLOPT_NOBODY, 1L);
-    } else if (absl::string_view(request.method) != "GET") {
-      curl_->easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method);
-    }
-    if (request.has_body) {
-      curl_->easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
-                         static_cast<curl_off_t>(request.body.size()));
-      curl_->easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.data());
-    }
-    const CURLcode rc = curl_->easy_perform(curl);
-    const absl::Time ended = absl::Now();
-    curl_->easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.http_status);
-    curl_off_t sent = 0;
-    curl_->easy_getinfo(curl, CURLINFO_SIZE_UPLOAD_T, &sent);
-    curl_off_t connect_us = 0;  // 0: never connected
-    curl_->easy_getinfo(curl, CURLINFO_CONNECT_TIME_T, &connect_us);
-    curl_->slist_free_all(headers);
-    ReturnHandle(curl);
-
+    state.start = loop.attempt_start();
+    state.grace = loop.grace();
+    state.min_rate = loop.min_rate();
+    ASSIGN_OR_RETURN(S3AttemptEnd end, Perform(request, url, loop.time_limit(), state));
     if (state.overflow) {
       if (request.to_span && response.http_status == 200) {
         return absl::DataLossError(
@@ -208,74 +107,90 @@ absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request, absl::
       return absl::ResourceExhaustedError(
           absl::StrCat(what, ": response body larger than ", options_.max_xml_bytes, " bytes"));
     }
-    AttemptOutcome outcome;
-    const absl::Duration elapsed = ended - state.start;
-    // Aborted by OnProgress, or cut by the floor's time limit while below the floor: too slow.
-    if (!state.too_slow && rc == CURLE_OPERATION_TIMEDOUT && floor_limit &&
-        elapsed >= state.grace &&
-        static_cast<double>(response.span_bytes) <
-            state.min_rate * absl::ToDoubleSeconds(elapsed)) {
-      state.too_slow = true;
-      state.slow_bytes = response.span_bytes;
-      state.slow_elapsed = elapsed;
+    if (end.curl_code == CURLE_OK) {
+      if (response.http_status >= 200 && response.http_status < 300) return response;
+      const S3Error error = ParseS3Error(static_cast<int>(response.http_status), response.body);
+      end.http_status = error.http_status;
+      end.s3_code = error.code;
+      end.answer_error = S3ErrorToStatus(error, what);
     }
-    const uint64_t received = response.span_bytes + response.body.size();
-    if (state.too_slow) {
-      outcome.transport_error = true;
-      const double seconds = absl::ToDoubleSeconds(state.slow_elapsed);
-      fail(absl::StatusCode::kDeadlineExceeded,
-           absl::StrFormat("received %d bytes in %.1f s (%s, below the %s minimum)",
-                           state.slow_bytes, seconds,
-                           KiBPerSecond(static_cast<double>(state.slow_bytes) / seconds),
-                           KiBPerSecond(state.min_rate)));
-    } else if (rc == CURLE_OPERATION_TIMEDOUT) {
-      outcome.transport_error = true;
-      const std::string transferred =
-          absl::StrCat(request.has_body ? absl::StrCat(sent, " of ", request.body.size(),
-                                                       " bytes sent, ")
-                                        : std::string(),
-                       received, " bytes received");
-      if (ended >= deadline - absl::Milliseconds(10)) {  // CURLOPT_TIMEOUT_MS is in ms
-        last_detail = absl::StrCat(curl_->easy_strerror(rc), " (curl ", static_cast<int>(rc),
-                                   "); ", transferred);
-        return past_deadline();
-      }
-      if (connect_us == 0) {
-        fail(absl::StatusCode::kUnavailable,
-             absl::StrCat("could not connect within ",
-                          absl::FormatDuration(options_.connect_timeout), " (",
-                          curl_->easy_strerror(rc), ", curl ", static_cast<int>(rc), ")"));
-      } else if (floor_limit) {
-        fail(absl::StatusCode::kDeadlineExceeded,
-             absl::StrCat("not done within ", absl::FormatDuration(time_limit), " (",
-                          transferred, ")"));
-      } else {
-        // libcurl's low-speed rule: under 1 KiB/s for stall_timeout.
-        ++stalls;
-        fail(absl::StatusCode::kDeadlineExceeded,
-             absl::StrCat("no progress for ", absl::FormatDuration(options_.stall_timeout), " (",
-                          transferred, ")"));
-        if (stalls >= options_.max_stalled_attempts) {
-          return Annotate(last_error, absl::StrCat("after ", attempt,
-                                                   attempt == 1 ? " attempt" : " attempts"));
-        }
-      }
-    } else if (rc != CURLE_OK) {
-      outcome.transport_error = true;
-      fail(absl::StatusCode::kUnavailable,
-           absl::StrCat(curl_->easy_strerror(rc), " (curl ", static_cast<int>(rc), ")"));
-    } else if (response.http_status >= 200 && response.http_status < 300) {
-      return response;
-    } else {
-      S3Error error = ParseS3Error(static_cast<int>(response.http_status), response.body);
-      outcome.http_status = error.http_status;
-      outcome.s3_code = error.code;
-      const absl::Status status = S3ErrorToStatus(error, what);
-      fail(status.code(), std::string(status.message().substr(what.size() + 2)));
-    }
-    if (!IsRetryable(outcome)) return last_error;
+    RETURN_IF_ERROR(loop.AttemptFailed(end));
   }
-  return Annotate(last_error, absl::StrCat("after ", options_.retry.max_attempts, " attempts"));
+}
+
+absl::StatusOr<S3AttemptEnd> S3Client::Perform(const Request& request, const std::string& url,
+                                               absl::Duration time_limit, TransferState& state) {
+  CURL* curl = static_cast<CURL*>(TakeHandle());
+  if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
+  curl_->easy_reset(curl);
+  state.library = curl_;
+  state.curl = curl;
+  curl_slist* headers = nullptr;
+  headers = curl_->slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+  headers = curl_->slist_append(headers, "Content-Type: application/octet-stream");
+  if (!options_.config.credentials.session_token.empty()) {
+    headers = curl_->slist_append(
+        headers,
+        absl::StrCat("x-amz-security-token: ", options_.config.credentials.session_token).c_str());
+  }
+  for (const std::string& header : request.headers) {
+    headers = curl_->slist_append(headers, header.c_str());
+  }
+  curl_->easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_->easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+  curl_->easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4_.c_str());
+  curl_->easy_setopt(curl, CURLOPT_USERPWD, userpwd_.c_str());
+  curl_->easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  // No "Expect:" header to suppress 100-continue: libcurl would sign the empty header.
+  curl_->easy_setopt(curl, CURLOPT_EXPECT_100_TIMEOUT_MS, 200L);
+  curl_->easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_->easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                     static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
+  curl_->easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+  curl_->easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
+                     static_cast<long>(absl::ToInt64Seconds(options_.stall_timeout)));
+  curl_->easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnTransferBody);
+  curl_->easy_setopt(curl, CURLOPT_WRITEDATA, &state);
+  curl_->easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnTransferHeader);
+  curl_->easy_setopt(curl, CURLOPT_HEADERDATA, &state);
+  if (state.min_rate > 0) {
+    curl_->easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnTransferProgress);
+    curl_->easy_setopt(curl, CURLOPT_XFERINFODATA, &state);
+    curl_->easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+  }
+  curl_->easy_setopt(
+      curl, CURLOPT_TIMEOUT_MS,
+      static_cast<long>(std::max<int64_t>(1, absl::ToInt64Milliseconds(time_limit))));
+  if (absl::string_view(request.method) == "HEAD") {
+    curl_->easy_setopt(curl, CURLOPT_NOBODY, 1L);
+  } else if (absl::string_view(request.method) != "GET") {
+    curl_->easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method);
+  }
+  if (request.has_body) {
+    curl_->easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
+                       static_cast<curl_off_t>(request.body.size()));
+    curl_->easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.data());
+  }
+  const CURLcode rc = curl_->easy_perform(curl);
+  S3AttemptEnd end;
+  end.ended = absl::Now();
+  end.curl_code = static_cast<int>(rc);
+  if (rc != CURLE_OK) end.curl_error = curl_->easy_strerror(rc);
+  curl_->easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &state.response->http_status);
+  curl_off_t sent = 0;
+  curl_->easy_getinfo(curl, CURLINFO_SIZE_UPLOAD_T, &sent);
+  curl_off_t connect_us = 0;  // 0: never connected
+  curl_->easy_getinfo(curl, CURLINFO_CONNECT_TIME_T, &connect_us);
+  curl_->slist_free_all(headers);
+  ReturnHandle(curl);
+  end.sent = static_cast<uint64_t>(sent);
+  end.connected = connect_us != 0;
+  end.span_bytes = state.response->span_bytes;
+  end.received = state.response->span_bytes + state.response->body.size();
+  end.too_slow = state.too_slow;
+  end.slow_bytes = state.slow_bytes;
+  end.slow_elapsed = state.slow_elapsed;
+  return end;
 }
 
 absl::Status S3Client::CreateBucket(absl::string_view bucket) {
@@ -407,8 +322,8 @@ absl::StatusOr<std::string> S3Client::Put(absl::string_view bucket, absl::string
   return ResponseHeader(response, "etag");
 }
 
-absl::StatusOr<std::string> S3Client::PutIfAbsent(absl::string_view bucket,
-                                                  absl::string_view key, absl::string_view data) {
+absl::StatusOr<std::string> S3Client::PutIfAbsent(absl::string_view bucket, absl::string_view key,
+                                                  absl::string_view data) {
   const std::string url = S3Url(bucket, key);
   Request request;
   request.method = "PUT";

@@ -5,12 +5,12 @@
 // multipart uploads. Every call is synchronous; call from several threads to have several
 // requests in flight. Easy handles are pooled so connections and DNS results are reused.
 //
-// Retries: every request is retried (RetryPolicy) on 5xx (but 507), 429/SlowDown, timeouts and
-// dropped or truncated connections. All calls here are idempotent or harmless to repeat: GET/HEAD/LIST,
-// PUT of the same bytes, DELETE, UploadPart (per part number), CreateMultipartUpload (a
-// repeat leaves an extra empty upload, which stale-upload cleanup removes), and
-// CompleteMultipartUpload (a repeat after a lost success answers NoSuchUpload, reported as
-// FailedPrecondition "may have completed").
+// Retries: every request is retried (S3RetryLoop, RetryPolicy) on 5xx (but 507), 429/SlowDown,
+// timeouts and dropped or truncated connections. All calls here are idempotent or harmless to
+// repeat: GET/HEAD/LIST, PUT of the same bytes, DELETE, UploadPart (per part number),
+// CreateMultipartUpload (a repeat leaves an extra empty upload, which stale-upload cleanup
+// removes), and CompleteMultipartUpload (a repeat after a lost success answers NoSuchUpload,
+// reported as FailedPrecondition "may have completed").
 //
 // Signing pitfalls (see docs/s3.md): the payload is sent unsigned (x-amz-content-sha256:
 // UNSIGNED-PAYLOAD, set here, not by libcurl), and query parameters are written sorted and with
@@ -19,8 +19,9 @@
 // Errors name the operation, the s3:// URL and the S3 error code (S3ErrorToStatus).
 //
 // Where its parts live: a request and its URL in lib/io/s3/s3_request.h, the libcurl callbacks
-// of one attempt in s3_transfer.h, the retry policy in retry_policy.h, XML answers in s3_xml.h;
-// this class's multipart uploads are defined in s3_multipart.cc, the rest in s3_client.cc.
+// of one attempt in s3_transfer.h, the retry loop in s3_retry.h and its policy in
+// retry_policy.h, XML answers in s3_xml.h; this class's multipart uploads are defined in
+// s3_multipart.cc, the rest in s3_client.cc.
 // The requests are virtual so that tests can put an in-memory store in the client's place
 // (lib/io/s3/testing/memory_s3_client.h); a request costs far more than the indirection.
 // Sizes from the server are bounded: XML responses are capped (Options), a range GET never
@@ -69,10 +70,12 @@
 #include "lib/io/s3/retry_policy.h"
 #include "lib/io/s3/s3_config.h"
 #include "lib/io/s3/s3_request.h"
+#include "lib/io/s3/s3_retry.h"
 
 namespace reshard {
 
-struct CurlLibrary;  // lib/io/s3/curl_library.h
+struct CurlLibrary;    // lib/io/s3/curl_library.h
+struct TransferState;  // lib/io/s3/s3_transfer.h
 
 struct S3ObjectInfo {
   std::string key;
@@ -110,31 +113,10 @@ struct S3ClientStats {
 
 class S3Client {
  public:
-  struct Options {
+  // The retries, deadlines, stall and throughput floor of every request: S3RetrySettings
+  // (lib/io/s3/s3_retry.h).
+  struct Options : S3RetrySettings {
     S3Config config;
-    RetryPolicy retry;
-    // Default: 10 s.
-    absl::Duration connect_timeout = absl::Seconds(10);
-    // An attempt that moves less than 1 KiB/s for this long, in either direction (a server
-    // that stops reading the body or never answers), is aborted: a stall. Default: 60 s.
-    absl::Duration stall_timeout = absl::Seconds(60);
-    // Stalled attempts after which a request fails (DeadlineExceeded) without more retries: a
-    // store that stalls twice in a row is stuck, not busy. Default: 2.
-    int max_stalled_attempts = 2;
-    // Range GETs: the least average rate of the body since the request was sent, in bytes per
-    // second, checked once `throughput_grace` has passed; a slower attempt is aborted (and
-    // retried). An attempt also ends at throughput_grace + its bytes / min_throughput. 0: no
-    // floor. Default: 32 KiB/s (a 16 MiB span then has 542 s) after 30 s.
-    uint64_t min_throughput = 32 << 10;
-    absl::Duration throughput_grace = absl::Seconds(30);
-    // Time for one range read, all its attempts and the waits between them included: no attempt
-    // starts after it and the one under way is cut there. Default: 10 min.
-    absl::Duration read_deadline = absl::Minutes(10);
-    // Time for any other request, all its attempts and the waits between them included, plus
-    // its body's bytes at min_throughput (an 8 MiB part: 2 min + 256 s; S3's largest part,
-    // 5 GiB, is not cut on a link that keeps the floor): no attempt starts after it and the
-    // one under way is cut there (DeadlineExceeded). Default: 2 min.
-    absl::Duration request_deadline = absl::Minutes(2);
     // Cap of XML response bodies (LIST pages, errors, multipart answers). Default: 16 MiB.
     size_t max_xml_bytes = 16 << 20;
   };
@@ -228,8 +210,13 @@ class S3Client {
   S3Client(Options options, const CurlLibrary* curl);
 
  private:
-  // Sends `request` with retries; a non-2xx final answer becomes a status naming `what`.
+  // Sends `request` with retries (S3RetryLoop, lib/io/s3/s3_retry.h); a non-2xx final answer
+  // becomes a status naming `what`.
   absl::StatusOr<Response> Send(const Request& request, absl::string_view what);
+  // One attempt of `request` to `url`, cut after `time_limit`, its answer into `state`'s
+  // response through the transfer callbacks (s3_transfer.h).
+  absl::StatusOr<S3AttemptEnd> Perform(const Request& request, const std::string& url,
+                                       absl::Duration time_limit, TransferState& state);
   // ListObjectsV2 pages of `page_size` keys (with delimiter '/' when `delimit`) until the
   // listing ends or `max_entries` (when not 0) objects and sub-prefixes are listed.
   absl::StatusOr<Folder> ListPages(absl::string_view bucket, absl::string_view prefix, bool delimit,
