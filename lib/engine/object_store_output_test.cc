@@ -373,9 +373,11 @@ struct S3Memory {
   uint64_t accounted = 0;
 };
 absl::StatusOr<S3Memory> PlanMemory(const std::string& input, const std::string& output,
-                                    int threads = 2) {
+                                    int threads = 2, DTypePolicy dtype = DTypePolicy::kKeep,
+                                    uint64_t max_shard_size = 20'000'000) {
   ConversionSpec spec = Consolidate(input, output);
-  spec.max_shard_size = 20'000'000;
+  spec.max_shard_size = max_shard_size;
+  spec.dtype = dtype;
   spec.threads = threads;
   absl::StatusOr<PlannedConversion> planned = PlanConversion(spec);
   if (!planned.ok()) return planned.status();
@@ -405,13 +407,16 @@ std::string RemoteModel(const std::string& name, int64_t rows, int64_t cols) {
   return path;
 }
 
-// Plans a consolidation of four 16 MiB tensors read by range requests (RemoteModel `name`)
-// into `output`, whose window and spans of the spec are estimated above what kOutputMemoryCap
-// leaves beside the process's own memory, and expects it planned within that, accounted
-// exactly, with the window `window` and the spans `spans` (shared by the two workers).
+// Plans a consolidation to bf16 of four 16 MiB fp32 tensors read by range requests
+// (RemoteModel `name`) into `output`, one file each, whose window and spans of the spec are
+// estimated above what kOutputMemoryCap leaves beside the process's own memory, and expects it
+// planned within that, accounted exactly, with the window `window` and the spans `spans`
+// (shared by the two workers). Converted, each tensor is read through spans (a tensor that
+// keeps its dtype is read into the window: TensorFiller::GathersRemoteRuns).
 void ExpectPlannedSplit(const std::string& name, const std::string& output, uint64_t window,
                         uint64_t spans) {
-  absl::StatusOr<S3Memory> memory = PlanMemory(RemoteModel(name, 2048, 2048), output);
+  absl::StatusOr<S3Memory> memory = PlanMemory(RemoteModel(name, 2048, 2048), output,
+                                               /*threads=*/2, DTypePolicy::kBF16, 9'000'000);
   ASSERT_TRUE(memory.ok()) << memory.status();
   ASSERT_EQ(memory->planned.plan.files.size(), 4u);
   ASSERT_GT(memory->local, kOutputMemoryCap - kProcessMemory);

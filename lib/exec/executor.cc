@@ -347,7 +347,9 @@ uint64_t EstimateExecutionMemory(const CopyPlan& plan, const ExecutorOptions& op
       for (const TensorCopy& term : copy.mean_terms) add_copy(term);
       means = means || !copy.mean_terms.empty();
       staging = std::max(staging, TensorFiller::StagingMemoryBound(copy, plan.sources));
-      spans_read = spans_read || !TensorFiller::GathersRemoteRuns(copy, is_remote);
+      // A FileWriter queues the requests of tensors without mean terms (FillTensor).
+      spans_read = spans_read || !TensorFiller::GathersRemoteRuns(copy, is_remote,
+                                                                  copy.mean_terms.empty());
       for (const TensorCopy& term : copy.mean_terms) {
         spans_read = spans_read || !TensorFiller::GathersRemoteRuns(term, is_remote);
       }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "lib/exec/dtype_convert.h"
 #include "lib/exec/tensor_filler.h"
 #include "lib/exec/testing/plan_fixture.h"
+#include "lib/io/crc32.h"
 #include "lib/io/kvstore/memory_driver.h"
 #include "lib/io/scratch_copy.h"
 #include "lib/plan/layout_builders.h"
@@ -873,6 +875,89 @@ TEST(ExecutorTest, RemoteGatherQueuedRequestErrorsNamed) {
     EXPECT_THAT(std::string(result.status().message()), testing::HasSubstr("connection reset"));
     EXPECT_FALSE(fs::exists(out + "/gathered.bin"));
   }
+}
+
+// A torch.save archive read from a remote store: kRecords tensors of 2 MiB, each a zip record
+// with its CRC-32, 128 bytes of data descriptor and local header before each, in the order
+// of their keys as strings rather than the tensors' (`kRecordOf`), written in the tensors'
+// order into one file. The window's buffers hold two tensors each. Every tensor is one request
+// of 2 MiB into the window, and the next window's requests are under way while the current
+// one's are read (each request is held 200 ms, so those that overlap are seen together): four
+// at once, two windows' worth. The CRC-32 check reads nothing again.
+TEST(ExecutorTest, RemoteTorchSaveRecordsAreReadInWholeRequestsAcrossWindows) {
+  constexpr int kRecords = 5;
+  constexpr int kRecordOf[kRecords] = {0, 3, 1, 4, 2};  // tensor -> its record in the file
+  constexpr uint64_t kRecordBytes = 2 << 20;
+  constexpr uint64_t kHeaders = 128;
+  const std::string path = "mem://b/torch-records/archive.pt";
+  std::string archive;
+  std::vector<uint64_t> record_offset(kRecords);
+  CopyPlan plan;
+  SourceFile source;
+  source.path = path;
+  for (int r = 0; r < kRecords; ++r) {
+    archive += std::string(kHeaders, 'h');
+    record_offset[r] = archive.size();
+    const std::string data = TestPattern(kRecordBytes, 100 + r);
+    source.checksummed.push_back(
+        {record_offset[r], kRecordBytes, Crc32(0, data.data(), data.size()),
+         absl::StrCat("zip entry \"archive/data/", r, "\"")});
+    archive += data;
+  }
+  archive += std::string(1000, 'c');  // the central directory
+  source.size = archive.size();
+  plan.sources.push_back(source);
+  FilePlan file;
+  file.name = "model.bin";
+  std::string expected;
+  for (int t = 0; t < kRecords; ++t) {
+    TensorCopy copy;
+    copy.name = absl::StrCat("layers.", t, ".w");
+    copy.num_elements = kRecordBytes / 4;
+    copy.src_dtype = DType::kF32;
+    copy.dst_dtype = DType::kF32;
+    CopyItem item;
+    item.src_file = 0;
+    item.src_offset = record_offset[kRecordOf[t]];
+    item.extent = {copy.num_elements};
+    item.src_strides = {1};
+    item.dst_offset = 0;
+    item.dst_strides = {1};
+    copy.items.push_back(item);
+    FramingSegment segment;
+    segment.kind = FramingSegment::Kind::kTensor;
+    segment.tensor = t;
+    file.segments.push_back(segment);
+    file.tensors.push_back(std::move(copy));
+    expected += archive.substr(record_offset[kRecordOf[t]], kRecordBytes);
+  }
+  file.bytes = expected.size();
+  plan.files.push_back(std::move(file));
+  plan.total_bytes = expected.size();
+  plan.source_bytes_read = expected.size();
+  kvstore::MemoryDriver* store = &kvstore::GetMemoryDriver();
+  store->Put(path, archive);
+  store->set_read_delay(absl::Milliseconds(200));
+  store->reset_max_concurrent_reads();
+  const size_t ranges_before = store->ranges().size();
+  ExecutorOptions options;
+  options.threads = 1;
+  options.window_bytes = 4 * kRecordBytes;
+  options.check_source_crc32 = true;
+  const std::string out = MakeTempDir("torch-records");
+  auto result = Execute(plan, OutputDir(out), options);
+  store->set_read_delay(absl::ZeroDuration());
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = store->ranges();
+  std::vector<std::pair<uint64_t, uint64_t>> requests(ranges.begin() + ranges_before,
+                                                      ranges.end());
+  std::sort(requests.begin(), requests.end());
+  std::vector<std::pair<uint64_t, uint64_t>> records;
+  for (uint64_t offset : record_offset) records.push_back({offset, kRecordBytes});
+  EXPECT_EQ(requests, records);
+  EXPECT_EQ(store->max_concurrent_reads(), 4);
+  EXPECT_EQ(result->crc_bytes_reread, 0u);
+  EXPECT_TRUE(ReadAll(out + "/model.bin") == expected);
 }
 
 }  // namespace

@@ -108,10 +108,12 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
   }
   // A remote source whose next run continues this one in the same file is read in whole spans,
   // not cut at the run's limit: every read is a request with a round trip, and a consolidation
-  // reads its files front to back, so short tensors share one request. Runs that take turns
-  // with other files' (the chunks of a tensor merged by columns) are still cut, as they would
-  // otherwise be read again for every window.
-  const bool continues = next != nullptr && next->file == file && next->offset == limit;
+  // reads its files front to back, so short tensors share one request. The next run may start
+  // a few bytes on (ContinuesAfter): a torch.save archive's records are apart by a data
+  // descriptor and a local header. Runs that take turns with other files' (the chunks of a
+  // tensor merged by columns) are still cut, as they would otherwise be read again for every
+  // window.
+  const bool continues = next != nullptr && next->file == file && ContinuesAfter(*next, limit);
   const uint64_t read_limit = !source->mapped() && continues ? source->size() : limit;
   if (from_ahead) {
     ++reads_ahead_used_;
@@ -139,8 +141,9 @@ absl::StatusOr<SpanReader::Bytes> SpanReader::Get(const std::vector<MappedFile>&
     if (current_.end < limit) {
       ahead_end = std::min(ahead_end, read_limit);
     } else if (next_known && &sources[next->file] == source && !source->mapped() &&
-               next->offset >= current_.begin && next->offset <= current_.end) {
-      // The next run starts in this (whole) span: the span after it, as without `next`.
+               next->offset >= current_.begin && next->offset <= current_.end + overlap()) {
+      // The next run starts in this (whole) span or a few bytes after it (ContinuesAfter): the
+      // span after it, as without `next`, which holds it.
     } else if (next_known) {
       ahead_source = &sources[next->file];
       ahead_direct = ahead_source->ReadsDirectly(next->dense, next->offset, next->limit);

@@ -128,6 +128,13 @@ class SpanReader {
   absl::StatusOr<Span> Read(const MappedFile& source, uint64_t begin, uint64_t end, int buffer,
                             bool direct) const;
   void HelperLoop();
+  // Whether `next` starts at `end` or a few bytes after it, at most overlap(): the data
+  // descriptor and local header between two records of a torch.save archive (100-odd bytes).
+  // A remote read goes on over them to the next run (one direct-read block more at most, as
+  // a direct read may read anyway), as a request costs a round trip.
+  bool ContinuesAfter(const Run& next, uint64_t end) const {
+    return next.offset >= end && next.offset - end <= overlap();
+  }
   bool HelperHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || (requested_ && !done_);
   }

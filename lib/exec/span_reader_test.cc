@@ -191,37 +191,90 @@ TEST_F(SpanReaderTest, TruncatedSourceIsDataLoss) {
   EXPECT_NE(past.status().message().find(path), std::string::npos);
 }
 
+// One remote source: `data` as an object of a memory store of its own (scheme `scheme`), read
+// by range requests as s3:// is.
+class SpanReaderRemoteTest : public testing::Test {
+ protected:
+  void OpenRemote(const std::string& scheme, const std::string& data) {
+    store_ = new kvstore::MemoryDriver(scheme);  // registered drivers are never destroyed
+    kvstore::RegisterDriver(store_);
+    const std::string url = scheme + "://b/f";
+    store_->Put(url, data);
+    auto file = MappedFile::Open(url);
+    ASSERT_TRUE(file.ok()) << file.status();
+    sources_.push_back(*std::move(file));
+  }
+
+  kvstore::MemoryDriver* store_ = nullptr;
+  std::vector<MappedFile> sources_;
+};
+
 // A remote source is read in whole spans: short runs that follow each other in the file come
 // with the first one's request, and the span after them is read ahead while they are used.
-TEST(SpanReaderRemoteTest, ShortRunsShareWholeSpans) {
-  auto* store = new kvstore::MemoryDriver;  // registered drivers are never destroyed
-  kvstore::RegisterDriver(store);
+TEST_F(SpanReaderRemoteTest, ShortRunsShareWholeSpans) {
   constexpr uint64_t kSpan = 64 << 10;
   const std::string data = Pattern(3 * kSpan);
-  store->Put("mem://b/f", data);
-  std::vector<MappedFile> sources;
-  auto file = MappedFile::Open("mem://b/f");
-  ASSERT_TRUE(file.ok()) << file.status();
-  sources.push_back(*std::move(file));
+  ASSERT_NO_FATAL_FAILURE(OpenRemote("mem", data));
   SpanReader reader(kSpan);
   // Runs of 100 bytes (a layer norm's weights), each followed by the next.
   for (uint64_t offset = 0; offset + 200 <= kSpan; offset += 100) {
     const SpanReader::Run next{0, offset + 100, offset + 200, /*dense=*/true};
-    auto bytes = reader.Get(sources, 0, offset, 4, offset + 100, &next);
+    auto bytes = reader.Get(sources_, 0, offset, 4, offset + 100, &next);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     ASSERT_GE(bytes->size, 100u);
     EXPECT_EQ(std::memcmp(bytes->data, data.data() + offset, bytes->size), 0) << offset;
   }
   EXPECT_EQ(reader.reads_waited(), 1u);
   // Reading on from the end of the first span takes the span read ahead.
-  auto ahead = reader.Get(sources, 0, kSpan - 8, 16, 3 * kSpan);
+  auto ahead = reader.Get(sources_, 0, kSpan - 8, 16, 3 * kSpan);
   ASSERT_TRUE(ahead.ok()) << ahead.status();
   EXPECT_EQ(std::memcmp(ahead->data, data.data() + kSpan - 8, 16), 0);
   EXPECT_EQ(reader.reads_waited(), 1u);
   EXPECT_EQ(reader.reads_ahead_used(), 1u);
   // The first span and the one after it, each one request (and a third is being read ahead).
-  EXPECT_GE(store->reads(), 2);
-  EXPECT_LE(store->reads(), 3);
+  EXPECT_GE(store_->reads(), 2);
+  EXPECT_LE(store_->reads(), 3);
+}
+
+// A torch.save archive read from a remote store: each tensor is a zip record, and the next
+// record's bytes start after a data descriptor and a local header (128 bytes here, as torch
+// writes them). Read record after record, each told the next, the records share whole spans
+// as the runs of a safetensors file do: one request per span, each span read ahead, not one
+// request per record.
+TEST_F(SpanReaderRemoteTest, RecordsSeparatedByZipHeadersShareWholeSpans) {
+  constexpr uint64_t kSpan = 64 << 10;
+  constexpr uint64_t kRecord = 3000;
+  constexpr uint64_t kHeaders = 128;
+  const std::string data = Pattern(3 * kSpan);
+  ASSERT_NO_FATAL_FAILURE(OpenRemote("memzip", data));
+  std::vector<SpanReader::Run> records;
+  for (uint64_t at = kHeaders; at + kRecord <= data.size(); at += kRecord + kHeaders) {
+    records.push_back({0, at, at + kRecord, /*dense=*/true});
+  }
+  SpanReader reader(kSpan);
+  for (size_t r = 0; r < records.size(); ++r) {
+    const SpanReader::Run next = r + 1 < records.size() ? records[r + 1] : SpanReader::Run{};
+    // As TensorFiller::CopyThroughSpan reads a record: what the span holds, then on from there.
+    for (uint64_t offset = records[r].offset; offset < records[r].limit;) {
+      auto bytes = reader.Get(sources_, 0, offset, 4, records[r].limit, &next);
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      const uint64_t n = std::min(bytes->size, records[r].limit - offset) / 4 * 4;
+      ASSERT_EQ(std::memcmp(bytes->data, data.data() + offset, n), 0) << "record " << r;
+      offset += n;
+    }
+  }
+  EXPECT_EQ(reader.reads_waited(), 1u);
+  EXPECT_EQ(reader.reads_ahead_unused(), 0u);
+  // Spans of kSpan from the first record on, each read ahead from one direct-read block
+  // (overlap()) before the end of the one before, the last up to the end of the file.
+  const uint64_t step = kSpan - reader.overlap();
+  const uint64_t first = records.front().offset;
+  const std::vector<std::pair<uint64_t, uint64_t>> expected = {
+      {first, kSpan},
+      {first + step, kSpan},
+      {first + 2 * step, kSpan},
+      {first + 3 * step, data.size() - (first + 3 * step)}};
+  EXPECT_EQ(store_->ranges(), expected);
 }
 
 }  // namespace

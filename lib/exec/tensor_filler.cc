@@ -10,6 +10,18 @@
 #include "lib/io/remote_runs.h"
 
 namespace reshard {
+namespace {
+
+// Whether the source `file` is read with requests (MappedFile::mapped is false).
+struct IsRemoteSource {
+  const std::vector<MappedFile>* sources;
+  bool operator()(int file) const {
+    return file >= 0 && static_cast<size_t>(file) < sources->size() &&
+           !(*sources)[file].mapped();
+  }
+};
+
+}  // namespace
 
 TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>& sources,
                            SpanReader* spans)
@@ -48,9 +60,12 @@ TensorFiller::TensorFiller(const TensorCopy& copy, const std::vector<MappedFile>
       if (extent == 0) cursor.done = true;
     }
   }
-  gathers_remote_runs_ = GathersRemoteRuns(copy, [&sources](int file) {
-    return file >= 0 && static_cast<size_t>(file) < sources.size() && !sources[file].mapped();
-  });
+  gathers_remote_runs_ = GathersRemoteRuns(copy, IsRemoteSource{&sources});
+}
+
+void TensorFiller::set_run_queue(RemoteRunQueue* queue) {
+  run_queue_ = queue;
+  gathers_remote_runs_ = GathersRemoteRuns(copy_, IsRemoteSource{&sources_}, queue != nullptr);
 }
 
 void TensorFiller::Advance(const CopyItem& item, Cursor& cursor) const {

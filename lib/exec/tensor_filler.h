@@ -56,25 +56,31 @@ class TensorFiller {
   // piece) fetches the bytes between its elements as well.
   static constexpr uint64_t kStagedMemoryBytes = 4 << 20;
 
-  // A tensor gathered from runs of several remote files (GathersRemoteRuns: a ZeRO-3
-  // parameter, one run in every rank's file) is not read through the SpanReader, which has
-  // at most the current run and the next in flight: each window's runs are fetched together
-  // with ReadRemoteRuns (lib/io/remote_runs.h), up to MappedFile::kRemotePiecesInFlight range
-  // requests at once, straight into the output when the dtype stays, else into a scratch
-  // buffer of at most this many bytes at a time, converted from there. Written through a
-  // FileWriter, the windows' requests are queued instead (set_run_queue), so that the next
-  // window's are under way while the current one's end, the scratch buffer then the queue's. The executor lets such
-  // a converting fill read this much (not kMappedBytesPerFill: nothing is mapped): eight
+  // A tensor gathered from runs of remote files (GathersRemoteRuns: a ZeRO-3 parameter, one
+  // run in every rank's file; a tensor of one file written through a FileWriter in its own
+  // dtype) is not read through the SpanReader, which has at most the current run and the next
+  // in flight: each window's runs are fetched together with ReadRemoteRuns
+  // (lib/io/remote_runs.h), up to MappedFile::kRemotePiecesInFlight range requests at once,
+  // straight into the output when the dtype stays, else into a scratch buffer of at most this
+  // many bytes at a time, converted from there. Written through a FileWriter, the windows'
+  // requests are queued instead (set_run_queue), so that the next window's are under way while
+  // the current one's end, the scratch buffer then the queue's. The executor lets such a
+  // converting fill read this much (not kMappedBytesPerFill: nothing is mapped): eight
   // requests of 2 MiB in flight, where 4 MiB fills made four of 1 MiB, and a bf16 ZeRO-3
   // consolidation from a local radosgw waited a round trip for each (3.7x boto3's time).
   static constexpr uint64_t kRunScratchBytes = 16 << 20;
 
-  // Whether a filler of `copy` fetches its windows' runs together (above): it has several
-  // items, and each one with elements is read from a remote source (`remote(src_file)`) and is
-  // one run in both the source and the output (both dense, same order), so that a window's
-  // part of it is one run too.
+  // Whether a filler of `copy` fetches its windows' runs together (above): each item with
+  // elements is read from a remote source (`remote(src_file)`) and is one run in both the
+  // source and the output (both dense, same order), so that a window's part of it is one run
+  // too; and it has several items, or one that keeps its dtype when its requests are `queued`
+  // (set_run_queue). Such a tensor is read straight into the window, its requests under way
+  // while the windows before it are written, where a SpanReader has one span and the next in
+  // flight and cuts them at the tensor's end: a torch.save archive's records lie in the order
+  // of their keys as strings ("data/0", "data/1", "data/10", ...), not in the tensors', so
+  // the tensor read next is seldom the record after.
   template <typename IsRemote>
-  static bool GathersRemoteRuns(const TensorCopy& copy, IsRemote remote);
+  static bool GathersRemoteRuns(const TensorCopy& copy, IsRemote remote, bool queued = false);
 
   // The most memory the fillers of `copy` (and of its mean terms) hold for remote sources
   // besides the window: for strided items, kStagedMemoryBytes of copies in memory plus the
@@ -123,7 +129,8 @@ class TensorFiller {
   // uses the output, so that the next window's requests can be under way meanwhile. The
   // queue must hold at least kRunScratchBytes of scratch memory when the fill converts, and
   // reports read errors (naming the tensor, the object and the run's byte offset) at Wait.
-  void set_run_queue(RemoteRunQueue* queue) { run_queue_ = queue; }
+  // A single item that keeps its dtype gathers once the queue is set (GathersRemoteRuns).
+  void set_run_queue(RemoteRunQueue* queue);
   // Remote source bytes fetched into local copies for strided items (kStagedMemoryBytes).
   uint64_t staged_bytes() const { return staged_bytes_; }
   // True when every element is copied unchanged from contiguous source rows (pread only, no
@@ -230,8 +237,9 @@ class TensorFiller {
 };
 
 template <typename IsRemote>
-bool TensorFiller::GathersRemoteRuns(const TensorCopy& copy, IsRemote remote) {
-  if (copy.items.size() < 2) return false;  // one item streams through whole spans
+bool TensorFiller::GathersRemoteRuns(const TensorCopy& copy, IsRemote remote, bool queued) {
+  // One item streams through whole spans, unless its requests are queued and it reads into place.
+  if (copy.items.size() < 2 && !(queued && copy.src_dtype == copy.dst_dtype)) return false;
   bool any = false;
   for (const CopyItem& item : copy.items) {
     if (item.num_elements() == 0) continue;

@@ -22,13 +22,15 @@ struct Piece {
 // make `in_flight` of them: a request costs the store about as much however long it is, but
 // fewer than `in_flight` leave connections idle. Each run in pieces of equal length (a multiple
 // of `align` but for its last), their number rounded to the nearest: a run a little longer than
-// the target is one request, not two. Pieces are at most `max_piece` long (at least `align`).
+// the target is one request, not two. The target is at least `least`. Pieces are at most
+// `max_piece` long (at least `align`).
 std::vector<Piece> CutRuns(absl::Span<const RemoteRun> runs, int in_flight, uint64_t align,
-                           uint64_t max_piece = UINT64_MAX) {
+                           uint64_t max_piece = UINT64_MAX,
+                           uint64_t least = MappedFile::kRemotePieceBytes) {
   uint64_t total = 0;
   for (const RemoteRun& run : runs) total += run.length;
-  const uint64_t target = std::clamp<uint64_t>(total / static_cast<uint64_t>(in_flight),
-                                               MappedFile::kRemotePieceBytes, kMaxRunPieceBytes);
+  const uint64_t target =
+      std::clamp<uint64_t>(total / static_cast<uint64_t>(in_flight), least, kMaxRunPieceBytes);
   std::vector<Piece> pieces;
   for (size_t r = 0; r < runs.size(); ++r) {
     const uint64_t length = runs[r].length;
@@ -107,7 +109,7 @@ void RemoteRunQueue::Add(absl::Span<const RemoteRun> runs, uint64_t element_size
   for (const RemoteRun& run : runs) into_scratch = into_scratch || run.out == nullptr;
   const std::vector<Piece> pieces =
       CutRuns(runs, in_flight_, std::max<uint64_t>(element_size, 1),
-              into_scratch ? scratch_bytes_ : UINT64_MAX);
+              into_scratch ? scratch_bytes_ : UINT64_MAX, kQueuedRunPieceBytes);
   if (pieces.empty()) return;
   if (threads_.empty()) {
     for (int t = 0; t < in_flight_; ++t) threads_.emplace_back([this] { Work(); });

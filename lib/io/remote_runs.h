@@ -43,6 +43,10 @@ struct RemoteRun {
 
 // A request of ReadRemoteRuns is at most 1.5 times this long.
 inline constexpr uint64_t kMaxRunPieceBytes = 4 << 20;
+// A request of a RemoteRunQueue is about this long at least (a shorter run is one request):
+// its requests stay in flight from batch to batch, so a batch's need not be as many as the
+// requests in flight, and fewer, longer requests cost the store less.
+inline constexpr uint64_t kQueuedRunPieceBytes = 2 << 20;
 
 // Reads every run into its `out`, with at most `in_flight` requests at once (on as many
 // threads, this one included). Requests are about the runs' total over `in_flight` long, but
@@ -82,8 +86,9 @@ class RemoteRunQueue {
   RemoteRunQueue(const RemoteRunQueue&) = delete;
   RemoteRunQueue& operator=(const RemoteRunQueue&) = delete;
 
-  // Queues the requests of `runs`, cut as ReadRemoteRuns cuts them, at multiples of
-  // `element_size` bytes from each run's start. `context` prefixes a failed request's error
+  // Queues the requests of `runs`, cut as ReadRemoteRuns cuts them but about
+  // kQueuedRunPieceBytes long at least, at multiples of `element_size` bytes from each run's
+  // start. `context` prefixes a failed request's error
   // (e.g. the tensor), `done` (may be empty) is called for each request read. The requests of
   // a batch with runs read into scratch memory are at most `scratch_bytes` long (at least
   // `element_size`, which must then not exceed it). Call from one thread at a time.
