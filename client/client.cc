@@ -8,14 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "lib/core/status.h"
 #include "lib/io/file_access.h"
+#include "proto/reshard/v1/rpc_status.h"
 
 namespace reshard {
 namespace {
-
-absl::Status FromGrpc(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
 
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   if (timeout == absl::InfiniteDuration()) return;
@@ -72,7 +68,7 @@ absl::Status Client::Call(bool retry,
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
     Authorize(&context);
-    status = FromGrpc(call(&context));
+    status = StatusFromRpc(call(&context), context);
     if (!absl::IsUnavailable(status) || !retry) break;
     if (attempt < options_.max_attempts) {
       absl::SleepFor(backoff);
@@ -193,7 +189,7 @@ absl::StatusOr<v1::Job> Client::Watch(const std::string& id,
       backoff = options_.initial_backoff;
       if (on_event) on_event(last);
     }
-    absl::Status status = FromGrpc(reader->Finish());
+    absl::Status status = StatusFromRpc(reader->Finish(), context);
     finished.store(true);
     stopper.join();
     if (got_event &&

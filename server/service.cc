@@ -18,6 +18,7 @@
 #include "lib/io/io_mode.h"
 #include "lib/plan/partition_rules.h"
 #include "proto/reshard/v1/job_spec_codec.h"
+#include "proto/reshard/v1/rpc_status.h"
 #include "server/job_runner.h"
 
 namespace reshard {
@@ -154,7 +155,10 @@ grpc::Status ReshardService::SubmitJob(grpc::ServerContext* context,
                      " output=", Quoted(request->spec().output()),
                      job.ok() ? absl::StrCat(" job=", job->id()) : ""),
         job.status());
-  if (!job.ok()) return ToGrpcStatus(job.status());
+  if (!job.ok()) {
+    SendUsageErrorMark(job.status(), *context);
+    return ToGrpcStatus(job.status());
+  }
   *response = *std::move(job);
   return grpc::Status::OK;
 }
@@ -302,7 +306,10 @@ grpc::Status ReshardService::Plan(grpc::ServerContext* context, const v1::PlanRe
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is stopping; plan not made");
   }
   const absl::StatusOr<PlannedConversion>& plan_result = **planned;
-  if (!plan_result.ok()) return ToGrpcStatus(plan_result.status());
+  if (!plan_result.ok()) {
+    SendUsageErrorMark(plan_result.status(), *context);
+    return ToGrpcStatus(plan_result.status());
+  }
   for (const FilePlan& file : plan_result->plan.files) {
     v1::PlannedFile* out = response->add_files();
     out->set_name(file.name);

@@ -1,5 +1,6 @@
 // The reshard.v1.Reshard gRPC service: thin handlers that validate a request, translate it to
-// scheduler or engine calls, and convert the resulting status once (see grpc_status.h).
+// scheduler or engine calls, and convert the resulting status once (ToGrpcStatus below; a
+// usage error's mark goes in the trailing metadata, proto/reshard/v1/rpc_status.h).
 
 #ifndef RESHARD_SERVER_SERVICE_H_
 #define RESHARD_SERVER_SERVICE_H_

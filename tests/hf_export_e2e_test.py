@@ -382,6 +382,34 @@ class DeepSpeedQkvSubParamsTests(Base):
                                seed=51), 2, 1, None)
 
 
+    def test_reshard_parts_hold_each_ranks_sub_params(self):
+        # `reshard --parts N` into safetensors parts: each part's QKV (weight and bias) is its
+        # slice of every sub-param, [q_t; k_t; v_t], as a Megatron-DeepSpeed TP rank saves it,
+        # not rows t of [q; k; v]. From TP 2 and TP 1 saves (and the ZeRO files' reader), into
+        # 1, 2 and 4 parts (4 query groups: each part keeps whole heads).
+        spec = hmf.Spec("qwen2", layers=2, hidden=32, heads=8, groups=4, tied=False, seed=54)
+        hf = hmf.hf_state_dict(spec)
+        for tp, zero_dp in ((2, None), (1, None), (2, 2)):
+            save = self.p("save-tp%d-zero%s" % (tp, zero_dp))
+            hmf.write_deepspeed_pipe(save, spec, hf, tp, 1, qkv_sub_params=True,
+                                     zero_dp=zero_dp, vocab_size=spec.vocab)
+            for parts in (1, 2, 4):
+                out = "%s-parts%d" % (save, parts)
+                self.ok("reshard", save, out, "--parts", str(parts), "--no-progress")
+                for t in range(parts):
+                    got = st_tensors(os.path.join(out, "model_part-%d.safetensors" % t))
+                    for i in range(spec.layers):
+                        layer = "model.layers.%d.self_attn." % i
+                        for kind in ("weight", "bias"):
+                            name = "%d.self_attention.query_key_value.%s" % (3 + i, kind)
+                            want = np.concatenate([
+                                np.split(hf[layer + "%s_proj.%s" % (x, kind)], parts)[t]
+                                for x in "qkv"])
+                            with self.subTest(tp=tp, zero_dp=zero_dp, parts=parts, part=t,
+                                              tensor=name):
+                                self.assertTrue(torch.equal(got[name], torch.from_numpy(want)),
+                                                "%s differs" % name)
+
     def test_gpt2_multi_head_tp2_pp2(self):
         # megatron_fixture's GPT-2 style model with query_key_value as sub-params (each rank
         # [q_t; k_t; v_t], not [heads, 3, d]): c_attn is the transpose of [q; k; v].

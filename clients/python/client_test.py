@@ -233,11 +233,48 @@ class ClientTests(DaemonTestCase):
         e = cm.exception
         self.assertEqual((e.code, e.exit_code, e.job.error.usage_error),
                          ("INVALID_ARGUMENT", 2, True))
-        self.assertEqual(e.message, "%s: --family is only for --format hf (a Hugging Face model "
-                         "written from a Megatron checkpoint) and for a Hugging Face model "
-                         "imported with --format megatron or megatron-torch-dist; the input is "
-                         "megatron, not a Hugging Face model folder" % folder)
+        expected_message = (
+            "%s: --family is only for --format hf (a Hugging Face model written from a "
+            "Megatron checkpoint) and for a Hugging Face model imported with --format megatron "
+            "or megatron-torch-dist; the input is megatron, not a Hugging Face model folder"
+            % folder)
+        self.assertEqual(e.message, expected_message)
         self.assertNoOutput(out)
+        # A dry run finds it the same way: the refused Plan call is a usage error too.
+        with self.assertRaises(ReshardError) as cm:
+            self.client.plan(folder, parts=1, output_format="megatron", hf_family="llama")
+        e = cm.exception
+        self.assertEqual((e.code, e.exit_code, e.message),
+                         ("INVALID_ARGUMENT", 2, expected_message))
+        self.assertIs(e.usage_error, True)
+
+    def test_option_refused_at_submit_exits_2(self):
+        # hf_family for a safetensors output: the daemon refuses the submit itself; a usage
+        # error (exit 2), as reshardctl refuses --family there.
+        out = self.r("out_family_submit")
+        with self.assertRaises(ReshardError) as cm:
+            self.client.consolidate(self.small, out, hf_family="llama")
+        e = cm.exception
+        self.assertNotIsInstance(e, JobFailedError)
+        self.assertEqual((e.code, e.exit_code, e.job), ("INVALID_ARGUMENT", 2, None))
+        self.assertIs(e.usage_error, True)
+        self.assertEqual(e.message,
+                         "spec.hf_family is only for spec.output_format hf (a Hugging Face "
+                         "model written from a Megatron checkpoint) and for a Hugging Face model "
+                         "imported with spec.output_format megatron or megatron-torch-dist; not "
+                         "for output format safetensors")
+        with self.assertRaises(ReshardError) as cm:
+            self.client.plan(self.small, hf_family="llama")
+        self.assertEqual((cm.exception.exit_code, cm.exception.message), (2, e.message))
+        # Another INVALID_ARGUMENT refusal of the request is not a usage error: exit 3.
+        with self.assertRaises(ReshardError) as cm:
+            self.client.consolidate(self.small, os.path.join(self.small, "out"))
+        e = cm.exception
+        self.assertEqual((e.code, e.exit_code, e.usage_error, e.message),
+                         ("INVALID_ARGUMENT", 3, False,
+                          "spec.output must not be, contain or lie inside the input"))
+        self.assertNoOutput(out)
+        self.assertNoOutput(os.path.join(self.small, "out"))
 
     def test_refused_calls_raise_with_code(self):
         with self.assertRaises(ReshardError) as cm:

@@ -4,10 +4,17 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace reshard {
+namespace {
+
+// The payload of a usage error's mark; its value is the flag refused.
+constexpr absl::string_view kUsageErrorUrl = "reshard/usage-error";
+
+}  // namespace
 
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   if (status.ok() || context.empty()) return status;
@@ -16,6 +23,21 @@ absl::Status Annotate(const absl::Status& status, absl::string_view context) {
     annotated.SetPayload(url, payload);
   });
   return annotated;
+}
+
+absl::Status MarkUsageError(absl::Status status, absl::string_view flag) {
+  if (!status.ok()) status.SetPayload(kUsageErrorUrl, absl::Cord(flag));
+  return status;
+}
+
+bool IsUsageError(const absl::Status& status) {
+  return status.GetPayload(kUsageErrorUrl).has_value();
+}
+
+std::optional<std::string> UsageErrorFlag(const absl::Status& status) {
+  const auto flag = status.GetPayload(kUsageErrorUrl);  // absl::optional<absl::Cord>
+  if (!flag.has_value()) return std::nullopt;
+  return std::string(*flag);
 }
 
 absl::Status ErrnoToStatus(int error_number, absl::string_view what) {

@@ -7,6 +7,8 @@
 #ifndef RESHARD_LIB_CORE_STATUS_H_
 #define RESHARD_LIB_CORE_STATUS_H_
 
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -22,6 +24,19 @@ absl::Status Annotate(const absl::Status& status, absl::string_view context);
 // ENOENT -> NotFound, EACCES/EPERM -> PermissionDenied, ENOSPC/EDQUOT/ENOMEM -> ResourceExhausted,
 // everything else -> Internal.
 absl::Status ErrnoToStatus(int error_number, absl::string_view what);
+
+// A usage error refuses a flag (a JobSpec field) given to a job that does not read it;
+// reshardctl exits 2 for it, in-process and through reshardd alike. The mark is a payload of
+// the status, so it survives Annotate and travels to clients (proto/reshard/v1/rpc_status.h).
+
+// `status` marked as a usage error that refuses `flag` (reshardctl's name, e.g. "--family").
+absl::Status MarkUsageError(absl::Status status, absl::string_view flag);
+
+// Whether `status` is marked as a usage error.
+bool IsUsageError(const absl::Status& status);
+
+// The flag a usage error refuses; nullopt when `status` is not one.
+std::optional<std::string> UsageErrorFlag(const absl::Status& status);
 
 }  // namespace reshard
 

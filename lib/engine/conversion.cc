@@ -21,6 +21,7 @@
 #include "lib/core/test_faults.h"
 #include "lib/engine/spec_codec.h"
 #include "lib/formats/hf/model_files.h"
+#include "lib/formats/megatron/megatron_layout.h"
 #include "lib/io/atomic_file.h"
 #include "lib/io/file_access.h"
 #include "lib/io/kvstore/location.h"
@@ -200,6 +201,11 @@ absl::StatusOr<PlannedConversion> PlanConversion(const ConversionSpec& spec) {
           "reshard needs partition rules: pass --rules FILE (or a preset: metaseq, megatron)");
     }
     ASSIGN_OR_RETURN(viewed, ViewFusedTensors(catalog, rules));
+    // A Megatron-DeepSpeed fused QKV merged from sub-params ([q; k; v]) is split as its TP
+    // ranks save it: part t holds [q_t; k_t; v_t].
+    RETURN_IF_ERROR(ViewSubParamsByPart(planned.input.model.training_state.values, rules,
+                                        spec.parts, viewed),
+                    spec.input);
     plan_catalog = &viewed;
     ASSIGN_OR_RETURN(planned.layout, BuildSplitLayout(viewed, rules, spec.parts, spec.dtype,
                                                       planned.writer->naming()));

@@ -7,7 +7,6 @@
 #include <sstream>
 #include <type_traits>
 
-#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -46,14 +45,9 @@ absl::Status Invalid(const SpecField& field, SpecNaming naming, absl::string_vie
   return absl::InvalidArgumentError(absl::StrCat(SpecFieldLabel(field, naming), " ", what));
 }
 
-// The payload that marks a status as a flag given to a job that does not take it.
-constexpr absl::string_view kUsageErrorUrl = "reshard/usage-error";
-
 // Invalid, marked as a usage error (IsUsageError): `field` is given to a job that ignores it.
 absl::Status NotRead(const SpecField& field, SpecNaming naming, absl::string_view what) {
-  absl::Status status = Invalid(field, naming, what);
-  status.SetPayload(kUsageErrorUrl, absl::Cord(field.flag));
-  return status;
+  return MarkUsageError(Invalid(field, naming, what), field.flag);
 }
 
 // The outputs that write pipeline stages (--pipeline-parts) and expert-parallel ranks
@@ -582,10 +576,6 @@ absl::Status CheckHfImportFlags(const ConversionSpec& spec, bool hf_model_import
                                       ", not a Hugging Face model folder"));
   }
   return absl::OkStatus();
-}
-
-bool IsUsageError(const absl::Status& status) {
-  return status.GetPayload(kUsageErrorUrl).has_value();
 }
 
 absl::StatusOr<OrderedJson> SpecToRequestJson(const ConversionSpec& spec) {

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "lib/core/status.h"  // IsUsageError
 #include "lib/engine/conversion.h"
 #include "nlohmann/json.hpp"
 
@@ -155,10 +156,6 @@ absl::Status ValidateSpec(const ConversionSpec& spec, SpecNaming naming);
 // OutputFormat::PresentInput presented it), which would ignore it. Checked by PlanConversion.
 absl::Status CheckHfImportFlags(const ConversionSpec& spec, bool hf_model_imported,
                                 absl::string_view input_format, SpecNaming naming);
-
-// Whether `status` refuses a flag (JobSpec field) given to a job that does not read it: a
-// usage error, for which reshardctl exits 2.
-bool IsUsageError(const absl::Status& status);
 
 // reshardctl's help text of `field`: its row's help, with the lists it names taken from the
 // registries ("{output_formats}": OutputFormatIds(), "{hf_families}": HfFamilies()).

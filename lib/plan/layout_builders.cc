@@ -342,6 +342,65 @@ absl::StatusOr<CatalogTensor> ViewPermuted(const CatalogTensor& tensor,
   return viewed;
 }
 
+absl::StatusOr<CatalogTensor> ViewSubTensorsByPart(const CatalogTensor& tensor, int dim,
+                                                   const std::vector<int64_t>& sizes, int parts) {
+  const auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor \"", tensor.name, "\" of shape ", ShapeToString(tensor.shape), ", sub-tensors of ",
+        absl::StrJoin(sizes, ", "), " along dimension ", dim, ": ", why));
+  };
+  if (dim < 0 || dim >= static_cast<int>(tensor.shape.size()) || parts < 1) {
+    return refuse("no such dimension");
+  }
+  int64_t total = 0;
+  for (int64_t size : sizes) {
+    if (size < 0 || size % parts != 0) {
+      return refuse(absl::StrCat("a split into ", parts, " parts would cut a sub-tensor of ", size,
+                                 " rows unevenly"));
+    }
+    total += size;
+  }
+  if (total != tensor.shape[dim]) {
+    return refuse(absl::StrCat("they add up to ", total, " rows, not ", tensor.shape[dim]));
+  }
+  // Slice t of sub-tensor j, rows [start, start + rows) of `tensor`, becomes rows
+  // [t * total / parts + start / parts, ...) of the view.
+  struct Move {
+    int64_t start, rows, shift;
+  };
+  std::vector<Move> moves;
+  int64_t start = 0;
+  for (int64_t size : sizes) {
+    const int64_t rows = size / parts;
+    for (int64_t t = 0; t < parts; ++t) {
+      const int64_t from = start + t * rows;
+      moves.push_back({from, rows, t * (total / parts) + start / parts - from});
+    }
+    start += size;
+  }
+  CatalogTensor viewed = tensor;
+  for (std::vector<SourcePiece>* pieces : {&viewed.pieces, &viewed.replicas}) {
+    std::vector<SourcePiece> moved;
+    for (const SourcePiece& piece : *pieces) {
+      const int64_t begin = piece.box.origin[dim];
+      const int64_t end = begin + piece.box.extent[dim];
+      for (const Move& move : moves) {
+        const int64_t from = std::max(begin, move.start);
+        const int64_t to = std::min(end, move.start + move.rows);
+        if (from >= to) continue;
+        SourcePiece sub = piece;
+        sub.box.origin[dim] = from + move.shift;
+        sub.box.extent[dim] = to - from;
+        sub.byte_offset +=
+            static_cast<uint64_t>((from - begin) * piece.strides[dim]) * DTypeSize(tensor.dtype);
+        moved.push_back(std::move(sub));
+      }
+    }
+    *pieces = std::move(moved);
+  }
+  return viewed;
+}
+
 absl::StatusOr<Catalog> ViewFusedTensors(const Catalog& catalog, const PartitionRules& rules) {
   Catalog viewed = catalog;
   for (CatalogTensor& tensor : viewed.tensors) {

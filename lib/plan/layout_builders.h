@@ -78,6 +78,15 @@ absl::StatusOr<CatalogTensor> ViewAsBlocks(const CatalogTensor& tensor, int dim,
 absl::StatusOr<CatalogTensor> ViewPermuted(const CatalogTensor& tensor,
                                            const std::vector<int>& order);
 
+// `tensor`, whose dimension `dim` holds sub-tensors of `sizes` one after the other (a fused QKV
+// [q; k; v]), with the rows of that dimension reordered part by part: [q_0; k_0; v_0; q_1; k_1;
+// v_1; ...], x_t being the t-th of `parts` equal slices of x. An even split of the view into
+// `parts` along `dim` gives part t its slice of every sub-tensor, [q_t; k_t; v_t]. Pieces (and
+// replicas) are cut at the slices' boundaries and moved (no data is read). InvalidArgument
+// naming the tensor when `sizes` do not add up to the dimension or `parts` does not divide one.
+absl::StatusOr<CatalogTensor> ViewSubTensorsByPart(const CatalogTensor& tensor, int dim,
+                                                   const std::vector<int64_t>& sizes, int parts);
+
 // Merges N model-parallel parts (each a Catalog of its local tensors, in rank order) into one
 // Catalog of global tensors. Every part must hold the same tensor names. Split tensors are
 // concatenated along the rule's dimension in part order; replicated ones must agree in shape

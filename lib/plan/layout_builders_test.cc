@@ -411,6 +411,42 @@ TEST(MergePartsTest, NoRulesWithSeveralParts) {
   EXPECT_FALSE(MergeParts({}, PartitionRules(), {}).ok());
 }
 
+TEST(ViewSubTensorsByPartTest, EachPartHoldsItsSliceOfEverySubTensor) {
+  // A [q; k; v] of 6, 3 and 3 rows of 2 floats, stored as two pieces (rows 0-7 and 8-11) that
+  // the view cuts at the slices' boundaries.
+  CatalogTensor qkv{"qkv", DType::kF32, {12, 2}, {}};
+  qkv.pieces.push_back({0, 0, Box{{0, 0}, {8, 2}}, {2, 1}});
+  qkv.pieces.push_back({0, 64, Box{{8, 0}, {4, 2}}, {2, 1}});
+  auto viewed = ViewSubTensorsByPart(qkv, 0, {6, 3, 3}, 3);
+  ASSERT_TRUE(viewed.ok()) << viewed.status();
+  EXPECT_EQ(viewed->shape, (Shape{12, 2}));
+  // Row r of the view reads this row of the tensor (each row exactly once).
+  std::vector<int64_t> source(12, -1);
+  for (const SourcePiece& piece : viewed->pieces) {
+    for (int64_t r = 0; r < piece.box.extent[0]; ++r) {
+      ASSERT_EQ(source[piece.box.origin[0] + r], -1) << "row " << piece.box.origin[0] + r;
+      source[piece.box.origin[0] + r] = static_cast<int64_t>(piece.byte_offset / 8) + r;
+    }
+  }
+  // [q_0; k_0; v_0; q_1; k_1; v_1; q_2; k_2; v_2]: q_t rows 2t, 2t + 1; k_t 6 + t; v_t 9 + t.
+  EXPECT_EQ(source, (std::vector<int64_t>{0, 1, 6, 9, 2, 3, 7, 10, 4, 5, 8, 11}));
+}
+
+TEST(ViewSubTensorsByPartTest, RefusesSizesThatDoNotFit) {
+  CatalogTensor qkv{"qkv", DType::kF32, {12, 2}, {}};
+  qkv.pieces.push_back({0, 0, Box::Full({12, 2}), {2, 1}});
+  auto uneven = ViewSubTensorsByPart(qkv, 0, {6, 3, 3}, 2);
+  EXPECT_EQ(uneven.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(uneven.status().message(),
+            "tensor \"qkv\" of shape [12, 2], sub-tensors of 6, 3, 3 along dimension 0: a split "
+            "into 2 parts would cut a sub-tensor of 3 rows unevenly");
+  auto short_sum = ViewSubTensorsByPart(qkv, 0, {6, 3, 2}, 1);
+  EXPECT_EQ(short_sum.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(short_sum.status().message(),
+            "tensor \"qkv\" of shape [12, 2], sub-tensors of 6, 3, 2 along dimension 0: they "
+            "add up to 11 rows, not 12");
+}
+
 }  // namespace
 }  // namespace reshard
 

@@ -1031,6 +1031,16 @@ class SecurityTests(DaemonTestCase):
                          "written from a Megatron checkpoint) and for a Hugging Face model "
                          "imported with spec.output_format megatron or megatron-torch-dist; not "
                          "for output format safetensors")
+        # Marked as a usage error for any client (exit 2); other refusals are not.
+        self.assertEqual(res["trailing_metadata"], {"reshard-usage-error": "--family"})
+        planned = probe(self.daemon.addr, "Plan", {"spec": spec})
+        self.assertEqual((planned["code_name"], planned["message"], planned["trailing_metadata"]),
+                         ("INVALID_ARGUMENT", res["message"], {"reshard-usage-error": "--family"}))
+        inside = dict(spec, hf_family="", output=os.path.join(self.src, "o_inside"))
+        res = probe(self.daemon.addr, "SubmitJob", {"spec": inside})
+        self.assertEqual((res["code_name"], res["message"], res["trailing_metadata"]),
+                         ("INVALID_ARGUMENT",
+                          "spec.output must not be, contain or lie inside the input", {}))
         # reshardctl refuses it before sending: a usage error.
         self.assertError(self.ctl("consolidate", self.src, self.r("o_vocab"), "--vocab-size",
                                   "50", "--detach"), 2, "INVALID_ARGUMENT",
@@ -1069,6 +1079,11 @@ class SecurityTests(DaemonTestCase):
                 self.assertEqual((error["code_name"], error["message"], error["usage_error"]),
                                  ("INVALID_ARGUMENT", local["error"]["message"], True))
                 self.assertNoOutput(self.r("o_hf_flag_%d" % i))
+                # A dry run through reshardd: the refused Plan call is a usage error too.
+                plan = ["plan", folder, "--format", "megatron", "--parts", "1"] + flags
+                local_plan = self.assertError(run_ctl(plan), 2, "INVALID_ARGUMENT")
+                remote_plan = self.assertError(self.ctl(*plan), 2, "INVALID_ARGUMENT")
+                self.assertEqual(remote_plan["error"]["message"], local_plan["error"]["message"])
 
     def test_pipeline_parts_refused_for_outputs_without_stages(self):
         spec = {"kind": "JOB_KIND_RESHARD", "input": self.src, "output": self.r("o_pp"),

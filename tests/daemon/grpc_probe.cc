@@ -5,8 +5,10 @@
 //
 // Sends the request exactly as given (no path normalization, unlike reshardctl), with a 10 s
 // deadline, and prints one JSON line on stdout:
-//   {"code": N, "code_name": "...", "message": "...", "response": {...} | null, "seconds": S}
-// ("seconds": how long the call took, once connected).
+//   {"code": N, "code_name": "...", "message": "...", "response": {...} | null, "seconds": S,
+//    "trailing_metadata": {"key": "value", ...}}
+// ("seconds": how long the call took, once connected; "trailing_metadata": the server's text
+// trailing metadata, "-bin" keys left out).
 // For `health`, "response" is {"status": "SERVING"} (grpc.health.v1, service ""). Exit code 0
 // whenever a call was made (whatever its status); 2 on a usage or JSON error.
 
@@ -98,9 +100,10 @@ std::string Quote(const std::string& text) {
   return out + "\"";
 }
 
-// `seconds`: the call's duration, printed when known (>= 0).
+// `seconds`: the call's duration, printed when known (>= 0); `context`: the finished call's, whose
+// trailing metadata is printed when given.
 int Print(const grpc::Status& status, const google::protobuf::Message* response,
-          double seconds = -1) {
+          double seconds = -1, const grpc::ClientContext* context = nullptr) {
   std::string body = "null";
   if (status.ok() && response != nullptr) {
     google::protobuf::util::JsonPrintOptions options;
@@ -113,6 +116,18 @@ int Print(const grpc::Status& status, const google::protobuf::Message* response,
             << ", \"code_name\": " << Quote(CodeName(status.error_code()))
             << ", \"message\": " << Quote(status.error_message()) << ", \"response\": " << body;
   if (seconds >= 0) std::cout << ", \"seconds\": " << seconds;
+  if (context != nullptr) {
+    std::cout << ", \"trailing_metadata\": {";
+    const char* separator = "";
+    for (const auto& [key, value] : context->GetServerTrailingMetadata()) {
+      const std::string name(key.data(), key.size());
+      if (name.size() >= 4 && name.compare(name.size() - 4, 4, "-bin") == 0) continue;
+      std::cout << separator << Quote(name) << ": "
+                << Quote(std::string(value.data(), value.size()));
+      separator = ", ";
+    }
+    std::cout << "}";
+  }
   std::cout << "}" << std::endl;
   return 0;
 }
@@ -136,7 +151,7 @@ int Unary(reshard::v1::Reshard::Stub& stub, Method method, const std::string& js
   const auto start = std::chrono::steady_clock::now();
   grpc::Status status = (stub.*method)(&context, request, &response);
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-  return Print(status, &response, took.count());
+  return Print(status, &response, took.count(), &context);
 }
 
 }  // namespace

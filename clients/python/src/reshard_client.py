@@ -90,6 +90,10 @@ TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 _MAX_MESSAGE = 64 << 20
 _MAX_RULES = 1 << 20
 
+# The trailing metadata key that marks a refused SubmitJob or Plan as a usage error: a JobSpec
+# field given to a job that does not read it (its value: reshardctl's flag, "--family").
+_USAGE_ERROR_KEY = "reshard-usage-error"
+
 # reshardctl's exit codes (README, "Exit codes") by status code name.
 _EXIT_CODES = {
     "OK": 0,
@@ -115,24 +119,28 @@ class ReshardError(Exception):
         message: the daemon's message (names the file, tensor or field concerned).
         job: the Job, when a job failed (None for a refused call).
         job_id: the job's id, when one is concerned.
-        exit_code: the exit code reshardctl gives for this error (2 a flag the job does not
-            read, 3 invalid input, 5 cancelled, 6 resource exhausted, 7 unavailable, 1
-            otherwise).
+        usage_error: the call or job was refused for an option (JobSpec field) it does not
+            read, e.g. hf_family for a safetensors output; reshardctl exits 2 for it.
+        exit_code: the exit code reshardctl gives for this error (2 a usage error, 3 invalid
+            input, 5 cancelled, 6 resource exhausted, 7 unavailable, 1 otherwise).
     """
 
     def __init__(self, code: str, message: str, code_value: Optional[int] = None,
-                 job: Optional["Job"] = None, job_id: Optional[str] = None):
+                 job: Optional["Job"] = None, job_id: Optional[str] = None,
+                 usage_error: bool = False):
         self.code = code
         self.code_value = _code_value(code) if code_value is None else code_value
         self.message = message
         self.job = job
         self.job_id = job_id if job_id is not None else (job.id if job is not None else None)
+        self.usage_error = usage_error or (job is not None and job.error is not None and
+                                           job.error.usage_error)
         where = " (job %s)" % self.job_id if self.job_id else ""
         super().__init__("%s%s: %s" % (code, where, message))
 
     @property
     def exit_code(self) -> int:
-        if self.job is not None and self.job.error is not None and self.job.error.usage_error:
+        if self.usage_error:
             return 2
         return _EXIT_CODES.get(self.code, 1)
 
@@ -154,7 +162,9 @@ def _from_rpc_error(error: grpc.RpcError, job_id: Optional[str] = None,
     details = (error.details() if hasattr(error, "details") else None) or str(error)
     if code == grpc.StatusCode.UNAVAILABLE and target:
         details = "reshardd at %s is unavailable: %s" % (target, details)
-    return ReshardError(code.name, details, code.value[0], job_id=job_id)
+    trailing = (error.trailing_metadata() if hasattr(error, "trailing_metadata") else None) or ()
+    usage_error = any(key == _USAGE_ERROR_KEY for key, _ in trailing)
+    return ReshardError(code.name, details, code.value[0], job_id=job_id, usage_error=usage_error)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "lib/core/status.h"
+#include "lib/plan/layout_builders.h"
 
 namespace reshard {
 namespace {
@@ -95,6 +97,24 @@ absl::Status RefuseSubParams(const std::map<std::string, StructureNode>& values,
       "universal_checkpoint_info.parameter_with_sub_params), not grouped per query group as "
       "Megatron-LM's query_key_value is; ",
       output, " does not write it (consolidate and --format hf read it)"));
+}
+
+absl::Status ViewSubParamsByPart(const std::map<std::string, StructureNode>& values,
+                                 const PartitionRules& rules, int parts, Catalog& catalog) {
+  for (CatalogTensor& tensor : catalog.tensors) {
+    const std::optional<SubParamLayout> layout = RecordedSubParams(values, tensor.name);
+    if (!layout.has_value()) continue;
+    ASSIGN_OR_RETURN(const PartitionRule* rule, rules.Match(tensor.name));
+    // Replicated, or split along another dimension: each part's slice holds whole sub-params
+    // or none, as in [q; k; v]. Equal fused blocks (--rules `fused` 3) are already per part.
+    if (rule->replicate || rule->fused > 1) continue;
+    ASSIGN_OR_RETURN(const int dim, ResolveSplitDim(*rule, tensor.shape.size(), tensor.name));
+    if (dim != layout->partition_dim) continue;
+    ASSIGN_OR_RETURN(tensor, ViewSubTensorsByPart(tensor, dim, layout->sizes, parts),
+                     "a Megatron-DeepSpeed fused QKV saved as sub-params "
+                     "(universal_checkpoint_info.parameter_with_sub_params), split per part");
+  }
+  return absl::OkStatus();
 }
 
 std::optional<int> ParseMegatronIndex(absl::string_view text) {

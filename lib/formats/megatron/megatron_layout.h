@@ -62,6 +62,15 @@ std::optional<SubParamLayout> RecordedSubParams(const std::map<std::string, Stru
 absl::Status RefuseSubParams(const std::map<std::string, StructureNode>& values,
                              const Catalog& catalog, absl::string_view output);
 
+// `catalog` (the merged model a reshard splits into `parts` by `rules`) with every tensor that
+// `values` records as merged from sub-params ([q; k; v]) and that `rules` split along the
+// sub-params' dimension viewed part by part (ViewSubTensorsByPart, lib/plan/layout_builders.h):
+// each part then holds its slice of every sub-param, [q_t; k_t; v_t], as a Megatron-DeepSpeed
+// TP rank saves it, not a slice of [q; k; v]. InvalidArgument naming the tensor when `parts`
+// does not divide a sub-param.
+absl::Status ViewSubParamsByPart(const std::map<std::string, StructureNode>& values,
+                                 const PartitionRules& rules, int parts, Catalog& catalog);
+
 // A run of digits as an index in [0, kMaxMegatronIndex); nullopt for anything else.
 std::optional<int> ParseMegatronIndex(absl::string_view text);
 
