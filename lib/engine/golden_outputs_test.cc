@@ -94,19 +94,6 @@ struct GoldenConversion {
   bool to_s3 = false;
 };
 
-// A registered fixture as an input.
-std::function<std::string(const std::string&)> Fixture(const std::string& format,
-                                                       const std::string& variant = "") {
-  return [format, variant](const std::string& dir) -> std::string {
-    const auto it = FormatFixtures().find({format, variant});
-    if (it == FormatFixtures().end()) {
-      ADD_FAILURE() << "no fixture registered for " << format << " \"" << variant << "\"";
-      return "";
-    }
-    return it->second.builder(dir).input;
-  };
-}
-
 std::function<void(ConversionSpec&)> Consolidate(const std::string& format) {
   return [format](ConversionSpec& spec) {
     spec.kind = ConversionSpec::Kind::kConsolidate;
@@ -196,10 +183,10 @@ std::string WriteHfMixtralInput(const std::string& dir) {
 }
 
 std::vector<GoldenConversion> Conversions() {
-  const auto st = Fixture("safetensors", "single-file");
-  const auto megatron = Fixture("megatron");
+  const auto st = RegisteredFixtureInput("safetensors", "single-file");
+  const auto megatron = RegisteredFixtureInput("megatron");
   // The tied fixture: lm_head.weight shares embed.weight's storage.
-  const auto tied = Fixture("deepspeed-zero", "no-zero");
+  const auto tied = RegisteredFixtureInput("deepspeed-zero", "no-zero");
   // 48 + 6 + 16 bytes of tensors: at most 50 bytes per file gives two shards.
   const auto small_shards = [](ConversionSpec& spec) { spec.max_shard_size = 50; };
   std::vector<GoldenConversion> conversions = {
@@ -245,7 +232,8 @@ std::vector<GoldenConversion> Conversions() {
   };
   for (const auto& [key, fixture] : FormatFixtures()) {
     conversions.push_back({absl::StrCat("consolidate_", FixtureTestName(key)),
-                           Fixture(key.first, key.second), Consolidate("safetensors")});
+                           RegisteredFixtureInput(key.first, key.second),
+                           Consolidate("safetensors")});
   }
   return conversions;
 }
