@@ -105,19 +105,6 @@ struct GoldenConversion {
   bool to_s3 = false;
 };
 
-// A registered fixture as an input.
-std::function<std::string(const std::string&)> Fixture(const std::string& format,
-                                                       const std::string& variant = "") {
-  return [format, variant](const std::string& dir) -> std::string {
-    const auto it = FormatFixtures().find({format, variant});
-    if (it == FormatFixtures().end()) {
-      ADD_FAILURE() << "no fixture registered for " << format << " \"" << variant << "\"";
-      return "";
-    }
-    return it->second.builder(dir).input;
-  };
-}
-
 std::function<void(ConversionSpec&)> Consolidate(const std::string& format) {
   return [format](ConversionSpec& spec) {
     spec.kind = ConversionSpec::Kind::kConsolidate;
@@ -252,12 +239,12 @@ std::string WriteTorchDistLlamaInput(const std::string& dir) {
 }
 
 std::vector<GoldenConversion> Conversions() {
-  const auto st = Fixture("safetensors", "single-file");
-  const auto megatron = Fixture("megatron");
+  const auto st = RegisteredFixtureInput("safetensors", "single-file");
+  const auto megatron = RegisteredFixtureInput("megatron");
   // The tied fixture: lm_head.weight shares embed.weight's storage.
-  const auto tied = Fixture("deepspeed-zero", "no-zero");
+  const auto tied = RegisteredFixtureInput("deepspeed-zero", "no-zero");
   // Mixture-of-experts at TP 2 x EP 2, its experts laid out over 2 EP ranks again.
-  const auto torch_dist_moe = Fixture("megatron-torch-dist", "moe");
+  const auto torch_dist_moe = RegisteredFixtureInput("megatron-torch-dist", "moe");
   const auto expert_parts2 = [](ConversionSpec& spec) { spec.expert_parts = 2; };
   // 48 + 6 + 16 bytes of tensors: at most 50 bytes per file gives two shards.
   const auto small_shards = [](ConversionSpec& spec) { spec.max_shard_size = 50; };
@@ -327,7 +314,8 @@ std::vector<GoldenConversion> Conversions() {
   };
   for (const auto& [key, fixture] : FormatFixtures()) {
     conversions.push_back({absl::StrCat("consolidate_", FixtureTestName(key)),
-                           Fixture(key.first, key.second), Consolidate("safetensors")});
+                           RegisteredFixtureInput(key.first, key.second),
+                           Consolidate("safetensors")});
   }
   return conversions;
 }

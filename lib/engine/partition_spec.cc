@@ -179,4 +179,14 @@ std::vector<PartitionFiles> GroupByPartition(const std::vector<std::string>& nam
   return partitions;
 }
 
+std::vector<PartitionFiles> GroupByPartition(const CopyPlan& plan, int count) {
+  std::vector<std::string> names;
+  std::vector<uint64_t> bytes;
+  for (const FilePlan& file : plan.files) {
+    names.push_back(file.name);
+    bytes.push_back(file.bytes);
+  }
+  return GroupByPartition(names, bytes, count);
+}
+
 }  // namespace reshard

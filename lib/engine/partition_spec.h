@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "lib/plan/layout.h"
 
 namespace reshard {
 
@@ -62,6 +63,8 @@ struct PartitionFiles {
 };
 std::vector<PartitionFiles> GroupByPartition(const std::vector<std::string>& names,
                                              const std::vector<uint64_t>& bytes, int count);
+// The same for the data files of `plan` (its names and planned sizes).
+std::vector<PartitionFiles> GroupByPartition(const CopyPlan& plan, int count);
 
 }  // namespace reshard
 

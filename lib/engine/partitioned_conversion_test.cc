@@ -430,13 +430,7 @@ TEST_F(PartitionedConversionTest, PartitionsOfThePlanCoverEveryFileOnce) {
   ConversionSpec spec = Spec(root_ + "/unused", 0, 0);
   auto planned = PlanConversion(spec);
   ASSERT_TRUE(planned.ok()) << planned.status();
-  std::vector<std::string> names;
-  std::vector<uint64_t> sizes;
-  for (const FilePlan& file : planned->plan.files) {
-    names.push_back(file.name);
-    sizes.push_back(file.bytes);
-  }
-  const std::vector<PartitionFiles> partitions = GroupByPartition(names, sizes, 3);
+  const std::vector<PartitionFiles> partitions = GroupByPartition(planned->plan, 3);
   ASSERT_EQ(partitions.size(), 3u);
   std::vector<std::string> all;
   uint64_t bytes = 0;

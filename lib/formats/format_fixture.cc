@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "gtest/gtest.h"
 
 namespace reshard {
 namespace {
@@ -80,6 +81,18 @@ std::vector<FixtureTensor> ThreeFixtureTensors(const std::vector<std::string>& n
 
 const std::map<std::pair<std::string, std::string>, RegisteredFixture>& FormatFixtures() {
   return Registry();
+}
+
+std::function<std::string(const std::string& dir)> RegisteredFixtureInput(
+    const std::string& format_id, const std::string& variant) {
+  return [format_id, variant](const std::string& dir) -> std::string {
+    const auto it = Registry().find({format_id, variant});
+    if (it == Registry().end()) {
+      ADD_FAILURE() << "no fixture registered for format " << format_id << " \"" << variant << "\"";
+      return "";
+    }
+    return it->second.builder(dir).input;
+  };
 }
 
 std::string FixtureTestName(const std::pair<std::string, std::string>& key) {

@@ -107,6 +107,12 @@ std::string FixtureTestName(const std::pair<std::string, std::string>& key);
 // Every registered fixture, by format id then variant.
 const std::map<std::pair<std::string, std::string>, RegisteredFixture>& FormatFixtures();
 
+// For tests that convert a registered fixture: writes the fixture registered as `format_id`
+// `variant` into an existing, empty folder and returns what to give the reader; "" and a test
+// failure naming both when none is registered.
+std::function<std::string(const std::string& dir)> RegisteredFixtureInput(
+    const std::string& format_id, const std::string& variant = "");
+
 struct FormatFixtureRegistration {
   FormatFixtureRegistration(const std::string& format_id, FixtureBuilder builder)
       : FormatFixtureRegistration(format_id, "", std::move(builder)) {}
