@@ -30,9 +30,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "lib/engine/conversion.h"
 #include "lib/engine/output_commit.h"
+#include "lib/engine/partition_area.h"
 #include "lib/engine/partition_spec.h"
 #include "lib/engine/partitioned_conversion.h"
 #include "lib/formats/deepspeed/zero_fixture.h"
@@ -336,10 +338,13 @@ TEST_P(WriterResumeTest, RerunReusesTheRecordedFileAndWritesAnUninterruptedRunsB
     const std::string area_name = fs::path(area).filename().string();
     left = {area_name + "/split.json"};
     if (posix) {
-      // The area's data/ folder, renamed to the output when published.
+      // The area's data/ folder, renamed to the output when published; the worker's records
+      // are lines of its own log.
       kept_in = area + "/data";
       left.insert(area_name + "/data/" + first);
-      left.insert(area_name + "/data/" + FileRecordName(first));
+      left.insert(area_name + "/data/" +
+                  FileRecordLogName(absl::StripSuffix(
+                      PartitionRecordName(stopped_, param.partitions), ".json")));
     } else {
       kept_in = out;
       left.insert("out/" + std::string(kInProgressMarkerName));

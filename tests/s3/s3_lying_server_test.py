@@ -110,9 +110,10 @@ class LyingServerTest(harness.CliTestCase):
         self.assertExit(res, 3)
         # The data starts at byte 176, after the 8-byte length and the header.
         self.assertEqual(self.error(self.p("out")), (
-            "DATA_LOSS", "model.safetensors: writing tensor \"a.weight\": GET "
-            "s3://models/model.safetensors bytes=176-1573039: server answered with another range "
-            "(bytes 175-1573038/1573040) at offset 176"))
+            "DATA_LOSS", "model.safetensors: tensor \"a.weight\": s3://models/model.safetensors: "
+            "reading 1048576 bytes at byte offset 176: GET s3://models/model.safetensors "
+            "bytes=176-1048751: server answered with another range (bytes 175-1048750/1573040) "
+            "at offset 176"))
         self.assertNothingPublished(self.p("out"))
 
     def assertReplacedFails(self, mode, message):
@@ -131,9 +132,10 @@ class LyingServerTest(harness.CliTestCase):
 
     def test_object_replaced_mid_job_fails_naming_both_etags(self):
         self.assertReplacedFails(
-            "replaced", "model.safetensors: writing tensor \"a.weight\": "
-            "s3://models/model.safetensors changed while being read: ETag \"%s\" at open, "
-            "\"%s\" at offset 176 (GET s3://models/model.safetensors bytes=176-1573039)")
+            "replaced", "model.safetensors: tensor \"a.weight\": s3://models/model.safetensors: "
+            "reading 1048576 bytes at byte offset 176: s3://models/model.safetensors changed "
+            "while being read: ETag \"%s\" at open, \"%s\" at offset 176 (GET "
+            "s3://models/model.safetensors bytes=176-1048751)")
 
     def test_object_replaced_after_its_metadata_was_read_fails_naming_both_etags(self):
         # Replaced by an object of the same size between the header's read and the data's
