@@ -201,7 +201,7 @@ TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
 // fixture holds: the writer suite below runs it from a ZeRO save with moments
 // (WriteZeroFolderWithMoments). hf needs a whole Megatron decoder of a known family to rename and
 // split, which no registered fixture is: the hf suite below runs it from Megatron-LM saves of
-// Llama, Qwen2 and GPT-2 models (lib/testing/hf_megatron_fixture.h).
+// Llama, Mistral, Qwen2, Qwen3 and GPT-2 models (lib/testing/hf_megatron_fixture.h).
 const std::map<std::string, std::set<std::string>>& FrameworkWriters() {
   static const auto* writers = new std::map<std::string, std::set<std::string>>{
       {"megatron", {"megatron", "megatron-torch-dist"}},
@@ -468,7 +468,8 @@ struct HfExportCase {
 
 // The Hugging Face export cases: Llama with 4 query heads in 2 groups, untied, at TP 2 x PP 2;
 // Qwen2 (a QKV bias) with 4 heads in 4 groups, tied, at TP 2; GPT-2 (4 heads, Conv1D weights,
-// learned positions, LayerNorm biases), tied, at TP 2 x PP 2.
+// learned positions, LayerNorm biases), tied, at TP 2 x PP 2; Qwen3 (q/k norms, head_dim 4 where
+// hidden / heads is 2), untied, at TP 2 x PP 2; Mistral (a sliding window of 4), untied, at TP 2.
 std::vector<HfExportCase> HfExportCases() {
   HfExportCase llama{"llama_gqa_tp2_pp2", {}, 2, 2};
   HfExportCase qwen2{"qwen2_bias_tied_tp2", {}, 2, 1};
@@ -479,7 +480,12 @@ std::vector<HfExportCase> HfExportCases() {
   gpt2.model.gpt2 = true;
   gpt2.model.groups = 4;
   gpt2.model.tied = true;
-  return {llama, qwen2, gpt2};
+  HfExportCase qwen3{"qwen3_qk_norm_head_dim_tp2_pp2", {}, 2, 2};
+  qwen3.model.qk_norm = true;
+  qwen3.model.head_dim = 4;
+  HfExportCase mistral{"mistral_sliding_window_tp2", {}, 2, 1};
+  mistral.model.sliding_window = 4;
+  return {llama, qwen2, gpt2, qwen3, mistral};
 }
 
 // config.json as transformers' config class of the family takes it for `model` (the keys of
@@ -509,27 +515,37 @@ nlohmann::json ExpectedHfConfig(const HfLlamaModel& model) {
             {"bos_token_id", 1},
             {"eos_token_id", 2}};
   }
-  const bool qwen2 = model.qkv_bias;
-  return {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-          {"model_type", model.family()},
-          {"hidden_size", model.hidden},
-          {"intermediate_size", model.ffn},
-          {"num_hidden_layers", model.layers},
-          {"num_attention_heads", model.heads},
-          {"num_key_value_heads", model.groups},
-          {"head_dim", model.head_dim},
-          {"hidden_act", "silu"},
-          {"max_position_embeddings", 64},
-          {"rms_norm_eps", 1e-6},
-          {"rope_theta", 500000.0},
-          {"rope_scaling", nullptr},
-          {"vocab_size", model.vocab},
-          {"tie_word_embeddings", model.tied},
-          {"attention_bias", qwen2},
-          {"torch_dtype", "float32"},
-          {"use_cache", true},
-          {"bos_token_id", 1},
-          {"eos_token_id", 2}};
+  const std::string family = model.family();
+  const std::map<std::string, std::string> architectures = {{"llama", "LlamaForCausalLM"},
+                                                             {"mistral", "MistralForCausalLM"},
+                                                             {"qwen2", "Qwen2ForCausalLM"},
+                                                             {"qwen3", "Qwen3ForCausalLM"}};
+  nlohmann::json config = {{"architectures", {architectures.at(family)}},
+                           {"model_type", family},
+                           {"hidden_size", model.hidden},
+                           {"intermediate_size", model.ffn},
+                           {"num_hidden_layers", model.layers},
+                           {"num_attention_heads", model.heads},
+                           {"num_key_value_heads", model.groups},
+                           {"head_dim", model.head_dim},
+                           {"hidden_act", "silu"},
+                           {"max_position_embeddings", model.positions},
+                           {"rms_norm_eps", 1e-6},
+                           {"rope_theta", 500000.0},
+                           {"rope_scaling", nullptr},
+                           {"vocab_size", model.vocab},
+                           {"tie_word_embeddings", model.tied},
+                           {"torch_dtype", "float32"},
+                           {"use_cache", true},
+                           {"bos_token_id", 1},
+                           {"eos_token_id", 2}};
+  // MistralConfig has a sliding window and no attention_bias.
+  if (family == "mistral") {
+    config["sliding_window"] = model.sliding_window;
+  } else {
+    config["attention_bias"] = model.qkv_bias;
+  }
+  return config;
 }
 
 // --format hf, which no registered fixture can feed (FrameworkWriters), from Megatron-LM saves
