@@ -201,7 +201,7 @@ TEST_P(ConformanceTest, ReadsTheValuesTheFixtureHolds) {
 // fixture holds: the writer suite below runs it from a ZeRO save with moments
 // (WriteZeroFolderWithMoments). hf needs a whole Megatron decoder of a known family to rename and
 // split, which no registered fixture is: the hf suite below runs it from Megatron-LM saves of
-// Llama and Qwen2 models (lib/testing/hf_megatron_fixture.h).
+// Llama, Mistral, Qwen2, Qwen3 and GPT-2 models (lib/testing/hf_megatron_fixture.h).
 const std::map<std::string, std::set<std::string>>& FrameworkWriters() {
   static const auto* writers = new std::map<std::string, std::set<std::string>>{
       {"megatron", {"megatron", "megatron-torch-dist"}},
@@ -467,40 +467,85 @@ struct HfExportCase {
 };
 
 // The Hugging Face export cases: Llama with 4 query heads in 2 groups, untied, at TP 2 x PP 2;
-// Qwen2 (a QKV bias) with 4 heads in 4 groups, tied, at TP 2.
+// Qwen2 (a QKV bias) with 4 heads in 4 groups, tied, at TP 2; GPT-2 (4 heads, Conv1D weights,
+// learned positions, LayerNorm biases), tied, at TP 2 x PP 2; Qwen3 (q/k norms, head_dim 4 where
+// hidden / heads is 2), untied, at TP 2 x PP 2; Mistral (a sliding window of 4), untied, at TP 2.
 std::vector<HfExportCase> HfExportCases() {
   HfExportCase llama{"llama_gqa_tp2_pp2", {}, 2, 2};
   HfExportCase qwen2{"qwen2_bias_tied_tp2", {}, 2, 1};
   qwen2.model.groups = 4;
   qwen2.model.qkv_bias = true;
   qwen2.model.tied = true;
-  return {llama, qwen2};
+  HfExportCase gpt2{"gpt2_tied_tp2_pp2", {}, 2, 2};
+  gpt2.model.gpt2 = true;
+  gpt2.model.groups = 4;
+  gpt2.model.tied = true;
+  HfExportCase qwen3{"qwen3_qk_norm_head_dim_tp2_pp2", {}, 2, 2};
+  qwen3.model.qk_norm = true;
+  qwen3.model.head_dim = 4;
+  HfExportCase mistral{"mistral_sliding_window_tp2", {}, 2, 1};
+  mistral.model.sliding_window = 4;
+  return {llama, qwen2, gpt2, qwen3, mistral};
 }
 
-// config.json as transformers' LlamaConfig / Qwen2Config takes it for `model` (the keys of
+// config.json as transformers' config class of the family takes it for `model` (the keys of
 // lib/formats/hf/hf_config.h, with the args the fixture saves), with the token ids of --config.
 nlohmann::json ExpectedHfConfig(const HfLlamaModel& model) {
-  const bool qwen2 = model.qkv_bias;
-  return {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-          {"model_type", model.family()},
-          {"hidden_size", model.hidden},
-          {"intermediate_size", model.ffn},
-          {"num_hidden_layers", model.layers},
-          {"num_attention_heads", model.heads},
-          {"num_key_value_heads", model.groups},
-          {"head_dim", model.head_dim},
-          {"hidden_act", "silu"},
-          {"max_position_embeddings", 64},
-          {"rms_norm_eps", 1e-6},
-          {"rope_theta", 500000.0},
-          {"rope_scaling", nullptr},
-          {"vocab_size", model.vocab},
-          {"tie_word_embeddings", model.tied},
-          {"attention_bias", qwen2},
-          {"torch_dtype", "float32"},
-          {"use_cache", true},
-          {"bos_token_id", 1},
-          {"eos_token_id", 2}};
+  if (model.gpt2) {
+    // GPT2Config's keys, with the values transformers' convert_megatron_gpt2_checkpoint.py gives
+    // them (openai_gelu: gelu_new; n_inner as the ffn is not 4 x n_embd).
+    return {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"vocab_size", model.vocab},
+            {"n_positions", model.positions},
+            {"n_embd", model.hidden},
+            {"n_layer", model.layers},
+            {"n_head", model.heads},
+            {"n_inner", model.ffn},
+            {"activation_function", "gelu_new"},
+            {"resid_pdrop", 0.1},
+            {"embd_pdrop", 0.1},
+            {"attn_pdrop", 0.1},
+            {"layer_norm_epsilon", 1e-5},
+            {"initializer_range", 0.02},
+            {"scale_attn_weights", true},
+            {"tie_word_embeddings", model.tied},
+            {"torch_dtype", "float32"},
+            {"use_cache", true},
+            {"bos_token_id", 1},
+            {"eos_token_id", 2}};
+  }
+  const std::string family = model.family();
+  const std::map<std::string, std::string> architectures = {{"llama", "LlamaForCausalLM"},
+                                                             {"mistral", "MistralForCausalLM"},
+                                                             {"qwen2", "Qwen2ForCausalLM"},
+                                                             {"qwen3", "Qwen3ForCausalLM"}};
+  nlohmann::json config = {{"architectures", {architectures.at(family)}},
+                           {"model_type", family},
+                           {"hidden_size", model.hidden},
+                           {"intermediate_size", model.ffn},
+                           {"num_hidden_layers", model.layers},
+                           {"num_attention_heads", model.heads},
+                           {"num_key_value_heads", model.groups},
+                           {"head_dim", model.head_dim},
+                           {"hidden_act", "silu"},
+                           {"max_position_embeddings", model.positions},
+                           {"rms_norm_eps", 1e-6},
+                           {"rope_theta", 500000.0},
+                           {"rope_scaling", nullptr},
+                           {"vocab_size", model.vocab},
+                           {"tie_word_embeddings", model.tied},
+                           {"torch_dtype", "float32"},
+                           {"use_cache", true},
+                           {"bos_token_id", 1},
+                           {"eos_token_id", 2}};
+  // MistralConfig has a sliding window and no attention_bias.
+  if (family == "mistral") {
+    config["sliding_window"] = model.sliding_window;
+  } else {
+    config["attention_bias"] = model.qkv_bias;
+  }
+  return config;
 }
 
 // --format hf, which no registered fixture can feed (FrameworkWriters), from Megatron-LM saves
@@ -530,9 +575,14 @@ TEST(HfWriterConformanceTest, MegatronSavesOfKnownFamiliesExportExactly) {
       ASSERT_TRUE(written.is_object()) << "config.json is not a JSON object";
       EXPECT_EQ(written, ExpectedHfConfig(c.model)) << written.dump(2);
       // JSON types as the config classes read them.
-      EXPECT_TRUE(written["rms_norm_eps"].is_number_float());
-      EXPECT_TRUE(written["rope_theta"].is_number_float());
-      EXPECT_TRUE(written["num_key_value_heads"].is_number_integer());
+      if (c.model.gpt2) {
+        EXPECT_TRUE(written["layer_norm_epsilon"].is_number_float());
+        EXPECT_TRUE(written["n_head"].is_number_integer());
+      } else {
+        EXPECT_TRUE(written["rms_norm_eps"].is_number_float());
+        EXPECT_TRUE(written["rope_theta"].is_number_float());
+        EXPECT_TRUE(written["num_key_value_heads"].is_number_integer());
+      }
       const nlohmann::json generation = nlohmann::json::parse(
           OutputFile(output + "/generation_config.json"), nullptr, /*allow_exceptions=*/false);
       EXPECT_EQ(generation, (nlohmann::json{{"_from_model_config", true},

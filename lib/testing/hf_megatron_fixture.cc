@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "lib/formats/format_fixture.h"
@@ -33,6 +34,19 @@ std::string Columns(const std::string& bytes, int64_t columns, int64_t begin, in
   const int64_t rows = static_cast<int64_t>(bytes.size()) / (columns * kF32);
   for (int64_t row = 0; row < rows; ++row) {
     out.append(bytes, (row * columns + begin) * kF32, (end - begin) * kF32);
+  }
+  return out;
+}
+
+// The [columns, rows] transpose of the row-major F32 matrix `bytes` of `columns` columns.
+std::string Transposed(const std::string& bytes, int64_t columns) {
+  const int64_t rows = static_cast<int64_t>(bytes.size()) / (columns * kF32);
+  std::string out(bytes.size(), '\0');
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t column = 0; column < columns; ++column) {
+      out.replace((column * rows + row) * kF32, kF32, bytes, (row * columns + column) * kF32,
+                  kF32);
+    }
   }
   return out;
 }
@@ -81,8 +95,8 @@ void WriteArgs(PickleWriter& p, const HfLlamaModel& model, int tp, int pp, int r
       {"num_attention_heads", model.heads},
       {"kv_channels", model.head_dim},
       {"num_query_groups", model.groups},
-      {"max_position_embeddings", 64},
-      {"seq_length", 64},
+      {"max_position_embeddings", model.positions},
+      {"seq_length", model.positions},
       {"vocab_size", model.vocab},
       {"padded_vocab_size", model.padded_vocab},
       {"make_vocab_size_divisible_by", 2},
@@ -100,23 +114,31 @@ void WriteArgs(PickleWriter& p, const HfLlamaModel& model, int tp, int pp, int r
   }
   const std::vector<std::pair<const char*, bool>> bools = {
       {"group_query_attention", model.groups != model.heads},
-      {"swiglu", true},
+      {"swiglu", !model.gpt2},
       {"untie_embeddings_and_output_weights", !model.tied},
-      {"add_qkv_bias", model.qkv_bias},
-      {"add_bias_linear", false},
-      {"qk_layernorm", false},
+      {"add_qkv_bias", model.qkv_bias || model.gpt2},
+      {"add_bias_linear", model.gpt2},
+      {"qk_layernorm", model.qk_norm},
       {"use_rope_scaling", false},
   };
   for (const auto& [key, value] : bools) {
     p.String(key);
     p.Bool(value);
   }
+  if (model.gpt2) {
+    p.String("openai_gelu");
+    p.Bool(true);
+  }
+  if (model.sliding_window > 0) {
+    p.String("sliding_window");
+    p.Int(model.sliding_window);
+  }
   p.String("position_embedding_type");
-  p.String("rope");
+  p.String(model.gpt2 ? "learned_absolute" : "rope");
   p.String("normalization");
-  p.String("RMSNorm");
+  p.String(model.gpt2 ? "LayerNorm" : "RMSNorm");
   p.String("norm_epsilon");
-  p.Float(1e-6);
+  p.Float(model.gpt2 ? 1e-5 : 1e-6);
   p.String("num_experts");
   p.None();
   p.EndDict();
@@ -142,6 +164,59 @@ void WriteTensors(PickleWriter& p, const std::vector<FixtureTensor>& tensors,
   }
 }
 
+// MegatronLlamaTensors of a GPT-2 model (hf_megatron_fixture.h): HF's Conv1D weights
+// transposed to Megatron's [out, in], the fused QKV per head ([nh, 3, d]).
+std::vector<FixtureTensor> MegatronGpt2Tensors(const HfLlamaModel& model, const HfTensors& hf,
+                                               const std::string& padding, int64_t t,
+                                               int64_t tp) {
+  const int64_t h = model.hidden, f = model.ffn;
+  const int64_t padded_rows = model.vocab + static_cast<int64_t>(padding.size()) / (h * kF32);
+  const int64_t local_rows = padded_rows / tp, local_ffn = f / tp, local_h = h / tp;
+  std::vector<FixtureTensor> out;
+  auto add = [&](const std::string& name, Shape shape, std::string bytes) {
+    out.push_back({name, DType::kF32, std::move(shape), std::move(bytes)});
+  };
+  add("language_model.embedding.word_embeddings.weight", {local_rows, h},
+      Rows(hf["transformer.wte.weight"] + padding, h, t * local_rows, (t + 1) * local_rows));
+  add("language_model.embedding.position_embeddings.weight", {model.positions, h},
+      hf["transformer.wpe.weight"]);
+  for (int64_t i = 0; i < model.layers; ++i) {
+    const std::string p = absl::StrCat("transformer.h.", i, ".");
+    const std::string m = absl::StrCat("language_model.encoder.layers.", i, ".");
+    add(m + "input_layernorm.weight", {h}, hf[p + "ln_1.weight"]);
+    add(m + "input_layernorm.bias", {h}, hf[p + "ln_1.bias"]);
+    // c_attn is [h, 3h]: its transpose is [q; k; v], [3h, h].
+    const std::string qkv = Transposed(hf[p + "attn.c_attn.weight"], 3 * h);
+    const std::string& qkv_bias = hf[p + "attn.c_attn.bias"];
+    add(m + "self_attention.query_key_value.weight", {3 * local_h, h},
+        FusedQkv(model, Rows(qkv, h, 0, h), Rows(qkv, h, h, 2 * h), Rows(qkv, h, 2 * h, 3 * h), h,
+                 t, tp));
+    add(m + "self_attention.query_key_value.bias", {3 * local_h},
+        FusedQkv(model, Rows(qkv_bias, 1, 0, h), Rows(qkv_bias, 1, h, 2 * h),
+                 Rows(qkv_bias, 1, 2 * h, 3 * h), 1, t, tp));
+    add(m + "self_attention.dense.weight", {h, local_h},
+        Columns(Transposed(hf[p + "attn.c_proj.weight"], h), h, t * local_h, (t + 1) * local_h));
+    add(m + "self_attention.dense.bias", {h}, hf[p + "attn.c_proj.bias"]);
+    add(m + "post_attention_layernorm.weight", {h}, hf[p + "ln_2.weight"]);
+    add(m + "post_attention_layernorm.bias", {h}, hf[p + "ln_2.bias"]);
+    add(m + "mlp.dense_h_to_4h.weight", {local_ffn, h},
+        Rows(Transposed(hf[p + "mlp.c_fc.weight"], f), h, t * local_ffn, (t + 1) * local_ffn));
+    add(m + "mlp.dense_h_to_4h.bias", {local_ffn},
+        Rows(hf[p + "mlp.c_fc.bias"], 1, t * local_ffn, (t + 1) * local_ffn));
+    add(m + "mlp.dense_4h_to_h.weight", {h, local_ffn},
+        Columns(Transposed(hf[p + "mlp.c_proj.weight"], h), f, t * local_ffn,
+                (t + 1) * local_ffn));
+    add(m + "mlp.dense_4h_to_h.bias", {h}, hf[p + "mlp.c_proj.bias"]);
+  }
+  add("language_model.encoder.final_layernorm.weight", {h}, hf["transformer.ln_f.weight"]);
+  add("language_model.encoder.final_layernorm.bias", {h}, hf["transformer.ln_f.bias"]);
+  if (!model.tied) {
+    add("language_model.output_layer.weight", {local_rows, h},
+        Rows(hf["lm_head.weight"] + padding, h, t * local_rows, (t + 1) * local_rows));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<FixtureTensor> HfLlamaTensors(const HfLlamaModel& model) {
@@ -154,6 +229,30 @@ std::vector<FixtureTensor> HfLlamaTensors(const HfLlamaModel& model) {
     tensors.push_back({name, DType::kF32, shape, FixtureF32Bytes(count, next)});
     next += 0.25f * static_cast<float>(count);
   };
+  if (model.gpt2) {
+    // Conv1D weights are [in, out].
+    add("transformer.wte.weight", {model.vocab, h});
+    add("transformer.wpe.weight", {model.positions, h});
+    for (int64_t i = 0; i < model.layers; ++i) {
+      const std::string p = absl::StrCat("transformer.h.", i, ".");
+      add(p + "ln_1.weight", {h});
+      add(p + "ln_1.bias", {h});
+      add(p + "attn.c_attn.weight", {h, 3 * h});
+      add(p + "attn.c_attn.bias", {3 * h});
+      add(p + "attn.c_proj.weight", {h, h});
+      add(p + "attn.c_proj.bias", {h});
+      add(p + "ln_2.weight", {h});
+      add(p + "ln_2.bias", {h});
+      add(p + "mlp.c_fc.weight", {h, f});
+      add(p + "mlp.c_fc.bias", {f});
+      add(p + "mlp.c_proj.weight", {f, h});
+      add(p + "mlp.c_proj.bias", {h});
+    }
+    add("transformer.ln_f.weight", {h});
+    add("transformer.ln_f.bias", {h});
+    if (!model.tied) add("lm_head.weight", {model.vocab, h});
+    return tensors;
+  }
   add("model.embed_tokens.weight", {model.vocab, h});
   for (int64_t i = 0; i < model.layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
@@ -167,6 +266,10 @@ std::vector<FixtureTensor> HfLlamaTensors(const HfLlamaModel& model) {
       add(p + "self_attn.v_proj.bias", {model.groups * d});
     }
     add(p + "self_attn.o_proj.weight", {h, model.heads * d});
+    if (model.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {d});
+      add(p + "self_attn.k_norm.weight", {d});
+    }
     add(p + "post_attention_layernorm.weight", {h});
     add(p + "mlp.gate_proj.weight", {f, h});
     add(p + "mlp.up_proj.weight", {f, h});
@@ -178,17 +281,34 @@ std::vector<FixtureTensor> HfLlamaTensors(const HfLlamaModel& model) {
 }
 
 std::string HfLlamaConfigJson(const HfLlamaModel& model) {
-  const bool qwen2 = model.qkv_bias;
+  const std::string family = model.family();
+  if (model.gpt2) {
+    return absl::StrFormat(
+        R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": %d, )"
+        R"("n_positions": %d, "n_embd": %d, "n_layer": %d, "n_head": %d, "n_inner": %d, )"
+        R"("activation_function": "gelu_new", "layer_norm_epsilon": 1e-05, )"
+        R"("tie_word_embeddings": %s, "torch_dtype": "float32"})",
+        model.vocab, model.positions, model.hidden, model.layers, model.heads, model.ffn,
+        model.tied ? "true" : "false");
+  }
+  const std::string architecture = family == "qwen3"     ? "Qwen3ForCausalLM"
+                                   : family == "qwen2"   ? "Qwen2ForCausalLM"
+                                   : family == "mistral" ? "MistralForCausalLM"
+                                                         : "LlamaForCausalLM";
+  // MistralConfig has a sliding window and no attention_bias.
+  const std::string family_key =
+      model.sliding_window > 0
+          ? absl::StrCat(R"("sliding_window": )", model.sliding_window)
+          : absl::StrCat(R"("attention_bias": )", model.qkv_bias ? "true" : "false");
   return absl::StrFormat(
       R"({"architectures": ["%s"], "model_type": "%s", "hidden_size": %d, )"
       R"("intermediate_size": %d, "num_hidden_layers": %d, "num_attention_heads": %d, )"
       R"("num_key_value_heads": %d, "head_dim": %d, "hidden_act": "silu", )"
-      R"("max_position_embeddings": 64, "rms_norm_eps": 1e-06, "rope_theta": 500000.0, )"
-      R"("vocab_size": %d, "tie_word_embeddings": %s, "attention_bias": %s, )"
+      R"("max_position_embeddings": %d, "rms_norm_eps": 1e-06, "rope_theta": 500000.0, )"
+      R"("vocab_size": %d, "tie_word_embeddings": %s, %s, )"
       R"("torch_dtype": "float32"})",
-      qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM", model.family(), model.hidden, model.ffn,
-      model.layers, model.heads, model.groups, model.head_dim, model.vocab,
-      model.tied ? "true" : "false", qwen2 ? "true" : "false");
+      architecture, family, model.hidden, model.ffn, model.layers, model.heads, model.groups,
+      model.head_dim, model.positions, model.vocab, model.tied ? "true" : "false", family_key);
 }
 
 std::string WriteHfLlamaFolder(const std::string& dir, const HfLlamaModel& model) {
@@ -216,6 +336,7 @@ std::vector<FixtureTensor> MegatronLlamaTensors(const HfLlamaModel& model,
   auto add = [&](const std::string& name, Shape shape, std::string bytes) {
     out.push_back({name, DType::kF32, std::move(shape), std::move(bytes)});
   };
+  if (model.gpt2) return MegatronGpt2Tensors(model, hf, padding, rank, tp);
   add("language_model.embedding.word_embeddings.weight", {local_rows, h},
       Rows(hf["model.embed_tokens.weight"] + padding, h, t * local_rows, (t + 1) * local_rows));
   for (int64_t i = 0; i < model.layers; ++i) {
@@ -235,6 +356,10 @@ std::vector<FixtureTensor> MegatronLlamaTensors(const HfLlamaModel& model,
     add(m + "self_attention.dense.weight", {h, local_heads * model.head_dim},
         Columns(hf[p + "self_attn.o_proj.weight"], attention, t * local_heads * model.head_dim,
                 (t + 1) * local_heads * model.head_dim));
+    if (model.qk_norm) {
+      add(m + "self_attention.q_layernorm.weight", {model.head_dim}, hf[p + "self_attn.q_norm.weight"]);
+      add(m + "self_attention.k_layernorm.weight", {model.head_dim}, hf[p + "self_attn.k_norm.weight"]);
+    }
     add(m + "post_attention_layernorm.weight", {h}, hf[p + "post_attention_layernorm.weight"]);
     add(m + "mlp.dense_h_to_4h.weight", {2 * local_ffn, h},
         Rows(hf[p + "mlp.gate_proj.weight"], h, t * local_ffn, (t + 1) * local_ffn) +
@@ -258,6 +383,7 @@ std::string WriteMegatronLlamaSave(const std::string& dir, const HfLlamaModel& m
   const std::string padding = MegatronLlamaPadding(model);
   const int64_t per_stage = model.layers / pp;
   const std::string embedding = "language_model.embedding.word_embeddings.weight";
+  const std::string position_embedding = "language_model.embedding.position_embeddings.weight";
   const std::string encoder = "language_model.encoder.";
   const std::string output = "language_model.output_layer.weight";
   for (int t = 0; t < tp; ++t) {
@@ -267,12 +393,18 @@ std::string WriteMegatronLlamaSave(const std::string& dir, const HfLlamaModel& m
       // The stage's tensors: its layers renumbered from 0, and the ends it holds.
       std::vector<FixtureTensor> layers, ends;
       const FixtureTensor* words = nullptr;
+      const FixtureTensor* positions = nullptr;
       for (const FixtureTensor& tensor : tensors) {
         if (tensor.name == embedding) {
           words = &tensor;
           continue;
         }
-        if (tensor.name == output || tensor.name == encoder + "final_layernorm.weight") {
+        if (tensor.name == position_embedding) {
+          positions = &tensor;
+          continue;
+        }
+        if (tensor.name == output ||
+            absl::StartsWith(tensor.name, encoder + "final_layernorm.")) {
           if (last) ends.push_back(tensor);
           continue;
         }
@@ -300,6 +432,13 @@ std::string WriteMegatronLlamaSave(const std::string& dir, const HfLlamaModel& m
         p.BeginDict(true);
         WriteTensors(p, {*words}, "language_model.embedding.word_embeddings.", storages);
         p.EndDict();
+        if (positions != nullptr) {
+          p.String("position_embeddings");
+          p.BeginDict(true);
+          WriteTensors(p, {*positions}, "language_model.embedding.position_embeddings.",
+                       storages);
+          p.EndDict();
+        }
         p.EndDict();
       }
       p.String("encoder");

@@ -1,5 +1,6 @@
-// A small Llama-family decoder (Llama with grouped-query attention, or Qwen2 with its QKV bias)
-// under Hugging Face's names, and the same weights as a Megatron-LM save, for the tests of
+// A small decoder of a Hugging Face family (Llama with grouped-query attention, Mistral with its
+// sliding window, Qwen2 with its QKV bias, Qwen3 with its q/k norms, or GPT-2) under Hugging
+// Face's names, and the same weights as a Megatron-LM save, for the tests of
 // `--format hf` and of the import into Megatron (//lib/formats:conformance_test,
 // //lib/engine:golden_outputs_test).
 //
@@ -14,6 +15,13 @@
 //   - self_attention.dense and mlp.dense_4h_to_h: columns split over TP;
 //   - word_embeddings and an untied output_layer: the vocabulary followed by padding rows (values
 //     of their own, as an untrained part of the matrix has), rows split over TP;
+//   - Qwen3's q_layernorm / k_layernorm replicated;
+//   - GPT-2 (HF's Conv1D weights are [in, out], Megatron's [out, in]): query_key_value is the
+//     transpose of c_attn ([q; k; v]) laid out per head as above with one head per group
+//     ([nh, 3, d]); dense_h_to_4h the transpose of c_fc (rows split over TP, no gate), its bias
+//     likewise; dense and dense_4h_to_h the transposes of c_proj, columns split over TP, their
+//     biases replicated; position_embeddings (wpe) and the LayerNorm weights and biases
+//     replicated;
 //   - norms replicated; PP: layers split evenly over the stages, numbered locally in each
 //     stage's file, the embedding in the first stage, the final norm and output layer in the last
 //     (a tied model's last stage holds word_embeddings_for_head when it is not the first).
@@ -41,17 +49,27 @@ struct HfLlamaModel {
   int64_t vocab = 10;
   int64_t padded_vocab = 12;  // the Megatron save's rows; TP divides it
   bool qkv_bias = false;      // Qwen2
+  bool qk_norm = false;       // Qwen3: q_norm and k_norm of head_dim
+  int64_t sliding_window = 0;  // Mistral when > 0
+  // GPT-2 (then groups = heads and head_dim = hidden / heads; ffn need not be 4 x hidden).
+  bool gpt2 = false;
   bool tied = false;
+  int64_t positions = 64;  // max_position_embeddings (GPT-2's wpe rows)
 
-  // "qwen2" with the QKV bias, else "llama".
-  std::string family() const { return qkv_bias ? "qwen2" : "llama"; }
+  // "gpt2", "qwen3", "qwen2", "mistral" or "llama".
+  std::string family() const {
+    return gpt2 ? "gpt2" : qk_norm ? "qwen3" : qkv_bias ? "qwen2"
+                                  : sliding_window > 0 ? "mistral" : "llama";
+  }
 };
 
 // The model's tensors under Hugging Face's names, in the order transformers' state dict lists
-// them: model.embed_tokens.weight, each layer's, model.norm.weight, lm_head.weight (untied).
+// them: model.embed_tokens.weight, each layer's, model.norm.weight, lm_head.weight (untied);
+// GPT-2: transformer.wte.weight, transformer.wpe.weight, each transformer.h.<i>.*,
+// transformer.ln_f.*.
 std::vector<FixtureTensor> HfLlamaTensors(const HfLlamaModel& model);
 
-// config.json as transformers' LlamaConfig / Qwen2Config writes it for the model (F32).
+// config.json as transformers' config class of the family writes it for the model (F32).
 std::string HfLlamaConfigJson(const HfLlamaModel& model);
 
 // Writes a Hugging Face model folder (model.safetensors and config.json) of the model into the
